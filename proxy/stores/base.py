@@ -1,0 +1,180 @@
+"""The Store protocol: what memory needs from a database, backend-neutral.
+
+Every method takes the scope first and every query filters by it, so no code path can
+read or change another user's memory. Writes are plain data (`WriteOp`s) applied in
+batches by `Store.apply`, one transaction per batch: the writer task (memory/writer.py)
+drains a queue into it, so a burst of turns commits together. Every write is idempotent
+(unique keys, insert-or-ignore), so a retried batch or a second replica never saves twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, Union
+
+from proxy.models import (
+    Entity,
+    ReasoningStep,
+    ReasoningTrace,
+    Relationship,
+    Scope,
+    StoredMessage,
+    Turn,
+    TurnStatus,
+)
+
+
+class StoreError(Exception):
+    """The store failed (locked, full, gone); callers degrade, never fail a request."""
+
+
+# --- writes -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartTurn:
+    """First sight of a turn: its conversation, the turn row and the user's message.
+
+    `user_text` is None when nothing is to be saved for the message (persist off).
+    The conversation is created if new and its last-activity time moved forward.
+    """
+
+    scope: Scope
+    turn_key: str
+    conversation_id: str
+    history_hash: str
+    at: datetime
+    user_text: str | None
+    persist: bool = True
+
+
+@dataclass(frozen=True)
+class RecordToolCalls:
+    """A step answered with tool calls: remember the ids (to recognise the next step)."""
+
+    scope: Scope
+    turn_key: str
+    calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments)
+    at: datetime
+
+
+@dataclass(frozen=True)
+class FinishTurn:
+    """The step with the final answer: save it (once per answer text) and the trace."""
+
+    scope: Scope
+    turn_key: str
+    conversation_id: str
+    answer: str
+    at: datetime
+    task: str = ""
+    steps: tuple[ReasoningStep, ...] = ()
+
+
+@dataclass(frozen=True)
+class SetTurnStatus:
+    """A turn ended some other way (upstream error, cut stream, client gone)."""
+
+    scope: Scope
+    turn_key: str
+    status: TurnStatus
+    at: datetime
+
+
+@dataclass(frozen=True)
+class SaveBlock:
+    """Cache the turn's memory block (reused byte for byte by its later steps) and log it."""
+
+    scope: Scope
+    turn_key: str
+    block: str
+    injected: int
+    log: dict[str, Any] = field(default_factory=dict)
+    at: datetime | None = None
+
+
+WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock]
+
+
+# --- the protocol ------------------------------------------------------------------
+
+
+class Store(Protocol):
+    """A user-scoped memory database (SQLite or PostgreSQL)."""
+
+    async def open(self) -> None:
+        """Connect, migrate the schema, mark turns left pending by a crash as interrupted."""
+
+    async def close(self) -> None:
+        """Flush and release connections."""
+
+    async def ping(self) -> bool:
+        """True when the database answers a trivial query."""
+
+    async def apply(self, ops: Sequence[WriteOp]) -> None:
+        """Apply a batch of writes in one transaction; raise StoreError on failure."""
+
+    # turn and conversation identity
+    async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
+        """The turn whose earlier step's response carried one of these tool-call ids."""
+
+    async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
+        """The latest turn started at or after `since` whose history hashed the same."""
+
+    async def conversation_by_assistant_hashes(self, scope: Scope, hashes: Sequence[str]) -> str | None:
+        """The conversation holding the first of `hashes` (newest first) that was saved.
+
+        When several conversations hold that text, the most recently active one wins.
+        """
+
+    async def latest_conversation(self, scope: Scope) -> str | None:
+        """The user's most recently active conversation."""
+
+    # reading what was saved
+    async def messages(
+        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> list[StoredMessage]:
+        """Messages of one conversation, oldest first."""
+
+    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        """The user's conversations, most recent first."""
+
+    async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
+        """Reasoning traces of the user (of the agent when agent-isolated), newest first."""
+
+    async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
+        """One turn by key."""
+
+    def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
+        """Every exportable record of the user as SPEC 8's JSON Lines objects."""
+
+    async def entities(self, scope: Scope) -> list[Entity]:
+        """The user's entities."""
+
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
+        """Edges from or to one entity."""
+
+    # retrieval: `terms` come from proxy.terms.query_terms; scores are higher-is-better
+    async def search_messages(
+        self,
+        scope: Scope,
+        terms: Sequence[str],
+        *,
+        conversation_ids: Sequence[str] | None = None,
+        exclude_conversation_id: str | None = None,
+        limit: int = 20,
+    ) -> list[tuple[StoredMessage, float]]:
+        """BM25 over the user's messages (whole-corpus statistics), best first."""
+
+    async def search_entities(self, scope: Scope, terms: Sequence[str], *, limit: int = 20) -> list[tuple[Entity, float]]:
+        """BM25 over the user's entities (name, type, description), best first."""
+
+    async def search_reasoning(
+        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+    ) -> list[tuple[ReasoningTrace, float]]:
+        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
+
+    async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
+        """Ids of the user's conversations, most recently active first (all when None)."""
