@@ -1,0 +1,66 @@
+"""Errors memproxy makes itself; each maps to one status and an OpenAI-style body."""
+
+from __future__ import annotations
+
+import json
+
+
+class ProxyError(Exception):
+    """An error answered by memproxy itself, never by the provider."""
+
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+    headers: dict[str, str] = {}
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        """The OpenAI error body the SDK parses into its exception classes."""
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return json.dumps({"error": error}).encode()
+
+
+class BadScope(ProxyError):
+    """A malformed X-Memory-* header or id (400, the SDK does not retry)."""
+
+    status, type, code = 400, "invalid_request_error", "invalid_memory_header"
+
+
+class Unauthenticated(ProxyError):
+    """Missing or invalid identity (401)."""
+
+    status, type, code = 401, "authentication_error", "invalid_memory_identity"
+
+
+class Forbidden(ProxyError):
+    """A scope claim that the authenticated identity does not allow (403)."""
+
+    status, type, code = 403, "permission_error", "memory_scope_forbidden"
+
+
+class NotFound(ProxyError):
+    """A path memproxy does not serve (404)."""
+
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class BodyTooLarge(ProxyError):
+    """A request body over server.max_body_bytes (413, read no further)."""
+
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class UpstreamUnavailable(ProxyError):
+    """The provider could not be reached (502; the SDK retries)."""
+
+    status, type, code = 502, "upstream_error", "upstream_unavailable"
+
+
+class UpstreamTimeout(ProxyError):
+    """The provider did not answer in time (504; the SDK retries)."""
+
+    status, type, code = 504, "upstream_error", "upstream_timeout"

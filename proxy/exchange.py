@@ -1,0 +1,65 @@
+"""The contract between the proxy path and memory for one chat request."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from proxy.scope import RequestScope
+from proxy.wire.openai_chat import ChatRequest
+from proxy.wire.sse import AssistantMessage
+
+
+class Recall:
+    """Memory's part in one request: the block to inject and what to do with the answer.
+
+    This base is memory switched off (no scope, X-Memory-Mode: off, unparseable body);
+    the turn logic (proxy.turns) subclasses it.
+    """
+
+    block: str | None = None
+    injected: int = 0
+    turn_key: str | None = None
+
+    def __init__(self, status: str = "off") -> None:
+        self.status = status
+
+    @property
+    def active(self) -> bool:
+        """True when the answer should be read and handed to `answered`."""
+        return False
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """X-Memory-* response headers."""
+        headers = [(b"x-memory-status", self.status.encode())]
+        if self.turn_key is not None:
+            headers += [(b"x-memory-turn", self.turn_key.encode()), (b"x-memory-injected", str(self.injected).encode())]
+        return headers
+
+    def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
+        """The provider's final answer for this step; returns a commit to wait for."""
+        return None
+
+    def failed(self, status: str) -> None:
+        """The step ended without an answer (upstream error, cut stream, unparseable)."""
+
+    def aborted(self) -> None:
+        """The client went away before the response was complete."""
+
+    def dropped_block(self) -> None:
+        """The block was removed to retry a context-length error."""
+        self.block = None
+        self.injected = 0
+
+
+class ChatMemory(Protocol):
+    """Builds the Recall of a chat request."""
+
+    async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall: ...
+
+
+class NoMemory:
+    """ChatMemory with memory off for every request."""
+
+    async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall:
+        return Recall("off")

@@ -1,0 +1,41 @@
+"""Prometheus metrics, one registry per app (no module-level state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """The counters and histograms SPEC 8 lists."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("memproxy_requests", "Proxied requests by path and outcome",
+                                ["path", "outcome"], registry=r)
+        self.request_seconds = Histogram("memproxy_request_seconds", "Time to handle a proxied request",
+                                         ["path"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.retrieval_seconds = Histogram("memproxy_retrieval_seconds", "Retrieval time per source",
+                                           ["source"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.injected = Counter("memproxy_memories_injected", "Memories injected into requests", registry=r)
+        self.degraded = Counter("memproxy_memory_degraded", "Requests sent without memory because of a fault",
+                                ["reason"], registry=r)
+        self.write_failures = Counter("memproxy_persistence_failures", "Failed write batches", registry=r)
+        self.writes_dropped = Counter("memproxy_writes_dropped", "Writes dropped because the queue was full",
+                                      registry=r)
+        self.extraction_failures = Counter("memproxy_extraction_failures", "Failed extraction attempts",
+                                           registry=r)
+        self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r)
+        self.circuit_open = Gauge("memproxy_circuit_open", "1 while the store circuit breaker is open",
+                                  registry=r)
+
+    def request_done(self, path: str, outcome: str, seconds: float) -> None:
+        """Count one proxied request."""
+        self.requests.labels(path, outcome).inc()
+        self.request_seconds.labels(path).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,105 @@
+"""ASGI plumbing for the proxy path: bounded body reads, error answers, disconnect watch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, Callable, Awaitable
+
+from proxy.errors import BodyTooLarge, ProxyError
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was complete."""
+
+
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The request's Content-Length, or None when absent or unreadable."""
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body, refusing (413) as soon as it passes `limit`."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def body_stream(receive: Receive, limit: int) -> AsyncIterator[bytes]:
+    """The request body as it arrives (pass-through paths never hold it whole)."""
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def send_error(send: Send, error: ProxyError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer with memproxy's own OpenAI-style error."""
+    body = error.body()
+    all_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    all_headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": all_headers + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class DisconnectWatch:
+    """Cancels the request's task when the client goes away, so the upstream call stops.
+
+    Used once the request body has been read: from then on the only message `receive`
+    can bring is http.disconnect.
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[Any] | None = None
+        self.gone = False
+
+    async def __aenter__(self) -> DisconnectWatch:
+        self._owner = asyncio.current_task()
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._owner is not None:
+            self._owner.cancel()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if self._task is not None:
+            self._task.cancel()
+        if exc_type is asyncio.CancelledError and self.gone and self._owner is not None:
+            self._owner.uncancel()
+            return True  # the client left: nothing more to send, not an error
+        return False

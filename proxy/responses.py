@@ -1,0 +1,131 @@
+"""Relaying a provider response to the client: chunk by chunk, never buffered whole."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from proxy.relay import Send
+from proxy.upstream import StreamCut, response_headers
+from proxy.wire.sse import ChatStreamAccumulator, SSEDecoder, error_event, parse_completion
+
+log = logging.getLogger("memproxy.stream")
+
+_SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class Answerable(Protocol):
+    """What the relay tells the memory side about the answer (proxy.exchange.Recall)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    def answered(self, message: Any) -> asyncio.Future[None] | None: ...
+
+    def failed(self, status: str) -> None: ...
+
+
+def _is_sse(response: Any) -> bool:
+    return response.content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
+
+
+def _start(response: Any, extra: list[tuple[bytes, bytes]], sse: bool) -> dict[str, Any]:
+    headers = response_headers(response.response.headers)
+    if sse:
+        # Bytes may be appended (an error event), so a provider length would lie.
+        headers = [(k, v) for k, v in headers if k not in (b"content-length", b"cache-control")] + _SSE_HEADERS
+    return {"type": "http.response.start", "status": response.status, "headers": headers + extra}
+
+
+async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes, bytes]]) -> None:
+    """Forward any response unchanged; a cut event stream ends with an SSE error event."""
+    sse = _is_sse(response)
+    await send(_start(response, extra_headers, sse))
+    try:
+        async for chunk in response.chunks():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except StreamCut as cut:
+        if not sse:
+            raise  # aborting the connection is the only honest end of a cut JSON body
+        log.info("upstream stream cut: %s", cut.code)
+        await send({"type": "http.response.body", "body": error_event(cut.message, cut.code), "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
+    """Forward a chat completion and hand its answer to memory before the last event."""
+    sse = _is_sse(response) and response.status == 200
+    await send(_start(response, recall.headers(), sse))
+    if sse:
+        await _relay_stream(send, response, recall, commit_timeout_s)
+    else:
+        await _relay_json(send, response, recall, commit_timeout_s)
+
+
+async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
+    decoder = SSEDecoder()
+    answer = ChatStreamAccumulator()
+    committed = False
+    try:
+        async for chunk in response.chunks():
+            for event in decoder.feed(chunk):
+                answer.feed(event)
+            if answer.done and not committed:
+                committed = True
+                # SPEC 1.7: the answer is in the store before [DONE] reaches the client.
+                if recall.active and answer.error is None:
+                    await _commit(recall.answered(answer.message(0)), commit_timeout_s)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except StreamCut as cut:
+        log.info("upstream stream cut: %s", cut.code)
+        await _end_cut(send, recall, cut.message, cut.code)
+        return
+    if answer.error is not None:
+        recall.failed("upstream_failed")
+    elif not answer.done:
+        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated")
+        return
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _end_cut(send: Send, recall: Answerable, message: str, code: str) -> None:
+    recall.failed("truncated")
+    await send({"type": "http.response.body", "body": error_event(message, code), "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _relay_json(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
+    # One chunk is held back so the commit can happen before the body's last bytes go out.
+    copy: list[bytes] = []
+    held = b""
+    async for chunk in response.chunks():
+        if held:
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        held = chunk
+        if recall.active:
+            copy.append(chunk)
+    if recall.active:
+        if response.status == 200:
+            message = parse_completion(b"".join(copy))
+            if message is None:
+                recall.failed("unparseable")
+            else:
+                await _commit(recall.answered(message), commit_timeout_s)
+        else:
+            recall.failed("upstream_failed")
+    await send({"type": "http.response.body", "body": held, "more_body": False})
+
+
+async def _commit(waiter: asyncio.Future[None] | None, timeout_s: float) -> None:
+    """Wait for the answer's commit, but never longer than memory.commit_timeout_ms."""
+    if waiter is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+    except TimeoutError:
+        log.info("commit still queued after %.0f ms; responding anyway", timeout_s * 1000)
+    except Exception:  # the write path logs its own failures; the response goes out regardless
+        log.debug("commit failed", exc_info=True)

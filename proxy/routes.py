@@ -1,0 +1,175 @@
+"""The /v1 proxy endpoint: parse → scope → memory → upstream → respond.
+
+Chat completions with a user scope get memory (recall before, persistence after); every
+other /v1 path, and any request without a scope, is a transparent pass-through.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from proxy.errors import NotFound, ProxyError
+from proxy.exchange import ChatMemory, Recall
+from proxy.metrics import Metrics
+from proxy.relay import ClientGone, DisconnectWatch, Receive, Send, body_stream, declared_length, read_body, send_error
+from proxy.responses import relay_chat, relay_plain
+from proxy.scope import ScopeResolver
+from proxy.settings import Settings
+from proxy.upstream import Upstream, request_headers
+from proxy.wire.openai_chat import ChatRequest, insert_block, is_context_length_error, parse_chat_request
+
+log = logging.getLogger("memproxy.request")
+
+CHAT_PATH = "/chat/completions"
+
+
+class ProxyEndpoint:
+    """ASGI app for every path under /v1."""
+
+    def __init__(
+        self, settings: Settings, upstream: Upstream, scopes: ScopeResolver, memory: ChatMemory, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.scopes = scopes
+        self.memory = memory
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        path = _path_after_v1(scope)
+        outcome = "ok"
+        try:
+            if path is None:
+                raise NotFound("no such path")
+            if scope["method"] == "POST" and path == CHAT_PATH:
+                outcome = await self._chat(scope, receive, send, path)
+            else:
+                outcome = await self._passthrough(scope, receive, send, path)
+        except ProxyError as error:
+            outcome = error.code
+            await send_error(send, error, _status_header("off") if path == CHAT_PATH else None)
+        except ClientGone:
+            outcome = "client_gone"
+        finally:
+            elapsed = time.perf_counter() - started
+            self.metrics.request_done(path or "other", outcome, elapsed)
+            log.info("request", extra={"path": path, "method": scope["method"], "outcome": outcome,
+                                       "ms": round(elapsed * 1000, 2)})
+
+    async def _passthrough(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> str:
+        headers = scope["headers"]
+        limit = self.settings.server.max_body_bytes
+        length = declared_length(headers)
+        if length is not None and length > limit:
+            from proxy.errors import BodyTooLarge
+
+            raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
+        identity = self.scopes.authenticate_passthrough(scope)
+        upstream_headers = request_headers(headers, api_key=self.settings.upstream.api_key,
+                                           drop_authorization=identity.uses_proxy_key)
+        if length is not None:
+            upstream_headers.append((b"content-length", str(length).encode()))
+        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or length
+        content = body_stream(receive, limit) if has_body else None
+        url = self.upstream.url(path, scope["query_string"])
+        async with DisconnectWatch(receive) if not has_body else _nothing() as watch:
+            response = await self.upstream.open(scope["method"], url, upstream_headers, content)
+            try:
+                await relay_plain(send, response, extra_headers=[])
+            finally:
+                await response.aclose()
+        return "client_gone" if watch and watch.gone else f"status_{response.status}"
+
+    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> str:
+        resolved = self.scopes.resolve(scope)
+        body = await read_body(receive, self.settings.server.max_body_bytes)
+        parsed: ChatRequest | str | None = None
+        if resolved.memory_on:
+            parsed = parse_chat_request(body)
+            if isinstance(parsed, str):
+                log.info("memory skipped: %s", parsed)
+        async with DisconnectWatch(receive) as watch:
+            recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
+            out_body = insert_block(parsed, recall.block) if recall.block and isinstance(parsed, ChatRequest) else body
+            response = await self._send_chat(scope, resolved, out_body, recall, body)
+            try:
+                await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000)
+            finally:
+                await response.aclose()
+        if watch.gone:
+            recall.aborted()
+            return "client_gone"
+        return f"status_{response.status}"
+
+    async def _send_chat(self, scope: dict[str, Any], resolved: Any, out_body: bytes, recall: Recall,
+                         original: bytes) -> Any:
+        headers = request_headers(scope["headers"], api_key=self.settings.upstream.api_key,
+                                  drop_authorization=resolved.uses_proxy_key)
+        if recall.active:
+            # We read a copy of the answer to save it: ask for it uncompressed.
+            headers = [(k, v) for k, v in headers if k != b"accept-encoding"] + [(b"accept-encoding", b"identity")]
+        url = self.upstream.url(CHAT_PATH, scope["query_string"])
+        try:
+            response = await self.upstream.open("POST", url, headers, out_body)
+        except ProxyError as error:
+            recall.failed("upstream_failed")
+            error.headers = {k.decode(): v.decode() for k, v in recall.headers()}
+            raise
+        if recall.block and response.status == 400:
+            retried = await self._retry_without_block(response, url, headers, original, recall)
+            if retried is not None:
+                return retried
+        return response
+
+    async def _retry_without_block(self, response: Any, url: Any, headers: Any, original: bytes,
+                                   recall: Recall) -> Any:
+        """SPEC 1: memory never turns an accepted request into a context-length error."""
+        body = b"".join([chunk async for chunk in response.chunks()])
+        await response.aclose()
+        if not is_context_length_error(400, body):
+            return _Replayed(response, body)
+        recall.dropped_block()
+        return await self.upstream.open("POST", url, headers, original)
+
+
+class _nothing:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return False
+
+
+class _Replayed:
+    """A response whose body was already read, replayed to the client as it came."""
+
+    def __init__(self, response: Any, body: bytes) -> None:
+        self.response = response.response
+        self.status = response.status
+        self.content_type = response.content_type
+        self._body = body
+
+    async def chunks(self) -> Any:
+        yield self._body
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _path_after_v1(scope: dict[str, Any]) -> str | None:
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.split(b"?", 1)[0].decode("latin-1")
+    if not path.startswith("/v1/"):
+        return None
+    rest = path[3:]
+    segments = rest.lower().replace("%2e", ".").split("/")
+    if any(segment in (".", "..") for segment in segments):
+        return None  # no path may climb out of the provider's /v1 prefix
+    return rest
+
+
+def _status_header(status: str) -> list[tuple[bytes, bytes]]:
+    return [(b"x-memory-status", status.encode())]

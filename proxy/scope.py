@@ -1,0 +1,219 @@
+"""Who is asking: X-Memory-* headers, proxy API keys or signed tokens → a Scope.
+
+Identity fails closed: a malformed id is 400, a missing identity where one is required
+is 401, never a default user. Memory fails open elsewhere; identity never does.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.errors import BadScope, Forbidden, Unauthenticated
+from proxy.models import Scope
+from proxy.settings import Settings
+
+_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
+MAX_MEMORIES_CAP = 12
+_SCOPE_HEADERS = (b"x-memory-user", b"x-memory-conversation", b"x-memory-agent")
+_ALL_HEADERS = _SCOPE_HEADERS + (b"x-memory-mode", b"x-memory-persist", b"x-memory-max", b"x-memory-scope-token")
+
+
+@dataclass(frozen=True)
+class RequestScope:
+    """The outcome of identity for one request."""
+
+    scope: Scope | None  # None: no user, so a pure pass-through
+    mode: str = "inject"
+    persist: bool = True
+    max_memories: int | None = None  # X-Memory-Max
+    uses_proxy_key: bool = False  # Authorization held a memproxy key, not a provider key
+
+    @property
+    def memory_on(self) -> bool:
+        return self.scope is not None and self.mode == "inject"
+
+
+def valid_id(value: str, header: str) -> str:
+    """The id itself, or 400 naming the header it came in."""
+    if not _ID.fullmatch(value):
+        raise BadScope(f"{header} must be 1-256 characters of ASCII letters, digits and ._:@+-", param=header)
+    return value
+
+
+class ScopeResolver:
+    """Applies auth.mode and scope settings to a request's headers."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._networks = [ipaddress.ip_network(n, strict=False) for n in settings.auth.trusted_networks]
+        self._keys = [(_key_digest(entry["key"]), entry["user"]) for entry in settings.auth.api_keys]
+
+    def resolve(self, asgi_scope: dict[str, Any]) -> RequestScope:
+        """The scope of a chat request, from its headers (the body's user comes later)."""
+        headers = _memory_headers(asgi_scope["headers"])
+        options = _options(headers)
+        mode = self.settings.auth.mode
+        if mode == "api-keys":
+            user = self._user_for_key(asgi_scope["headers"])
+            scope = self._scope(user, headers.get("x-memory-conversation"), headers.get("x-memory-agent"))
+            return RequestScope(scope, uses_proxy_key=True, **options)
+        if mode == "signed":
+            return RequestScope(self._from_token(headers), **options)
+        return RequestScope(self._trusted(asgi_scope, headers), **options)
+
+    def with_body_user(self, resolved: RequestScope, body: dict[str, Any]) -> RequestScope:
+        """scope.user_from_body: name the user by the body's `user` field (trusted mode)."""
+        user = body.get("user")
+        if resolved.scope is not None or not self.settings.scope.user_from_body or self.settings.auth.mode != "trusted":
+            return resolved
+        if not isinstance(user, str):
+            return resolved
+        return replace(resolved, scope=self._scope(valid_id(user, "user"), None, None))
+
+    def authenticate_passthrough(self, asgi_scope: dict[str, Any]) -> RequestScope:
+        """Pass-through paths need an identity too in api-keys and signed modes (no open relay)."""
+        mode = self.settings.auth.mode
+        if mode == "api-keys":
+            self._user_for_key(asgi_scope["headers"])
+            return RequestScope(None, mode="off", uses_proxy_key=True)
+        if mode == "signed":
+            self._from_token(_memory_headers(asgi_scope["headers"]))
+        return RequestScope(None, mode="off")
+
+    def _scope(self, user: str, conversation: str | None, agent: str | None) -> Scope:
+        return Scope(
+            user=user,
+            conversation=valid_id(conversation, "X-Memory-Conversation") if conversation is not None else None,
+            agent=valid_id(agent, "X-Memory-Agent") if agent is not None else None,
+            agent_isolated=self.settings.scope.isolation == "agent" and agent is not None,
+        )
+
+    def _trusted(self, asgi_scope: dict[str, Any], headers: dict[str, str]) -> Scope | None:
+        if not any(h in headers for h in ("x-memory-user", "x-memory-conversation", "x-memory-agent")):
+            return None
+        if not self._is_trusted_peer(asgi_scope.get("client")):
+            raise Unauthenticated("scope headers are accepted only from trusted networks")
+        user = headers.get("x-memory-user")
+        if user is None:
+            return None
+        return self._scope(valid_id(user, "X-Memory-User"), headers.get("x-memory-conversation"),
+                           headers.get("x-memory-agent"))
+
+    def _is_trusted_peer(self, client: tuple[str, int] | None) -> bool:
+        if client is None:
+            return False
+        try:
+            address = ipaddress.ip_address(client[0])
+        except ValueError:
+            return False
+        return address.is_loopback or any(address in network for network in self._networks)
+
+    def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> str:
+        token = _bearer(raw_headers)
+        if token is None:
+            raise Unauthenticated("a memproxy API key is required (Authorization: Bearer <key>)")
+        digest = hashlib.sha256(token.encode()).digest()
+        for expected, user in self._keys:
+            if hmac.compare_digest(digest, expected):
+                return user
+        raise Unauthenticated("unknown API key")
+
+    def _from_token(self, headers: dict[str, str]) -> Scope:
+        token = headers.get("x-memory-scope-token")
+        if token is None:
+            raise Unauthenticated("X-Memory-Scope-Token is required")
+        claims = verify_jwt(token, (self.settings.auth.signing_secret or "").encode())
+        user = claims.get("sub")
+        if not isinstance(user, str):
+            raise Unauthenticated("the scope token has no subject")
+        for claim, header in (("sub", "x-memory-user"), ("conversation", "x-memory-conversation"),
+                              ("agent", "x-memory-agent")):
+            if header in headers and headers[header] != claims.get(claim):
+                raise Forbidden(f"{header} disagrees with the scope token")
+        conversation, agent = claims.get("conversation"), claims.get("agent")
+        return self._scope(valid_id(user, "X-Memory-Scope-Token sub"),
+                           conversation if isinstance(conversation, str) else None,
+                           agent if isinstance(agent, str) else None)
+
+
+def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name, value in raw:
+        lower = name.lower()
+        if lower.startswith(b"x-memory-"):
+            key = lower.decode("latin-1")
+            if key in found:
+                raise BadScope(f"{key} appears more than once", param=key)
+            if lower not in _ALL_HEADERS:
+                continue
+            try:
+                found[key] = value.decode("ascii")
+            except UnicodeDecodeError:
+                raise BadScope(f"{key} must be ASCII", param=key) from None
+    return found
+
+
+def _options(headers: dict[str, str]) -> dict[str, Any]:
+    mode = headers.get("x-memory-mode", "inject").lower()
+    if mode == "tools":
+        raise BadScope("X-Memory-Mode: tools is not available in this version (use inject or off)",
+                       param="X-Memory-Mode")
+    if mode not in ("inject", "off"):
+        raise BadScope("X-Memory-Mode must be inject or off", param="X-Memory-Mode")
+    persist_text = headers.get("x-memory-persist", "true").lower()
+    if persist_text not in ("true", "false"):
+        raise BadScope("X-Memory-Persist must be true or false", param="X-Memory-Persist")
+    max_text = headers.get("x-memory-max")
+    max_memories = None
+    if max_text is not None:
+        if not max_text.isdigit() or not max_text.isascii():
+            raise BadScope("X-Memory-Max must be a whole number from 0", param="X-Memory-Max")
+        max_memories = min(int(max_text), MAX_MEMORIES_CAP)
+    return {"mode": mode, "persist": persist_text == "true", "max_memories": max_memories}
+
+
+def _bearer(raw: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in raw:
+        if name.lower() == b"authorization":
+            text = value.decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip() or None
+    return None
+
+
+def _key_digest(configured: str) -> bytes:
+    if configured.startswith("sha256:"):
+        return bytes.fromhex(configured[7:])
+    return hashlib.sha256(configured.encode()).digest()
+
+
+def _b64decode(segment: str) -> bytes:
+    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+
+
+def verify_jwt(token: str, secret: bytes, now: float | None = None) -> dict[str, Any]:
+    """Claims of an HS256 JWT signed with `secret`; 401 when forged, malformed or expired."""
+    try:
+        header_b64, payload_b64, signature_b64 = token.split(".")
+        header = json.loads(_b64decode(header_b64))
+        claims = json.loads(_b64decode(payload_b64))
+        signature = _b64decode(signature_b64)
+    except (ValueError, TypeError):
+        raise Unauthenticated("the scope token is malformed") from None
+    if not isinstance(header, dict) or header.get("alg") != "HS256" or not isinstance(claims, dict):
+        raise Unauthenticated("the scope token must be an HS256 JWT")
+    expected = hmac.new(secret, f"{header_b64}.{payload_b64}".encode(), hashlib.sha256).digest()
+    if not hmac.compare_digest(expected, signature):
+        raise Unauthenticated("the scope token's signature is invalid")
+    exp = claims.get("exp")
+    if not isinstance(exp, (int, float)) or exp < (time.time() if now is None else now):
+        raise Unauthenticated("the scope token has expired")
+    return claims

@@ -1,0 +1,305 @@
+"""A scripted OpenAI-compatible upstream on a real socket, for tests.
+
+Raw asyncio HTTP/1.1 rather than a framework, so a script controls every byte: chunked
+SSE events written one by one, a stream cut with FIN, a connection reset (RST), headers
+that never come. It records every request it receives and when connections open and close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Received:
+    """One request as the upstream saw it."""
+
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        values = [v for k, v in self.headers if k.lower() == name.lower()]
+        return values[0] if values else None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Connection:
+    opened: float
+    closed: float | None = None
+
+
+class Reply:
+    """Writes a response for a request; subclasses are the scripts."""
+
+    async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        """Write the response; return False when the connection must not be reused."""
+        raise NotImplementedError
+
+
+def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"] + [f"{k}: {v}" for k, v in headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+@dataclass
+class JsonReply(Reply):
+    body: Any = None
+    status: int = 200
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "application/json"
+    compress: bool = False
+
+    async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        payload = self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
+        headers = [("content-type", self.content_type)] + self.headers
+        if self.compress:
+            payload = gzip.compress(payload)
+            headers.append(("content-encoding", "gzip"))
+        writer.write(_head(self.status, headers + [("content-length", str(len(payload)))]) + payload)
+        await writer.drain()
+        return True
+
+
+@dataclass
+class SSEReply(Reply):
+    """Events written as separate chunks, optionally slow, cut, reset or stalled."""
+
+    events: list[bytes]
+    delay: float = 0.0
+    cut_after: int | None = None  # close (FIN) after this many events, mid-body
+    reset_after: int | None = None  # abort (RST) after this many events
+    stall_after: int | None = None  # stop writing (keep the socket open) after this many
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        head = [("content-type", "text/event-stream"), ("transfer-encoding", "chunked")] + self.headers
+        writer.write(_head(200, head))
+        await writer.drain()
+        for i, event in enumerate(self.events):
+            if i == self.cut_after:
+                writer.close()
+                return False
+            if i == self.reset_after:
+                _reset(writer)
+                return False
+            if i == self.stall_after:
+                await asyncio.sleep(3600)
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+@dataclass
+class SlowHeaders(Reply):
+    """Headers only after `seconds` (past the proxy's first-byte timeout)."""
+
+    seconds: float
+    then: Reply = field(default_factory=lambda: JsonReply({"ok": True}))
+
+    async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(self.seconds)
+        return await self.then.write(request, writer)
+
+
+@dataclass
+class RawReply(Reply):
+    """Exactly these bytes, then close."""
+
+    data: bytes
+
+    async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        writer.write(self.data)
+        await writer.drain()
+        return False
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+# --- OpenAI-shaped payloads -------------------------------------------------------------
+
+def completion(text: str | None = "Hello from upstream", tool_calls: list[dict[str, Any]] | None = None,
+               model: str = "gpt-test") -> dict[str, Any]:
+    """A chat.completion body."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in tool_calls
+        ]
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": "tool_calls" if tool_calls else "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}}
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, model: str = "gpt-test") -> bytes:
+    """One chat.completion.chunk SSE event."""
+    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def stream_events(text: str = "Hello from upstream", pieces: int = 3,
+                  tool_calls: list[dict[str, Any]] | None = None, done: bool = True) -> list[bytes]:
+    """The events of a streamed answer: role, text pieces, tool-call deltas, finish, [DONE]."""
+    events = [chunk({"role": "assistant", "content": ""})]
+    size = max(1, -(-len(text) // pieces)) if text else 1
+    events += [chunk({"content": text[i:i + size]}) for i in range(0, len(text), size)]
+    for index, call in enumerate(tool_calls or []):
+        head = {"index": index, "id": call["id"], "type": "function",
+                "function": {"name": call["name"], "arguments": ""}}
+        events.append(chunk({"tool_calls": [head]}))
+        half = len(call["arguments"]) // 2
+        for part in (call["arguments"][:half], call["arguments"][half:]):
+            events.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
+    events.append(chunk({}, finish="tool_calls" if tool_calls else "stop"))
+    return events + ([DONE] if done else [])
+
+
+def default_reply(request: Received) -> Reply:
+    """What the upstream answers when no script is queued."""
+    if request.target.endswith("/chat/completions") and request.method == "POST":
+        try:
+            stream = bool(json.loads(request.body).get("stream"))
+        except (ValueError, AttributeError):
+            return JsonReply({"error": {"message": "bad json", "type": "invalid_request_error",
+                                        "param": None, "code": None}}, status=400)
+        return SSEReply(stream_events()) if stream else JsonReply(completion())
+    return JsonReply({"object": "echo", "method": request.method, "target": request.target})
+
+
+class FakeUpstream:
+    """The server, run on its own event loop in a thread."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self.connections: list[Connection] = []
+        self._scripts: list[Reply | Callable[[Received], Reply]] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def queue(self, *replies: Reply | Callable[[Received], Reply]) -> None:
+        """Answer the next requests with these, in order (then the default again)."""
+        with self._lock:
+            self._scripts.extend(replies)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._scripts.clear()
+            self.received.clear()
+            self.connections.clear()
+
+    def chat_requests(self) -> list[Received]:
+        return [r for r in self.received if r.target.endswith("/chat/completions")]
+
+    def wait_closed(self, timeout: float = 5.0) -> bool:
+        """True once every connection seen so far has closed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(c.closed is not None for c in self.connections):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def _next_reply(self, request: Received) -> Reply:
+        with self._lock:
+            script = self._scripts.pop(0) if self._scripts else None
+        if script is None:
+            return default_reply(request)
+        return script if isinstance(script, Reply) else script(request)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(opened=time.monotonic())
+        self.connections.append(connection)
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    break
+                self.received.append(request)
+                if not await self._next_reply(request).write(request, writer):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            connection.closed = time.monotonic()
+            if not writer.is_closing():
+                writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> Received | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
+    lookup = {k.lower(): v for k, v in headers}
+    if "content-length" in lookup:
+        body = await reader.readexactly(int(lookup["content-length"]))
+    elif lookup.get("transfer-encoding", "").lower() == "chunked":
+        body = await _read_chunked(reader)
+    else:
+        body = b""
+    return Received(method, target, headers, body)  # type: ignore[arg-type]
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            await reader.readuntil(b"\r\n")
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
