@@ -1,0 +1,181 @@
+"""Chat Completions requests: parse, read the turn's shape, insert the memory block.
+
+Pure functions over the client's JSON. Unknown fields are kept everywhere, and the
+client's objects are never changed in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+_PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
+_NOT_HISTORY = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A parsed chat request: the whole body, and the two fields memproxy relies on."""
+
+    body: dict[str, Any]
+    stream: bool
+    messages: list[dict[str, Any]]
+
+
+def parse_chat_request(body: bytes) -> ChatRequest | str:
+    """The request, or a short reason (for the log) why memory must skip it."""
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "body is not UTF-8"
+    except RecursionError:
+        return "JSON nested too deeply"
+    except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
+        return f"invalid JSON: {getattr(exc, 'msg', 'bad number')}"
+    if not isinstance(doc, dict):
+        return "body is not a JSON object"
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return "messages is not a list"
+    if not all(isinstance(m, dict) for m in messages):
+        return "a message is not an object"
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        return "stream is not a boolean"
+    return ChatRequest(body=doc, stream=bool(stream), messages=messages)
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's content; non-text parts become `[image]`, `[audio]`, `[file]`."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    pieces = (_part_text(part) for part in content if isinstance(part, dict))
+    return "\n".join(piece for piece in pieces if piece is not None)
+
+
+def _part_text(part: dict[str, Any]) -> str | None:
+    kind = part.get("type")
+    if kind in ("text", "refusal"):
+        text = part.get(kind)
+        return text if isinstance(text, str) else None
+    if isinstance(kind, str):
+        return _PART_MARKERS.get(kind)
+    return None
+
+
+def last_user_index(messages: list[dict[str, Any]]) -> int | None:
+    """Index of the last message whose role is `user`."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    return None
+
+
+def _after_last_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # With no user message at all, the whole list counts as "after" it.
+    index = last_user_index(messages)
+    return messages if index is None else messages[index + 1 :]
+
+
+def tool_call_ids_after_last_user(messages: list[dict[str, Any]]) -> list[str]:
+    """Ids of the assistant tool calls after the last user message: a later tool-loop step."""
+    ids: dict[str, None] = {}
+    for message in _after_last_user(messages):
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not isinstance(calls, list):
+            continue
+        for call in calls:
+            call_id = call.get("id") if isinstance(call, dict) else None
+            if isinstance(call_id, str) and call_id:
+                ids[call_id] = None
+    return list(ids)
+
+
+def tool_results_after_last_user(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """tool_call_id → result text of the `tool` messages after the last user message."""
+    results: dict[str, str] = {}
+    for message in _after_last_user(messages):
+        call_id = message.get("tool_call_id")
+        if message.get("role") == "tool" and isinstance(call_id, str) and call_id:
+            results[call_id] = message_text(message.get("content"))
+    return results
+
+
+def assistant_texts(messages: list[dict[str, Any]]) -> list[str]:
+    """The non-empty text of every assistant message, in order."""
+    texts = (message_text(m.get("content")) for m in messages if m.get("role") == "assistant")
+    return [text for text in texts if text]
+
+
+def history_material(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(role, text) of the messages up to the last user one, system and developer left out."""
+    index = last_user_index(messages)
+    if index is None:
+        return []
+    return [
+        (_role(m), message_text(m.get("content")))
+        for m in messages[: index + 1]
+        if m.get("role") not in _NOT_HISTORY
+    ]
+
+
+def _role(message: dict[str, Any]) -> str:
+    role = message.get("role")
+    return role if isinstance(role, str) else ""
+
+
+def insert_block(request: ChatRequest, block: str) -> bytes:
+    """A new body with `block` in front of the last user message (SPEC section 5).
+
+    Raises ValueError when the body is nested too deeply to serialise again here.
+    """
+    body = dict(request.body)
+    messages = list(request.messages)
+    index = last_user_index(messages)
+    if index is not None:
+        # Copy only the path to the change; the rest is shared, never mutated.
+        messages[index] = _with_block(messages[index], block)
+        body["messages"] = messages
+    return _dump(body)
+
+
+def _with_block(message: dict[str, Any], block: str) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": f"{block}\n\n{content}"}
+    if isinstance(content, list):
+        return {**message, "content": [{"type": "text", "text": f"{block}\n\n"}, *content]}
+    return message  # no text to put it in front of; leave the provider's answer unchanged
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    try:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError as exc:
+        raise ValueError("request nested too deeply to serialise") from exc
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (valid as a JSON \\u escape) has no UTF-8 form: escape it again.
+        return json.dumps(body, separators=(",", ":")).encode("ascii")
+
+
+def text_hash(text: str) -> str:
+    """sha256 hex of the text's UTF-8 bytes: how an assistant message is recognised later."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def is_context_length_error(status: int, body: bytes) -> bool:
+    """True for a 400 whose JSON error code is `context_length_exceeded`."""
+    if status != 400:
+        return False
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return isinstance(error, dict) and error.get("code") == "context_length_exceeded"

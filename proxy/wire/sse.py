@@ -1,0 +1,344 @@
+"""Server-sent events: bytes → events, and chat-completion chunks → the assistant message.
+
+The decoder follows the WHATWG event-stream rules as openai-python's `SSEDecoder` applies
+them, so memproxy reads a stream as the client's SDK will. Where the SDK strays from WHATWG
+(it dispatches events with no data line, keeps a BOM, raises on bad UTF-8) WHATWG wins:
+those are never chat chunks. It only reads a copy: the forwarded bytes are never
+re-serialised.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.models import ToolCall
+
+DONE = "[DONE]"
+DEFAULT_MAX_CHARS = 1 << 20  # text kept per stream (RELIABILITY 1.2: the accumulator is capped)
+DEFAULT_MAX_EVENT_CHARS = 16 << 20  # one event's lines held while it is incomplete
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_BOM = "\ufeff"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event; `id` is the last event id seen so far, as WHATWG keeps it."""
+
+    event: str | None
+    data: str
+    id: str | None = None
+
+
+def is_done(event: SSEEvent) -> bool:
+    """True for the `[DONE]` sentinel that ends a chat-completion stream."""
+    # The SDK stops at any payload that *starts with* [DONE]; agree with it.
+    return event.data.startswith(DONE)
+
+
+class SSEDecoder:
+    """Incremental event-stream decoder: feed it chunks as they arrive."""
+
+    def __init__(self, max_event_chars: int = DEFAULT_MAX_EVENT_CHARS) -> None:
+        self._max_event_chars = max_event_chars
+        self._oversized = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        # Replacement, not strict: the SDK may choke on bad bytes, the proxy must not.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending: list[str] = []  # an incomplete line, in pieces
+        self._pending_chars = 0
+        self._started = False
+        self._skip_lf = False  # the last chunk ended in CR: a leading LF is the same line end
+        self._in_dropped_line = False  # the rest of an oversized line is still to come
+        self._dropping_event = False
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._data_chars = 0
+        self._last_id: str | None = None
+
+    @property
+    def oversized(self) -> int:
+        """How many events were dropped for holding more than `max_event_chars`."""
+        return self._oversized
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one chunk and return the events it completes."""
+        return self._feed_text(self._utf8.decode(chunk))
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream: return what is left and reset for a new stream."""
+        events = self._feed_text(self._utf8.decode(b"", final=True))
+        # WHATWG: an event not closed by a blank line is discarded at end of stream.
+        self._reset()
+        return events
+
+    def _feed_text(self, text: str) -> list[SSEEvent]:
+        if text and not self._started:
+            self._started = True
+            if text[0] == _BOM:
+                text = text[1:]
+        if text and self._skip_lf:
+            self._skip_lf = False
+            if text[0] == "\n":
+                text = text[1:]
+        if "\n" not in text and "\r" not in text:
+            self._hold(text)
+            return []
+        if self._pending:
+            self._pending.append(text)
+            text = "".join(self._pending)
+            self._pending.clear()
+            self._pending_chars = 0
+        lines = _LINE_END.split(text)
+        tail = lines.pop()
+        self._skip_lf = text[-1] == "\r"
+        events = self._lines(lines)
+        self._hold(tail)
+        return events
+
+    def _hold(self, text: str) -> None:
+        if not text or self._in_dropped_line:
+            return
+        self._pending.append(text)
+        self._pending_chars += len(text)
+        if self._pending_chars + self._data_chars > self._max_event_chars:
+            self._drop_event()
+            self._in_dropped_line = True
+
+    def _drop_event(self) -> None:
+        # The proxy only reads a copy; past the limit, losing the event beats unbounded memory.
+        if not self._dropping_event:
+            self._oversized += 1
+        self._pending.clear()
+        self._pending_chars = 0
+        self._data = []
+        self._data_chars = 0
+        self._dropping_event = True
+
+    def _lines(self, lines: list[str]) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for line in lines:
+            if self._in_dropped_line:
+                self._in_dropped_line = False
+            elif not line:
+                if self._data:
+                    events.append(SSEEvent(self._event, "\n".join(self._data), self._last_id))
+                    self._data = []
+                    self._data_chars = 0
+                self._event = None
+                self._dropping_event = False
+            elif line[0] != ":" and not self._dropping_event:
+                self._field(line)
+        return events
+
+    def _field(self, line: str) -> None:
+        name, _, value = line.partition(":")
+        if value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._data_chars += len(value)
+            if self._data_chars + self._pending_chars > self._max_event_chars:
+                self._drop_event()
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._last_id = value
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """The assistant message of one choice, as the client's SDK would rebuild it."""
+
+    content: str = ""
+    refusal: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+
+
+@dataclass
+class _ToolCallParts:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ChoiceParts:
+    content: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    tool_calls: dict[int, _ToolCallParts] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+class ChatStreamAccumulator:
+    """Rebuilds every choice's message from the chat.completion.chunk events of a stream."""
+
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self._choices: dict[int, _ChoiceParts] = {}
+        self._max_chars = max_chars
+        self._chars = 0
+        self._too_large = False
+        self._done = False
+        self._error: dict[str, Any] | None = None
+        self._malformed = 0
+        self._usage: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once `[DONE]` arrived."""
+        return self._done
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The `error` object of an error event, if the stream carried one."""
+        return self._error
+
+    @property
+    def malformed(self) -> int:
+        """How many data payloads were not JSON objects (skipped)."""
+        return self._malformed
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The last `usage` object seen."""
+        return self._usage
+
+    @property
+    def too_large(self) -> bool:
+        """True when the text passed `max_chars` and accumulation stopped."""
+        return self._too_large
+
+    def feed(self, event: SSEEvent) -> None:
+        """Take one event; events after `[DONE]` are ignored, as the SDK ignores them."""
+        if self._done:
+            return
+        if is_done(event):
+            self._done = True
+            return
+        chunk = _json_object(event.data)
+        if chunk is None:
+            self._malformed += 1
+            return
+        # The SDK raises on any event whose JSON has a truthy `error`.
+        error = chunk.get("error")
+        if error:
+            self._error = error if isinstance(error, dict) else {"message": str(error)}
+            return
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = chunk.get("choices")
+        if isinstance(choices, list):
+            for position, choice in enumerate(choices):
+                if isinstance(choice, dict):
+                    self._feed_choice(position, choice)
+
+    def message(self, index: int = 0) -> AssistantMessage:
+        """The message of choice `index` so far (empty if the choice never appeared)."""
+        parts = self._choices.get(index)
+        if parts is None:
+            return AssistantMessage()
+        calls = tuple(
+            ToolCall(id=c.id, name=c.name, arguments="".join(c.arguments))
+            for _, c in sorted(parts.tool_calls.items())
+        )
+        return AssistantMessage("".join(parts.content), "".join(parts.refusal), calls, parts.finish_reason)
+
+    def _feed_choice(self, position: int, choice: dict[str, Any]) -> None:
+        parts = self._choices.setdefault(_int_or(choice.get("index"), position), _ChoiceParts())
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            parts.finish_reason = reason
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return
+        self._add_text(parts.content, delta.get("content"))
+        self._add_text(parts.refusal, delta.get("refusal"))
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for call_position, call in enumerate(calls):
+                if isinstance(call, dict):
+                    self._feed_tool_call(parts, call_position, call)
+
+    def _feed_tool_call(self, parts: _ChoiceParts, position: int, call: dict[str, Any]) -> None:
+        index = _int_or(call.get("index"), position)
+        acc = parts.tool_calls.setdefault(index, _ToolCallParts())
+        call_id = call.get("id")
+        # id and name are atomic in OpenAI's stream; some compatible servers repeat them
+        # on every delta, so the first value wins instead of being concatenated.
+        if isinstance(call_id, str) and not acc.id:
+            acc.id = call_id
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return
+        name = function.get("name")
+        if isinstance(name, str) and not acc.name:
+            acc.name = name
+        self._add_text(acc.arguments, function.get("arguments"))
+
+    def _add_text(self, into: list[str], text: Any) -> None:
+        if not isinstance(text, str) or not text or self._too_large:
+            return
+        self._chars += len(text)
+        if self._chars > self._max_chars:
+            self._too_large = True
+            return
+        into.append(text)
+
+
+def _json_object(data: str | bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):  # ValueError covers bad UTF-8 and huge ints too
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse_completion(body: bytes) -> AssistantMessage | None:
+    """Choice 0 of a non-streamed chat.completion body; None if it is not one."""
+    doc = _json_object(body)
+    choices = doc.get("choices") if doc is not None else None
+    if not isinstance(choices, list):
+        return None
+    choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), {})
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        return None
+    calls = message.get("tool_calls")
+    calls = calls if isinstance(calls, list) else []
+    reason = choice.get("finish_reason")
+    return AssistantMessage(
+        content=_str(message.get("content")),
+        refusal=_str(message.get("refusal")),
+        tool_calls=tuple(_tool_call(c) for c in calls if isinstance(c, dict)),
+        finish_reason=reason if isinstance(reason, str) else None,
+    )
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
+    return ToolCall(
+        id=_str(call.get("id")), name=_str(function.get("name")), arguments=_str(function.get("arguments"))
+    )
+
+
+def error_event(message: str, code: str, type_: str = "upstream_error") -> bytes:
+    """An SSE error event the SDK raises on (RELIABILITY 3.3: never fake a `[DONE]`)."""
+    error = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return b"data: " + json.dumps(error, separators=(",", ":")).encode() + b"\n\n"
