@@ -1,0 +1,164 @@
+"""Secret redaction: each kind, what must stay, several at once, idempotency, cost."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from proxy.memory.redact import redact, redact_mapping
+
+PEM = (
+    "-----BEGIN RSA PRIVATE KEY-----\n"
+    "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw\n"
+    "7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxKLxoS2tFc\n"
+    "-----END RSA PRIVATE KEY-----"
+)
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+
+KINDS = [
+    ("key sk-abcdefghijklmnopqrstuvwxyz012345 here", "key [REDACTED:openai_key] here"),
+    ("sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv_x-Yz01", "[REDACTED:openai_key]"),
+    ("use sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv-1234.", "use [REDACTED:anthropic_key]."),
+    ("id AKIAIOSFODNN7EXAMPLE,", "id [REDACTED:aws_access_key],"),
+    ("ASIAY34FZKBOKMUTVV7A", "[REDACTED:aws_access_key]"),
+    (
+        "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "aws_secret_access_key = [REDACTED:aws_secret_key]",
+    ),
+    ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "[REDACTED:github_token]"),
+    ("gho_16C7e42F292c6912E7710c838347Ae178B4a", "[REDACTED:github_token]"),
+    ("github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuv", "[REDACTED:github_token]"),
+    ("slack xoxb-123456789012-1234567890123-AbCdEfGhIjKl", "slack [REDACTED:slack_token]"),
+    ("xoxp-1234-5678-abcdefghij", "[REDACTED:slack_token]"),
+    ("Authorization: Bearer abc.def-ghi_123", "Authorization: Bearer [REDACTED:bearer_token]"),
+    ("authorization: basic dXNlcjpwYXNzd29yZA==", "authorization: basic [REDACTED:bearer_token]"),
+    ("send it as Bearer 9f8e7d6c5b4a3210", "send it as Bearer [REDACTED:bearer_token]"),
+    (f"token is {JWT} ok", "token is [REDACTED:jwt] ok"),
+    ("postgres://user:s3cr3t@db.example.com:5432/app", "postgres://user:[REDACTED:password]@db.example.com:5432/app"),
+    ("redis://:p@ss@cache:6379/0", "redis://:[REDACTED:password]@cache:6379/0"),
+    ("https://alice:hunter2@example.com/x", "https://alice:[REDACTED:password]@example.com/x"),
+    ("password=hunter2", "password=[REDACTED:password]"),
+    ("DB_PASSWORD=changeme", "DB_PASSWORD=[REDACTED:password]"),
+    ('{"password": "letmein"}', '{"password": "[REDACTED:password]"}'),
+    ("my password: hunter22", "my password: [REDACTED:password]"),
+    ('"api_key": "a8f5f167f44f4964e6c998dee827110c"', '"api_key": "[REDACTED:api_key]"'),
+    ("x-api-key: 7f3a9b2c1d4e5f60", "x-api-key: [REDACTED:api_key]"),
+    ("token: Zm9vYmFyYmF6cXV4", "token: [REDACTED:token]"),
+    ("GITHUB_TOKEN=abc123def456ghi789", "GITHUB_TOKEN=[REDACTED:token]"),
+    ("secret=Q2xpZW50U2VjcmV0", "secret=[REDACTED:secret]"),
+    ('clientSecret: "Xy7pQ2mNz9Kw"', 'clientSecret: "[REDACTED:secret]"'),
+    ("https://x.example/cb?code=1&access_token=ya29a0AfH6SMB&x=1", "https://x.example/cb?code=1&access_token=[REDACTED:token]&x=1"),
+    ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "[REDACTED:stripe_key]"),
+    ("AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "[REDACTED:google_api_key]"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), KINDS)
+def test_each_kind(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+UNCHANGED = [
+    "the request id is 550e8400-e29b-41d4-a716-446655440000",
+    "fixed in 3f9c2ab4d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6 and 3f9c2ab",
+    "ssh to db-primary.prod.internal or https://example.com/path?q=1",
+    "mail alice@example.com or git@github.com:org/repo.git",
+    "ssh://git@github.com/org/repo and http://localhost:8080/x",
+    "the bearer authentication scheme is described below",
+    "max_tokens=1000 and prompt_tokens: 512",
+    "password: forgotten, sort_key: created_at, token: next",
+    "the task-management-system is risk-free",
+    "password=${DB_PASSWORD} and api_key: <your key here> and secret=****",
+    "I keep my private key safe and my passport in a drawer",
+    "Alice works at Acme; the monkey key: yes",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", UNCHANGED)
+def test_false_positives_left_alone(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_pem_block_spanning_lines() -> None:
+    text = f"here is my key:\n{PEM}\nthanks"
+    assert redact(text) == "here is my key:\n[REDACTED:private_key]\nthanks"
+
+
+def test_pem_openssh_and_pkcs8() -> None:
+    for label in ("OPENSSH PRIVATE KEY", "PRIVATE KEY", "EC PRIVATE KEY", "ENCRYPTED PRIVATE KEY"):
+        block = PEM.replace("RSA PRIVATE KEY", label)
+        assert redact(f"a {block} b") == "a [REDACTED:private_key] b"
+
+
+def test_pem_without_end_line_loses_its_body() -> None:
+    text = "-----BEGIN PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0t\nRgeLezV6ffAt0gunVTLw7onLRnrq0"
+    assert redact(text) == "[REDACTED:private_key]"
+
+
+def test_several_secrets_in_one_text() -> None:
+    text = (
+        "keys: sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv AKIAIOSFODNN7EXAMPLE\n"
+        f"db postgres://u:p4ss@h/db and {PEM}\nheader Authorization: Bearer {JWT}"
+    )
+    assert redact(text) == (
+        "keys: [REDACTED:openai_key] [REDACTED:aws_access_key]\n"
+        "db postgres://u:[REDACTED:password]@h/db and [REDACTED:private_key]\n"
+        "header Authorization: Bearer [REDACTED:jwt]"
+    )
+
+
+@pytest.mark.parametrize("text", [text for text, _ in KINDS] + [PEM, f"Bearer {JWT} sk-abcdefghijklmnop1234"])
+def test_idempotent(text: str) -> None:
+    once = redact(text)
+    assert redact(once) == once
+
+
+def test_redact_mapping_recurses_and_blanks_credential_fields() -> None:
+    record = {
+        "event": "upstream",
+        "headers": {"Authorization": "Bearer abc", "X-Api-Key": "k", "cookie": "s=1", "accept": "text/plain"},
+        "messages": ["hi sk-abcdefghijklmnop1234", ("AKIAIOSFODNN7EXAMPLE",)],
+        "max_tokens": 5,
+        "password": "${DB_PASSWORD}",
+        "status": None,
+    }
+    assert redact_mapping(record) == {
+        "event": "upstream",
+        "headers": {
+            "Authorization": "[REDACTED:authorization]",
+            "X-Api-Key": "[REDACTED:api_key]",
+            "cookie": "[REDACTED:cookie]",
+            "accept": "text/plain",
+        },
+        "messages": ["hi [REDACTED:openai_key]", ("[REDACTED:aws_access_key]",)],
+        "max_tokens": 5,
+        "password": "${DB_PASSWORD}",
+        "status": None,
+    }
+    assert record["headers"]["Authorization"] == "Bearer abc"  # a copy, not the caller's dict
+
+
+def test_plain_text_is_cheap() -> None:
+    text = "We talked about the deployment plan and the staging host for a while. " * 15000  # ~1 MB
+    start = time.perf_counter()
+    assert redact(text) == text
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a." * 50000 + "://",
+        "key_" * 50000 + "x",
+        "aB_" * 30000 + " password",
+        "postgres://" + "u:" * 30000,
+        "-----BEGIN PRIVATE KEY-----" + "A" * 100000,
+        "Bearer " + "a" * 100000,
+    ],
+)
+def test_pathological_input_is_linear(text: str) -> None:
+    start = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - start < 1.0
