@@ -1,0 +1,184 @@
+"""Combining ranked candidates: rank fusion within a source, the merge across sources, the budget.
+
+SPEC 4: streams of one source are fused by weighted reciprocal rank; sources take turns in
+the merge; the rendered block, header and graph note included, fits `memory.max_tokens`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from functools import lru_cache
+
+from proxy.memory.block import DEFAULT_HEADER, ELLIPSIS, GRAPH_NOTE, SOURCES, neutralise
+from proxy.models import Hit
+from proxy.terms import terms
+
+RRF_K = 60
+# Below the gap between ranks 1 and 3 of a lone stream (1 - 61/63 = 0.032), so finding a
+# candidate in two streams breaks near-ties instead of overruling rank.
+AGREEMENT_BONUS = 0.02
+HARD_CAP = 12  # SPEC 4: max_memories is capped at 12 whatever is configured
+PER_GROUP = 3  # SPEC 4: at most 3 cross-session hits from one conversation
+PER_HIT_SHARE = 3  # no single memory may take more than a third of the budget
+MIN_SNIPPET_CHARS = 40  # a shorter piece of a memory says nothing useful
+_MAX_MATCHES = 200  # matches considered when choosing a snippet window
+
+_WORD = re.compile(r"\S+")
+
+
+def rrf(
+    streams: Mapping[str, Sequence[str]],
+    weights: Mapping[str, float] | None = None,
+    k: int = RRF_K,
+    agreement_bonus: float = AGREEMENT_BONUS,
+) -> list[tuple[str, float, dict[str, int]]]:
+    """Weighted reciprocal rank fusion: (id, score, {stream: rank}) best first."""
+    weights = weights or {}
+    active = {
+        name: ids for name, ids in sorted(streams.items()) if ids and weights.get(name, 1.0) > 0
+    }
+    total = sum(weights.get(name, 1.0) for name in active)
+    scores: dict[str, float] = {}
+    parts: dict[str, dict[str, int]] = {}
+    for name, ids in active.items():
+        # Normalised so the top of a lone stream scores 1.0 and its order is kept as is.
+        share = weights.get(name, 1.0) / total * (k + 1)
+        for rank, item in enumerate(dict.fromkeys(ids), start=1):
+            scores[item] = scores.get(item, 0.0) + share / (k + rank)
+            parts.setdefault(item, {})[name] = rank
+    for item, found in parts.items():
+        if len(found) > 1:
+            scores[item] += agreement_bonus
+    # Rounded so sums that differ only in float noise still tie and fall back to the id.
+    fused = [(item, scores[item], parts[item]) for item in scores]
+    return sorted(fused, key=lambda row: (-round(row[1], 9), row[0]))
+
+
+def round_robin(
+    sources: Mapping[str, Sequence[Hit]], limit: int, order: Sequence[str] = SOURCES
+) -> list[Hit]:
+    """One hit from each source in turn, each keeping its order, the same text never twice."""
+    names = [*order, *sorted(set(sources) - set(order))]
+    queues = [iter(sources[name]) for name in names if sources.get(name)]
+    limit = max(0, min(limit, HARD_CAP))
+    seen: set[str] = set()
+    merged: list[Hit] = []
+    while queues and len(merged) < limit:
+        for queue in list(queues):
+            hit = _next_unseen(queue, seen)
+            if hit is None:
+                queues.remove(queue)
+            elif len(merged) < limit:
+                merged.append(hit)
+    return merged
+
+
+def _next_unseen(queue: Iterator[Hit], seen: set[str]) -> Hit | None:
+    for hit in queue:
+        key = " ".join(neutralise(hit.content).casefold().split())
+        if key and key not in seen:
+            seen.add(key)
+            return hit
+    return None
+
+
+def cap_per_group(
+    hits: Iterable[Hit], key: Callable[[Hit], Hashable], max_per_group: int = PER_GROUP
+) -> list[Hit]:
+    """The hits in order, with at most `max_per_group` sharing one key."""
+    counts: Counter[Hashable] = Counter()
+    kept = []
+    for hit in hits:
+        group = key(hit)
+        if counts[group] < max_per_group:
+            counts[group] += 1
+            kept.append(hit)
+    return kept
+
+
+def apply_budget(
+    hits: Sequence[Hit], max_tokens: int, header: str = DEFAULT_HEADER, query_terms: Iterable[str] = ()
+) -> tuple[list[Hit], bool]:
+    """The hits whose block fits `max_tokens`, long ones as snippets, and whether anything was cut."""
+    wanted = _wanted(query_terms)
+    limit = max_tokens * 4  # ceil(chars / 4) <= max_tokens  <=>  chars <= 4 * max_tokens
+    per_hit = max(MIN_SNIPPET_CHARS, limit // PER_HIT_SHARE)
+    kept: list[Hit] = []
+    used, has_graph, cut = len(header), False, False
+    for hit in hits:
+        text = neutralise(hit.content)
+        if not text:
+            continue  # render would skip it; keeping it would miscount what was injected
+        # The chars `render` adds around this content: its line prefix, and the graph note
+        # when this is the first graph hit. Counted, not rendered, to stay O(hits).
+        prefix = len(f"\n{len(kept) + 1}. [{hit.source}] ")
+        note = len(GRAPH_NOTE) + 1 if has_graph or hit.source == "graph" else 0
+        content = _fit(text, min(per_hit, limit - used - prefix - note), wanted)
+        cut = cut or content != text
+        if content:
+            kept.append(replace(hit, content=content))
+            used += prefix + len(content)
+            has_graph = has_graph or hit.source == "graph"
+    return kept, cut
+
+
+def _fit(text: str, room: int, wanted: frozenset[str]) -> str:
+    """The text, or a snippet of it, in `room` chars; '' when not even a snippet fits."""
+    if len(text) <= room:
+        return text
+    return _snippet(text, wanted, room) if room >= MIN_SNIPPET_CHARS else ""
+
+
+def snippet(text: str, query_terms: Iterable[str], max_chars: int) -> str:
+    """At most `max_chars` of the text around its best match with the query, `…` where cut."""
+    return _snippet(text, _wanted(query_terms), max_chars)
+
+
+def _wanted(query_terms: Iterable[str]) -> frozenset[str]:
+    # Run through `terms` so raw words and already-stemmed query terms both match.
+    if isinstance(query_terms, str):
+        query_terms = [query_terms]
+    return frozenset(term for word in query_terms for term in terms(word))
+
+
+def _snippet(text: str, wanted: frozenset[str], max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    width = max(1, max_chars - 2 * len(ELLIPSIS))
+    start = max(0, min(_best_start(text, wanted, width), len(text) - width))
+    end = start + width
+    if start > 0 and not text[start - 1].isspace():  # don't begin mid-word
+        space = text.find(" ", start, end)
+        start = space + 1 if space != -1 else start
+    if end < len(text) and not text[end].isspace():  # don't end mid-word
+        space = text.rfind(" ", start, end)
+        end = space if space > start else end
+    piece = text[start:end].strip()
+    return (ELLIPSIS if start > 0 else "") + piece + (ELLIPSIS if end < len(text) else "")
+
+
+@lru_cache(maxsize=65536)
+def _word_terms(word: str) -> frozenset[str]:
+    return frozenset(terms(word))
+
+
+def _best_start(text: str, wanted: frozenset[str], width: int) -> int:
+    """Where a window of `width` chars shows the most distinct query terms; 0 with no match."""
+    matches = [
+        (word.start(), word.end(), found)
+        for word in _WORD.finditer(text)
+        if (found := wanted.intersection(_word_terms(word.group())))
+    ][:_MAX_MATCHES]
+    best, best_count = 0, 0
+    for anchor, _, _ in matches:
+        start = max(0, anchor - width // 3)  # some lead-in before the match reads better
+        inside: set[str] = set()
+        for s, e, found in matches:
+            if s >= start and e <= start + width:
+                inside |= found
+        if len(inside) > best_count:
+            best, best_count = start, len(inside)
+    return best
