@@ -9,6 +9,7 @@ drains a queue into it, so a burst of turns commits together. Every write is ide
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,11 @@ from proxy.models import (
 
 class StoreError(Exception):
     """The store failed (locked, full, gone); callers degrade, never fail a request."""
+
+
+def text_hash(text: str) -> str:
+    """The hash messages are matched by: sha256 hex of the UTF-8 text (lone surrogates kept)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # --- writes -------------------------------------------------------------------------

@@ -1,0 +1,425 @@
+"""The embedded store: SQLite in WAL mode, one write connection and one read connection.
+
+Writes go through `apply` only, each batch one `BEGIN IMMEDIATE` transaction on the write
+connection: a deferred transaction that reads before it writes gets SQLITE_BUSY at once,
+ignoring busy_timeout (RELIABILITY 2.1). Reads use their own connection (aiosqlite gives
+each connection a thread), so a long write never queues a read. Schema: sqlite_schema.py;
+rows to models: sqlite_rows.py; the write ops: sqlite_batch.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import aiosqlite
+
+from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
+from proxy.stores.base import StoreError, WriteOp
+from proxy.stores.sqlite_batch import Batch
+from proxy.stores.sqlite_rows import (
+    entity_from_row,
+    export_conversation,
+    export_entity,
+    export_message,
+    export_reasoning,
+    export_relationship,
+    from_ts,
+    message_from_row,
+    now_ts,
+    relationship_from_row,
+    to_ts,
+    trace_from_row,
+    turn_from_row,
+)
+from proxy.stores.sqlite_schema import migrate
+
+BUSY_TIMEOUT_MS = 5000
+EXPORT_PAGE = 500
+# A name match says more about an entity than its type or description does.
+ENTITY_WEIGHTS = (2.0, 1.0, 1.0)
+_SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+
+
+async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
+    try:
+        await conn.rollback()
+    except (sqlite3.Error, ValueError):
+        pass  # the original error is the one worth raising
+
+
+def _probe(path: str) -> None:
+    sqlite3.connect(path).close()
+
+
+def _reason(exc: BaseException) -> str:
+    code = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    return f"{code}: {exc}"
+
+
+def _match_query(terms: Sequence[str]) -> str | None:
+    """An FTS5 query matching any of the terms, each quoted so no term is an operator."""
+    quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms) if any(c.isalnum() for c in t)]
+    return " OR ".join(quoted) or None
+
+
+def _agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple[str, list[Any]]:
+    """Limit rows to the scope's agent under isolation (or always, for per-agent data)."""
+    if scope.agent_isolated or (per_agent and scope.agent is not None):
+        return f" AND {alias}.agent_id IS ?", [scope.agent]
+    return "", []
+
+
+_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
+_RELATIONSHIP_SELECT = (
+    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
+    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
+    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
+)
+
+# (what, query with `{agent}` and a `seq > ?` page key, record shape), in import order.
+_EXPORTS: tuple[tuple[str, str, Callable[[sqlite3.Row], dict[str, Any]]], ...] = (
+    ("c", "SELECT c.rowid AS seq, c.* FROM conversations c WHERE c.user_id = ?{agent} AND c.rowid > ?"
+     + " ORDER BY seq LIMIT ?", export_conversation),
+    ("m", "SELECT m.* FROM messages m WHERE m.user_id = ?{agent} AND m.seq > ? ORDER BY m.seq LIMIT ?",
+     export_message),
+    ("e", "SELECT e.* FROM entities e WHERE e.user_id = ?{agent} AND e.seq > ? ORDER BY e.seq LIMIT ?",
+     export_entity),
+    ("r", _RELATIONSHIP_SELECT + " WHERE r.user_id = ?{agent} AND r.seq > ? ORDER BY r.seq LIMIT ?",
+     export_relationship),
+    ("x", "SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent} AND x.seq > ? ORDER BY x.seq LIMIT ?",
+     export_reasoning),
+)
+
+
+class SQLiteStore:
+    """The Store protocol on one SQLite file."""
+
+    def __init__(self, path: str, *, synchronous: str = "NORMAL") -> None:
+        if synchronous.upper() not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
+        self._path = path
+        self._synchronous = synchronous.upper()
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()  # one transaction at a time on the write connection
+
+    # --- lifecycle
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self._path, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            for pragma in (f"synchronous={self._synchronous}", f"busy_timeout={BUSY_TIMEOUT_MS}",
+                           "foreign_keys=ON", "secure_delete=ON"):
+                await conn.execute_fetchall(f"PRAGMA {pragma}")
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def open(self) -> None:
+        """Connect, migrate the schema, mark turns left pending by a crash as interrupted."""
+        try:
+            # aiosqlite leaves its thread reporting to the loop when a connect fails, so a
+            # file that cannot be opened is found with plain sqlite3 first.
+            await asyncio.to_thread(_probe, self._path)
+            self._writer = await self._connect()
+            await self._writer.execute_fetchall("PRAGMA journal_mode=WAL")
+            await migrate(self._writer)
+            await self._transaction(self._recover)
+            self._reader = await self._connect()
+        except (sqlite3.Error, ValueError) as exc:
+            await self.close()
+            raise StoreError(f"cannot open {self._path}: {_reason(exc)}") from exc
+
+    @staticmethod
+    async def _recover(conn: aiosqlite.Connection) -> None:
+        """Turns pending at start-up died with the process that served them."""
+        now = now_ts()
+        # A pending turn whose answer was saved did finish; only the status write was lost.
+        await conn.execute_fetchall(
+            "UPDATE turns SET status = 'complete', updated_at = ? WHERE status = 'pending' AND EXISTS (SELECT 1"
+            " FROM messages m WHERE m.user_id = turns.user_id AND m.turn_key = turns.turn_key AND m.role = 'assistant')",
+            (now,),
+        )
+        await conn.execute_fetchall("UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'pending'",
+                                    (now,))
+
+    async def close(self) -> None:
+        """Flush and release connections."""
+        reader, writer, self._reader, self._writer = self._reader, self._writer, None, None
+        for conn in (reader, writer):
+            if conn is not None:
+                try:
+                    await conn.close()
+                except (sqlite3.Error, ValueError):
+                    pass  # closing a broken connection: nothing left to flush
+
+    async def ping(self) -> bool:
+        """True when the database answers a trivial query."""
+        try:
+            rows = await self._read_conn().execute_fetchall("SELECT 1")
+            return bool(next(iter(rows))[0] == 1)
+        except (StoreError, sqlite3.Error, ValueError):
+            return False
+
+    # --- writes
+
+    async def apply(self, ops: Sequence[WriteOp]) -> None:
+        """Apply a batch of writes in one transaction; raise StoreError on failure."""
+        if not ops:
+            return
+
+        async def body(conn: aiosqlite.Connection) -> None:
+            batch = Batch(conn)
+            for op in ops:
+                await batch.run(op)
+
+        await self._transaction(body)
+
+    async def _transaction(self, body: Callable[[aiosqlite.Connection], Awaitable[None]]) -> None:
+        """Run `body` in one IMMEDIATE transaction; roll back on any failure or cancellation."""
+        async with self._write_lock:
+            conn = self._write_conn()
+            try:
+                if conn.in_transaction:  # left open by a cancelled batch
+                    await conn.rollback()
+                await conn.execute_fetchall("BEGIN IMMEDIATE")
+                try:
+                    await body(conn)
+                    await conn.execute_fetchall("COMMIT")
+                except BaseException:
+                    await _rollback_quietly(conn)
+                    raise
+            except (sqlite3.Error, ValueError) as exc:  # aiosqlite says ValueError when closed
+                raise StoreError(_reason(exc)) from exc
+
+    # --- connections and reads
+
+    def _write_conn(self) -> aiosqlite.Connection:
+        if self._writer is None:
+            raise StoreError("store is not open")
+        return self._writer
+
+    def _read_conn(self) -> aiosqlite.Connection:
+        if self._reader is None:
+            raise StoreError("store is not open")
+        return self._reader
+
+    async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        try:
+            return list(await self._read_conn().execute_fetchall(sql, params))
+        except (sqlite3.Error, ValueError) as exc:
+            raise StoreError(_reason(exc)) from exc
+
+    # --- turn and conversation identity
+
+    async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
+        """The turn whose earlier step's response carried one of these tool-call ids."""
+        if not call_ids:
+            return None
+        agent, agent_params = _agent_clause(scope, "t")
+        rows = await self._rows(
+            f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
+            " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
+            f" WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?)){agent}"
+            " ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            [scope.user, json.dumps(list(call_ids)), *agent_params],
+        )
+        return turn_from_row(rows[0]) if rows else None
+
+    async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
+        """The latest turn started at or after `since` whose history hashed the same."""
+        agent, agent_params = _agent_clause(scope, "t")
+        rows = await self._rows(
+            f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = ? AND t.history_hash = ? AND t.created_at >= ?"
+            f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            [scope.user, history_hash, to_ts(since), *agent_params],
+        )
+        return turn_from_row(rows[0]) if rows else None
+
+    async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
+        """One turn by key."""
+        agent, agent_params = _agent_clause(scope, "t")
+        rows = await self._rows(
+            f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = ? AND t.turn_key = ?{agent}",
+            [scope.user, turn_key, *agent_params],
+        )
+        return turn_from_row(rows[0]) if rows else None
+
+    async def conversation_by_assistant_hashes(self, scope: Scope, hashes: Sequence[str]) -> str | None:
+        """The conversation holding the first of `hashes` (newest first) that was saved.
+
+        When several conversations hold that text, the most recently active one wins.
+        """
+        if not hashes:
+            return None
+        agent, agent_params = _agent_clause(scope, "m")
+        rows = await self._rows(
+            "SELECT m.conversation_id FROM json_each(?) h"
+            " JOIN messages m ON m.user_id = ? AND m.content_hash = h.value AND m.role = 'assistant'"
+            " JOIN conversations c ON c.user_id = m.user_id AND c.id = m.conversation_id"
+            f" WHERE 1{agent} ORDER BY h.key, c.last_active_at DESC, c.id DESC LIMIT 1",
+            [json.dumps(list(hashes)), scope.user, *agent_params],
+        )
+        return rows[0]["conversation_id"] if rows else None
+
+    async def latest_conversation(self, scope: Scope) -> str | None:
+        """The user's most recently active conversation."""
+        ids = await self.recent_conversations(scope, 1)
+        return ids[0] if ids else None
+
+    async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
+        """Ids of the user's conversations, most recently active first (all when None)."""
+        agent, agent_params = _agent_clause(scope, "c")
+        rows = await self._rows(
+            f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
+            " ORDER BY c.last_active_at DESC, c.id DESC LIMIT ?",
+            [scope.user, *agent_params, -1 if limit is None else limit],
+        )
+        return [row["id"] for row in rows]
+
+    # --- reading what was saved
+
+    async def messages(
+        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> list[StoredMessage]:
+        """Messages of one conversation, oldest first; `cursor` is the last id of the previous page."""
+        agent, params = _agent_clause(scope, "m")
+        after = ""
+        if cursor is not None:
+            after = " AND (m.created_at, m.seq) > (SELECT created_at, seq FROM messages WHERE user_id = ? AND id = ?)"
+            params += [scope.user, cursor]
+        rows = await self._rows(
+            f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.conversation_id = ?{agent}{after}"
+            " ORDER BY m.created_at, m.seq LIMIT ?",
+            [scope.user, conversation_id, *params, limit],
+        )
+        return [message_from_row(row) for row in rows]
+
+    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        """The user's conversations, most recent first; `cursor` is the last id of the previous page."""
+        agent, params = _agent_clause(scope, "c")
+        after = ""
+        if cursor is not None:
+            after = (" AND (c.last_active_at, c.id) <"
+                     " (SELECT last_active_at, id FROM conversations WHERE user_id = ? AND id = ?)")
+            params += [scope.user, cursor]
+        rows = await self._rows(
+            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
+            " AND m.conversation_id = c.id) AS message_count"
+            f" FROM conversations c WHERE c.user_id = ?{agent}{after}"
+            " ORDER BY c.last_active_at DESC, c.id DESC LIMIT ?",
+            [scope.user, *params, limit],
+        )
+        return [
+            {"id": row["id"], "agent_id": row["agent_id"], "created_at": from_ts(row["created_at"]),
+             "last_active_at": from_ts(row["last_active_at"]), "message_count": row["message_count"]}
+            for row in rows
+        ]
+
+    async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
+        """Reasoning traces of the user (of the agent when one is set), newest first."""
+        agent, agent_params = _agent_clause(scope, "x", per_agent=True)
+        rows = await self._rows(
+            f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent} ORDER BY x.created_at DESC, x.seq DESC LIMIT ?",
+            [scope.user, *agent_params, limit],
+        )
+        return [trace_from_row(row) for row in rows]
+
+    async def entities(self, scope: Scope) -> list[Entity]:
+        """The user's entities, oldest first."""
+        agent, agent_params = _agent_clause(scope, "e")
+        rows = await self._rows(
+            f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent} ORDER BY e.seq", [scope.user, *agent_params]
+        )
+        return [entity_from_row(row) for row in rows]
+
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
+        """Edges from or to one entity, the newest fact first."""
+        agent, agent_params = _agent_clause(scope, "r")
+        current = " AND r.invalid_at IS NULL" if current_only else ""
+        rows = await self._rows(
+            f"{_RELATIONSHIP_SELECT} WHERE r.user_id = ? AND (r.from_id = ? OR r.to_id = ?){current}{agent}"
+            " ORDER BY r.valid_from DESC, r.seq DESC",
+            [scope.user, entity_id, entity_id, *agent_params],
+        )
+        return [relationship_from_row(row) for row in rows]
+
+    async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
+        """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
+        for alias, sql, shape in _EXPORTS:
+            agent, agent_params = _agent_clause(scope, alias)
+            query = sql.format(agent=agent)
+            last = -1
+            while True:
+                rows = await self._rows(query, [scope.user, *agent_params, last, EXPORT_PAGE])
+                for row in rows:
+                    yield shape(row)
+                if len(rows) < EXPORT_PAGE:
+                    break
+                last = rows[-1]["seq"]
+
+    # --- retrieval: BM25 from FTS5 over the whole corpus; score = -bm25, higher is better
+
+    async def search_messages(
+        self,
+        scope: Scope,
+        terms: Sequence[str],
+        *,
+        conversation_ids: Sequence[str] | None = None,
+        exclude_conversation_id: str | None = None,
+        limit: int = 20,
+    ) -> list[tuple[StoredMessage, float]]:
+        """BM25 over the user's messages (whole-corpus statistics), best first."""
+        query = _match_query(terms)
+        if query is None or (conversation_ids is not None and not conversation_ids):
+            return []
+        where, params = _agent_clause(scope, "m")
+        if conversation_ids is not None:
+            where += " AND m.conversation_id IN (SELECT value FROM json_each(?))"
+            params.append(json.dumps(list(conversation_ids)))
+        if exclude_conversation_id is not None:
+            where += " AND m.conversation_id != ?"
+            params.append(exclude_conversation_id)
+        rows = await self._rows(
+            "SELECT m.*, -bm25(messages_fts) AS score FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid"
+            f" WHERE messages_fts MATCH ? AND m.user_id = ?{where} ORDER BY score DESC, m.seq DESC LIMIT ?",
+            [query, scope.user, *params, limit],
+        )
+        return [(message_from_row(row), row["score"]) for row in rows]
+
+    async def search_entities(self, scope: Scope, terms: Sequence[str], *, limit: int = 20) -> list[tuple[Entity, float]]:
+        """BM25 over the user's entities (name, type, description), best first."""
+        query = _match_query(terms)
+        if query is None:
+            return []
+        agent, agent_params = _agent_clause(scope, "e")
+        weights = ", ".join(str(w) for w in ENTITY_WEIGHTS)
+        rows = await self._rows(
+            f"SELECT e.*, -bm25(entities_fts, {weights}) AS score FROM entities_fts"
+            " JOIN entities e ON e.seq = entities_fts.rowid"
+            f" WHERE entities_fts MATCH ? AND e.user_id = ?{agent} ORDER BY score DESC, e.seq DESC LIMIT ?",
+            [query, scope.user, *agent_params, limit],
+        )
+        return [(entity_from_row(row), row["score"]) for row in rows]
+
+    async def search_reasoning(
+        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+    ) -> list[tuple[ReasoningTrace, float]]:
+        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
+        query = _match_query(terms)
+        if query is None:
+            return []
+        agent, agent_params = _agent_clause(scope, "x", per_agent=True)
+        rows = await self._rows(
+            "SELECT x.*, -bm25(reasoning_fts) AS score FROM reasoning_fts JOIN reasoning x ON x.seq = reasoning_fts.rowid"
+            f" WHERE reasoning_fts MATCH ? AND x.user_id = ?{agent} ORDER BY score DESC, x.seq DESC LIMIT ?",
+            [query, scope.user, *agent_params, limit],
+        )
+        return [(trace_from_row(row), row["score"]) for row in rows]

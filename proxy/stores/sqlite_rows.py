@@ -1,0 +1,168 @@
+"""SQLite rows and models: timestamps, stored text, index terms, rows to models and exports.
+
+Timestamps are stored as REAL unix seconds (UTC) and returned as aware datetimes; exports
+write ISO 8601 UTC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, StoredMessage, Turn
+from proxy.terms import index_text
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def to_ts(at: datetime) -> float:
+    """Unix seconds; a naive datetime is taken as UTC."""
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
+def from_ts(ts: float) -> datetime:
+    """An aware UTC datetime from unix seconds."""
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def iso(ts: float | None) -> str | None:
+    """ISO 8601 UTC text for an export, None for None."""
+    return None if ts is None else from_ts(ts).isoformat()
+
+
+def now_ts() -> float:
+    """The current time in unix seconds."""
+    return datetime.now(UTC).timestamp()
+
+
+def clean_text(text: str) -> str:
+    """Text SQLite can store: a lone surrogate (valid JSON, invalid UTF-8) becomes U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def new_id() -> str:
+    """A new opaque item id."""
+    return uuid.uuid4().hex
+
+
+def entity_terms(name: str, type_: str, description: str, aliases: Sequence[str] = ()) -> tuple[str, str, str]:
+    """The entities_fts columns of an entity: (name and aliases, type, description)."""
+    return index_text(" ".join([name, *aliases])), index_text(type_), index_text(description)
+
+
+def reasoning_terms(task: str, steps: Sequence[ReasoningStep], answer: str) -> str:
+    """The reasoning_fts text of a trace: task, each call and result, answer."""
+    parts = [task, *(f"{s.name} {s.arguments} {s.result}" for s in steps), answer]
+    return index_text(" ".join(parts))
+
+
+def steps_json(steps: Sequence[ReasoningStep]) -> str:
+    """The stored form of a trace's steps."""
+    return json.dumps([{"name": s.name, "arguments": s.arguments, "result": s.result} for s in steps])
+
+
+# --- rows to models ------------------------------------------------------------------
+
+
+def turn_from_row(row: sqlite3.Row) -> Turn:
+    """A Turn from a turns row."""
+    return Turn(
+        key=row["turn_key"],
+        conversation_id=row["conversation_id"],
+        status=row["status"],
+        created_at=from_ts(row["created_at"]),
+        block=row["block"],
+        injected=row["injected"],
+    )
+
+
+def message_from_row(row: sqlite3.Row) -> StoredMessage:
+    """A StoredMessage from a messages row."""
+    return StoredMessage(row["id"], row["conversation_id"], row["role"], row["content"], from_ts(row["created_at"]))
+
+
+def entity_from_row(row: sqlite3.Row) -> Entity:
+    """An Entity from an entities row."""
+    return Entity(
+        id=row["id"],
+        name=row["name"],
+        type=row["type"],
+        description=row["description"],
+        memory_type=row["memory_type"],
+        confidence=row["confidence"],
+        tags=tuple(json.loads(row["tags"])),
+        aliases=tuple(json.loads(row["aliases"])),
+        provenance=tuple(json.loads(row["provenance"])),
+    )
+
+
+def relationship_from_row(row: sqlite3.Row) -> Relationship:
+    """A Relationship from a relationships row joined with its entity names."""
+    return Relationship(
+        id=row["id"],
+        from_id=row["from_id"],
+        from_name=row["from_name"],
+        type=row["type"],
+        to_id=row["to_id"],
+        to_name=row["to_name"],
+        valid_from=from_ts(row["valid_from"]),
+        invalid_at=None if row["invalid_at"] is None else from_ts(row["invalid_at"]),
+        provenance=tuple(json.loads(row["provenance"])),
+    )
+
+
+def trace_from_row(row: sqlite3.Row) -> ReasoningTrace:
+    """A ReasoningTrace from a reasoning row."""
+    steps = tuple(ReasoningStep(s["name"], s["arguments"], s.get("result", "")) for s in json.loads(row["steps"]))
+    return ReasoningTrace(row["id"], row["conversation_id"], row["task"], steps, row["answer"], from_ts(row["created_at"]))
+
+
+def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
+    if agent is not None:
+        record["agent_id"] = agent
+    return record
+
+
+def export_conversation(row: sqlite3.Row) -> dict[str, Any]:
+    """SPEC 8 `conversation` record."""
+    record = {"kind": "conversation", "id": row["id"], "created_at": iso(row["created_at"]),
+              "last_active_at": iso(row["last_active_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_message(row: sqlite3.Row) -> dict[str, Any]:
+    """SPEC 8 `message` record."""
+    record = {"kind": "message", "id": row["id"], "conversation_id": row["conversation_id"], "role": row["role"],
+              "content": row["content"], "created_at": iso(row["created_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_entity(row: sqlite3.Row) -> dict[str, Any]:
+    """SPEC 8 `entity` record."""
+    e = entity_from_row(row)
+    record = {"kind": "entity", "id": e.id, "name": e.name, "type": e.type, "description": e.description,
+              "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
+              "aliases": list(e.aliases), "provenance": list(e.provenance),
+              "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_relationship(row: sqlite3.Row) -> dict[str, Any]:
+    """SPEC 8 `relationship` record (entity names and ids)."""
+    record = {"kind": "relationship", "id": row["id"], "from": row["from_name"], "type": row["type"],
+              "to": row["to_name"], "from_id": row["from_id"], "to_id": row["to_id"],
+              "valid_from": iso(row["valid_from"]), "invalid_at": iso(row["invalid_at"]),
+              "provenance": json.loads(row["provenance"]), "created_at": iso(row["created_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_reasoning(row: sqlite3.Row) -> dict[str, Any]:
+    """SPEC 8 `reasoning` record."""
+    record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
+              "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
+    return _with_agent(record, row["agent_id"])

@@ -1,0 +1,265 @@
+"""The SQLite schema: every table the product uses, applied as numbered migrations.
+
+Conventions (the PostgreSQL schema mirrors them):
+- Timestamps are REAL unix seconds (UTC); the store converts to aware datetimes.
+- Every row carries `user_id`; item ids (messages, entities, ...) are unique per user, so
+  an import into another user never collides and a lookup always names its user.
+- `agent_id` NULL means "no agent". Reads filter on it with `IS ?` under agent isolation.
+- Full-text tables are FTS5 *external content* tables over a `*terms` column of the source
+  row (the text from `proxy.terms.index_text`, already stemmed and lower-cased), kept in
+  step by triggers, so every insert, update and delete path - FK cascades included -
+  updates the index. A delete leaves tombstones until the index is merged: after deleting
+  a user run `INSERT INTO <t>_fts(<t>_fts) VALUES('optimize')` (or 'rebuild') per table.
+- Deleting a user row cascades through every table (foreign keys, `foreign_keys=ON`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import aiosqlite
+
+# `_` is a token character so identifier terms (`internal_hbr_2291_example`) stay whole.
+_TOKENIZE = "tokenize = \"unicode61 tokenchars '_'\""
+
+_V1_TABLES = """
+CREATE TABLE users (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL
+);
+
+CREATE TABLE conversations (
+    user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    id TEXT NOT NULL,
+    agent_id TEXT,
+    created_at REAL NOT NULL,
+    last_active_at REAL NOT NULL,
+    PRIMARY KEY (user_id, id)
+);
+CREATE INDEX conversations_recent ON conversations(user_id, last_active_at);
+
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    agent_id TEXT,
+    turn_key TEXT,  -- NULL for imported messages and stored interactions
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    content_hash TEXT NOT NULL,  -- sha256 hex of content (base.text_hash)
+    terms TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (user_id, id),
+    UNIQUE (user_id, turn_key, role, content_hash),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX messages_conversation ON messages(user_id, conversation_id, created_at);
+CREATE INDEX messages_hash ON messages(user_id, content_hash);
+
+CREATE TABLE turns (
+    seq INTEGER PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    turn_key TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    agent_id TEXT,
+    history_hash TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    block TEXT,  -- the memory block of the turn's first step; NULL until computed
+    injected INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    UNIQUE (user_id, turn_key),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX turns_history ON turns(user_id, history_hash, created_at);
+CREATE INDEX turns_conversation ON turns(user_id, conversation_id);
+CREATE INDEX turns_pending ON turns(status) WHERE status = 'pending';
+
+CREATE TABLE turn_tool_calls (
+    user_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    turn_key TEXT NOT NULL,
+    name TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (user_id, call_id),
+    FOREIGN KEY (user_id, turn_key) REFERENCES turns(user_id, turn_key) ON DELETE CASCADE
+);
+CREATE INDEX turn_tool_calls_turn ON turn_tool_calls(user_id, turn_key);
+
+CREATE TABLE reasoning (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    agent_id TEXT,
+    conversation_id TEXT NOT NULL,
+    turn_key TEXT,  -- NULL for imported traces
+    task TEXT NOT NULL,
+    steps TEXT NOT NULL,  -- JSON [{"name", "arguments", "result"}]
+    answer TEXT NOT NULL,
+    terms TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (user_id, id),
+    UNIQUE (user_id, turn_key),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX reasoning_recent ON reasoning(user_id, agent_id, created_at);
+CREATE INDEX reasoning_conversation ON reasoning(user_id, conversation_id);
+
+CREATE TABLE entities (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    agent_id TEXT,  -- set only under agent isolation; NULL = shared by the user's agents
+    name TEXT NOT NULL,
+    canonical_name TEXT NOT NULL,  -- case and whitespace folded
+    type TEXT NOT NULL DEFAULT '',
+    description TEXT NOT NULL DEFAULT '',
+    memory_type TEXT NOT NULL DEFAULT 'fact',
+    confidence REAL NOT NULL DEFAULT 0.7,
+    tags TEXT NOT NULL DEFAULT '[]',  -- JSON list of strings
+    aliases TEXT NOT NULL DEFAULT '[]',  -- JSON list of strings
+    provenance TEXT NOT NULL DEFAULT '[]',  -- JSON list of message ids
+    name_terms TEXT NOT NULL DEFAULT '',  -- index_text(name + aliases)
+    type_terms TEXT NOT NULL DEFAULT '',
+    description_terms TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    UNIQUE (user_id, id)
+);
+CREATE UNIQUE INDEX entities_canonical ON entities(user_id, ifnull(agent_id, ''), canonical_name);
+
+CREATE TABLE relationships (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    agent_id TEXT,
+    from_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    to_id TEXT NOT NULL,
+    valid_from REAL NOT NULL,
+    invalid_at REAL,  -- set when a contradicting fact replaced this edge
+    provenance TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL,
+    UNIQUE (user_id, id),
+    FOREIGN KEY (user_id, from_id) REFERENCES entities(user_id, id) ON DELETE CASCADE,
+    FOREIGN KEY (user_id, to_id) REFERENCES entities(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX relationships_from ON relationships(user_id, from_id, type, invalid_at);
+CREATE INDEX relationships_to ON relationships(user_id, to_id);
+
+CREATE TABLE extraction_queue (
+    id INTEGER PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    last_error TEXT,
+    parked INTEGER NOT NULL DEFAULT 0,  -- 1 after too many failures: kept, not retried
+    created_at REAL NOT NULL,
+    UNIQUE (user_id, message_id),
+    FOREIGN KEY (user_id, message_id) REFERENCES messages(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX extraction_queue_due ON extraction_queue(parked, next_attempt_at);
+
+CREATE TABLE injections (
+    seq INTEGER PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    turn_key TEXT NOT NULL,
+    log TEXT NOT NULL,  -- JSON
+    created_at REAL NOT NULL,
+    UNIQUE (user_id, turn_key),
+    FOREIGN KEY (user_id, turn_key) REFERENCES turns(user_id, turn_key) ON DELETE CASCADE
+);
+
+CREATE TABLE embeddings (
+    user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL,  -- message | entity | reasoning
+    item_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    vector BLOB NOT NULL,  -- float32, little-endian
+    created_at REAL NOT NULL,
+    PRIMARY KEY (user_id, kind, item_id, model)
+);
+"""
+
+
+def _fts(table: str, columns: tuple[str, ...], kind: str, watched: str) -> str:
+    """An external-content FTS5 table over `columns` of `table`, with its triggers.
+
+    Deleting the source row also drops its embeddings; changing `watched` columns drops
+    them too, since the vector no longer describes the text.
+    """
+    cols = ", ".join(columns)
+    old = ", ".join(f"old.{c}" for c in columns)
+    new = ", ".join(f"new.{c}" for c in columns)
+    fts = f"{table}_fts"
+    drop_vectors = f"DELETE FROM embeddings WHERE user_id = old.user_id AND kind = '{kind}' AND item_id = old.id;"
+    return f"""
+CREATE VIRTUAL TABLE {fts} USING fts5({cols}, content='{table}', content_rowid='seq', {_TOKENIZE});
+CREATE TRIGGER {fts}_insert AFTER INSERT ON {table} BEGIN
+    INSERT INTO {fts}(rowid, {cols}) VALUES (new.seq, {new});
+END;
+CREATE TRIGGER {fts}_delete AFTER DELETE ON {table} BEGIN
+    INSERT INTO {fts}({fts}, rowid, {cols}) VALUES ('delete', old.seq, {old});
+    {drop_vectors}
+END;
+CREATE TRIGGER {fts}_update AFTER UPDATE OF {cols} ON {table} BEGIN
+    INSERT INTO {fts}({fts}, rowid, {cols}) VALUES ('delete', old.seq, {old});
+    INSERT INTO {fts}(rowid, {cols}) VALUES (new.seq, {new});
+END;
+CREATE TRIGGER {table}_vectors_stale AFTER UPDATE OF {watched} ON {table} BEGIN
+    {drop_vectors}
+END;
+"""
+
+
+_V1 = (
+    _V1_TABLES
+    + _fts("messages", ("terms",), "message", "content")
+    + _fts("entities", ("name_terms", "type_terms", "description_terms"), "entity", "name, description")
+    + _fts("reasoning", ("terms",), "reasoning", "task, steps, answer")
+)
+
+# Append only: a released script never changes; a schema change is a new script.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+
+FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
+
+
+def statements(script: str) -> list[str]:
+    """Split a script into complete statements (trigger bodies stay whole)."""
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        raise ValueError(f"incomplete SQL statement: {buf.strip()[:80]}")
+    return out
+
+
+async def migrate(conn: aiosqlite.Connection) -> int:
+    """Bring the schema up to date in one IMMEDIATE transaction; return its version."""
+    await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    # IMMEDIATE, then read the version: two processes opening at once migrate once.
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        rows = await conn.execute_fetchall("SELECT ifnull(max(version), 0) FROM schema_version")
+        current = int(next(iter(rows))[0])
+        if current > len(MIGRATIONS):
+            raise sqlite3.DatabaseError(f"schema version {current} is newer than this memproxy knows")
+        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+            for statement in statements(script):
+                await conn.execute(statement)
+            await conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
+        await conn.execute("COMMIT")
+    except BaseException:
+        await conn.rollback()
+        raise
+    return len(MIGRATIONS)
