@@ -14,6 +14,7 @@ from proxy.models import Hit
         # URLs, with their host, trailing punctuation left out
         ("see https://internal-hbr-2291.example/path?x=1).", ["https://internal-hbr-2291.example/path?x=1", "internal-hbr-2291.example"]),
         ("ws://localhost:8080/feed", ["ws://localhost:8080/feed"]),
+        ("broken http://[abc/x", ["http://[abc/x"]),
         # hostnames and dotted file names
         ("the staging host is internal-hbr-2291.example.", ["internal-hbr-2291.example"]),
         ("api.acme.io and config.yaml and Node.js", ["api.acme.io", "config.yaml", "Node.js"]),

@@ -34,15 +34,15 @@ _INVISIBLE = re.compile(
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _IMITATIONS = (
     re.compile(
-        r"relevant\s+long[\s_-]*term\s+memor(?:y|ies)\s+about\s+(?:this|the)\s+user\b"
+        r"relevant\s+long[\s_-]*term\s+memor(?:y|ies)\s+about\s+(?:this|the)\s+user"
         r"(?:\s*\([^()]{0,300}\))?\s*:?",
         re.IGNORECASE,
     ),
     re.compile(
-        r"\(\s*use\s+it\s+to\s+personali[sz]e\s+your\s+answer\b[^()]{0,300}\)\s*:?", re.IGNORECASE
+        r"\(\s*use\s+it\s+to\s+personali[sz]e\s+your\s+answer[^()]{0,300}\)\s*:?", re.IGNORECASE
     ),
     re.compile(
-        r"\ba\s+\[\s*graph\s*\]\s+line\s+is\s+a\s+stored\s+relationship\b"
+        r"a\s+\[\s*graph\s*\]\s+line\s+is\s+a\s+stored\s+relationship"
         r"(?:\s*,?\s*written\s*\(\s*subject\s*\)\s*-\s*\[\s*relationship\s*\]\s*->"
         r"\s*\(\s*object\s*\))?"
         r"\s*\.?",

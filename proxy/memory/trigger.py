@@ -88,9 +88,16 @@ def identifiers(text: str) -> list[str]:
     found: list[str] = []
     for value in _longest_spans(text):
         found.append(value)
-        if _URL.fullmatch(value) and (host := urlsplit(value).hostname) and "." in host:
+        if _URL.fullmatch(value) and "." in (host := _host(value)):
             found.append(host)  # a memory is likelier to hold the host than the whole URL
     return list(dict.fromkeys(found))
+
+
+def _host(url: str) -> str:
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:  # a malformed IPv6 literal: `http://[abc`
+        return ""
 
 
 def _longest_spans(text: str) -> list[str]:
