@@ -50,5 +50,6 @@ def create_app(settings: Settings, memory: ChatMemory | None = None) -> Starlett
         Route("/v1/{path:path}", proxy),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app.router.redirect_slashes = False  # a redirect would be a response the provider never gave
     app.state.metrics = metrics
     return app

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from proxy.errors import NotFound, ProxyError
+from proxy.errors import BodyTooLarge, NotFound, ProxyError
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import ClientGone, DisconnectWatch, Receive, Send, body_stream, declared_length, read_body, send_error
@@ -44,13 +44,18 @@ class ProxyEndpoint:
         try:
             if path is None:
                 raise NotFound("no such path")
+            limit = self.settings.server.max_body_bytes
+            length = declared_length(scope["headers"])
+            if length is not None and length > limit:
+                raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
             if scope["method"] == "POST" and path == CHAT_PATH:
                 outcome = await self._chat(scope, receive, send, path)
             else:
                 outcome = await self._passthrough(scope, receive, send, path)
         except ProxyError as error:
             outcome = error.code
-            await send_error(send, error, _status_header("off") if path == CHAT_PATH else None)
+            needs_status = path == CHAT_PATH and "x-memory-status" not in error.headers
+            await send_error(send, error, _status_header("off") if needs_status else None)
         except ClientGone:
             outcome = "client_gone"
         finally:
@@ -63,10 +68,6 @@ class ProxyEndpoint:
         headers = scope["headers"]
         limit = self.settings.server.max_body_bytes
         length = declared_length(headers)
-        if length is not None and length > limit:
-            from proxy.errors import BodyTooLarge
-
-            raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
         identity = self.scopes.authenticate_passthrough(scope)
         upstream_headers = request_headers(headers, api_key=self.settings.upstream.api_key,
                                            drop_authorization=identity.uses_proxy_key)
@@ -93,7 +94,7 @@ class ProxyEndpoint:
                 log.info("memory skipped: %s", parsed)
         async with DisconnectWatch(receive) as watch:
             recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
-            out_body = insert_block(parsed, recall.block) if recall.block and isinstance(parsed, ChatRequest) else body
+            out_body = _with_block(parsed, recall, body)
             response = await self._send_chat(scope, resolved, out_body, recall, body)
             try:
                 await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000)
@@ -157,6 +158,16 @@ class _Replayed:
 
     async def aclose(self) -> None:
         return None
+
+
+def _with_block(parsed: ChatRequest | str | None, recall: Recall, body: bytes) -> bytes:
+    if not recall.block or not isinstance(parsed, ChatRequest):
+        return body
+    try:
+        return insert_block(parsed, recall.block)
+    except ValueError:  # too deep to re-serialise here: send what the client sent
+        recall.dropped_block()
+        return body
 
 
 def _path_after_v1(scope: dict[str, Any]) -> str | None:

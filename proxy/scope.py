@@ -43,7 +43,8 @@ class RequestScope:
 
 def valid_id(value: str, header: str) -> str:
     """The id itself, or 400 naming the header it came in."""
-    if not _ID.fullmatch(value):
+    # "." and ".." fit the character rule but read as paths in /memory/v1/users/{user} URLs.
+    if not _ID.fullmatch(value) or value in (".", ".."):
         raise BadScope(f"{header} must be 1-256 characters of ASCII letters, digits and ._:@+-", param=header)
     return value
 
@@ -150,14 +151,16 @@ def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
         lower = name.lower()
         if lower.startswith(b"x-memory-"):
             key = lower.decode("latin-1")
+            title = "-".join(part.capitalize() for part in key.split("-"))
             if key in found:
-                raise BadScope(f"{key} appears more than once", param=key)
+                raise BadScope(f"{title} appears more than once", param=title)
             if lower not in _ALL_HEADERS:
                 continue
             try:
                 found[key] = value.decode("ascii")
             except UnicodeDecodeError:
-                raise BadScope(f"{key} must be ASCII", param=key) from None
+                raise BadScope(f"{title} must be 1-256 characters of ASCII letters, digits and ._:@+-",
+                               param=title) from None
     return found
 
 

@@ -1,7 +1,5 @@
 """The provider side: one pooled httpx client, header filtering, named timeouts.
 
-httpx runs on the aiohttp transport (httpx-aiohttp): on this 2-core machine it forwards
-~3.5x the requests per second of httpx's default transport at 32 connections (bench/).
 Timeouts are ours, not the transport's: `first_byte` bounds the wait for response headers,
 `idle` the silence between two body chunks. A POST is never retried.
 """
@@ -9,15 +7,18 @@ Timeouts are ours, not the transport's: `first_byte` bounds the wait for respons
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from proxy.errors import UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
+from proxy.transport import AiohttpTransport
+
+log = logging.getLogger("memproxy.upstream")
 
 # RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy recomputes (host, length).
 HOP_BY_HOP = frozenset(
@@ -110,18 +111,10 @@ class Upstream:
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
         self.base_url = httpx.URL(settings.base_url.rstrip("/"))
-        limits = httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=64)
-        transport = AiohttpTransport(limits=limits, client=self._session)
-        timeout = httpx.Timeout(connect=settings.connect_timeout_s, read=None, write=None, pool=None)
-        self.client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
+        transport = AiohttpTransport(max_connections=settings.max_connections,
+                                     connect_timeout_s=settings.connect_timeout_s)
+        self.client = httpx.AsyncClient(transport=transport, timeout=None, follow_redirects=False)
         self.client.headers.clear()  # httpx's own defaults (user-agent, accept) would alter the request
-
-    def _session(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=self.settings.max_connections, keepalive_timeout=30)
-        # No automatic User-Agent or Accept-Encoding: the provider sees the client's headers.
-        return aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding")
-        )
 
     def url(self, path: str, query: bytes) -> httpx.URL:
         """The provider URL for a path after memproxy's /v1, query kept byte for byte."""
@@ -136,13 +129,10 @@ class Upstream:
         try:
             async with asyncio.timeout(self.settings.first_byte_timeout_s):
                 response = await self.client.send(request, stream=True)
-        except TimeoutError:
+        except (TimeoutError, httpx.TimeoutException):
             raise UpstreamTimeout("the upstream did not answer in time") from None
-        except httpx.TimeoutException as exc:
-            if _caused_by_refusal(exc):
-                raise UpstreamUnavailable("the upstream could not be reached") from exc
-            raise UpstreamTimeout("the upstream did not answer in time") from exc
-        except (httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
+        except httpx.HTTPError as exc:
+            log.warning("upstream unreachable: %s", type(exc.__cause__ or exc).__name__)
             raise UpstreamUnavailable("the upstream could not be reached") from exc
         return UpstreamResponse(response, self.settings.idle_timeout_s)
 
@@ -150,9 +140,3 @@ class Upstream:
         """Close the pool."""
         await self.client.aclose()
 
-
-def _caused_by_refusal(exc: BaseException) -> bool:
-    # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout; the cause
-    # tells a refused or reset connection (502) from a real timeout (504).
-    cause = exc.__cause__
-    return isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError)

@@ -56,7 +56,8 @@ class RunningProxy:
                                   max_retries=0)
 
     def http(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+        kwargs.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.url, **kwargs)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -40,6 +40,7 @@ class Received:
 class Connection:
     opened: float
     closed: float | None = None
+    busy: bool = False  # in the middle of writing a response
 
 
 class Reply:
@@ -48,6 +49,16 @@ class Reply:
     async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
         """Write the response; return False when the connection must not be reused."""
         raise NotImplementedError
+
+
+async def _idle(writer: asyncio.StreamWriter, seconds: float) -> None:
+    """Sleep, but stop as soon as the peer closes the connection (as a real server notices)."""
+    reader: asyncio.StreamReader = writer._peer_reader  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait_for(reader.read(1), seconds)
+    except TimeoutError:
+        return
+    raise ConnectionResetError("peer closed while the server was idle")
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -101,7 +112,7 @@ class SSEReply(Reply):
                 _reset(writer)
                 return False
             if i == self.stall_after:
-                await asyncio.sleep(3600)
+                await _idle(writer, 3600)
             if self.delay:
                 await asyncio.sleep(self.delay)
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
@@ -119,7 +130,7 @@ class SlowHeaders(Reply):
     then: Reply = field(default_factory=lambda: JsonReply({"ok": True}))
 
     async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
-        await asyncio.sleep(self.seconds)
+        await _idle(writer, self.seconds)
         return await self.then.write(request, writer)
 
 
@@ -190,7 +201,7 @@ def default_reply(request: Received) -> Reply:
     if request.target.endswith("/chat/completions") and request.method == "POST":
         try:
             stream = bool(json.loads(request.body).get("stream"))
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return JsonReply({"error": {"message": "bad json", "type": "invalid_request_error",
                                         "param": None, "code": None}}, status=400)
         return SSEReply(stream_events()) if stream else JsonReply(completion())
@@ -238,10 +249,27 @@ class FakeUpstream:
             time.sleep(0.01)
         return False
 
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """True once no connection is in the middle of a response (closed or back in a pool)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(c.busy and c.closed is None for c in self.connections):
+                return True
+            time.sleep(0.01)
+        return False
+
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -258,6 +286,7 @@ class FakeUpstream:
         return script if isinstance(script, Reply) else script(request)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer._peer_reader = reader  # type: ignore[attr-defined]
         connection = Connection(opened=time.monotonic())
         self.connections.append(connection)
         try:
@@ -266,8 +295,10 @@ class FakeUpstream:
                 if request is None:
                     break
                 self.received.append(request)
+                connection.busy = True
                 if not await self._next_reply(request).write(request, writer):
                     break
+                connection.busy = False
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -124,6 +124,8 @@ class SQLiteStore:
 
     async def open(self) -> None:
         """Connect, migrate the schema, mark turns left pending by a crash as interrupted."""
+        if self._writer is not None:
+            return
         try:
             # aiosqlite leaves its thread reporting to the loop when a connect fails, so a
             # file that cannot be opened is found with plain sqlite3 first.
@@ -133,7 +135,7 @@ class SQLiteStore:
             await migrate(self._writer)
             await self._transaction(self._recover)
             self._reader = await self._connect()
-        except (sqlite3.Error, ValueError) as exc:
+        except (sqlite3.Error, ValueError, StoreError) as exc:
             await self.close()
             raise StoreError(f"cannot open {self._path}: {_reason(exc)}") from exc
 
@@ -187,8 +189,9 @@ class SQLiteStore:
         async with self._write_lock:
             conn = self._write_conn()
             try:
-                if conn.in_transaction:  # left open by a cancelled batch
-                    await conn.rollback()
+                # A cancelled batch's statements still run on the connection's thread; this
+                # rollback is queued after them, so no transaction of theirs is left open.
+                await conn.rollback()
                 await conn.execute_fetchall("BEGIN IMMEDIATE")
                 try:
                     await body(conn)

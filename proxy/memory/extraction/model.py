@@ -1,0 +1,64 @@
+"""What an extractor returns: entities, relationships and the user's stated name."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+USER_NODE = "User"  # the speaking user until their name is known (SPEC 4, "The user's own node")
+
+# A new fact of one of these types replaces the old edge with the same subject (SPEC 6).
+SINGLE_VALUED = frozenset(
+    {
+        "WORKS_AT",
+        "LIVES_IN",
+        "FROM",
+        "STUDIES_AT",
+        "HAS_SPOUSE",
+        "HAS_PARTNER",
+        "HAS_MANAGER",
+        "HAS_DENTIST",
+        "HAS_DOCTOR",
+        "HAS_THERAPIST",
+        "HAS_MOTHER",
+        "HAS_FATHER",
+        "HAS_LANDLORD",
+    }
+)
+
+_SPACE = re.compile(r"\s+")
+_POSSESSIVE = re.compile(r"(?:'s|'|\.)+$")
+
+
+@dataclass(frozen=True)
+class ExtractedEntity:
+    """A named thing and the fact that mentioned it."""
+
+    name: str
+    type: str
+    description: str = ""
+    confidence: float = 0.7
+
+
+@dataclass(frozen=True)
+class ExtractedRelation:
+    """A typed edge between two entity names; USER_NODE stands for the speaking user."""
+
+    from_name: str
+    type: str
+    to_name: str
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """Everything one text yielded."""
+
+    entities: list[ExtractedEntity] = field(default_factory=list)
+    relationships: list[ExtractedRelation] = field(default_factory=list)
+    user_name: str | None = None
+
+
+def canonical_name(name: str) -> str:
+    """The merge key of a name: case folded, whitespace collapsed, trailing possessive removed."""
+    folded = _SPACE.sub(" ", name.replace("\u2019", "'")).strip().casefold()
+    return _POSSESSIVE.sub("", folded).rstrip()

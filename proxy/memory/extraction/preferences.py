@@ -1,0 +1,75 @@
+"""Stated preferences: "I prefer X", "I always use X", "I never use X", "I love X", "I hate X"."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from proxy.memory.extraction.relations import Fact, hedged
+
+_ADV = r"(?:\s+(?:really|also|still|just|actually|honestly|absolutely|totally|kind\s+of|genuinely|truly))*"
+_VERBS: tuple[tuple[str, str], ...] = (
+    ("PREFERS", r"prefer|(?:always|usually|mostly|only|generally|typically|normally)\s+(?:use|go\s+with)"),
+    (
+        "AVOIDS",
+        r"never\s+use|do\s+not\s+use|(?:try\s+to\s+)?avoid|stay\s+away\s+from|am\s+allergic\s+to|"
+        r"cannot\s+eat|do\s+not\s+eat|never\s+eat",
+    ),
+    ("LIKES", r"like|love|enjoy|adore|am\s+(?:a\s+)?(?:big\s+|huge\s+)?fan\s+of|am\s+into"),
+    ("DISLIKES", r"hate|dislike|cannot\s+stand|do\s+not\s+(?:like|enjoy)|loathe|detest|am\s+not\s+a\s+fan\s+of"),
+)
+_PATTERNS = tuple(
+    (kind, re.compile(rf"(?<![\w'])I{_ADV}\s+(?:{verbs})\s+(?P<rest>[^.!?;]+)")) for kind, verbs in _VERBS
+)
+_FAVOURITE = re.compile(r"\b(?:[Mm]y|[Oo]ur)\s+(?:all-time\s+)?favou?rite\s+[a-z][a-z ]{0,30}?\s+is\s+(?P<rest>[^.!?;]+)")
+
+_LEAD = re.compile(r"(?:to\s+use|using|to\s+work\s+with|working\s+with|to)\s+")
+_DETERMINERS = frozenset("a an the some".split())
+_WORD = re.compile(r"[\w+#][\w+#.'-]*[\w+#]|[\w+#]|,")
+_REJECT_FIRST = frozenset(
+    """it that this these those them him her you your my our his their its how what when where why
+    who which if so being doing anything everything something nothing one ones all both any
+    think say know ask see mention point add note clarify confirm hear learn have be get""".split()
+)
+_STOP = frozenset(
+    """over than to for in on at when whenever while because since as but or so if with instead
+    rather during unless though although which that who every each by from about after before
+    anymore too very much lately nowadays now today daily again more most better best is are was
+    were will would can could should do does did not no all either i we you they he she it""".split()
+)
+_META = frozenset("idea way plan suggestion answer approach solution sound look part point fact thought option".split())
+MAX_WORDS = 4
+
+
+def preference_facts(text: str) -> Iterator[Fact]:
+    """PREFERS / AVOIDS / LIKES / DISLIKES facts, each to a preference named by its object."""
+    for kind, pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            if not hedged(text, match.start()):
+                yield from (Fact(None, kind, item, "preference") for item in objects(match.group("rest")))
+    for match in _FAVOURITE.finditer(text):
+        yield from (Fact(None, "PREFERS", item, "preference") for item in objects(match.group("rest"))[:1])
+
+
+def objects(rest: str) -> list[str]:
+    """The things a preference is about: "tabs over spaces" -> [tabs]; "hiking and camping" -> both."""
+    rest = _LEAD.sub("", rest.strip(), count=1) if _LEAD.match(rest.strip()) else rest.strip()
+    items: list[str] = []
+    words: list[str] = []
+    for token in _WORD.findall(rest):
+        low = token.lower()
+        if not words and (low in _REJECT_FIRST or (not items and low in _STOP)):
+            break
+        if token == "," or low == "and":
+            if not words:
+                break
+            items.append(" ".join(words))
+            words = []
+            continue
+        if low in _STOP or len(words) == MAX_WORDS:
+            break
+        if not words and low in _DETERMINERS:
+            continue
+        words.append(token)
+    items.append(" ".join(words))
+    return [item for item in items if item and item.lower() not in _META]

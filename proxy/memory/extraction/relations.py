@@ -1,0 +1,218 @@
+"""Facts a sentence states about its speaker or a named person, as typed relationships.
+
+Patterns read a sentence whose contractions are expanded ("I'm" -> "I am"). A fact whose
+subject is `None` belongs to the speaker: the user, or the named speaker of a transcript line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from proxy.memory.extraction.lexicon import EVENT_HEADS, MONTHS_AND_DAYS, STARTERS, TECH
+from proxy.memory.extraction.model import canonical_name
+from proxy.memory.extraction.names import NAME, is_plausible
+from proxy.memory.extraction.roles import PLURAL, PLURALS, SINGULAR, SPECIES, role_of
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One relationship: subject (None for the speaker), type, object name and object type."""
+
+    subject: str | None
+    type: str
+    object: str
+    object_type: str
+    note: str = ""  # the species of a pet, carried into its description
+
+
+_ADV = (
+    r"(?:\s+(?:now|currently|still|recently|just|also|actually|finally|already|officially|soon|"
+    r"happily|proudly|previously|formerly|once|really|both|all))*"
+)
+_JOB = (
+    r"(?:engineer|developer|manager|designer|analyst|scientist|teacher|nurse|lawyer|consultant|intern|"
+    r"director|lead|researcher|professor|architect|accountant|administrator|founder|co-founder|"
+    r"programmer|writer|editor|chef|barista|technician|specialist|officer|associate|executive|"
+    r"recruiter|coordinator|assistant|cto|ceo|cfo|vp|sre|pm|owner|partner|doctor|physician|surgeon|"
+    r"pharmacist|librarian|mechanic|electrician|pilot|cashier|clerk|tutor|lecturer|postdoc)"
+)
+_OF_ROLE = r"(?:best|good|old|close|new|dear|little|big|older|younger|twin|step|lovely|amazing)\s+"
+_GONE = r"(?P<gone>(?:ex-?|late|former|previous)\s*)?"
+_MY = r"\b(?:[Mm]y|[Oo]ur)\s+"
+
+
+def _first_person(verbs: str, *, we: bool = False) -> re.Pattern[str]:
+    subject = r"(?:I|[Ww]e)" if we else "I"
+    return re.compile(rf"(?<![\w'])(?P<subj>{subject}){_ADV}\s+(?:{verbs})\s+(?:the\s+)?(?P<obj>{NAME})")
+
+
+def _third_person(verbs: str) -> re.Pattern[str]:
+    return re.compile(rf"(?P<subj>{NAME}){_ADV}\s+(?:{verbs})\s+(?:the\s+)?(?P<obj>{NAME})")
+
+
+# (relationship, object type, first-person verbs, third-person verbs, whether "we" counts)
+_FACTS: tuple[tuple[str, str, str, str | None, bool], ...] = (
+    (
+        "WORKS_AT",
+        "organization",
+        r"work\s+(?:at|for)|am\s+working\s+(?:at|for)|have\s+been\s+working\s+(?:at|for)|joined|"
+        r"am\s+employed\s+(?:at|by)|got\s+a\s+(?:new\s+)?job\s+(?:at|with)|"
+        r"started\s+(?:a\s+new\s+job\s+|working\s+)?at|start\s+(?:working\s+)?at|am\s+interning\s+at|"
+        rf"am\s+an?\s+(?:[\w-]+\s+){{0,3}}?{_JOB}\s+(?:at|for|with)",
+        r"works\s+(?:at|for)|is\s+working\s+(?:at|for)|joined|is\s+employed\s+(?:at|by)|"
+        r"has\s+been\s+working\s+(?:at|for)",
+        False,
+    ),
+    ("WORKED_AT", "organization", r"used\s+to\s+work\s+(?:at|for)|worked\s+(?:at|for)", r"worked\s+(?:at|for)", False),
+    (
+        "LIVES_IN",
+        "place",
+        r"live\s+in|am\s+living\s+in|are\s+living\s+in|have\s+(?:been\s+living|lived)\s+in|"
+        r"moved\s+(?:back\s+)?to|relocated\s+to|(?:am|are)\s+based\s+(?:in|out\s+of)|reside\s+in",
+        r"lives\s+in|is\s+living\s+in|moved\s+to|is\s+based\s+in",
+        True,
+    ),
+    ("LIVED_IN", "place", r"used\s+to\s+live\s+in|lived\s+in", r"lived\s+in|used\s+to\s+live\s+in", True),
+    (
+        "FROM",
+        "place",
+        r"am\s+(?:originally\s+)?from|come\s+from|grew\s+up\s+in|was\s+born\s+(?:and\s+raised\s+)?in",
+        r"is\s+(?:originally\s+)?from|comes\s+from|grew\s+up\s+in|was\s+born\s+in",
+        False,
+    ),
+    (
+        "STUDIES_AT",
+        "organization",
+        r"study\s+at|am\s+studying\s+at|am\s+enrolled\s+at|attend|go\s+to\s+school\s+at|"
+        r"am\s+an?\s+(?:[\w-]+\s+){0,2}?(?:student|undergrad|undergraduate|freshman|sophomore)\s+at",
+        r"studies\s+at|is\s+studying\s+at|attends",
+        False,
+    ),
+    ("STUDIED_AT", "organization", r"studied\s+at|graduated\s+from", r"studied\s+at|graduated\s+from", False),
+    (
+        "VOLUNTEERS_AT",
+        "organization",
+        r"volunteer\s+(?:at|for|with)|am\s+volunteering\s+(?:at|for|with)",
+        r"volunteers\s+(?:at|for|with)",
+        False,
+    ),
+    ("HAS_SPOUSE", "person", r"am\s+(?:happily\s+)?married\s+to", None, False),
+    ("HAS_PARTNER", "person", r"am\s+(?:dating|engaged\s+to|seeing)", None, False),
+    (
+        "USES",
+        "product",
+        rf"use|am\s+using|(?:switched|migrated|moved)\s+(?:over\s+)?(?:from\s+{NAME}\s+)?to",
+        None,
+        False,
+    ),
+)
+_PATTERNS = tuple(
+    (kind, target, _first_person(fp, we=we), _third_person(tp) if tp else None)
+    for kind, target, fp, tp, we in _FACTS
+)
+_PLACES_ONLY = frozenset({"LIVES_IN", "LIVED_IN", "FROM"})
+
+_ROLE_IS = re.compile(
+    rf"{_MY}{_GONE}(?:{_OF_ROLE})?(?P<role>{SINGULAR})(?:'s\s+name\s+is|\s+is\s+(?:called|named)|\s+is)\s+"
+    rf"(?P<obj>{NAME})"
+)
+_ROLE_APPOSITION = re.compile(
+    rf"{_MY}{_GONE}(?:{_OF_ROLE})?(?P<role>{PLURAL}|{SINGULAR}),?\s+"
+    rf"(?P<obj>{NAME}(?:(?:,\s+|,?\s+and\s+){NAME})*)"
+)
+_IS_ROLE = re.compile(
+    rf"(?P<obj>{NAME}(?:(?:,\s+|,?\s+and\s+){NAME})*)\s+(?:is|are)\s+(?:[Mm]y|[Oo]ur)\s+{_GONE}(?:{_OF_ROLE})?"
+    rf"(?P<role>{PLURAL}|{SINGULAR})\b"
+)
+_PET_NAMED = re.compile(
+    rf"(?<![\w'])(?:I|[Ww]e){_ADV}\s+(?:have|own|got|adopted|rescued|bought|have\s+got|have\s+adopted)\s+"
+    r"(?:a|an|one|two|three)\s+(?:(?:new|little|sweet|cute|old|young|big|small|rescue|rescued)\s+)*"
+    rf"(?P<role>{SPECIES})(?:,\s*|\s+(?:called|named)\s+)(?P<obj>{NAME})"
+)
+_ATTENDED = re.compile(
+    rf"(?<![\w'])I{_ADV}\s+(?:went\s+to|attended|go\s+to|joined|took\s+(?:my|our|the)\s+[a-z]+\s+to)\s+"
+    rf"(?:an?|the|my|our|this|that)\s+(?P<obj>(?:[\w'-]+\s+){{1,3}}?(?:{'|'.join(sorted(EVENT_HEADS))}))\b"
+)
+_LIST_SPLIT = re.compile(r",\s+(?:and\s+)?|\s+and\s+")
+
+
+def clean_name(name: str) -> str:
+    """The name up to the first month or day word, without opening filler or a possessive."""
+    words = name.split()
+    while len(words) > 1 and canonical_name(words[0]) in STARTERS:
+        words.pop(0)
+    kept = []
+    for word in words:
+        if canonical_name(word) in MONTHS_AND_DAYS:
+            break
+        kept.append(word)
+    return re.sub(r"'s$", "", " ".join(kept))
+
+
+def hedged(text: str, start: int) -> bool:
+    """The fact sits in a condition or a wish: "if I moved to ...", "I might move to ..."."""
+    clause = re.split(r"[,;:]", text[:start])[-1].lower()
+    return re.search(r"\b(?:if|unless|whether|suppose|imagine|wish|wonder|should|would|could|might)\b", clause) is not None
+
+
+def facts(text: str) -> Iterator[Fact]:
+    """Every relationship the sentence states."""
+    yield from _verb_facts(text)
+    yield from _role_facts(text)
+    for match in _ATTENDED.finditer(text):
+        if not hedged(text, match.start()):
+            yield Fact(None, "ATTENDED", match.group("obj"), "event")
+
+
+def _verb_facts(text: str) -> Iterator[Fact]:
+    for kind, target, first, third in _PATTERNS:
+        for pattern in (first, third):
+            for match in pattern.finditer(text) if pattern else ():
+                fact = _verb_fact(kind, target, match, third_person=pattern is third)
+                if fact and not hedged(text, match.start()):
+                    yield fact
+
+
+def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bool) -> Fact | None:
+    obj = clean_name(match.group("obj"))
+    subject = clean_name(match.group("subj")) if third_person else None
+    if not is_plausible(obj) or (subject is not None and not is_plausible(subject)):
+        return None
+    if kind in _PLACES_ONLY and canonical_name(obj) in TECH:
+        return None  # "moved to Postgres" is a migration, not a move
+    if "joined" in match.group() and re.match(r"\s+(?:for|on)\b", match.string[match.end() :]):
+        return None  # "joined Alice for lunch"
+    return Fact(subject, kind, obj, target)
+
+
+def _role_facts(text: str) -> Iterator[Fact]:
+    for pattern in (_ROLE_IS, _ROLE_APPOSITION, _IS_ROLE, _PET_NAMED):
+        for match in pattern.finditer(text):
+            if match.groupdict().get("gone"):
+                continue
+            kind, target, role = role_of(match.group("role"))
+            plural = match.group("role").lower() in PLURALS or pattern is _IS_ROLE
+            names = _LIST_SPLIT.split(match.group("obj")) if plural else [match.group("obj")]
+            for name in map(clean_name, names):
+                if is_plausible(name):
+                    yield Fact(None, kind, name, target, role if kind == "HAS_PET" else "")
+
+
+_USER_NAME = (
+    re.compile(rf"\b[Mm]y\s+name\s+is\s+(?P<obj>{NAME})"),
+    re.compile(rf"\b(?:[Cc]all\s+me|[Nn]ame's)\s+(?P<obj>{NAME})"),
+    re.compile(rf"(?<![\w'])I\s+am\s+(?P<obj>{NAME})(?=\s*(?:[,.!;)]|$|\s+and\b|\s+from\b|\s+here\b|\s+-))"),
+)
+
+
+def user_name(text: str) -> str | None:
+    """The name the speaker gives for themselves, if the sentence states one."""
+    for pattern in _USER_NAME:
+        match = pattern.search(text)
+        if match:
+            name = clean_name(match.group("obj"))
+            if is_plausible(name) and canonical_name(name) not in TECH and name.istitle():
+                return name
+    return None

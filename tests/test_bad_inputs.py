@@ -1,0 +1,169 @@
+"""Bad inputs (RELIABILITY.md 5.3): forwarded untouched or a clear error, never a proxy 500."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+MEMORY = {"x-memory-user": "alice"}
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """One whole HTTP response (headers and a Content-Length body) from a raw socket."""
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(4096)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+UNPARSEABLE = [
+    b"{not json",
+    b"[1, 2]",
+    b'"a string"',
+    b"42",
+    b"null",
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"model": "m", "messages": null}',
+    b'{"model": "m", "messages": "hi"}',
+    b'{"model": "m", "messages": [{"role": "user", "content": 5}], "stream": "true"}',
+    b'{"messages": [{"role": "user", "content": {"weird": 1}}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "caf\xff"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 lone"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "nul \\u0000 inside"}]}',
+]
+
+
+@pytest.mark.parametrize("body", UNPARSEABLE, ids=range(len(UNPARSEABLE)))
+def test_unparseable_or_odd_bodies_forwarded_untouched(proxy, fake, body):
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", content=body,
+                             headers={"content-type": "application/json", **MEMORY})
+    assert response.status_code < 500
+    assert fake.received[-1].body == body  # exactly what the client sent
+
+
+def test_declared_oversize_body_is_413_before_reading(make_proxy, fake):
+    proxy = make_proxy(server__max_body_bytes=1000)
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 104857600\r\n\r\n")
+        reply = read_reply(sock)
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert b'"code": "request_too_large"' in reply
+    assert fake.received == []
+
+
+def test_streamed_oversize_body_is_413(make_proxy, fake):
+    proxy = make_proxy(server__max_body_bytes=1000)
+
+    def chunks():
+        for _ in range(100):
+            yield b"x" * 100
+
+    with proxy.http() as http:
+        chat = http.post("/v1/chat/completions", content=chunks())
+        other = http.post("/v1/files", content=b"y" * 5000)
+    assert chat.status_code == 413 and chat.json()["error"]["code"] == "request_too_large"
+    assert other.status_code == 413
+    assert fake.received == []
+
+
+def test_giant_message_and_many_messages(proxy, fake):
+    big = {"model": "m", "messages": [{"role": "user", "content": "word " * 1_000_000}]}
+    many = {"model": "m", "messages": [{"role": "user", "content": f"m{i}"} for i in range(100_000)]}
+    with proxy.http() as http:
+        for body in (big, many):
+            raw = json.dumps(body).encode()
+            response = http.post("/v1/chat/completions", content=raw, headers=MEMORY)
+            assert response.status_code == 200
+            assert json.loads(fake.received[-1].body)["messages"][1:] == body["messages"][1:]
+
+
+def test_odd_content_parts_forwarded(proxy, fake):
+    parts = [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 5_000_000}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        {"type": "file", "file": {"file_id": "file-1"}},
+        {"type": "text", "text": None},
+        {"type": "foo"},
+        {"no_type": True},
+        [["nested"]],
+        {"type": "text", "text": "what is in the picture?"},
+    ]
+    body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json=body, headers=MEMORY)
+    assert response.status_code == 200
+    forwarded = json.loads(fake.received[-1].body)["messages"][0]["content"]
+    assert forwarded[-len(parts):] == parts
+
+
+@pytest.mark.parametrize("path", ["/v1/../admin", "/admin", "/v1", "/.env", "/v1/%2E%2E/secrets"])
+def test_routing_outside_v1(proxy, fake, path):
+    with proxy.http() as http:
+        for method in ("GET", "POST", "HEAD", "OPTIONS"):
+            assert http.request(method, path).status_code == 404
+    assert fake.received == []
+
+
+@pytest.mark.parametrize("value", ["", "*", "%", "..", "../other", "a b", "x" * 257, "аlice"])
+def test_bad_ids_are_400_naming_the_header(proxy, fake, value):
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                             headers={"x-memory-user": value.encode("utf-8")})
+    assert response.status_code == 400
+    assert "X-Memory-User" in response.json()["error"]["message"]
+    assert fake.received == []
+
+
+@pytest.mark.parametrize("header,value", [("x-memory-max", "x"), ("x-memory-max", "-1"),
+                                          ("x-memory-mode", "sideways"), ("x-memory-persist", "maybe"),
+                                          ("x-memory-conversation", "c/1"), ("x-memory-agent", "*")])
+def test_bad_memory_headers_are_400(proxy, fake, header, value):
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                             headers={"x-memory-user": "alice", header: value})
+    assert response.status_code == 400
+    assert response.headers["x-memory-status"] == "off"
+    assert fake.received == []
+
+
+def test_tools_mode_not_yet_available(proxy, fake):
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                             headers={"x-memory-user": "alice", "x-memory-mode": "tools"})
+    assert response.status_code == 400
+    assert "tools is not available" in response.json()["error"]["message"]
+
+
+def test_duplicate_identity_header_is_400(proxy, fake):
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: alice\r\n"
+                     b"x-memory-user: bob\r\ncontent-length: 2\r\n\r\n{}")
+        reply = read_reply(sock)
+    assert reply.startswith(b"HTTP/1.1 400")
+    assert fake.received == []
+
+
+def test_header_injection_rejected_by_server(proxy, fake):
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: al\x00ice\r\n"
+                     b"content-length: 2\r\n\r\n{}")
+        reply = read_reply(sock)
+    assert reply.startswith(b"HTTP/1.1 400")
+    assert fake.received == []
+
+
+def test_max_header_capped_and_off_mode_passes_through(proxy, fake):
+    with proxy.http() as http:
+        off = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                        headers={"x-memory-user": "alice", "x-memory-mode": "off", "x-memory-max": "99"})
+    assert off.status_code == 200
+    assert off.headers["x-memory-status"] == "off"

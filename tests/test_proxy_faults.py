@@ -1,0 +1,255 @@
+"""Upstream and client faults (RELIABILITY.md 5.2), proxy side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import free_port
+from tests.fake_upstream import (
+    DONE, JsonReply, RawReply, SlowHeaders, SSEReply, chunk, stream_events,
+)
+
+pytestmark = pytest.mark.faults
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_upstream_down_is_502_with_openai_error(make_proxy):
+    proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{free_port()}/v1")
+    with pytest.raises(openai.InternalServerError) as caught:
+        proxy.client().chat.completions.create(**CHAT)
+    assert caught.value.status_code == 502
+    assert caught.value.code == "upstream_unavailable"
+    assert caught.value.response.headers["x-memory-status"] == "off"
+    with pytest.raises(openai.InternalServerError):
+        proxy.client().chat.completions.create(**CHAT, stream=True)
+    with proxy.http() as http:
+        assert http.get("/v1/models").status_code == 502
+
+
+def test_sdk_retries_on_502_without_amplification(make_proxy):
+    port = free_port()
+    attempts = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", port))
+    listener.listen(16)
+    listener.settimeout(0.05)
+    proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{port}/v1")
+
+    def accept_and_drop() -> None:
+        try:
+            conn, _ = listener.accept()
+            attempts.append(1)
+            conn.close()
+        except OSError:
+            pass
+
+    import threading
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            accept_and_drop()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=2)
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(**CHAT)
+    stop.set()
+    thread.join()
+    listener.close()
+    assert len(attempts) == 3  # one per SDK attempt: memproxy adds no retry of its own
+
+
+def test_headers_never_come_is_504(make_proxy, fake):
+    proxy = make_proxy(upstream__first_byte_timeout_s=0.5)
+    fake.queue(SlowHeaders(3.0))
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as caught:
+        proxy.client().chat.completions.create(**CHAT)
+    assert caught.value.status_code == 504
+    assert caught.value.code == "upstream_timeout"
+    assert time.monotonic() - started < 2.5
+    assert fake.wait_closed(5)  # the upstream connection was closed, not left hanging
+
+
+def test_stall_mid_stream_ends_with_error_event(make_proxy, fake):
+    proxy = make_proxy(upstream__idle_timeout_s=0.5)
+    fake.queue(SSEReply(stream_events(pieces=4), stall_after=3))
+    with pytest.raises(openai.APIError) as caught:
+        for _ in proxy.client().chat.completions.create(**CHAT, stream=True):
+            pass
+    assert "upstream stopped sending" in str(caught.value)
+    fake.queue(SSEReply(stream_events(pieces=4), stall_after=3))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", json={**CHAT, "stream": True}).content
+    assert body.endswith(b'"code":"upstream_idle_timeout"}}\n\n')
+    assert b"[DONE]" not in body
+
+
+@pytest.mark.parametrize("how", ["cut_after", "reset_after"])
+def test_cut_or_reset_stream_never_gets_done(proxy, fake, how):
+    events = stream_events(pieces=5)
+    fake.queue(SSEReply(events, **{how: 3}))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", json={**CHAT, "stream": True}).content
+    assert body.startswith(b"".join(events[:3]))
+    assert body[len(b"".join(events[:3])):] == (
+        b'data: {"error":{"message":"upstream stream ended before completion","type":"upstream_error",'
+        b'"param":null,"code":"stream_truncated"}}\n\n')
+    fake.queue(SSEReply(events, **{how: 3}))
+    with pytest.raises(openai.APIError, match="ended before completion"):
+        for _ in proxy.client().chat.completions.create(**CHAT, stream=True):
+            pass
+
+
+def test_clean_end_without_done_counts_as_cut(proxy, fake):
+    fake.queue(SSEReply(stream_events(done=False)))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", json={**CHAT, "stream": True}).content
+    assert body.endswith(b'"code":"stream_truncated"}}\n\n')
+
+
+def test_upstream_error_event_mid_stream_forwarded(proxy, fake):
+    error = b'data: {"error": {"message": "overloaded mid-stream", "type": "server_error", "code": null}}\n\n'
+    events = stream_events()[:2] + [error]
+    fake.queue(SSEReply(events))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", json={**CHAT, "stream": True}).content
+    assert body == b"".join(events)
+    fake.queue(SSEReply(events))
+    with pytest.raises(openai.APIError, match="overloaded mid-stream"):
+        for _ in proxy.client().chat.completions.create(**CHAT, stream=True):
+            pass
+
+
+def test_upstream_500_passes_through_and_sdk_retries(proxy, fake):
+    error = {"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
+    for _ in range(3):
+        fake.queue(JsonReply(error, status=500, headers=[("x-request-id", "r1"), ("retry-after-ms", "10")]))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=2)
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(**CHAT)
+    assert caught.value.status_code == 500
+    assert caught.value.body == error["error"]
+    assert len(fake.received) == 3
+
+
+def test_upstream_429_headers_and_body_unchanged(proxy, fake):
+    error = {"error": {"message": "Rate limit reached", "type": "requests", "param": None,
+                       "code": "rate_limit_exceeded"}}
+    headers = [("retry-after", "2"), ("retry-after-ms", "1500"), ("x-ratelimit-remaining-requests", "0"),
+               ("x-ratelimit-reset-requests", "1s"), ("x-should-retry", "false")]
+    fake.queue(JsonReply(error, status=429, headers=headers))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 429
+    assert response.content == json.dumps(error).encode()
+    for name, value in headers:
+        assert response.headers[name] == value
+    fake.queue(JsonReply(error, status=429, headers=headers))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=2)
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(**CHAT)
+    assert len(fake.received) == 2  # x-should-retry: false was obeyed by the SDK
+
+
+def test_sse_split_everywhere_is_forwarded_byte_identical(proxy, fake):
+    # CRLF, CR, comments, event: lines, a BOM, a malformed line, multi-byte text split.
+    raw = ("\ufeff: comment\r\n" + "event: message\r\ndata: " +
+           json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": {"content": "é🙂"}, "finish_reason": None}]},
+                      ensure_ascii=False) + "\r\r" + "data: {not json}\n\n").encode()
+    raw += chunk({}, finish="stop") + DONE
+    pieces = [raw[i:i + 1] for i in range(len(raw))]
+    fake.queue(SSEReply(pieces))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", json={**CHAT, "stream": True}).content
+    assert body == raw
+
+
+def test_each_event_forwarded_as_it_arrives(proxy, fake):
+    fake.queue(SSEReply(stream_events(pieces=5), delay=0.2))
+    arrivals = []
+    with proxy.http() as http:
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            for piece in response.iter_raw():
+                arrivals.append((time.monotonic(), piece))
+    # 8 events 200 ms apart: every one arrives on its own, long before the stream ends.
+    assert len(arrivals) >= 8
+    assert arrivals[-1][0] - arrivals[0][0] > 1.0
+
+
+def test_client_disconnect_cancels_upstream(proxy, fake):
+    fake.queue(SSEReply(stream_events(pieces=50), delay=0.1))
+    with proxy.http() as http:
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            next(response.iter_raw())
+            closed_at = time.monotonic()
+    assert fake.wait_closed(5)
+    assert fake.connections[-1].closed - closed_at < 2.0
+
+
+def test_client_disconnect_while_waiting_for_headers(proxy, fake):
+    fake.queue(SlowHeaders(10))
+    with pytest.raises(httpx.ReadTimeout):
+        with proxy.http(timeout=0.5) as http:
+            http.post("/v1/chat/completions", json=CHAT)
+    assert fake.wait_closed(5)
+
+
+def test_many_clients_disconnect_mid_stream_under_load(proxy, fake):
+    for _ in range(64):
+        fake.queue(SSEReply(stream_events(pieces=40), delay=0.02))
+
+    async def one(i: int, client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            async for _ in response.aiter_raw():
+                if i % 2 == 0:
+                    break
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30,
+                                     limits=httpx.Limits(max_connections=64)) as client:
+            await asyncio.gather(*(one(i, client) for i in range(64)))
+
+    asyncio.run(run())
+    assert fake.wait_idle(10)  # no upstream response left running for a client that left
+    assert sum(c.closed is not None for c in fake.connections) >= 32
+    assert proxy.client().chat.completions.create(**CHAT).choices[0].message.content == "Hello from upstream"
+
+
+def test_malformed_json_200_forwarded(proxy, fake):
+    fake.queue(JsonReply(b'{"choices": [', status=200))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.content == b'{"choices": ['
+
+
+def test_upstream_closing_before_headers_is_502(proxy, fake):
+    fake.queue(RawReply(b""))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unavailable"
+
+
+def test_sigterm_like_shutdown_lets_stream_finish(make_proxy, fake):
+    proxy = make_proxy()
+    fake.queue(SSEReply(stream_events(pieces=10), delay=0.1))
+    with proxy.http() as http:
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            pieces = response.iter_raw()
+            first = next(pieces)
+            proxy.server.should_exit = True  # what uvicorn's SIGTERM handler sets
+            rest = b"".join(pieces)
+    assert (first + rest).endswith(DONE)
