@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -11,34 +13,91 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.errors import NotFound
-from proxy.exchange import ChatMemory, NoMemory
+from proxy.memory.pipeline import MemoryService
+from proxy.memory.retrieval import Retrieval
+from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.routes import ProxyEndpoint
 from proxy.scope import ScopeResolver
-from proxy.settings import Settings
+from proxy.settings import Settings, StoreSettings
+from proxy.stores.base import Store, StoreError
 from proxy.upstream import Upstream
 
-def create_app(settings: Settings, memory: ChatMemory | None = None) -> Starlette:
+log = logging.getLogger("memproxy.app")
+
+
+def open_store(settings: StoreSettings) -> Store:
+    """The Store named by store.url."""
+    if settings.url.startswith("sqlite:///"):
+        from proxy.stores.sqlite import SQLiteStore
+
+        return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper())
+    from proxy.stores.postgres import PostgresStore  # type: ignore[import-not-found]
+
+    return PostgresStore(settings.url)  # type: ignore[no-any-return]
+
+
+class Parts:
+    """Everything one app instance owns, built here and passed down (no globals)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.upstream = Upstream(settings.upstream)
+        self.scopes = ScopeResolver(settings)
+        self.store = open_store(settings.store)
+        self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
+        retriever = Retrieval(self.store, settings.memory, self.metrics)
+        self.memory = MemoryService(settings, self.store, self.writer, retriever, self.metrics, self.scopes)
+        self.store_open = False
+
+    async def start(self) -> None:
+        try:
+            await self.store.open()
+            self.store_open = True
+        except StoreError as exc:
+            # Memory fails open: the proxy serves without it and says so in /readyz.
+            log.error("store unavailable at start-up, serving without memory: %s", exc)
+        self.writer.start()
+
+    async def stop(self) -> None:
+        await self.writer.close(self.settings.server.grace_period_s)
+        await self.store.close()
+        await self.upstream.aclose()
+
+    async def readiness(self) -> dict[str, Any]:
+        store_ok = self.store_open and await self.store.ping()
+        return {
+            "status": "ready",
+            "store": "ok" if store_ok else "unavailable",
+            "writes": "failing" if self.writer.failing else "ok",
+            "write_queue": self.writer.depth,
+            "circuit": "open" if self.memory.breaker.is_open else "closed",
+        }
+
+
+def create_app(settings: Settings) -> Starlette:
     """The proxy app: /v1/* to the provider, health, readiness and metrics."""
-    upstream = Upstream(settings.upstream)
-    metrics = Metrics()
-    proxy = ProxyEndpoint(settings, upstream, ScopeResolver(settings), memory or NoMemory(), metrics)
+    parts = Parts(settings)
+    proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await parts.start()
         try:
             yield
         finally:
-            await upstream.aclose()
+            await parts.stop()
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        return JSONResponse({"status": "ready", "upstream": settings.upstream.base_url, "store": "off"})
+        # A store outage does not make the proxy unready: requests still succeed without memory.
+        return JSONResponse(await parts.readiness())
 
     async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(parts.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return Response(NotFound("no such path").body(), status_code=404, media_type="application/json")
@@ -51,5 +110,5 @@ def create_app(settings: Settings, memory: ChatMemory | None = None) -> Starlett
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.router.redirect_slashes = False  # a redirect would be a response the provider never gave
-    app.state.metrics = metrics
+    app.state.parts = parts
     return app

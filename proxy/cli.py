@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.errors import ProxyError
 from proxy.settings import ConfigError, Settings, load_settings
 
 
@@ -18,11 +20,17 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", help="YAML config file")
+    serve.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"),
+                       help="YAML config file (default: $MEMPROXY_CONFIG)")
     serve.add_argument("--host", help="address to listen on (server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
     serve.add_argument("--upstream", help="provider base URL with its /v1 prefix (upstream.base_url)")
     serve.set_defaults(run=_serve)
+
+    export = commands.add_parser("export", help="write a user's memory as JSON Lines to stdout")
+    export.add_argument("--user", required=True, help="the user id")
+    export.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
+    export.set_defaults(run=_export)
     return parser
 
 
@@ -60,6 +68,30 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from proxy.app import open_store
+    from proxy.models import Scope
+    from proxy.scope import valid_id
+
+    settings = load(args)
+    scope = Scope(user=valid_id(args.user, "--user"))
+
+    async def run() -> None:
+        store = open_store(settings.store)
+        await store.open()
+        try:
+            async for record in store.export(scope):
+                sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `memproxy` console script."""
     args = _parser().parse_args(argv)
@@ -67,4 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except ConfigError as exc:
         print(f"memproxy: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ProxyError as exc:
+        print(f"memproxy: {exc.message}", file=sys.stderr)
         return 2

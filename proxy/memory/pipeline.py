@@ -1,0 +1,223 @@
+"""recall(scope, request) -> the block and a TurnRecall; the answer is remembered after.
+
+Memory never fails a request: the whole recall (turn lookup and retrieval) runs under
+`memory.retrieval_timeout_ms`; a timeout, a store error or an open circuit sends the
+request on without a block and says why in X-Memory-Status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from proxy.exchange import Recall
+from proxy.memory.block import strip_block
+from proxy.memory.breaker import CircuitBreaker
+from proxy.memory.redact import redact
+from proxy.memory.writer import Writer
+from proxy.metrics import Metrics
+from proxy.models import ReasoningStep, Scope
+from proxy.scope import RequestScope, ScopeResolver
+from proxy.settings import MemorySettings, Settings
+from proxy.stores.base import (
+    FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
+)
+from proxy.turns import TurnIdentity, fallback_identity, identify
+from proxy.wire.openai_chat import (
+    ChatRequest, last_user_index, message_text, tool_results_after_last_user,
+)
+from proxy.wire.sse import AssistantMessage
+
+log = logging.getLogger("memproxy.memory")
+
+STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's result
+
+
+@dataclass(frozen=True)
+class Query:
+    """What retrieval is asked: the last user message, in the context of its request."""
+
+    text: str
+    conversation_id: str
+    visible: tuple[str, ...]  # texts of the request's other messages (never injected again)
+    max_memories: int
+
+
+@dataclass
+class Retrieved:
+    """The block for one turn, with the injection log entry that explains it."""
+
+    block: str = ""
+    injected: int = 0
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+class Retriever(Protocol):
+    """Finds the memories that matter to a query (proxy.memory.retrieval)."""
+
+    async def retrieve(self, scope: Scope, query: Query) -> Retrieved: ...
+
+
+class MemoryService:
+    """ChatMemory with a store: recall before the upstream call, persistence after."""
+
+    def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
+                 metrics: Metrics, scopes: ScopeResolver) -> None:
+        self.settings = settings
+        self.memory: MemorySettings = settings.memory
+        self.store = store
+        self.writer = writer
+        self.retriever = retriever
+        self.metrics = metrics
+        self.scopes = scopes
+        self.breaker = CircuitBreaker(metrics)
+
+    async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall:
+        """The Recall of one chat request."""
+        if request is not None:
+            resolved = self.scopes.with_body_user(resolved, request.body)
+        if not resolved.memory_on or request is None or resolved.scope is None:
+            return Recall("off")
+        scope = resolved.scope
+        persist = resolved.persist and self.memory.persist_interactions
+        now = datetime.now(timezone.utc)
+        status = "ok"
+        retrieved = Retrieved()
+        identity: TurnIdentity | None = None
+        if not self.breaker.allow():
+            status = "degraded: circuit open"
+        else:
+            started = time.perf_counter()
+            try:
+                async with asyncio.timeout(self.memory.retrieval_timeout_ms / 1000):
+                    identity = await self._identify(scope, request, now)
+                    retrieved = await self._block(scope, request, identity, resolved)
+                self.breaker.succeeded()
+            except TimeoutError:
+                status = self._degraded("retrieval timeout")
+            except StoreError as exc:
+                status = self._degraded("store unavailable", exc)
+            except Exception as exc:  # the outermost boundary: memory must never fail a request
+                status = self._degraded("retrieval error", exc)
+            retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
+        identity = identity or fallback_identity(scope, request)
+        recall = TurnRecall(self, scope, request, identity, persist, status, retrieved)
+        recall.started(now)
+        return recall
+
+    async def _identify(self, scope: Scope, request: ChatRequest, now: datetime) -> TurnIdentity:
+        return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
+                              follow=self.settings.scope.conversation)
+
+    async def _block(self, scope: Scope, request: ChatRequest, identity: TurnIdentity,
+                     resolved: RequestScope) -> Retrieved:
+        if identity.existing is not None and identity.existing.block is not None:
+            # A later step of the turn: the first step's block, byte for byte.
+            return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
+        limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
+        query = Query(user_text(request), identity.conversation_id, visible_texts(request), min(limit, 12))
+        if query.max_memories == 0 or not query.text.strip():
+            return Retrieved()
+        return await self.retriever.retrieve(scope, query)
+
+    def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
+        self.breaker.failed()
+        self.metrics.degraded.labels(reason).inc()
+        if exc is None:
+            log.warning("memory degraded: %s", reason)
+        else:
+            log.warning("memory degraded: %s (%s: %s)", reason, type(exc).__name__, redact(str(exc)))
+        return f"degraded: {reason}"
+
+
+def user_text(request: ChatRequest) -> str:
+    """The last user message's text as the user wrote it (any memory block removed)."""
+    index = last_user_index(request.messages)
+    if index is None:
+        return ""
+    return strip_block(message_text(request.messages[index].get("content")))
+
+
+def visible_texts(request: ChatRequest) -> tuple[str, ...]:
+    """Texts of every other message the request shows (they are never injected again)."""
+    index = last_user_index(request.messages)
+    return tuple(
+        strip_block(message_text(m.get("content")))
+        for i, m in enumerate(request.messages) if i != index and isinstance(m, dict)
+    )
+
+
+def reasoning_steps(request: ChatRequest) -> tuple[ReasoningStep, ...]:
+    """The tool calls after the last user message, each with a short form of its result."""
+    results = tool_results_after_last_user(request.messages)
+    index = last_user_index(request.messages)
+    steps = []
+    for message in request.messages[(index or -1) + 1:]:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            result = redact(results.get(str(call.get("id")), ""))[:STEP_RESULT_CHARS]
+            steps.append(ReasoningStep(str(function.get("name", "")), redact(str(function.get("arguments", ""))),
+                                       result))
+    return tuple(steps)
+
+
+class TurnRecall(Recall):
+    """A request with memory on: block in, turn saved once, answer saved from the last step."""
+
+    def __init__(self, service: MemoryService, scope: Scope, request: ChatRequest, identity: TurnIdentity,
+                 persist: bool, status: str, retrieved: Retrieved) -> None:
+        super().__init__(status)
+        self._service = service
+        self._scope = scope
+        self._request = request
+        self._identity = identity
+        self._persist = persist
+        self.turn_key = identity.key
+        self.block = retrieved.block or None
+        self.injected = retrieved.injected if self.block else 0
+        self._log = retrieved.log
+
+    @property
+    def active(self) -> bool:
+        return self._persist
+
+    def _submit(self, op: Any) -> asyncio.Future[None] | None:
+        return self._service.writer.submit(op) if self._persist else None
+
+    def started(self, now: datetime) -> None:
+        """Save the turn and the user's message (once per turn: the store ignores repeats)."""
+        self._service.metrics.injected.inc(self.injected)
+        if self._identity.is_new:
+            text = redact(user_text(self._request))
+            self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
+                                   self._identity.history_hash, now, text, self._persist))
+        if not self._log.get("cache") and self.status == "ok":
+            self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now))
+
+    def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
+        now = datetime.now(timezone.utc)
+        if message.tool_calls:
+            calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
+            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now))
+        answer = message.content or message.refusal
+        if not answer.strip():
+            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now))
+        return self._submit(FinishTurn(
+            self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
+            task=redact(user_text(self._request)), steps=reasoning_steps(self._request),
+            answer_hash=text_hash(answer),
+        ))
+
+    def failed(self, status: str) -> None:
+        self._submit(SetTurnStatus(self._scope, self.turn_key, status, datetime.now(timezone.utc)))  # type: ignore[arg-type]
+
+    def aborted(self) -> None:
+        self.failed("client_aborted")

@@ -1,0 +1,121 @@
+"""The single writer: a bounded queue drained in batches, one transaction per batch.
+
+Writes never delay a response beyond `memory.commit_timeout_ms` and never fail one: a
+failing store is retried with backoff while new writes wait in the bounded queue; an
+overflow is counted and logged with the number of writes dropped, never silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from proxy.metrics import Metrics
+from proxy.stores.base import Store, StoreError, WriteOp
+
+log = logging.getLogger("memproxy.writer")
+
+BATCH_MAX = 256
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 5.0
+SPLIT_AFTER_FAILURES = 3  # then ops are applied one by one, so one bad op cannot block the rest
+
+
+class Writer:
+    """Owns every write to the store."""
+
+    def __init__(self, store: Store, metrics: Metrics, max_queue: int) -> None:
+        self.store = store
+        self.metrics = metrics
+        self._queue: asyncio.Queue[tuple[WriteOp, asyncio.Future[None]]] = asyncio.Queue(max_queue)
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Future[None]] = set()  # queued or being committed
+        self.failing = False
+
+    def start(self) -> None:
+        """Begin draining (inside the running loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="memproxy-writer")
+
+    def submit(self, op: WriteOp) -> asyncio.Future[None]:
+        """Queue a write; the future completes when it is committed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._queue.put_nowait((op, done))
+            self._pending.add(done)
+            done.add_done_callback(self._pending.discard)
+        except asyncio.QueueFull:
+            self.metrics.writes_dropped.inc()
+            log.error("write queue full: dropped one %s for user %s", type(op).__name__, op.scope.user)
+            done.set_exception(StoreError("write queue full"))
+            done.exception()  # retrieved: nobody else need wait on a dropped write
+        self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
+        return done
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until everything queued so far is committed (or the timeout passes)."""
+        waiting = list(self._pending)
+        if not waiting:
+            return True
+        finished, _ = await asyncio.wait(waiting, timeout=timeout_s)
+        return len(finished) == len(waiting)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Flush what is queued, then stop."""
+        await self.flush(timeout_s)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < BATCH_MAX and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._commit(batch)
+            self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
+
+    async def _commit(self, batch: list[tuple[WriteOp, asyncio.Future[None]]]) -> None:
+        delay = RETRY_FIRST_S
+        failures = 0
+        while True:
+            try:
+                await self.store.apply([op for op, _ in batch])
+            except StoreError as exc:
+                failures += 1
+                self.failing = True
+                self.metrics.write_failures.inc()
+                log.warning("write batch of %d failed (%s); retrying in %.2fs", len(batch), exc, delay)
+                if failures >= SPLIT_AFTER_FAILURES and len(batch) > 1 and await self.store.ping():
+                    await self._one_by_one(batch)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            self.failing = False
+            _resolve(batch)
+            return
+
+    async def _one_by_one(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
+        for op, done in batch:
+            try:
+                await self.store.apply([op])
+            except StoreError as exc:
+                self.metrics.write_failures.inc()
+                log.error("write %s for user %s failed alone and was dropped: %s",
+                          type(op).__name__, op.scope.user, exc)
+                if not done.done():
+                    done.set_exception(exc)
+                    done.exception()
+                continue
+            _resolve([(op, done)])
+
+
+def _resolve(batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
+    for _, done in batch:
+        if not done.done():
+            done.set_result(None)

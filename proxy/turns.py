@@ -1,0 +1,80 @@
+"""Turn identity (SPEC 2-3): which conversation and turn a chat request belongs to.
+
+A later step of a tool loop is recognised by the tool-call ids of the assistant messages
+after the last user message (memproxy stored them from the previous step's response); a
+retry by the hash of its history within `memory.retry_window_s`; anything else is a new
+turn. The conversation is the X-Memory-Conversation header, else (scope.conversation:
+history) the stored conversation holding the newest assistant message the request
+carries, else (latest) the user's most recent conversation, else a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from proxy.models import Scope, Turn
+from proxy.stores.base import Store, text_hash
+from proxy.wire.openai_chat import ChatRequest, assistant_texts, history_material, tool_call_ids_after_last_user
+
+
+@dataclass(frozen=True)
+class TurnIdentity:
+    """The turn a request belongs to, and whether memproxy has seen it before."""
+
+    key: str
+    conversation_id: str
+    history_hash: str
+    existing: Turn | None  # the stored turn for a later step or a retry
+
+    @property
+    def is_new(self) -> bool:
+        return self.existing is None
+
+
+def history_hash(scope: Scope, request: ChatRequest) -> str:
+    """Hash of the scope and every non-system message up to the last user message.
+
+    System prompts are left out so one that carries the time does not split a turn.
+    """
+    material = [scope.user, scope.agent or "", scope.conversation or "", history_material(request.messages)]
+    return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def new_id() -> str:
+    """An opaque id for a turn or a conversation."""
+    return uuid.uuid4().hex
+
+
+async def identify(
+    store: Store, scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float, follow: str
+) -> TurnIdentity:
+    """Find the request's turn and conversation in the store, or start new ones."""
+    digest = history_hash(scope, request)
+    call_ids = tool_call_ids_after_last_user(request.messages)
+    existing = await store.turn_by_tool_calls(scope, call_ids) if call_ids else None
+    if existing is None:
+        existing = await store.turn_by_history(scope, digest, now - timedelta(seconds=retry_window_s))
+    if existing is not None:
+        return TurnIdentity(existing.key, existing.conversation_id, digest, existing)
+    conversation = await conversation_for(store, scope, request, follow)
+    return TurnIdentity(new_id(), conversation, digest, None)
+
+
+async def conversation_for(store: Store, scope: Scope, request: ChatRequest, follow: str) -> str:
+    """The conversation a new turn belongs to (SPEC 2)."""
+    if scope.conversation is not None:
+        return scope.conversation
+    if follow == "latest":
+        return await store.latest_conversation(scope) or new_id()
+    hashes = [text_hash(text) for text in reversed(assistant_texts(request.messages))]
+    found = await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
+    return found or new_id()
+
+
+def fallback_identity(scope: Scope, request: ChatRequest) -> TurnIdentity:
+    """A turn when the store could not be asked in time: saved later, never lost."""
+    return TurnIdentity(new_id(), scope.conversation or new_id(), history_hash(scope, request), None)
