@@ -507,6 +507,22 @@ def test_export_shapes(tmp_path: Path) -> None:
     assert (trace["conversation_id"], trace["task"], trace["answer"]) == ("c1", "remember", "Noted.")
 
 
+def test_export_pages_through_a_large_user(tmp_path: Path) -> None:
+    async def body() -> list[dict[str, Any]]:
+        async with opened(tmp_path / "m.db") as store:
+            await store.apply([start(ALICE, f"t{i}", f"message {i}", conv=f"c{i % 3}", at=T0 + timedelta(seconds=i))
+                               for i in range(1200)])
+            await store.apply([start(BOB, "t1", "not alice's")])
+            return [record async for record in store.export(ALICE)]
+
+    records = run(body())
+    messages = [r for r in records if r["kind"] == "message"]
+    assert [r["id"] for r in records if r["kind"] == "conversation"] == ["c0", "c1", "c2"]
+    assert len(messages) == 1200 and len({m["id"] for m in messages}) == 1200
+    assert [m["content"] for m in messages[:2]] == ["message 0", "message 3"]  # by conversation, then time
+    assert messages[400]["content"] == "message 1"
+
+
 def alice_id(records: list[dict[str, Any]]) -> str:
     return str(next(r["id"] for r in records if r["kind"] == "entity" and r["name"] == "Alice"))
 
@@ -601,6 +617,22 @@ def test_apply_waits_for_a_lock_held_elsewhere(tmp_path: Path) -> None:
             await asyncio.wait_for(task, timeout=2)
             assert 0.4 <= time.monotonic() - began < 2.5
             assert "written after the lock" in [m.content for m in await store.messages(ALICE, "c1")]
+
+    run(body())
+
+
+def test_cancelled_batch_leaves_the_connection_usable(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with opened(tmp_path / "m.db") as store:
+            ops = [start(ALICE, f"t{i}", f"text {i}") for i in range(500)]
+            task = asyncio.create_task(store.apply(ops))
+            await asyncio.sleep(0.02)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await store.apply([start(BOB, "t1", "after the cancel")])
+            assert [m.content for m in await store.messages(BOB, "c1")] == ["after the cancel"]
+            assert len(await store.messages(ALICE, "c1", limit=1000)) in (0, 500)  # all or nothing
 
     run(body())
 

@@ -1,10 +1,11 @@
 """The embedded store: SQLite in WAL mode, one write connection and one read connection.
 
-Writes go through `apply` only, each batch one `BEGIN IMMEDIATE` transaction on the write
-connection: a deferred transaction that reads before it writes gets SQLITE_BUSY at once,
-ignoring busy_timeout (RELIABILITY 2.1). Reads use their own connection (aiosqlite gives
-each connection a thread), so a long write never queues a read. Schema: sqlite_schema.py;
-rows to models: sqlite_rows.py; the write ops: sqlite_batch.py.
+Writes go through `apply` only: each batch is one `BEGIN IMMEDIATE` transaction, run in a
+single call on a dedicated write thread that owns the write connection (as datasette
+funnels its writes through one thread), so a batch of a thousand ops costs one hop to the
+thread, not one per statement. Reads use their own aiosqlite connection (its own thread),
+so a long write never queues a read. Schema: sqlite_schema.py; rows to models:
+sqlite_rows.py; the write ops: sqlite_batch.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +22,7 @@ import aiosqlite
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
 from proxy.stores.base import StoreError, WriteOp
-from proxy.stores.sqlite_batch import Batch
+from proxy.stores.sqlite_batch import apply_batch, in_transaction, recover
 from proxy.stores.sqlite_rows import (
     entity_from_row,
     export_conversation,
@@ -30,7 +32,6 @@ from proxy.stores.sqlite_rows import (
     export_relationship,
     from_ts,
     message_from_row,
-    now_ts,
     relationship_from_row,
     to_ts,
     trace_from_row,
@@ -39,21 +40,13 @@ from proxy.stores.sqlite_rows import (
 from proxy.stores.sqlite_schema import migrate
 
 BUSY_TIMEOUT_MS = 5000
+# Per connection. SQLite's default 2 MiB makes index inserts miss the cache once a user
+# holds ~100k messages, which tripled the cost of a write batch.
+CACHE_KIB = 32768
 EXPORT_PAGE = 500
 # A name match says more about an entity than its type or description does.
 ENTITY_WEIGHTS = (2.0, 1.0, 1.0)
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
-
-
-async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
-    try:
-        await conn.rollback()
-    except (sqlite3.Error, ValueError):
-        pass  # the original error is the one worth raising
-
-
-def _probe(path: str) -> None:
-    sqlite3.connect(path).close()
 
 
 def _reason(exc: BaseException) -> str:
@@ -81,18 +74,14 @@ _RELATIONSHIP_SELECT = (
     " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
 )
 
-# (what, query with `{agent}` and a `seq > ?` page key, record shape), in import order.
-_EXPORTS: tuple[tuple[str, str, Callable[[sqlite3.Row], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.rowid AS seq, c.* FROM conversations c WHERE c.user_id = ?{agent} AND c.rowid > ?"
-     + " ORDER BY seq LIMIT ?", export_conversation),
-    ("m", "SELECT m.* FROM messages m WHERE m.user_id = ?{agent} AND m.seq > ? ORDER BY m.seq LIMIT ?",
-     export_message),
-    ("e", "SELECT e.* FROM entities e WHERE e.user_id = ?{agent} AND e.seq > ? ORDER BY e.seq LIMIT ?",
-     export_entity),
-    ("r", _RELATIONSHIP_SELECT + " WHERE r.user_id = ?{agent} AND r.seq > ? ORDER BY r.seq LIMIT ?",
-     export_relationship),
-    ("x", "SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent} AND x.seq > ? ORDER BY x.seq LIMIT ?",
-     export_reasoning),
+# (alias, select, page key, record shape), in import order. Each page key is a prefix of an
+# index that starts with user_id, so every page is an index range, never a scan of the user.
+_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[str, Any]]], ...] = (
+    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
+    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
+    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
+    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
+    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
 )
 
 
@@ -103,64 +92,57 @@ class SQLiteStore:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
         self._path = path
-        self._synchronous = synchronous.upper()
-        self._writer: aiosqlite.Connection | None = None
+        self._pragmas = (f"synchronous={synchronous.upper()}", f"busy_timeout={BUSY_TIMEOUT_MS}", "foreign_keys=ON",
+                         "secure_delete=ON", f"cache_size=-{CACHE_KIB}")
+        self._write_thread: ThreadPoolExecutor | None = None
+        self._writer: sqlite3.Connection | None = None  # used on the write thread only
         self._reader: aiosqlite.Connection | None = None
-        self._write_lock = asyncio.Lock()  # one transaction at a time on the write connection
 
     # --- lifecycle
-
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self._path, isolation_level=None)
-        try:
-            conn.row_factory = sqlite3.Row
-            for pragma in (f"synchronous={self._synchronous}", f"busy_timeout={BUSY_TIMEOUT_MS}",
-                           "foreign_keys=ON", "secure_delete=ON"):
-                await conn.execute_fetchall(f"PRAGMA {pragma}")
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
 
     async def open(self) -> None:
         """Connect, migrate the schema, mark turns left pending by a crash as interrupted."""
         if self._writer is not None:
             return
+        self._write_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memproxy-sqlite-writer")
         try:
-            # aiosqlite leaves its thread reporting to the loop when a connect fails, so a
-            # file that cannot be opened is found with plain sqlite3 first.
-            await asyncio.to_thread(_probe, self._path)
-            self._writer = await self._connect()
-            await self._writer.execute_fetchall("PRAGMA journal_mode=WAL")
-            await migrate(self._writer)
-            await self._transaction(self._recover)
-            self._reader = await self._connect()
-        except (sqlite3.Error, ValueError, StoreError) as exc:
+            self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
+            self._reader = await aiosqlite.connect(self._path, isolation_level=None)
+            self._reader.row_factory = sqlite3.Row
+            for pragma in self._pragmas:
+                await self._reader.execute_fetchall(f"PRAGMA {pragma}")
+        except (sqlite3.Error, ValueError) as exc:  # aiosqlite says ValueError when closed
             await self.close()
             raise StoreError(f"cannot open {self._path}: {_reason(exc)}") from exc
 
-    @staticmethod
-    async def _recover(conn: aiosqlite.Connection) -> None:
-        """Turns pending at start-up died with the process that served them."""
-        now = now_ts()
-        # A pending turn whose answer was saved did finish; only the status write was lost.
-        await conn.execute_fetchall(
-            "UPDATE turns SET status = 'complete', updated_at = ? WHERE status = 'pending' AND EXISTS (SELECT 1"
-            " FROM messages m WHERE m.user_id = turns.user_id AND m.turn_key = turns.turn_key AND m.role = 'assistant')",
-            (now,),
-        )
-        await conn.execute_fetchall("UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'pending'",
-                                    (now,))
+    def _open_writer(self) -> sqlite3.Connection:
+        """The write connection, on the write thread: WAL, schema, crash recovery."""
+        conn = sqlite3.connect(self._path, isolation_level=None)
+        try:
+            for pragma in self._pragmas:
+                conn.execute(f"PRAGMA {pragma}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            migrate(conn)
+            in_transaction(conn, lambda: recover(conn))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def close(self) -> None:
-        """Flush and release connections."""
-        reader, writer, self._reader, self._writer = self._reader, self._writer, None, None
-        for conn in (reader, writer):
-            if conn is not None:
-                try:
-                    await conn.close()
-                except (sqlite3.Error, ValueError):
-                    pass  # closing a broken connection: nothing left to flush
+        """Finish queued writes and release both connections."""
+        reader, writer, thread = self._reader, self._writer, self._write_thread
+        self._reader, self._writer, self._write_thread = None, None, None
+        if reader is not None:
+            try:
+                await reader.close()
+            except (sqlite3.Error, ValueError):
+                pass  # closing a broken connection: nothing left to flush
+        if thread is not None:
+            if writer is not None:
+                # Queued behind any batch still running, so that batch commits first.
+                await asyncio.get_running_loop().run_in_executor(thread, writer.close)
+            thread.shutdown(wait=False)
 
     async def ping(self) -> bool:
         """True when the database answers a trivial query."""
@@ -173,41 +155,22 @@ class SQLiteStore:
     # --- writes
 
     async def apply(self, ops: Sequence[WriteOp]) -> None:
-        """Apply a batch of writes in one transaction; raise StoreError on failure."""
+        """Apply a batch of writes in one transaction; raise StoreError on failure.
+
+        The batch runs as one call on the write thread: a caller cancelled meanwhile does
+        not stop it, so it commits or rolls back whole.
+        """
         if not ops:
             return
-
-        async def body(conn: aiosqlite.Connection) -> None:
-            batch = Batch(conn)
-            for op in ops:
-                await batch.run(op)
-
-        await self._transaction(body)
-
-    async def _transaction(self, body: Callable[[aiosqlite.Connection], Awaitable[None]]) -> None:
-        """Run `body` in one IMMEDIATE transaction; roll back on any failure or cancellation."""
-        async with self._write_lock:
-            conn = self._write_conn()
-            try:
-                # A cancelled batch's statements still run on the connection's thread; this
-                # rollback is queued after them, so no transaction of theirs is left open.
-                await conn.rollback()
-                await conn.execute_fetchall("BEGIN IMMEDIATE")
-                try:
-                    await body(conn)
-                    await conn.execute_fetchall("COMMIT")
-                except BaseException:
-                    await _rollback_quietly(conn)
-                    raise
-            except (sqlite3.Error, ValueError) as exc:  # aiosqlite says ValueError when closed
-                raise StoreError(_reason(exc)) from exc
-
-    # --- connections and reads
-
-    def _write_conn(self) -> aiosqlite.Connection:
-        if self._writer is None:
+        writer, thread = self._writer, self._write_thread
+        if writer is None or thread is None:
             raise StoreError("store is not open")
-        return self._writer
+        try:
+            await asyncio.get_running_loop().run_in_executor(thread, apply_batch, writer, list(ops))
+        except sqlite3.Error as exc:
+            raise StoreError(_reason(exc)) from exc
+
+    # --- reads
 
     def _read_conn(self) -> aiosqlite.Connection:
         if self._reader is None:
@@ -264,8 +227,9 @@ class SQLiteStore:
             return None
         agent, agent_params = _agent_clause(scope, "m")
         rows = await self._rows(
-            "SELECT m.conversation_id FROM json_each(?) h"
-            " JOIN messages m ON m.user_id = ? AND m.content_hash = h.value AND m.role = 'assistant'"
+            # CROSS JOIN keeps the hashes outside: left to itself the planner scans the user's messages.
+            "SELECT m.conversation_id FROM json_each(?) AS h"
+            " CROSS JOIN messages m ON m.user_id = ? AND m.content_hash = h.value AND m.role = 'assistant'"
             " JOIN conversations c ON c.user_id = m.user_id AND c.id = m.conversation_id"
             f" WHERE 1{agent} ORDER BY h.key, c.last_active_at DESC, c.id DESC LIMIT 1",
             [json.dumps(list(hashes)), scope.user, *agent_params],
@@ -348,25 +312,30 @@ class SQLiteStore:
         agent, agent_params = _agent_clause(scope, "r")
         current = " AND r.invalid_at IS NULL" if current_only else ""
         rows = await self._rows(
-            f"{_RELATIONSHIP_SELECT} WHERE r.user_id = ? AND (r.from_id = ? OR r.to_id = ?){current}{agent}"
-            " ORDER BY r.valid_from DESC, r.seq DESC",
-            [scope.user, entity_id, entity_id, *agent_params],
+            # The user filter sits in the subqueries: outside, it made SQLite scan all the user's edges.
+            f"{_RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT seq FROM relationships WHERE user_id = ? AND from_id = ?"
+            " UNION ALL SELECT seq FROM relationships WHERE user_id = ? AND to_id = ?)"
+            f"{current}{agent} ORDER BY r.valid_from DESC, r.seq DESC",
+            [scope.user, entity_id, scope.user, entity_id, *agent_params],
         )
         return [relationship_from_row(row) for row in rows]
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
-        for alias, sql, shape in _EXPORTS:
+        for alias, select, key, shape in _EXPORTS:
             agent, agent_params = _agent_clause(scope, alias)
-            query = sql.format(agent=agent)
-            last = -1
+            columns = ", ".join(f"{alias}.{k}" for k in key)
+            base = f"{select} WHERE {alias}.user_id = ?{agent}"
+            after: list[Any] = []
             while True:
-                rows = await self._rows(query, [scope.user, *agent_params, last, EXPORT_PAGE])
+                where = f" AND ({columns}) > ({', '.join('?' * len(key))})" if after else ""
+                rows = await self._rows(f"{base}{where} ORDER BY {columns} LIMIT ?",
+                                        [scope.user, *agent_params, *after, EXPORT_PAGE])
                 for row in rows:
                     yield shape(row)
                 if len(rows) < EXPORT_PAGE:
                     break
-                last = rows[-1]["seq"]
+                after = [rows[-1][k] for k in key]
 
     # --- retrieval: BM25 from FTS5 over the whole corpus; score = -bm25, higher is better
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import sqlite3
 import time
 
-import aiosqlite
-
 # `_` is a token character so identifier terms (`internal_hbr_2291_example`) stay whole.
 _TOKENIZE = "tokenize = \"unicode61 tokenchars '_'\""
 
@@ -37,7 +35,7 @@ CREATE TABLE conversations (
     last_active_at REAL NOT NULL,
     PRIMARY KEY (user_id, id)
 );
-CREATE INDEX conversations_recent ON conversations(user_id, last_active_at);
+CREATE INDEX conversations_recent ON conversations(user_id, last_active_at, id);
 
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,
@@ -105,7 +103,8 @@ CREATE TABLE reasoning (
     UNIQUE (user_id, turn_key),
     FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
 );
-CREATE INDEX reasoning_recent ON reasoning(user_id, agent_id, created_at);
+CREATE INDEX reasoning_recent ON reasoning(user_id, created_at);
+CREATE INDEX reasoning_agent ON reasoning(user_id, agent_id, created_at);
 CREATE INDEX reasoning_conversation ON reasoning(user_id, conversation_id);
 
 CREATE TABLE entities (
@@ -244,22 +243,21 @@ def statements(script: str) -> list[str]:
     return out
 
 
-async def migrate(conn: aiosqlite.Connection) -> int:
+def migrate(conn: sqlite3.Connection) -> int:
     """Bring the schema up to date in one IMMEDIATE transaction; return its version."""
-    await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
     # IMMEDIATE, then read the version: two processes opening at once migrate once.
-    await conn.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")
     try:
-        rows = await conn.execute_fetchall("SELECT ifnull(max(version), 0) FROM schema_version")
-        current = int(next(iter(rows))[0])
+        current = int(conn.execute("SELECT ifnull(max(version), 0) FROM schema_version").fetchone()[0])
         if current > len(MIGRATIONS):
             raise sqlite3.DatabaseError(f"schema version {current} is newer than this memproxy knows")
         for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
             for statement in statements(script):
-                await conn.execute(statement)
-            await conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
-        await conn.execute("COMMIT")
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
+        conn.execute("COMMIT")
     except BaseException:
-        await conn.rollback()
+        conn.rollback()
         raise
     return len(MIGRATIONS)
