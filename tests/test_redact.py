@@ -48,7 +48,10 @@ KINDS = [
     ("GITHUB_TOKEN=abc123def456ghi789", "GITHUB_TOKEN=[REDACTED:token]"),
     ("secret=Q2xpZW50U2VjcmV0", "secret=[REDACTED:secret]"),
     ('clientSecret: "Xy7pQ2mNz9Kw"', 'clientSecret: "[REDACTED:secret]"'),
-    ("https://x.example/cb?code=1&access_token=ya29a0AfH6SMB&x=1", "https://x.example/cb?code=1&access_token=[REDACTED:token]&x=1"),
+    (
+        "https://x.example/cb?code=1&access_token=ya29a0AfH6SMB&x=1",
+        "https://x.example/cb?code=1&access_token=[REDACTED:token]&x=1",
+    ),
     ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "[REDACTED:stripe_key]"),
     ("AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "[REDACTED:google_api_key]"),
 ]
@@ -93,7 +96,7 @@ def test_pem_openssh_and_pkcs8() -> None:
 
 
 def test_pem_without_end_line_loses_its_body() -> None:
-    text = "-----BEGIN PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0t\nRgeLezV6ffAt0gunVTLw7onLRnrq0"
+    text = "-----BEGIN PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0t\nRgeLezV6ffAt0gunVTLw7onLR"
     assert redact(text) == "[REDACTED:private_key]"
 
 

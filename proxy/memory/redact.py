@@ -139,14 +139,22 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(("private key",), _PEM, _whole("private_key")),
     _Rule(
         ("://",),
-        re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s:/?#@\[\]]*:(?P<secret>[^\s/?#]+)@(?=[A-Za-z0-9\[])"),
+        # the last `@` before the host ends the password, so `p@ss` goes whole
+        re.compile(
+            r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s:/?#@\[\]]*:"
+            r"(?P<secret>[^\s/?#]+)@(?=[A-Za-z0-9\[])"
+        ),
         _url_password,
     ),
     _Rule(("sk-ant-",), re.compile(rf"(?<![{_TOKEN_CHARS}])sk-ant-[{_TOKEN_CHARS}]{{16,}}"), _whole("anthropic_key")),
     _Rule(("sk-",), re.compile(rf"(?<![{_TOKEN_CHARS}])sk-(?!ant-)[{_TOKEN_CHARS}]{{16,}}"), _whole("openai_key")),
     _Rule(("sk_live_", "rk_live_"), re.compile(r"\b[sr]k_live_[A-Za-z0-9]{16,}"), _whole("stripe_key")),
     _Rule(("aiza",), re.compile(r"\bAIza[A-Za-z0-9_-]{35}"), _whole("google_api_key")),
-    _Rule(("akia", "asia"), re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), _whole("aws_access_key")),
+    _Rule(
+        ("akia", "asia"),
+        re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"),
+        _whole("aws_access_key"),
+    ),
     _Rule(
         ("aws_secret",),
         re.compile(r"(?i)aws_secret_access_key[\"']?\s*[:=]\s*[\"']?(?P<secret>[A-Za-z0-9/+=]{20,})"),
@@ -158,7 +166,11 @@ _RULES: tuple[_Rule, ...] = (
         _whole("github_token"),
     ),
     _Rule(("xox",), re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), _whole("slack_token")),
-    _Rule(("eyj",), re.compile(rf"\beyJ[{_TOKEN_CHARS}]{{8,}}\.[{_TOKEN_CHARS}]{{8,}}\.[{_TOKEN_CHARS}]*"), _whole("jwt")),
+    _Rule(
+        ("eyj",),
+        re.compile(rf"\beyJ[{_TOKEN_CHARS}]{{8,}}\.[{_TOKEN_CHARS}]{{8,}}\.[{_TOKEN_CHARS}]*"),
+        _whole("jwt"),
+    ),
     _Rule(
         ("authorization",),
         re.compile(r"(?i)\bauthorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+(?P<secret>[^\s\"',;]+)"),

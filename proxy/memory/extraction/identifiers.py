@@ -8,14 +8,20 @@ _TRAILING = ".,;:!?)]}>'\"`"
 
 # Earlier patterns win where spans overlap: a URL's host and path are not separate values.
 _PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s<>\"'`]+", re.IGNORECASE),
+    re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://[^\s<>\"'`]+", re.IGNORECASE),
     re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"),
     re.compile(r"(?<![\w/.~-])(?:~|\.{1,2})(?:/[\w.@+-]+)+/?"),
     re.compile(r"(?<![\w/.~:-])(?:/[\w.@+-]+){2,}/?"),
+    # relative paths: `src/app.py`, `docs/api/v2`; not `and/or`, `km/h`, `24/7`
+    re.compile(r"(?<![\w/.~:@-])[A-Za-z_][\w.-]*(?:/[\w.@+-]+)*/[\w@+-][\w.@+-]*\.[A-Za-z]\w*(?![\w/])"),
+    re.compile(r"(?<![\w/.~:@-])[A-Za-z_][\w.-]*(?:/[\w.@+-]+){2,}/?"),
     re.compile(r"\b[A-Za-z]:\\[^\s\\:*?\"<>|]+(?:\\[^\s\\:*?\"<>|]+)*"),
     re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?::\d{2,5})?(?!\.?\d)"),
     # every label lower case and the last one starting with a letter: not `e.g.`, `3.11`, `Node.js`
-    re.compile(r"(?<![\w@./-])(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z][a-z0-9-]*[a-z0-9](?::\d{2,5})?(?![\w-])"),
+    re.compile(
+        r"(?<![\w@./-])(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z][a-z0-9-]*[a-z0-9](?::\d{2,5})?"
+        r"(?:/[\w.~%+-]+)*/?(?![\w-])"
+    ),
     re.compile(r"(?<![\w-])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w-])"),
     re.compile(r"(?<![\w-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w-])"),
     re.compile(r"(?<![\w-])[a-z]{2,}(?:[A-Z][a-z0-9]+)+(?![\w-])"),

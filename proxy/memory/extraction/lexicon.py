@@ -49,7 +49,15 @@ ORG_SUFFIXES = _words(
     clinic bank foundation group holdings systems technologies technology tech solutions partners
     capital ventures studios studio media airlines airways motors enterprises industries
     associates consulting agency society association council ministry department shelter church
-    union club"""
+    union club analytics software networks robotics dynamics logistics insurance energy foods
+    games security digital biotech therapeutics"""
+)
+
+# A name continues across "of" only after one of these: "University of Toronto", "Bank of America".
+OF_HEADS = _words(
+    """university college institute school academy bank museum department ministry city republic
+    kingdom isle gulf bay lake cape port statue church house tower palace state states province
+    county district duke queen king prince princess"""
 )
 
 ORG_HEADS = _words("university college institute school academy hospital bank ministry department")
@@ -93,7 +101,7 @@ FROM_CUES = _words(
 PLACE_PREPOSITIONS = _words("in at near around across inside outside throughout")
 PRODUCT_VERBS = _words(
     """use uses used using install installed installing run runs running switched switch migrated
-    migrate deploy deployed deploying adopted adopt tried try trying with"""
+    migrate deploy deployed deploying adopted adopt tried try trying"""
 )
 
 # Verbs after a sentence-initial word that make it a person: "Sam said", "Priya texted".

@@ -13,6 +13,7 @@ from proxy.memory.extraction.lexicon import (
     FROM_CUES,
     MONTHS_AND_DAYS,
     MOTION_VERBS,
+    OF_HEADS,
     ORG_HEADS,
     ORG_SUFFIXES,
     PLACE_PREPOSITIONS,
@@ -27,9 +28,11 @@ from proxy.memory.extraction.model import canonical_name
 
 _TITLE = r"(?:Dr|Mr|Mrs|Ms|Mx|Prof|Sir|Dame|St|Saint)\.?\s+"
 # Two characters at least, so `I` and `A` never start a name; `I'm` is not one either.
-_WORD = r"(?!I')(?:[A-Z][A-Za-z0-9'&-]*[A-Za-z0-9]|[a-z]+[A-Z][A-Za-z0-9]*)"
+_WORD = r"(?<![\w'&-])(?!I')(?:[A-Z][A-Za-z0-9'&-]*[A-Za-z0-9]|[a-z]+[A-Z][A-Za-z0-9]*)"
 _LINK = r"(?:[ \t]+(?:of|de|del|da|van|von|der|den|du|la|le|&)[ \t]+|[ \t]+)"
-NAME = rf"(?:{_TITLE})?{_WORD}(?:{_LINK}{_WORD})*"
+# Bounded so a long capitalised run costs linear time, not quadratic: no name has ten words.
+MAX_NAME_WORDS = 8
+NAME = rf"(?:{_TITLE})?{_WORD}(?:{_LINK}{_WORD}){{0,{MAX_NAME_WORDS - 1}}}"
 _NAME = re.compile(NAME)
 _TOKEN = re.compile(r"\S+")
 _LOWER_WORDS = re.compile(r"[a-z']+")
@@ -43,16 +46,15 @@ _ROLE_WORDS = frozenset(
     friend mom dad mother father son daughter team company""".split()
 )
 _LINKS = frozenset("of de del da van von der den du la le &".split())
-_SUBJECT_AFTER = re.compile(r"\s+and\s+(?:I|me|my)\b|'s\s|\s+([a-z]+)\b")
+_SUBJECT_AFTER = re.compile(r"\s+and\s+(?:I|me|my)\b|,\s+(?:my|our|his|her|their)\s|\s+([a-z]+)\b")
 
 
 @dataclass(frozen=True)
 class Name:
-    """A cleaned name, where it ends in the sentence, and the type its context suggests."""
+    """A cleaned name and the type its own words or its context suggest."""
 
     text: str
     type: str
-    end: int
 
 
 def _is_common(token: str) -> bool:
@@ -67,7 +69,9 @@ def _segments(tokens: list[Token]) -> Iterator[list[Token]]:
     """Runs of tokens between months, days and demonyms, without dangling links."""
     run: list[Token] = []
     for token in [*tokens, ("", -1)]:
-        if token[0] and canonical_name(token[0]) not in MONTHS_AND_DAYS | DEMONYMS:
+        low = canonical_name(token[0])
+        joins = low != "of" or (bool(run) and canonical_name(run[-1][0]) in OF_HEADS)
+        if low and low not in MONTHS_AND_DAYS | DEMONYMS and joins:
             run.append(token)
             continue
         while run and run[-1][0].lower() in _LINKS:
@@ -81,8 +85,12 @@ def _shouted(tokens: list[str]) -> bool:
     return all(token.isupper() for token in tokens) and canonical_name(" ".join(tokens)) not in TECH
 
 
-def is_plausible(name: str) -> bool:
-    """Not empty, not a common word, not a type or role on its own, not a build file."""
+def is_plausible(name: str, *, acronym: bool = False) -> bool:
+    """Not empty, not a common word, not a type or role on its own, not a build file.
+
+    An all-capitals name is an acronym only where a pattern vouches for it ("I work at IBM");
+    elsewhere it is more often shouting or jargon (API, TCP).
+    """
     low = canonical_name(name)
     tokens = name.split()
     return bool(tokens) and not (
@@ -91,9 +99,22 @@ def is_plausible(name: str) -> bool:
         or low in _ROLE_WORDS
         or low in DEMONYMS
         or low in MONTHS_AND_DAYS
-        or _shouted(tokens)
+        or (_shouted(tokens) and not acronym)
         or (len(tokens) == 1 and low.endswith("file") and low != "file")
     )
+
+
+def name_type(name: str) -> str | None:
+    """The type a name's own words give it — `Acme Labs`, `Golden Gate Park` — if any."""
+    low = canonical_name(name)
+    words = low.split() or [""]
+    if words[-1] in ORG_SUFFIXES or words[0] in ORG_HEADS or low in TECH_ORGS:
+        return "organization"
+    if low in TECH or any(word in TECH for word in words):
+        return "product"
+    if words[-1] in PLACE_SUFFIXES:
+        return "place"
+    return None
 
 
 def _before_words(sentence: str, start: int) -> list[str]:
@@ -102,16 +123,11 @@ def _before_words(sentence: str, start: int) -> list[str]:
 
 def guess_type(name: str, sentence: str, start: int, previous: str | None = None) -> str:
     """person, organization, place or product, from the name's own words and what precedes it."""
-    low = canonical_name(name)
-    words = low.split()
+    own = name_type(name)
+    if own:
+        return own
     before = _before_words(sentence, start)
     last = before[-1] if before else ""
-    if words[-1] in ORG_SUFFIXES or words[0] in ORG_HEADS or low in TECH_ORGS:
-        return "organization"
-    if low in TECH or any(word in TECH for word in words):
-        return "product"
-    if words[-1] in PLACE_SUFFIXES:
-        return "place"
     if _WORK_CONTEXT.search(sentence[max(0, start - 40) : start].lower()):
         return "organization"
     if _is_place_context(last, before) or (previous == "place" and sentence[:start].rstrip().endswith(",")):
@@ -164,10 +180,13 @@ def _clean(match: re.Match[str], sentence: str, previous: str | None) -> Iterato
         start, (last, last_start) = segment[0][1], segment[-1]
         text = re.sub(r"'s$", "", " ".join(token for token, _ in segment))
         end = last_start + len(last)
-        lone_opener = initial and start == match.start() and len(segment) == 1
+        lone_opener = initial and start == match.start() and len(segment) == 1 and not last.endswith("'s")
         if not is_plausible(text) or (lone_opener and not _keeps_initial_word(text, sentence, end)):
             continue
-        yield _with_event_head(text, sentence, start, end, previous)
+        if last.endswith("'s"):  # "Jenny's wedding", "Alice's laptop": an owner, not the thing owned
+            yield Name(text, name_type(text) or "person")
+        else:
+            yield _with_event_head(text, sentence, start, end, previous)
         previous = None
 
 
@@ -175,5 +194,5 @@ def _with_event_head(text: str, sentence: str, start: int, end: int, previous: s
     """`the Pride parade`: a name followed by an event noun names the event."""
     head = re.match(r"[ \t]+([a-z]+)\b", sentence[end:])
     if head and head.group(1) in EVENT_HEADS:
-        return Name(f"{text} {head.group(1)}", "event", end + head.end())
-    return Name(text, guess_type(text, sentence, start, previous), end)
+        return Name(f"{text} {head.group(1)}", "event")
+    return Name(text, guess_type(text, sentence, start, previous))

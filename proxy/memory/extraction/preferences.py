@@ -9,19 +9,40 @@ from proxy.memory.extraction.relations import Fact, hedged
 
 _ADV = r"(?:\s+(?:really|also|still|just|actually|honestly|absolutely|totally|kind\s+of|genuinely|truly))*"
 _VERBS: tuple[tuple[str, str], ...] = (
-    ("PREFERS", r"prefer|(?:always|usually|mostly|only|generally|typically|normally)\s+(?:use|go\s+with)"),
+    (
+        "PREFERS",
+        r"prefer|would\s+rather(?:\s+use)?|(?:always|usually|mostly|only|generally|typically|normally)\s+"
+        r"(?:use|go\s+with)",
+    ),
     (
         "AVOIDS",
         r"never\s+use|do\s+not\s+use|(?:try\s+to\s+)?avoid|stay\s+away\s+from|am\s+allergic\s+to|"
         r"cannot\s+eat|do\s+not\s+eat|never\s+eat",
     ),
-    ("LIKES", r"like|love|enjoy|adore|am\s+(?:a\s+)?(?:big\s+|huge\s+)?fan\s+of|am\s+into"),
+    (
+        "LIKES",
+        r"like|love|enjoy|adore|am\s+(?:a\s+)?(?:big\s+|huge\s+)?fan\s+of|am\s+into|cannot\s+live\s+without",
+    ),
     ("DISLIKES", r"hate|dislike|cannot\s+stand|do\s+not\s+(?:like|enjoy)|loathe|detest|am\s+not\s+a\s+fan\s+of"),
 )
 _PATTERNS = tuple(
     (kind, re.compile(rf"(?<![\w'])I{_ADV}\s+(?:{verbs})\s+(?P<rest>[^.!?;]+)")) for kind, verbs in _VERBS
 )
-_FAVOURITE = re.compile(r"\b(?:[Mm]y|[Oo]ur)\s+(?:all-time\s+)?favou?rite\s+[a-z][a-z ]{0,30}?\s+is\s+(?P<rest>[^.!?;]+)")
+_FAVOURITE = re.compile(
+    r"\b(?:[Mm]y|[Oo]ur)\s+(?:(?:all-time\s+)?favou?rite|go-to|preferred)\s+[a-z][a-z ]{0,30}?\s+is\s+"
+    r"(?P<rest>[^.!?;]+)|\b(?:[Mm]y|[Oo]ur)\s+[a-z][a-z ]{0,30}?\s+of\s+choice\s+is\s+(?P<rest2>[^.!?;]+)"
+)
+_FAVOURITE_IS = re.compile(
+    r"^(?P<rest>[^,.;!?]+?)\s+(?:is|are)\s+(?:[Mm]y|[Oo]ur)\s+(?:all-time\s+)?(?:favou?rite|go-to)\b"
+)
+# "Spaces, not tabs, are what I prefer."
+_FRONTED = re.compile(
+    r"^(?P<rest>[^,.;!?]+?)(?:,[^.;!?]*?)?\s+(?:is|are)\s+what\s+I\s+(?P<verb>prefer|like|love|use)\b"
+)
+# Said to the assistant: "never suggest MongoDB to me", "stop recommending Java".
+_NEVER_SUGGEST = re.compile(
+    r"\b(?:[Nn]ever|[Dd]o\s+not\s+(?:ever\s+)?|[Ss]top)\s*(?:suggest|recommend)(?:ing)?\s+(?P<rest>[^.!?;]+)"
+)
 
 _LEAD = re.compile(r"(?:to\s+use|using|to\s+work\s+with|working\s+with|to)\s+")
 _DETERMINERS = frozenset("a an the some".split())
@@ -48,7 +69,15 @@ def preference_facts(text: str) -> Iterator[Fact]:
             if not hedged(text, match.start()):
                 yield from (Fact(None, kind, item, "preference") for item in objects(match.group("rest")))
     for match in _FAVOURITE.finditer(text):
+        rest = match.group("rest") or match.group("rest2")
+        yield from (Fact(None, "PREFERS", item, "preference") for item in objects(rest)[:1])
+    for match in _FAVOURITE_IS.finditer(text):
         yield from (Fact(None, "PREFERS", item, "preference") for item in objects(match.group("rest"))[:1])
+    for match in _FRONTED.finditer(text):
+        kind = "LIKES" if match.group("verb") in ("like", "love") else "PREFERS"
+        yield from (Fact(None, kind, item, "preference") for item in objects(match.group("rest")))
+    for match in _NEVER_SUGGEST.finditer(text):
+        yield from (Fact(None, "AVOIDS", item, "preference") for item in objects(match.group("rest")))
 
 
 def objects(rest: str) -> list[str]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from proxy.memory.extraction.lexicon import EVENT_HEADS, MONTHS_AND_DAYS, STARTERS, TECH
 from proxy.memory.extraction.model import canonical_name
-from proxy.memory.extraction.names import NAME, is_plausible
-from proxy.memory.extraction.roles import PLURAL, PLURALS, SINGULAR, SPECIES, role_of
+from proxy.memory.extraction.names import NAME, is_plausible, name_type
+from proxy.memory.extraction.roles import PLURAL, PLURALS, SINGULAR, SPECIES, SPECIES_PLURAL, role_of
 
 
 @dataclass(frozen=True)
@@ -32,24 +32,34 @@ _ADV = (
     r"happily|proudly|previously|formerly|once|really|both|all))*"
 )
 _JOB = (
-    r"(?:engineer|developer|manager|designer|analyst|scientist|teacher|nurse|lawyer|consultant|intern|"
+    r"(?i:engineer|developer|manager|designer|analyst|scientist|teacher|nurse|lawyer|consultant|intern|"
     r"director|lead|researcher|professor|architect|accountant|administrator|founder|co-founder|"
     r"programmer|writer|editor|chef|barista|technician|specialist|officer|associate|executive|"
     r"recruiter|coordinator|assistant|cto|ceo|cfo|vp|sre|pm|owner|partner|doctor|physician|surgeon|"
-    r"pharmacist|librarian|mechanic|electrician|pilot|cashier|clerk|tutor|lecturer|postdoc)"
+    r"pharmacist|librarian|mechanic|electrician|pilot|cashier|clerk|tutor|lecturer|postdoc|chemist|"
+    r"biologist|physicist|economist|journalist|photographer|artist|musician|veterinarian|vet|paramedic|"
+    r"firefighter|carpenter|plumber|scientist|statistician|mathematician|therapist|counselor|"
+    r"translator|marketer|salesperson|representative|agent|buyer|planner|strategist|nanny|caregiver)"
 )
-_OF_ROLE = r"(?:best|good|old|close|new|dear|little|big|older|younger|twin|step|lovely|amazing)\s+"
-_GONE = r"(?P<gone>(?:ex-?|late|former|previous)\s*)?"
+_MODS = r"(?P<mods>(?:[a-z]+\s+){0,2}?)"  # "my older sister", "our golden retriever"
+_GONE = r"(?P<gone>ex-)?"
+_GONE_WORDS = frozenset("ex late former previous old dead".split())
 _MY = r"\b(?:[Mm]y|[Oo]ur)\s+"
+_NAMED = r"(?:the\s+|an?\s+(?:[\w-]+\s+){1,3}?(?:called|named)\s+)?"  # "a fintech called Monzo"
+_NAME_LIST = rf"{NAME}(?:(?:,\s+|,?\s+and\s+){NAME}){{0,7}}"
 
 
 def _first_person(verbs: str, *, we: bool = False) -> re.Pattern[str]:
     subject = r"(?:I|[Ww]e)" if we else "I"
-    return re.compile(rf"(?<![\w'])(?P<subj>{subject}){_ADV}\s+(?:{verbs})\s+(?:the\s+)?(?P<obj>{NAME})")
+    return re.compile(rf"(?<![\w'])(?P<subj>{subject}){_ADV}\s+(?:{verbs})\s+{_NAMED}(?P<obj>{NAME})")
 
 
 def _third_person(verbs: str) -> re.Pattern[str]:
-    return re.compile(rf"(?P<subj>{NAME}){_ADV}\s+(?:{verbs})\s+(?:the\s+)?(?P<obj>{NAME})")
+    return re.compile(rf"(?P<subj>{NAME}),?{_ADV}\s+(?:{verbs})\s+{_NAMED}(?P<obj>{NAME})")
+
+
+_HAS_JOB = rf"(?:an?|the)\s+(?:[\w-]+\s+){{0,3}}?{_JOB}\s+(?:at|for|with|of)"
+_SPAN = r"\s+\S+(?:\s+\S+)?\s+(?:since|for)\b"  # "Acme since 2020", "Acme Corp for years"
 
 
 # (relationship, object type, first-person verbs, third-person verbs, whether "we" counts)
@@ -60,17 +70,23 @@ _FACTS: tuple[tuple[str, str, str, str | None, bool], ...] = (
         r"work\s+(?:at|for)|am\s+working\s+(?:at|for)|have\s+been\s+working\s+(?:at|for)|joined|"
         r"am\s+employed\s+(?:at|by)|got\s+a\s+(?:new\s+)?job\s+(?:at|with)|"
         r"started\s+(?:a\s+new\s+job\s+|working\s+)?at|start\s+(?:working\s+)?at|am\s+interning\s+at|"
-        rf"am\s+an?\s+(?:[\w-]+\s+){{0,3}}?{_JOB}\s+(?:at|for|with)",
+        r"(?:teach|lecture|intern)\s+at|"
+        r"(?:found|landed|got|took|accepted)\s+a\s+(?:new\s+)?(?:job|role|position)\s+(?:at|with)|"
+        rf"(?:am|work\s+as)\s+{_HAS_JOB}",
         r"works\s+(?:at|for)|is\s+working\s+(?:at|for)|joined|is\s+employed\s+(?:at|by)|"
-        r"has\s+been\s+working\s+(?:at|for)",
+        rf"has\s+been\s+working\s+(?:at|for)|(?:is|works\s+as)\s+{_HAS_JOB}",
         False,
     ),
     ("WORKED_AT", "organization", r"used\s+to\s+work\s+(?:at|for)|worked\s+(?:at|for)", r"worked\s+(?:at|for)", False),
+    # present perfect with a span of time still holds: "I have worked for Shopify since 2020"
+    ("WORKS_AT", "organization", rf"have\s+worked\s+(?:at|for)(?={_SPAN})", None, False),
+    ("WORKED_AT", "organization", rf"have\s+worked\s+(?:at|for)(?!{_SPAN})", None, False),
     (
         "LIVES_IN",
         "place",
         r"live\s+in|am\s+living\s+in|are\s+living\s+in|have\s+(?:been\s+living|lived)\s+in|"
-        r"moved\s+(?:back\s+)?to|relocated\s+to|(?:am|are)\s+based\s+(?:in|out\s+of)|reside\s+in",
+        r"moved\s+(?:back\s+)?to|relocated\s+to|(?:am|are)\s+based\s+(?:in|out\s+of)|reside\s+in|"
+        r"am\s+an?\s+(?:[\w-]+\s+){1,3}?based\s+in",
         r"lives\s+in|is\s+living\s+in|moved\s+to|is\s+based\s+in",
         True,
     ),
@@ -103,7 +119,7 @@ _FACTS: tuple[tuple[str, str, str, str | None, bool], ...] = (
     (
         "USES",
         "product",
-        rf"use|am\s+using|(?:switched|migrated|moved)\s+(?:over\s+)?(?:from\s+{NAME}\s+)?to",
+        rf"use|am\s+using|(?:switched|migrated)\s+(?:over\s+)?(?:from\s+{NAME}\s+)?to",
         None,
         False,
     ),
@@ -112,27 +128,53 @@ _PATTERNS = tuple(
     (kind, target, _first_person(fp, we=we), _third_person(tp) if tp else None)
     for kind, target, fp, tp, we in _FACTS
 )
+# Verbs too loose to state a job unless the object's own words say organisation: "I've been
+# at Google for years" is a job, "I've been at the airport for hours" is not.
+_ORG_ONLY = _first_person(r"have\s+been\s+(?:at|with)|am\s+(?:at|with)")
+_POSSESSIVE_FACTS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    (
+        "WORKS_AT",
+        "organization",
+        re.compile(
+            rf"{_MY}(?:new\s+|current\s+|first\s+)?(?:job|role|position|internship)\s+(?:is\s+)?(?:at|with)\s+"
+            rf"{_NAMED}(?P<obj>{NAME})"
+        ),
+    ),
+    ("LIVES_IN", "place", re.compile(rf"\b(?:[Mm]y|[Oo]ur)\s+home\s+is\s+in\s+(?P<obj>{NAME})")),
+    ("LIVES_IN", "place", re.compile(rf"\b[Hh]ome\s+for\s+(?:me|us)\s+is\s+(?:in\s+)?(?P<obj>{NAME})")),
+    ("LIVES_IN", "place", re.compile(rf"(?<![\w'])(?:I|[Ww]e)\s+call\s+(?P<obj>{NAME})\s+home\b")),
+    (
+        "HAS_SPOUSE",
+        "person",
+        re.compile(rf"(?P<obj>{NAME})\s+and\s+I\s+(?:have\s+been|are|got|just\s+got)\s+(?:happily\s+)?married\b"),
+    ),
+    (
+        "HAS_PARTNER",
+        "person",
+        re.compile(rf"(?P<obj>{NAME})\s+and\s+I\s+(?:have\s+been|are|got|just\s+got)\s+(?:dating|engaged)\b"),
+    ),
+)
 _PLACES_ONLY = frozenset({"LIVES_IN", "LIVED_IN", "FROM"})
+# "I quit my job at Acme" ends the job the possessive would otherwise state
+_ENDED = re.compile(r"\b(?:quit|quitting|left|leaving|leave|lost|losing|lose|hated|miss|missed)\s*$")
 
 _ROLE_IS = re.compile(
-    rf"{_MY}{_GONE}(?:{_OF_ROLE})?(?P<role>{SINGULAR})(?:'s\s+name\s+is|\s+is\s+(?:called|named)|\s+is)\s+"
+    rf"{_MY}{_MODS}{_GONE}(?P<role>{SINGULAR})(?:'s\s+name\s+is|\s+is\s+(?:called|named)|\s+is)\s+"
     rf"(?P<obj>{NAME})"
 )
-_ROLE_APPOSITION = re.compile(
-    rf"{_MY}{_GONE}(?:{_OF_ROLE})?(?P<role>{PLURAL}|{SINGULAR}),?\s+"
-    rf"(?P<obj>{NAME}(?:(?:,\s+|,?\s+and\s+){NAME})*)"
-)
-_IS_ROLE = re.compile(
-    rf"(?P<obj>{NAME}(?:(?:,\s+|,?\s+and\s+){NAME})*)\s+(?:is|are)\s+(?:[Mm]y|[Oo]ur)\s+{_GONE}(?:{_OF_ROLE})?"
-    rf"(?P<role>{PLURAL}|{SINGULAR})\b"
-)
+_ROLE_APPOSITION = re.compile(rf"{_MY}{_MODS}{_GONE}(?P<role>{PLURAL}|{SINGULAR}),?\s+(?P<obj>{_NAME_LIST})")
+_ROLE_TAIL = rf"(?:[Mm]y|[Oo]ur)\s+{_MODS}{_GONE}(?P<role>{PLURAL}|{SINGULAR})(?![\w'-])"
+_IS_ROLE = re.compile(rf"(?P<obj>{_NAME_LIST})\s+(?:is|are)\s+{_ROLE_TAIL}")
+# "Helen, my aunt, is visiting" but not "Hi Karen, my manager asked ..."
+_COMMA_ROLE = re.compile(rf"(?P<obj>{_NAME_LIST}),\s+{_ROLE_TAIL}(?=\s*(?:[,.;:!)]|$))")
 _PET_NAMED = re.compile(
     rf"(?<![\w'])(?:I|[Ww]e){_ADV}\s+(?:have|own|got|adopted|rescued|bought|have\s+got|have\s+adopted)\s+"
-    r"(?:a|an|one|two|three)\s+(?:(?:new|little|sweet|cute|old|young|big|small|rescue|rescued)\s+)*"
-    rf"(?P<role>{SPECIES})(?:,\s*|\s+(?:called|named)\s+)(?P<obj>{NAME})"
+    rf"(?:a|an|one|two|three|four)\s+{_MODS}{_GONE}(?P<role>{SPECIES_PLURAL}|{SPECIES})"
+    rf"(?:,\s*|\s+(?:called|named)\s+)(?P<obj>{_NAME_LIST})"
 )
 _ATTENDED = re.compile(
-    rf"(?<![\w'])I{_ADV}\s+(?:went\s+to|attended|go\s+to|joined|took\s+(?:my|our|the)\s+[a-z]+\s+to)\s+"
+    rf"(?<![\w'])I{_ADV}\s+(?:went\s+to|attended|go\s+to|joined|took|am\s+taking|signed\s+up\s+for|"
+    r"enrolled\s+in|took\s+(?:my|our|the)\s+[a-z]+\s+to)\s+"
     rf"(?:an?|the|my|our|this|that)\s+(?P<obj>(?:[\w'-]+\s+){{1,3}}?(?:{'|'.join(sorted(EVENT_HEADS))}))\b"
 )
 _LIST_SPLIT = re.compile(r",\s+(?:and\s+)?|\s+and\s+")
@@ -151,16 +193,27 @@ def clean_name(name: str) -> str:
     return re.sub(r"'s$", "", " ".join(kept))
 
 
+_HEDGE = re.compile(r"\b(?:if|unless|whether|suppose|imagine|wish|wonder|should|would|could|might)\b")
+
+
 def hedged(text: str, start: int) -> bool:
     """The fact sits in a condition or a wish: "if I moved to ...", "I might move to ..."."""
-    clause = re.split(r"[,;:]", text[:start])[-1].lower()
-    return re.search(r"\b(?:if|unless|whether|suppose|imagine|wish|wonder|should|would|could|might)\b", clause) is not None
+    return _HEDGE.search(re.split(r"[,;:]", text[:start])[-1].lower()) is not None
 
 
 def facts(text: str) -> Iterator[Fact]:
     """Every relationship the sentence states."""
     yield from _verb_facts(text)
     yield from _role_facts(text)
+    for kind, target, pattern in _POSSESSIVE_FACTS:
+        for match in pattern.finditer(text):
+            obj = clean_name(match.group("obj"))
+            if is_plausible(obj, acronym=True) and not _ENDED.search(text[: match.start()]):
+                yield Fact(None, kind, obj, target)
+    for match in _ORG_ONLY.finditer(text):
+        obj = clean_name(match.group("obj"))
+        if name_type(obj) == "organization" and not hedged(text, match.start()):
+            yield Fact(None, "WORKS_AT", obj, "organization")
     for match in _ATTENDED.finditer(text):
         if not hedged(text, match.start()):
             yield Fact(None, "ATTENDED", match.group("obj"), "event")
@@ -176,9 +229,11 @@ def _verb_facts(text: str) -> Iterator[Fact]:
 
 
 def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bool) -> Fact | None:
+    if match.group("obj").endswith("'s"):
+        return None  # "I work at Alice's bakery" is not a job at Alice
     obj = clean_name(match.group("obj"))
     subject = clean_name(match.group("subj")) if third_person else None
-    if not is_plausible(obj) or (subject is not None and not is_plausible(subject)):
+    if not is_plausible(obj, acronym=True) or (subject is not None and not is_plausible(subject)):
         return None
     if kind in _PLACES_ONLY and canonical_name(obj) in TECH:
         return None  # "moved to Postgres" is a migration, not a move
@@ -188,12 +243,12 @@ def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bo
 
 
 def _role_facts(text: str) -> Iterator[Fact]:
-    for pattern in (_ROLE_IS, _ROLE_APPOSITION, _IS_ROLE, _PET_NAMED):
+    for pattern in (_ROLE_IS, _ROLE_APPOSITION, _IS_ROLE, _COMMA_ROLE, _PET_NAMED):
         for match in pattern.finditer(text):
-            if match.groupdict().get("gone"):
+            if match.group("gone") or _GONE_WORDS & set(match.group("mods").split()):
                 continue
             kind, target, role = role_of(match.group("role"))
-            plural = match.group("role").lower() in PLURALS or pattern is _IS_ROLE
+            plural = match.group("role").lower() in PLURALS or pattern in (_IS_ROLE, _COMMA_ROLE)
             names = _LIST_SPLIT.split(match.group("obj")) if plural else [match.group("obj")]
             for name in map(clean_name, names):
                 if is_plausible(name):
@@ -204,6 +259,9 @@ _USER_NAME = (
     re.compile(rf"\b[Mm]y\s+name\s+is\s+(?P<obj>{NAME})"),
     re.compile(rf"\b(?:[Cc]all\s+me|[Nn]ame's)\s+(?P<obj>{NAME})"),
     re.compile(rf"(?<![\w'])I\s+am\s+(?P<obj>{NAME})(?=\s*(?:[,.!;)]|$|\s+and\b|\s+from\b|\s+here\b|\s+-))"),
+    # "Hey, it's Marco" or "This is Marco here", not "This is Amazing!"
+    re.compile(rf"^(?:[Hh]i|[Hh]ey|[Hh]ello)[,!]?\s+(?:it's|this\s+is)\s+(?P<obj>{NAME})(?=\s*(?:[,.!]|$|\s+here\b))"),
+    re.compile(rf"^(?:[Ii]t's|[Tt]his\s+is)\s+(?P<obj>{NAME})\s+here\b"),
 )
 
 

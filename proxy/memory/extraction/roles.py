@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
-PET_SPECIES = (
-    "cat dog puppy kitten rabbit bunny hamster parrot bird fish turtle tortoise horse snake lizard "
-    "ferret gecko budgie pony goldfish".split()
-) + ["guinea pig"]
+PET_SPECIES = [
+    *"""cat dog puppy kitten rabbit bunny hamster parrot bird fish turtle tortoise horse snake lizard
+    ferret gecko budgie pony goldfish retriever labrador poodle terrier beagle bulldog husky corgi
+    dachshund collie spaniel pug chihuahua tabby""".split(),
+    "guinea pig",
+    "german shepherd",
+]
 
 # role noun -> (relationship, type of the named entity)
 ROLES: dict[str, tuple[str, str]] = {
@@ -70,6 +73,7 @@ _SPECIES = _alternation(PET_SPECIES)
 SINGULAR = rf"pet\s+(?:{_SPECIES})|{_alternation(list(ROLES))}"
 PLURAL = rf"pets|{_alternation(list(PLURALS))}"
 SPECIES = _SPECIES
+SPECIES_PLURAL = _alternation([plural for plural, role in PLURALS.items() if role in PET_SPECIES])
 
 
 def role_of(noun: str) -> tuple[str, str, str]:

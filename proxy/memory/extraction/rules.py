@@ -26,6 +26,9 @@ from proxy.memory.extraction.relations import Fact, facts, user_name
 __all__ = ["SINGLE_VALUED", "USER_NODE", "canonical_name", "extract"]
 
 MAX_DESCRIPTION_CHARS = 160
+# Patterns cost up to quadratic time in the length of what they read; a pasted log or a
+# run-on line is read in pieces of this size, cut at spaces.
+MAX_SENTENCE_CHARS = 600
 _FACT, _IDENTIFIER, _NAME = 3, 2, 1  # which source wins when two describe one entity
 _CONFIDENCE = {_FACT: 0.8, _IDENTIFIER: 0.9, _NAME: 0.6}
 
@@ -41,6 +44,8 @@ _CONTRACTIONS = (
     (re.compile(r"\b([Cc])an't\b"), r"\1annot"),
     (re.compile(r"\b([Ww])on't\b"), r"\1ill not"),
     (re.compile(r"\b(\w+)n't\b"), r"\1 not"),
+    # intensifiers between an auxiliary and its verb: "I am really into", "I have honestly never"
+    (re.compile(r"\s+(?:really|truly|totally|absolutely|honestly|actually|genuinely|seriously|definitely)\b"), ""),
 )
 
 
@@ -60,16 +65,27 @@ def sentences(text: str) -> list[str]:
     out: list[str] = []
     start = 0
     for match in _SENTENCE_BREAK.finditer(text):
-        if _ABBREVIATION.search(text[start : match.start()]) and "\n" not in match.group():
+        tail = text[max(start, match.start() - 12) : match.start()]
+        if _ABBREVIATION.search(tail) and "\n" not in match.group():
             continue
         out.append(text[start : match.start()].strip())
         start = match.end()
     out.append(text[start:].strip())
-    return [sentence for sentence in out if sentence]
+    return [piece for sentence in out if sentence for piece in _pieces(sentence)]
 
 
-def expand_contractions(sentence: str) -> str:
-    """`I'm` -> `I am`, `don't` -> `do not`, so patterns need one spelling of each verb."""
+def _pieces(sentence: str) -> list[str]:
+    pieces = []
+    while len(sentence) > MAX_SENTENCE_CHARS:
+        cut = sentence.rfind(" ", MAX_SENTENCE_CHARS // 2, MAX_SENTENCE_CHARS)
+        cut = cut if cut > 0 else MAX_SENTENCE_CHARS
+        pieces.append(sentence[:cut].strip())
+        sentence = sentence[cut:].strip()
+    return [*pieces, sentence] if sentence else pieces
+
+
+def normalise(sentence: str) -> str:
+    """`I'm` -> `I am`, `don't` -> `do not`, intensifiers dropped: one spelling of each verb."""
     for pattern, replacement in _CONTRACTIONS:
         sentence = pattern.sub(replacement, sentence)
     return sentence
@@ -90,6 +106,7 @@ class _Found:
 
     def __init__(self, speaker: str | None) -> None:
         self.speaker = speaker
+        self.speaker_fact = ""  # the first sentence that stated something about the speaker
         self.entities: dict[str, tuple[int, ExtractedEntity]] = {}
         self.relationships: dict[tuple[str, str, str], ExtractedRelation] = {}
         self.user_name: str | None = None
@@ -97,24 +114,33 @@ class _Found:
     def read(self, sentence: str) -> None:
         """Add what one sentence states."""
         description = describe(sentence, self.speaker)
-        expanded = expand_contractions(sentence)
+        normal = normalise(sentence)
+        blocked = self._identifiers(sentence, description)
+        if self.speaker is None:
+            self.user_name = self.user_name or user_name(normal)
+        stated = [] if sentence.rstrip(" \"')").endswith("?") else [*facts(normal), *preference_facts(normal)]
+        self._facts(stated, description)
+        objects = [canonical_name(fact.object) for fact in stated]
+        for name in find_names(sentence, blocked):
+            if not _inside(canonical_name(name.text), objects):
+                self._entity(name.text, name.type, description, _NAME)
+
+    def _identifiers(self, sentence: str, description: str) -> list[tuple[int, int]]:
+        """Add the sentence's identifiers; return the spans names must not overlap."""
         blocked = [m.span() for m in _REDACTED.finditer(sentence)]
         for start, end in identifier_spans(sentence):
             if not any(start < e and s < end for s, e in blocked):
                 self._entity(sentence[start:end], "identifier", description, _IDENTIFIER)
                 blocked.append((start, end))
-        if self.speaker is None:
-            self.user_name = self.user_name or user_name(expanded)
-        if not sentence.rstrip(" \"')").endswith("?"):
-            self._facts([*facts(expanded), *preference_facts(expanded)], description)
-        for name in find_names(sentence, blocked):
-            self._entity(name.text, name.type, description, _NAME)
+        return blocked
 
     def _facts(self, stated: Iterable[Fact], description: str) -> None:
         for fact in stated:
             subject = fact.subject or self.speaker or USER_NODE
             if fact.subject:
                 self._entity(fact.subject, "person", description, _FACT)
+            else:
+                self.speaker_fact = self.speaker_fact or description
             note = f"{fact.note}; {description}" if fact.note else description
             self._entity(fact.object, fact.object_type, note, _FACT)
             key = (canonical_name(subject), fact.type, canonical_name(fact.object))
@@ -130,8 +156,11 @@ class _Found:
         """The merged extraction; the speaker's own name is a node only when a fact needs it."""
         own = {canonical_name(name) for name in (self.user_name, self.speaker) if name}
         entities = [entity for key, (_, entity) in self.entities.items() if key not in own]
-        if self.speaker and any(r.from_name == self.speaker for r in self.relationships.values()):
-            first = next(r for r in self.relationships.values() if r.from_name == self.speaker)
-            held = self.entities.get(canonical_name(first.to_name))
-            entities.insert(0, ExtractedEntity(self.speaker, "person", held[1].description if held else "", 0.8))
+        if self.speaker and self.speaker_fact:
+            entities.insert(0, ExtractedEntity(self.speaker, "person", self.speaker_fact, _CONFIDENCE[_FACT]))
         return Extraction(entities, list(self.relationships.values()), self.user_name)
+
+
+def _inside(name: str, objects: list[str]) -> bool:
+    """A name within a longer fact object is part of it: "Studio Ghibli" in "Studio Ghibli films"."""
+    return any(name != obj and f" {name} " in f" {obj} " for obj in objects)

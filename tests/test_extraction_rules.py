@@ -1,0 +1,484 @@
+"""The rules extractor: exact output for the key patterns, and precision/recall on a corpus.
+
+The corpus has three parts. `design` was written before the extractor; `held-out` and
+`blind` were written later, each measured before any pattern was changed for it (held-out:
+entities P 0.79 R 0.69, relationships P 1.00 R 0.41; blind: entities P 0.72 R 0.63,
+relationships P 1.00 R 0.55). Rules were then generalised, never special-cased, so the
+first-measurement figures are the honest estimate for unseen phrasing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from proxy.memory.extraction import (
+    SINGLE_VALUED,
+    USER_NODE,
+    ExtractedEntity,
+    ExtractedRelation,
+    Extraction,
+    canonical_name,
+    extract,
+)
+from proxy.memory.extraction.rules import describe, sentences
+
+CORPUS = Path(__file__).parent / "data" / "extraction_corpus.jsonl"
+
+# Just under what the extractor reaches on the whole corpus today, so a regression fails;
+# raise them when it gets better.
+FLOORS = {
+    "entity precision": 0.95,
+    "entity recall": 0.93,
+    "relationship precision": 0.97,
+    "relationship recall": 0.95,
+}
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One corpus sentence with what a careful reader would extract from it."""
+
+    text: str
+    speaker: str | None
+    entities: frozenset[Key]
+    relationships: frozenset[Key]
+    user_name: str | None
+    set: str  # design: written with the rules; held-out, blind: written after, measured first
+
+
+@dataclass
+class Score:
+    """True positives, false positives and false negatives, with the misses for the log."""
+
+    tp: int = 0
+    fp: int = 0
+    fn: int = 0
+    misses: list[str] = field(default_factory=list)
+
+    def add(self, text: str, expected: frozenset[Key], got: frozenset[Key]) -> None:
+        self.tp += len(expected & got)
+        self.fp += len(got - expected)
+        self.fn += len(expected - got)
+        if expected != got:
+            self.misses.append(f"{text!r}: missing {sorted(expected - got)} extra {sorted(got - expected)}")
+
+    @property
+    def precision(self) -> float:
+        return self.tp / (self.tp + self.fp) if self.tp + self.fp else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.tp / (self.tp + self.fn) if self.tp + self.fn else 1.0
+
+    def line(self, label: str) -> str:
+        counts = f"(tp {self.tp}, fp {self.fp}, fn {self.fn})"
+        return f"  {label:<28} precision {self.precision:.3f}  recall {self.recall:.3f}  {counts}"
+
+
+def _entity_keys(pairs: list[tuple[str, str]]) -> frozenset[Key]:
+    return frozenset((canonical_name(name), kind) for name, kind in pairs)
+
+
+def _relation_keys(triples: list[tuple[str, str, str]]) -> frozenset[Key]:
+    return frozenset((canonical_name(a), kind, canonical_name(b)) for a, kind, b in triples)
+
+
+def _corpus() -> list[Row]:
+    rows = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+    return [
+        Row(
+            text=row["text"],
+            speaker=row.get("speaker"),
+            entities=_entity_keys([(name, kind) for name, kind in row["entities"]]),
+            relationships=_relation_keys([(a, kind, b) for a, kind, b in row["relationships"]]),
+            user_name=row.get("user_name"),
+            set=row.get("set", "design"),
+        )
+        for row in rows
+    ]
+
+
+def _score(rows: list[Row]) -> tuple[Score, Score, Score]:
+    entities, relations, names = Score(), Score(), Score()
+    for row in rows:
+        got = extract(row.text, speaker=row.speaker)
+        entities.add(row.text, row.entities, _entity_keys([(e.name, e.type) for e in got.entities]))
+        relations.add(
+            row.text, row.relationships, _relation_keys([(r.from_name, r.type, r.to_name) for r in got.relationships])
+        )
+        expected_name = frozenset({(row.user_name,)} if row.user_name else ())
+        names.add(row.text, expected_name, frozenset({(got.user_name,)} if got.user_name else ()))
+    return entities, relations, names
+
+
+def test_corpus_is_large_and_varied() -> None:
+    rows = _corpus()
+    assert len(rows) >= 90
+    assert sum(1 for row in rows if not row.entities and not row.relationships) >= 10
+    assert sum(1 for row in rows if row.speaker) >= 8
+
+
+def test_corpus_precision_and_recall() -> None:
+    rows = _corpus()
+    entities, relations, names = _score(rows)
+    print(f"\nrules extraction over {len(rows)} corpus sentences ({CORPUS.name}):")
+    print(entities.line("entities"))
+    print(relations.line("relationships"))
+    print(names.line("user names"))
+    for part in ("design", "held-out", "blind"):
+        subset = [row for row in rows if row.set == part]
+        part_entities, part_relations, _ = _score(subset)
+        print(part_entities.line(f"{part} ({len(subset)}) entities"))
+        print(part_relations.line(f"{part} ({len(subset)}) relationships"))
+    for miss in entities.misses + relations.misses:
+        print(f"  miss: {miss}")
+    figures = {
+        "entity precision": entities.precision,
+        "entity recall": entities.recall,
+        "relationship precision": relations.precision,
+        "relationship recall": relations.recall,
+    }
+    for label, floor in FLOORS.items():
+        assert figures[label] >= floor, f"{label} {figures[label]:.3f} < {floor}"
+    assert names.precision == 1.0 and names.recall == 1.0, names.misses
+
+
+def _relations(text: str, speaker: str | None = None) -> list[tuple[str, str, str]]:
+    return [(r.from_name, r.type, r.to_name) for r in extract(text, speaker=speaker).relationships]
+
+
+def _entities(text: str, speaker: str | None = None) -> list[tuple[str, str]]:
+    return [(e.name, e.type) for e in extract(text, speaker=speaker).entities]
+
+
+def test_work_fact_exact_output() -> None:
+    assert extract("I now work for Northwind Traders.") == Extraction(
+        entities=[ExtractedEntity("Northwind Traders", "organization", "I now work for Northwind Traders.", 0.8)],
+        relationships=[ExtractedRelation(USER_NODE, "WORKS_AT", "Northwind Traders")],
+        user_name=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "relation", "entity"),
+    [
+        ("I work at Acme Corp.", ("User", "WORKS_AT", "Acme Corp"), ("Acme Corp", "organization")),
+        ("I joined Globex Labs last spring.", ("User", "WORKS_AT", "Globex Labs"), ("Globex Labs", "organization")),
+        ("I'm employed at Initech.", ("User", "WORKS_AT", "Initech"), ("Initech", "organization")),
+        ("I'm a senior engineer at Hooli.", ("User", "WORKS_AT", "Hooli"), ("Hooli", "organization")),
+        (
+            "I used to work at Umbrella Pharma.",
+            ("User", "WORKED_AT", "Umbrella Pharma"),
+            ("Umbrella Pharma", "organization"),
+        ),
+        ("I live in Lisbon.", ("User", "LIVES_IN", "Lisbon"), ("Lisbon", "place")),
+        ("I moved to New York City.", ("User", "LIVES_IN", "New York City"), ("New York City", "place")),
+        ("I'm based in Austin.", ("User", "LIVES_IN", "Austin"), ("Austin", "place")),
+        ("I'm from Ohio.", ("User", "FROM", "Ohio"), ("Ohio", "place")),
+        (
+            "I study at the University of Toronto.",
+            ("User", "STUDIES_AT", "University of Toronto"),
+            ("University of Toronto", "organization"),
+        ),
+        ("Bob Smith works for Contoso Ltd.", ("Bob Smith", "WORKS_AT", "Contoso Ltd"), ("Contoso Ltd", "organization")),
+    ],
+)
+def test_first_and_third_person_facts(text: str, relation: tuple[str, str, str], entity: tuple[str, str]) -> None:
+    assert _relations(text) == [relation]
+    assert entity in _entities(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "relation", "name"),
+    [
+        ("My manager is Karen Lee.", "HAS_MANAGER", "Karen Lee"),
+        ("My boss, Tom, approved it.", "HAS_MANAGER", "Tom"),
+        ("Priya Patel is my manager.", "HAS_MANAGER", "Priya Patel"),
+        ("My wife is Maria.", "HAS_SPOUSE", "Maria"),
+        ("My husband Jake cooks.", "HAS_SPOUSE", "Jake"),
+        ("I'm married to Chris.", "HAS_SPOUSE", "Chris"),
+        ("My partner, Sam Rivera, is a nurse.", "HAS_PARTNER", "Sam Rivera"),
+        ("My dentist is Dr. Patel.", "HAS_DENTIST", "Dr. Patel"),
+        ("Dr. Nguyen is my doctor.", "HAS_DOCTOR", "Dr. Nguyen"),
+        ("My sister Emma is twelve.", "HAS_SISTER", "Emma"),
+        ("My brother's name is Luis.", "HAS_BROTHER", "Luis"),
+        ("My best friend is Jordan.", "HAS_FRIEND", "Jordan"),
+        ("Helen, my aunt, is visiting.", "HAS_AUNT", "Helen"),
+    ],
+)
+def test_role_nouns(text: str, relation: str, name: str) -> None:
+    assert _relations(text) == [(USER_NODE, relation, name)]
+    assert (name, "person") in _entities(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "species"),
+    [
+        ("My cat is called Luna.", "Luna", "cat"),
+        ("I have a dog named Biscuit.", "Biscuit", "dog"),
+        ("Our dog Max hates the vacuum.", "Max", "dog"),
+        ("My pet rabbit is named Clover.", "Clover", "rabbit"),
+        ("Biscuit is my dog.", "Biscuit", "dog"),
+    ],
+)
+def test_pets_carry_their_species(text: str, name: str, species: str) -> None:
+    result = extract(text)
+    assert _relations(text) == [(USER_NODE, "HAS_PET", name)]
+    assert result.entities == [ExtractedEntity(name, "pet", f"{species}; {text}", 0.8)]
+
+
+def test_plural_roles_name_each_person() -> None:
+    assert _relations("My friends Anna and Ben are coming over.") == [
+        (USER_NODE, "HAS_FRIEND", "Anna"),
+        (USER_NODE, "HAS_FRIEND", "Ben"),
+    ]
+    assert _relations("We have two cats, Salt and Pepper.") == [
+        (USER_NODE, "HAS_PET", "Salt"),
+        (USER_NODE, "HAS_PET", "Pepper"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "relation", "objects"),
+    [
+        ("I prefer tabs over spaces.", "PREFERS", ["tabs"]),
+        ("I always use Neovim for editing.", "PREFERS", ["Neovim"]),
+        ("I prefer to use Poetry for Python projects.", "PREFERS", ["Poetry"]),
+        ("My favorite editor is VS Code.", "PREFERS", ["VS Code"]),
+        ("I never use Windows.", "AVOIDS", ["Windows"]),
+        ("I'm allergic to peanuts.", "AVOIDS", ["peanuts"]),
+        ("Please never suggest MongoDB to me.", "AVOIDS", ["MongoDB"]),
+        ("I like hiking and camping.", "LIKES", ["hiking", "camping"]),
+        ("I love Thai food.", "LIKES", ["Thai food"]),
+        ("I hate meetings before 10am.", "DISLIKES", ["meetings"]),
+        ("I don't like cilantro.", "DISLIKES", ["cilantro"]),
+        ("I can't stand Jira.", "DISLIKES", ["Jira"]),
+    ],
+)
+def test_preferences(text: str, relation: str, objects: list[str]) -> None:
+    result = extract(text)
+    assert _relations(text) == [(USER_NODE, relation, name) for name in objects]
+    preferences = [e for e in result.entities if e.type == "preference"]
+    assert [(e.name, e.description) for e in preferences] == [(name, text) for name in objects]
+
+
+@pytest.mark.parametrize(
+    ("text", "identifier"),
+    [
+        ("The staging host is internal-hbr-2291.example.", "internal-hbr-2291.example"),
+        ("Our API lives at https://api.example.com/v2.", "https://api.example.com/v2"),
+        ("Logs are in /var/log/memproxy/app.log.", "/var/log/memproxy/app.log"),
+        ("The config is at ~/.config/memproxy/config.yaml.", "~/.config/memproxy/config.yaml"),
+        ("Check src/memory/graph.py first.", "src/memory/graph.py"),
+        ("Set MEMPROXY_DB_PATH before starting.", "MEMPROXY_DB_PATH"),
+        ("The ticket is PAY-4821.", "PAY-4821"),
+        ("The bug is in commit 3f9c2ab.", "3f9c2ab"),
+        ("Call the getUserProfile endpoint.", "getUserProfile"),
+        ("The database server is 10.0.3.17.", "10.0.3.17"),
+        ("Redis runs on cache-01.lan:6379 today.", "cache-01.lan:6379"),
+        ("Email me at alice@example.com.", "alice@example.com"),
+    ],
+)
+def test_identifiers_keep_the_sentence_that_stated_them(text: str, identifier: str) -> None:
+    found = [e for e in extract(text).entities if e.type == "identifier"]
+    assert found == [ExtractedEntity(identifier, "identifier", text, 0.9)]
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("My name is Alice Chen.", "Alice Chen"),
+        ("Hi, I'm Raj and I work at Infosys.", "Raj"),
+        ("I'm Dana, I live in Oslo.", "Dana"),
+        ("Call me Alice.", "Alice"),
+        ("Hey, it's Marco!", "Marco"),
+        ("I'm tired.", None),
+        ("I'm Canadian.", None),
+        ("I am OK.", None),
+        ("This is Amazing!", None),
+        ("My name is not important.", None),
+    ],
+)
+def test_user_name(text: str, name: str | None) -> None:
+    result = extract(text)
+    assert result.user_name == name
+    assert all(canonical_name(e.name) != canonical_name(name or "") for e in result.entities)
+
+
+def test_speaker_lines_attribute_first_person_facts_to_the_speaker() -> None:
+    text = "Caroline: I went to a LGBTQ support group yesterday."
+    description = "Caroline: I went to a LGBTQ support group yesterday."
+    assert extract(text, speaker="Caroline") == Extraction(
+        entities=[
+            ExtractedEntity("Caroline", "person", description, 0.8),
+            ExtractedEntity("LGBTQ support group", "event", description, 0.8),
+        ],
+        relationships=[ExtractedRelation("Caroline", "ATTENDED", "LGBTQ support group")],
+        user_name=None,
+    )
+    assert _relations("My husband Dave is great.", speaker="Melanie") == [("Melanie", "HAS_SPOUSE", "Dave")]
+    assert _relations("Audrey: I'm from Seattle.", speaker="Audrey") == [("Audrey", "FROM", "Seattle")]
+
+
+def test_speaker_without_facts_is_not_a_node() -> None:
+    assert extract("John: Thanks! How was your weekend?", speaker="John") == Extraction()
+
+
+NOTHING = [
+    "The weather is nice today.",
+    "Yesterday was a long day.",
+    "Thanks, that works!",
+    "Can you explain how recursion works?",
+    "On Monday we have standup.",
+    "In March I went hiking.",
+    "I'm tired.",
+    "My manager is on vacation.",
+    "I work at a small startup.",
+    "I like that idea.",
+    "I like how you explained it.",
+    "I'd like a summary of this thread.",
+    "I love my dog.",
+    "THE SERVER IS DOWN AGAIN.",
+    "What is the difference between TCP and UDP?",
+    "My father was a teacher.",
+    "",
+    "   ",
+]
+
+
+@pytest.mark.parametrize("text", NOTHING)
+def test_nothing_to_extract(text: str) -> None:
+    assert extract(text) == Extraction()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Should I move to Amsterdam?",
+        "If I moved to Canada, would I need a visa?",
+        "Do I work at Acme?",
+        "I don't work at Initech anymore.",
+        "I no longer live in Paris.",
+        "I never worked at Google.",
+        "My friend said I should move to Berlin.",
+        "I work at Alice's bakery.",
+        "I'm from Acme's support team.",
+        "I use Alice's laptop sometimes.",
+        "I quit my job at Acme.",
+        "Tom is my friend's husband.",
+        "Hi Karen, my manager asked about the release.",
+        "My ex-wife Laura lives nearby.",
+        "My late husband Frank loved jazz.",
+        "I moved to Postgres last year.",
+        "I joined Alice for lunch.",
+    ],
+)
+def test_questions_hedges_negations_and_possessives_state_no_fact(text: str) -> None:
+    assert _relations(text) == []
+
+
+def test_names_are_cleaned_and_typed() -> None:
+    assert _entities("The Eiffel Tower was crowded.") == [("Eiffel Tower", "place")]
+    assert _entities("Honestly, Jordan Peterson's book was boring.") == [("Jordan Peterson", "person")]
+    assert _entities("Visiting New York City next month with Dana.") == [
+        ("New York City", "place"),
+        ("Dana", "person"),
+    ]
+    assert _entities("We deploy everything with Terraform and Ansible.") == [
+        ("Terraform", "product"),
+        ("Ansible", "product"),
+    ]
+    assert _entities("I'm based in Austin, Texas.") == [("Austin", "place"), ("Texas", "place")]
+    assert _entities("Alice and I met at Blue Bottle Coffee.") == [
+        ("Alice", "person"),
+        ("Blue Bottle Coffee", "place"),
+    ]
+
+
+def test_several_sentences_merge_by_canonical_name() -> None:
+    result = extract("My dentist is Dr. Patel. I work at Acme Corp. Acme Corp's office is in Boston.")
+    assert [(r.from_name, r.type, r.to_name) for r in result.relationships] == [
+        (USER_NODE, "HAS_DENTIST", "Dr. Patel"),
+        (USER_NODE, "WORKS_AT", "Acme Corp"),
+    ]
+    assert [(e.name, e.type, e.description) for e in result.entities] == [
+        ("Dr. Patel", "person", "My dentist is Dr. Patel."),
+        ("Acme Corp", "organization", "I work at Acme Corp."),
+        ("Boston", "place", "Acme Corp's office is in Boston."),
+    ]
+
+
+def test_redaction_markers_are_not_identifiers() -> None:
+    text = "My key is [REDACTED:openai_key] and the host is db-1.internal."
+    assert extract(text).entities == [ExtractedEntity("db-1.internal", "identifier", text, 0.9)]
+
+
+def test_sentences_do_not_break_after_titles() -> None:
+    assert sentences("Dr. Patel is great. I saw Mr. Smith today!\nNew line, e.g. this") == [
+        "Dr. Patel is great.",
+        "I saw Mr. Smith today!",
+        "New line, e.g. this",
+    ]
+
+
+def test_descriptions_are_trimmed_and_single_line() -> None:
+    long = "I work at Acme Corp, " + "and it is a place with many long corridors " * 6 + "end."
+    description = describe(long)
+    assert len(description) <= 160 and description.endswith("…") and description.startswith("I work at Acme Corp,")
+    assert describe("a\n b\tc", "Ann") == "Ann: a b c"
+    assert extract(long).entities[0].description == description
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [
+        ("Alice Chen", "alice chen"),
+        ("  ALICE   chen ", "alice chen"),
+        ("Alice's", "alice"),
+        ("Alice\u2019s", "alice"),
+        ("Acme Inc.", "acme inc"),
+        ("St. Mary's Hospital", "st. mary's hospital"),
+        ("", ""),
+    ],
+)
+def test_canonical_name(name: str, canonical: str) -> None:
+    assert canonical_name(name) == canonical
+
+
+def test_single_valued_types() -> None:
+    assert {"WORKS_AT", "LIVES_IN", "HAS_SPOUSE", "HAS_MANAGER", "HAS_PARTNER", "FROM"} <= SINGLE_VALUED
+    assert not {"HAS_FRIEND", "HAS_PET", "LIKES", "PREFERS", "WORKED_AT"} & SINGLE_VALUED
+
+
+def test_extraction_package_is_pure() -> None:
+    package = Path(__file__).parent.parent / "proxy" / "memory" / "extraction"
+    sources = [path.read_text() for path in [*package.glob("*.py"), package.parent / "redact.py"]]
+    for banned in ("import starlette", "import httpx", "import asyncio", "async def", "await ", "open("):
+        assert not any(banned in source for source in sources), banned
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I work at " + "Acme " * 3000 + "now",
+        "My friends " + " and ".join(["Anna"] * 2000) + " came",
+        ", ".join(["Anna Bell"] * 2000) + " is my sister",
+        "Ab" * 30000,
+        "ab" * 30000,
+        "a." * 20000,
+        "http" * 20000,
+        "Dr. " * 20000,
+        "I prefer " + "tabs and " * 5000,
+    ],
+)
+def test_pathological_input_stays_linear(text: str) -> None:
+    start = time.perf_counter()
+    extract(text)
+    assert time.perf_counter() - start < 2.0
