@@ -1,0 +1,158 @@
+"""Retrieval (SPEC 4): five sources searched in parallel, merged by taking turns, within budget.
+
+`Retrieval.retrieve(scope, query)` is the pipeline's Retriever. Each source is timed and
+isolated: one that raises is logged and skipped while the others still answer; only when
+every source fails does the error reach the pipeline, which then degrades the request
+("store unavailable") and counts the failure toward its circuit breaker. The result is
+deterministic: the same store state and query give the same block, byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from proxy.memory.block import estimate_tokens, render
+from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin
+from proxy.memory.pipeline import Query, Retrieved
+from proxy.memory.redact import redact
+from proxy.memory.sources import SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning
+from proxy.memory.trigger import identifiers, unseen_identifiers
+from proxy.metrics import Metrics
+from proxy.models import Hit, Scope
+from proxy.settings import MemorySettings
+from proxy.stores.base import Store, StoreError
+from proxy.terms import query_terms
+
+log = logging.getLogger("memproxy.retrieval")
+
+T = TypeVar("T")
+
+# A query is searched by its start and its end: a 5 MB paste costs what 4,000 chars cost.
+QUERY_HEAD_CHARS = 2000
+QUERY_TAIL_CHARS = 2000
+# Every term is one posting list the index walks; past this many the rest add little.
+MAX_QUERY_TERMS = 64
+ERROR_CHARS = 200
+
+
+def cut_query(text: str) -> str:
+    """The query's first and last ~2,000 chars, cut at spaces; a short query unchanged."""
+    if len(text) <= QUERY_HEAD_CHARS + QUERY_TAIL_CHARS:
+        return text
+    head = text[:QUERY_HEAD_CHARS]
+    tail = text[-QUERY_TAIL_CHARS:]
+    head = head[: head.rfind(" ")] if " " in head else head
+    tail = tail[tail.find(" ") + 1:] if " " in tail else tail
+    return f"{head} {tail}"
+
+
+def source_query(scope: Scope, query: Query, settings: MemorySettings) -> SourceQuery:
+    """What every source is asked for this query."""
+    text = cut_query(query.text)
+    unseen = unseen_identifiers(text, query.visible) if identifiers(text) else []
+    return SourceQuery(
+        scope=scope,
+        text=text,
+        terms=tuple(query_terms(text)[:MAX_QUERY_TERMS]),
+        conversation_id=query.conversation_id,
+        visible=query.visible,
+        identifiers=tuple(unseen),
+        relevance_floor=settings.relevance_floor,
+        first_person=long_term.first_person(text),
+        id_terms=identifier_terms(unseen),
+    )
+
+
+@dataclass
+class SourceRuns:
+    """Per-source results, times and errors of one retrieval."""
+
+    metrics: Metrics
+    hits: dict[str, list[Hit]] = field(default_factory=dict)
+    ms: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    failures: list[Exception] = field(default_factory=list)
+
+    async def run(self, source: str, work: Awaitable[T]) -> T | None:
+        """The source's result, timed; None (logged, recorded) when it raised."""
+        started = time.perf_counter()
+        try:
+            return await work
+        except Exception as exc:  # a failing source is skipped; the others still answer (SPEC 4)
+            self.failures.append(exc)
+            self.errors[source] = f"{type(exc).__name__}: {redact(str(exc))[:ERROR_CHARS]}"
+            log.warning("retrieval: source %s failed (%s)", source, self.errors[source])
+            return None
+        finally:
+            seconds = time.perf_counter() - started
+            self.ms[source] = round(seconds * 1000, 3)
+            self.metrics.retrieval_seconds.labels(source).observe(seconds)
+
+    def raise_if_all_failed(self) -> None:
+        """Re-raise when no source answered: the store is down, not merely empty."""
+        if self.failures and len(self.failures) == len(self.ms):
+            raise next((e for e in self.failures if isinstance(e, StoreError)), self.failures[0])
+
+
+class Retrieval:
+    """The Retriever of SPEC 4 over one Store."""
+
+    def __init__(self, store: Store, settings: MemorySettings, metrics: Metrics) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+
+    async def retrieve(self, scope: Scope, query: Query) -> Retrieved:
+        """The memory block for this query and the injection log entry that explains it."""
+        started = time.perf_counter()
+        q = source_query(scope, query, self.settings)
+        runs = SourceRuns(self.metrics)
+        await asyncio.gather(
+            self._entities_and_graph(q, runs),
+            self._source(runs, conversation.SOURCE, conversation.search(self.store, q)),
+            self._source(runs, cross_session.SOURCE,
+                         cross_session.search(self.store, q, self.settings.cross_session_limit)),
+            self._source(runs, reasoning.SOURCE, reasoning.search(self.store, q)),
+        )
+        runs.raise_if_all_failed()
+        header = self.settings.block_header
+        merged = round_robin(runs.hits, min(query.max_memories, HARD_CAP))
+        kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)
+        block = render(kept, header)
+        entry = injection_log(kept if block else [], runs, budget_cut=cut)
+        entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return Retrieved(block, len(kept) if block else 0, entry)
+
+    async def _source(self, runs: SourceRuns, source: str, work: Awaitable[list[Hit]]) -> None:
+        runs.hits[source] = await runs.run(source, work) or []
+
+    async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
+        """`long-term`, then `graph` from its entity hits (the user's node first)."""
+        matches = await runs.run(long_term.SOURCE, long_term.find(self.store, q))
+        if matches is None:
+            return  # no entity hits to expand: graph has nothing to do
+        runs.hits[long_term.SOURCE] = long_term.hits(q, matches)
+        limit = self.settings.graph_expansion_limit
+        if limit > 0 and matches.to_expand(limit):
+            runs.hits[graph.SOURCE] = await runs.run(graph.SOURCE, graph.expand(self.store, q, matches, limit)) or []
+
+
+def injection_log(hits: list[Hit], runs: SourceRuns, *, budget_cut: bool) -> dict[str, Any]:
+    """SPEC 5's injection log entry: each hit's source, id, reason, score parts and token cost."""
+    return {
+        "hits": [
+            {"source": hit.source, "id": hit.id, "reason": hit.reason, "score": hit.parts,
+             "tokens": estimate_tokens(f"{n}. [{hit.source}] {hit.content}")}
+            for n, hit in enumerate(hits, start=1)
+        ],
+        "budget_cut": budget_cut,
+        "candidates": {source: len(found) for source, found in sorted(runs.hits.items())},
+        "sources_ms": dict(sorted(runs.ms.items())),
+        "errors": dict(sorted(runs.errors.items())),
+        "cache": False,
+    }

@@ -1,0 +1,172 @@
+"""The five retrieval sources (SPEC 4) and the lexical search they share.
+
+Each source is a small async function from a `SourceQuery` to ranked `Hit`s, best first.
+A lexical source asks the store's full-text index for a bounded number of candidates
+(never the user's whole history), keeps only relevant ones (BM25 above the relevance
+floor), looks up the query's unseen identifiers on their own so a memory holding one is
+found however BM25 ranks it, and — for `conversation` and `long-term` — retries with the
+query's keywords when the full query finds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Generic, TypeVar
+
+from proxy.memory.keywords import rank_by_shared_words, retry_terms, variants
+from proxy.memory.redact import redact
+from proxy.memory.trigger import TRIGGER_REASON, promote
+from proxy.models import Hit, Scope
+from proxy.terms import query_terms
+
+T = TypeVar("T")
+
+CANDIDATES = 50  # rows asked of the index per search: bounded whatever the history holds
+IDENTIFIER_CANDIDATES = 10  # rows asked per unseen-identifier search
+HITS_PER_SOURCE = 24  # a source never needs more: the merge takes at most 12 in all
+RANK_REASON = "rank"
+RETRY_REASON = "keyword retry"
+_PART = re.compile(r"[A-Za-z0-9]+")
+_REDACTED = "[REDACTED:"
+
+Search = Callable[[Sequence[str], int], Awaitable[list[tuple[T, float]]]]
+
+
+def bm25(score: float) -> float:
+    """A score as the injection log shows it: six significant digits."""
+    return float(f"{score:.6g}")
+
+
+def normalised(text: str) -> str:
+    """Text compared on words only: whitespace runs folded to one space, ends trimmed."""
+    return " ".join(text.split())
+
+
+def identifier_terms(identifiers: Sequence[str]) -> tuple[str, ...]:
+    """Each identifier's whole-identifier index term (`internal_hbr_2291_example`), not its parts."""
+    found: dict[str, None] = {}
+    for value in identifiers:
+        parts = set(query_terms(" ".join(_PART.findall(value))))
+        whole = [term for term in query_terms(value) if term not in parts]
+        for term in whole or query_terms(value)[:1]:
+            found.setdefault(term, None)
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class SourceQuery:
+    """What every source is asked: the (cut) query, its terms, and what the request shows."""
+
+    scope: Scope
+    text: str
+    terms: tuple[str, ...]
+    conversation_id: str
+    visible: tuple[str, ...] = ()
+    identifiers: tuple[str, ...] = ()  # identifiers of the query the transcript does not show
+    relevance_floor: float = 0.0
+    first_person: bool = False
+    id_terms: tuple[str, ...] = field(default=())
+
+    @cached_property
+    def _shown(self) -> frozenset[str]:
+        return frozenset(normalised(text) for text in (*self.visible, self.text))
+
+    @cached_property
+    def _shown_redacted(self) -> frozenset[str]:
+        # Stored text was redacted before it was saved; the request shows it unredacted.
+        return frozenset(normalised(redact(text)) for text in (*self.visible, self.text))
+
+    def shows(self, text: str) -> bool:
+        """True when the request already shows this stored text (or it is the query itself)."""
+        key = normalised(text)
+        return key in self._shown or (_REDACTED in text and key in self._shown_redacted)
+
+    def relevant(self, score: float) -> bool:
+        """A lexical score that counts: some query term matched, and it clears the floor."""
+        return score > 0 and score >= self.relevance_floor
+
+
+@dataclass(frozen=True)
+class Found(Generic[T]):
+    """A candidate a search kept, with its score, why it ranked, and the parts of its score."""
+
+    item: T
+    score: float
+    reason: str = RANK_REASON
+    parts: dict[str, object] = field(default_factory=dict)
+
+
+async def lexical(
+    q: SourceQuery,
+    search: Search[T],
+    *,
+    key: Callable[[T], str],
+    text: Callable[[T], str],
+    keep: Callable[[T], bool] = lambda item: True,
+    order: Callable[[T, float], tuple[object, ...]] | None = None,
+    retry: bool = False,
+    limit: int = CANDIDATES,
+) -> list[Found[T]]:
+    """Relevant candidates, best first: identifier matches, then the full query (or its retry)."""
+    by_terms, by_identifier = await asyncio.gather(
+        search(q.terms, limit) if q.terms else _nothing(),
+        search(q.id_terms, IDENTIFIER_CANDIDATES) if q.id_terms else _nothing(),
+    )
+    ranked = _kept(q, by_terms, keep, order or (lambda item, score: (key(item),)))
+    if not ranked and retry:
+        ranked = await _retry(q, search, key, text, keep, limit)
+    else:
+        ranked = [Found(item, score, parts={"bm25": bm25(score)}) for item, score in ranked]
+    front = [
+        Found(item, score, TRIGGER_REASON, {"bm25": bm25(score), "identifier_search": True})
+        for item, score in _kept(q, by_identifier, keep, order or (lambda item, score: (key(item),)))
+    ]
+    seen = {key(found.item) for found in front}
+    return front + [found for found in ranked if key(found.item) not in seen]
+
+
+async def _nothing() -> list[tuple[T, float]]:
+    return []
+
+
+def _kept(
+    q: SourceQuery, rows: list[tuple[T, float]], keep: Callable[[T], bool],
+    order: Callable[[T, float], tuple[object, ...]],
+) -> list[tuple[T, float]]:
+    kept = [(item, score) for item, score in rows if q.relevant(score) and keep(item)]
+    # Scores rounded so float noise cannot reorder equals; the tie-break makes it deterministic.
+    return sorted(kept, key=lambda row: (-round(row[1], 9), *order(*row)))
+
+
+async def _retry(
+    q: SourceQuery, search: Search[T], key: Callable[[T], str], text: Callable[[T], str],
+    keep: Callable[[T], bool], limit: int,
+) -> list[Found[T]]:
+    """SPEC 4's keyword retry: each long word as typed and Title Case, ranked by shared words."""
+    searches: dict[tuple[str, ...], None] = {}
+    for word in retry_terms(q.text):
+        for variant in variants(word):
+            if terms := tuple(query_terms(variant)):
+                searches.setdefault(terms, None)  # the index folds case: variants often coincide
+    results = await asyncio.gather(*(search(terms, limit) for terms in searches))
+    found: dict[str, tuple[T, float]] = {}
+    for rows in results:
+        for item, score in rows:
+            if q.relevant(score) and keep(item) and key(item) not in found:
+                found[key(item)] = (item, score)
+    ranked = rank_by_shared_words(((k, text(item)) for k, (item, _) in found.items()), q.text)
+    return [
+        Found(found[k][0], found[k][1], RETRY_REASON, {"bm25": bm25(found[k][1]), "retry_rank": n})
+        for n, k in enumerate(ranked, start=1)
+    ]
+
+
+def to_hits(q: SourceQuery, source: str, found: Sequence[Found[T]], hit: Callable[[Found[T]], Hit]) -> list[Hit]:
+    """Candidates as Hits of `source`, those holding an unseen identifier first."""
+    hits = [replace(h, source=source, parts={**h.parts, "rank": n})
+            for n, h in enumerate(map(hit, found), start=1)]
+    return promote(hits, q.identifiers) if q.identifiers else hits

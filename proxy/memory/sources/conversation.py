@@ -1,0 +1,55 @@
+"""`conversation`: earlier messages of the current conversation the request does not show.
+
+SPEC 4: a message present in the request's own history is never injected again, and the
+user's current message is not a memory of itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.memory.block import message_line
+from proxy.memory.sources import CANDIDATES, HITS_PER_SOURCE, Found, SourceQuery, lexical, to_hits
+from proxy.models import Hit, StoredMessage
+from proxy.stores.base import Store
+
+SOURCE = "conversation"
+# The request may show many of the best matches; asking for that many more keeps CANDIDATES
+# unseen ones in reach, up to this bound on one search.
+MAX_CANDIDATES = 500
+
+
+def candidate_limit(q: SourceQuery) -> int:
+    """Rows to ask for so that `CANDIDATES` survive dropping what the request shows."""
+    return min(MAX_CANDIDATES, CANDIDATES + len(q.visible) + 1)
+
+
+async def search(store: Store, q: SourceQuery) -> list[Hit]:
+    """Matching messages of `q.conversation_id` that the request does not already show."""
+
+    async def search(terms: Sequence[str], limit: int) -> list[tuple[StoredMessage, float]]:
+        return await store.search_messages(q.scope, terms, conversation_ids=[q.conversation_id], limit=limit)
+
+    found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
+                          order=newest_first, retry=True, limit=candidate_limit(q))
+    return to_hits(q, SOURCE, found, lambda f: message_hit(SOURCE, f))[:HITS_PER_SOURCE]
+
+
+def message_hit(source: str, found: Found[StoredMessage]) -> Hit:
+    """A message as `role (YYYY-MM-DD): text`."""
+    m = found.item
+    return Hit(source, m.id, message_line(m.role, m.created_at, m.content), found.score, found.reason,
+               m.created_at, m.conversation_id, dict(found.parts))
+
+
+def newest_first(m: StoredMessage, score: float) -> tuple[object, ...]:
+    """Tie-break of equal scores: the newer message, then the id."""
+    return (-m.created_at.timestamp(), m.id)
+
+
+def message_id(m: StoredMessage) -> str:
+    return m.id
+
+
+def message_text(m: StoredMessage) -> str:
+    return m.content

@@ -1,0 +1,46 @@
+"""`cross-session`: messages of the user's other conversations.
+
+SPEC 4: all of them by default, the N most recent with `cross_session_limit: N`, none with
+0; at most 3 hits from any one conversation, ties broken by conversation recency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.memory.fusion import cap_per_group
+from proxy.memory.sources import HITS_PER_SOURCE, SourceQuery, lexical, to_hits
+from proxy.memory.sources.conversation import candidate_limit, message_hit, message_id, message_text
+from proxy.models import Hit, StoredMessage
+from proxy.stores.base import Store
+
+SOURCE = "cross-session"
+
+
+async def search(store: Store, q: SourceQuery, conversations: int | None) -> list[Hit]:
+    """Matching messages of other conversations, at most 3 from each."""
+    if conversations == 0:
+        return []
+    recency: dict[str, int] = {}
+    if conversations is not None:
+        recent = await store.recent_conversations(q.scope, conversations + 1)
+        others = [c for c in recent if c != q.conversation_id][:conversations]
+        if not others:
+            return []
+        recency = {c: n for n, c in enumerate(others)}
+
+    async def search(terms: Sequence[str], limit: int) -> list[tuple[StoredMessage, float]]:
+        if recency:
+            return await store.search_messages(q.scope, terms, conversation_ids=list(recency), limit=limit)
+        return await store.search_messages(q.scope, terms, exclude_conversation_id=q.conversation_id, limit=limit)
+
+    def order(m: StoredMessage, score: float) -> tuple[object, ...]:
+        # The conversation's rank among the most recent when known; with every conversation
+        # searched the store does not say how recent each is, and the message's own time
+        # stands for its conversation's.
+        return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
+
+    found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
+                          order=order, limit=candidate_limit(q))
+    hits = to_hits(q, SOURCE, found, lambda f: message_hit(SOURCE, f))
+    return cap_per_group(hits, key=lambda hit: hit.conversation_id)[:HITS_PER_SOURCE]

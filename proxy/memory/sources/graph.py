@@ -1,0 +1,65 @@
+"""`graph`: the current relationships of the best entity hits, as `(From)-[TYPE]->(To)`.
+
+SPEC 4 (after the NAMS provider): the `graph_expansion_limit` best entity hits are
+expanded, at most 5 edges each so one hub node cannot crowd out the rest; an edge whose
+target has no stored name is dropped rather than shown as a bare id; an entity that fails
+to expand is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from proxy.memory.block import triple_line
+from proxy.memory.redact import redact
+from proxy.memory.sources import HITS_PER_SOURCE, SourceQuery
+from proxy.memory.sources.long_term import EntityMatches
+from proxy.models import Entity, Hit, Relationship
+from proxy.stores.base import Store
+from proxy.terms import terms
+
+log = logging.getLogger("memproxy.retrieval")
+
+SOURCE = "graph"
+REASON = "graph expansion"
+EDGES_PER_ENTITY = 5
+
+
+async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: int) -> list[Hit]:
+    """Edges of the entities to expand, most query terms shared first, then the newest."""
+    entities = matches.to_expand(limit)
+    results = await asyncio.gather(
+        *(store.relationships(q.scope, e.id, current_only=True) for e in entities), return_exceptions=True
+    )
+    wanted = frozenset(q.terms)
+    chosen: dict[str, tuple[Relationship, Entity, int]] = {}
+    for entity, edges in zip(entities, results):
+        if isinstance(edges, asyncio.CancelledError):
+            raise edges
+        if isinstance(edges, BaseException):
+            log.warning("graph: entity %s failed to expand (%s: %s)", entity.id, type(edges).__name__,
+                        redact(str(edges))[:200])
+            continue
+        shown = [(edge, _shared(edge, wanted)) for edge in edges if _shown(edge)]
+        for edge, shared in sorted(shown, key=_rank)[:EDGES_PER_ENTITY]:
+            chosen.setdefault(edge.id, (edge, entity, shared))
+    ranked = sorted(((edge, shared) for edge, _, shared in chosen.values()), key=_rank)
+    return [
+        Hit(SOURCE, edge.id, triple_line(edge.from_name, edge.type, edge.to_name or ""), float(shared), REASON,
+            edge.valid_from, parts={"entity": chosen[edge.id][1].id, "shared_terms": shared, "rank": n})
+        for n, (edge, shared) in enumerate(ranked[:HITS_PER_SOURCE], start=1)
+    ]
+
+
+def _shown(edge: Relationship) -> bool:
+    return edge.invalid_at is None and bool(edge.to_name) and bool(edge.from_name)
+
+
+def _shared(edge: Relationship, wanted: frozenset[str]) -> int:
+    return len(wanted.intersection(terms(f"{edge.from_name} {edge.type} {edge.to_name}")))
+
+
+def _rank(row: tuple[Relationship, int]) -> tuple[int, float, str]:
+    edge, shared = row
+    return (-shared, -edge.valid_from.timestamp(), edge.id)

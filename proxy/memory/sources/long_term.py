@@ -1,0 +1,88 @@
+"""`long-term`: the user's entities (name, type, description), and the user's own node.
+
+SPEC 4: a question in the first person counts the node that stands for the user as an
+entity hit, so "where do I work?" reaches the user's own relationships through `graph`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.memory.block import entity_line
+from proxy.memory.sources import HITS_PER_SOURCE, Found, SourceQuery, lexical, to_hits
+from proxy.models import Entity, Hit
+from proxy.stores.base import Store
+
+SOURCE = "long-term"
+USER_TYPE = "user"  # extraction gives the user's own node this type, one per user
+# The Store protocol has no lookup by type yet: the node is found through the type column
+# of the full-text index, among this many candidates matching the word "user".
+USER_NODE_CANDIDATES = 20
+_FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|myself)\b", re.IGNORECASE)
+
+
+def first_person(text: str) -> bool:
+    """True when the text speaks in the first person (I, me, my, mine, myself)."""
+    return _FIRST_PERSON.search(text) is not None
+
+
+@dataclass(frozen=True)
+class EntityMatches:
+    """The entity hits of a query, best first, and the user's own node when it counts."""
+
+    ranked: list[Found[Entity]]
+    user_node: Entity | None = None
+
+    def to_expand(self, limit: int) -> list[Entity]:
+        """The entities `graph` expands: the user's node first, then the best hits."""
+        entities = [] if self.user_node is None else [self.user_node]
+        for found in self.ranked:
+            if all(found.item.id != e.id for e in entities):
+                entities.append(found.item)
+        return entities[:max(0, limit)]
+
+
+async def find(store: Store, q: SourceQuery) -> EntityMatches:
+    """The relevant entities of the query, with the user's node for a first-person question."""
+
+    async def search(terms: Sequence[str], limit: int) -> list[tuple[Entity, float]]:
+        return await store.search_entities(q.scope, terms, limit=limit)
+
+    ranked, user_node = await asyncio.gather(
+        lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True),
+        user_node_of(store, q) if q.first_person else _no_node(),
+    )
+    return EntityMatches(ranked, user_node)
+
+
+async def user_node_of(store: Store, q: SourceQuery) -> Entity | None:
+    """The entity standing for the user (type `user`), if extraction has made one."""
+    rows = await store.search_entities(q.scope, [USER_TYPE], limit=USER_NODE_CANDIDATES)
+    nodes = sorted((e for e, _ in rows if e.type == USER_TYPE), key=_id)
+    return nodes[0] if nodes else None
+
+
+async def _no_node() -> Entity | None:
+    return None
+
+
+def hits(q: SourceQuery, matches: EntityMatches) -> list[Hit]:
+    """The matched entities as `name — description` lines."""
+    return to_hits(q, SOURCE, matches.ranked, _hit)[:HITS_PER_SOURCE]
+
+
+def _hit(found: Found[Entity]) -> Hit:
+    entity = found.item
+    return Hit(SOURCE, entity.id, entity_line(entity.name, entity.description), found.score, found.reason,
+               parts={**found.parts, "confidence": entity.confidence})
+
+
+def _id(entity: Entity) -> str:
+    return entity.id
+
+
+def _text(entity: Entity) -> str:
+    return f"{entity.name} {entity.type} {entity.description}"

@@ -1,0 +1,39 @@
+"""`reasoning`: traces of earlier turns (the task, its tool calls, the answer).
+
+Per agent where an agent is set (the store scopes it). SPEC 4: no keyword retry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.memory.block import reasoning_line
+from proxy.memory.sources import HITS_PER_SOURCE, Found, SourceQuery, lexical, to_hits
+from proxy.models import Hit, ReasoningTrace
+from proxy.stores.base import Store
+
+SOURCE = "reasoning"
+
+
+async def search(store: Store, q: SourceQuery) -> list[Hit]:
+    """Traces matching the query, best first."""
+
+    async def search(terms: Sequence[str], limit: int) -> list[tuple[ReasoningTrace, float]]:
+        return await store.search_reasoning(q.scope, terms, limit=limit)
+
+    found = await lexical(q, search, key=_id, text=_text, order=lambda t, score: (-t.created_at.timestamp(), t.id))
+    return to_hits(q, SOURCE, found, _hit)[:HITS_PER_SOURCE]
+
+
+def _hit(found: Found[ReasoningTrace]) -> Hit:
+    trace = found.item
+    return Hit(SOURCE, trace.id, reasoning_line(trace.task, trace.steps, trace.answer), found.score, found.reason,
+               trace.created_at, trace.conversation_id, dict(found.parts))
+
+
+def _id(trace: ReasoningTrace) -> str:
+    return trace.id
+
+
+def _text(trace: ReasoningTrace) -> str:
+    return trace.task + " " + trace.answer
