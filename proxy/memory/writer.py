@@ -19,7 +19,6 @@ log = logging.getLogger("memproxy.writer")
 BATCH_MAX = 256
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
-SPLIT_AFTER_FAILURES = 3  # then ops are applied one by one, so one bad op cannot block the rest
 
 
 class Writer:
@@ -79,20 +78,19 @@ class Writer:
             await self._commit(batch)
             self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
 
-    async def _commit(self, batch: list[tuple[WriteOp, asyncio.Future[None]]]) -> None:
+    async def _commit(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
+        """Commit the batch, retrying for as long as the store's failure is transient."""
         delay = RETRY_FIRST_S
-        failures = 0
         while True:
             try:
                 await self.store.apply([op for op, _ in batch])
             except StoreError as exc:
-                failures += 1
                 self.failing = True
                 self.metrics.write_failures.inc()
-                log.warning("write batch of %d failed (%s); retrying in %.2fs", len(batch), exc, delay)
-                if failures >= SPLIT_AFTER_FAILURES and len(batch) > 1 and await self.store.ping():
-                    await self._one_by_one(batch)
+                if not exc.transient:
+                    await self._isolate(batch, exc)
                     return
+                log.warning("write batch of %d failed (%s); retrying in %.2fs", len(batch), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
@@ -100,19 +98,17 @@ class Writer:
             _resolve(batch)
             return
 
-    async def _one_by_one(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
-        for op, done in batch:
-            try:
-                await self.store.apply([op])
-            except StoreError as exc:
-                self.metrics.write_failures.inc()
-                log.error("write %s for user %s failed alone and was dropped: %s",
-                          type(op).__name__, op.scope.user, exc)
-                if not done.done():
-                    done.set_exception(exc)
-                    done.exception()
-                continue
-            _resolve([(op, done)])
+    async def _isolate(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]], exc: StoreError) -> None:
+        """An invalid write must not hold back the valid ones around it: retry them singly."""
+        if len(batch) > 1:
+            for item in batch:
+                await self._commit([item])
+            return
+        op, done = batch[0]
+        log.error("write %s for user %s is invalid and was dropped: %s", type(op).__name__, op.scope.user, exc)
+        if not done.done():
+            done.set_exception(exc)
+            done.exception()
 
 
 def _resolve(batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
