@@ -191,6 +191,19 @@ def test_lone_surrogate_text_is_stored(tmp_path: Path) -> None:
     run(body())
 
 
+def test_giant_message_is_saved_whole_and_indexed_in_part(tmp_path: Path) -> None:
+    giant = "opening " + "word " * 1_000_000 + "closing"
+
+    async def body() -> None:
+        async with opened(tmp_path / "m.db") as store:
+            await store.apply([start(ALICE, "t1", giant)])
+            assert (await store.messages(ALICE, "c1"))[0].content == giant
+            assert await store.search_messages(ALICE, ["open"])
+            assert await store.search_messages(ALICE, ["close"]) == []  # past INDEX_MAX_CHARS
+
+    run(body())
+
+
 # --- lookups ---------------------------------------------------------------------------
 
 
@@ -243,13 +256,27 @@ def test_conversation_by_assistant_hashes(tmp_path: Path) -> None:
             assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("answer q")]) is None
             assert await store.conversation_by_assistant_hashes(ALICE, []) is None
             # The same text in two conversations: the most recently active one wins.
-            await store.apply([start(ALICE, "t4", conv="c1", at=at(20)), finish(ALICE, "t4", "Sure.", conv="c1", at=at(20)),
-                               start(ALICE, "t5", conv="c2", at=at(30)), finish(ALICE, "t5", "Sure.", conv="c2", at=at(30))])
+            await store.apply([
+                start(ALICE, "t4", conv="c1", at=at(20)), finish(ALICE, "t4", "Sure.", conv="c1", at=at(20)),
+                start(ALICE, "t5", conv="c2", at=at(30)), finish(ALICE, "t5", "Sure.", conv="c2", at=at(30)),
+            ])
             assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("Sure.")]) == "c2"
             await store.apply([start(ALICE, "t6", conv="c1", at=at(40))])
             assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("Sure.")]) == "c1"
             # Another user's conversation is never returned, even for the same text.
             assert await store.conversation_by_assistant_hashes(BOB, [hx, hy]) is None
+
+    run(body())
+
+
+def test_conversation_found_by_the_hash_of_the_text_the_client_received(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with opened(tmp_path / "m.db") as store:
+            received = "your key is sk-abc123"
+            saved = FinishTurn(ALICE, "t1", "c7", "your key is [REDACTED:api_key]", T0, answer_hash=text_hash(received))
+            await store.apply([start(ALICE, "t1", conv="c7"), saved, saved])
+            assert await store.conversation_by_assistant_hashes(ALICE, [text_hash(received)]) == "c7"
+            assert [m.content for m in await store.messages(ALICE, "c7")] == ["hello", "your key is [REDACTED:api_key]"]
 
     run(body())
 
@@ -291,7 +318,8 @@ def test_pending_turns_become_interrupted_at_open(tmp_path: Path) -> None:
 
     async def first_run() -> None:
         async with opened(path) as store:
-            await store.apply([start(ALICE, "t1", "unanswered question"), start(ALICE, "t2"), finish(ALICE, "t2", "ok")])
+            await store.apply([start(ALICE, "t1", "unanswered question"),
+                               start(ALICE, "t2"), finish(ALICE, "t2", "ok")])
 
     async def second_run() -> None:
         async with opened(path) as store:
@@ -491,7 +519,8 @@ def test_export_shapes(tmp_path: Path) -> None:
     records = run(body())
     assert [r["kind"] for r in records] == ["conversation", "message", "message", "entity", "entity",
                                             "relationship", "reasoning"]
-    conversation, user_msg, _, entity, _, edge, trace = records
+    conversation, user_msg, _, _, _, edge, trace = records
+    entity = next(r for r in records if r["kind"] == "entity" and r["name"] == "Alice")
     assert conversation == {"kind": "conversation", "id": "c1", "created_at": "2026-11-02T10:00:00+00:00",
                             "last_active_at": "2026-11-02T10:00:01+00:00"}
     assert {k: user_msg[k] for k in ("conversation_id", "role", "content", "created_at")} == {
@@ -658,8 +687,10 @@ def test_user_delete_cascades_and_optimize_drops_the_tokens(tmp_path: Path) -> N
     async def body() -> None:
         async with opened(path) as store:
             steps = (ReasoningStep("t", "{}", token),)
-            await store.apply([start(ALICE, "t1", f"hello {token}"), RecordToolCalls(ALICE, "t1", (("c", "n", "a"),), T0),
-                               finish(ALICE, "t1", token, task=token, steps=steps), SaveBlock(ALICE, "t1", token, 1),
+            await store.apply([start(ALICE, "t1", f"hello {token}"),
+                               RecordToolCalls(ALICE, "t1", (("c", "n", "a"),), T0),
+                               finish(ALICE, "t1", token, task=token, steps=steps),
+                               SaveBlock(ALICE, "t1", token, 1),
                                start(BOB, "t1", "bob stays")])
             add_entity(path, "alice", token, "thing", token)
             assert await store.search_messages(ALICE, [token])
@@ -670,8 +701,8 @@ def test_user_delete_cascades_and_optimize_drops_the_tokens(tmp_path: Path) -> N
     for fts in FTS_TABLES:
         sql(path, f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
     assert not index_holds(path, token)
-    tables = [name for (name,) in sql(path, "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%user_id%'"
-                                            " AND name NOT LIKE '%fts%'")]
+    tables = [name for (name,) in sql(path, "SELECT name FROM sqlite_master WHERE type = 'table'"
+                                            " AND sql LIKE '%user_id%' AND name NOT LIKE '%fts%'")]
     for table in tables:
         assert sql(path, f"SELECT count(*) FROM {table} WHERE user_id = 'alice'") == [(0,)], table
     assert sql(path, "SELECT count(*) FROM messages WHERE user_id = 'bob'") == [(1,)]

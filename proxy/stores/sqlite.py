@@ -22,7 +22,7 @@ import aiosqlite
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
 from proxy.stores.base import StoreError, WriteOp
-from proxy.stores.sqlite_batch import apply_batch, in_transaction, recover
+from proxy.stores.sqlite_batch import apply_batch, recover, transaction
 from proxy.stores.sqlite_rows import (
     entity_from_row,
     export_conversation,
@@ -123,7 +123,7 @@ class SQLiteStore:
                 conn.execute(f"PRAGMA {pragma}")
             conn.execute("PRAGMA journal_mode=WAL")
             migrate(conn)
-            in_transaction(conn, lambda: recover(conn))
+            transaction(conn, lambda: recover(conn))
         except BaseException:
             conn.close()
             raise
@@ -366,7 +366,9 @@ class SQLiteStore:
         )
         return [(message_from_row(row), row["score"]) for row in rows]
 
-    async def search_entities(self, scope: Scope, terms: Sequence[str], *, limit: int = 20) -> list[tuple[Entity, float]]:
+    async def search_entities(
+        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+    ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first."""
         query = _match_query(terms)
         if query is None:
@@ -390,7 +392,8 @@ class SQLiteStore:
             return []
         agent, agent_params = _agent_clause(scope, "x", per_agent=True)
         rows = await self._rows(
-            "SELECT x.*, -bm25(reasoning_fts) AS score FROM reasoning_fts JOIN reasoning x ON x.seq = reasoning_fts.rowid"
+            "SELECT x.*, -bm25(reasoning_fts) AS score FROM reasoning_fts"
+            " JOIN reasoning x ON x.seq = reasoning_fts.rowid"
             f" WHERE reasoning_fts MATCH ? AND x.user_id = ?{agent} ORDER BY score DESC, x.seq DESC LIMIT ?",
             [query, scope.user, *agent_params, limit],
         )

@@ -15,18 +15,17 @@ from typing import Any
 
 from proxy.models import Scope
 from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, WriteOp, text_hash
-from proxy.stores.sqlite_rows import clean_text, new_id, now_ts, reasoning_terms, steps_json, to_ts
-from proxy.terms import index_text
+from proxy.stores.sqlite_rows import clean_text, index_terms, new_id, now_ts, reasoning_terms, steps_json, to_ts
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
 
 
 def apply_batch(conn: sqlite3.Connection, ops: Sequence[WriteOp]) -> None:
     """Apply `ops` in one IMMEDIATE transaction; any error rolls all of them back."""
-    in_transaction(conn, lambda: _apply_all(conn, ops))
+    transaction(conn, lambda: _apply_all(conn, ops))
 
 
-def in_transaction(conn: sqlite3.Connection, body: Callable[[], None]) -> None:
+def transaction(conn: sqlite3.Connection, body: Callable[[], None]) -> None:
     """Run `body` between BEGIN IMMEDIATE and COMMIT, rolling back if it raises."""
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -93,14 +92,15 @@ class Batch:
             (scope.user, conversation_id, scope.agent, at, at),
         )
 
-    def _message(self, scope: Scope, conversation_id: str, turn_key: str, role: str, text: str, at: float) -> None:
+    def _message(self, scope: Scope, conversation_id: str, turn_key: str, role: str, text: str, at: float,
+                 content_hash: str | None = None) -> None:
         """Insert unless this turn already holds the same text in this role; enqueue it if new."""
         content = clean_text(text)
         rows = self._run(
             "INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash,"
             " terms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
-            (new_id(), scope.user, conversation_id, scope.agent, turn_key, role, content, text_hash(text),
-             index_text(content), at),
+            (new_id(), scope.user, conversation_id, scope.agent, turn_key, role, content,
+             content_hash or text_hash(text), index_terms(content), at),
         )
         if rows:
             self._run(
@@ -132,7 +132,9 @@ class Batch:
             " ON CONFLICT (user_id, turn_key) DO UPDATE SET status = 'complete', updated_at = excluded.updated_at",
             (op.scope.user, op.turn_key, op.conversation_id, op.scope.agent, at, at),
         )
-        self._message(op.scope, op.conversation_id, op.turn_key, "assistant", op.answer, at)
+        # Matched later by the hash of the text the client received (op.answer_hash), which
+        # differs from the saved text when redaction changed it.
+        self._message(op.scope, op.conversation_id, op.turn_key, "assistant", op.answer, at, op.answer_hash)
         if op.steps:
             task, answer = clean_text(op.task), clean_text(op.answer)
             self._run(

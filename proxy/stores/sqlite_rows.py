@@ -18,6 +18,10 @@ from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, St
 from proxy.terms import index_text
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Only this much of an item's text is indexed. Indexing costs ~2 µs a word of CPU on the
+# write thread, holding the GIL: a 5 MB pasted message took 1.8 s and starved the event
+# loop; a memory is only ever injected as a snippet anyway.
+INDEX_MAX_CHARS = 65536
 
 
 def to_ts(at: datetime) -> float:
@@ -50,15 +54,20 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def index_terms(text: str) -> str:
+    """The FTS text of a stored item: `proxy.terms.index_text` of its first INDEX_MAX_CHARS."""
+    return index_text(text[:INDEX_MAX_CHARS])
+
+
 def entity_terms(name: str, type_: str, description: str, aliases: Sequence[str] = ()) -> tuple[str, str, str]:
     """The entities_fts columns of an entity: (name and aliases, type, description)."""
-    return index_text(" ".join([name, *aliases])), index_text(type_), index_text(description)
+    return index_terms(" ".join([name, *aliases])), index_terms(type_), index_terms(description)
 
 
 def reasoning_terms(task: str, steps: Sequence[ReasoningStep], answer: str) -> str:
     """The reasoning_fts text of a trace: task, each call and result, answer."""
     parts = [task, *(f"{s.name} {s.arguments} {s.result}" for s in steps), answer]
-    return index_text(" ".join(parts))
+    return index_terms(" ".join(parts))
 
 
 def steps_json(steps: Sequence[ReasoningStep]) -> str:
@@ -119,7 +128,8 @@ def relationship_from_row(row: sqlite3.Row) -> Relationship:
 def trace_from_row(row: sqlite3.Row) -> ReasoningTrace:
     """A ReasoningTrace from a reasoning row."""
     steps = tuple(ReasoningStep(s["name"], s["arguments"], s.get("result", "")) for s in json.loads(row["steps"]))
-    return ReasoningTrace(row["id"], row["conversation_id"], row["task"], steps, row["answer"], from_ts(row["created_at"]))
+    return ReasoningTrace(row["id"], row["conversation_id"], row["task"], steps, row["answer"],
+                          from_ts(row["created_at"]))
 
 
 def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
