@@ -51,7 +51,7 @@ def cut_query(text: str) -> str:
     return f"{head} {tail}"
 
 
-def source_query(scope: Scope, query: Query, settings: MemorySettings) -> SourceQuery:
+def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_term_match: bool = False) -> SourceQuery:
     """What every source is asked for this query."""
     text = cut_query(query.text)
     unseen = unseen_identifiers(text, query.visible) if identifiers(text) else []
@@ -65,6 +65,7 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings) -> Source
         relevance_floor=settings.relevance_floor,
         first_person=long_term.first_person(text),
         id_terms=identifier_terms(unseen),
+        any_term_match=any_term_match,
     )
 
 
@@ -106,11 +107,14 @@ class Retrieval:
         self.store = store
         self.settings = settings
         self.metrics = metrics
+        # Not in the Store protocol yet: a store says its text search ORs the terms (SQLite's
+        # does), which lets a keyword retry that cannot find anything new be skipped.
+        self.any_term_match = bool(getattr(store, "matches_any_term", False))
 
     async def retrieve(self, scope: Scope, query: Query) -> Retrieved:
         """The memory block for this query and the injection log entry that explains it."""
         started = time.perf_counter()
-        q = source_query(scope, query, self.settings)
+        q = source_query(scope, query, self.settings, any_term_match=self.any_term_match)
         runs = SourceRuns(self.metrics)
         await asyncio.gather(
             self._entities_and_graph(q, runs),
@@ -120,6 +124,8 @@ class Retrieval:
             self._source(runs, reasoning.SOURCE, reasoning.search(self.store, q)),
         )
         runs.raise_if_all_failed()
+        runs.hits[conversation.SOURCE], runs.hits[cross_session.SOURCE] = conversation.one_copy_each(
+            runs.hits.get(conversation.SOURCE, []), runs.hits.get(cross_session.SOURCE, []))
         header = self.settings.block_header
         merged = round_robin(runs.hits, min(query.max_memories, HARD_CAP))
         kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic, TypeVar
 
@@ -25,9 +25,9 @@ from proxy.terms import query_terms
 
 T = TypeVar("T")
 
-CANDIDATES = 50  # rows asked of the index per search: bounded whatever the history holds
-IDENTIFIER_CANDIDATES = 10  # rows asked per unseen-identifier search
-HITS_PER_SOURCE = 24  # a source never needs more: the merge takes at most 12 in all
+CANDIDATES = 24  # rows asked of the index per search: bounded whatever the history holds
+IDENTIFIER_CANDIDATES = 8  # rows asked per unseen-identifier search
+HITS_PER_SOURCE = 16  # the merge takes at most 12 in all; a few spare for repeated texts
 RANK_REASON = "rank"
 RETRY_REASON = "keyword retry"
 _PART = re.compile(r"[A-Za-z0-9]+")
@@ -69,7 +69,8 @@ class SourceQuery:
     identifiers: tuple[str, ...] = ()  # identifiers of the query the transcript does not show
     relevance_floor: float = 0.0
     first_person: bool = False
-    id_terms: tuple[str, ...] = field(default=())
+    id_terms: tuple[str, ...] = ()  # the whole-identifier terms of `identifiers`
+    any_term_match: bool = False  # the store's text search matches a row holding any one term
 
     @cached_property
     def _shown(self) -> frozenset[str]:
@@ -117,7 +118,9 @@ async def lexical(
         search(q.id_terms, IDENTIFIER_CANDIDATES) if q.id_terms else _nothing(),
     )
     ranked = _kept(q, by_terms, keep, order or (lambda item, score: (key(item),)))
-    if not ranked and retry:
+    # Where the index matches any one term (SQLite: the terms OR'ed), a search with some of
+    # the query's words finds nothing the full query did not, unless that was cut at `limit`.
+    if not ranked and retry and (not q.any_term_match or len(by_terms) >= limit):
         ranked = await _retry(q, search, key, text, keep, limit)
     else:
         ranked = [Found(item, score, parts={"bm25": bm25(score)}) for item, score in ranked]
@@ -125,8 +128,21 @@ async def lexical(
         Found(item, score, TRIGGER_REASON, {"bm25": bm25(score), "identifier_search": True})
         for item, score in _kept(q, by_identifier, keep, order or (lambda item, score: (key(item),)))
     ]
-    seen = {key(found.item) for found in front}
-    return front + [found for found in ranked if key(found.item) not in seen]
+    return _distinct([*front, *ranked], key, text)
+
+
+def _distinct(found: list[Found[T]], key: Callable[[T], str], text: Callable[[T], str]) -> list[Found[T]]:
+    """Each item once, and each text once: the same words said twice are one memory."""
+    ids: set[str] = set()
+    texts: set[str] = set()
+    kept = []
+    for f in found:
+        item_id, words = key(f.item), normalised(text(f.item)).casefold()
+        if item_id not in ids and words not in texts:
+            ids.add(item_id)
+            texts.add(words)
+            kept.append(f)
+    return kept
 
 
 async def _nothing() -> list[tuple[T, float]]:
@@ -165,8 +181,12 @@ async def _retry(
     ]
 
 
-def to_hits(q: SourceQuery, source: str, found: Sequence[Found[T]], hit: Callable[[Found[T]], Hit]) -> list[Hit]:
-    """Candidates as Hits of `source`, those holding an unseen identifier first."""
-    hits = [replace(h, source=source, parts={**h.parts, "rank": n})
-            for n, h in enumerate(map(hit, found), start=1)]
+def to_hits(q: SourceQuery, found: Sequence[Found[T]], hit: Callable[[Found[T]], Hit],
+            limit: int = HITS_PER_SOURCE) -> list[Hit]:
+    """The best `limit` candidates as Hits, those holding an unseen identifier first.
+
+    Only what the merge can use is built: a hit's line costs more than its row.
+    """
+    hits = [hit(Found(f.item, f.score, f.reason, {**f.parts, "rank": n}))
+            for n, f in enumerate(found[:limit], start=1)]
     return promote(hits, q.identifiers) if q.identifiers else hits

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.memory.block import message_line
-from proxy.memory.sources import CANDIDATES, HITS_PER_SOURCE, Found, SourceQuery, lexical, to_hits
+from proxy.memory.sources import CANDIDATES, Found, SourceQuery, lexical, normalised, to_hits
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
 
@@ -32,7 +32,7 @@ async def search(store: Store, q: SourceQuery) -> list[Hit]:
 
     found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
                           order=newest_first, retry=True, limit=candidate_limit(q))
-    return to_hits(q, SOURCE, found, lambda f: message_hit(SOURCE, f))[:HITS_PER_SOURCE]
+    return to_hits(q, found, lambda f: message_hit(SOURCE, f))
 
 
 def message_hit(source: str, found: Found[StoredMessage]) -> Hit:
@@ -40,6 +40,26 @@ def message_hit(source: str, found: Found[StoredMessage]) -> Hit:
     m = found.item
     return Hit(source, m.id, message_line(m.role, m.created_at, m.content), found.score, found.reason,
                m.created_at, m.conversation_id, dict(found.parts))
+
+
+def said(hit: Hit) -> str:
+    """The words of a message hit, without its `role (date): ` prefix, for comparing copies."""
+    return normalised(hit.content.split("): ", 1)[-1]).casefold()
+
+
+def one_copy_each(conversation: list[Hit], cross_session: list[Hit]) -> tuple[list[Hit], list[Hit]]:
+    """The same words said in two conversations are one memory: keep the copy the merge reaches first.
+
+    Sources take turns, so the copy with the better rank in its own source comes first; on
+    equal ranks, `conversation` takes its turn before `cross-session`.
+    """
+    best: dict[str, tuple[int, int]] = {}
+    for order, hits in enumerate((conversation, cross_session)):
+        for rank, hit in enumerate(hits):
+            words = said(hit)
+            best[words] = min(best.get(words, (rank, order)), (rank, order))
+    return ([hit for rank, hit in enumerate(conversation) if best[said(hit)] == (rank, 0)],
+            [hit for rank, hit in enumerate(cross_session) if best[said(hit)] == (rank, 1)])
 
 
 def newest_first(m: StoredMessage, score: float) -> tuple[object, ...]:

@@ -6,10 +6,11 @@ SPEC 4: all of them by default, the N most recent with `cross_session_limit: N`,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
-from proxy.memory.fusion import cap_per_group
-from proxy.memory.sources import HITS_PER_SOURCE, SourceQuery, lexical, to_hits
+from proxy.memory.fusion import PER_GROUP, cap_per_group
+from proxy.memory.sources import CANDIDATES, SourceQuery, lexical, to_hits
 from proxy.memory.sources.conversation import candidate_limit, message_hit, message_id, message_text
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
@@ -41,6 +42,14 @@ async def search(store: Store, q: SourceQuery, conversations: int | None) -> lis
         return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
 
     found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
-                          order=order, limit=candidate_limit(q))
-    hits = to_hits(q, SOURCE, found, lambda f: message_hit(SOURCE, f))
-    return cap_per_group(hits, key=lambda hit: hit.conversation_id)[:HITS_PER_SOURCE]
+                          order=order, limit=candidate_limit(q) + CANDIDATES)
+    # Capped before the hits are built (only those are worth building) and after (the
+    # identifier trigger may reorder them).
+    taken: Counter[str] = Counter()
+    capped = []
+    for f in found:
+        taken[f.item.conversation_id] += 1
+        if taken[f.item.conversation_id] <= PER_GROUP:
+            capped.append(f)
+    hits = to_hits(q, capped, lambda f: message_hit(SOURCE, f))
+    return cap_per_group(hits, key=lambda hit: hit.conversation_id)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.memory.block import entity_line
-from proxy.memory.sources import HITS_PER_SOURCE, Found, SourceQuery, lexical, to_hits
+from proxy.memory.sources import Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
 from proxy.stores.base import Store
 
@@ -40,6 +40,8 @@ class EntityMatches:
         """The entities `graph` expands: the user's node first, then the best hits."""
         entities = [] if self.user_node is None else [self.user_node]
         for found in self.ranked:
+            if len(entities) >= limit:
+                break
             if all(found.item.id != e.id for e in entities):
                 entities.append(found.item)
         return entities[:max(0, limit)]
@@ -71,7 +73,7 @@ async def _no_node() -> Entity | None:
 
 def hits(q: SourceQuery, matches: EntityMatches) -> list[Hit]:
     """The matched entities as `name — description` lines."""
-    return to_hits(q, SOURCE, matches.ranked, _hit)[:HITS_PER_SOURCE]
+    return to_hits(q, matches.ranked, _hit)
 
 
 def _hit(found: Found[Entity]) -> Hit:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.memory.block import reasoning_line
-from proxy.memory.sources import HITS_PER_SOURCE, Found, SourceQuery, lexical, to_hits
+from proxy.memory.sources import Found, SourceQuery, lexical, to_hits
 from proxy.models import Hit, ReasoningTrace
 from proxy.stores.base import Store
 
@@ -22,7 +22,7 @@ async def search(store: Store, q: SourceQuery) -> list[Hit]:
         return await store.search_reasoning(q.scope, terms, limit=limit)
 
     found = await lexical(q, search, key=_id, text=_text, order=lambda t, score: (-t.created_at.timestamp(), t.id))
-    return to_hits(q, SOURCE, found, _hit)[:HITS_PER_SOURCE]
+    return to_hits(q, found, _hit)
 
 
 def _hit(found: Found[ReasoningTrace]) -> Hit:

@@ -1,0 +1,262 @@
+"""Retrieval latency as one user's memory grows (SPEC 12), per source and in total.
+
+Fills one user's SQLite store with N messages (varied sentences, some holding
+identifiers) in conversations of about ten, plus entities, relationships and reasoning
+traces in proportion, with other users' data beside it; then times `Retrieval.retrieve`
+over a fixed set of queries and prints p50/p95 per source and for the whole retrieval.
+
+    python bench/retrieval.py [--sizes 1000,10000,100000] [--queries 200] [--json] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy.memory.pipeline import Query  # noqa: E402
+from proxy.memory.retrieval import Retrieval  # noqa: E402
+from proxy.metrics import Metrics  # noqa: E402
+from proxy.models import ReasoningStep, Scope  # noqa: E402
+from proxy.settings import MemorySettings  # noqa: E402
+from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
+from proxy.stores.sqlite import SQLiteStore  # noqa: E402
+from proxy.stores.sqlite_rows import entity_terms  # noqa: E402
+
+USER = Scope("bench-user")
+OTHERS = [Scope(f"other-{n}") for n in range(3)]
+PER_CONVERSATION = 10
+BATCH = 2000
+START = datetime(2024, 1, 1, tzinfo=UTC)
+SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
+
+PEOPLE = """Alice Bob Priya Mateo Fatima Olu Sven Keiko Rosa Dmitri Amara Lena Tomas Ines Kwame Yuki Omar Hana
+    Lucas Zara Nils Chloe Ravi Marta Jonas Aisha Pablo Ingrid Tariq Mei Felix Noor Diego Elsa Kofi Sara Ivan Leila
+    Bruno Astrid Hugo Nadia Emeka Julia Arjun Greta Malik Sofia Theo Rania""".split()
+ORGS = """Acme Globex Initech Hooli Vandelay Umbrella Cyberdyne Soylent Wonka Stark Wayne Tyrell Monarch Aperture
+    Oscorp Gringotts Pied Piper Dunder Prestige Virtucon""".split()
+PLACES = """Lisbon Oslo Nairobi Kyoto Denver Porto Tallinn Hanoi Quito Lagos Bergen Seville Krakow Austin Dublin Accra
+    Bologna Sapporo Tbilisi Valparaiso Ghent Leeds Malmo Perth Cusco Zagreb Tromso Ljubljana Riga Nantes""".split()
+# Content words are many and each is rare, as in real conversations; a tiny vocabulary
+# would make every query term match a tenth of the corpus.
+TOPICS = """budget garden deploy invoice holiday dentist marathon recipe database lease guitar mortgage podcast
+    wedding laptop vaccine thesis kayak migration bakery insurance passport conference newsletter printer
+    sourdough bicycle roof plumber kitchen pension scholarship interview promotion salary contract server
+    firewall backup certificate keyboard monitor camera drone telescope aquarium puppy kitten vet allergy
+    pharmacy yoga climbing surfing skiing chess piano violin choir painting pottery knitting novel poem
+    screenplay museum concert festival exhibition hackathon workshop seminar webinar lecture exam homework
+    tuition daycare babysitter nanny grandparents anniversary birthday funeral reunion barbecue picnic
+    camping hiking fishing sailing diving tennis football basketball cricket rugby swimming gym diet
+    vitamins therapy meditation sleep insomnia headache dermatologist optician glasses braces orthodontist
+    carpool commute train flight hotel airbnb visa embassy customs luggage souvenir mortgage refinance
+    taxes accountant receipt refund warranty repair mechanic tires oil battery charger solar heatpump
+    insulation window fence lawn compost seeds tomatoes chickens beehive orchard vineyard""".split()
+VERBS = """review fix book cancel schedule rewrite finish discuss move test renew submit compare order return
+    sign draft approve migrate upgrade clean paint measure replace install configure""".split()
+WHEN = ["on Monday", "next week", "tomorrow", "before Friday", "in March", "after lunch", "tonight", "this weekend",
+        "in June", "by the end of the month", "on the 14th", "after the holidays", "first thing tomorrow"]
+TEMPLATES = [
+    "I need to {verb} the {topic} {when} with {person}.",
+    "{person} said the {topic} at {org} is almost done.",
+    "Can you remind me to {verb} the {topic} {when}?",
+    "We moved the {topic} meeting to {place} {when}.",
+    "The {topic} notes are on {ident} if you need them.",
+    "My {topic} plan for {place} changed again {when}.",
+    "{person} from {org} asked whether we could {verb} the {topic}.",
+    "Sure, I will help you {verb} the {topic} {when}; {person} already agreed.",
+    "Remember that the {topic} deadline at {org} is {when}.",
+    "Set {ident} before you {verb} the {topic}.",
+]
+QUERIES = [
+    "when is the {topic} deadline?",
+    "what did {person} say about the {topic}?",
+    "where do I work?",
+    "remind me what we decided about the {topic} in {place}",
+    "is {ident} still the right value for the {topic}?",
+    "who at {org} handles the {topic}?",
+    "what is my {topic} plan?",
+    "{verb} the {topic} {when}",
+]
+
+
+def identifier(rng: random.Random) -> str:
+    kind = rng.randrange(4)
+    if kind == 0:
+        return f"internal-{rng.choice(TOPICS)}-{rng.randrange(10000)}.example"
+    if kind == 1:
+        return f"{rng.choice(TOPICS).upper()}_{rng.choice(VERBS).upper()}_{rng.randrange(100)}"
+    if kind == 2:
+        return f"/srv/{rng.choice(TOPICS)}/{rng.choice(VERBS)}-{rng.randrange(1000)}.yaml"
+    return f"{rng.choice(TOPICS)}{rng.choice(VERBS).title()}Id"
+
+
+def sentence(rng: random.Random, templates: list[str]) -> str:
+    return rng.choice(templates).format(
+        verb=rng.choice(VERBS), topic=rng.choice(TOPICS), when=rng.choice(WHEN), person=rng.choice(PEOPLE),
+        org=rng.choice(ORGS), place=rng.choice(PLACES), ident=identifier(rng),
+    )
+
+
+def message_ops(scope: Scope, count: int, rng: random.Random) -> list[WriteOp]:
+    """`count` messages, user and assistant in turns, ten to a conversation, one a minute."""
+    ops: list[WriteOp] = []
+    for n in range(0, count, 2):
+        conv = f"conv-{n // PER_CONVERSATION}"
+        at = START + timedelta(minutes=n)
+        key = f"{scope.user}-t{n}"
+        ops.append(StartTurn(scope, key, conv, f"h-{key}", at, sentence(rng, TEMPLATES)))
+        if n + 1 < count:
+            steps: tuple[ReasoningStep, ...] = ()
+            if n % 50 == 0:
+                steps = (ReasoningStep("search_notes", json.dumps({"q": rng.choice(TOPICS)}), sentence(rng, TEMPLATES)),)
+            ops.append(FinishTurn(scope, key, conv, sentence(rng, TEMPLATES), at + timedelta(seconds=30),
+                                  task="look it up", steps=steps))
+    return ops
+
+
+def add_graph(path: Path, scope: Scope, count: int, rng: random.Random) -> None:
+    """About one entity per 20 messages, a user node, and edges between them."""
+    names = sorted({*PEOPLE, *ORGS, *PLACES, *(f"{t.title()} project {n}" for t in TOPICS for n in range(count))})
+    names = names[:max(len(PEOPLE) + len(ORGS) + len(PLACES), count // 20)]
+    rows = [("me", "Sam Rivera", "user", "the user")]
+    for n, name in enumerate(names):
+        kind = "person" if name in PEOPLE else "organization" if name in ORGS else "place" if name in PLACES else "project"
+        rows.append((f"e{n}", name, kind, f"{name} appears in notes about the {rng.choice(TOPICS)} {rng.choice(WHEN)}"))
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("INSERT INTO users (id, created_at) VALUES (?, 0) ON CONFLICT DO NOTHING", (scope.user,))
+        db.executemany(
+            "INSERT INTO entities (id, user_id, name, canonical_name, type, description, name_terms, type_terms,"
+            " description_terms, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)",
+            [(eid, scope.user, name, name.casefold(), kind, desc, *entity_terms(name, kind, desc))
+             for eid, name, kind, desc in rows],
+        )
+        ids = [row[0] for row in rows]
+        edges = [("me", "WORKS_AT", "e1"), ("me", "LIVES_IN", "e2")]
+        edges += [(rng.choice(ids), rng.choice(["KNOWS", "PART_OF", "LOCATED_IN", "USES"]), rng.choice(ids))
+                  for _ in range(len(ids) * 2)]
+        db.executemany(
+            "INSERT INTO relationships (id, user_id, from_id, type, to_id, valid_from, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 0)",
+            [(f"r{n}", scope.user, f, t, to, START.timestamp() + n) for n, (f, t, to) in enumerate(edges)],
+        )
+
+
+async def build(path: Path, size: int, seed: int) -> float:
+    """Fill the store; the seconds it took."""
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    store = SQLiteStore(str(path), synchronous="OFF")
+    await store.open()
+    try:
+        ops = message_ops(USER, size, rng)
+        for other in OTHERS:
+            ops += message_ops(other, max(100, size // 10), rng)
+        for n in range(0, len(ops), BATCH):
+            await store.apply(ops[n:n + BATCH])
+    finally:
+        await store.close()
+    add_graph(path, USER, size, rng)
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA optimize")
+    return time.perf_counter() - started
+
+
+def queries(count: int, size: int, seed: int) -> list[Query]:
+    rng = random.Random(seed + 1)
+    conversations = max(1, size // PER_CONVERSATION)
+    out = []
+    for _ in range(count):
+        text = sentence(rng, QUERIES)
+        conv = f"conv-{rng.randrange(conversations)}" if rng.random() < 0.7 else f"conv-new-{rng.randrange(10**6)}"
+        out.append(Query(text, conv, ("You are a helpful assistant.", sentence(rng, TEMPLATES)), 6))
+    return out
+
+
+async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
+    store = SQLiteStore(str(path))
+    await store.open()
+    try:
+        retrieval = Retrieval(store, MemorySettings(), Metrics())
+        asked = queries(count, size, seed)
+        for query in asked[:20]:  # warm the page cache and the stemmer
+            await retrieval.retrieve(USER, query)
+        totals: list[float] = []
+        per_source: dict[str, list[float]] = {source: [] for source in SOURCES}
+        injected = []
+        for query in asked:
+            started = time.perf_counter()
+            result = await retrieval.retrieve(USER, query)
+            totals.append((time.perf_counter() - started) * 1000)
+            injected.append(result.injected)
+            for source, ms in result.log["sources_ms"].items():
+                per_source[source].append(ms)
+    finally:
+        await store.close()
+    row: dict[str, Any] = {"size": size, "queries": count, "mean_injected": round(statistics.mean(injected), 2),
+                           "total": percentiles(totals)}
+    row.update({source: percentiles(times) for source, times in per_source.items() if times})
+    return row
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 3),
+            "p95": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 3)}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    columns = ["total", *SOURCES]
+    out = [f"{'items':>8} {'build s':>8}  " + "  ".join(f"{c:>17}" for c in columns),
+           f"{'':>8} {'':>8}  " + "  ".join(f"{'p50 / p95 ms':>17}" for _ in columns)]
+    for row in rows:
+        cells = [f"{row[c]['p50']:>8.3f} / {row[c]['p95']:<6.3f}" if c in row else f"{'-':>17}" for c in columns]
+        out.append(f"{row['size']:>8} {row['build_s']:>8.1f}  " + "  ".join(cells))
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1000,10000", help="comma-separated message counts (default 1000,10000)")
+    p.add_argument("--queries", type=int, default=200, help="timed queries per size")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--keep", type=Path, help="build the stores in this directory and keep them")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    return p.parse_args(argv)
+
+
+async def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    with tempfile.TemporaryDirectory() as scratch:
+        where = args.keep or Path(scratch)
+        where.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for size in sizes:
+            path = where / f"retrieval-{size}.db"
+            built = 0.0
+            if not path.exists():
+                built = await build(path, size, args.seed)
+            row = await measure(path, size, args.queries, args.seed)
+            row["build_s"] = round(built, 1)
+            rows.append(row)
+            print(f"{size} items: total p50 {row['total']['p50']} ms, p95 {row['total']['p95']} ms",
+                  file=sys.stderr)
+    print(table(rows))
+    if args.json:
+        print(json.dumps({"retrieval": rows}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
