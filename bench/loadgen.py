@@ -1,0 +1,246 @@
+"""The benchmark's load client: raw asyncio protocol + httptools, keep-alive connections.
+
+A framework client would spend more CPU per request than the proxies under test; this one
+writes pre-built request bytes and parses responses with the same C parser uvicorn uses.
+It timestamps every read, so a stream's time to first event, time to end and how many
+events each read carried (coalescing) come from the same clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httptools
+
+MakeRequest = Callable[[int], bytes]
+
+
+@dataclass
+class Reply:
+    """One request as the client saw it; times are perf_counter seconds."""
+
+    status: int = 0
+    sent: float = 0.0
+    first: float | None = None  # first body bytes (first SSE event for a stream)
+    ended: float = 0.0
+    events: int = 0  # SSE events ("\n\n"-terminated) in the body
+    event_reads: int = 0  # reads that completed at least one event
+    body_size: int = 0
+    body: list[bytes] | None = None  # kept only when asked for
+
+    @property
+    def latency(self) -> float:
+        return self.ended - self.sent
+
+
+@dataclass
+class Target:
+    """Where to send requests and which extra headers to add."""
+
+    name: str
+    port: int
+    headers: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+
+
+class Disconnect(Exception):
+    """The server closed the connection before the response ended."""
+
+
+class ClientConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.reply = Reply()
+        self.waiter: asyncio.Future[Reply] | None = None
+        self.abort_after: int | None = None
+        self._now = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(Disconnect(str(exc or "closed")))
+
+    def data_received(self, data: bytes) -> None:
+        self._now = time.perf_counter()
+        before = self.reply.events
+        self.parser.feed_data(data)
+        if self.reply.events > before:
+            self.reply.event_reads += 1
+        if self.abort_after is not None and self.reply.events >= self.abort_after and self.transport:
+            self._abort()
+
+    def on_status(self, status: bytes) -> None:
+        self.reply.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        reply = self.reply
+        if reply.first is None:
+            reply.first = self._now
+        reply.body_size += len(body)
+        if reply.body is not None:
+            reply.body.append(body)
+        reply.events += body.count(b"\n\n")
+
+    def on_message_complete(self) -> None:
+        self.reply.ended = self._now
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(self.reply)
+
+    def _abort(self) -> None:
+        """Leave mid-stream: half of the clients with a FIN, half with a RST."""
+        assert self.transport is not None
+        self.reply.ended = self._now
+        waiter = self.waiter
+        if random.random() < 0.5:
+            self.transport.close()
+        else:
+            self.transport.abort()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(self.reply)
+
+    async def request(self, payload: bytes, abort_after: int | None = None, keep_body: bool = False) -> Reply:
+        """Send one request and wait for its whole response (or `abort_after` events)."""
+        if self.transport is None:
+            raise Disconnect("not connected")
+        self.reply = Reply(sent=time.perf_counter(), body=[] if keep_body else None)
+        self.abort_after = abort_after
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(payload)
+        return await self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def connect(target: Target) -> ClientConnection:
+    """A new connection to the target."""
+    loop = asyncio.get_running_loop()
+    _, protocol = await loop.create_connection(ClientConnection, target.host, target.port)
+    return protocol
+
+
+def chat_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
+                 text: str = "request %d: which tools do I prefer for my projects?") -> MakeRequest:
+    """A factory of chat-completion request bytes; each request's text carries its number."""
+    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
+               "authorization": "Bearer sk-bench", **target.headers, **(extra or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    template = b'{"model":"bench-model","stream":%s,"messages":[{"role":"user","content":"%s"}]}' % (
+        b"true" if stream else b"false", text.encode())
+
+    def make(n: int) -> bytes:
+        body = template.replace(b"%d", str(n).encode())
+        return b"POST /v1/chat/completions HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
+
+    return make
+
+
+def request_payload(target: Target, method: str, path: str, body: bytes = b"",
+                    headers: dict[str, str] | None = None) -> bytes:
+    """Any request, framed with a content-length."""
+    lines = {"host": f"{target.host}:{target.port}", **(headers or {})}
+    if body or method not in ("GET", "HEAD"):
+        lines["content-length"] = str(len(body))
+    head = "".join(f"{k}: {v}\r\n" for k, v in lines.items())
+    return f"{method} {path} HTTP/1.1\r\n{head}\r\n".encode() + body
+
+
+def get_payload(target: Target, path: str) -> bytes:
+    """A GET request."""
+    return request_payload(target, "GET", path)
+
+
+@dataclass
+class Run:
+    """The outcome of one closed-loop run."""
+
+    replies: list[Reply]
+    errors: int
+    elapsed: float
+
+    @property
+    def rate(self) -> float:
+        return len(self.replies) / self.elapsed if self.elapsed > 0 else 0.0
+
+
+async def closed_loop(target: Target, make: MakeRequest, concurrency: int, duration: float,
+                      min_requests: int = 1, warm: MakeRequest | None = None) -> Run:
+    """`concurrency` connections, each sending its next request as soon as one ends, for `duration`.
+
+    Connections are opened and warmed by one request (`warm`, else `make`) before the clock
+    starts; no request starts after the deadline, and the run lasts until the last one ends.
+    """
+    conns = [await connect(target) for _ in range(concurrency)]
+    await asyncio.gather(*(c.request((warm or make)(-1)) for c in conns))
+    replies: list[Reply] = []
+    errors = 0
+    counter = iter(range(10**9))
+    started = time.perf_counter()
+    deadline = started + duration
+
+    async def worker(conn: ClientConnection) -> None:
+        nonlocal errors
+        while time.perf_counter() < deadline or len(replies) < min_requests:
+            try:
+                reply = await conn.request(make(next(counter)))
+            except Disconnect:
+                errors += 1
+                conn = await connect(target)
+                continue
+            if reply.status != 200:
+                errors += 1
+            replies.append(reply)
+        conn.close()
+
+    await asyncio.gather(*(worker(c) for c in conns))
+    ended = max((r.ended for r in replies), default=started)
+    return Run(replies, errors, ended - started)
+
+
+async def one(target: Target, payload: bytes, abort_after: int | None = None) -> Reply:
+    """One request on a new connection, closed afterwards; the reply keeps its body."""
+    conn = await connect(target)
+    try:
+        return await conn.request(payload, abort_after, keep_body=True)
+    finally:
+        conn.close()
+
+
+async def fixed_count(target: Target, make: MakeRequest, concurrency: int, count: int) -> Run:
+    """Send requests 0..count-1 over `concurrency` connections; for setup work, not for figures."""
+    numbers = iter(range(count))
+    replies: list[Reply] = []
+    errors = 0
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        nonlocal errors
+        conn = await connect(target)
+        for n in numbers:
+            try:
+                reply = await conn.request(make(n))
+            except Disconnect:
+                errors += 1
+                conn = await connect(target)
+                continue
+            errors += reply.status >= 300
+            replies.append(reply)
+        conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return Run(replies, errors, time.perf_counter() - started)

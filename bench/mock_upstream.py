@@ -1,0 +1,231 @@
+"""A fast mock OpenAI upstream for the benchmark: raw asyncio and httptools, no framework.
+
+POST /v1/chat/completions answers a fixed completion, or, with `"stream": true`, an SSE
+stream of `--events` chunk events plus `data: [DONE]`, each event its own chunked write,
+`--delay-ms` apart (the headers X-Mock-Events and X-Mock-Delay-Ms override both per
+request). GET /_stats reports connection and stream counters, for leak checks. Any other
+path answers a small JSON object. It does so little per request that it is never the
+bottleneck of a run (bench/README.md).
+
+    python bench/mock_upstream.py --port 9000 [--events 50] [--delay-ms 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httptools
+
+COMPLETION = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "bench-model",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the mock upstream."},
+                 "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15},
+}, separators=(",", ":")).encode()
+SMALL = b'{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"}]}'
+_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}
+
+
+@dataclass
+class Counters:
+    """What /_stats reports."""
+
+    connections_open: int = 0
+    connections_total: int = 0
+    requests: int = 0
+    streams_active: int = 0
+    streams_done: int = 0
+    streams_cut: int = 0  # the reader went away before [DONE]
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """How one streamed answer is paced."""
+
+    events: int
+    delay_s: float
+
+
+def sse_frames(events: int) -> list[bytes]:
+    """`events` chat.completion.chunk events then [DONE], each framed as one HTTP chunk."""
+    frames = []
+    for i in range(events):
+        delta: dict[str, Any] = {"content": f"tok{i} "}
+        if i == 0:
+            delta["role"] = "assistant"
+        chunk = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000,
+                 "model": "bench-model",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": "stop" if i == events - 1 else None}]}
+        frames.append(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+    frames.append(b"data: [DONE]\n\n")
+    return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
+
+
+def head(status: int, content_type: bytes, length: int | None) -> bytes:
+    """A response head; without a length the body is chunked."""
+    framing = b"content-length: %d" % length if length is not None else b"transfer-encoding: chunked"
+    extra = b"cache-control: no-cache\r\n" if content_type == b"text/event-stream" else b""
+    return b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n%s%s\r\n\r\n" % (
+        status, _REASONS.get(status, b"Status"), content_type, extra, framing)
+
+
+class MockServer:
+    """Shared state of all connections: the defaults, the frame cache and the counters."""
+
+    def __init__(self, events: int, delay_ms: float) -> None:
+        self.default = StreamPlan(events, delay_ms / 1000)
+        self.counters = Counters()
+        self._frames: dict[int, list[bytes]] = {}
+
+    def frames(self, events: int) -> list[bytes]:
+        """Cached SSE frames for a stream of `events` chunks."""
+        if events not in self._frames:
+            self._frames[events] = sse_frames(events)
+        return self._frames[events]
+
+    def plan(self, headers: dict[bytes, bytes]) -> StreamPlan:
+        """The stream's pacing: the defaults unless the request's X-Mock-* headers say otherwise."""
+        events = int(headers.get(b"x-mock-events", self.default.events))
+        delay = headers.get(b"x-mock-delay-ms")
+        return StreamPlan(max(1, events), float(delay) / 1000 if delay is not None else self.default.delay_s)
+
+
+class MockConnection(asyncio.Protocol):
+    """One client connection, HTTP/1.1 keep-alive, requests answered in order."""
+
+    def __init__(self, server: MockServer) -> None:
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.counters.connections_open += 1
+        self.server.counters.connections_total += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.counters.connections_open -= 1
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self.transport is not None
+            self.transport.write(head(400, b"application/json", 2) + b"{}")
+            self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.server.counters.requests += 1
+        method, path = self.parser.get_method(), self.url.split(b"?", 1)[0]
+        keep_alive = self.parser.should_keep_alive()
+        body, headers = b"".join(self.body), self.headers
+        self._reset()
+        if method == b"POST" and path.endswith(b"/chat/completions"):
+            if _wants_stream(body):
+                self.transport.pause_reading()  # type: ignore[union-attr]
+                asyncio.get_running_loop().create_task(self._stream(self.server.plan(headers), keep_alive))
+                return
+            self._answer(head(200, b"application/json", len(COMPLETION)) + COMPLETION, keep_alive)
+        elif path == b"/_stats":
+            stats = json.dumps(asdict(self.server.counters)).encode()
+            self._answer(head(200, b"application/json", len(stats)) + stats, keep_alive)
+        else:
+            self._answer(head(200, b"application/json", len(SMALL)) + SMALL, keep_alive)
+
+    def _answer(self, data: bytes, keep_alive: bool) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+        if not keep_alive:
+            self.transport.close()
+
+    async def _stream(self, plan: StreamPlan, keep_alive: bool) -> None:
+        """Write each event as its own chunk, paced on an absolute timeline (no drift)."""
+        assert self.transport is not None
+        counters = self.server.counters
+        counters.streams_active += 1
+        try:
+            self.transport.write(head(200, b"text/event-stream", None))
+            started = time.perf_counter()
+            for i, frame in enumerate(self.server.frames(plan.events)):
+                if i and plan.delay_s:
+                    await asyncio.sleep(max(0.0, started + i * plan.delay_s - time.perf_counter()))
+                if self.closed:
+                    counters.streams_cut += 1
+                    return
+                self.transport.write(frame)
+            self.transport.write(b"0\r\n\r\n")
+            counters.streams_done += 1
+        finally:
+            counters.streams_active -= 1
+        if keep_alive:
+            self.transport.resume_reading()
+        else:
+            self.transport.close()
+
+
+def _wants_stream(body: bytes) -> bool:
+    if b'"stream"' not in body:
+        return False
+    try:
+        return json.loads(body).get("stream") is True
+    except (ValueError, AttributeError):
+        return False
+
+
+async def serve(host: str, port: int, events: int, delay_ms: float) -> None:
+    """Serve until cancelled."""
+    state = MockServer(events, delay_ms)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: MockConnection(state), host, port, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+def run(main: Any) -> None:
+    """Run a coroutine on uvloop when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+def main() -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--events", type=int, default=50, help="chunk events per stream, before [DONE]")
+    parser.add_argument("--delay-ms", type=float, default=2.0, help="time between two events")
+    args = parser.parse_args()
+    try:
+        run(serve(args.host, args.port, args.events, args.delay_ms))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""What memproxy adds over a direct call and over a minimal pass-through, side by side.
+
+Starts the mock upstream, the reference pass-through and memproxy, each its own process
+(one uvicorn worker, uvloop + httptools), then measures every target in interleaved
+rounds and prints the medians, the ratios and the issue's done-criteria. See bench/README.md.
+
+    python bench/overhead.py [--quick] [--rounds 5] [--duration 1.0] [--json]
+                             [--disconnect-storm 500] [--memory-items 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen import Target
+from processes import REPO, Server, start_memproxy, start_mock, start_reference
+from scenarios import Figures, StreamShape, Subject, latency, streaming, warm_up
+from storm import disconnect_storm, seed_memories
+from summary import MEMPROXY, Results, Summary, criteria, ratio_table, table
+from summary import as_json as summary_json
+
+MEMORY_USER = "bench-user"
+TARGETS = ("direct", "reference", "memproxy-off", "memproxy-on")
+KNOWN_TARGETS = TARGETS + ("reference-httpx",)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measurement every target goes through in each round."""
+
+    name: str
+    streamed: bool
+    concurrency: int
+
+
+STEPS = (
+    Step("latency_c1", False, 1), Step("latency_c8", False, 8),
+    Step("throughput_c32", False, 32), Step("throughput_c64", False, 64),
+    Step("stream_c1", True, 1), Step("stream_c32", True, 32),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; figures are medians over them")
+    p.add_argument("--duration", type=float, default=1.0, help="seconds per step, per target, per round")
+    p.add_argument("--quick", action="store_true", help="short smoke run (~20 s): 2 rounds of 0.2 s")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    p.add_argument("--targets", default=",".join(TARGETS),
+                   help=f"comma-separated, from {', '.join(KNOWN_TARGETS)} (reference-httpx: httpx's own transport)")
+    p.add_argument("--stream-events", type=int, default=50, help="chunk events per measured stream (plus [DONE])")
+    p.add_argument("--stream-gap-ms", type=float, default=5.0, help="time between two events of a measured stream")
+    p.add_argument("--memory-items", type=int, default=0,
+                   help="memories to seed for the memory-on user first (via chat turns until the Memory API exists: slow)")
+    p.add_argument("--disconnect-storm", type=int, default=0, metavar="N",
+                   help="afterwards, N streaming clients leave mid-stream under load; then leak checks on memproxy")
+    p.add_argument("--log-level", default="info", help="memproxy's server.log_level (its default: info)")
+    p.add_argument("--memproxy-dir", type=Path, default=REPO, help="the memproxy checkout to run (default: this one)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.duration = 2, 0.2
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = set(args.targets) - set(KNOWN_TARGETS)
+    if unknown or "direct" not in args.targets:
+        p.error(f"--targets must include direct and only name {', '.join(KNOWN_TARGETS)}")
+    return args
+
+
+def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, Server]:
+    """The processes the chosen targets need, keyed by target name (memproxy serves two)."""
+    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms)
+    servers = {"direct": mock}
+    upstream = f"http://127.0.0.1:{mock.port}/v1"
+    try:
+        if "reference" in args.targets:
+            servers["reference"] = start_reference(workdir, upstream, "aiohttp", "reference")
+        if "reference-httpx" in args.targets:
+            servers["reference-httpx"] = start_reference(workdir, upstream, "httpx", "reference-httpx")
+        if {"memproxy-off", "memproxy-on"} & set(args.targets):
+            memproxy = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir)
+            servers["memproxy-off"] = servers["memproxy-on"] = memproxy
+    except RuntimeError:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers: dict[str, Server]) -> None:
+    """Stop each process once."""
+    for server in {id(s): s for s in servers.values()}.values():
+        server.stop()
+
+
+def subjects(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, Subject]:
+    """Each target with its port, headers and serving process."""
+    out = {}
+    for name in args.targets:
+        headers = {"x-memory-user": MEMORY_USER} if name == "memproxy-on" else {}
+        out[name] = Subject(Target(name, servers[name].port, headers), servers[name], servers["direct"])
+    return out
+
+
+def step_runner(step: Step, shape: StreamShape) -> Callable[[Subject, float], Awaitable[Figures]]:
+    """The coroutine that measures `step` for one target."""
+    if step.streamed:
+        return lambda subject, duration: streaming(subject, step.concurrency, duration, shape)
+    return lambda subject, duration: latency(subject, step.concurrency, duration)
+
+
+async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> Results:
+    """Every step for every target, interleaved: within a step the targets take turns, and the
+    order rotates each round so no target always runs first or last."""
+    shape = StreamShape(args.stream_events, args.stream_gap_ms)
+    names = list(targets)
+    results: Results = {step.name: {name: [] for name in names} for step in STEPS}
+    for r in range(args.rounds):
+        started = time.perf_counter()
+        order = names[r % len(names):] + names[:r % len(names)]
+        for step in STEPS:
+            measure = step_runner(step, shape)
+            for name in order:
+                results[step.name][name].append(await measure(targets[name], args.duration))
+        print(f"  round {r + 1}/{args.rounds} done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return results
+
+
+def memory_sizes(servers: dict[str, Server], targets: list[str]) -> dict[str, float]:
+    """Resident memory of each target's serving process, MiB."""
+    return {name: servers[name].rss_mb() for name in targets}
+
+
+def source_version(path: Path) -> str:
+    """`git describe` of the memproxy checkout that ran, or "unknown"."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=path, capture_output=True,
+                              text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
+async def bench(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, Any]:
+    """Seed, warm up, measure the rounds, then the storm; everything the report needs."""
+    targets = subjects(args, servers)
+    report: dict[str, Any] = {}
+    if args.memory_items and "memproxy-on" in targets:
+        print(f"seeding {args.memory_items} memories for {MEMORY_USER} ...", file=sys.stderr)
+        report["seed"] = await seed_memories(targets["memproxy-on"].target, MEMORY_USER, args.memory_items)
+    print("warming up ...", file=sys.stderr)
+    for subject in targets.values():
+        await warm_up(subject, StreamShape(args.stream_events, args.stream_gap_ms))
+    report["rss_mb_start"] = memory_sizes(servers, args.targets)
+    print(f"measuring {args.rounds} rounds of {args.duration} s per step and target ...", file=sys.stderr)
+    report["results"] = await run_rounds(args, targets)
+    report["rss_mb_end"] = memory_sizes(servers, args.targets)
+    storm_on = "memproxy-on" if "memproxy-on" in targets else MEMPROXY
+    if args.disconnect_storm and storm_on in targets:
+        print(f"disconnect storm: {args.disconnect_storm} clients ...", file=sys.stderr)
+        report["storm"] = await disconnect_storm(targets[MEMPROXY if MEMPROXY in targets else storm_on],
+                                                 args.disconnect_storm, MEMORY_USER)
+    return report
+
+
+def print_report(args: argparse.Namespace, report: dict[str, Any], version: str) -> bool:
+    """The table, the ratios, the storm and the criteria; True when every criterion passed."""
+    summary = Summary(report["results"], args.targets)
+    print(f"\nmemproxy {version}: {args.rounds} interleaved rounds, {args.duration} s per step; medians over rounds."
+          f"\nstreams: {args.stream_events} chunk events + [DONE], {args.stream_gap_ms} ms apart. "
+          f"memproxy log level: {args.log_level}.\n")
+    print(table(summary, {"RSS MiB after warm-up": report["rss_mb_start"], "RSS MiB at end": report["rss_mb_end"]}))
+    print()
+    print(ratio_table(summary))
+    for key in ("seed", "storm"):
+        if key in report:
+            print(f"\n{key}: " + ", ".join(f"{k} {v:g}" for k, v in report[key].items()))
+    checks = criteria(summary)
+    print()
+    for check in checks:
+        print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+    if args.json:
+        out = {"memproxy": version, "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+               **summary_json(summary), "rss_mb_start": report["rss_mb_start"], "rss_mb_end": report["rss_mb_end"],
+               "seed": report.get("seed"), "storm": report.get("storm"),
+               "criteria": [{"name": c.name, "pass": c.passed, "detail": c.detail} for c in checks]}
+        print(json.dumps(out))
+    return all(c.passed for c in checks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; exit 1 when a done-criterion fails."""
+    args = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="memproxy-bench-"))
+    started = time.perf_counter()
+    servers = start_servers(args, workdir)
+    try:
+        report = _run(bench(args, servers))
+    finally:
+        stop_servers(servers)
+    print(f"finished in {time.perf_counter() - started:.0f} s; server logs in {workdir}", file=sys.stderr)
+    return 0 if print_report(args, report, source_version(args.memproxy_dir)) else 1
+
+
+def _run(coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

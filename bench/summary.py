@@ -1,0 +1,180 @@
+"""Medians over rounds, ratios, the issue's done-criteria, and the printed table."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from scenarios import Figures
+
+Results = dict[str, dict[str, list[Figures]]]  # step -> target -> one Figures per round
+DIRECT, REFERENCE, MEMPROXY = "direct", "reference", "memproxy-off"
+
+# (section, label, step, metric, how): how is "value" (median over rounds) or "added" (minus direct).
+ROWS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("latency c=1", "p50 ms", "latency_c1", "p50_ms", "value"),
+    ("", "p99 ms", "latency_c1", "p99_ms", "value"),
+    ("", "added p50 ms", "latency_c1", "p50_ms", "added"),
+    ("", "added p99 ms", "latency_c1", "p99_ms", "added"),
+    ("latency c=8", "p50 ms", "latency_c8", "p50_ms", "value"),
+    ("", "p99 ms", "latency_c8", "p99_ms", "value"),
+    ("", "added p50 ms", "latency_c8", "p50_ms", "added"),
+    ("", "added p99 ms", "latency_c8", "p99_ms", "added"),
+    ("throughput c=32", "requests/s", "throughput_c32", "rate", "value"),
+    ("", "server CPU ms/request", "throughput_c32", "cpu_ms_per_request", "value"),
+    ("", "server CPU, cores", "throughput_c32", "server_cpu", "value"),
+    ("", "mock CPU, cores", "throughput_c32", "mock_cpu", "value"),
+    ("", "client CPU, cores", "throughput_c32", "client_cpu", "value"),
+    ("throughput c=64", "requests/s", "throughput_c64", "rate", "value"),
+    ("", "server CPU ms/request", "throughput_c64", "cpu_ms_per_request", "value"),
+    ("stream c=1", "first event p50 ms", "stream_c1", "ttfc_p50_ms", "value"),
+    ("", "added first event ms", "stream_c1", "ttfc_p50_ms", "added"),
+    ("", "end p50 ms", "stream_c1", "end_p50_ms", "value"),
+    ("", "events per read", "stream_c1", "events_per_read", "value"),
+    ("stream c=32", "first event p50 ms", "stream_c32", "ttfc_p50_ms", "value"),
+    ("", "first event p99 ms", "stream_c32", "ttfc_p99_ms", "value"),
+    ("", "end p50 ms", "stream_c32", "end_p50_ms", "value"),
+    ("", "end p99 ms", "stream_c32", "end_p99_ms", "value"),
+    ("", "streams/s", "stream_c32", "rate", "value"),
+    ("", "events per read", "stream_c32", "events_per_read", "value"),
+    ("", "server CPU us/event", "stream_c32", "cpu_us_per_event", "value"),
+)
+# (label, step, metric): each reported against direct and against the reference, as a median
+# of the per-round ratios (the rounds are interleaved, so a slow moment hits both sides).
+RATIOS: tuple[tuple[str, str, str], ...] = (
+    ("latency c=1 p50", "latency_c1", "p50_ms"),
+    ("latency c=8 p50", "latency_c8", "p50_ms"),
+    ("throughput c=32", "throughput_c32", "rate"),
+    ("throughput c=64", "throughput_c64", "rate"),
+    ("CPU/request c=32", "throughput_c32", "cpu_ms_per_request"),
+    ("stream c=1 first event", "stream_c1", "ttfc_p50_ms"),
+    ("streams/s c=32", "stream_c32", "rate"),
+    ("stream c=32 end p50", "stream_c32", "end_p50_ms"),
+)
+
+
+@dataclass
+class Criterion:
+    """One of the issue's done-criteria, checked."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+class Summary:
+    """Per-round results reduced to medians."""
+
+    def __init__(self, results: Results, targets: list[str]) -> None:
+        self.results = results
+        self.targets = targets
+
+    def _series(self, step: str, target: str, metric: str) -> list[float]:
+        return [f[metric] for f in self.results.get(step, {}).get(target, []) if metric in f]
+
+    def median(self, step: str, target: str, metric: str) -> float | None:
+        values = self._series(step, target, metric)
+        return statistics.median(values) if values else None
+
+    def added(self, step: str, target: str, metric: str) -> float | None:
+        """Median over rounds of (target - direct) for the same round."""
+        pairs = zip(self._series(step, target, metric), self._series(step, DIRECT, metric))
+        values = [a - b for a, b in pairs]
+        return statistics.median(values) if values else None
+
+    def ratio(self, step: str, target: str, metric: str, base: str) -> float | None:
+        """Median over rounds of target / base for the same round."""
+        pairs = zip(self._series(step, target, metric), self._series(step, base, metric))
+        values = [a / b for a, b in pairs if b]
+        return statistics.median(values) if values else None
+
+    def errors(self, target: str) -> int:
+        return int(sum(f.get("errors", 0) for step in self.results.values() for f in step.get(target, [])))
+
+
+def criteria(s: Summary, max_events_per_read: float = 1.05) -> list[Criterion]:
+    """The issue's four done-criteria, for memproxy with memory off."""
+    if not {DIRECT, REFERENCE, MEMPROXY} <= set(s.targets):
+        return [Criterion("criteria", False, f"need targets {DIRECT}, {REFERENCE} and {MEMPROXY}")]
+    out = []
+    mine, ref = s.added("latency_c1", MEMPROXY, "p50_ms"), s.added("latency_c1", REFERENCE, "p50_ms")
+    if mine is not None and ref is not None:
+        limit = 1.3 * ref + 0.3
+        out.append(Criterion("added p50 latency at c=1 <= 1.3 x reference + 0.3 ms", mine <= limit,
+                             f"{mine:.3f} ms vs limit {limit:.3f} ms (reference adds {ref:.3f} ms)"))
+    tput = s.ratio("throughput_c32", MEMPROXY, "rate", REFERENCE)
+    if tput is not None:
+        out.append(Criterion("throughput at c=32 >= 0.9 x reference", tput >= 0.9,
+                             f"{tput:.3f}x ({_num(s.median('throughput_c32', MEMPROXY, 'rate'))} vs "
+                             f"{_num(s.median('throughput_c32', REFERENCE, 'rate'))} requests/s)"))
+    streams = s.ratio("stream_c32", MEMPROXY, "rate", DIRECT)
+    if streams is not None:
+        out.append(Criterion("streams at c=32 >= 0.9 x direct", streams >= 0.9,
+                             f"{streams:.3f}x ({_num(s.median('stream_c32', MEMPROXY, 'rate'))} vs "
+                             f"{_num(s.median('stream_c32', DIRECT, 'rate'))} streams/s)"))
+    per_read = s.median("stream_c1", MEMPROXY, "events_per_read")
+    incomplete = sum(f.get("incomplete", 0) for f in s.results.get("stream_c1", {}).get(MEMPROXY, []))
+    if per_read is not None:
+        out.append(Criterion("each SSE event forwarded on its own (c=1)",
+                             per_read <= max_events_per_read and incomplete == 0,
+                             f"{per_read:.3f} events per read (1.0 = none coalesced; limit "
+                             f"{max_events_per_read}), {int(incomplete)} incomplete streams"))
+    return out
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
+
+
+def table(s: Summary, extras: dict[str, dict[str, float]]) -> str:
+    """The figures as a text table: one column per target."""
+    width = 12
+    lines = [f"{'':17}{'':24}" + "".join(f"{t:>{width + 2}}" for t in s.targets)]
+    for section, label, step, metric, how in ROWS:
+        if section:
+            lines.append("")
+        cells = []
+        for target in s.targets:
+            if how == "added" and target == DIRECT:
+                cells.append("")
+                continue
+            value = s.added(step, target, metric) if how == "added" else s.median(step, target, metric)
+            cells.append(_num(value))
+        lines.append(f"{section:17}{label:24}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    lines.append("")
+    for label, values in extras.items():
+        lines.append(f"{label:41}" + "".join(f"{_num(values.get(t)):>{width + 2}}" for t in s.targets))
+    lines.append(f"{'errors, all steps':41}" + "".join(f"{s.errors(t):>{width + 2}}" for t in s.targets))
+    return "\n".join(lines)
+
+
+def ratio_table(s: Summary) -> str:
+    """Each target against direct and against the reference."""
+    others = [t for t in s.targets if t != DIRECT]
+    head = "".join(f"{t + ' / ' + b:>{max(24, len(t) + 14)}}" for t in others for b in (DIRECT, REFERENCE)
+                   if t != b and b in s.targets)
+    lines = [f"{'ratio (median of per-round ratios)':36}{head}"]
+    for label, step, metric in RATIOS:
+        cells = [f"{_num(s.ratio(step, t, metric, b)) + 'x':>{max(24, len(t) + 14)}}" for t in others
+                 for b in (DIRECT, REFERENCE) if t != b and b in s.targets]
+        lines.append(f"{label:36}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def as_json(s: Summary) -> dict[str, Any]:
+    """Medians, added latency and ratios, keyed step -> target -> metric."""
+    steps = sorted(s.results)
+    metrics = {step: sorted({m for t in s.targets for f in s.results[step].get(t, []) for m in f}) for step in steps}
+    return {
+        "medians": {step: {t: {m: s.median(step, t, m) for m in metrics[step]} for t in s.targets} for step in steps},
+        "added_vs_direct": {step: {t: {m: s.added(step, t, m) for m in ("p50_ms", "p99_ms", "ttfc_p50_ms", "end_p50_ms")
+                                       if m in metrics[step]} for t in s.targets if t != DIRECT} for step in steps},
+        "ratios": {f"{label} / {base}": {t: s.ratio(step, t, metric, base) for t in s.targets if t != base}
+                   for label, step, metric in RATIOS for base in (DIRECT, REFERENCE) if base in s.targets},
+        "errors": {t: s.errors(t) for t in s.targets},
+    }
