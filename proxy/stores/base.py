@@ -28,7 +28,15 @@ from proxy.models import (
 
 
 class StoreError(Exception):
-    """The store failed (locked, full, gone); callers degrade, never fail a request."""
+    """The store failed (locked, full, gone); callers degrade, never fail a request.
+
+    `transient` is False only when retrying cannot help (the write itself is invalid):
+    a locked, full or unreachable database is transient and its writes are retried.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def text_hash(text: str) -> str:
@@ -77,6 +85,9 @@ class FinishTurn:
     at: datetime
     task: str = ""
     steps: tuple[ReasoningStep, ...] = ()
+    # text_hash of the answer as the client received it, before redaction: the client
+    # sends that text back, and the conversation is found by it (SPEC 2).
+    answer_hash: str | None = None
 
 
 @dataclass(frozen=True)

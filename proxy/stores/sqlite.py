@@ -49,6 +49,12 @@ ENTITY_WEIGHTS = (2.0, 1.0, 1.0)
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 
 
+# Errors no retry can fix: the write itself is wrong. Locked, full or I/O errors are
+# OperationalError and are retried.
+_INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError,
+                  TypeError, ValueError)
+
+
 def _reason(exc: BaseException) -> str:
     code = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     return f"{code}: {exc}"
@@ -167,6 +173,8 @@ class SQLiteStore:
             raise StoreError("store is not open")
         try:
             await asyncio.get_running_loop().run_in_executor(thread, apply_batch, writer, list(ops))
+        except _INVALID_WRITE as exc:
+            raise StoreError(_reason(exc), transient=False) from exc
         except sqlite3.Error as exc:
             raise StoreError(_reason(exc)) from exc
 
