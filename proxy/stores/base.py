@@ -112,7 +112,87 @@ class SaveBlock:
     at: datetime | None = None
 
 
-WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock]
+@dataclass(frozen=True)
+class EntityFact:
+    """An entity found in a message (merged by canonical name per user)."""
+
+    name: str
+    type: str
+    description: str = ""
+    confidence: float = 0.7
+
+
+@dataclass(frozen=True)
+class RelationFact:
+    """A relationship found in a message, between entity names of the same extraction.
+
+    `single_valued` types (WORKS_AT, LIVES_IN, ...) invalidate the current edge of the same
+    from-entity and type when the target differs, instead of deleting it (SPEC 6).
+    """
+
+    from_name: str
+    type: str
+    to_name: str
+    single_valued: bool = False
+
+
+@dataclass(frozen=True)
+class RecordFacts:
+    """Apply one message's extraction and take it off the queue, in one transaction.
+
+    `user_node` names the user's own node ("User" until the user states a name; then the
+    node is renamed and keeps its edges). First-person facts use that name as from_name.
+    """
+
+    scope: Scope
+    queue_id: int
+    message_id: str
+    entities: tuple[EntityFact, ...]
+    relationships: tuple[RelationFact, ...]
+    at: datetime
+    user_node: str | None = None
+
+
+@dataclass(frozen=True)
+class ExtractionFailed:
+    """An extraction attempt failed: retry at `retry_at`, or park the item with its error."""
+
+    scope: Scope
+    queue_id: int
+    error: str
+    retry_at: datetime
+    park: bool = False
+
+
+@dataclass(frozen=True)
+class StoreMemory:
+    """A memory stored explicitly (memory API or the store_memory tool, SPEC 7-8).
+
+    fact / pattern / user_preference become an entity of the user (found by long-term);
+    interaction becomes an assistant message in the user's latest conversation.
+    """
+
+    scope: Scope
+    memory_id: str
+    content: str
+    memory_type: str
+    at: datetime
+    confidence: float = 0.7
+    tags: tuple[str, ...] = ()
+
+
+WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
+                StoreMemory]
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    """A saved message waiting for extraction, with the scope it belongs to."""
+
+    queue_id: int
+    scope: Scope
+    message: StoredMessage
+    attempts: int
 
 
 # --- the protocol ------------------------------------------------------------------
