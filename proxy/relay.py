@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any, Callable, Awaitable
+from typing import Any, Awaitable, Callable
 
 from proxy.errors import BodyTooLarge, ProxyError
 
@@ -45,7 +45,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(parts)
 
 
-async def body_stream(receive: Receive, limit: int) -> AsyncIterator[bytes]:
+async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None]) -> AsyncIterator[bytes]:
     """The request body as it arrives (pass-through paths never hold it whole)."""
     size = 0
     while True:
@@ -59,6 +59,7 @@ async def body_stream(receive: Receive, limit: int) -> AsyncIterator[bytes]:
         if chunk:
             yield chunk
         if not message.get("more_body", False):
+            on_end()
             return
 
 
@@ -74,20 +75,28 @@ async def send_error(send: Send, error: ProxyError, headers: list[tuple[bytes, b
 class DisconnectWatch:
     """Cancels the request's task when the client goes away, so the upstream call stops.
 
-    Used once the request body has been read: from then on the only message `receive`
-    can bring is http.disconnect.
+    It watches only once the request body has been read (`armed`, or `arm()` called when
+    a streamed body ends): from then on the only message `receive` can bring is
+    http.disconnect.
     """
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, *, armed: bool = True) -> None:
         self._receive = receive
+        self._armed = armed
         self._task: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
         self.gone = False
 
     async def __aenter__(self) -> DisconnectWatch:
         self._owner = asyncio.current_task()
-        self._task = asyncio.get_running_loop().create_task(self._watch())
+        if self._armed:
+            self.arm()
         return self
+
+    def arm(self) -> None:
+        """Start watching (the request body has been read)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":

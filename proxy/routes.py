@@ -73,16 +73,16 @@ class ProxyEndpoint:
                                            drop_authorization=identity.uses_proxy_key)
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
-        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or length
-        content = body_stream(receive, limit) if has_body else None
+        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
         url = self.upstream.url(path, scope["query_string"])
-        async with DisconnectWatch(receive) if not has_body else _nothing() as watch:
+        async with DisconnectWatch(receive, armed=not has_body) as watch:
+            content = body_stream(receive, limit, on_end=watch.arm) if has_body else None
             response = await self.upstream.open(scope["method"], url, upstream_headers, content)
             try:
                 await relay_plain(send, response, extra_headers=[])
             finally:
                 await response.aclose()
-        return "client_gone" if watch and watch.gone else f"status_{response.status}"
+        return "client_gone" if watch.gone else f"status_{response.status}"
 
     async def _chat(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> str:
         resolved = self.scopes.resolve(scope)
@@ -120,9 +120,7 @@ class ProxyEndpoint:
             error.headers = {k.decode(): v.decode() for k, v in recall.headers()}
             raise
         if recall.block and response.status == 400:
-            retried = await self._retry_without_block(response, url, headers, original, recall)
-            if retried is not None:
-                return retried
+            return await self._retry_without_block(response, url, headers, original, recall)
         return response
 
     async def _retry_without_block(self, response: Any, url: Any, headers: Any, original: bytes,
@@ -134,14 +132,6 @@ class ProxyEndpoint:
             return _Replayed(response, body)
         recall.dropped_block()
         return await self.upstream.open("POST", url, headers, original)
-
-
-class _nothing:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> bool:
-        return False
 
 
 class _Replayed:

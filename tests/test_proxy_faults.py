@@ -253,3 +253,13 @@ def test_sigterm_like_shutdown_lets_stream_finish(make_proxy, fake):
             proxy.server.should_exit = True  # what uvicorn's SIGTERM handler sets
             rest = b"".join(pieces)
     assert (first + rest).endswith(DONE)
+
+
+def test_client_disconnect_on_streamed_post_passthrough(proxy, fake):
+    fake.queue(SSEReply([b"event: response.created\ndata: {}\n\n"] * 50, delay=0.1))
+    with proxy.http() as http:
+        with http.stream("POST", "/v1/responses", json={"model": "m", "stream": True, "input": "hi"}) as response:
+            next(response.iter_raw())
+            closed_at = time.monotonic()
+    assert fake.wait_closed(5)
+    assert fake.connections[-1].closed - closed_at < 2.0
