@@ -66,6 +66,7 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
         first_person=long_term.first_person(text),
         id_terms=identifier_terms(unseen),
         any_term_match=any_term_match,
+        max_memories=query.max_memories,
     )
 
 

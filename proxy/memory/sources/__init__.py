@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic, TypeVar
 
+from proxy.memory.fusion import HARD_CAP
 from proxy.memory.keywords import rank_by_shared_words, retry_terms, variants
 from proxy.memory.redact import redact
 from proxy.memory.trigger import TRIGGER_REASON, promote
@@ -27,7 +28,7 @@ T = TypeVar("T")
 
 CANDIDATES = 24  # rows asked of the index per search: bounded whatever the history holds
 IDENTIFIER_CANDIDATES = 8  # rows asked per unseen-identifier search
-HITS_PER_SOURCE = 16  # the merge takes at most 12 in all; a few spare for repeated texts
+SPARE_HITS = 2  # hits a source builds beyond the merge's limit, for texts another source also found
 RANK_REASON = "rank"
 RETRY_REASON = "keyword retry"
 _PART = re.compile(r"[A-Za-z0-9]+")
@@ -71,6 +72,12 @@ class SourceQuery:
     first_person: bool = False
     id_terms: tuple[str, ...] = ()  # the whole-identifier terms of `identifiers`
     any_term_match: bool = False  # the store's text search matches a row holding any one term
+    max_memories: int = HARD_CAP
+
+    @property
+    def hits_wanted(self) -> int:
+        """Hits a source builds: all the merge could take from it, and a few for repeated texts."""
+        return min(self.max_memories, HARD_CAP) + SPARE_HITS
 
     @cached_property
     def _shown(self) -> frozenset[str]:
@@ -113,20 +120,21 @@ async def lexical(
     limit: int = CANDIDATES,
 ) -> list[Found[T]]:
     """Relevant candidates, best first: identifier matches, then the full query (or its retry)."""
-    by_terms, by_identifier = await asyncio.gather(
-        search(q.terms, limit) if q.terms else _nothing(),
-        search(q.id_terms, IDENTIFIER_CANDIDATES) if q.id_terms else _nothing(),
-    )
-    ranked = _kept(q, by_terms, keep, order or (lambda item, score: (key(item),)))
+    if q.id_terms:
+        by_terms, by_identifier = await asyncio.gather(
+            _search(search, q.terms, limit), _search(search, q.id_terms, IDENTIFIER_CANDIDATES)
+        )
+    else:  # the common case, without a task per search
+        by_terms, by_identifier = await _search(search, q.terms, limit), []
+    tie_break = order or (lambda item, score: (key(item),))
+    ranked = [Found(item, score, parts={"bm25": bm25(score)}) for item, score in _kept(q, by_terms, keep, tie_break)]
     # Where the index matches any one term (SQLite: the terms OR'ed), a search with some of
     # the query's words finds nothing the full query did not, unless that was cut at `limit`.
     if not ranked and retry and (not q.any_term_match or len(by_terms) >= limit):
         ranked = await _retry(q, search, key, text, keep, limit)
-    else:
-        ranked = [Found(item, score, parts={"bm25": bm25(score)}) for item, score in ranked]
     front = [
         Found(item, score, TRIGGER_REASON, {"bm25": bm25(score), "identifier_search": True})
-        for item, score in _kept(q, by_identifier, keep, order or (lambda item, score: (key(item),)))
+        for item, score in _kept(q, by_identifier, keep, tie_break)
     ]
     return _distinct([*front, *ranked], key, text)
 
@@ -145,8 +153,8 @@ def _distinct(found: list[Found[T]], key: Callable[[T], str], text: Callable[[T]
     return kept
 
 
-async def _nothing() -> list[tuple[T, float]]:
-    return []
+async def _search(search: Search[T], terms: Sequence[str], limit: int) -> list[tuple[T, float]]:
+    return await search(terms, limit) if terms else []
 
 
 def _kept(
@@ -181,12 +189,11 @@ async def _retry(
     ]
 
 
-def to_hits(q: SourceQuery, found: Sequence[Found[T]], hit: Callable[[Found[T]], Hit],
-            limit: int = HITS_PER_SOURCE) -> list[Hit]:
-    """The best `limit` candidates as Hits, those holding an unseen identifier first.
+def to_hits(q: SourceQuery, found: Sequence[Found[T]], hit: Callable[[Found[T]], Hit]) -> list[Hit]:
+    """The best candidates as Hits, as many as the merge can take, those holding an unseen identifier first.
 
     Only what the merge can use is built: a hit's line costs more than its row.
     """
     hits = [hit(Found(f.item, f.score, f.reason, {**f.parts, "rank": n}))
-            for n, f in enumerate(found[:limit], start=1)]
+            for n, f in enumerate(found[:q.hits_wanted], start=1)]
     return promote(hits, q.identifiers) if q.identifiers else hits

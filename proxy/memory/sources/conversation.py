@@ -68,8 +68,10 @@ def newest_first(m: StoredMessage, score: float) -> tuple[object, ...]:
 
 
 def message_id(m: StoredMessage) -> str:
+    """A message's id (the key candidates are told apart by)."""
     return m.id
 
 
 def message_text(m: StoredMessage) -> str:
+    """A message's text (what the keyword retry ranks by)."""
     return m.content

@@ -13,7 +13,7 @@ import logging
 
 from proxy.memory.block import triple_line
 from proxy.memory.redact import redact
-from proxy.memory.sources import HITS_PER_SOURCE, SourceQuery
+from proxy.memory.sources import SourceQuery
 from proxy.memory.sources.long_term import EntityMatches
 from proxy.models import Entity, Hit, Relationship
 from proxy.stores.base import Store
@@ -32,7 +32,7 @@ async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: in
     results = await asyncio.gather(
         *(store.relationships(q.scope, e.id, current_only=True) for e in entities), return_exceptions=True
     )
-    wanted = frozenset(q.terms)
+    shared_terms = SharedTerms(frozenset(q.terms))
     chosen: dict[str, tuple[Relationship, Entity, int]] = {}
     for entity, edges in zip(entities, results):
         if isinstance(edges, asyncio.CancelledError):
@@ -41,14 +41,14 @@ async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: in
             log.warning("graph: entity %s failed to expand (%s: %s)", entity.id, type(edges).__name__,
                         redact(str(edges))[:200])
             continue
-        shown = [(edge, _shared(edge, wanted)) for edge in edges if _shown(edge)]
+        shown = [(edge, shared_terms.of(edge)) for edge in edges if _shown(edge)]
         for edge, shared in sorted(shown, key=_rank)[:EDGES_PER_ENTITY]:
             chosen.setdefault(edge.id, (edge, entity, shared))
     ranked = sorted(((edge, shared) for edge, _, shared in chosen.values()), key=_rank)
     return [
         Hit(SOURCE, edge.id, triple_line(edge.from_name, edge.type, edge.to_name or ""), float(shared), REASON,
             edge.valid_from, parts={"entity": chosen[edge.id][1].id, "shared_terms": shared, "rank": n})
-        for n, (edge, shared) in enumerate(ranked[:HITS_PER_SOURCE], start=1)
+        for n, (edge, shared) in enumerate(ranked[:q.hits_wanted], start=1)
     ]
 
 
@@ -56,8 +56,20 @@ def _shown(edge: Relationship) -> bool:
     return edge.invalid_at is None and bool(edge.to_name) and bool(edge.from_name)
 
 
-def _shared(edge: Relationship, wanted: frozenset[str]) -> int:
-    return len(wanted.intersection(terms(f"{edge.from_name} {edge.type} {edge.to_name}")))
+class SharedTerms:
+    """How many query terms a triple's text holds; each name's terms computed once per retrieval."""
+
+    def __init__(self, wanted: frozenset[str]) -> None:
+        self.wanted = wanted
+        self._names: dict[str, frozenset[str]] = {}
+
+    def of(self, edge: Relationship) -> int:
+        found: set[str] = set()
+        for part in (edge.from_name, edge.type, edge.to_name or ""):
+            if (part_terms := self._names.get(part)) is None:
+                part_terms = self._names[part] = self.wanted.intersection(terms(part))
+            found |= part_terms
+        return len(found)
 
 
 def _rank(row: tuple[Relationship, int]) -> tuple[int, float, str]:

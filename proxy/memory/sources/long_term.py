@@ -53,10 +53,10 @@ async def find(store: Store, q: SourceQuery) -> EntityMatches:
     async def search(terms: Sequence[str], limit: int) -> list[tuple[Entity, float]]:
         return await store.search_entities(q.scope, terms, limit=limit)
 
-    ranked, user_node = await asyncio.gather(
-        lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True),
-        user_node_of(store, q) if q.first_person else _no_node(),
-    )
+    entities = lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True)
+    if not q.first_person:
+        return EntityMatches(await entities)
+    ranked, user_node = await asyncio.gather(entities, user_node_of(store, q))
     return EntityMatches(ranked, user_node)
 
 
@@ -65,10 +65,6 @@ async def user_node_of(store: Store, q: SourceQuery) -> Entity | None:
     rows = await store.search_entities(q.scope, [USER_TYPE], limit=USER_NODE_CANDIDATES)
     nodes = sorted((e for e, _ in rows if e.type == USER_TYPE), key=_id)
     return nodes[0] if nodes else None
-
-
-async def _no_node() -> Entity | None:
-    return None
 
 
 def hits(q: SourceQuery, matches: EntityMatches) -> list[Hit]:
