@@ -9,6 +9,7 @@ events each read carried (coalescing) come from the same clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import socket
 import time
@@ -32,6 +33,7 @@ class Reply:
     event_reads: int = 0  # reads that completed at least one event
     body_size: int = 0
     body: list[bytes] | None = None  # kept only when asked for
+    memory_status: bytes = b""  # X-Memory-Status, from memproxy
 
     @property
     def latency(self) -> float:
@@ -86,6 +88,10 @@ class ClientConnection(asyncio.Protocol):
     def on_status(self, status: bytes) -> None:
         self.reply.status = self.parser.get_status_code()
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"x-memory-status":
+            self.reply.memory_status = value
+
     def on_body(self, body: bytes) -> None:
         reply = self.reply
         if reply.first is None:
@@ -134,17 +140,30 @@ async def connect(target: Target) -> ClientConnection:
     return protocol
 
 
+QUESTIONS = (
+    "request %d: which tools do I prefer for my projects?",
+    "request %d: remind me what database we picked for the billing service",
+    "request %d: can you summarise the deployment plan for cluster seven?",
+    "request %d: what editor setup did I say I like?",
+    "request %d: draft a short reply to the vendor about the invoice delay",
+    "request %d: which library should I use for parsing dates in rust?",
+    "request %d: what did we decide about retries in the payment pipeline?",
+    "request %d: explain the difference between a mutex and a semaphore",
+)
+
+
 def chat_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
-                 text: str = "request %d: which tools do I prefer for my projects?") -> MakeRequest:
-    """A factory of chat-completion request bytes; each request's text carries its number."""
+                 questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
+    """A factory of chat-completion request bytes; request n asks question n (mod their number)."""
     headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
                "authorization": "Bearer sk-bench", **target.headers, **(extra or {})}
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
-    template = b'{"model":"bench-model","stream":%s,"messages":[{"role":"user","content":"%s"}]}' % (
-        b"true" if stream else b"false", text.encode())
+    flag = b"true" if stream else b"false"
+    templates = [b'{"model":"bench-model","stream":%s,"messages":[{"role":"user","content":"%s"}]}' % (
+        flag, q.encode()) for q in questions]
 
     def make(n: int) -> bytes:
-        body = template.replace(b"%d", str(n).encode())
+        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
         return b"POST /v1/chat/completions HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
 
     return make
@@ -167,49 +186,78 @@ def get_payload(target: Target, path: str) -> bytes:
 
 @dataclass
 class Run:
-    """The outcome of one closed-loop run."""
+    """Replies gathered over one or more slices of a closed loop."""
 
-    replies: list[Reply]
-    errors: int
-    elapsed: float
+    replies: list[Reply] = field(default_factory=list)
+    errors: int = 0
+    elapsed: float = 0.0
 
     @property
     def rate(self) -> float:
         return len(self.replies) / self.elapsed if self.elapsed > 0 else 0.0
 
+    def add(self, other: Run) -> None:
+        self.replies += other.replies
+        self.errors += other.errors
+        self.elapsed += other.elapsed
 
-async def closed_loop(target: Target, make: MakeRequest, concurrency: int, duration: float,
-                      min_requests: int = 1, warm: MakeRequest | None = None) -> Run:
-    """`concurrency` connections, each sending its next request as soon as one ends, for `duration`.
 
-    Connections are opened and warmed by one request (`warm`, else `make`) before the clock
-    starts; no request starts after the deadline, and the run lasts until the last one ends.
+class ClosedLoop:
+    """`concurrency` keep-alive connections, each sending its next request as soon as one ends.
+
+    It runs in slices, so that several loads can take turns within a second; connections
+    stay open between slices, and `total` adds the slices up.
     """
-    conns = [await connect(target) for _ in range(concurrency)]
-    await asyncio.gather(*(c.request((warm or make)(-1)) for c in conns))
-    replies: list[Reply] = []
-    errors = 0
-    counter = iter(range(10**9))
-    started = time.perf_counter()
-    deadline = started + duration
 
-    async def worker(conn: ClientConnection) -> None:
-        nonlocal errors
-        while time.perf_counter() < deadline or len(replies) < min_requests:
-            try:
-                reply = await conn.request(make(next(counter)))
-            except Disconnect:
-                errors += 1
-                conn = await connect(target)
-                continue
-            if reply.status != 200:
-                errors += 1
-            replies.append(reply)
-        conn.close()
+    def __init__(self, target: Target, make: MakeRequest, concurrency: int, warm: MakeRequest | None = None) -> None:
+        self.target = target
+        self.make = make
+        self.warm = warm or make
+        self.conns: list[ClientConnection] = []
+        self.concurrency = concurrency
+        self.total = Run()
+        self._numbers = itertools.count()
 
-    await asyncio.gather(*(worker(c) for c in conns))
-    ended = max((r.ended for r in replies), default=started)
-    return Run(replies, errors, ended - started)
+    async def open(self) -> None:
+        """Connect, and warm every connection with one request (not counted)."""
+        self.conns = [await connect(self.target) for _ in range(self.concurrency)]
+        await asyncio.gather(*(c.request(self.warm(-1)) for c in self.conns))
+
+    async def run(self, duration: float, min_requests: int = 1) -> Run:
+        """One slice: no request starts after `duration`, and it lasts until the last one ends."""
+        run = Run()
+        started = time.perf_counter()
+        deadline = started + duration
+
+        async def worker(i: int) -> None:
+            while time.perf_counter() < deadline or len(run.replies) < min_requests:
+                try:
+                    reply = await self.conns[i].request(self.make(next(self._numbers)))
+                except Disconnect:
+                    run.errors += 1
+                    self.conns[i] = await connect(self.target)
+                    continue
+                run.errors += reply.status != 200
+                run.replies.append(reply)
+
+        await asyncio.gather(*(worker(i) for i in range(len(self.conns))))
+        run.elapsed = max((r.ended for r in run.replies), default=started) - started
+        self.total.add(run)
+        return run
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+
+async def closed_loop(target: Target, make: MakeRequest, concurrency: int, duration: float) -> Run:
+    """One closed-loop run of `duration` seconds on fresh connections."""
+    load = ClosedLoop(target, make, concurrency)
+    await load.open()
+    try:
+        return await load.run(duration)
+    finally:
+        load.close()
 
 
 async def one(target: Target, payload: bytes, abort_after: int | None = None) -> Reply:

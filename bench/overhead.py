@@ -17,14 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadgen import Target
 from processes import REPO, Server, start_memproxy, start_mock, start_reference
-from scenarios import Figures, StreamShape, Subject, latency, streaming, warm_up
+from scenarios import Figures, Measured, StreamShape, Subject, warm_up
 from storm import disconnect_storm, seed_memories
 from summary import MEMPROXY, Results, Summary, criteria, ratio_table, table
 from summary import as_json as summary_json
@@ -55,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; figures are medians over them")
     p.add_argument("--duration", type=float, default=1.0, help="seconds per step, per target, per round")
+    p.add_argument("--slices", type=int, default=4, help="turns the targets take within each step of a round")
     p.add_argument("--quick", action="store_true", help="short smoke run (~20 s): 2 rounds of 0.2 s")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument("--targets", default=",".join(TARGETS),
@@ -63,13 +64,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-gap-ms", type=float, default=5.0, help="time between two events of a measured stream")
     p.add_argument("--memory-items", type=int, default=0,
                    help="memories to seed for the memory-on user first (via chat turns until the Memory API exists: slow)")
+    p.add_argument("--memory-read-only", action="store_true",
+                   help="memory-on requests send X-Memory-Persist: false, so the store keeps its seeded size")
     p.add_argument("--disconnect-storm", type=int, default=0, metavar="N",
                    help="afterwards, N streaming clients leave mid-stream under load; then leak checks on memproxy")
     p.add_argument("--log-level", default="info", help="memproxy's server.log_level (its default: info)")
     p.add_argument("--memproxy-dir", type=Path, default=REPO, help="the memproxy checkout to run (default: this one)")
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.duration = 2, 0.2
+        args.rounds, args.duration, args.slices = 2, 0.2, 2
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = set(args.targets) - set(KNOWN_TARGETS)
     if unknown or "direct" not in args.targets:
@@ -107,20 +110,31 @@ def subjects(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, 
     out = {}
     for name in args.targets:
         headers = {"x-memory-user": MEMORY_USER} if name == "memproxy-on" else {}
+        if name == "memproxy-on" and args.memory_read_only:
+            headers["x-memory-persist"] = "false"
         out[name] = Subject(Target(name, servers[name].port, headers), servers[name], servers["direct"])
     return out
 
 
-def step_runner(step: Step, shape: StreamShape) -> Callable[[Subject, float], Awaitable[Figures]]:
-    """The coroutine that measures `step` for one target."""
-    if step.streamed:
-        return lambda subject, duration: streaming(subject, step.concurrency, duration, shape)
-    return lambda subject, duration: latency(subject, step.concurrency, duration)
+async def run_step(step: Step, targets: dict[str, Subject], order: list[str], args: argparse.Namespace,
+                   shape: StreamShape) -> dict[str, Figures]:
+    """One step for every target: the targets take turns in slices of duration/slices seconds."""
+    loads = {name: Measured(targets[name], step.concurrency, shape if step.streamed else None) for name in order}
+    try:
+        for name in order:
+            await loads[name].open()
+        for _ in range(args.slices):
+            for name in order:
+                await loads[name].slice(args.duration / args.slices)
+    finally:
+        for load in loads.values():
+            load.close()
+    return {name: load.figures() for name, load in loads.items()}
 
 
 async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> Results:
-    """Every step for every target, interleaved: within a step the targets take turns, and the
-    order rotates each round so no target always runs first or last."""
+    """Every step for every target, interleaved: within a step the targets take turns slice by
+    slice, and the order rotates each round so no target always goes first."""
     shape = StreamShape(args.stream_events, args.stream_gap_ms)
     names = list(targets)
     results: Results = {step.name: {name: [] for name in names} for step in STEPS}
@@ -128,9 +142,8 @@ async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> R
         started = time.perf_counter()
         order = names[r % len(names):] + names[:r % len(names)]
         for step in STEPS:
-            measure = step_runner(step, shape)
-            for name in order:
-                results[step.name][name].append(await measure(targets[name], args.duration))
+            for name, figures in (await run_step(step, targets, order, args, shape)).items():
+                results[step.name][name].append(figures)
         print(f"  round {r + 1}/{args.rounds} done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return results
 
@@ -181,6 +194,10 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
     print(table(summary, {"RSS MiB after warm-up": report["rss_mb_start"], "RSS MiB at end": report["rss_mb_end"]}))
     print()
     print(ratio_table(summary))
+    if "memproxy-on" in args.targets:
+        sent = sum(f["requests"] for step in report["results"].values() for f in step["memproxy-on"])
+        print(f"\nmemproxy-on: {sent:,.0f} measured requests for {MEMORY_USER}, "
+              + ("none saved (--memory-read-only)" if args.memory_read_only else "each saved as a turn") + ".")
     for key in ("seed", "storm"):
         if key in report:
             print(f"\n{key}: " + ", ".join(f"{k} {v:g}" for k, v in report[key].items()))

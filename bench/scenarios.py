@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import Run, Target, chat_payload, closed_loop, get_payload, one
+from loadgen import ClosedLoop, Run, Target, chat_payload, closed_loop, get_payload, one
 from processes import Server
 
 Figures = dict[str, float]
@@ -45,44 +45,63 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-async def _measured(subject: Subject, stream: StreamShape | None, concurrency: int, duration: float
-                    ) -> tuple[Run, Figures]:
-    """One closed-loop run, with the CPU each process spent during it."""
-    target = subject.target
-    make = chat_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
-    before = (subject.server.cpu_seconds(), subject.mock.cpu_seconds(), time.process_time())
-    warm = chat_payload(target, stream=False)  # a whole stream per connection would only cost time
-    run = await closed_loop(target, make, concurrency, duration, min_requests=2, warm=warm)
-    after = (subject.server.cpu_seconds(), subject.mock.cpu_seconds(), time.process_time())
-    spent = [b - a for a, b in zip(before, after)]
-    elapsed = max(run.elapsed, 1e-9)
-    return run, {
-        "rate": run.rate, "errors": float(run.errors), "requests": float(len(run.replies)),
-        "server_cpu": spent[0] / elapsed, "mock_cpu": spent[1] / elapsed, "client_cpu": spent[2] / elapsed,
-        "cpu_ms_per_request": 1000 * spent[0] / max(1, len(run.replies)),
-    }
+class Measured:
+    """A closed-loop load on one subject, run in slices, with the CPU each process spends in them."""
+
+    def __init__(self, subject: Subject, concurrency: int, stream: StreamShape | None) -> None:
+        target = subject.target
+        make = chat_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
+        # Warm each connection with a plain request: a whole stream per connection would only cost time.
+        self.load = ClosedLoop(target, make, concurrency, warm=chat_payload(target, stream=False))
+        self.subject = subject
+        self.stream = stream
+        self.cpu = [0.0, 0.0, 0.0]  # server, mock, this client
+
+    def _clocks(self) -> tuple[float, float, float]:
+        return self.subject.server.cpu_seconds(), self.subject.mock.cpu_seconds(), time.process_time()
+
+    async def open(self) -> None:
+        await self.load.open()
+
+    async def slice(self, duration: float) -> None:
+        """Run for `duration` seconds (at least one request)."""
+        before = self._clocks()
+        await self.load.run(duration)
+        self.cpu = [total + b - a for total, a, b in zip(self.cpu, before, self._clocks())]
+
+    def close(self) -> None:
+        self.load.close()
+
+    def figures(self) -> Figures:
+        """All the slices' figures: latency ones, or streaming ones for a stream."""
+        run = self.load.total
+        elapsed = max(run.elapsed, 1e-9)
+        common = {
+            "rate": run.rate, "errors": float(run.errors), "requests": float(len(run.replies)),
+            "server_cpu": self.cpu[0] / elapsed, "mock_cpu": self.cpu[1] / elapsed, "client_cpu": self.cpu[2] / elapsed,
+            "cpu_ms_per_request": 1000 * self.cpu[0] / max(1, len(run.replies)),
+            "memory_ok": sum(r.memory_status == b"ok" for r in run.replies) / max(1, len(run.replies)),
+        }
+        return {**common, **(_stream_figures(run, self.stream, common) if self.stream else _latency_figures(run))}
 
 
-async def latency(subject: Subject, concurrency: int, duration: float) -> Figures:
-    """Non-streamed chat completions: latency percentiles, rate and CPU per request."""
-    run, figures = await _measured(subject, None, concurrency, duration)
+def _latency_figures(run: Run) -> Figures:
     times = [r.latency * 1000 for r in run.replies]
-    return {**figures, "p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99)}
+    return {"p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99)}
 
 
-async def streaming(subject: Subject, concurrency: int, duration: float, shape: StreamShape) -> Figures:
-    """Streamed chat completions: time to first event and to the end, coalescing, streams/s."""
-    run, figures = await _measured(subject, shape, concurrency, duration)
+def _stream_figures(run: Run, shape: StreamShape, common: Figures) -> Figures:
+    """Time to first event and to the end, events per read (1.0: no coalescing), CPU per event."""
     first = [((r.first or r.ended) - r.sent) * 1000 for r in run.replies]
     end = [r.latency * 1000 for r in run.replies]
     events = sum(r.events for r in run.replies)
     incomplete = sum(1 for r in run.replies if r.events != shape.expected_events)
     return {
-        **figures, "ttfc_p50_ms": percentile(first, 50), "ttfc_p99_ms": percentile(first, 99),
+        "ttfc_p50_ms": percentile(first, 50), "ttfc_p99_ms": percentile(first, 99),
         "end_p50_ms": percentile(end, 50), "end_p99_ms": percentile(end, 99),
         "events_per_read": events / max(1, sum(r.event_reads for r in run.replies)),
-        "incomplete": float(incomplete), "errors": figures["errors"] + incomplete,
-        "cpu_us_per_event": 1e6 * figures["cpu_ms_per_request"] / 1000 / max(1, shape.expected_events),
+        "incomplete": float(incomplete), "errors": common["errors"] + incomplete,
+        "cpu_us_per_event": 1000 * common["cpu_ms_per_request"] / shape.expected_events,
     }
 
 
@@ -94,5 +113,6 @@ async def fetch_json(target: Target, path: str) -> dict[str, Any]:
 
 async def warm_up(subject: Subject, shape: StreamShape) -> None:
     """Fill the proxies' upstream pools and run each code path once before anything is measured."""
-    await closed_loop(subject.target, chat_payload(subject.target, stream=False), 64, 0.2)
-    await closed_loop(subject.target, chat_payload(subject.target, stream=True, extra=shape.headers()), 4, 0.0)
+    target = subject.target
+    await closed_loop(target, chat_payload(target, stream=False), 64, 0.2)
+    await closed_loop(target, chat_payload(target, stream=True, extra=shape.headers()), 4, 0.0)
