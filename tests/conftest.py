@@ -17,6 +17,8 @@ from proxy.app import create_app
 from proxy.settings import Settings, load_settings
 from tests.fake_upstream import FakeUpstream
 
+pytest_plugins = ["tests.pg_server"]  # a throwaway PostgreSQL server: pg_server, pg_url
+
 
 def free_port() -> int:
     with socket.socket() as sock:

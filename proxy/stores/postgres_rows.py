@@ -1,0 +1,114 @@
+"""PostgreSQL records and models: stored text, timestamps, records to models and exports.
+
+The same shapes as sqlite_rows.py; PostgreSQL hands back aware datetimes, so only the
+text needs care: besides lone surrogates, PostgreSQL text cannot hold NUL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from asyncpg import Record
+
+from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, StoredMessage, Turn
+
+# A lone surrogate (valid JSON, invalid UTF-8) or NUL (valid JSON, refused by PostgreSQL text).
+_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
+
+
+def clean_text(text: str) -> str:
+    """Text PostgreSQL can store: lone surrogates and NUL become U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def utc(at: datetime) -> datetime:
+    """An aware UTC datetime; a naive one is taken as UTC (as the SQLite store does)."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def iso(at: datetime | None) -> str | None:
+    """ISO 8601 UTC text for an export, None for None."""
+    return None if at is None else utc(at).isoformat()
+
+
+def turn_from_record(row: Record) -> Turn:
+    """A Turn from a turns record."""
+    return Turn(key=row["turn_key"], conversation_id=row["conversation_id"], status=row["status"],
+                created_at=utc(row["created_at"]), block=row["block"], injected=row["injected"])
+
+
+def message_from_record(row: Record) -> StoredMessage:
+    """A StoredMessage from a messages record."""
+    return StoredMessage(row["id"], row["conversation_id"], row["role"], row["content"], utc(row["created_at"]))
+
+
+def entity_from_record(row: Record) -> Entity:
+    """An Entity from an entities record."""
+    return Entity(id=row["id"], name=row["name"], type=row["type"], description=row["description"],
+                  memory_type=row["memory_type"], confidence=row["confidence"], tags=tuple(json.loads(row["tags"])),
+                  aliases=tuple(json.loads(row["aliases"])), provenance=tuple(json.loads(row["provenance"])))
+
+
+def relationship_from_record(row: Record) -> Relationship:
+    """A Relationship from a relationships record joined with its entity names."""
+    invalid_at = row["invalid_at"]
+    return Relationship(id=row["id"], from_id=row["from_id"], from_name=row["from_name"], type=row["type"],
+                        to_id=row["to_id"], to_name=row["to_name"], valid_from=utc(row["valid_from"]),
+                        invalid_at=None if invalid_at is None else utc(invalid_at),
+                        provenance=tuple(json.loads(row["provenance"])))
+
+
+def trace_from_record(row: Record) -> ReasoningTrace:
+    """A ReasoningTrace from a reasoning record."""
+    steps = tuple(ReasoningStep(s["name"], s["arguments"], s.get("result", "")) for s in json.loads(row["steps"]))
+    return ReasoningTrace(row["id"], row["conversation_id"], row["task"], steps, row["answer"],
+                          utc(row["created_at"]))
+
+
+def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
+    if agent is not None:
+        record["agent_id"] = agent
+    return record
+
+
+def export_conversation(row: Record) -> dict[str, Any]:
+    """SPEC 8 `conversation` record."""
+    record = {"kind": "conversation", "id": row["id"], "created_at": iso(row["created_at"]),
+              "last_active_at": iso(row["last_active_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_message(row: Record) -> dict[str, Any]:
+    """SPEC 8 `message` record."""
+    record = {"kind": "message", "id": row["id"], "conversation_id": row["conversation_id"], "role": row["role"],
+              "content": row["content"], "created_at": iso(row["created_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_entity(row: Record) -> dict[str, Any]:
+    """SPEC 8 `entity` record."""
+    e = entity_from_record(row)
+    record = {"kind": "entity", "id": e.id, "name": e.name, "type": e.type, "description": e.description,
+              "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
+              "aliases": list(e.aliases), "provenance": list(e.provenance),
+              "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_relationship(row: Record) -> dict[str, Any]:
+    """SPEC 8 `relationship` record (entity names and ids)."""
+    record = {"kind": "relationship", "id": row["id"], "from": row["from_name"], "type": row["type"],
+              "to": row["to_name"], "from_id": row["from_id"], "to_id": row["to_id"],
+              "valid_from": iso(row["valid_from"]), "invalid_at": iso(row["invalid_at"]),
+              "provenance": json.loads(row["provenance"]), "created_at": iso(row["created_at"])}
+    return _with_agent(record, row["agent_id"])
+
+
+def export_reasoning(row: Record) -> dict[str, Any]:
+    """SPEC 8 `reasoning` record."""
+    record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
+              "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
+    return _with_agent(record, row["agent_id"])

@@ -1,0 +1,304 @@
+"""The PostgreSQL schema: the SQLite schema's tables and keys, as numbered migrations.
+
+It mirrors sqlite_schema.py table for table, column for column, with these differences:
+- Timestamps are `timestamptz` (asyncpg returns aware UTC datetimes).
+- Ids, keys and terms are `COLLATE "C"`: byte order like SQLite's, whatever the database's
+  locale, so pages and tie-breaks come out in the same order on both backends.
+- Full-text search is an inverted index of our own instead of FTS5. PostgreSQL's text
+  parser splits on `_` (so `to_tsvector` would cut `internal_hbr_2291_example` apart);
+  the `*terms` columns already hold the index terms (proxy.terms), so each item's terms
+  go into a `<kind>_postings` table, one row per (user, term, item) with the term
+  frequency and the item's length, and `lexicon_stats` keeps each user's item count and
+  total length. A search reads the query terms' postings through the primary key and
+  computes FTS5's BM25 exactly, per user, in one statement: no scan of the user's items.
+- Postings, statistics and stale embeddings are kept in step by statement-level triggers
+  with transition tables, so every insert, update and delete path - FK cascades included -
+  updates them, as the FTS5 triggers do on SQLite.
+- Vectors are `real[]`.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+# pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
+MIGRATION_LOCK = 0x6D656D70726F7879  # "memproxy"
+
+_C = 'COLLATE "C"'
+
+_V1_TABLES = f"""
+CREATE TABLE users (
+    id text {_C} PRIMARY KEY,
+    created_at timestamptz NOT NULL
+);
+
+CREATE TABLE conversations (
+    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    id text {_C} NOT NULL,
+    agent_id text {_C},
+    created_at timestamptz NOT NULL,
+    last_active_at timestamptz NOT NULL,
+    PRIMARY KEY (user_id, id)
+);
+CREATE INDEX conversations_recent ON conversations(user_id, last_active_at, id);
+
+CREATE TABLE messages (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id text {_C} NOT NULL,
+    user_id text {_C} NOT NULL,
+    conversation_id text {_C} NOT NULL,
+    agent_id text {_C},
+    turn_key text {_C},
+    role text NOT NULL,
+    content text NOT NULL,
+    content_hash text {_C} NOT NULL,
+    terms text NOT NULL,
+    created_at timestamptz NOT NULL,
+    UNIQUE (user_id, id),
+    UNIQUE (user_id, turn_key, role, content_hash),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX messages_conversation ON messages(user_id, conversation_id, created_at);
+CREATE INDEX messages_hash ON messages(user_id, content_hash);
+
+CREATE TABLE turns (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id text {_C} NOT NULL,
+    turn_key text {_C} NOT NULL,
+    conversation_id text {_C} NOT NULL,
+    agent_id text {_C},
+    history_hash text {_C} NOT NULL,
+    status text NOT NULL DEFAULT 'pending',
+    block text,
+    injected integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    UNIQUE (user_id, turn_key),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX turns_history ON turns(user_id, history_hash, created_at);
+CREATE INDEX turns_conversation ON turns(user_id, conversation_id);
+CREATE INDEX turns_pending ON turns(updated_at) WHERE status = 'pending';
+
+CREATE TABLE turn_tool_calls (
+    user_id text {_C} NOT NULL,
+    call_id text {_C} NOT NULL,
+    turn_key text {_C} NOT NULL,
+    name text NOT NULL,
+    arguments text NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (user_id, call_id),
+    FOREIGN KEY (user_id, turn_key) REFERENCES turns(user_id, turn_key) ON DELETE CASCADE
+);
+CREATE INDEX turn_tool_calls_turn ON turn_tool_calls(user_id, turn_key);
+
+CREATE TABLE reasoning (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id text {_C} NOT NULL,
+    user_id text {_C} NOT NULL,
+    agent_id text {_C},
+    conversation_id text {_C} NOT NULL,
+    turn_key text {_C},
+    task text NOT NULL,
+    steps text NOT NULL,
+    answer text NOT NULL,
+    terms text NOT NULL,
+    created_at timestamptz NOT NULL,
+    UNIQUE (user_id, id),
+    UNIQUE (user_id, turn_key),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX reasoning_recent ON reasoning(user_id, created_at);
+CREATE INDEX reasoning_agent ON reasoning(user_id, agent_id, created_at);
+CREATE INDEX reasoning_conversation ON reasoning(user_id, conversation_id);
+
+CREATE TABLE entities (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id text {_C} NOT NULL,
+    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    agent_id text {_C},
+    name text NOT NULL,
+    canonical_name text {_C} NOT NULL,
+    type text NOT NULL DEFAULT '',
+    description text NOT NULL DEFAULT '',
+    memory_type text NOT NULL DEFAULT 'fact',
+    confidence double precision NOT NULL DEFAULT 0.7,
+    tags text NOT NULL DEFAULT '[]',
+    aliases text NOT NULL DEFAULT '[]',
+    provenance text NOT NULL DEFAULT '[]',
+    name_terms text NOT NULL DEFAULT '',
+    type_terms text NOT NULL DEFAULT '',
+    description_terms text NOT NULL DEFAULT '',
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    UNIQUE (user_id, id)
+);
+CREATE UNIQUE INDEX entities_canonical ON entities(user_id, coalesce(agent_id, ''), canonical_name);
+
+CREATE TABLE relationships (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id text {_C} NOT NULL,
+    user_id text {_C} NOT NULL,
+    agent_id text {_C},
+    from_id text {_C} NOT NULL,
+    type text NOT NULL,
+    to_id text {_C} NOT NULL,
+    valid_from timestamptz NOT NULL,
+    invalid_at timestamptz,
+    provenance text NOT NULL DEFAULT '[]',
+    created_at timestamptz NOT NULL,
+    UNIQUE (user_id, id),
+    FOREIGN KEY (user_id, from_id) REFERENCES entities(user_id, id) ON DELETE CASCADE,
+    FOREIGN KEY (user_id, to_id) REFERENCES entities(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX relationships_from ON relationships(user_id, from_id, type, invalid_at);
+CREATE INDEX relationships_to ON relationships(user_id, to_id);
+
+CREATE TABLE extraction_queue (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id text {_C} NOT NULL,
+    message_id text {_C} NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL,
+    last_error text,
+    parked boolean NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL,
+    UNIQUE (user_id, message_id),
+    FOREIGN KEY (user_id, message_id) REFERENCES messages(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX extraction_queue_due ON extraction_queue(parked, next_attempt_at);
+
+CREATE TABLE injections (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id text {_C} NOT NULL,
+    turn_key text {_C} NOT NULL,
+    log text NOT NULL,
+    created_at timestamptz NOT NULL,
+    UNIQUE (user_id, turn_key),
+    FOREIGN KEY (user_id, turn_key) REFERENCES turns(user_id, turn_key) ON DELETE CASCADE
+);
+
+CREATE TABLE embeddings (
+    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    kind text {_C} NOT NULL,
+    item_id text {_C} NOT NULL,
+    model text {_C} NOT NULL,
+    dim integer NOT NULL,
+    vector real[] NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (user_id, kind, item_id, model)
+);
+
+CREATE TABLE lexicon_stats (
+    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    kind text {_C} NOT NULL,
+    docs bigint NOT NULL,
+    tokens bigint NOT NULL,
+    PRIMARY KEY (user_id, kind)
+);
+"""
+
+
+def _split(column: str) -> str:
+    return f"string_to_array(r.{column}, ' ')"
+
+
+def _index(table: str, kind: str, weighted: tuple[tuple[str, float], ...], watched: tuple[str, ...]) -> str:
+    """The postings table of `table` and the triggers that keep it, the stats and vectors in step.
+
+    `weighted` is (terms column, weight): a term's frequency is the weighted count over the
+    columns and an item's length the plain count, as FTS5's bm25() with column weights.
+    """
+    postings = f"{kind}_postings"
+    terms = " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::real" for c, w in weighted)
+    length = " + ".join(f"coalesce(cardinality({_split(c)}), 0)" for c, _ in weighted)
+    columns = ", ".join(f"r.{c}" for c, _ in weighted)
+    indexed = ", ".join(f"o.{c}" for c, _ in weighted), ", ".join(f"n.{c}" for c, _ in weighted)
+    watched_old, watched_new = ", ".join(f"o.{c}" for c in watched), ", ".join(f"n.{c}" for c in watched)
+
+    def add(rows: str) -> str:
+        return f"""
+    -- MATERIALIZED: inlined, the length would be computed again for every term of the item.
+    WITH r AS MATERIALIZED (SELECT r.user_id, r.seq, {columns}, {length} AS dl FROM {rows} r)
+    INSERT INTO {postings} (user_id, term, doc, tf, dl)
+        SELECT r.user_id, t.term, r.seq, sum(t.w), r.dl FROM r
+        CROSS JOIN LATERAL ({terms}) AS t(term, w) WHERE t.term <> '' GROUP BY r.user_id, t.term, r.seq, r.dl;
+    INSERT INTO lexicon_stats AS s (user_id, kind, docs, tokens)
+        SELECT r.user_id, '{kind}', count(*), sum({length}) FROM {rows} r GROUP BY r.user_id
+        ON CONFLICT (user_id, kind) DO UPDATE SET docs = s.docs + excluded.docs, tokens = s.tokens + excluded.tokens;"""
+
+    def remove(rows: str) -> str:
+        return f"""
+    DELETE FROM {postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
+        CROSS JOIN LATERAL ({terms}) AS t(term, w)) d
+        WHERE p.user_id = d.user_id AND p.term = d.term AND p.doc = d.seq;
+    UPDATE lexicon_stats s SET docs = s.docs - d.docs, tokens = s.tokens - d.tokens
+        FROM (SELECT r.user_id, count(*) AS docs, sum({length}) AS tokens FROM {rows} r GROUP BY r.user_id) d
+        WHERE s.user_id = d.user_id AND s.kind = '{kind}';"""
+
+    def drop_vectors(rows: str) -> str:
+        return f"""
+    DELETE FROM embeddings e USING {rows} r WHERE e.user_id = r.user_id AND e.kind = '{kind}' AND e.item_id = r.id;"""
+
+    changed = f"(SELECT o.* FROM old_rows o JOIN new_rows n ON n.seq = o.seq WHERE ({indexed[0]}) IS DISTINCT FROM ({indexed[1]}))"
+    reindexed = changed.replace("SELECT o.*", "SELECT n.*")
+    stale = f"(SELECT o.* FROM old_rows o JOIN new_rows n ON n.seq = o.seq WHERE ({watched_old}) IS DISTINCT FROM ({watched_new}))"
+    bodies = {
+        "insert": ("NEW TABLE AS new_rows", add("new_rows")),
+        "delete": ("OLD TABLE AS old_rows", remove("old_rows") + drop_vectors("old_rows")),
+        "update": ("OLD TABLE AS old_rows NEW TABLE AS new_rows",
+                   remove(changed) + add(reindexed) + drop_vectors(stale)),
+    }
+    script = f"""
+CREATE TABLE {postings} (
+    user_id text {_C} NOT NULL,
+    term text {_C} NOT NULL,
+    doc bigint NOT NULL,
+    tf real NOT NULL,
+    dl integer NOT NULL,
+    PRIMARY KEY (user_id, term, doc) INCLUDE (tf, dl)
+);
+"""
+    for event, (referencing, body) in bodies.items():
+        name = f"{table}_index_{event}"
+        script += f"""
+CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN{body}
+    RETURN NULL;
+END
+$body$;
+CREATE TRIGGER {name} AFTER {event.upper()} ON {table} REFERENCING {referencing}
+    FOR EACH STATEMENT EXECUTE FUNCTION {name}();
+"""
+    return script
+
+
+_V1 = (
+    _V1_TABLES
+    + _index("messages", "message", (("terms", 1.0),), ("content",))
+    # A name match says more about an entity than its type or description does (as SQLite).
+    + _index("entities", "entity", (("name_terms", 2.0), ("type_terms", 1.0), ("description_terms", 1.0)),
+             ("name", "description"))
+    + _index("reasoning", "reasoning", (("terms", 1.0),), ("task", "steps", "answer"))
+)
+
+# Append only: a released script never changes; a schema change is a new script.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+
+POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
+
+
+async def migrate(conn: asyncpg.Connection) -> int:
+    """Bring the schema (of the connection's search_path) up to date; return its version."""
+    async with conn.transaction():
+        # Locked before reading the version: replicas opening at once migrate once.
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await conn.execute("CREATE TABLE IF NOT EXISTS schema_version"
+                           " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)")
+        current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+        if current > len(MIGRATIONS):
+            raise ValueError(f"schema version {current} is newer than this memproxy knows")
+        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+            await conn.execute(script)
+            await conn.execute("INSERT INTO schema_version (version, applied_at) VALUES ($1, now())", version)
+    return len(MIGRATIONS)

@@ -1,0 +1,676 @@
+"""The Store contract, run against both backends: a real SQLite file and a real PostgreSQL.
+
+Every test here takes `backend` and runs once per backend with the same assertions: the
+behaviour SPEC 10 promises is the same on both. Backend-specific checks (SQLite's locks
+and FTS tombstones; PostgreSQL's advisory locks, recovery beside live replicas, outages)
+live in test_store_sqlite.py and test_store_postgres.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.models import ReasoningStep, Scope
+from proxy.stores.base import (
+    FinishTurn,
+    RecordToolCalls,
+    SaveBlock,
+    SetTurnStatus,
+    StartTurn,
+    Store,
+    StoreError,
+    WriteOp,
+    text_hash,
+)
+from proxy.terms import query_terms
+from tests.store_backends import Backend, PostgresBackend, SQLiteBackend
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+ALICE = Scope("alice")
+BOB = Scope("bob")
+CANARY = "zebracanary"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return SQLiteBackend(tmp_path / "m.db")
+    return PostgresBackend(request.getfixturevalue("pg_url"))
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def start(scope: Scope, key: str, text: str | None = "hello", *, conv: str = "c1", at: datetime = T0,
+          history: str | None = None, persist: bool = True) -> StartTurn:
+    return StartTurn(scope, key, conv, history or f"h-{key}", at, text, persist)
+
+
+def finish(scope: Scope, key: str, answer: str, *, conv: str = "c1", at: datetime = T0,
+           task: str = "", steps: tuple[ReasoningStep, ...] = ()) -> FinishTurn:
+    return FinishTurn(scope, key, conv, answer, at + timedelta(seconds=1), task, steps)
+
+
+# --- writes ----------------------------------------------------------------------------
+
+
+def test_start_and_finish_are_idempotent(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            ops: list[WriteOp] = [start(ALICE, "t1", "where is the office?"), finish(ALICE, "t1", "On Main Street.")]
+            await store.apply(ops)
+            await store.apply(ops)
+            await store.apply(ops + ops)
+            msgs = await store.messages(ALICE, "c1")
+            assert [(m.role, m.content) for m in msgs] == [("user", "where is the office?"),
+                                                           ("assistant", "On Main Street.")]
+            assert msgs[0].created_at == T0 and msgs[0].created_at.tzinfo is not None
+            turn = await store.turn(ALICE, "t1")
+            assert turn is not None and turn.status == "complete" and turn.conversation_id == "c1"
+        assert await backend.sql("SELECT count(*) FROM extraction_queue") == [(2,)]
+
+    run(body())
+
+
+def test_regenerated_answer_is_saved_beside_the_first(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1"), finish(ALICE, "t1", "first answer")])
+            await store.apply([finish(ALICE, "t1", "second answer")])
+            await store.apply([finish(ALICE, "t1", "first answer")])
+            msgs = await store.messages(ALICE, "c1")
+            assert [m.content for m in msgs] == ["hello", "first answer", "second answer"]
+
+    run(body())
+
+
+def test_persist_off_and_missing_text_save_no_message(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "secret plan", persist=False), start(ALICE, "t2", None)])
+            assert await store.messages(ALICE, "c1") == []
+            assert (await store.turn(ALICE, "t1")) is not None
+            assert (await store.turn(ALICE, "t2")) is not None
+
+    run(body())
+
+
+def test_turn_status_never_leaves_complete(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1"), SetTurnStatus(ALICE, "t1", "upstream_failed", T0)])
+            assert (await store.turn(ALICE, "t1")).status == "upstream_failed"  # type: ignore[union-attr]
+            await store.apply([finish(ALICE, "t1", "done"), SetTurnStatus(ALICE, "t1", "client_aborted", T0)])
+            assert (await store.turn(ALICE, "t1")).status == "complete"  # type: ignore[union-attr]
+
+    run(body())
+
+
+def test_finish_without_start_still_saves_the_answer(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([finish(ALICE, "lost", "an answer")])
+            assert [m.content for m in await store.messages(ALICE, "c1")] == ["an answer"]
+            assert (await store.turn(ALICE, "lost")).status == "complete"  # type: ignore[union-attr]
+
+    run(body())
+
+
+def test_reasoning_trace_saved_once_per_turn(backend: Backend) -> None:
+    steps = (ReasoningStep("get_weather", '{"city": "Oslo"}', "rain"),)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "weather in Oslo?"),
+                               finish(ALICE, "t1", "It rains.", task="weather in Oslo?", steps=steps)])
+            await store.apply([finish(ALICE, "t1", "It rains a lot.", task="weather in Oslo?", steps=steps)])
+            await store.apply([start(ALICE, "t2"), finish(ALICE, "t2", "no tools here")])
+            traces = await store.reasoning(ALICE)
+            assert len(traces) == 1
+            assert traces[0].steps == steps and traces[0].answer == "It rains." and traces[0].conversation_id == "c1"
+
+    run(body())
+
+
+def test_save_block_first_wins_and_log_keeps_last_20(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1"), SaveBlock(ALICE, "t1", "block one", 2, {"hits": 2}, T0)])
+            await store.apply([SaveBlock(ALICE, "t1", "block two", 5, {"hits": 5}, T0)])
+            turn = await store.turn(ALICE, "t1")
+            assert turn is not None and (turn.block, turn.injected) == ("block one", 2)
+            await store.apply([SaveBlock(ALICE, "unknown", "b", 1)])  # no turn: nothing to cache, no error
+            for i in range(25):
+                await store.apply([start(ALICE, f"u{i}"), SaveBlock(ALICE, f"u{i}", f"b{i}", 1, {"i": i})])
+        assert await backend.sql("SELECT log FROM injections WHERE turn_key = 't1'") == []  # trimmed away
+        assert await backend.sql("SELECT count(*), min(turn_key) FROM injections WHERE user_id = 'alice'") == [
+            (20, "u10")]
+
+    run(body())
+
+
+def test_lone_surrogate_text_is_stored(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "bad \ud800 text")])
+            assert [m.content for m in await store.messages(ALICE, "c1")] == ["bad \ufffd text"]
+
+    run(body())
+
+
+def test_giant_message_is_saved_whole_and_indexed_in_part(backend: Backend) -> None:
+    giant = "opening " + "word " * 1_000_000 + "closing"
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", giant)])
+            assert (await store.messages(ALICE, "c1"))[0].content == giant
+            assert await store.search_messages(ALICE, ["open"])
+            assert await store.search_messages(ALICE, ["close"]) == []  # past INDEX_MAX_CHARS
+
+    run(body())
+
+
+# --- lookups ---------------------------------------------------------------------------
+
+
+def test_tool_call_lookup(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            calls = (("call_1", "search", "{}"), ("call_2", "fetch", "{}"))
+            await store.apply([start(ALICE, "t1"), RecordToolCalls(ALICE, "t1", calls, T0)])
+            await store.apply([RecordToolCalls(ALICE, "t1", calls, T0)])  # a retried step
+            await store.apply([RecordToolCalls(ALICE, "no-such-turn", (("call_9", "x", "{}"),), T0)])
+            turn = await store.turn_by_tool_calls(ALICE, ["call_unknown", "call_2"])
+            assert turn is not None and turn.key == "t1"
+            assert await store.turn_by_tool_calls(ALICE, ["call_9"]) is None
+            assert await store.turn_by_tool_calls(ALICE, []) is None
+            assert await store.turn_by_tool_calls(BOB, ["call_1"]) is None
+        assert await backend.sql("SELECT count(*) FROM turn_tool_calls") == [(2,)]
+
+    run(body())
+
+
+def test_history_lookup_respects_since(backend: Backend) -> None:
+    later = T0 + timedelta(minutes=5)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", history="H"), start(ALICE, "t2", history="H", at=later)])
+            found = await store.turn_by_history(ALICE, "H", T0 - timedelta(seconds=30))
+            assert found is not None and found.key == "t2"  # the latest
+            found = await store.turn_by_history(ALICE, "H", later)  # at or after
+            assert found is not None and found.key == "t2"
+            assert await store.turn_by_history(ALICE, "H", later + timedelta(seconds=1)) is None
+            assert await store.turn_by_history(ALICE, "other", T0 - timedelta(days=1)) is None
+            assert await store.turn_by_history(BOB, "H", T0 - timedelta(days=1)) is None
+
+    run(body())
+
+
+def test_conversation_by_assistant_hashes(backend: Backend) -> None:
+    def at(minutes: int) -> datetime:
+        return T0 + timedelta(minutes=minutes)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([
+                start(ALICE, "t1", conv="c1", at=at(0)), finish(ALICE, "t1", "answer x", conv="c1", at=at(0)),
+                start(ALICE, "t2", conv="c2", at=at(10)), finish(ALICE, "t2", "answer y", conv="c2", at=at(10)),
+                start(ALICE, "t3", "answer q", conv="c3", at=at(15)),  # a *user* message with that text
+            ])
+            hx, hy = text_hash("answer x"), text_hash("answer y")
+            assert await store.conversation_by_assistant_hashes(ALICE, [hy, hx]) == "c2"
+            assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("nope"), hx]) == "c1"
+            assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("answer q")]) is None
+            assert await store.conversation_by_assistant_hashes(ALICE, []) is None
+            # The same text in two conversations: the most recently active one wins.
+            await store.apply([
+                start(ALICE, "t4", conv="c1", at=at(20)), finish(ALICE, "t4", "Sure.", conv="c1", at=at(20)),
+                start(ALICE, "t5", conv="c2", at=at(30)), finish(ALICE, "t5", "Sure.", conv="c2", at=at(30)),
+            ])
+            assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("Sure.")]) == "c2"
+            await store.apply([start(ALICE, "t6", conv="c1", at=at(40))])
+            assert await store.conversation_by_assistant_hashes(ALICE, [text_hash("Sure.")]) == "c1"
+            # An older write never moves a conversation's activity back.
+            await store.apply([start(ALICE, "t7", conv="c1", at=at(1))])
+            assert await store.latest_conversation(ALICE) == "c1"
+            # Another user's conversation is never returned, even for the same text.
+            assert await store.conversation_by_assistant_hashes(BOB, [hx, hy]) is None
+
+    run(body())
+
+
+def test_conversation_found_by_the_hash_of_the_text_the_client_received(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            received = "your key is sk-abc123"
+            saved = FinishTurn(ALICE, "t1", "c7", "your key is [REDACTED:api_key]", T0, answer_hash=text_hash(received))
+            await store.apply([start(ALICE, "t1", conv="c7"), saved, saved])
+            assert await store.conversation_by_assistant_hashes(ALICE, [text_hash(received)]) == "c7"
+            assert [m.content for m in await store.messages(ALICE, "c7")] == ["hello", "your key is [REDACTED:api_key]"]
+
+    run(body())
+
+
+def test_latest_and_recent_conversations(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            assert await store.latest_conversation(ALICE) is None
+            for i, conv in enumerate(["a", "b", "c", "a"]):
+                await store.apply([start(ALICE, f"t{i}", conv=conv, at=T0 + timedelta(minutes=i))])
+            assert await store.latest_conversation(ALICE) == "a"
+            assert await store.recent_conversations(ALICE, None) == ["a", "c", "b"]
+            assert await store.recent_conversations(ALICE, 2) == ["a", "c"]
+            assert await store.recent_conversations(ALICE, 0) == []
+
+    run(body())
+
+
+def test_ties_break_by_id_in_byte_order(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, f"t-{conv}", conv=conv) for conv in ("b", "B", "a-1", "a_1", "A")])
+            assert await store.recent_conversations(ALICE, None) == ["b", "a_1", "a-1", "B", "A"]
+
+    run(body())
+
+
+def test_lists_page_with_cursors(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            for i in range(5):
+                at = T0 + timedelta(minutes=i)
+                await store.apply([start(ALICE, f"t{i}", f"q{i}", conv=f"c{i}", at=at),
+                                   start(ALICE, f"s{i}", f"m{i}", conv="main", at=at)])
+            first = await store.messages(ALICE, "main", limit=2)
+            rest = await store.messages(ALICE, "main", limit=10, cursor=first[-1].id)
+            assert [m.content for m in first + rest] == ["m0", "m1", "m2", "m3", "m4"]
+            page = await store.conversations(ALICE, limit=3)
+            more = await store.conversations(ALICE, limit=10, cursor=page[-1]["id"])
+            assert [c["id"] for c in page + more] == ["main", "c4", "c3", "c2", "c1", "c0"]
+            assert page[0]["message_count"] == 5 and page[0]["last_active_at"] == T0 + timedelta(minutes=4)
+
+    run(body())
+
+
+def test_pending_turns_become_interrupted_at_open(backend: Backend) -> None:
+    """Turns written at T0 (long ago) and left pending died with their process."""
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "unanswered question"),
+                               start(ALICE, "t2"), finish(ALICE, "t2", "ok")])
+        # A pending turn whose answer was saved finished; only its status was lost.
+        await backend.sql("UPDATE turns SET status = 'pending' WHERE turn_key = 't2'")
+        async with backend.opened() as store:
+            assert (await store.turn(ALICE, "t1")).status == "interrupted"  # type: ignore[union-attr]
+            assert (await store.turn(ALICE, "t2")).status == "complete"  # type: ignore[union-attr]
+            assert "unanswered question" in [m.content for m in await store.messages(ALICE, "c1")]
+        assert await backend.sql("SELECT version FROM schema_version") == [(1,)]
+
+    run(body())
+
+
+# --- scopes ----------------------------------------------------------------------------
+
+
+async def everything_visible_to(store: Store, scope: Scope, ids: dict[str, str]) -> str:
+    """Every read and search of `scope`, aimed at the other user's ids, as one string."""
+    terms = query_terms(f"{CANARY} hello answer Oslo")
+    seen: list[Any] = [
+        await store.messages(scope, "c1"),
+        await store.conversations(scope),
+        await store.reasoning(scope),
+        await store.turn(scope, "t1"),
+        await store.turn(scope, "t-alice"),
+        await store.entities(scope),
+        await store.relationships(scope, ids["entity"]),
+        await store.relationships(scope, ids["target"], current_only=False),
+        await store.search_messages(scope, terms),
+        await store.search_messages(scope, terms, conversation_ids=["c1"]),
+        await store.search_entities(scope, terms),
+        await store.search_reasoning(scope, terms),
+        await store.recent_conversations(scope, None),
+        await store.latest_conversation(scope),
+        await store.turn_by_tool_calls(scope, ["call_alice"]),
+        await store.turn_by_history(scope, "h-t-alice", T0 - timedelta(days=1)),
+        await store.conversation_by_assistant_hashes(scope, [text_hash(f"answer {CANARY}")]),
+        [record async for record in store.export(scope)],
+    ]
+    return repr(seen)
+
+
+def test_no_read_returns_another_users_memory(backend: Backend) -> None:
+    steps = (ReasoningStep("lookup", f'{{"q": "{CANARY}"}}', CANARY),)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([
+                start(ALICE, "t-alice", f"hello {CANARY}", conv="c1"),
+                RecordToolCalls(ALICE, "t-alice", (("call_alice", "lookup", CANARY),), T0),
+                finish(ALICE, "t-alice", f"answer {CANARY}", conv="c1", task=CANARY, steps=steps),
+                SaveBlock(ALICE, "t-alice", f"block {CANARY}", 1),
+                # Bob uses the same conversation id; it is a different conversation.
+                start(BOB, "t1", "hello Oslo", conv="c1"), finish(BOB, "t1", "answer Oslo", conv="c1"),
+            ])
+            ids = {"entity": await backend.add_entity("alice", f"Alice {CANARY}", "person", f"likes {CANARY}")}
+            ids["target"] = await backend.add_entity("alice", "Acme", "organization", CANARY)
+            await backend.add_edge("alice", ids["entity"], "WORKS_AT", ids["target"], valid_from=T0)
+            await backend.add_entity("bob", "Oslo", "place", "a city")
+            seen_by_bob = await everything_visible_to(store, BOB, ids)
+            assert "Oslo" in seen_by_bob and CANARY not in seen_by_bob
+            seen_by_alice = await everything_visible_to(store, ALICE, ids)
+            assert CANARY in seen_by_alice and "Oslo" not in seen_by_alice
+
+    run(body())
+
+
+def test_agent_isolation(backend: Backend) -> None:
+    a1, a2 = Scope("alice", agent="a1"), Scope("alice", agent="a2")
+    a1_only, a2_only = (Scope("alice", agent=a, agent_isolated=True) for a in ("a1", "a2"))
+    step = (ReasoningStep("search", "{}", "found"),)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([
+                start(a1, "t1", "planning the trip", conv="k1"),
+                finish(a1, "t1", "booked", conv="k1", task="trip", steps=step),
+                start(a2, "t2", "planning the budget", conv="k2", at=T0 + timedelta(minutes=1)),
+                finish(a2, "t2", "saved", conv="k2", at=T0 + timedelta(minutes=1), task="budget", steps=step),
+            ])
+            await backend.add_entity("alice", "Trip planner", agent="a1")
+            await backend.add_entity("alice", "Budget planner", agent="a2")
+            plan = query_terms("planning planner")
+            # Shared memory: both agents read every source except reasoning, which is per agent.
+            assert len(await store.search_messages(a1, plan)) == 2
+            assert len(await store.search_entities(a1, plan)) == 2
+            assert [t.task for t in await store.reasoning(a1)] == ["trip"]
+            assert [t.task for t, _ in await store.search_reasoning(a2, query_terms("budget trip"))] == ["budget"]
+            assert {t.task for t in await store.reasoning(ALICE)} == {"trip", "budget"}
+            # Isolated: every read is limited to the agent.
+            assert [m.content for m, _ in await store.search_messages(a1_only, plan)] == ["planning the trip"]
+            assert [e.name for e, _ in await store.search_entities(a1_only, plan)] == ["Trip planner"]
+            assert [e.name for e in await store.entities(a2_only)] == ["Budget planner"]
+            assert await store.messages(a1_only, "k2") == []
+            assert await store.latest_conversation(a1_only) == "k1"
+            assert await store.latest_conversation(a1) == "k2"
+            assert [c["id"] for c in await store.conversations(a2_only)] == ["k2"]
+            assert await store.turn(a1_only, "t2") is None
+            assert await store.conversation_by_assistant_hashes(a1_only, [text_hash("saved")]) is None
+            exported = repr([r async for r in store.export(a1_only)])
+            assert "trip" in exported and "budget" not in exported
+
+    run(body())
+
+
+# --- search ----------------------------------------------------------------------------
+
+
+def test_search_ranks_the_rare_term_first(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            texts = [f"we talked about the deployment plan, part {i}" for i in range(8)]
+            texts.insert(3, "the deployment of the quokka service is on Friday")
+            await store.apply([start(ALICE, f"t{i}", text) for i, text in enumerate(texts)])
+            hits = await store.search_messages(ALICE, query_terms("when is the quokka deployment?"))
+            assert "quokka" in hits[0][0].content
+            assert len(hits) == 9
+            scores = [score for _, score in hits]
+            assert scores == sorted(scores, reverse=True) and scores[0] > scores[1] > 0
+            assert await store.search_messages(ALICE, query_terms("the and of")) == []
+            assert await store.search_messages(ALICE, ['"', "or", "NEAR"]) == []
+
+    run(body())
+
+
+def test_identifier_found_whole_and_by_part(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "the staging host is internal-hbr-2291.example"),
+                               start(ALICE, "t2", "the production host is internal-prod.example"),
+                               start(ALICE, "t3", "nothing to see")])
+            for query in (query_terms("internal-hbr-2291.example"), ["internal_hbr_2291_example"], ["hbr"]):
+                hits = await store.search_messages(ALICE, query)
+                assert hits and "internal-hbr-2291.example" in hits[0][0].content, query
+            assert len(await store.search_messages(ALICE, ["internal_hbr_2291_example"])) == 1
+            assert len(await store.search_messages(ALICE, ["INTERNAL_HBR_2291_EXAMPLE"])) == 1
+
+    run(body())
+
+
+def test_search_messages_by_conversation(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, f"t{c}", f"notes about penguins in {c}", conv=c) for c in "abc"])
+            terms = query_terms("penguins")
+
+            async def convs(**kwargs: Any) -> set[str]:
+                return {m.conversation_id for m, _ in await store.search_messages(ALICE, terms, **kwargs)}
+
+            assert await convs() == {"a", "b", "c"}
+            assert await convs(conversation_ids=["a", "c"]) == {"a", "c"}
+            assert await convs(conversation_ids=[]) == set()
+            assert await convs(exclude_conversation_id="b") == {"a", "c"}
+            assert await convs(limit=1) == {"c"}  # equal scores: newest first
+
+    run(body())
+
+
+def test_search_entities_and_reasoning(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await backend.add_entity("alice", "Acme Corp", "organization", "the company Alice works at")
+            await backend.add_entity("alice", "Berlin", "place", "where Acme has an office")
+            await backend.add_entity("alice", "Go", "language", "preferred language")
+            hits = await store.search_entities(ALICE, query_terms("what does Acme do?"))
+            assert [e.name for e, _ in hits] == ["Acme Corp", "Berlin"]  # the name match ranks first
+            steps = (ReasoningStep("run_sql", "SELECT * FROM invoices", "42 rows"),)
+            await store.apply([start(ALICE, "t1"), finish(ALICE, "t1", "There are 42.", task="count invoices",
+                                                          steps=steps)])
+            traces = await store.search_reasoning(ALICE, query_terms("invoices run_sql"))
+            assert [t.task for t, _ in traces] == ["count invoices"]
+            assert traces[0][0].steps == steps
+
+    run(body())
+
+
+def test_search_sees_edits_and_deletes_of_items(backend: Backend) -> None:
+    """Whatever path changes an item (an update, an FK cascade), its index entries follow."""
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            eid = await backend.add_entity("alice", "Nimbus", "project", "the old codename")
+            await store.apply([start(ALICE, "t1", "the nimbus launch", conv="gone"),
+                               start(ALICE, "t2", "nimbus retro", conv="kept")])
+            await backend.sql("UPDATE entities SET name = 'Stratus', name_terms = 'stratus' WHERE id = ?", eid)
+            assert await store.search_entities(ALICE, ["nimbus"]) == []
+            assert [e.name for e, _ in await store.search_entities(ALICE, ["stratus"])] == ["Stratus"]
+            await backend.sql("DELETE FROM conversations WHERE user_id = 'alice' AND id = 'gone'")
+            assert [m.content for m, _ in await store.search_messages(ALICE, ["nimbus"])] == ["nimbus retro"]
+
+    run(body())
+
+
+# --- export ----------------------------------------------------------------------------
+
+
+def test_export_shapes(backend: Backend) -> None:
+    steps = (ReasoningStep("lookup", "{}", "ok"),)
+
+    async def body() -> list[dict[str, Any]]:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "I work at Acme"),
+                               finish(ALICE, "t1", "Noted.", task="remember", steps=steps)])
+            alice = await backend.add_entity("alice", "Alice", "person", "the user")
+            acme = await backend.add_entity("alice", "Acme", "organization")
+            await backend.add_edge("alice", alice, "WORKS_AT", acme, valid_from=T0)
+            return [record async for record in store.export(ALICE)]
+
+    records = run(body())
+    assert [r["kind"] for r in records] == ["conversation", "message", "message", "entity", "entity",
+                                            "relationship", "reasoning"]
+    conversation, user_msg, _, _, _, edge, trace = records
+    entity = next(r for r in records if r["kind"] == "entity" and r["name"] == "Alice")
+    assert conversation == {"kind": "conversation", "id": "c1", "created_at": "2026-11-02T10:00:00+00:00",
+                            "last_active_at": "2026-11-02T10:00:01+00:00"}
+    assert {k: user_msg[k] for k in ("conversation_id", "role", "content", "created_at")} == {
+        "conversation_id": "c1", "role": "user", "content": "I work at Acme", "created_at": "2026-11-02T10:00:00+00:00"}
+    assert set(entity) >= {"kind", "id", "name", "type", "description", "memory_type", "confidence", "tags",
+                           "aliases", "provenance"}
+    assert (entity["name"], entity["tags"], entity["confidence"]) == ("Alice", [], 0.7)
+    names = {r["name"]: r["id"] for r in records if r["kind"] == "entity"}
+    assert {k: edge[k] for k in ("from", "type", "to", "from_id", "to_id", "invalid_at")} == {
+        "from": "Alice", "type": "WORKS_AT", "to": "Acme", "from_id": names["Alice"], "to_id": names["Acme"],
+        "invalid_at": None}
+    assert datetime.fromisoformat(edge["valid_from"]) == T0
+    assert trace["steps"] == [{"name": "lookup", "arguments": "{}", "result": "ok"}]
+    assert (trace["conversation_id"], trace["task"], trace["answer"]) == ("c1", "remember", "Noted.")
+
+
+def test_export_pages_through_a_large_user(backend: Backend) -> None:
+    async def body() -> list[dict[str, Any]]:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, f"t{i}", f"message {i}", conv=f"c{i % 3}", at=T0 + timedelta(seconds=i))
+                               for i in range(1200)])
+            await store.apply([start(BOB, "t1", "not alice's")])
+            return [record async for record in store.export(ALICE)]
+
+    records = run(body())
+    messages = [r for r in records if r["kind"] == "message"]
+    assert [r["id"] for r in records if r["kind"] == "conversation"] == ["c0", "c1", "c2"]
+    assert len(messages) == 1200 and len({m["id"] for m in messages}) == 1200
+    assert [m["content"] for m in messages[:2]] == ["message 0", "message 3"]  # by conversation, then time
+    assert messages[400]["content"] == "message 1"
+
+
+def test_relationships_current_and_history(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            alice, acme, globex = [await backend.add_entity("alice", n) for n in ("Alice", "Acme", "Globex")]
+            await backend.add_edge("alice", alice, "WORKS_AT", globex, valid_from=T0,
+                                   invalid_at=T0 + timedelta(seconds=60))
+            await backend.add_edge("alice", alice, "WORKS_AT", acme, valid_from=T0)
+            current = await store.relationships(ALICE, alice)
+            assert [(r.from_name, r.type, r.to_name) for r in current] == [("Alice", "WORKS_AT", "Acme")]
+            every = await store.relationships(ALICE, alice, current_only=False)
+            assert {r.to_name for r in every} == {"Acme", "Globex"}
+            old = next(r for r in every if r.to_name == "Globex")
+            assert old.invalid_at == T0 + timedelta(seconds=60) and old.valid_from == T0
+            assert [r.from_name for r in await store.relationships(ALICE, acme)] == ["Alice"]  # edges *to* it too
+
+    run(body())
+
+
+# --- faults and scale ------------------------------------------------------------------
+
+
+def test_failing_batch_raises_and_leaves_nothing(backend: Backend) -> None:
+    carol = Scope("carol")
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await backend.fail_on_message("boom")
+            with pytest.raises(StoreError, match="injected failure") as failure:
+                await store.apply([start(carol, "t1", "fine"), finish(carol, "t1", "fine too"),
+                                   start(carol, "t2", "boom", conv="c2")])
+            assert failure.value.transient is False  # the write itself is refused: retrying cannot help
+            assert await store.recent_conversations(carol, None) == []
+            assert await store.turn(carol, "t1") is None
+            await store.apply([start(carol, "t1", "fine")])  # the connection is usable again
+            assert [m.content for m in await store.messages(carol, "c1")] == ["fine"]
+        assert await backend.sql("SELECT count(*) FROM users WHERE id = 'carol'") == [(1,)]
+
+    run(body())
+
+
+def test_closed_store_raises_store_error(backend: Backend) -> None:
+    async def body() -> None:
+        store = backend.store()
+        with pytest.raises(StoreError):
+            await store.apply([start(ALICE, "t1")])
+        with pytest.raises(StoreError):
+            await store.messages(ALICE, "c1")
+        assert await store.ping() is False
+        await store.open()
+        assert await store.ping() is True
+        await store.close()
+        assert await store.ping() is False
+        with pytest.raises(StoreError):
+            await store.search_messages(ALICE, ["hello"])
+
+    run(body())
+
+
+def test_cancelled_batch_leaves_the_connection_usable(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            ops = [start(ALICE, f"t{i}", f"text {i}") for i in range(500)]
+            task = asyncio.create_task(store.apply(ops))
+            await asyncio.sleep(0.02)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await store.apply([start(BOB, "t1", "after the cancel")])
+            assert [m.content for m in await store.messages(BOB, "c1")] == ["after the cancel"]
+            assert len(await store.messages(ALICE, "c1", limit=1000)) in (0, 500)  # all or nothing
+
+    run(body())
+
+
+def test_a_thousand_start_turns_in_one_batch(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            ops = [start(Scope(f"user{i % 10}"), f"t{i}", f"message number {i}", conv=f"c{i % 37}",
+                         at=T0 + timedelta(seconds=i)) for i in range(1000)]
+            await store.apply(ops)
+            assert len(await store.messages(Scope("user3"), "c3", limit=1000)) == 3
+            hits = await store.search_messages(Scope("user7"), query_terms("number 997"))
+            assert hits[0][0].content == "message number 997"
+
+    run(body())
+
+
+def test_user_delete_cascades_through_every_table(backend: Backend) -> None:
+    """What the delete-user work relies on: one DELETE of the user row empties every table."""
+    token = f"{CANARY}uniquetoken"
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            steps = (ReasoningStep("t", "{}", token),)
+            await store.apply([start(ALICE, "t1", f"hello {token}"),
+                               RecordToolCalls(ALICE, "t1", (("c", "n", "a"),), T0),
+                               finish(ALICE, "t1", token, task=token, steps=steps),
+                               SaveBlock(ALICE, "t1", token, 1),
+                               start(BOB, "t1", "bob stays")])
+            await backend.add_entity("alice", token, "thing", token)
+            assert await store.search_messages(ALICE, [token])
+            await backend.sql("DELETE FROM users WHERE id = 'alice'")
+            assert await store.search_messages(ALICE, [token]) == []
+            assert await store.search_entities(ALICE, [token]) == []
+            assert await store.search_reasoning(ALICE, [token]) == []
+            assert [m.content for m in await store.messages(BOB, "c1")] == ["bob stays"]
+        for table in await user_tables(backend):
+            assert await backend.sql(f"SELECT count(*) FROM {table} WHERE user_id = 'alice'") == [(0,)], table
+        assert await backend.sql("SELECT count(*) FROM messages WHERE user_id = 'bob'") == [(1,)]
+
+    run(body())
+
+
+async def user_tables(backend: Backend) -> list[str]:
+    """Every table of the backend's schema with a user_id column (full-text shadow tables aside)."""
+    if isinstance(backend, SQLiteBackend):
+        rows = await backend.sql("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%user_id%'"
+                                 " AND name NOT LIKE '%fts%'")
+    else:
+        rows = await backend.sql("SELECT table_name FROM information_schema.columns WHERE column_name = 'user_id'"
+                                 " AND table_schema = current_schema()")
+    assert len(rows) >= 10
+    return [name for (name,) in rows]
