@@ -10,8 +10,10 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
+from proxy.api.auth import ApiGuard
+from proxy.api.routes import ApiApp, MemoryApi
 from proxy.errors import NotFound
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
@@ -47,8 +49,8 @@ class Parts:
         self.scopes = ScopeResolver(settings)
         self.store = open_store(settings.store)
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
-        retriever = Retrieval(self.store, settings.memory, self.metrics)
-        self.memory = MemoryService(settings, self.store, self.writer, retriever, self.metrics, self.scopes)
+        self.retriever = Retrieval(self.store, settings.memory, self.metrics)
+        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics, self.scopes)
         self.store_open = False
 
     async def start(self) -> None:
@@ -80,6 +82,8 @@ def create_app(settings: Settings) -> Starlette:
     """The proxy app: /v1/* to the provider, health, readiness and metrics."""
     parts = Parts(settings)
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics)
+    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer), ApiGuard(settings.memory_api.token),
+                        parts.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -107,6 +111,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/{path:path}", proxy),
+        Mount("/memory/v1", app=memory_api),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.router.redirect_slashes = False  # a redirect would be a response the provider never gave

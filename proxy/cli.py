@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.settings import ConfigError, Settings, load_settings
+from proxy.stores.base import StoreError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +32,17 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--user", required=True, help="the user id")
     export.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     export.set_defaults(run=_export)
+
+    importer = commands.add_parser("import", help="read JSON Lines (as export writes them) into a user")
+    importer.add_argument("file", metavar="FILE", help="the JSON Lines file, or - for stdin")
+    importer.add_argument("--user", required=True, help="the user id to import into")
+    importer.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
+    importer.set_defaults(run=_import)
+
+    delete = commands.add_parser("delete", help="delete everything memproxy holds about a user")
+    delete.add_argument("--user", required=True, help="the user id")
+    delete.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
+    delete.set_defaults(run=_delete)
     return parser
 
 
@@ -92,6 +104,52 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_store(args: argparse.Namespace, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    """Run `work(store, scope)` on the configured store, for the user named by --user."""
+    import asyncio
+
+    from proxy.app import open_store
+    from proxy.models import Scope
+    from proxy.scope import valid_id
+
+    settings = load(args)
+    scope = Scope(user=valid_id(args.user, "--user"))
+
+    async def run() -> Any:
+        store = open_store(settings.store)
+        await store.open()
+        try:
+            return await work(store, scope)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _import(args: argparse.Namespace) -> int:
+    import json
+
+    from proxy.api.jsonl import parse_lines
+
+    if args.file == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        with open(args.file, "rb") as handle:
+            data = handle.read()
+    records = parse_lines(data)
+    counts = _on_store(args, lambda store, scope: store.import_records(scope, records))
+    print(json.dumps(counts))
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    import json
+
+    counts = _on_store(args, lambda store, scope: store.delete_user(scope))
+    print(json.dumps({"user": args.user, "deleted": counts}))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `memproxy` console script."""
     args = _parser().parse_args(argv)
@@ -103,3 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProxyError as exc:
         print(f"memproxy: {exc.message}", file=sys.stderr)
         return 2
+    except StoreError as exc:
+        print(f"memproxy: store error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"memproxy: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1

@@ -1,4 +1,9 @@
-"""One JSON object per log line; message text and credentials never reach it."""
+"""One JSON object per log line; message text and credentials never reach it.
+
+Code logs ids, counts, timings and reasons, never message text; as a second wall every
+field of every line goes through the redaction pass the store uses (SPEC 9: "the same
+pass guards the logs"), and fields named like credentials lose their values whole.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import json
 import logging
 import time
 from typing import Any
+
+from proxy.memory.redact import redact_mapping
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -23,7 +30,18 @@ class JsonFormatter(logging.Formatter):
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, separators=(",", ":"), default=str)
+        return json.dumps(redact_mapping(_plain(entry)), separators=(",", ":"))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready data: containers kept, anything else JSON cannot hold as its text."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 def configure(level: str) -> None:

@@ -88,7 +88,7 @@ class ProxyEndpoint:
         resolved = self.scopes.resolve(scope)
         body = await read_body(receive, self.settings.server.max_body_bytes)
         parsed: ChatRequest | str | None = None
-        if resolved.memory_on:
+        if resolved.needs_body:
             parsed = parse_chat_request(body)
             if isinstance(parsed, str):
                 log.info("memory skipped: %s", parsed)

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, replace
@@ -18,9 +19,10 @@ from typing import Any
 
 from proxy.errors import BadScope, Forbidden, Unauthenticated
 from proxy.models import Scope
-from proxy.settings import Settings
+from proxy.settings import ConfigError, Settings
 
 _ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
 MAX_MEMORIES_CAP = 12
 _SCOPE_HEADERS = (b"x-memory-user", b"x-memory-conversation", b"x-memory-agent")
 _ALL_HEADERS = _SCOPE_HEADERS + (b"x-memory-mode", b"x-memory-persist", b"x-memory-max", b"x-memory-scope-token")
@@ -35,10 +37,16 @@ class RequestScope:
     persist: bool = True
     max_memories: int | None = None  # X-Memory-Max
     uses_proxy_key: bool = False  # Authorization held a memproxy key, not a provider key
+    body_user: bool = False  # scope.user_from_body applies: trusted mode, a trusted peer
 
     @property
     def memory_on(self) -> bool:
         return self.scope is not None and self.mode == "inject"
+
+    @property
+    def needs_body(self) -> bool:
+        """Memory may be on: the body is parsed (it may still name the user, see `body_user`)."""
+        return self.memory_on or (self.body_user and self.scope is None and self.mode == "inject")
 
 
 def valid_id(value: str, header: str) -> str:
@@ -55,7 +63,7 @@ class ScopeResolver:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._networks = [ipaddress.ip_network(n, strict=False) for n in settings.auth.trusted_networks]
-        self._keys = [(_key_digest(entry["key"]), entry["user"]) for entry in settings.auth.api_keys]
+        self._keys = [(_key_digest(entry["key"], i), entry["user"]) for i, entry in enumerate(settings.auth.api_keys)]
 
     def resolve(self, asgi_scope: dict[str, Any]) -> RequestScope:
         """The scope of a chat request, from its headers (the body's user comes later)."""
@@ -68,12 +76,16 @@ class ScopeResolver:
             return RequestScope(scope, uses_proxy_key=True, **options)
         if mode == "signed":
             return RequestScope(self._from_token(headers), **options)
-        return RequestScope(self._trusted(asgi_scope, headers), **options)
+        trusted = self._is_trusted_peer(asgi_scope.get("client"))
+        return RequestScope(self._trusted(trusted, headers), body_user=trusted and self.settings.scope.user_from_body,
+                            **options)
 
     def with_body_user(self, resolved: RequestScope, body: dict[str, Any]) -> RequestScope:
-        """scope.user_from_body: name the user by the body's `user` field (trusted mode)."""
+        """scope.user_from_body: name the user by the body's `user` field (trusted mode, trusted peers)."""
         user = body.get("user")
-        if resolved.scope is not None or not self.settings.scope.user_from_body or self.settings.auth.mode != "trusted":
+        if resolved.scope is not None or not resolved.body_user:
+            # Any client may set `user` (providers use it for abuse tracking): from an untrusted
+            # peer, or in another auth mode, it names no one.
             return resolved
         if not isinstance(user, str):
             return resolved
@@ -97,10 +109,10 @@ class ScopeResolver:
             agent_isolated=self.settings.scope.isolation == "agent" and agent is not None,
         )
 
-    def _trusted(self, asgi_scope: dict[str, Any], headers: dict[str, str]) -> Scope | None:
+    def _trusted(self, trusted_peer: bool, headers: dict[str, str]) -> Scope | None:
         if not any(h in headers for h in ("x-memory-user", "x-memory-conversation", "x-memory-agent")):
             return None
-        if not self._is_trusted_peer(asgi_scope.get("client")):
+        if not trusted_peer:
             raise Unauthenticated("scope headers are accepted only from trusted networks")
         user = headers.get("x-memory-user")
         if user is None:
@@ -115,6 +127,8 @@ class ScopeResolver:
             address = ipaddress.ip_address(client[0])
         except ValueError:
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
         return address.is_loopback or any(address in network for network in self._networks)
 
     def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> str:
@@ -135,14 +149,17 @@ class ScopeResolver:
         user = claims.get("sub")
         if not isinstance(user, str):
             raise Unauthenticated("the scope token has no subject")
-        for claim, header in (("sub", "x-memory-user"), ("conversation", "x-memory-conversation"),
-                              ("agent", "x-memory-agent")):
-            if header in headers and headers[header] != claims.get(claim):
-                raise Forbidden(f"{header} disagrees with the scope token")
-        conversation, agent = claims.get("conversation"), claims.get("agent")
-        return self._scope(valid_id(user, "X-Memory-Scope-Token sub"),
-                           conversation if isinstance(conversation, str) else None,
-                           agent if isinstance(agent, str) else None)
+        named: dict[str, str | None] = {}
+        for claim, header in (("sub", "X-Memory-User"), ("conversation", "X-Memory-Conversation"),
+                              ("agent", "X-Memory-Agent")):
+            value, sent = claims.get(claim), headers.get(header.lower())
+            if value is not None and not isinstance(value, str):
+                raise Unauthenticated(f"the scope token's {claim} claim must be a string")
+            if value is not None and sent is not None and sent != value:
+                raise Forbidden(f"{header} disagrees with the scope token", param=header)
+            # A claim the token leaves out may be named by its header: the token's user owns them all.
+            named[claim] = value if value is not None else sent
+        return self._scope(valid_id(user, "X-Memory-Scope-Token sub"), named["conversation"], named["agent"])
 
 
 def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -192,13 +209,20 @@ def _bearer(raw: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def _key_digest(configured: str) -> bytes:
-    if configured.startswith("sha256:"):
-        return bytes.fromhex(configured[7:])
-    return hashlib.sha256(configured.encode()).digest()
+def _key_digest(configured: str, index: int) -> bytes:
+    """The sha256 digest a configured key is compared by (a `sha256:<hex>` entry is one already)."""
+    if not configured.startswith("sha256:"):
+        return hashlib.sha256(configured.encode()).digest()
+    hex_digest = configured[7:]
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", hex_digest):
+        raise ConfigError(f"auth.api_keys[{index}].key: sha256: must be followed by 64 hex digits")
+    return bytes.fromhex(hex_digest)
 
 
 def _b64decode(segment: str) -> bytes:
+    """Strict base64url without padding: any other character makes the token malformed."""
+    if not _B64URL.fullmatch(segment):
+        raise ValueError("not base64url")
     return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
@@ -206,17 +230,23 @@ def verify_jwt(token: str, secret: bytes, now: float | None = None) -> dict[str,
     """Claims of an HS256 JWT signed with `secret`; 401 when forged, malformed or expired."""
     try:
         header_b64, payload_b64, signature_b64 = token.split(".")
-        header = json.loads(_b64decode(header_b64))
-        claims = json.loads(_b64decode(payload_b64))
         signature = _b64decode(signature_b64)
-    except (ValueError, TypeError):
+    except ValueError:
         raise Unauthenticated("the scope token is malformed") from None
-    if not isinstance(header, dict) or header.get("alg") != "HS256" or not isinstance(claims, dict):
-        raise Unauthenticated("the scope token must be an HS256 JWT")
+    # The signature is checked before any JSON is parsed: unsigned input never reaches a parser.
     expected = hmac.new(secret, f"{header_b64}.{payload_b64}".encode(), hashlib.sha256).digest()
     if not hmac.compare_digest(expected, signature):
         raise Unauthenticated("the scope token's signature is invalid")
+    try:
+        header = json.loads(_b64decode(header_b64))
+        claims = json.loads(_b64decode(payload_b64))
+    except (ValueError, RecursionError):
+        raise Unauthenticated("the scope token is malformed") from None
+    if not isinstance(header, dict) or header.get("alg") != "HS256" or not isinstance(claims, dict):
+        raise Unauthenticated("the scope token must be an HS256 JWT")
     exp = claims.get("exp")
-    if not isinstance(exp, (int, float)) or exp < (time.time() if now is None else now):
+    if isinstance(exp, bool) or not isinstance(exp, (int, float)) or (isinstance(exp, float) and not math.isfinite(exp)):
+        raise Unauthenticated("the scope token needs an exp claim (a time in unix seconds)")
+    if exp < (time.time() if now is None else now):
         raise Unauthenticated("the scope token has expired")
     return claims

@@ -275,3 +275,45 @@ class Store(Protocol):
 
     async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
         """Ids of the user's conversations, most recently active first (all when None)."""
+
+    # the memory API (SPEC 8): pages take `limit` and `cursor`, the id of the previous page's last item
+    async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        """The user's entities as `entity` export records, oldest first."""
+
+    async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
+        """One entity as an `entity` export record."""
+
+    async def message_record(self, scope: Scope, message_id: str) -> dict[str, Any] | None:
+        """One message as a `message` export record."""
+
+    async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
+        """One conversation as a `conversation` export record."""
+
+    async def reasoning_page(self, scope: Scope, *, limit: int = 100,
+                             cursor: str | None = None) -> list[dict[str, Any]]:
+        """Reasoning traces as `reasoning` export records, newest first."""
+
+    async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The injection log of the user's latest turns, newest first: turn_id, conversation_id, created_at,
+        injected, log."""
+
+    async def store_memory(self, op: StoreMemory) -> str:
+        """Apply one StoreMemory now; the id of the entity or message that holds it (a merge keeps the old id)."""
+
+    async def update_memory(self, scope: Scope, memory_id: str, content: str) -> str | None:
+        """Correct an entity (its description, or its name when it has none) or a message.
+
+        Returns "entity" or "message", "conflict" when the new name is another entity's, None when not found.
+        """
+
+    async def delete_item(self, scope: Scope, kind: str, item_id: str) -> dict[str, int] | None:
+        """Delete a memory, message, entity, relationship or conversation and what depends on it.
+
+        Returns the rows deleted per table, or None when the user has no such item.
+        """
+
+    async def delete_user(self, scope: Scope) -> dict[str, int]:
+        """Delete every row of the user, then purge the deleted text from indexes and logs; rows per table."""
+
+    async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+        """Add records (validated by proxy.api.jsonl) to the user, skipping ids it has: imported/skipped per kind."""

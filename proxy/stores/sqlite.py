@@ -22,6 +22,7 @@ import aiosqlite
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
 from proxy.stores.base import StoreError, WriteOp
+from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
 from proxy.stores.sqlite_rows import (
     entity_from_row,
@@ -91,8 +92,8 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[st
 )
 
 
-class SQLiteStore:
-    """The Store protocol on one SQLite file."""
+class SQLiteStore(SQLiteAdmin):
+    """The Store protocol on one SQLite file (the memory API's operations: sqlite_admin.py)."""
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL") -> None:
         if synchronous.upper() not in _SYNCHRONOUS:

@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.models import Scope
-from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, WriteOp, text_hash
+from proxy.stores.base import (
+    FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp, text_hash,
+)
+from proxy.stores.sqlite_admin import store_memory
 from proxy.stores.sqlite_rows import clean_text, index_terms, new_id, now_ts, reasoning_terms, steps_json, to_ts
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
@@ -76,6 +79,8 @@ class Batch:
             self.set_turn_status(op)
         elif isinstance(op, SaveBlock):
             self.save_block(op)
+        elif isinstance(op, StoreMemory):
+            store_memory(self._conn, op)
         else:
             raise TypeError(f"unknown write op {type(op).__name__}")
 

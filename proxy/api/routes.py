@@ -1,0 +1,283 @@
+"""The memory API under /memory/v1 (SPEC 8): thin endpoints over the store and the retriever.
+
+`ApiApp` is the pure-ASGI shell around them: the access rule (auth.py), OpenAI-style
+error bodies for every failure, and one structured log line per request with the route's
+template, never the ids or text in it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Match, Route, Router
+
+from proxy.api import records
+from proxy.api.auth import ApiGuard
+from proxy.api.errors import (
+    Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable,
+)
+from proxy.api.jsonl import parse_lines, to_line
+from proxy.api.schema import openapi
+from proxy.api.search import search
+from proxy.errors import NotFound, ProxyError
+from proxy.memory.pipeline import Retriever
+from proxy.memory.redact import redact
+from proxy.memory.writer import Writer
+from proxy.metrics import Metrics
+from proxy.models import Scope
+from proxy.relay import Receive, Send, send_error
+from proxy.settings import Settings
+from proxy.stores.base import Store, StoreError, StoreMemory
+
+log = logging.getLogger("memproxy.api")
+
+JSON_BODY_LIMIT = 1024 * 1024
+FLUSH_BEFORE_DELETE_S = 5.0  # writes queued for the user commit first, so none lands after the delete
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def answer(data: Any, status: int = 200) -> Response:
+    """A JSON answer."""
+    return Response(records.dumps(data), status_code=status, media_type="application/json")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body is larger than the limit of {limit} bytes")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body is larger than the limit of {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def read_json(request: Request) -> Any:
+    """The JSON body, or 400."""
+    body = await read_body(request, JSON_BODY_LIMIT)
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("the body must be a JSON object") from None
+
+
+def user_scope(request: Request) -> Scope:
+    """The scope named by the path: the whole user (every agent)."""
+    return Scope(user=records.path_id(request.path_params["user"], "user"))
+
+
+class MemoryApi:
+    """The endpoints, over the app's store, retriever and writer."""
+
+    def __init__(self, settings: Settings, store: Store, retriever: Retriever, writer: Writer) -> None:
+        self.settings = settings
+        self.store = store
+        self.retriever = retriever
+        self.writer = writer
+
+    def routes(self) -> list[Route]:
+        """Every route of SPEC 8's table, relative to /memory/v1."""
+        u = "/users/{user}"
+        table: list[tuple[str, str, Endpoint]] = [
+            ("/openapi.json", "GET", self.openapi),
+            (u, "DELETE", self.delete_user),
+            (f"{u}/search", "POST", self.search),
+            (f"{u}/memories", "GET", self.list_memories),
+            (f"{u}/memories", "POST", self.store_memory),
+            (f"{u}/memories/{{id}}", "PATCH", self.correct_memory),
+            (f"{u}/conversations", "GET", self.conversations),
+            (f"{u}/conversations/{{id}}/messages", "GET", self.messages),
+            (f"{u}/entities", "GET", self.entities),
+            (f"{u}/entities/{{id}}", "GET", self.entity),
+            (f"{u}/reasoning", "GET", self.reasoning),
+            (f"{u}/injections", "GET", self.injections),
+            (f"{u}/export", "GET", self.export),
+            (f"{u}/import", "POST", self.import_records),
+        ]
+        for kind, plural in (("memory", "memories"), ("message", "messages"), ("entity", "entities"),
+                             ("relationship", "relationships"), ("conversation", "conversations")):
+            table.append((f"{u}/{plural}/{{id}}", "DELETE", self._deleter(kind)))
+        return [Route(path, endpoint, methods=[method]) for path, method, endpoint in table]
+
+    async def openapi(self, request: Request) -> Response:
+        return answer(openapi())
+
+    async def search(self, request: Request) -> Response:
+        scope = user_scope(request)
+        query = records.parse_search(await read_json(request))
+        memory = self.settings.memory
+        return answer(await search(self.retriever, scope, query, memory.max_memories, memory.block_header))
+
+    async def store_memory(self, request: Request) -> Response:
+        scope = user_scope(request)
+        memory = records.parse_memory(await read_json(request))
+        op = StoreMemory(scope, uuid.uuid4().hex, redact(memory.content), memory.type, datetime.now(timezone.utc),
+                         memory.confidence, tuple(redact(tag) for tag in memory.tags))
+        return answer(await self._memory(scope, await self.store.store_memory(op)), 201)
+
+    async def correct_memory(self, request: Request) -> Response:
+        scope = user_scope(request)
+        memory_id = records.path_id(request.path_params["id"], "id")
+        content = redact(records.parse_correction(await read_json(request)))
+        outcome = await self.store.update_memory(scope, memory_id, content)
+        if outcome is None:
+            raise ItemNotFound(f"user {scope.user} has no memory {memory_id}")
+        if outcome == "conflict":
+            raise Conflict("another memory of this user already has this text as its name")
+        return answer(await self._memory(scope, memory_id))
+
+    async def _memory(self, scope: Scope, memory_id: str) -> dict[str, Any]:
+        entity = await self.store.entity_record(scope, memory_id)
+        if entity is not None:
+            return records.memory_of_entity(entity)
+        message = await self.store.message_record(scope, memory_id)
+        if message is None:
+            raise ItemNotFound(f"user {scope.user} has no memory {memory_id}")
+        return records.memory_of_message(message)
+
+    async def list_memories(self, request: Request) -> Response:
+        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
+        rows = await self.store.entity_page(scope, limit=limit + 1, cursor=cursor)
+        return answer(records.page([records.memory_of_entity(row) for row in rows], limit))
+
+    async def conversations(self, request: Request) -> Response:
+        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
+        rows = await self.store.conversations(scope, limit=limit + 1, cursor=cursor)
+        return answer(records.page([records.conversation(row) for row in rows], limit))
+
+    async def messages(self, request: Request) -> Response:
+        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
+        conversation_id = records.path_id(request.path_params["id"], "id")
+        if await self.store.conversation_record(scope, conversation_id) is None:
+            raise ItemNotFound(f"user {scope.user} has no conversation {conversation_id}")
+        rows = await self.store.messages(scope, conversation_id, limit=limit + 1, cursor=cursor)
+        return answer(records.page([records.message(row) for row in rows], limit))
+
+    async def entities(self, request: Request) -> Response:
+        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
+        rows = await self.store.entity_page(scope, limit=limit + 1, cursor=cursor)
+        return answer(records.page([records.without_kind(row) for row in rows], limit))
+
+    async def entity(self, request: Request) -> Response:
+        scope = user_scope(request)
+        entity_id = records.path_id(request.path_params["id"], "id")
+        entity = await self.store.entity_record(scope, entity_id)
+        if entity is None:
+            raise ItemNotFound(f"user {scope.user} has no entity {entity_id}")
+        edges = await self.store.relationships(scope, entity_id, current_only=False)
+        return answer({**records.without_kind(entity), "relationships": [records.relationship(e) for e in edges]})
+
+    async def reasoning(self, request: Request) -> Response:
+        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
+        rows = await self.store.reasoning_page(scope, limit=limit + 1, cursor=cursor)
+        return answer(records.page([records.without_kind(row) for row in rows], limit))
+
+    async def injections(self, request: Request) -> Response:
+        scope = user_scope(request)
+        if request.query_params:
+            raise InvalidRequest("the injection log takes no query parameters (it holds the last 20 turns)")
+        rows = await self.store.injections(scope)
+        return answer({"object": "list", "data": [records.injection(row) for row in rows], "next_cursor": None})
+
+    async def export(self, request: Request) -> Response:
+        scope = user_scope(request)
+        found = self.store.export(scope).__aiter__()
+        first = await anext(found, None)  # a store failure is a 503 before anything is sent
+
+        async def lines() -> AsyncIterator[bytes]:
+            if first is not None:
+                yield to_line(first)
+                async for record in found:
+                    yield to_line(record)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def import_records(self, request: Request) -> Response:
+        scope = user_scope(request)
+        found = parse_lines(await read_body(request, self.settings.server.max_body_bytes))
+        return answer(await self.store.import_records(scope, found))
+
+    def _deleter(self, kind: str) -> Endpoint:
+        async def delete(request: Request) -> Response:
+            scope = user_scope(request)
+            item_id = records.path_id(request.path_params["id"], "id")
+            counts = await self.store.delete_item(scope, kind, item_id)  # type: ignore[arg-type]
+            if counts is None:
+                raise ItemNotFound(f"user {scope.user} has no {kind} {item_id}")
+            return answer({"id": item_id, "deleted": counts})
+
+        return delete
+
+    async def delete_user(self, request: Request) -> Response:
+        scope = user_scope(request)
+        await self.writer.flush(FLUSH_BEFORE_DELETE_S)
+        return answer({"user": scope.user, "deleted": await self.store.delete_user(scope)})
+
+
+class ApiApp:
+    """Pure ASGI around the API's router: access rule, error bodies, one log line per request."""
+
+    def __init__(self, api: MemoryApi, guard: ApiGuard, metrics: Metrics) -> None:
+        self.router = Router(routes=api.routes(), redirect_slashes=False)
+        self.guard = guard
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        status: list[int] = []
+
+        async def tracked(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            if self._template(scope) != "/openapi.json":
+                self.guard.check(scope)
+            await self.router(scope, receive, tracked)
+        except Exception as exc:  # the API's outermost boundary: every failure gets an error body
+            if status:
+                raise  # the answer has started (a long export): nothing better than cutting it
+            error = _as_error(exc)
+            status.append(error.status)
+            await send_error(send, error)
+        finally:
+            seconds = time.perf_counter() - started
+            outcome = f"status_{status[0] if status else 0}"
+            self.metrics.request_done("memory_api", outcome, seconds)
+            log.info("memory api request", extra={"route": self._template(scope), "method": scope.get("method"),
+                                                  "outcome": outcome, "ms": round(seconds * 1000, 2)})
+
+    def _template(self, scope: dict[str, Any]) -> str:
+        """The matched route's path template (ids stay out of the logs), or `unknown`."""
+        for route in self.router.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE and isinstance(route, Route):
+                return route.path
+        return "unknown"
+
+
+def _as_error(exc: Exception) -> ProxyError:
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, StoreError):
+        log.warning("memory api: store failed (%s)", redact(str(exc)))
+        return StoreUnavailable("the memory store is unavailable; retry later")
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        return MethodNotAllowed("this path does not take this method")
+    if isinstance(exc, HTTPException) and exc.status_code == 404:
+        return NotFound("no such path")
+    log.exception("memory api: unexpected error")
+    return ProxyError("internal error")

@@ -1,0 +1,322 @@
+"""The memory API's operations on SQLite: listing, explicit memories, deletes with counts, import.
+
+`SQLiteAdmin` is mixed into `SQLiteStore`: its reads use the store's read connection, its
+writes run on the store's write thread, each in one IMMEDIATE transaction, so they queue
+behind (never interleave with) the writer's batches. Every statement names the user.
+
+Deleting a user removes every row that carries its id (the users row cascades through the
+foreign keys; each table holding a `user_id` is then swept, so a table added later is
+covered too), then merges the full-text indexes and checkpoints the WAL: SQLite's
+`secure_delete` zeroes deleted rows, but FTS5 keeps a deleted row's terms in its segments
+until they are merged, and the WAL keeps old pages until a checkpoint truncates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+from proxy.memory.extraction.model import canonical_name
+from proxy.models import Scope
+from proxy.stores.base import StoreError, StoreMemory, text_hash
+from proxy.stores.sqlite_import import import_records
+from proxy.stores.sqlite_rows import (
+    clean_text,
+    entity_terms,
+    export_conversation,
+    export_entity,
+    export_message,
+    export_reasoning,
+    from_ts,
+    index_terms,
+    new_id,
+    now_ts,
+    to_ts,
+)
+from proxy.stores.sqlite_schema import FTS_TABLES
+
+log = logging.getLogger("memproxy.store")
+
+T = TypeVar("T")
+ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]
+Corrected = Literal["entity", "message", "conflict"]
+MEMORY_TYPES = frozenset({"fact", "pattern", "user_preference", "interaction"})
+_INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError,
+                  TypeError, ValueError)
+# The table each kind of item lives in.
+_ITEM_TABLES = {"message": "messages", "entity": "entities", "relationship": "relationships",
+                "conversation": "conversations"}
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+    cursor = conn.cursor()
+    cursor.row_factory = sqlite3.Row
+    return cursor.execute(sql, params).fetchall()
+
+
+def _agent_clause(scope: Scope, alias: str) -> tuple[str, list[Any]]:
+    if scope.agent_isolated:
+        return f" AND {alias}.agent_id IS ?", [scope.agent]
+    return "", []
+
+
+class SQLiteAdmin:
+    """The memory API's half of SQLiteStore (the host provides the connections)."""
+
+    _write_thread: Any
+    _writer: sqlite3.Connection | None
+
+    async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:  # provided by SQLiteStore
+        raise NotImplementedError
+
+    async def _on_writer(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `body` in one IMMEDIATE transaction on the write thread."""
+        writer, thread = self._writer, self._write_thread
+        if writer is None or thread is None:
+            raise StoreError("store is not open")
+
+        def run() -> T:
+            writer.execute("BEGIN IMMEDIATE")
+            try:
+                result = body(writer)
+                writer.execute("COMMIT")
+            except BaseException:
+                writer.rollback()
+                raise
+            return result
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(thread, run)
+        except _INVALID_WRITE as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}", transient=False) from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"{getattr(exc, 'sqlite_errorname', type(exc).__name__)}: {exc}") from exc
+
+    # --- reads
+
+    async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        """The user's entities as export records, oldest first, after the entity `cursor`."""
+        agent, params = _agent_clause(scope, "e")
+        after = ""
+        if cursor is not None:  # keyset pagination: the page starts after the entity `cursor`
+            after = " AND e.seq > (SELECT seq FROM entities WHERE user_id = ? AND id = ?)"
+            params += [scope.user, cursor]
+        rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent}{after} ORDER BY e.seq LIMIT ?",
+                                [scope.user, *params, limit])
+        return [export_entity(row) for row in rows]
+
+    async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
+        """One entity as an export record."""
+        agent, params = _agent_clause(scope, "e")
+        rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ? AND e.id = ?{agent}",
+                                [scope.user, entity_id, *params])
+        return export_entity(rows[0]) if rows else None
+
+    async def message_record(self, scope: Scope, message_id: str) -> dict[str, Any] | None:
+        """One message as an export record."""
+        agent, params = _agent_clause(scope, "m")
+        rows = await self._rows(f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.id = ?{agent}",
+                                [scope.user, message_id, *params])
+        return export_message(rows[0]) if rows else None
+
+    async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
+        """One conversation as an export record."""
+        agent, params = _agent_clause(scope, "c")
+        rows = await self._rows(f"SELECT c.* FROM conversations c WHERE c.user_id = ? AND c.id = ?{agent}",
+                                [scope.user, conversation_id, *params])
+        return export_conversation(rows[0]) if rows else None
+
+    async def reasoning_page(self, scope: Scope, *, limit: int = 100,
+                             cursor: str | None = None) -> list[dict[str, Any]]:
+        """Reasoning traces as export records, newest first, after the trace `cursor`."""
+        agent, params = _agent_clause(scope, "x")
+        after = ""
+        if cursor is not None:
+            after = " AND (x.created_at, x.seq) < (SELECT created_at, seq FROM reasoning WHERE user_id = ? AND id = ?)"
+            params += [scope.user, cursor]
+        rows = await self._rows(
+            f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent}{after} ORDER BY x.created_at DESC, x.seq DESC"
+            " LIMIT ?", [scope.user, *params, limit])
+        return [export_reasoning(row) for row in rows]
+
+    async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The injection log of the user's latest turns, newest first."""
+        rows = await self._rows(
+            "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
+            " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
+            " WHERE i.user_id = ? ORDER BY i.seq DESC LIMIT ?", [scope.user, limit])
+        return [{"turn_id": row["turn_key"], "conversation_id": row["conversation_id"],
+                 "created_at": from_ts(row["created_at"]), "injected": row["injected"], "log": json.loads(row["log"])}
+                for row in rows]
+
+    # --- writes
+
+    async def store_memory(self, op: StoreMemory) -> str:
+        """Apply one StoreMemory alone; the id of the entity or message that holds it."""
+        return await self._on_writer(lambda conn: store_memory(conn, op))
+
+    async def update_memory(self, scope: Scope, memory_id: str, content: str) -> Corrected | None:
+        """Correct an entity's text (its description, or its name when it has none) or a message's."""
+        return await self._on_writer(lambda conn: update_memory(conn, scope, memory_id, content))
+
+    async def delete_item(self, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
+        """Delete one item and what hangs off it; rows deleted per table, None when there is no such item."""
+        return await self._on_writer(lambda conn: delete_item(conn, scope, kind, item_id))
+
+    async def delete_user(self, scope: Scope) -> dict[str, int]:
+        """Delete every row of the user, merge the indexes and checkpoint; rows deleted per table."""
+        counts = await self._on_writer(lambda conn: delete_user(conn, scope.user))
+        writer, thread = self._writer, self._write_thread
+        if writer is not None and thread is not None:
+            await asyncio.get_running_loop().run_in_executor(thread, checkpoint, writer)
+        return counts
+
+    async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+        """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
+        return await self._on_writer(lambda conn: import_records(conn, scope, records))
+
+
+# --- on the write thread ----------------------------------------------------------------
+
+
+def store_memory(conn: sqlite3.Connection, op: StoreMemory) -> str:
+    """An explicit memory: an entity of the user, or (`interaction`) an assistant message."""
+    if op.memory_type not in MEMORY_TYPES:
+        raise ValueError(f"unknown memory type {op.memory_type!r}")
+    at = to_ts(op.at)
+    conn.execute("INSERT INTO users (id, created_at) VALUES (?, ?) ON CONFLICT DO NOTHING", (op.scope.user, at))
+    if op.memory_type == "interaction":
+        return _interaction(conn, op, at)
+    return _fact(conn, op, at)
+
+
+def _fact(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
+    """The memory as an entity named by its text, merged by canonical name like extracted ones."""
+    name = clean_text(" ".join(op.content.split()))
+    key = canonical_name(name)
+    if not key:
+        raise ValueError("a memory needs some text")
+    agent = op.scope.agent if op.scope.agent_isolated else None
+    rows = _rows(conn, "SELECT seq, id, tags FROM entities WHERE user_id = ? AND (id = ? OR"
+                 " (ifnull(agent_id, '') = ? AND canonical_name = ?)) ORDER BY id = ? DESC LIMIT 1",
+                 (op.scope.user, op.memory_id, agent or "", key, op.memory_id))
+    tags = [clean_text(t) for t in op.tags]
+    if rows:
+        held = json.loads(rows[0]["tags"])
+        merged = held + [t for t in dict.fromkeys(tags) if t not in held]
+        conn.execute("UPDATE entities SET memory_type = ?, confidence = ?, tags = ?, updated_at = ? WHERE seq = ?",
+                     (op.memory_type, op.confidence, json.dumps(merged), at, rows[0]["seq"]))
+        return str(rows[0]["id"])
+    conn.execute(
+        "INSERT INTO entities (id, user_id, agent_id, name, canonical_name, type, description, memory_type, confidence,"
+        " tags, name_terms, type_terms, description_terms, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?, ?, ?)",
+        (op.memory_id, op.scope.user, agent, name, key, op.memory_type, op.memory_type, op.confidence,
+         json.dumps(list(dict.fromkeys(tags))), *entity_terms(name, op.memory_type, ""), at, at),
+    )
+    return op.memory_id
+
+
+def _interaction(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
+    """The memory as an assistant message in the user's latest conversation (a new one if none)."""
+    agent, params = _agent_clause(op.scope, "c")
+    latest = _rows(conn, f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
+                   " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", [op.scope.user, *params])
+    conversation = latest[0]["id"] if latest else new_id()
+    if not latest:
+        conn.execute("INSERT INTO conversations (user_id, id, agent_id, created_at, last_active_at)"
+                     " VALUES (?, ?, ?, ?, ?)", (op.scope.user, conversation, op.scope.agent, at, at))
+    content = clean_text(op.content)
+    inserted = conn.execute(
+        "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, created_at)"
+        " VALUES (?, ?, ?, ?, 'assistant', ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
+        (op.memory_id, op.scope.user, conversation, op.scope.agent, content, text_hash(content),
+         index_terms(content), at),
+    ).fetchall()
+    if inserted:
+        conn.execute("INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)"
+                     " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (op.scope.user, op.memory_id, at, at))
+    return op.memory_id
+
+
+def update_memory(conn: sqlite3.Connection, scope: Scope, memory_id: str, content: str) -> Corrected | None:
+    """Replace the text of the entity or message `memory_id`; "conflict" when a name is taken."""
+    content = clean_text(content)
+    entity = _rows(conn, "SELECT * FROM entities WHERE user_id = ? AND id = ?", (scope.user, memory_id))
+    if entity:
+        return _correct_entity(conn, entity[0], content)
+    changed = conn.execute(
+        "UPDATE messages SET content = ?, content_hash = ?, terms = ? WHERE user_id = ? AND id = ?",
+        (content, text_hash(content), index_terms(content), scope.user, memory_id),
+    ).rowcount
+    return "message" if changed else None
+
+
+def _correct_entity(conn: sqlite3.Connection, row: sqlite3.Row, content: str) -> Corrected:
+    aliases = json.loads(row["aliases"])
+    name, description = row["name"], " ".join(content.split())
+    key = row["canonical_name"]
+    if not row["description"]:
+        name, description = description, ""
+        key = canonical_name(name)
+        taken = _rows(conn, "SELECT 1 FROM entities WHERE user_id = ? AND ifnull(agent_id, '') = ?"
+                      " AND canonical_name = ? AND seq != ?", (row["user_id"], row["agent_id"] or "", key, row["seq"]))
+        if taken or not key:
+            return "conflict"
+    conn.execute(
+        "UPDATE entities SET name = ?, canonical_name = ?, description = ?, name_terms = ?, type_terms = ?,"
+        " description_terms = ?, updated_at = max(updated_at, ?) WHERE seq = ?",
+        (name, key, description, *entity_terms(name, row["type"], description, aliases), now_ts(), row["seq"]),
+    )
+    return "entity"
+
+
+def user_tables(conn: sqlite3.Connection) -> list[str]:
+    """Every ordinary table with a `user_id` column (the users table itself excluded)."""
+    names = [row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'"
+        " AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '%_fts_%' ORDER BY name")]
+    return [name for name in names
+            if any(column[1] == "user_id" for column in conn.execute(f'PRAGMA table_info("{name}")'))]
+
+
+def _counts(conn: sqlite3.Connection, user: str, tables: Sequence[str]) -> dict[str, int]:
+    return {t: conn.execute(f'SELECT count(*) FROM "{t}" WHERE user_id = ?', (user,)).fetchone()[0] for t in tables}
+
+
+def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
+    """Delete one item (cascading); rows deleted per table, or None when it does not exist."""
+    kinds: Sequence[str] = ("entity", "message") if kind == "memory" else (kind,)
+    tables = user_tables(conn)
+    before = _counts(conn, scope.user, tables)
+    for each in kinds:
+        table = _ITEM_TABLES[each]
+        if conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND id = ?", (scope.user, item_id)).rowcount:
+            after = _counts(conn, scope.user, tables)
+            return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
+    return None
+
+
+def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
+    """Every row of the user, counted then deleted; the full-text indexes merged after."""
+    tables = user_tables(conn)
+    counts = _counts(conn, user, tables)
+    counts["users"] = conn.execute("DELETE FROM users WHERE id = ?", (user,)).rowcount
+    for table in tables:  # rows the cascade did not reach (none, unless a table has no foreign key)
+        conn.execute(f'DELETE FROM "{table}" WHERE user_id = ?', (user,))
+    if any(counts.values()):
+        for fts in FTS_TABLES:
+            conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
+    return counts
+
+
+def checkpoint(conn: sqlite3.Connection) -> bool:
+    """Copy the WAL into the database and truncate it to zero bytes; False when readers held it."""
+    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy:
+        log.warning("WAL checkpoint after a delete was blocked by a reader; the WAL is truncated at the next one")
+    return not busy
