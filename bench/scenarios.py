@@ -111,8 +111,8 @@ async def fetch_json(target: Target, path: str) -> dict[str, Any]:
     return dict(json.loads(b"".join(reply.body or [])))
 
 
-async def warm_up(subject: Subject, shape: StreamShape) -> None:
+async def warm_up(subject: Subject, shape: StreamShape, concurrency: int) -> None:
     """Fill the proxies' upstream pools and run each code path once before anything is measured."""
     target = subject.target
-    await closed_loop(target, chat_payload(target, stream=False), 64, 0.2)
+    await closed_loop(target, chat_payload(target, stream=False), concurrency, 0.2)
     await closed_loop(target, chat_payload(target, stream=True, extra=shape.headers()), 4, 0.0)

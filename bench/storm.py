@@ -139,3 +139,19 @@ async def disconnect_storm(subject: Subject, clients: int, memory_user: str) -> 
         "fds_before": before["fds"], "fds_after": float(server.open_fds()),
         "rss_mb_before": before["rss_mb"], "rss_mb_after": server.rss_mb(), "still_answers": float(answers),
     }
+
+
+async def memory_recovered(target: Target, user: str, timeout: float = 40.0) -> float:
+    """Seconds until memproxy's circuit breaker is closed again (/readyz), -1 if not within `timeout`.
+
+    Seeding can trip the breaker (retrieval timeouts); the figures after it should be of memory
+    that works. A memory-on request each second is what lets a half-open breaker close.
+    """
+    started = time.perf_counter()
+    probe = Target(target.name, target.port, {"x-memory-user": user, "x-memory-persist": "false"})
+    while time.perf_counter() - started < timeout:
+        if (await fetch_json(target, "/readyz")).get("circuit") != "open":
+            return time.perf_counter() - started
+        await one(probe, chat_payload(probe, stream=False)(0))
+        await asyncio.sleep(1.0)
+    return -1.0
