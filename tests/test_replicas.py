@@ -1,0 +1,200 @@
+"""Two proxy replicas on one PostgreSQL database (SPEC 3, 10): one memory, shared.
+
+Both replicas are real proxies (uvicorn, the official openai client) with the same
+store.url, a fresh schema on the session's PostgreSQL server, in front of one scripted
+upstream. A load balancer is played by the test: it picks the replica for each request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import openai
+import pytest
+
+from proxy.memory.breaker import CircuitBreaker
+from tests.conftest import RunningProxy
+from tests.fake_upstream import FakeUpstream, JsonReply, completion
+from tests.pg_server import PostgresServer
+
+USER = {"X-Memory-User": "alice"}
+
+
+# A generous commit wait makes "saved before the response ends" deterministic, so the
+# next request may go to the other replica; a generous retrieval deadline keeps a loaded
+# test machine from turning a lookup into a timeout (these tests are about correctness).
+PATIENT = {"memory__commit_timeout_ms": 5000, "memory__retrieval_timeout_ms": 5000}
+
+
+@pytest.fixture
+def replicas(pg_url: str, make_proxy: Any) -> tuple[RunningProxy, RunningProxy]:
+    """Two replicas sharing one database."""
+    return make_proxy(store__url=pg_url, **PATIENT), make_proxy(store__url=pg_url, **PATIENT)
+
+
+def rows(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of one query on the shared database."""
+    async def fetch() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(url)
+        try:
+            return [tuple(row) for row in await conn.fetch(sql, *args)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def last_user_content(fake: FakeUpstream) -> str:
+    """The last user message of the last chat request the upstream received."""
+    messages = json.loads(fake.chat_requests()[-1].body)["messages"]
+    return str([m for m in messages if m["role"] == "user"][-1]["content"])
+
+
+def tool_step(step: int) -> tuple[JsonReply, list[dict[str, Any]]]:
+    """An upstream reply calling a tool, and the messages the client adds for it."""
+    call = {"id": f"call_{step}", "type": "function", "function": {"name": "lookup", "arguments": f'{{"n": {step}}}'}}
+    reply = JsonReply(completion("checking", tool_calls=[{"id": call["id"], "name": "lookup",
+                                                         "arguments": call["function"]["arguments"]}]))
+    return reply, [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": f"result {step}"}]
+
+
+def test_tool_loop_alternating_replicas_saves_once_and_carries_one_block(
+        replicas: tuple[RunningProxy, RunningProxy], fake: FakeUpstream, pg_url: str) -> None:
+    a, b = replicas
+    token = secrets.token_hex(5).upper()
+    a.client(**USER, **{"X-Memory-Conversation": "teach"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": f"The weather station id is {token}."}])
+    fake.reset()
+    question = "What is the weather station id?"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    turns, sent = [], []
+    for step, proxy in enumerate([a, b, a, b]):
+        final = step == 3
+        reply, added = tool_step(step)
+        fake.queue(JsonReply(completion("Station " + token)) if final else reply)
+        raw = proxy.client(**USER).chat.completions.with_raw_response.create(model="m", messages=messages)
+        assert raw.headers["x-memory-status"] == "ok"
+        turns.append(raw.headers["x-memory-turn"])
+        sent.append(last_user_content(fake))
+        messages += [] if final else added
+    assert len(set(turns)) == 1  # one turn, whichever replica served the step
+    assert token in sent[0] and sent == [sent[0]] * 4  # one block, byte for byte on every step
+    saved = rows(pg_url, "SELECT role, content FROM messages WHERE conversation_id <> 'teach' ORDER BY seq")
+    assert saved == [("user", question), ("assistant", "Station " + token)]
+    assert rows(pg_url, "SELECT count(*), min(status) FROM turns WHERE turn_key = $1", turns[0]) == [(1, "complete")]
+    (steps,), = rows(pg_url, "SELECT steps FROM reasoning")
+    assert [s["result"] for s in json.loads(steps)] == ["result 0", "result 1", "result 2"]
+
+
+def test_what_one_replica_learns_the_other_injects(replicas: tuple[RunningProxy, RunningProxy],
+                                                   fake: FakeUpstream) -> None:
+    facts = [("My locker code at the gym is {t}.", "What is my gym locker code?"),
+             ("The staging database host is {t}.internal.example.", "Which host runs the staging database?"),
+             ("My library card number is {t}.", "What's my library card number?"),
+             ("The bakery promo code is {t}.", "Do you remember the bakery promo code?")]
+    tokens = [secrets.token_hex(5).upper() for _ in facts]
+    for i, ((fact, _), token) in enumerate(zip(facts, tokens)):
+        teacher = replicas[i % 2]
+        teacher.client(**USER, **{"X-Memory-Conversation": f"teach-{i}"}).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": fact.format(t=token)}])
+    for i, ((_, question), token) in enumerate(zip(facts, tokens)):
+        asker = replicas[(i + 1) % 2]  # never the replica that was taught
+        raw = asker.client(**USER, **{"X-Memory-Conversation": f"ask-{i}"}).chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": question}])
+        assert raw.headers["x-memory-status"] == "ok"
+        assert token in last_user_content(fake), question
+
+
+def test_fifty_concurrent_turns_over_both_replicas_lose_nothing_and_save_nothing_twice(
+        replicas: tuple[RunningProxy, RunningProxy], fake: FakeUpstream, pg_url: str) -> None:
+    def text(i: int) -> str:
+        return f"message {i} from user{i % 10}"
+
+    async def one(i: int, proxy: RunningProxy) -> str:
+        client = proxy.async_client(**{"X-Memory-User": f"user{i % 10}"})
+        try:
+            if i % 3 == 0:
+                stream = await client.chat.completions.create(
+                    model="m", stream=True, messages=[{"role": "user", "content": text(i)}])
+                async for _ in stream:
+                    pass
+                return ""
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": text(i)}])
+            return str(raw.headers["x-memory-turn"])
+        finally:
+            await client.close()
+
+    async def load() -> list[str]:
+        return list(await asyncio.gather(*(one(i, replicas[i % 2]) for i in range(50))))
+
+    async def retry(indexes: list[int]) -> list[str]:
+        return list(await asyncio.gather(*(one(i, replicas[(i + 1) % 2]) for i in indexes)))
+
+    first = asyncio.run(load())
+    # A client retry that a load balancer sends to the other replica is the same turn.
+    retried = [i for i in range(50) if i % 3 and i < 20]
+    again = asyncio.run(retry(retried))
+    assert again == [first[i] for i in retried]
+    user_rows = rows(pg_url, "SELECT user_id, content FROM messages WHERE role = 'user'")
+    assert sorted(content for _, content in user_rows) == sorted(text(i) for i in range(50))
+    assert all(content.endswith(f"from {user}") for user, content in user_rows)
+    assert rows(pg_url, "SELECT count(*) FROM messages WHERE role = 'assistant'") == [(50,)]
+    assert rows(pg_url, "SELECT count(*) FROM turns WHERE status = 'complete'") == [(50,)]
+
+
+def _fast_breaker(proxy: RunningProxy) -> None:
+    """A circuit that retries the store after half a second, not 15, to keep the test short."""
+    parts = proxy.app.state.parts
+    parts.memory.breaker = CircuitBreaker(parts.metrics, open_for_s=0.5)
+
+
+def _ask(proxy: RunningProxy, text: str) -> tuple[int, str]:
+    raw = proxy.client(**USER).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": text}])
+    return raw.status_code, raw.headers["x-memory-status"]
+
+
+def test_database_outage_degrades_memory_and_recovers(pg_server: PostgresServer, pg_url: str, make_proxy: Any,
+                                                      fake: FakeUpstream) -> None:
+    # The default waits: an answer's commit is waited on for 100 ms, then the response goes.
+    replicas = make_proxy(store__url=pg_url), make_proxy(store__url=pg_url)
+    for proxy in replicas:
+        _fast_breaker(proxy)
+    assert [_ask(proxy, f"before {i}") for i, proxy in enumerate(replicas)] == [(200, "ok")] * 2
+    pg_server.stop()
+    try:
+        during = [_ask(replicas[i % 2], f"during {i}") for i in range(12)]
+        with replicas[0].http() as http:
+            ready = http.get("/readyz").json()
+    finally:
+        pg_server.start()
+    assert [code for code, _ in during] == [200] * 12  # memory degraded, requests never failed
+    assert all(status.startswith("degraded: ") for _, status in during), during
+    assert (ready["status"], ready["store"]) == ("ready", "unavailable")
+    for n, proxy in enumerate(replicas):
+        assert eventually(lambda: _ask(proxy, f"after {n}") == (200, "ok"), timeout=20)
+    expected = {f"{when} {i}" for when, count in (("before", 2), ("during", 12)) for i in range(count)}
+
+    def all_saved() -> bool:
+        saved = {content for (content,) in rows(pg_url, "SELECT content FROM messages WHERE role = 'user'")}
+        return expected <= saved
+
+    assert eventually(all_saved, timeout=20)  # writes queued during the outage landed afterwards
+    assert rows(pg_url, "SELECT count(*) FROM messages WHERE role = 'user' AND content LIKE 'during%'") == [(12,)]
