@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-events", type=int, default=50, help="chunk events per measured stream (plus [DONE])")
     p.add_argument("--stream-gap-ms", type=float, default=5.0, help="time between two events of a measured stream")
     p.add_argument("--memory-items", type=int, default=0,
-                   help="memories to seed for the memory-on user first (via chat turns until the Memory API exists: slow)")
+                   help="memories to store for the memory-on user first (Memory API; chat turns, slowly, without it)")
     p.add_argument("--memory-read-only", action="store_true",
                    help="memory-on requests send X-Memory-Persist: false, so the store keeps its seeded size")
     p.add_argument("--disconnect-storm", type=int, default=0, metavar="N",
@@ -80,9 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.targets) - set(KNOWN_TARGETS)
     if unknown or "direct" not in args.targets:
         p.error(f"--targets must include direct and only name {', '.join(KNOWN_TARGETS)}")
-    args.steps = [step for step in STEPS if step.name in args.steps.split(",")]
-    if not args.steps:
-        p.error(f"--steps: name at least one of {', '.join(step.name for step in STEPS)}")
+    names = {name.strip() for name in args.steps.split(",") if name.strip()}
+    args.steps = [step for step in STEPS if step.name in names]
+    if not args.steps or names - {step.name for step in STEPS}:
+        p.error(f"--steps must name some of {', '.join(step.name for step in STEPS)}")
     return args
 
 
@@ -188,11 +189,10 @@ async def bench(args: argparse.Namespace, servers: dict[str, Server]) -> dict[st
     print(f"measuring {args.rounds} rounds of {args.duration} s per step and target ...", file=sys.stderr)
     report["results"] = await run_rounds(args, targets)
     report["rss_mb_end"] = memory_sizes(servers, args.targets)
-    storm_on = "memproxy-on" if "memproxy-on" in targets else MEMPROXY
-    if args.disconnect_storm and storm_on in targets:
+    stormed = targets.get(MEMPROXY) or targets.get("memproxy-on")
+    if args.disconnect_storm and stormed is not None:
         print(f"disconnect storm: {args.disconnect_storm} clients ...", file=sys.stderr)
-        report["storm"] = await disconnect_storm(targets[MEMPROXY if MEMPROXY in targets else storm_on],
-                                                 args.disconnect_storm, MEMORY_USER)
+        report["storm"] = await disconnect_storm(stormed, args.disconnect_storm, MEMORY_USER)
     return report
 
 

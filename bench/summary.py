@@ -125,7 +125,9 @@ def criteria(s: Summary, max_events_per_read: float = 1.05) -> list[Criterion]:
         out.append(Criterion("each SSE event forwarded on its own (c=1)",
                              per_read <= max_events_per_read and incomplete == 0,
                              f"{per_read:.3f} events per read (1.0 = none coalesced; limit "
-                             f"{max_events_per_read}), {int(incomplete)} incomplete streams"))
+                             f"{max_events_per_read}; reference {_num(s.median('stream_c1', REFERENCE, 'events_per_read'))}"
+                             f", direct {_num(s.median('stream_c1', DIRECT, 'events_per_read'))}), "
+                             f"{int(incomplete)} incomplete streams"))
     return out
 
 
