@@ -141,7 +141,7 @@ def _num(value: float | None) -> str:
 
 def table(s: Summary, extras: dict[str, dict[str, float]]) -> str:
     """The figures as a text table: one column per target."""
-    width = 12
+    width = max(12, *(len(t) + 1 for t in s.targets))
     lines = [f"{'':17}{'':24}" + "".join(f"{t:>{width + 2}}" for t in s.targets)]
     shown = ""
     for section, label, step, metric, how in ROWS:
