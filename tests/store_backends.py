@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from proxy.stores.base import Store
 from proxy.stores.postgres import PostgresStore
@@ -25,6 +26,14 @@ from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_rows import entity_terms
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Each backend in turn: a SQLite file, then a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return SQLiteBackend(tmp_path / "m.db")
+    return PostgresBackend(request.getfixturevalue("pg_url"))
 
 
 class Backend:

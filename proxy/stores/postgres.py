@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 import asyncpg
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
-from proxy.stores.base import StoreError, WriteOp
+from proxy.stores.base import QueuedMessage, StoreError, WriteOp
+from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
 from proxy.stores.postgres_rows import (
     entity_from_record,
@@ -49,9 +50,12 @@ COMMAND_TIMEOUT_S = 30.0
 PING_TIMEOUT_S = 2.0
 CLOSE_TIMEOUT_S = 10.0
 EXPORT_PAGE = 500
+# How long a claimed extraction item stays with the replica that claimed it.
+CLAIM_LEASE = timedelta(minutes=5)
 # JIT compiling a search's aggregate costs more than running it.
 SERVER_SETTINGS = {"jit": "off", "application_name": "memproxy"}
 _LOCK_NAMESPACE = b"memproxy:user:"
+T = TypeVar("T")
 
 # SQLSTATE classes no retry can fix: bad data (22), a constraint (23), bad SQL or
 # privileges (42), an exception raised by a trigger (P0). Connection loss (08), deadlock
@@ -138,14 +142,14 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict
 )
 
 
-class PostgresStore:
-    """The Store protocol on a PostgreSQL database shared by any number of replicas."""
+class PostgresStore(PostgresAdmin):
+    """The Store protocol on a PostgreSQL database shared by any number of replicas (memory API: postgres_admin.py)."""
 
     def __init__(self, url: str, *, min_connections: int = POOL_MIN, max_connections: int = POOL_MAX) -> None:
         self._url = url
         self._sizes = (min_connections, max_connections)
         self._pool: asyncpg.Pool | None = None
-        self._batches: set[asyncio.Task[None]] = set()
+        self._batches: set[asyncio.Task[Any]] = set()
 
     # --- lifecycle
 
@@ -197,27 +201,67 @@ class PostgresStore:
     # --- writes
 
     async def apply(self, ops: Sequence[WriteOp]) -> None:
-        """Apply a batch of writes in one transaction; raise StoreError on failure.
+        """Apply a batch of writes in one transaction; raise StoreError on failure."""
+        if ops:
+            batch = list(ops)
+            await self._locked({op.scope.user for op in batch}, lambda conn: apply_ops(conn, batch))
 
-        The batch runs as its own task: a caller cancelled meanwhile does not stop it, so
-        it commits or rolls back whole, and close() waits for it.
+    async def _locked(self, users: Iterable[str], body: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run `body` in one transaction that first takes each user's advisory lock.
+
+        The transaction runs as its own task: a caller cancelled meanwhile does not stop
+        it, so it commits or rolls back whole, and close() waits for it.
         """
-        if not ops:
-            return
-        task = asyncio.get_running_loop().create_task(self._apply(self._open_pool(), list(ops)))
+        keys = sorted({user_lock_key(user) for user in users})
+        task = asyncio.get_running_loop().create_task(self._transaction(self._open_pool(), keys, body))
         self._batches.add(task)
         task.add_done_callback(_forget(self._batches))
         try:
-            await asyncio.shield(task)
+            return await asyncio.shield(task)
         except _ERRORS as exc:
             raise _error(exc) from exc
 
-    async def _apply(self, pool: asyncpg.Pool, ops: list[WriteOp]) -> None:
-        keys = sorted({user_lock_key(op.scope.user) for op in ops})
+    @staticmethod
+    async def _transaction(pool: asyncpg.Pool, keys: list[int], body: Callable[[asyncpg.Connection], Awaitable[T]]
+                           ) -> T:
         async with pool.acquire() as conn, conn.transaction():
-            # Ascending key order: two replicas' batches never wait on each other in a cycle.
+            # Ascending key order: two replicas' transactions never wait on each other in a cycle.
             await conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k", keys)
-            await apply_ops(conn, ops)
+            return await body(conn)
+
+    # --- the extraction queue (every user's: the background worker is not a request)
+
+    async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
+                               ) -> list[QueuedMessage]:
+        """Due, unparked items, oldest first, each with its scope and message (text cut at `max_chars`).
+
+        Replicas share the queue: the items are locked with SKIP LOCKED (another replica
+        claiming at the same moment takes the next ones) and leased for CLAIM_LEASE, so no
+        other replica claims them meanwhile; the result (RecordFacts or ExtractionFailed)
+        ends the lease, and a replica that dies holding items lets them come due again.
+        """
+        args = _Args()
+        at, lease = args(utc(now)), args(CLAIM_LEASE)
+        content = "m.content" if max_chars is None else f"substr(m.content, 1, {args(int(max_chars))})"
+        rows = await self._fetch(
+            "WITH due AS (SELECT q.id FROM extraction_queue q WHERE NOT q.parked"
+            f" AND q.next_attempt_at <= {at} AND (q.claimed_until IS NULL OR q.claimed_until <= {at})"
+            f" ORDER BY q.next_attempt_at, q.id LIMIT {args(limit)} FOR UPDATE SKIP LOCKED),"
+            f" claimed AS (UPDATE extraction_queue q SET claimed_until = {at} + {lease}::interval FROM due"
+            " WHERE q.id = due.id RETURNING q.id, q.user_id, q.message_id, q.attempts, q.next_attempt_at)"
+            " SELECT c.id AS queue_id, c.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
+            f" m.agent_id, {content} AS content FROM claimed c"
+            " JOIN messages m ON m.user_id = c.user_id AND m.id = c.message_id ORDER BY c.next_attempt_at, c.id",
+            args,
+        )
+        return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]),
+                              message_from_record(row), row["attempts"]) for row in rows]
+
+    async def queue_depth(self) -> dict[str, int]:
+        """Items waiting for extraction (`pending`, retries and claimed ones included) and given up on (`parked`)."""
+        rows = await self._fetch("SELECT parked, count(*) AS n FROM extraction_queue GROUP BY parked", [])
+        counts = {bool(row["parked"]): int(row["n"]) for row in rows}
+        return {"pending": counts.get(False, 0), "parked": counts.get(True, 0)}
 
     # --- reads
 
@@ -442,10 +486,10 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-def _forget(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
     """A done callback: drop the task and mark its error seen (its caller may be gone)."""
 
-    def done(task: asyncio.Task[None]) -> None:
+    def done(task: asyncio.Task[Any]) -> None:
         tasks.discard(task)
         if not task.cancelled():
             task.exception()

@@ -21,8 +21,22 @@ from typing import Any
 
 import asyncpg
 
-from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, WriteOp, text_hash
+from proxy.stores.base import (
+    ExtractionFailed,
+    FinishTurn,
+    RecordFacts,
+    RecordToolCalls,
+    SaveBlock,
+    SetTurnStatus,
+    StartTurn,
+    StoreMemory,
+    WriteOp,
+    text_hash,
+)
+from proxy.stores.postgres_admin import store_memory
+from proxy.stores.postgres_facts import record_facts
 from proxy.stores.postgres_rows import clean_text, utc
+from proxy.stores.sqlite_facts import ERROR_MAX_CHARS
 from proxy.stores.sqlite_rows import index_terms, new_id, reasoning_terms, steps_json
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
@@ -70,6 +84,11 @@ RECORD_TOOL_CALLS = (
     " AS c(id, name, arguments) WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = $1 AND turn_key = $2)"
     " ON CONFLICT DO NOTHING"
 )
+# Count the attempt; the item waits until the retry time, or is parked with its error.
+EXTRACTION_FAILED = (
+    "UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = $1, last_error = $2, parked = $3,"
+    " claimed_until = NULL WHERE id = $4 AND user_id = $5"
+)
 SET_TURN_STATUS = (
     "UPDATE turns SET status = $1, updated_at = $2 WHERE user_id = $3 AND turn_key = $4 AND status <> 'complete'"
 )
@@ -105,17 +124,29 @@ async def recover(conn: asyncpg.Connection) -> None:
 
 async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
     """Apply `ops` in order on a connection inside a transaction, a run of one kind at a time."""
-    statements = [statement(op) for op in ops]
-    for sql, run in groupby(statements, key=lambda s: s[0]):
-        rows = [args for _, args in run]
-        if len(rows) == 1:
-            await conn.execute(sql, *rows[0])
+    for _, run in groupby(ops, key=lambda op: type(op)):
+        group = list(run)
+        if isinstance(group[0], RecordFacts):  # a merge reads the graph as it goes: one op at a time
+            for op in group:
+                await record_facts(conn, op)  # type: ignore[arg-type]
+        elif isinstance(group[0], StoreMemory):
+            for op in group:
+                await store_memory(conn, op)  # type: ignore[arg-type]
         else:
-            await conn.executemany(sql, rows)
+            await _execute(conn, [statement(op) for op in group])
+
+
+async def _execute(conn: asyncpg.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """Statements of one kind: one round trip, pipelined by executemany when there are several."""
+    sql = statements[0][0]
+    if len(statements) == 1:
+        await conn.execute(sql, *statements[0][1])
+    else:
+        await conn.executemany(sql, [args for _, args in statements])
 
 
 def statement(op: WriteOp) -> tuple[str, tuple[Any, ...]]:
-    """The one SQL statement of a write op, with its arguments."""
+    """The one SQL statement of a write op (all but RecordFacts and StoreMemory), with its arguments."""
     if isinstance(op, StartTurn):
         return START_TURN, _start_turn(op)
     if isinstance(op, FinishTurn):
@@ -126,6 +157,9 @@ def statement(op: WriteOp) -> tuple[str, tuple[Any, ...]]:
                                    [c[1] for c in calls], [c[2] for c in calls])
     if isinstance(op, SetTurnStatus):
         return SET_TURN_STATUS, (op.status, utc(op.at), op.scope.user, op.turn_key)
+    if isinstance(op, ExtractionFailed):
+        return EXTRACTION_FAILED, (utc(op.retry_at), clean_text(op.error)[:ERROR_MAX_CHARS], op.park, op.queue_id,
+                                   op.scope.user)
     if isinstance(op, SaveBlock):
         return SAVE_BLOCK, (clean_text(op.block), op.injected, utc(op.at) if op.at else None, op.scope.user,
                             op.turn_key, json.dumps(op.log, default=str), INJECTION_LOG_KEEP)

@@ -162,6 +162,7 @@ CREATE TABLE extraction_queue (
     next_attempt_at timestamptz NOT NULL,
     last_error text,
     parked boolean NOT NULL DEFAULT false,
+    claimed_until timestamptz,  -- leased to the replica that claimed it until then
     created_at timestamptz NOT NULL,
     UNIQUE (user_id, message_id),
     FOREIGN KEY (user_id, message_id) REFERENCES messages(user_id, id) ON DELETE CASCADE
@@ -286,6 +287,8 @@ _V1 = (
 MIGRATIONS: tuple[str, ...] = (_V1,)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
+# The search index's own tables: derived from the items, kept by the triggers.
+INTERNAL_TABLES = (*POSTINGS_TABLES, "lexicon_stats")
 
 
 async def migrate(conn: asyncpg.Connection) -> int:

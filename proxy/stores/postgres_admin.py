@@ -1,0 +1,278 @@
+"""The memory API's operations on PostgreSQL: listing, explicit memories, deletes with counts, import.
+
+`PostgresAdmin` is mixed into `PostgresStore`, as `SQLiteAdmin` is into `SQLiteStore`, and
+behaves the same (sqlite_admin.py is the reference). Each write runs in one transaction
+that first takes the user's advisory lock, so it never interleaves with another
+replica's batch for the same user.
+
+Deleting a user removes every row that carries its id: the users row cascades through the
+foreign keys, the triggers drop the deleted items' postings, and every table with a
+`user_id` is then swept. PostgreSQL keeps deleted tuples in the table files until VACUUM
+reclaims them (and backups keep them until they expire): docs/replicas.md says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+import asyncpg
+
+from proxy.memory.extraction.model import canonical_name
+from proxy.models import Scope
+from proxy.stores.base import StoreMemory, text_hash
+from proxy.stores.postgres_import import import_records
+from proxy.stores.postgres_rows import (
+    clean_text,
+    export_conversation,
+    export_entity,
+    export_message,
+    export_reasoning,
+    utc,
+)
+from proxy.stores.postgres_schema import INTERNAL_TABLES
+from proxy.stores.sqlite_admin import MEMORY_TYPES
+from proxy.stores.sqlite_rows import entity_terms, index_terms, new_id
+
+T = TypeVar("T")
+ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]
+Corrected = Literal["entity", "message", "conflict"]
+# The table each kind of item lives in.
+_ITEM_TABLES = {"message": "messages", "entity": "entities", "relationship": "relationships",
+                "conversation": "conversations"}
+
+
+def _agent(scope: Scope, alias: str, first: int) -> tuple[str, list[Any]]:
+    """Limit rows to the scope's agent under isolation; `first` is the next parameter number."""
+    if scope.agent_isolated:
+        return f" AND {alias}.agent_id IS NOT DISTINCT FROM ${first}", [scope.agent]
+    return "", []
+
+
+class PostgresAdmin:
+    """The memory API's half of PostgresStore (the host provides the pool)."""
+
+    async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
+        raise NotImplementedError
+
+    async def _locked(self, user: str, body: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:  # PostgresStore
+        raise NotImplementedError
+
+    # --- reads
+
+    async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        """The user's entities as export records, oldest first, after the entity `cursor`."""
+        agent, args = _agent(scope, "e", 3)
+        after = ""
+        if cursor is not None:  # keyset pagination: the page starts after the entity `cursor`
+            after = f" AND e.seq > (SELECT seq FROM entities WHERE user_id = $1 AND id = ${len(args) + 3})"
+            args.append(cursor)
+        rows = await self._fetch(f"SELECT e.* FROM entities e WHERE e.user_id = $1{agent}{after} ORDER BY e.seq"
+                                 " LIMIT $2", [scope.user, limit, *args])
+        return [export_entity(row) for row in rows]
+
+    async def _record(self, scope: Scope, table: str, alias: str, item_id: str) -> asyncpg.Record | None:
+        agent, args = _agent(scope, alias, 3)
+        rows = await self._fetch(f"SELECT {alias}.* FROM {table} {alias} WHERE {alias}.user_id = $1"
+                                 f" AND {alias}.id = $2{agent}", [scope.user, item_id, *args])
+        return rows[0] if rows else None
+
+    async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
+        """One entity as an export record."""
+        row = await self._record(scope, "entities", "e", entity_id)
+        return None if row is None else export_entity(row)
+
+    async def message_record(self, scope: Scope, message_id: str) -> dict[str, Any] | None:
+        """One message as an export record."""
+        row = await self._record(scope, "messages", "m", message_id)
+        return None if row is None else export_message(row)
+
+    async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
+        """One conversation as an export record."""
+        row = await self._record(scope, "conversations", "c", conversation_id)
+        return None if row is None else export_conversation(row)
+
+    async def reasoning_page(self, scope: Scope, *, limit: int = 100,
+                             cursor: str | None = None) -> list[dict[str, Any]]:
+        """Reasoning traces as export records, newest first, after the trace `cursor`."""
+        agent, args = _agent(scope, "x", 3)
+        after = ""
+        if cursor is not None:
+            after = (" AND (x.created_at, x.seq) < (SELECT created_at, seq FROM reasoning WHERE user_id = $1"
+                     f" AND id = ${len(args) + 3})")
+            args.append(cursor)
+        rows = await self._fetch(f"SELECT x.* FROM reasoning x WHERE x.user_id = $1{agent}{after}"
+                                 " ORDER BY x.created_at DESC, x.seq DESC LIMIT $2", [scope.user, limit, *args])
+        return [export_reasoning(row) for row in rows]
+
+    async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The injection log of the user's latest turns, newest first."""
+        rows = await self._fetch(
+            "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
+            " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
+            " WHERE i.user_id = $1 ORDER BY i.seq DESC LIMIT $2", [scope.user, limit])
+        return [{"turn_id": row["turn_key"], "conversation_id": row["conversation_id"],
+                 "created_at": utc(row["created_at"]), "injected": row["injected"], "log": json.loads(row["log"])}
+                for row in rows]
+
+    # --- writes
+
+    async def store_memory(self, op: StoreMemory) -> str:
+        """Apply one StoreMemory alone; the id of the entity or message that holds it."""
+        return await self._locked(op.scope.user, lambda conn: store_memory(conn, op))
+
+    async def update_memory(self, scope: Scope, memory_id: str, content: str) -> Corrected | None:
+        """Correct an entity's text (its description, or its name when it has none) or a message's."""
+        return await self._locked(scope.user, lambda conn: update_memory(conn, scope, memory_id, content))
+
+    async def delete_item(self, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
+        """Delete one item and what hangs off it; rows deleted per table, None when there is no such item."""
+        return await self._locked(scope.user, lambda conn: delete_item(conn, scope, kind, item_id))
+
+    async def delete_user(self, scope: Scope) -> dict[str, int]:
+        """Delete every row of the user; rows deleted per table."""
+        return await self._locked(scope.user, lambda conn: delete_user(conn, scope.user))
+
+    async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+        """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
+        return await self._locked(scope.user, lambda conn: import_records(conn, scope, records))
+
+
+# --- inside a transaction -----------------------------------------------------------------
+
+
+async def store_memory(conn: asyncpg.Connection, op: StoreMemory) -> str:
+    """An explicit memory: an entity of the user, or (`interaction`) an assistant message."""
+    if op.memory_type not in MEMORY_TYPES:
+        raise ValueError(f"unknown memory type {op.memory_type!r}")
+    at = utc(op.at)
+    await conn.execute("INSERT INTO users (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", op.scope.user, at)
+    if op.memory_type == "interaction":
+        return await _interaction(conn, op, at)
+    return await _fact(conn, op, at)
+
+
+async def _fact(conn: asyncpg.Connection, op: StoreMemory, at: datetime) -> str:
+    """The memory as an entity named by its text, merged by canonical name like extracted ones."""
+    name = clean_text(" ".join(op.content.split()))
+    key = canonical_name(name)
+    if not key:
+        raise ValueError("a memory needs some text")
+    agent = op.scope.agent if op.scope.agent_isolated else None
+    row = await conn.fetchrow(
+        "SELECT seq, id, tags FROM entities WHERE user_id = $1 AND (id = $2 OR (coalesce(agent_id, '') = $3"
+        " AND canonical_name = $4)) ORDER BY id = $2 DESC LIMIT 1", op.scope.user, op.memory_id, agent or "", key)
+    tags = [clean_text(t) for t in op.tags]
+    if row is not None:
+        held = json.loads(row["tags"])
+        merged = held + [t for t in dict.fromkeys(tags) if t not in held]
+        await conn.execute("UPDATE entities SET memory_type = $1, confidence = $2, tags = $3, updated_at = $4"
+                           " WHERE seq = $5", op.memory_type, op.confidence, json.dumps(merged), at, row["seq"])
+        return str(row["id"])
+    await conn.execute(
+        "INSERT INTO entities (id, user_id, agent_id, name, canonical_name, type, description, memory_type, confidence,"
+        " tags, name_terms, type_terms, description_terms, created_at, updated_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, '', $6, $7, $8, $9, $10, $11, $12, $12)",
+        op.memory_id, op.scope.user, agent, name, key, op.memory_type, op.confidence,
+        json.dumps(list(dict.fromkeys(tags))), *entity_terms(name, op.memory_type, ""), at,
+    )
+    return op.memory_id
+
+
+async def _interaction(conn: asyncpg.Connection, op: StoreMemory, at: datetime) -> str:
+    """The memory as an assistant message in the user's latest conversation (a new one if none)."""
+    agent, args = _agent(op.scope, "c", 2)
+    conversation = await conn.fetchval(f"SELECT c.id FROM conversations c WHERE c.user_id = $1{agent}"
+                                       " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", op.scope.user, *args)
+    if conversation is None:
+        conversation = new_id()
+        await conn.execute("INSERT INTO conversations (user_id, id, agent_id, created_at, last_active_at)"
+                           " VALUES ($1, $2, $3, $4, $4)", op.scope.user, conversation, op.scope.agent, at)
+    content = clean_text(op.content)
+    inserted = await conn.fetchval(
+        "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, created_at)"
+        " VALUES ($1, $2, $3, $4, 'assistant', $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING id",
+        op.memory_id, op.scope.user, conversation, op.scope.agent, content, text_hash(content), index_terms(content),
+        at,
+    )
+    if inserted is not None:
+        await conn.execute("INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)"
+                           " VALUES ($1, $2, $3, $3) ON CONFLICT DO NOTHING", op.scope.user, op.memory_id, at)
+    return op.memory_id
+
+
+async def update_memory(conn: asyncpg.Connection, scope: Scope, memory_id: str, content: str) -> Corrected | None:
+    """Replace the text of the entity or message `memory_id`; "conflict" when a name is taken."""
+    content = clean_text(content)
+    entity = await conn.fetchrow("SELECT * FROM entities WHERE user_id = $1 AND id = $2", scope.user, memory_id)
+    if entity is not None:
+        return await _correct_entity(conn, entity, content)
+    changed = await conn.fetchval(
+        "UPDATE messages SET content = $1, content_hash = $2, terms = $3 WHERE user_id = $4 AND id = $5 RETURNING id",
+        content, text_hash(content), index_terms(content), scope.user, memory_id,
+    )
+    return "message" if changed is not None else None
+
+
+async def _correct_entity(conn: asyncpg.Connection, row: asyncpg.Record, content: str) -> Corrected:
+    aliases = json.loads(row["aliases"])
+    name, description = row["name"], " ".join(content.split())
+    key = row["canonical_name"]
+    if not row["description"]:
+        name, description = description, ""
+        key = canonical_name(name)
+        taken = await conn.fetchval(
+            "SELECT 1 FROM entities WHERE user_id = $1 AND coalesce(agent_id, '') = $2 AND canonical_name = $3"
+            " AND seq <> $4", row["user_id"], row["agent_id"] or "", key, row["seq"])
+        if taken is not None or not key:
+            return "conflict"
+    await conn.execute(
+        "UPDATE entities SET name = $1, canonical_name = $2, description = $3, name_terms = $4, type_terms = $5,"
+        " description_terms = $6, updated_at = GREATEST(updated_at, now()) WHERE seq = $7",
+        name, key, description, *entity_terms(name, row["type"], description, aliases), row["seq"],
+    )
+    return "entity"
+
+
+async def user_tables(conn: asyncpg.Connection) -> list[str]:
+    """Every table of the schema with a `user_id` column, but the search index's own."""
+    rows = await conn.fetch(
+        "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        " AND column_name = 'user_id' ORDER BY table_name")
+    return [row["table_name"] for row in rows if row["table_name"] not in INTERNAL_TABLES]
+
+
+async def _counts(conn: asyncpg.Connection, user: str, tables: Sequence[str]) -> dict[str, int]:
+    """Rows of the user per table, in one statement."""
+    counts = ", ".join(f'(SELECT count(*) FROM "{t}" WHERE user_id = $1)' for t in tables)
+    row = await conn.fetchrow(f"SELECT {counts}", user)
+    return {t: int(row[i]) for i, t in enumerate(tables)} if row is not None else {}
+
+
+async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
+    """Delete one item (cascading); rows deleted per table, or None when it does not exist."""
+    kinds: Sequence[str] = ("entity", "message") if kind == "memory" else (kind,)
+    tables = await user_tables(conn)
+    before = await _counts(conn, scope.user, tables)
+    for each in kinds:
+        table = _ITEM_TABLES[each]
+        deleted = await conn.fetchval(f"DELETE FROM {table} WHERE user_id = $1 AND id = $2 RETURNING id",
+                                      scope.user, item_id)
+        if deleted is not None:
+            after = await _counts(conn, scope.user, tables)
+            return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
+    return None
+
+
+async def delete_user(conn: asyncpg.Connection, user: str) -> dict[str, int]:
+    """Every row of the user, counted then deleted."""
+    tables = await user_tables(conn)
+    counts = await _counts(conn, user, tables)
+    counts["users"] = int((await conn.execute("DELETE FROM users WHERE id = $1", user)).split()[-1])
+    for table in tables:  # rows the cascade did not reach (none, unless a table has no foreign key)
+        await conn.execute(f'DELETE FROM "{table}" WHERE user_id = $1', user)
+    for table in INTERNAL_TABLES:
+        await conn.execute(f'DELETE FROM "{table}" WHERE user_id = $1', user)
+    return counts

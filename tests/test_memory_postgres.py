@@ -1,0 +1,35 @@
+"""The memory path through the proxy (test_memory_path.py, test_teach_forget_ask.py) again, on PostgreSQL.
+
+The same test functions, with `make_proxy` serving from a fresh PostgreSQL schema unless
+a test names another store: blocks, tool-loop block reuse, caps and teach-forget-ask
+behave the same on both backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunningProxy
+from tests.test_memory_path import (  # noqa: F401  (collected here again, against PostgreSQL)
+    mem,
+    test_block_as_a_new_text_part,
+    test_block_goes_in_front_of_the_last_user_message,
+    test_context_length_error_is_retried_without_the_block,
+    test_new_user_gets_no_block,
+    test_tool_loop_steps_carry_identical_block_bytes,
+    test_x_memory_max_caps_and_zero_disables,
+)
+from tests.test_teach_forget_ask import test_taught_facts_come_back_and_stay_with_their_user  # noqa: F401
+
+
+@pytest.fixture
+def make_proxy(pg_url: str, make_proxy: Callable[..., RunningProxy]) -> Callable[..., RunningProxy]:
+    """conftest's make_proxy, its default store a PostgreSQL schema."""
+    def start(**overrides: Any) -> RunningProxy:
+        overrides.setdefault("store__url", pg_url)
+        return make_proxy(**overrides)
+
+    return start

@@ -1,0 +1,257 @@
+"""PostgresStore beyond the shared contract: replicas on one database, locks, recovery, outages.
+
+The contract every backend keeps is test_store_contract.py; these are the promises only
+a database shared by several processes has to keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from proxy.app import open_store
+from proxy.models import ReasoningStep, Scope
+from proxy.settings import load_settings
+from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, StartTurn, StoreError, WriteOp
+from proxy.stores.postgres import CLAIM_LEASE, PostgresStore, user_lock_key
+from proxy.stores.postgres_batch import STALE_PENDING
+from proxy.terms import query_terms
+from tests.pg_server import PostgresServer
+from tests.store_backends import PostgresBackend, SQLiteBackend
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+ALICE = Scope("alice")
+BOB = Scope("bob")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def turn_ops(scope: Scope, key: str, text: str, *, at: datetime = T0, conv: str = "c1") -> list[WriteOp]:
+    steps = (ReasoningStep("lookup", "{}", "found"),)
+    return [StartTurn(scope, key, conv, f"h-{key}", at, text),
+            RecordToolCalls(scope, key, ((f"call-{key}", "lookup", "{}"),), at),
+            SaveBlock(scope, key, f"block of {key}", 1, {"k": key}, at),
+            FinishTurn(scope, key, conv, f"answer to {text}", at + timedelta(seconds=1), text, steps)]
+
+
+def test_two_stores_writing_the_same_turns_at_once_save_each_once(pg_url: str) -> None:
+    """Two replicas (two pools) open together, migrate once, and race on the same writes."""
+    async def body() -> None:
+        one, two = PostgresStore(pg_url), PostgresStore(pg_url)
+        await asyncio.gather(one.open(), two.open())
+        try:
+            ops = [op for i in range(30) for op in turn_ops(Scope(f"u{i % 3}"), f"t{i}", f"text {i}")]
+            await asyncio.gather(*(store.apply(ops[n:n + 8]) for n in range(0, len(ops), 8) for store in (one, two)))
+            backend = PostgresBackend(pg_url)
+            assert await backend.sql("SELECT role, count(*) FROM messages GROUP BY role ORDER BY role") == [
+                ("assistant", 30), ("user", 30)]
+            assert await backend.sql("SELECT count(*), count(DISTINCT turn_key) FROM reasoning") == [(30, 30)]
+            assert await backend.sql("SELECT count(*) FROM injections") == [(30,)]
+            assert await backend.sql("SELECT count(*) FROM turn_tool_calls") == [(30,)]
+            assert await backend.sql("SELECT version FROM schema_version") == [(1,)]
+            turn = await two.turn_by_tool_calls(Scope("u1"), ["call-t4"])
+            assert turn is not None and (turn.key, turn.block, turn.status) == ("t4", "block of t4", "complete")
+        finally:
+            await asyncio.gather(one.close(), two.close())
+
+    run(body())
+
+
+def test_a_users_writes_wait_for_that_users_lock_only(pg_url: str) -> None:
+    """Per-user ordering across replicas: a batch waits while another holds the user's lock."""
+    async def body() -> None:
+        store = PostgresStore(pg_url)
+        await store.open()
+        holder = await asyncpg.connect(pg_url)
+        try:
+            await holder.execute("SELECT pg_advisory_lock($1)", user_lock_key("alice"))
+            blocked = asyncio.create_task(store.apply([StartTurn(ALICE, "t1", "c1", "h", T0, "after the lock")]))
+            await store.apply([StartTurn(BOB, "t1", "c1", "h", T0, "bob goes on")])  # another user: no wait
+            await asyncio.sleep(0.3)
+            assert not blocked.done()
+            assert [m.content for m in await store.messages(BOB, "c1")] == ["bob goes on"]
+            await holder.execute("SELECT pg_advisory_unlock($1)", user_lock_key("alice"))
+            await asyncio.wait_for(blocked, 5)
+            assert [m.content for m in await store.messages(ALICE, "c1")] == ["after the lock"]
+        finally:
+            await holder.close()
+            await store.close()
+
+    run(body())
+
+
+def test_replicas_share_the_extraction_queue_without_overlap(pg_url: str) -> None:
+    """Claims from two replicas at once split the due items; a claimed item's lease runs out."""
+    now = T0 + timedelta(days=1)
+
+    async def body() -> None:
+        one, two = PostgresStore(pg_url), PostgresStore(pg_url)
+        await asyncio.gather(one.open(), two.open())
+        try:
+            await one.apply([StartTurn(Scope(f"u{i % 4}"), f"t{i}", "c1", f"h{i}", T0, f"text {i}") for i in range(40)])
+            claims = await asyncio.gather(*(store.claim_extraction(7, now) for store in (one, two) * 3))
+            ids = [item.queue_id for claim in claims for item in claim]
+            assert len(ids) == 40 and len(set(ids)) == 40
+            assert await two.claim_extraction(100, now + CLAIM_LEASE - timedelta(seconds=1)) == []
+            again = await two.claim_extraction(100, now + CLAIM_LEASE)  # their replica died: due again
+            assert sorted(item.queue_id for item in again) == sorted(ids)
+            assert await one.queue_depth() == {"pending": 40, "parked": 0}
+        finally:
+            await asyncio.gather(one.close(), two.close())
+
+    run(body())
+
+
+def test_lock_keys_are_stable_and_distinct() -> None:
+    assert user_lock_key("alice") == user_lock_key("alice")
+    assert len({user_lock_key(f"user{i}") for i in range(10_000)}) == 10_000
+    assert all(-2**63 <= user_lock_key(u) < 2**63 for u in ("", "alice", "x" * 256))
+
+
+def test_recovery_leaves_turns_other_replicas_may_be_serving(pg_url: str) -> None:
+    now = datetime.now(UTC)
+    stale = now - STALE_PENDING - timedelta(minutes=1)
+
+    async def body() -> None:
+        store = PostgresStore(pg_url)
+        await store.open()
+        await store.apply([StartTurn(ALICE, "fresh", "c1", "h1", now, "in flight elsewhere"),
+                           StartTurn(ALICE, "stale", "c1", "h2", stale, "its replica died")])
+        await store.close()
+        await store.open()  # another replica starting
+        try:
+            assert (await store.turn(ALICE, "fresh")).status == "pending"  # type: ignore[union-attr]
+            assert (await store.turn(ALICE, "stale")).status == "interrupted"  # type: ignore[union-attr]
+        finally:
+            await store.close()
+
+    run(body())
+
+
+def test_nul_characters_are_stored_as_replacement_characters(pg_url: str) -> None:
+    """PostgreSQL text cannot hold NUL (valid in JSON); it is stored as U+FFFD, never refused."""
+    async def body() -> None:
+        store = PostgresStore(pg_url)
+        await store.open()
+        try:
+            await store.apply([StartTurn(ALICE, "t1", "c1", "h", T0, "a\x00b"),
+                               FinishTurn(ALICE, "t1", "c1", "c\x00d", T0, "a\x00b", (ReasoningStep("f\x00", "{}"),)),
+                               RecordToolCalls(ALICE, "t1", (("id\x00", "n\x00", "a\x00"),), T0),
+                               SaveBlock(ALICE, "t1", "blo\x00ck", 1, {"x": "\x00"})])
+            assert [m.content for m in await store.messages(ALICE, "c1")] == ["a\ufffdb", "c\ufffdd"]
+            assert (await store.turn(ALICE, "t1")).block == "blo\ufffdck"  # type: ignore[union-attr]
+            assert (await store.reasoning(ALICE))[0].steps[0].name == "f\x00"  # JSON keeps it escaped
+        finally:
+            await store.close()
+
+    run(body())
+
+
+def test_scores_equal_sqlite_fts5_bm25(pg_url: str, tmp_path: Path) -> None:
+    """One user's corpus in both stores: the same hits, in the same order, with the same scores."""
+    texts = [f"the {w} plan for the {o} office, draft {i}" for i, (w, o) in enumerate(
+        [(w, o) for w in ("budget", "deploy", "garden", "budget budget") for o in ("oslo", "lisbon", "quito")])]
+    texts += ["internal-hbr-2291.example hosts the budget service", "nothing relevant here at all"]
+    queries = ["budget plan", "oslo office draft", "internal-hbr-2291.example", "garden lisbon", "zebra"]
+
+    async def results(backend: Any) -> list[list[tuple[str, float]]]:
+        async with backend.opened() as store:
+            await store.apply([StartTurn(ALICE, f"t{i}", f"c{i % 4}", f"h{i}", T0 + timedelta(seconds=i), text)
+                               for i, text in enumerate(texts)])
+            await backend.add_entity("alice", "Budget Office", "place", "where the budget plan is drafted")
+            await backend.add_entity("alice", "Oslo", "city", "the budget office of the north")
+            found = []
+            for query in queries:
+                found.append([(m.content, s) for m, s in await store.search_messages(ALICE, query_terms(query))])
+                found.append([(e.name, s) for e, s in await store.search_entities(ALICE, query_terms(query))])
+            return found
+
+    sqlite, postgres = run(results(SQLiteBackend(tmp_path / "m.db"))), run(results(PostgresBackend(pg_url)))
+    assert [[name for name, _ in hits] for hits in postgres] == [[name for name, _ in hits] for hits in sqlite]
+    for pg_hits, lite_hits in zip(postgres, sqlite):
+        assert all(math.isclose(p, s, rel_tol=1e-6) for (_, p), (_, s) in zip(pg_hits, lite_hits))
+    assert sum(len(hits) for hits in postgres) > 40
+
+
+def test_search_reads_the_index_not_the_users_items(pg_url: str) -> None:
+    """The request path stays off full scans: postings are read by (user, term) only."""
+    async def body() -> str:
+        store = PostgresStore(pg_url)
+        await store.open()
+        try:
+            for user in ("alice", "bob", "carol"):
+                await store.apply([StartTurn(Scope(user), f"t{i}", f"c{i % 50}", f"h{i}", T0, f"note {i} on topic{i % 97}")
+                                   for i in range(3000)])
+            backend = PostgresBackend(pg_url)
+            await backend.sql("ANALYZE")
+            assert len(await store.search_messages(ALICE, ["topic7"], limit=100)) == 31
+            plan = await backend.sql(
+                "EXPLAIN SELECT doc FROM message_postings WHERE user_id = 'alice' AND term = ANY('{topic7,note}')")
+            return "\n".join(line for (line,) in plan)
+        finally:
+            await store.close()
+
+    plan = run(body())
+    assert "Index" in plan and "Seq Scan" not in plan, plan
+
+
+def test_outage_gives_transient_errors_and_the_pool_reconnects(pg_server: PostgresServer, pg_url: str) -> None:
+    async def body() -> None:
+        store = PostgresStore(pg_url)
+        await store.open()
+        try:
+            await store.apply([StartTurn(ALICE, "t1", "c1", "h", T0, "before")])
+            pg_server.stop()
+            try:
+                assert await store.ping() is False
+                with pytest.raises(StoreError) as write_error:
+                    await store.apply([StartTurn(ALICE, "t2", "c1", "h2", T0, "during")])
+                with pytest.raises(StoreError) as read_error:
+                    await store.search_messages(ALICE, ["before"])
+                assert write_error.value.transient and read_error.value.transient
+            finally:
+                pg_server.start()
+            deadline = time.monotonic() + 10
+            while not await store.ping() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await store.apply([StartTurn(ALICE, "t2", "c1", "h2", T0, "during")])  # the writer's retry
+            assert [m.content for m in await store.messages(ALICE, "c1")] == ["before", "during"]
+        finally:
+            await store.close()
+
+    run(body())
+
+
+def test_open_fails_with_store_error_naming_no_password() -> None:
+    async def body() -> None:
+        store = PostgresStore("postgresql://memproxy:hunter2@127.0.0.1:1/memproxy")
+        with pytest.raises(StoreError, match="cannot open") as failure:
+            await store.open()
+        assert "hunter2" not in str(failure.value) and failure.value.transient
+
+    run(body())
+
+
+def test_config_example_selects_the_postgres_store(pg_url: str) -> None:
+    settings = load_settings(str(ROOT / "config" / "postgres.yaml"), environ={"MEMPROXY_STORE_URL": pg_url})
+    store = open_store(settings.store)
+    assert isinstance(store, PostgresStore)
+
+    async def body() -> None:
+        await store.open()
+        try:
+            assert await store.ping() is True
+        finally:
+            await store.close()
+
+    run(body())
