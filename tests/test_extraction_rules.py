@@ -479,6 +479,7 @@ def test_extraction_package_is_pure() -> None:
     ],
 )
 def test_pathological_input_stays_linear(text: str) -> None:
+    # A generous bound: linear input takes well under a second; a quadratic pattern minutes.
     start = time.perf_counter()
     extract(text)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 10.0
