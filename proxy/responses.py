@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from proxy.relay import Send
 from proxy.upstream import StreamCut, response_headers
-from proxy.wire.sse import ChatStreamAccumulator, SSEDecoder, error_event, parse_completion
+from proxy.wire.sse import ChatStreamAccumulator, SSEDecoder, StreamEnd, error_event, parse_completion
 
 log = logging.getLogger("memproxy.stream")
 
@@ -67,7 +67,8 @@ async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeo
 
 async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
     decoder = SSEDecoder()
-    answer = ChatStreamAccumulator()
+    # Only an answer that will be saved is rebuilt; otherwise just watch how the stream ends.
+    answer: ChatStreamAccumulator | StreamEnd = ChatStreamAccumulator() if recall.active else StreamEnd()
     committed = False
     try:
         async for chunk in response.chunks():
@@ -76,7 +77,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
             if answer.done and not committed:
                 committed = True
                 # SPEC 1.7: the answer is in the store before [DONE] reaches the client.
-                if recall.active and answer.error is None:
+                if isinstance(answer, ChatStreamAccumulator) and answer.error is None:
                     await _commit(recall.answered(answer.message(0)), commit_timeout_s)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except StreamCut as cut:

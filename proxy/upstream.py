@@ -85,24 +85,71 @@ class UpstreamResponse:
         return self.response.headers.get("content-type", "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Raw body bytes as they arrive; raises StreamCut when the body ends badly."""
+        """Raw body bytes as they arrive; raises StreamCut when the body ends badly.
+
+        The idle timeout counts only time spent waiting on the provider: while a chunk is
+        with the caller (a slow client, backpressure) the watchdog is paused.
+        """
         iterator = self.response.aiter_raw().__aiter__()
-        while True:
-            try:
-                async with asyncio.timeout(self.idle_timeout_s):
+        watchdog = _IdleWatchdog(self.idle_timeout_s)
+        try:
+            while True:
+                try:
                     chunk = await iterator.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise StreamCut("upstream_idle_timeout", "upstream stopped sending before completion") from None
-            except (httpx.HTTPError, aiohttp.ClientError) as exc:
-                raise StreamCut("stream_truncated", "upstream stream ended before completion") from exc
-            if chunk:
-                yield chunk
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    if not watchdog.fired:
+                        raise
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    raise StreamCut("upstream_idle_timeout", "upstream stopped sending before completion") from None
+                except (httpx.HTTPError, aiohttp.ClientError) as exc:
+                    raise StreamCut("stream_truncated", "upstream stream ended before completion") from exc
+                if chunk:
+                    watchdog.paused = True
+                    yield chunk
+                    watchdog.touch()
+        finally:
+            watchdog.stop()
 
     async def aclose(self) -> None:
         """Release the connection (a partly read body closes it instead of pooling it)."""
         await self.response.aclose()
+
+
+class _IdleWatchdog:
+    """Cancels the reading task after `idle_s` without a chunk.
+
+    One timer per idle period rather than one per chunk: a stream of thousands of small
+    events pays a clock read per chunk, not a timer.
+    """
+
+    def __init__(self, idle_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._idle_s = idle_s
+        self._last = self._loop.time()
+        self.paused = False
+        self.fired = False
+        self._handle = self._loop.call_at(self._last + idle_s, self._check)
+
+    def touch(self) -> None:
+        """A chunk was handed on: the provider is being waited on again from now."""
+        self._last = self._loop.time()
+        self.paused = False
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self.paused or now < self._last + self._idle_s:
+            self._handle = self._loop.call_at(now + self._idle_s if self.paused else self._last + self._idle_s,
+                                              self._check)
+            return
+        self.fired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 class Upstream:

@@ -507,3 +507,18 @@ def test_the_sdk_raises_on_the_error_event() -> None:
         for _ in stream:
             pass
     client.close()
+
+
+@pytest.mark.parametrize("data,done,error", [
+    ("[DONE]", True, None),
+    ('{"choices": [{"delta": {"content": "say \\"error\\" please"}}]}', False, None),
+    ('{"error": {"message": "overloaded", "type": "server_error"}}', False,
+     {"message": "overloaded", "type": "server_error"}),
+    ('{"error": "plain text"}', False, {"message": "plain text"}),
+    ('{"error": {}}', False, None),
+    ('not json but "error"', False, None),
+])
+def test_stream_end_watches_only_the_end(data, done, error):
+    end = StreamEnd()
+    end.feed(SSEEvent(None, data))
+    assert (end.done, end.error) == (done, error)

@@ -152,6 +152,27 @@ class SSEDecoder:
             self._last_id = value
 
 
+class StreamEnd:
+    """How a stream ended, without parsing every chunk: [DONE] seen, or an error event.
+
+    For streams whose answer nobody reads (memory off), this replaces the accumulator:
+    only an event that mentions "error" is parsed.
+    """
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: dict[str, Any] | None = None
+
+    def feed(self, event: SSEEvent) -> None:
+        """Look at one event."""
+        if is_done(event):
+            self.done = True
+        elif '"error"' in event.data:
+            payload = _json_object(event.data)
+            if payload is not None and payload.get("error"):
+                self.error = payload["error"] if isinstance(payload["error"], dict) else {"message": payload["error"]}
+
+
 @dataclass(frozen=True)
 class AssistantMessage:
     """The assistant message of one choice, as the client's SDK would rebuild it."""
