@@ -18,6 +18,7 @@ from proxy.wire.sse import (
     ChatStreamAccumulator,
     SSEDecoder,
     SSEEvent,
+    StreamEnd,
     error_event,
     is_done,
     parse_completion,
