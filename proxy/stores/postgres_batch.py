@@ -5,10 +5,11 @@ The same writes as sqlite_batch.py, in PostgreSQL's dialect: every write is an
 same turn written by two replicas, saves once. Per-user ordering across replicas comes
 from the transaction-scoped advisory locks `PostgresStore.apply` takes first.
 
-Each op is one statement (its parts joined by data-modifying CTEs), and a run of ops of
-the same kind goes to the server as one pipelined `executemany`: a round trip to the
-database costs far more than the work of a write, so a batch costs a round trip per run
-of ops, not one per row.
+Each op but the graph's is one execution of the APPLY statement (its parts joined by
+data-modifying CTEs and guarded by the op's kind), so a run of them goes to the server as
+one pipelined `executemany`: a round trip to the database costs far more than the work of
+a write, so a batch costs a round trip, not one per op. A graph merge (RecordFacts,
+StoreMemory) reads as it writes and runs op by op (postgres_facts.py, postgres_admin.py).
 """
 
 from __future__ import annotations
@@ -44,65 +45,66 @@ INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
 # Younger pending turns may be in flight on another replica, so recovery leaves them be.
 STALE_PENDING = timedelta(minutes=10)
 
-# $1 user, $2 conversation, $3 agent, $4 time: the user and the conversation exist, and the
-# conversation's last activity only ever moves forward.
-_CONVERSATION = (
-    "WITH u AS (INSERT INTO users (id, created_at) VALUES ($1, $4) ON CONFLICT DO NOTHING),"
-    " c AS (INSERT INTO conversations AS c (user_id, id, agent_id, created_at, last_active_at)"
-    " VALUES ($1, $2, $3, $4, $4) ON CONFLICT (user_id, id)"
-    " DO UPDATE SET last_active_at = GREATEST(c.last_active_at, excluded.last_active_at)),"
+# Every op but the graph's is one statement: one SQL text for all of them, each part
+# guarded by the op's kind, so a whole batch goes to the server as one pipelined
+# executemany, in order, whatever kinds it mixes (a round trip costs far more than a write).
+_PARAMETERS = (
+    "kind", "user", "conversation", "agent", "at", "turn_key",
+    "role", "message_id", "content", "hash", "terms", "save",  # the message of a start or a finish
+    "history",  # start
+    "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
+    "call_ids", "call_names", "call_args",  # tool calls
+    "status",  # status
+    "block", "injected", "log", "keep",  # block
+    "queue_id", "error", "park",  # extraction failed
 )
-# $5 turn key, $6 role, $7 message id, $8 content, $9 hash, $10 terms, $11 save it: the
-# message unless the turn holds the same text in this role, queued for extraction if new.
-_MESSAGE = (
-    " m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash,"
-    " terms, created_at) SELECT $7, $1, $2, $3, $5, $6, $8, $9, $10, $4 WHERE $11"
-    " ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)"
-    " INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)"
-    " SELECT user_id, id, created_at, created_at FROM m ON CONFLICT DO NOTHING"
-)
-START_TURN = (
-    _CONVERSATION
-    + " t AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,"
-    " updated_at) VALUES ($1, $5, $2, $3, $12, 'pending', $4, $4) ON CONFLICT DO NOTHING),"
-    + _MESSAGE
-)
-FINISH_TURN = (
-    _CONVERSATION
-    # Upsert: the StartTurn batch may have been lost, the answer is still worth keeping.
-    + " t AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,"
-    " updated_at) VALUES ($1, $5, $2, $3, '', 'complete', $4, $4)"
-    " ON CONFLICT (user_id, turn_key) DO UPDATE SET status = 'complete', updated_at = excluded.updated_at),"
-    # $12 trace id, $13 task, $14 steps, $15 terms, $16 has steps: the trace, once per turn.
-    " x AS (INSERT INTO reasoning (id, user_id, agent_id, conversation_id, turn_key, task, steps, answer, terms,"
-    " created_at) SELECT $12, $1, $3, $2, $5, $13, $14, $8, $15, $4 WHERE $16 ON CONFLICT DO NOTHING),"
-    + _MESSAGE
-)
-RECORD_TOOL_CALLS = (
-    "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at)"
-    " SELECT $1, c.id, $2, c.name, c.arguments, $3 FROM unnest($4::text[], $5::text[], $6::text[])"
-    " AS c(id, name, arguments) WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = $1 AND turn_key = $2)"
-    " ON CONFLICT DO NOTHING"
-)
-# Count the attempt; the item waits until the retry time, or is parked with its error.
-EXTRACTION_FAILED = (
-    "UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = $1, last_error = $2, parked = $3,"
-    " claimed_until = NULL WHERE id = $4 AND user_id = $5"
-)
-SET_TURN_STATUS = (
-    "UPDATE turns SET status = $1, updated_at = $2 WHERE user_id = $3 AND turn_key = $4 AND status <> 'complete'"
-)
-# First block wins, so every step of a tool loop carries the same bytes; then it is logged
-# and the log trimmed. The DELETE cannot see the row its own statement inserts, so it keeps
-# one old row fewer when a row went in.
-SAVE_BLOCK = (
-    "WITH b AS (UPDATE turns SET block = $1, injected = $2, updated_at = coalesce($3, now())"
-    " WHERE user_id = $4 AND turn_key = $5 AND block IS NULL RETURNING user_id, turn_key, updated_at),"
-    " i AS (INSERT INTO injections (user_id, turn_key, log, created_at) SELECT user_id, turn_key, $6, updated_at"
-    " FROM b ON CONFLICT DO NOTHING RETURNING seq)"
-    " DELETE FROM injections WHERE user_id = $4 AND EXISTS (SELECT 1 FROM i) AND seq NOT IN"
-    " (SELECT seq FROM injections WHERE user_id = $4 ORDER BY seq DESC LIMIT $7 - 1)"
-)
+_APPLY_TEMPLATE = """
+WITH u AS (INSERT INTO users (id, created_at) SELECT {user}, {at} WHERE {kind} IN ('start', 'finish')
+    ON CONFLICT DO NOTHING),
+c AS (INSERT INTO conversations AS c (user_id, id, agent_id, created_at, last_active_at)
+    SELECT {user}, {conversation}, {agent}, {at}, {at} WHERE {kind} IN ('start', 'finish')
+    ON CONFLICT (user_id, id) DO UPDATE SET last_active_at = GREATEST(c.last_active_at, excluded.last_active_at)),
+started AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,
+    updated_at) SELECT {user}, {turn_key}, {conversation}, {agent}, {history}, 'pending', {at}, {at}
+    WHERE {kind} = 'start' ON CONFLICT DO NOTHING),
+-- An upsert: the start's batch may have been lost, the answer is still worth keeping.
+finished AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,
+    updated_at) SELECT {user}, {turn_key}, {conversation}, {agent}, '', 'complete', {at}, {at}
+    WHERE {kind} = 'finish'
+    ON CONFLICT (user_id, turn_key) DO UPDATE SET status = 'complete', updated_at = excluded.updated_at),
+trace AS (INSERT INTO reasoning (id, user_id, agent_id, conversation_id, turn_key, task, steps, answer, terms,
+    created_at) SELECT {trace_id}, {user}, {agent}, {conversation}, {turn_key}, {task}, {steps}, {content},
+    {trace_terms}, {at} WHERE {kind} = 'finish' AND {has_steps} ON CONFLICT DO NOTHING),
+calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at)
+    SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}
+    FROM unnest({call_ids}::text[], {call_names}::text[], {call_args}::text[]) AS c(id, name, arguments)
+    WHERE {kind} = 'calls' AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
+    ON CONFLICT DO NOTHING),
+-- A turn that completed stays complete.
+status AS (UPDATE turns SET status = {status}, updated_at = {at}
+    WHERE {kind} = 'status' AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
+-- The first block wins, so every step of a tool loop carries the same bytes; it is logged and
+-- the log trimmed. The DELETE cannot see the row its own statement inserts, so it keeps one
+-- old row fewer when a row went in.
+block AS (UPDATE turns SET block = {block}, injected = {injected}, updated_at = coalesce({at}, now())
+    WHERE {kind} = 'block' AND user_id = {user} AND turn_key = {turn_key} AND block IS NULL
+    RETURNING user_id, turn_key, updated_at),
+logged AS (INSERT INTO injections (user_id, turn_key, log, created_at)
+    SELECT user_id, turn_key, {log}, updated_at FROM block ON CONFLICT DO NOTHING RETURNING seq),
+trimmed AS (DELETE FROM injections WHERE user_id = {user} AND EXISTS (SELECT 1 FROM logged)
+    AND seq NOT IN (SELECT seq FROM injections WHERE user_id = {user} ORDER BY seq DESC LIMIT {keep} - 1)),
+-- An extraction attempt failed: count it; the item waits until {at}, or is parked.
+failed AS (UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = {at}, last_error = {error},
+    parked = {park}, claimed_until = NULL WHERE {kind} = 'failed' AND id = {queue_id} AND user_id = {user}),
+-- The message unless its turn holds the same text in this role, queued for extraction if new.
+m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash, terms,
+    created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
+    {terms}, {at} WHERE {kind} IN ('start', 'finish') AND {save}
+    ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)
+INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
+    SELECT user_id, id, created_at, created_at FROM m ON CONFLICT DO NOTHING
+"""
+APPLY = _APPLY_TEMPLATE.format(**{name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)})
 
 
 async def recover(conn: asyncpg.Connection) -> None:
@@ -123,67 +125,55 @@ async def recover(conn: asyncpg.Connection) -> None:
 
 
 async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
-    """Apply `ops` in order on a connection inside a transaction, a run of one kind at a time."""
-    for _, run in groupby(ops, key=lambda op: type(op)):
+    """Apply `ops` in order on a connection inside a transaction."""
+    for graph, run in groupby(ops, key=lambda op: isinstance(op, (RecordFacts, StoreMemory))):
         group = list(run)
-        if isinstance(group[0], RecordFacts):  # a merge reads the graph as it goes: one op at a time
+        if graph:  # a merge reads the graph as it goes: one op at a time
             for op in group:
-                await record_facts(conn, op)  # type: ignore[arg-type]
-        elif isinstance(group[0], StoreMemory):
-            for op in group:
-                await store_memory(conn, op)  # type: ignore[arg-type]
+                await (record_facts(conn, op) if isinstance(op, RecordFacts) else store_memory(conn, op))
+        elif len(group) == 1:
+            await conn.execute(APPLY, *arguments(group[0]))
         else:
-            await _execute(conn, [statement(op) for op in group])
+            await conn.executemany(APPLY, [arguments(op) for op in group])
 
 
-async def _execute(conn: asyncpg.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-    """Statements of one kind: one round trip, pipelined by executemany when there are several."""
-    sql = statements[0][0]
-    if len(statements) == 1:
-        await conn.execute(sql, *statements[0][1])
-    else:
-        await conn.executemany(sql, [args for _, args in statements])
-
-
-def statement(op: WriteOp) -> tuple[str, tuple[Any, ...]]:
-    """The one SQL statement of a write op (all but RecordFacts and StoreMemory), with its arguments."""
+def arguments(op: WriteOp) -> tuple[Any, ...]:
+    """The APPLY arguments of an op (all but RecordFacts and StoreMemory), in _PARAMETERS order."""
+    values: dict[str, Any] = {"user": op.scope.user, "agent": op.scope.agent}
     if isinstance(op, StartTurn):
-        return START_TURN, _start_turn(op)
-    if isinstance(op, FinishTurn):
-        return FINISH_TURN, _finish_turn(op)
-    if isinstance(op, RecordToolCalls):
-        calls = [tuple(clean_text(part) for part in call) for call in op.calls]
-        return RECORD_TOOL_CALLS, (op.scope.user, op.turn_key, utc(op.at), [c[0] for c in calls],
-                                   [c[1] for c in calls], [c[2] for c in calls])
-    if isinstance(op, SetTurnStatus):
-        return SET_TURN_STATUS, (op.status, utc(op.at), op.scope.user, op.turn_key)
-    if isinstance(op, ExtractionFailed):
-        return EXTRACTION_FAILED, (utc(op.retry_at), clean_text(op.error)[:ERROR_MAX_CHARS], op.park, op.queue_id,
-                                   op.scope.user)
-    if isinstance(op, SaveBlock):
-        return SAVE_BLOCK, (clean_text(op.block), op.injected, utc(op.at) if op.at else None, op.scope.user,
-                            op.turn_key, json.dumps(op.log, default=str), INJECTION_LOG_KEEP)
-    raise TypeError(f"unknown write op {type(op).__name__}")
+        save = op.user_text is not None and op.persist
+        values.update(kind="start", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
+                      history=op.history_hash, **_message("user", op.user_text or "", save))
+    elif isinstance(op, FinishTurn):
+        values.update(kind="finish", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
+                      **_message("assistant", op.answer, True, op.answer_hash), **_trace(op))
+    elif isinstance(op, RecordToolCalls):
+        calls = [[clean_text(part) for part in call] for call in op.calls]
+        values.update(kind="calls", at=utc(op.at), turn_key=op.turn_key, call_ids=[c[0] for c in calls],
+                      call_names=[c[1] for c in calls], call_args=[c[2] for c in calls])
+    elif isinstance(op, SetTurnStatus):
+        values.update(kind="status", at=utc(op.at), turn_key=op.turn_key, status=op.status)
+    elif isinstance(op, SaveBlock):
+        values.update(kind="block", at=utc(op.at) if op.at else None, turn_key=op.turn_key,
+                      block=clean_text(op.block), injected=op.injected, log=json.dumps(op.log, default=str),
+                      keep=INJECTION_LOG_KEEP)
+    elif isinstance(op, ExtractionFailed):
+        values.update(kind="failed", at=utc(op.retry_at), queue_id=op.queue_id,
+                      error=clean_text(op.error)[:ERROR_MAX_CHARS], park=op.park)
+    else:
+        raise TypeError(f"unknown write op {type(op).__name__}")
+    return tuple(values.get(name) for name in _PARAMETERS)
 
 
-def _message(text: str, content_hash: str | None = None) -> tuple[str, str, str, str]:
-    """(id, stored content, hash, index terms) of a message about to be saved."""
-    content = clean_text(text)
-    return new_id(), content, content_hash or text_hash(text), index_terms(content)
+def _message(role: str, text: str, save: bool, content_hash: str | None = None) -> dict[str, Any]:
+    """The message part of a start or a finish."""
+    content = clean_text(text) if save else ""
+    return {"role": role, "message_id": new_id(), "content": content, "save": save,
+            "hash": (content_hash or text_hash(text)) if save else "", "terms": index_terms(content)}
 
 
-def _start_turn(op: StartTurn) -> tuple[Any, ...]:
-    """Conversation, pending turn and (when persisted) the user's message."""
-    save = op.user_text is not None and op.persist
-    message = _message(op.user_text or "") if save else (new_id(), "", "", "")
-    return (op.scope.user, op.conversation_id, op.scope.agent, utc(op.at), op.turn_key, "user", *message, save,
-            op.history_hash)
-
-
-def _finish_turn(op: FinishTurn) -> tuple[Any, ...]:
-    """The answer (once per text, matched later by the hash the client received), the trace, status complete."""
-    message = _message(op.answer, op.answer_hash)
-    task = clean_text(op.task)
-    trace = (new_id(), task, steps_json(op.steps), reasoning_terms(task, op.steps, message[1]), bool(op.steps))
-    return (op.scope.user, op.conversation_id, op.scope.agent, utc(op.at), op.turn_key, "assistant", *message, True,
-            *trace)
+def _trace(op: FinishTurn) -> dict[str, Any]:
+    """The reasoning trace of a finish: saved once per turn, when the turn called tools."""
+    task, answer = clean_text(op.task), clean_text(op.answer)
+    return {"trace_id": new_id(), "task": task, "steps": steps_json(op.steps),
+            "trace_terms": reasoning_terms(task, op.steps, answer), "has_steps": bool(op.steps)}

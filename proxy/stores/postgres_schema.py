@@ -262,9 +262,14 @@ CREATE TABLE {postings} (
 """
     for event, (referencing, body) in bodies.items():
         name = f"{table}_index_{event}"
+        # A statement that touched no row (an insert that conflicted) has nothing to index.
+        first = referencing.split()[-1]
         script += f"""
 CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $body$
-BEGIN{body}
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {first}) THEN
+        RETURN NULL;
+    END IF;{body}
     RETURN NULL;
 END
 $body$;
