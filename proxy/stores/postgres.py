@@ -10,7 +10,8 @@ replicas sharing one database need:
   `STALE_PENDING`: younger ones may be in flight on another replica.
 - Search is BM25 computed in SQL from an inverted index (postgres_schema.py) with per-user
   statistics read in the same statement, so there is no per-process index to go stale.
-Schema: postgres_schema.py; records to models: postgres_rows.py; write ops: postgres_batch.py.
+Schema: postgres_schema.py; records to models: postgres_rows.py; write ops: postgres_batch.py;
+reads and search: postgres_reads.py; the memory API: postgres_admin.py.
 """
 
 from __future__ import annotations
@@ -18,29 +19,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
 
-from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
+from proxy.models import Scope, Turn
 from proxy.stores.base import QueuedMessage, StoreError, WriteOp
 from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
-from proxy.stores.postgres_rows import (
-    entity_from_record,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
-    export_relationship,
-    message_from_record,
-    relationship_from_record,
-    trace_from_record,
-    turn_from_record,
-    utc,
-)
+from proxy.stores.postgres_reads import Args, PostgresReads, agent_clause
+from proxy.stores.postgres_rows import message_from_record, turn_from_record, utc
 from proxy.stores.postgres_schema import migrate
 
 POOL_MIN = 2
@@ -49,7 +39,6 @@ CONNECT_TIMEOUT_S = 5.0  # asyncpg's default of 60 s would hold a write retry th
 COMMAND_TIMEOUT_S = 30.0
 PING_TIMEOUT_S = 2.0
 CLOSE_TIMEOUT_S = 10.0
-EXPORT_PAGE = 500
 # How long a claimed extraction item stays with the replica that claimed it.
 CLAIM_LEASE = timedelta(minutes=5)
 # JIT compiling a search's aggregate costs more than running it.
@@ -61,7 +50,6 @@ T = TypeVar("T")
 # privileges (42), an exception raised by a trigger (P0). Connection loss (08), deadlock
 # or serialisation (40), a full disk (53), shutdown (57) and the like are transient.
 _INVALID_CLASSES = frozenset({"22", "23", "42", "P0"})
-_TERM = re.compile(r"[a-z0-9_]+")
 
 
 def _error(exc: BaseException) -> StoreError:
@@ -84,66 +72,12 @@ def user_lock_key(user: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _terms(terms: Sequence[str]) -> list[str]:
-    """Query terms as index terms: lower case, split where the index text never joins."""
-    return list(dict.fromkeys(t for term in terms for t in _TERM.findall(term.lower())))
-
-
-class _Args(list[Any]):
-    """Query parameters collected while the SQL is built: `args(value)` gives its `$n`."""
-
-    def __call__(self, value: Any) -> str:
-        self.append(value)
-        return f"${len(self)}"
-
-
-def _agent(scope: Scope, alias: str, args: _Args, *, per_agent: bool = False) -> str:
-    """Limit rows to the scope's agent under isolation (or always, for per-agent data)."""
-    if scope.agent_isolated or (per_agent and scope.agent is not None):
-        return f" AND {alias}.agent_id IS NOT DISTINCT FROM {args(scope.agent)}"
-    return ""
-
-
-def _bm25(kind: str, table: str, alias: str, args: _Args, scope: Scope, terms: list[str]) -> str:
-    """SELECT the user's items holding any of `terms` with FTS5's bm25() score (higher is better).
-
-    The postings of the query terms, read through their primary key, give each term's
-    document frequency and each item's term frequency and length; the per-user counts in
-    lexicon_stats give N and the mean length. k1 = 1.2, b = 0.75 and the IDF floor of 1e-6
-    are FTS5's. Callers append filters and the ORDER BY.
-    """
-    user, wanted = args(scope.user), args(terms)
-    return (
-        f"WITH s AS (SELECT docs::float8 AS n, greatest(tokens, 1)::float8 / greatest(docs, 1) AS avgdl"
-        f" FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
-        f" p AS (SELECT doc, tf, dl, count(*) OVER (PARTITION BY term) AS df FROM {kind}_postings"
-        f" WHERE user_id = {user} AND term = ANY({wanted}::text[])),"
-        " scored AS (SELECT p.doc, sum(greatest(ln((s.n - p.df + 0.5) / (p.df + 0.5)), 1e-6)"
-        " * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl))) AS score"
-        " FROM p CROSS JOIN s GROUP BY p.doc)"
-        f" SELECT {alias}.*, scored.score FROM scored JOIN {table} {alias} ON {alias}.seq = scored.doc"
-        f" WHERE {alias}.user_id = {user}"
-    )
-
-
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
-_RELATIONSHIP_SELECT = (
-    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
-    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
-    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
-)
-# (alias, select, page key, record shape), in import order; each page is an index range.
-_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
-    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
-    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
-)
+class PostgresStore(PostgresReads, PostgresAdmin):
+    """The Store protocol on a PostgreSQL database shared by any number of replicas.
 
-
-class PostgresStore(PostgresAdmin):
-    """The Store protocol on a PostgreSQL database shared by any number of replicas (memory API: postgres_admin.py)."""
+    Reads and search: postgres_reads.py; the memory API: postgres_admin.py.
+    """
 
     def __init__(self, url: str, *, min_connections: int = POOL_MIN, max_connections: int = POOL_MAX) -> None:
         self._url = url
@@ -240,7 +174,7 @@ class PostgresStore(PostgresAdmin):
         other replica claims them meanwhile; the result (RecordFacts or ExtractionFailed)
         ends the lease, and a replica that dies holding items lets them come due again.
         """
-        args = _Args()
+        args = Args()
         at, lease = args(utc(now)), args(CLAIM_LEASE)
         content = "m.content" if max_chars is None else f"substr(m.content, 1, {args(int(max_chars))})"
         rows = await self._fetch(
@@ -277,33 +211,33 @@ class PostgresStore(PostgresAdmin):
         """The turn whose earlier step's response carried one of these tool-call ids."""
         if not call_ids:
             return None
-        args = _Args()
+        args = Args()
         rows = await self._fetch(
             f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
             " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
             f" WHERE c.user_id = {args(scope.user)} AND c.call_id = ANY({args(list(call_ids))}::text[])"
-            f"{_agent(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
             args,
         )
         return turn_from_record(rows[0]) if rows else None
 
     async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
         """The latest turn started at or after `since` whose history hashed the same."""
-        args = _Args()
+        args = Args()
         rows = await self._fetch(
             f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = {args(scope.user)}"
             f" AND t.history_hash = {args(history_hash)} AND t.created_at >= {args(utc(since))}"
-            f"{_agent(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
             args,
         )
         return turn_from_record(rows[0]) if rows else None
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""
-        args = _Args()
+        args = Args()
         rows = await self._fetch(
             f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = {args(scope.user)}"
-            f" AND t.turn_key = {args(turn_key)}{_agent(scope, 't', args)}",
+            f" AND t.turn_key = {args(turn_key)}{agent_clause(scope, 't', args)}",
             args,
         )
         return turn_from_record(rows[0]) if rows else None
@@ -315,13 +249,13 @@ class PostgresStore(PostgresAdmin):
         """
         if not hashes:
             return None
-        args = _Args()
+        args = Args()
         rows = await self._fetch(
             f"SELECT m.conversation_id FROM unnest({args(list(hashes))}::text[]) WITH ORDINALITY AS h(hash, ord)"
             f" JOIN messages m ON m.user_id = {args(scope.user)} AND m.content_hash = h.hash"
             " AND m.role = 'assistant'"
             " JOIN conversations c ON c.user_id = m.user_id AND c.id = m.conversation_id"
-            f" WHERE true{_agent(scope, 'm', args)} ORDER BY h.ord, c.last_active_at DESC, c.id DESC LIMIT 1",
+            f" WHERE true{agent_clause(scope, 'm', args)} ORDER BY h.ord, c.last_active_at DESC, c.id DESC LIMIT 1",
             args,
         )
         return str(rows[0]["conversation_id"]) if rows else None
@@ -333,149 +267,13 @@ class PostgresStore(PostgresAdmin):
 
     async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
         """Ids of the user's conversations, most recently active first (all when None)."""
-        args = _Args()
+        args = Args()
         rows = await self._fetch(
-            f"SELECT c.id FROM conversations c WHERE c.user_id = {args(scope.user)}{_agent(scope, 'c', args)}"
+            f"SELECT c.id FROM conversations c WHERE c.user_id = {args(scope.user)}{agent_clause(scope, 'c', args)}"
             f" ORDER BY c.last_active_at DESC, c.id DESC LIMIT {args(limit)}",
             args,
         )
         return [row["id"] for row in rows]
-
-    # --- reading what was saved
-
-    async def messages(
-        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> list[StoredMessage]:
-        """Messages of one conversation, oldest first; `cursor` is the last id of the previous page."""
-        args = _Args()
-        where = f"m.user_id = {args(scope.user)} AND m.conversation_id = {args(conversation_id)}"
-        where += _agent(scope, "m", args)
-        if cursor is not None:
-            where += (" AND (m.created_at, m.seq) > (SELECT created_at, seq FROM messages"
-                      f" WHERE user_id = $1 AND id = {args(cursor)})")
-        rows = await self._fetch(
-            f"SELECT m.* FROM messages m WHERE {where} ORDER BY m.created_at, m.seq LIMIT {args(limit)}", args
-        )
-        return [message_from_record(row) for row in rows]
-
-    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        """The user's conversations, most recent first; `cursor` is the last id of the previous page."""
-        args = _Args()
-        where = f"c.user_id = {args(scope.user)}{_agent(scope, 'c', args)}"
-        if cursor is not None:
-            where += (" AND (c.last_active_at, c.id) < (SELECT last_active_at, id FROM conversations"
-                      f" WHERE user_id = $1 AND id = {args(cursor)})")
-        rows = await self._fetch(
-            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
-            f" AND m.conversation_id = c.id) AS message_count FROM conversations c WHERE {where}"
-            f" ORDER BY c.last_active_at DESC, c.id DESC LIMIT {args(limit)}",
-            args,
-        )
-        return [
-            {"id": row["id"], "agent_id": row["agent_id"], "created_at": utc(row["created_at"]),
-             "last_active_at": utc(row["last_active_at"]), "message_count": row["message_count"]}
-            for row in rows
-        ]
-
-    async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
-        """Reasoning traces of the user (of the agent when one is set), newest first."""
-        args = _Args()
-        rows = await self._fetch(
-            f"SELECT x.* FROM reasoning x WHERE x.user_id = {args(scope.user)}"
-            f"{_agent(scope, 'x', args, per_agent=True)} ORDER BY x.created_at DESC, x.seq DESC LIMIT {args(limit)}",
-            args,
-        )
-        return [trace_from_record(row) for row in rows]
-
-    async def entities(self, scope: Scope) -> list[Entity]:
-        """The user's entities, oldest first."""
-        args = _Args()
-        rows = await self._fetch(
-            f"SELECT e.* FROM entities e WHERE e.user_id = {args(scope.user)}{_agent(scope, 'e', args)}"
-            " ORDER BY e.seq",
-            args,
-        )
-        return [entity_from_record(row) for row in rows]
-
-    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
-        """Edges from or to one entity, the newest fact first."""
-        args = _Args()
-        user, entity = args(scope.user), args(entity_id)
-        current = " AND r.invalid_at IS NULL" if current_only else ""
-        rows = await self._fetch(
-            f"{_RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
-            f"{current}{_agent(scope, 'r', args)} ORDER BY r.valid_from DESC, r.seq DESC",
-            args,
-        )
-        return [relationship_from_record(row) for row in rows]
-
-    async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
-        """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
-        for alias, select, key, shape in _EXPORTS:
-            columns = ", ".join(f"{alias}.{k}" for k in key)
-            after: list[Any] = []
-            while True:
-                args = _Args()
-                where = f"{alias}.user_id = {args(scope.user)}{_agent(scope, alias, args)}"
-                if after:
-                    where += f" AND ({columns}) > ({', '.join(args(value) for value in after)})"
-                rows = await self._fetch(
-                    f"{select} WHERE {where} ORDER BY {columns} LIMIT {args(EXPORT_PAGE)}", args
-                )
-                for row in rows:
-                    yield shape(row)
-                if len(rows) < EXPORT_PAGE:
-                    break
-                after = [rows[-1][k] for k in key]
-
-    # --- retrieval: BM25 over the user's whole corpus; higher is better
-
-    async def search_messages(
-        self,
-        scope: Scope,
-        terms: Sequence[str],
-        *,
-        conversation_ids: Sequence[str] | None = None,
-        exclude_conversation_id: str | None = None,
-        limit: int = 20,
-    ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first."""
-        wanted = _terms(terms)
-        if not wanted or (conversation_ids is not None and not conversation_ids):
-            return []
-        args = _Args()
-        sql = _bm25("message", "messages", "m", args, scope, wanted) + _agent(scope, "m", args)
-        if conversation_ids is not None:
-            sql += f" AND m.conversation_id = ANY({args(list(conversation_ids))}::text[])"
-        if exclude_conversation_id is not None:
-            sql += f" AND m.conversation_id <> {args(exclude_conversation_id)}"
-        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, m.seq DESC LIMIT {args(limit)}", args)
-        return [(message_from_record(row), row["score"]) for row in rows]
-
-    async def search_entities(
-        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
-    ) -> list[tuple[Entity, float]]:
-        """BM25 over the user's entities (name weighted 2, type, description), best first."""
-        wanted = _terms(terms)
-        if not wanted:
-            return []
-        args = _Args()
-        sql = _bm25("entity", "entities", "e", args, scope, wanted) + _agent(scope, "e", args)
-        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, e.seq DESC LIMIT {args(limit)}", args)
-        return [(entity_from_record(row), row["score"]) for row in rows]
-
-    async def search_reasoning(
-        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
-    ) -> list[tuple[ReasoningTrace, float]]:
-        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
-        wanted = _terms(terms)
-        if not wanted:
-            return []
-        args = _Args()
-        sql = _bm25("reasoning", "reasoning", "x", args, scope, wanted) + _agent(scope, "x", args, per_agent=True)
-        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, x.seq DESC LIMIT {args(limit)}", args)
-        return [(trace_from_record(row), row["score"]) for row in rows]
-
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Nothing to reset when a connection goes back to the pool.

@@ -19,6 +19,9 @@ It mirrors sqlite_schema.py table for table, column for column, with these diffe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import asyncpg
 
 # pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
@@ -204,54 +207,78 @@ def _split(column: str) -> str:
     return f"string_to_array(r.{column}, ' ')"
 
 
-def _index(table: str, kind: str, weighted: tuple[tuple[str, float], ...], watched: tuple[str, ...]) -> str:
-    """The postings table of `table` and the triggers that keep it, the stats and vectors in step.
+@dataclass(frozen=True)
+class _Index:
+    """The postings of one item table and the triggers that keep them, the stats and vectors in step.
 
     `weighted` is (terms column, weight): a term's frequency is the weighted count over the
     columns and an item's length the plain count, as FTS5's bm25() with column weights.
+    Changing a `watched` column drops the item's embeddings (they no longer describe it).
     """
-    postings = f"{kind}_postings"
-    terms = " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::real" for c, w in weighted)
-    length = " + ".join(f"coalesce(cardinality({_split(c)}), 0)" for c, _ in weighted)
-    columns = ", ".join(f"r.{c}" for c, _ in weighted)
-    indexed = ", ".join(f"o.{c}" for c, _ in weighted), ", ".join(f"n.{c}" for c, _ in weighted)
-    watched_old, watched_new = ", ".join(f"o.{c}" for c in watched), ", ".join(f"n.{c}" for c in watched)
 
-    def add(rows: str) -> str:
+    table: str
+    kind: str
+    weighted: tuple[tuple[str, float], ...]
+    watched: tuple[str, ...]
+
+    @property
+    def postings(self) -> str:
+        return f"{self.kind}_postings"
+
+    @property
+    def _terms(self) -> str:
+        return " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::real" for c, w in self.weighted)
+
+    @property
+    def _length(self) -> str:
+        return " + ".join(f"coalesce(cardinality({_split(c)}), 0)" for c, _ in self.weighted)
+
+    def add(self, rows: str) -> str:
+        """Index `rows` (a relation aliased r): their postings, and the stats counting them."""
+        columns = ", ".join(f"r.{c}" for c, _ in self.weighted)
         return f"""
     -- MATERIALIZED: inlined, the length would be computed again for every term of the item.
-    WITH r AS MATERIALIZED (SELECT r.user_id, r.seq, {columns}, {length} AS dl FROM {rows} r)
-    INSERT INTO {postings} (user_id, term, doc, tf, dl)
+    WITH r AS MATERIALIZED (SELECT r.user_id, r.seq, {columns}, {self._length} AS dl FROM {rows} r)
+    INSERT INTO {self.postings} (user_id, term, doc, tf, dl)
         SELECT r.user_id, t.term, r.seq, sum(t.w), r.dl FROM r
-        CROSS JOIN LATERAL ({terms}) AS t(term, w) WHERE t.term <> '' GROUP BY r.user_id, t.term, r.seq, r.dl;
+        CROSS JOIN LATERAL ({self._terms}) AS t(term, w) WHERE t.term <> '' GROUP BY r.user_id, t.term, r.seq, r.dl;
     INSERT INTO lexicon_stats AS s (user_id, kind, docs, tokens)
-        SELECT r.user_id, '{kind}', count(*), sum({length}) FROM {rows} r GROUP BY r.user_id
+        SELECT r.user_id, '{self.kind}', count(*), sum({self._length}) FROM {rows} r GROUP BY r.user_id
         ON CONFLICT (user_id, kind) DO UPDATE SET docs = s.docs + excluded.docs, tokens = s.tokens + excluded.tokens;"""
 
-    def remove(rows: str) -> str:
+    def remove(self, rows: str) -> str:
+        """Take `rows` out of the index and the stats (their postings are found by primary key)."""
         return f"""
-    DELETE FROM {postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
-        CROSS JOIN LATERAL ({terms}) AS t(term, w)) d
+    DELETE FROM {self.postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
+        CROSS JOIN LATERAL ({self._terms}) AS t(term, w)) d
         WHERE p.user_id = d.user_id AND p.term = d.term AND p.doc = d.seq;
     UPDATE lexicon_stats s SET docs = s.docs - d.docs, tokens = s.tokens - d.tokens
-        FROM (SELECT r.user_id, count(*) AS docs, sum({length}) AS tokens FROM {rows} r GROUP BY r.user_id) d
-        WHERE s.user_id = d.user_id AND s.kind = '{kind}';"""
+        FROM (SELECT r.user_id, count(*) AS docs, sum({self._length}) AS tokens FROM {rows} r GROUP BY r.user_id) d
+        WHERE s.user_id = d.user_id AND s.kind = '{self.kind}';"""
 
-    def drop_vectors(rows: str) -> str:
+    def drop_vectors(self, rows: str) -> str:
         return f"""
-    DELETE FROM embeddings e USING {rows} r WHERE e.user_id = r.user_id AND e.kind = '{kind}' AND e.item_id = r.id;"""
+    DELETE FROM embeddings e USING {rows} r WHERE e.user_id = r.user_id AND e.kind = '{self.kind}'
+        AND e.item_id = r.id;"""
 
-    changed = f"(SELECT o.* FROM old_rows o JOIN new_rows n ON n.seq = o.seq WHERE ({indexed[0]}) IS DISTINCT FROM ({indexed[1]}))"
-    reindexed = changed.replace("SELECT o.*", "SELECT n.*")
-    stale = f"(SELECT o.* FROM old_rows o JOIN new_rows n ON n.seq = o.seq WHERE ({watched_old}) IS DISTINCT FROM ({watched_new}))"
-    bodies = {
-        "insert": ("NEW TABLE AS new_rows", add("new_rows")),
-        "delete": ("OLD TABLE AS old_rows", remove("old_rows") + drop_vectors("old_rows")),
-        "update": ("OLD TABLE AS old_rows NEW TABLE AS new_rows",
-                   remove(changed) + add(reindexed) + drop_vectors(stale)),
-    }
-    script = f"""
-CREATE TABLE {postings} (
+    def _changed(self, columns: Sequence[str], side: str) -> str:
+        """The `side` (o: old, n: new) rows of an UPDATE whose `columns` changed."""
+        old, new = ", ".join(f"o.{c}" for c in columns), ", ".join(f"n.{c}" for c in columns)
+        return (f"(SELECT {side}.* FROM old_rows o JOIN new_rows n ON n.seq = o.seq"
+                f" WHERE ({old}) IS DISTINCT FROM ({new}))")
+
+    def script(self) -> str:
+        """The postings table, then one statement-level trigger per event."""
+        indexed = [c for c, _ in self.weighted]
+        bodies = {
+            "insert": ("NEW TABLE AS new_rows", self.add("new_rows")),
+            "delete": ("OLD TABLE AS old_rows", self.remove("old_rows") + self.drop_vectors("old_rows")),
+            "update": ("OLD TABLE AS old_rows NEW TABLE AS new_rows",
+                       self.remove(self._changed(indexed, "o")) + self.add(self._changed(indexed, "n"))
+                       + self.drop_vectors(self._changed(self.watched, "o"))),
+        }
+        script = f"""
+CREATE TABLE {self.postings} (
     user_id text {_C} NOT NULL,
     term text {_C} NOT NULL,
     doc bigint NOT NULL,
@@ -260,11 +287,15 @@ CREATE TABLE {postings} (
     PRIMARY KEY (user_id, term, doc) INCLUDE (tf, dl)
 );
 """
-    for event, (referencing, body) in bodies.items():
-        name = f"{table}_index_{event}"
-        # A statement that touched no row (an insert that conflicted) has nothing to index.
-        first = referencing.split()[-1]
-        script += f"""
+        return script + "".join(_trigger(self.table, event, referencing, body)
+                                for event, (referencing, body) in bodies.items())
+
+
+def _trigger(table: str, event: str, referencing: str, body: str) -> str:
+    """A statement-level trigger running `body` (a statement that touched no row does nothing)."""
+    name = f"{table}_index_{event}"
+    first = referencing.split()[-1]
+    return f"""
 CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $body$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM {first}) THEN
@@ -276,17 +307,16 @@ $body$;
 CREATE TRIGGER {name} AFTER {event.upper()} ON {table} REFERENCING {referencing}
     FOR EACH STATEMENT EXECUTE FUNCTION {name}();
 """
-    return script
 
 
-_V1 = (
-    _V1_TABLES
-    + _index("messages", "message", (("terms", 1.0),), ("content",))
+INDEXES = (
+    _Index("messages", "message", (("terms", 1.0),), ("content",)),
     # A name match says more about an entity than its type or description does (as SQLite).
-    + _index("entities", "entity", (("name_terms", 2.0), ("type_terms", 1.0), ("description_terms", 1.0)),
-             ("name", "description"))
-    + _index("reasoning", "reasoning", (("terms", 1.0),), ("task", "steps", "answer"))
+    _Index("entities", "entity", (("name_terms", 2.0), ("type_terms", 1.0), ("description_terms", 1.0)),
+           ("name", "description")),
+    _Index("reasoning", "reasoning", (("terms", 1.0),), ("task", "steps", "answer")),
 )
+_V1 = _V1_TABLES + "".join(index.script() for index in INDEXES)
 
 # Append only: a released script never changes; a schema change is a new script.
 MIGRATIONS: tuple[str, ...] = (_V1,)

@@ -1,0 +1,230 @@
+"""The read half of PostgresStore: saved items, exports and BM25 search (sqlite.py is the reference).
+
+Search is FTS5's bm25() computed inside PostgreSQL from the inverted index of
+postgres_schema.py: the query terms' postings, read through their primary key, give each
+term's document frequency and each item's term frequency and length; the per-user counts
+in lexicon_stats give N and the mean length, all in the same statement (so the same
+snapshot), and no process keeps an index that could go stale.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import asyncpg
+
+from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
+from proxy.stores.postgres_rows import (
+    entity_from_record,
+    export_conversation,
+    export_entity,
+    export_message,
+    export_reasoning,
+    export_relationship,
+    message_from_record,
+    relationship_from_record,
+    trace_from_record,
+    utc,
+)
+
+EXPORT_PAGE = 500
+_TERM = re.compile(r"[a-z0-9_]+")
+
+
+def _terms(terms: Sequence[str]) -> list[str]:
+    """Query terms as index terms: lower case, split where the index text never joins."""
+    return list(dict.fromkeys(t for term in terms for t in _TERM.findall(term.lower())))
+
+
+class Args(list[Any]):
+    """Query parameters collected while the SQL is built: `args(value)` gives its `$n`."""
+
+    def __call__(self, value: Any) -> str:
+        self.append(value)
+        return f"${len(self)}"
+
+
+def agent_clause(scope: Scope, alias: str, args: Args, *, per_agent: bool = False) -> str:
+    """Limit rows to the scope's agent under isolation (or always, for per-agent data)."""
+    if scope.agent_isolated or (per_agent and scope.agent is not None):
+        return f" AND {alias}.agent_id IS NOT DISTINCT FROM {args(scope.agent)}"
+    return ""
+
+
+def _bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: list[str]) -> str:
+    """SELECT the user's items holding any of `terms` with FTS5's bm25() score (higher is better).
+
+    The postings of the query terms, read through their primary key, give each term's
+    document frequency and each item's term frequency and length; the per-user counts in
+    lexicon_stats give N and the mean length. k1 = 1.2, b = 0.75 and the IDF floor of 1e-6
+    are FTS5's. Callers append filters and the ORDER BY.
+    """
+    user, wanted = args(scope.user), args(terms)
+    return (
+        f"WITH s AS (SELECT docs::float8 AS n, greatest(tokens, 1)::float8 / greatest(docs, 1) AS avgdl"
+        f" FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
+        f" p AS (SELECT doc, tf, dl, count(*) OVER (PARTITION BY term) AS df FROM {kind}_postings"
+        f" WHERE user_id = {user} AND term = ANY({wanted}::text[])),"
+        " scored AS (SELECT p.doc, sum(greatest(ln((s.n - p.df + 0.5) / (p.df + 0.5)), 1e-6)"
+        " * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl))) AS score"
+        " FROM p CROSS JOIN s GROUP BY p.doc)"
+        f" SELECT {alias}.*, scored.score FROM scored JOIN {table} {alias} ON {alias}.seq = scored.doc"
+        f" WHERE {alias}.user_id = {user}"
+    )
+
+
+_RELATIONSHIP_SELECT = (
+    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
+    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
+    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
+)
+# (alias, select, page key, record shape), in import order; each page is an index range.
+_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict[str, Any]]], ...] = (
+    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
+    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
+    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
+    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
+    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
+)
+
+
+class PostgresReads:
+    """Reads and searches of one user's memory (the host provides `_fetch`)."""
+
+    async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
+        raise NotImplementedError
+
+    async def messages(
+        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> list[StoredMessage]:
+        """Messages of one conversation, oldest first; `cursor` is the last id of the previous page."""
+        args = Args()
+        where = f"m.user_id = {args(scope.user)} AND m.conversation_id = {args(conversation_id)}"
+        where += agent_clause(scope, "m", args)
+        if cursor is not None:
+            where += (" AND (m.created_at, m.seq) > (SELECT created_at, seq FROM messages"
+                      f" WHERE user_id = $1 AND id = {args(cursor)})")
+        rows = await self._fetch(
+            f"SELECT m.* FROM messages m WHERE {where} ORDER BY m.created_at, m.seq LIMIT {args(limit)}", args
+        )
+        return [message_from_record(row) for row in rows]
+
+    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        """The user's conversations, most recent first; `cursor` is the last id of the previous page."""
+        args = Args()
+        where = f"c.user_id = {args(scope.user)}{agent_clause(scope, 'c', args)}"
+        if cursor is not None:
+            where += (" AND (c.last_active_at, c.id) < (SELECT last_active_at, id FROM conversations"
+                      f" WHERE user_id = $1 AND id = {args(cursor)})")
+        rows = await self._fetch(
+            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
+            f" AND m.conversation_id = c.id) AS message_count FROM conversations c WHERE {where}"
+            f" ORDER BY c.last_active_at DESC, c.id DESC LIMIT {args(limit)}",
+            args,
+        )
+        return [
+            {"id": row["id"], "agent_id": row["agent_id"], "created_at": utc(row["created_at"]),
+             "last_active_at": utc(row["last_active_at"]), "message_count": row["message_count"]}
+            for row in rows
+        ]
+
+    async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
+        """Reasoning traces of the user (of the agent when one is set), newest first."""
+        args = Args()
+        rows = await self._fetch(
+            f"SELECT x.* FROM reasoning x WHERE x.user_id = {args(scope.user)}"
+            f"{agent_clause(scope, 'x', args, per_agent=True)} ORDER BY x.created_at DESC, x.seq DESC LIMIT {args(limit)}",
+            args,
+        )
+        return [trace_from_record(row) for row in rows]
+
+    async def entities(self, scope: Scope) -> list[Entity]:
+        """The user's entities, oldest first."""
+        args = Args()
+        rows = await self._fetch(
+            f"SELECT e.* FROM entities e WHERE e.user_id = {args(scope.user)}{agent_clause(scope, 'e', args)}"
+            " ORDER BY e.seq",
+            args,
+        )
+        return [entity_from_record(row) for row in rows]
+
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
+        """Edges from or to one entity, the newest fact first."""
+        args = Args()
+        user, entity = args(scope.user), args(entity_id)
+        current = " AND r.invalid_at IS NULL" if current_only else ""
+        rows = await self._fetch(
+            f"{_RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
+            f"{current}{agent_clause(scope, 'r', args)} ORDER BY r.valid_from DESC, r.seq DESC",
+            args,
+        )
+        return [relationship_from_record(row) for row in rows]
+
+    async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
+        """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
+        for alias, select, key, shape in _EXPORTS:
+            columns = ", ".join(f"{alias}.{k}" for k in key)
+            after: list[Any] = []
+            while True:
+                args = Args()
+                where = f"{alias}.user_id = {args(scope.user)}{agent_clause(scope, alias, args)}"
+                if after:
+                    where += f" AND ({columns}) > ({', '.join(args(value) for value in after)})"
+                rows = await self._fetch(
+                    f"{select} WHERE {where} ORDER BY {columns} LIMIT {args(EXPORT_PAGE)}", args
+                )
+                for row in rows:
+                    yield shape(row)
+                if len(rows) < EXPORT_PAGE:
+                    break
+                after = [rows[-1][k] for k in key]
+
+    # --- retrieval: BM25 over the user's whole corpus; higher is better
+
+    async def search_messages(
+        self,
+        scope: Scope,
+        terms: Sequence[str],
+        *,
+        conversation_ids: Sequence[str] | None = None,
+        exclude_conversation_id: str | None = None,
+        limit: int = 20,
+    ) -> list[tuple[StoredMessage, float]]:
+        """BM25 over the user's messages (whole-corpus statistics), best first."""
+        wanted = _terms(terms)
+        if not wanted or (conversation_ids is not None and not conversation_ids):
+            return []
+        args = Args()
+        sql = _bm25("message", "messages", "m", args, scope, wanted) + agent_clause(scope, "m", args)
+        if conversation_ids is not None:
+            sql += f" AND m.conversation_id = ANY({args(list(conversation_ids))}::text[])"
+        if exclude_conversation_id is not None:
+            sql += f" AND m.conversation_id <> {args(exclude_conversation_id)}"
+        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, m.seq DESC LIMIT {args(limit)}", args)
+        return [(message_from_record(row), row["score"]) for row in rows]
+
+    async def search_entities(
+        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+    ) -> list[tuple[Entity, float]]:
+        """BM25 over the user's entities (name weighted 2, type, description), best first."""
+        wanted = _terms(terms)
+        if not wanted:
+            return []
+        args = Args()
+        sql = _bm25("entity", "entities", "e", args, scope, wanted) + agent_clause(scope, "e", args)
+        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, e.seq DESC LIMIT {args(limit)}", args)
+        return [(entity_from_record(row), row["score"]) for row in rows]
+
+    async def search_reasoning(
+        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+    ) -> list[tuple[ReasoningTrace, float]]:
+        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
+        wanted = _terms(terms)
+        if not wanted:
+            return []
+        args = Args()
+        sql = _bm25("reasoning", "reasoning", "x", args, scope, wanted) + agent_clause(scope, "x", args, per_agent=True)
+        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, x.seq DESC LIMIT {args(limit)}", args)
+        return [(trace_from_record(row), row["score"]) for row in rows]
