@@ -22,6 +22,7 @@ from proxy.settings import load_settings
 from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, StartTurn, StoreError, WriteOp
 from proxy.stores.postgres import CLAIM_LEASE, PostgresStore, user_lock_key
 from proxy.stores.postgres_batch import STALE_PENDING
+from proxy.stores.postgres_reads import Args, bm25
 from proxy.terms import query_terms
 from tests.pg_server import PostgresServer
 from tests.store_backends import PostgresBackend, SQLiteBackend
@@ -180,11 +181,11 @@ def test_scores_equal_sqlite_fts5_bm25(pg_url: str, tmp_path: Path) -> None:
     assert [[name for name, _ in hits] for hits in postgres] == [[name for name, _ in hits] for hits in sqlite]
     for pg_hits, lite_hits in zip(postgres, sqlite):
         assert all(math.isclose(p, s, rel_tol=1e-6) for (_, p), (_, s) in zip(pg_hits, lite_hits))
-    assert sum(len(hits) for hits in postgres) > 40
+    assert sum(len(hits) for hits in postgres) == 36
 
 
 def test_search_reads_the_index_not_the_users_items(pg_url: str) -> None:
-    """The request path stays off full scans: postings are read by (user, term) only."""
+    """The request path stays off full scans: postings by (user, term), then the best items by key."""
     async def body() -> str:
         store = PostgresStore(pg_url)
         await store.open()
@@ -194,10 +195,18 @@ def test_search_reads_the_index_not_the_users_items(pg_url: str) -> None:
                                    for i in range(3000)])
             backend = PostgresBackend(pg_url)
             await backend.sql("ANALYZE")
-            assert len(await store.search_messages(ALICE, ["topic7"], limit=100)) == 31
-            plan = await backend.sql(
-                "EXPLAIN SELECT doc FROM message_postings WHERE user_id = 'alice' AND term = ANY('{topic7,note}')")
-            return "\n".join(line for (line,) in plan)
+            hits = await store.search_messages(ALICE, ["topic7", "note"], exclude_conversation_id="c7", limit=100)
+            assert len(hits) == 100 and all(m.conversation_id != "c7" for m, _ in hits)
+            args = Args()
+            excluded = args("c7")
+            keep = f"{args(20)} + (SELECT count(*) FROM messages WHERE user_id = {args('alice')} AND conversation_id = {excluded})"
+            sql = bm25("message", "messages", "m", args, ALICE, ["topic7", "note"], limit=20,
+                       where=f" AND m.conversation_id <> {excluded}", keep=keep)
+            conn = await asyncpg.connect(pg_url)
+            try:
+                return "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + sql, *args))
+            finally:
+                await conn.close()
         finally:
             await store.close()
 

@@ -28,6 +28,7 @@ from proxy.stores.postgres_rows import (
     trace_from_record,
     utc,
 )
+from proxy.stores.sqlite_facts import USER_TYPE
 
 EXPORT_PAGE = 500
 _TERM = re.compile(r"[a-z0-9_]+")
@@ -53,25 +54,33 @@ def agent_clause(scope: Scope, alias: str, args: Args, *, per_agent: bool = Fals
     return ""
 
 
-def _bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: list[str]) -> str:
-    """SELECT the user's items holding any of `terms` with FTS5's bm25() score (higher is better).
+def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: list[str], *, limit: int,
+         where: str = "", candidates: str = "", keep: str | None = None) -> str:
+    """The user's `limit` best items for `terms` by FTS5's bm25() (higher is better), with `score`.
 
     The postings of the query terms, read through their primary key, give each term's
-    document frequency and each item's term frequency and length; the per-user counts in
-    lexicon_stats give N and the mean length. k1 = 1.2, b = 0.75 and the IDF floor of 1e-6
-    are FTS5's. Callers append filters and the ORDER BY.
+    document frequency (so its IDF) and each item's term frequency and length; the per-user
+    counts in lexicon_stats give N and the mean length. k1 = 1.2, b = 0.75 and the IDF
+    floor of 1e-6 are FTS5's. Only the best `keep` (an SQL expression; all when None) are
+    looked up in `table`, so a common word costs an index range of postings, never a scan of
+    the user's items: `keep` must be enough for `where` (a filter on the items) to leave
+    `limit`. `candidates` (a subquery of item seqs) limits the items scored, not the IDF.
     """
     user, wanted = args(scope.user), args(terms)
+    matching = f"p.user_id = {user} AND p.term = ANY({wanted}::text[])"
+    within = f" AND p.doc IN ({candidates})" if candidates else ""
+    best = "" if keep is None else f" LIMIT {keep}"
     return (
         f"WITH s AS (SELECT docs::float8 AS n, greatest(tokens, 1)::float8 / greatest(docs, 1) AS avgdl"
         f" FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
-        f" p AS (SELECT doc, tf, dl, count(*) OVER (PARTITION BY term) AS df FROM {kind}_postings"
-        f" WHERE user_id = {user} AND term = ANY({wanted}::text[])),"
-        " scored AS (SELECT p.doc, sum(greatest(ln((s.n - p.df + 0.5) / (p.df + 0.5)), 1e-6)"
-        " * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl))) AS score"
-        " FROM p CROSS JOIN s GROUP BY p.doc)"
-        f" SELECT {alias}.*, scored.score FROM scored JOIN {table} {alias} ON {alias}.seq = scored.doc"
-        f" WHERE {alias}.user_id = {user}"
+        f" idf AS (SELECT p.term, greatest(ln((s.n - count(*) + 0.5) / (count(*) + 0.5)), 1e-6) AS idf"
+        f" FROM {kind}_postings p CROSS JOIN s WHERE {matching} GROUP BY p.term, s.n),"
+        " scored AS (SELECT p.doc, sum(idf.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
+        f" AS score FROM {kind}_postings p JOIN idf ON idf.term = p.term CROSS JOIN s"
+        f" WHERE {matching}{within} GROUP BY p.doc),"
+        f" best AS (SELECT doc, score FROM scored ORDER BY score DESC, doc DESC{best})"
+        f" SELECT {alias}.*, best.score FROM best JOIN {table} {alias} ON {alias}.seq = best.doc"
+        f" WHERE {alias}.user_id = {user}{where} ORDER BY best.score DESC, {alias}.seq DESC LIMIT {args(limit)}"
     )
 
 
@@ -92,6 +101,8 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict
 
 class PostgresReads:
     """Reads and searches of one user's memory (the host provides `_fetch`)."""
+
+    matches_any_term = True  # a row holding any one of the search terms matches (Store protocol)
 
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
         raise NotImplementedError
@@ -150,17 +161,28 @@ class PostgresReads:
         )
         return [entity_from_record(row) for row in rows]
 
-    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
-        """Edges from or to one entity, the newest fact first."""
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True,
+                            limit: int | None = None) -> list[Relationship]:
+        """Edges from or to one entity, the newest fact first (the `limit` newest when given)."""
         args = Args()
         user, entity = args(scope.user), args(entity_id)
         current = " AND r.invalid_at IS NULL" if current_only else ""
         rows = await self._fetch(
             f"{_RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
-            f"{current}{agent_clause(scope, 'r', args)} ORDER BY r.valid_from DESC, r.seq DESC",
+            f"{current}{agent_clause(scope, 'r', args)} ORDER BY r.valid_from DESC, r.seq DESC LIMIT {args(limit)}",
             args,
         )
         return [relationship_from_record(row) for row in rows]
+
+    async def user_node(self, scope: Scope) -> Entity | None:
+        """The entity standing for the user (type `user`, the first made), if extraction has made one."""
+        args = Args()
+        rows = await self._fetch(
+            f"SELECT e.* FROM entities e WHERE e.user_id = {args(scope.user)} AND e.type = {args(USER_TYPE)}"
+            f"{agent_clause(scope, 'e', args)} ORDER BY e.seq LIMIT 1",
+            args,
+        )
+        return entity_from_record(rows[0]) if rows else None
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
@@ -197,13 +219,22 @@ class PostgresReads:
         if not wanted or (conversation_ids is not None and not conversation_ids):
             return []
         args = Args()
-        sql = _bm25("message", "messages", "m", args, scope, wanted) + agent_clause(scope, "m", args)
-        if conversation_ids is not None:
-            sql += f" AND m.conversation_id = ANY({args(list(conversation_ids))}::text[])"
+        agent = agent_clause(scope, "m", args)
+        where, candidates = agent, ""
+        if conversation_ids is not None:  # score only these conversations' messages
+            candidates = (f"SELECT seq FROM messages WHERE user_id = {args(scope.user)}"
+                          f" AND conversation_id = ANY({args(list(conversation_ids))}::text[])")
         if exclude_conversation_id is not None:
-            sql += f" AND m.conversation_id <> {args(exclude_conversation_id)}"
-        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, m.seq DESC LIMIT {args(limit)}", args)
-        return [(message_from_record(row), row["score"]) for row in rows]
+            where += f" AND m.conversation_id <> {args(exclude_conversation_id)}"
+        keep: str | None = None  # candidates are few; an agent filter may drop any number
+        if not agent and not candidates:
+            keep = args(limit)
+            if exclude_conversation_id is not None:  # the excluded conversation holds at most this many
+                keep += (f" + (SELECT count(*) FROM messages WHERE user_id = {args(scope.user)}"
+                         f" AND conversation_id = {args(exclude_conversation_id)})")
+        sql = bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where, candidates=candidates,
+                   keep=keep)
+        return [(message_from_record(row), row["score"]) for row in await self._fetch(sql, args)]
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -213,9 +244,10 @@ class PostgresReads:
         if not wanted:
             return []
         args = Args()
-        sql = _bm25("entity", "entities", "e", args, scope, wanted) + agent_clause(scope, "e", args)
-        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, e.seq DESC LIMIT {args(limit)}", args)
-        return [(entity_from_record(row), row["score"]) for row in rows]
+        where = agent_clause(scope, "e", args)
+        sql = bm25("entity", "entities", "e", args, scope, wanted, limit=limit, where=where,
+                   keep=None if where else args(limit))
+        return [(entity_from_record(row), row["score"]) for row in await self._fetch(sql, args)]
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -225,6 +257,7 @@ class PostgresReads:
         if not wanted:
             return []
         args = Args()
-        sql = _bm25("reasoning", "reasoning", "x", args, scope, wanted) + agent_clause(scope, "x", args, per_agent=True)
-        rows = await self._fetch(f"{sql} ORDER BY scored.score DESC, x.seq DESC LIMIT {args(limit)}", args)
-        return [(trace_from_record(row), row["score"]) for row in rows]
+        where = agent_clause(scope, "x", args, per_agent=True)
+        sql = bm25("reasoning", "reasoning", "x", args, scope, wanted, limit=limit, where=where,
+                   keep=None if where else args(limit))
+        return [(trace_from_record(row), row["score"]) for row in await self._fetch(sql, args)]

@@ -227,7 +227,7 @@ class _Index:
 
     @property
     def _terms(self) -> str:
-        return " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::real" for c, w in self.weighted)
+        return " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::float8" for c, w in self.weighted)
 
     @property
     def _length(self) -> str:
@@ -282,7 +282,7 @@ CREATE TABLE {self.postings} (
     user_id text {_C} NOT NULL,
     term text {_C} NOT NULL,
     doc bigint NOT NULL,
-    tf real NOT NULL,
+    tf double precision NOT NULL,
     dl integer NOT NULL,
     PRIMARY KEY (user_id, term, doc) INCLUDE (tf, dl)
 );
