@@ -43,6 +43,17 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("--user", required=True, help="the user id")
     delete.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     delete.set_defaults(run=_delete)
+
+    evaluate = commands.add_parser("eval", help="run a retrieval benchmark")
+    benchmarks = evaluate.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    locomo = benchmarks.add_parser("locomo", help="LoCoMo retrieval: turn recall@k through the whole memory path")
+    locomo.add_argument("--data", required=True, help="the LoCoMo JSON file (e.g. ../shared/data/locomo/dev.json)")
+    locomo.add_argument("--k", type=int, default=10, help="memories per question, max_memories (1-12; default 10)")
+    locomo.add_argument("--sample", action="append", metavar="ID",
+                        help="only this conversation (sample_id, e.g. conv-30); repeat for more")
+    locomo.add_argument("--json", action="store_true", help="end with one JSON object of the figures on stdout")
+    locomo.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
+    locomo.set_defaults(run=_eval_locomo)
     return parser
 
 
@@ -101,6 +112,24 @@ def _export(args: argparse.Namespace) -> int:
             await store.close()
 
     asyncio.run(run())
+    return 0
+
+
+def _eval_locomo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from proxy.evaluation import locomo, report, runner
+
+    settings = load(args)
+    try:
+        samples = locomo.select(locomo.load(args.data), args.sample)
+        progress = report.ProgressBar() if not args.json or sys.stderr.isatty() else None
+        summary = asyncio.run(runner.run(samples, settings, args.k, progress))
+    except (locomo.DataError, runner.BenchmarkError) as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 2
+    figures = summary.as_dict()
+    print(report.as_json(figures) if args.json else report.table(figures))
     return 0
 
 

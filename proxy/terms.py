@@ -56,15 +56,23 @@ def _words(text: str) -> list[tuple[str, str]]:
     """(lower-case word, index term) pairs; an identifier's whole form has word ''."""
     out: list[tuple[str, str]] = []
     for token in _TOKEN.findall(text):
-        parts = _PART.findall(token)
-        if len(parts) > 1 or _is_identifier(token):
-            out.append(("", _whole(token)))
-            if len(parts) == 1:
-                continue
-        for part in parts:
-            word = part.lower()
-            out.append((word, stem(word)))
+        out.extend(_token_words(token))
     return out
+
+
+@lru_cache(maxsize=65536)
+def _token_words(token: str) -> tuple[tuple[str, str], ...]:
+    """`_words` of one token; cached, since chat text repeats a small vocabulary."""
+    parts = _PART.findall(token)
+    out: list[tuple[str, str]] = []
+    if len(parts) > 1 or _is_identifier(token):
+        out.append(("", _whole(token)))
+        if len(parts) == 1:
+            return tuple(out)
+    for part in parts:
+        word = part.lower()
+        out.append((word, stem(word)))
+    return tuple(out)
 
 
 def terms(text: str) -> list[str]:

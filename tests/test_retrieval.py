@@ -116,7 +116,9 @@ def test_block_with_every_kind_of_line_and_the_graph_note(tmp_path: Path) -> Non
             await w.say("We settled on kebab-case file names.", conv="c0", role="assistant", at=day(-16))
             await w.say("the staging host is internal-hbr-2291.example", conv="c1", at=T0)
             await w.say("Booked the staging review for Friday.", conv="c1", role="assistant", at=T0)
-            result = await w.recall("Alice, which staging host and file names does Acme use?", conv="c1",
+            # Alice Chen shares four of the query's terms; Acme only its name, so it is a weak
+            # hit that fills a slot nobody else takes.
+            result = await w.recall("Alice, our staff engineer at Acme: which staging host and file names?", conv="c1",
                                     visible=["Booked the staging review for Friday."])
             assert result.block == "\n".join([
                 DEFAULT_HEADER,
@@ -388,10 +390,11 @@ class FailingRelationships(SQLiteStore):
         super().__init__(path)
         self.broken = broken
 
-    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True,
+                            limit: int | None = None) -> list[Relationship]:
         if entity_id == self.broken:
             raise StoreError("disk I/O error")
-        return await super().relationships(scope, entity_id, current_only=current_only)
+        return await super().relationships(scope, entity_id, current_only=current_only, limit=limit)
 
 
 def test_an_entity_that_fails_to_expand_is_skipped(tmp_path: Path) -> None:
@@ -419,6 +422,8 @@ def test_an_entity_that_fails_to_expand_is_skipped(tmp_path: Path) -> None:
 
 class AllTermsStore(SQLiteStore):
     """A store whose text match needs every query term, as a phrase-style backend does."""
+
+    matches_any_term = False
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -451,7 +456,9 @@ def test_keyword_retry_fires_only_when_the_full_query_finds_nothing(tmp_path: Pa
                                          cross_session_limit=0, graph_expansion_limit=0)
                 conversation = [h for h in retried.log["hits"] if h["source"] == "conversation"]
                 assert [h["reason"] for h in conversation] == ["keyword retry", "keyword retry"]
-                assert "Lunch at the Peruvian restaurant" in lines(retried.block)[1]
+                # The entity shares two of the three terms: a weak hit, after the messages.
+                assert "Lunch at the Peruvian restaurant" in lines(retried.block)[0]
+                assert "[long-term] Casa Peru" in lines(retried.block)[2]
                 assert ("messages", ("peruvian",)) in store.searches
                 assert ("entities", ("restaur",)) in store.searches
                 # The full query finds something: no retry, and only what it found.

@@ -58,14 +58,24 @@ def rrf(
 
 
 def round_robin(
-    sources: Mapping[str, Sequence[Hit]], limit: int, order: Sequence[str] = SOURCES
+    sources: Mapping[str, Sequence[Hit]], limit: int, order: Sequence[str] = SOURCES,
+    fillers: Mapping[str, Sequence[Hit]] | None = None,
 ) -> list[Hit]:
-    """One hit from each source in turn, each keeping its order, the same text never twice."""
-    names = [*order, *sorted(set(sources) - set(order))]
-    queues = [iter(sources[name]) for name in names if sources.get(name)]
+    """One hit from each source in turn, each keeping its order, the same text never twice.
+
+    `fillers` are weak hits (relevant, but less than a source's floor for a full turn):
+    they take turns only for the slots the other hits leave.
+    """
     limit = max(0, min(limit, HARD_CAP))
     seen: set[str] = set()
     merged: list[Hit] = []
+    for tier in (sources, fillers or {}):
+        names = [*order, *sorted(set(tier) - set(order))]
+        _take_turns([iter(tier[name]) for name in names if tier.get(name)], merged, seen, limit)
+    return merged
+
+
+def _take_turns(queues: list[Iterator[Hit]], merged: list[Hit], seen: set[str], limit: int) -> None:
     while queues and len(merged) < limit:
         for queue in list(queues):
             hit = _next_unseen(queue, seen)
@@ -73,7 +83,6 @@ def round_robin(
                 queues.remove(queue)
             elif len(merged) < limit:
                 merged.append(hit)
-    return merged
 
 
 def _next_unseen(queue: Iterator[Hit], seen: set[str]) -> Hit | None:

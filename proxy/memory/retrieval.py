@@ -20,7 +20,9 @@ from proxy.memory.block import estimate_tokens, render
 from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.memory.redact import redact
-from proxy.memory.sources import SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning
+from proxy.memory.sources import (
+    SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning, split_fillers,
+)
 from proxy.memory.trigger import identifiers, unseen_identifiers
 from proxy.metrics import Metrics
 from proxy.models import Hit, Scope
@@ -128,7 +130,10 @@ class Retrieval:
         runs.hits[conversation.SOURCE], runs.hits[cross_session.SOURCE] = conversation.one_copy_each(
             runs.hits.get(conversation.SOURCE, []), runs.hits.get(cross_session.SOURCE, []))
         header = self.settings.block_header
-        merged = round_robin(runs.hits, min(query.max_memories, HARD_CAP))
+        full, fillers = {}, {}
+        for source, hits in runs.hits.items():
+            full[source], fillers[source] = split_fillers(hits)
+        merged = round_robin(full, min(query.max_memories, HARD_CAP), fillers=fillers)
         kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)

@@ -18,7 +18,9 @@ from proxy.stores.base import (
     FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp, text_hash,
 )
 from proxy.stores.sqlite_admin import store_memory
-from proxy.stores.sqlite_rows import clean_text, index_terms, new_id, now_ts, reasoning_terms, steps_json, to_ts
+from proxy.stores.sqlite_rows import (
+    CONTEXT_MESSAGES, clean_text, context_terms, index_terms, new_id, now_ts, reasoning_terms, steps_json, to_ts,
+)
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
 
@@ -103,9 +105,10 @@ class Batch:
         content = clean_text(text)
         rows = self._run(
             "INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash,"
-            " terms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
+            " terms, context, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+            " RETURNING id",
             (new_id(), scope.user, conversation_id, scope.agent, turn_key, role, content,
-             content_hash or text_hash(text), index_terms(content), at),
+             content_hash or text_hash(text), index_terms(content), self._context(scope, conversation_id, at), at),
         )
         if rows:
             self._run(
@@ -113,6 +116,15 @@ class Batch:
                 " ON CONFLICT DO NOTHING",
                 (scope.user, rows[0][0], at, at),
             )
+
+    def _context(self, scope: Scope, conversation_id: str, at: float) -> str:
+        """The index terms of the messages said just before, in order (the new message's context)."""
+        before = self._run(
+            "SELECT terms FROM messages WHERE user_id = ? AND conversation_id = ? AND created_at <= ?"
+            " ORDER BY created_at DESC, seq DESC LIMIT ?",
+            (scope.user, conversation_id, at, CONTEXT_MESSAGES),
+        )
+        return context_terms([row[0] for row in reversed(before)])
 
     def start_turn(self, op: StartTurn) -> None:
         """Conversation, pending turn and (when persisted) the user's message."""

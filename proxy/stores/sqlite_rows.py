@@ -22,6 +22,12 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # write thread, holding the GIL: a 5 MB pasted message took 1.8 s and starved the event
 # loop; a memory is only ever injected as a snippet anyway.
 INDEX_MAX_CHARS = 65536
+# A message is indexed with the words of the messages just before it in its conversation
+# (the question an answer replies to), searched at a lower weight. Measured on the LoCoMo
+# dev split (docs/evaluation.md): two earlier messages beat one or three. A long earlier
+# message lends only its start: context says what was being talked about.
+CONTEXT_MESSAGES = 2
+CONTEXT_CHARS_PER_MESSAGE = 2000
 
 
 def to_ts(at: datetime) -> float:
@@ -57,6 +63,18 @@ def new_id() -> str:
 def index_terms(text: str) -> str:
     """The FTS text of a stored item: `proxy.terms.index_text` of its first INDEX_MAX_CHARS."""
     return index_text(text[:INDEX_MAX_CHARS])
+
+
+def context_terms(before: Sequence[str]) -> str:
+    """A message's context column: the start of each earlier message's index terms, in order."""
+    return " ".join(_head(terms, CONTEXT_CHARS_PER_MESSAGE) for terms in before)
+
+
+def _head(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > 0 else limit]
 
 
 def entity_terms(name: str, type_: str, description: str, aliases: Sequence[str] = ()) -> tuple[str, str, str]:

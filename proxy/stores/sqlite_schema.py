@@ -186,17 +186,15 @@ CREATE TABLE embeddings (
 """
 
 
-def _fts(table: str, columns: tuple[str, ...], kind: str, watched: str) -> str:
-    """An external-content FTS5 table over `columns` of `table`, with its triggers.
+def _fts_index(table: str, columns: tuple[str, ...], kind: str) -> str:
+    """An external-content FTS5 table over `columns` of `table`, kept in step by triggers.
 
-    Deleting the source row also drops its embeddings; changing `watched` columns drops
-    them too, since the vector no longer describes the text.
+    Deleting the source row also drops its embeddings.
     """
     cols = ", ".join(columns)
     old = ", ".join(f"old.{c}" for c in columns)
     new = ", ".join(f"new.{c}" for c in columns)
     fts = f"{table}_fts"
-    drop_vectors = f"DELETE FROM embeddings WHERE user_id = old.user_id AND kind = '{kind}' AND item_id = old.id;"
     return f"""
 CREATE VIRTUAL TABLE {fts} USING fts5({cols}, content='{table}', content_rowid='seq', {_TOKENIZE});
 CREATE TRIGGER {fts}_insert AFTER INSERT ON {table} BEGIN
@@ -204,14 +202,24 @@ CREATE TRIGGER {fts}_insert AFTER INSERT ON {table} BEGIN
 END;
 CREATE TRIGGER {fts}_delete AFTER DELETE ON {table} BEGIN
     INSERT INTO {fts}({fts}, rowid, {cols}) VALUES ('delete', old.seq, {old});
-    {drop_vectors}
+    {_drop_vectors(kind)}
 END;
 CREATE TRIGGER {fts}_update AFTER UPDATE OF {cols} ON {table} BEGIN
     INSERT INTO {fts}({fts}, rowid, {cols}) VALUES ('delete', old.seq, {old});
     INSERT INTO {fts}(rowid, {cols}) VALUES (new.seq, {new});
 END;
-CREATE TRIGGER {table}_vectors_stale AFTER UPDATE OF {watched} ON {table} BEGIN
-    {drop_vectors}
+"""
+
+
+def _drop_vectors(kind: str) -> str:
+    return f"DELETE FROM embeddings WHERE user_id = old.user_id AND kind = '{kind}' AND item_id = old.id;"
+
+
+def _fts(table: str, columns: tuple[str, ...], kind: str, watched: str) -> str:
+    """`_fts_index`, and a trigger that drops the embeddings when the `watched` columns change
+    (the vector no longer describes the text)."""
+    return _fts_index(table, columns, kind) + f"""CREATE TRIGGER {table}_vectors_stale AFTER UPDATE OF {watched} ON {table} BEGIN
+    {_drop_vectors(kind)}
 END;
 """
 
@@ -223,8 +231,27 @@ _V1 = (
     + _fts("reasoning", ("terms",), "reasoning", "task, steps, answer")
 )
 
+# v2: a message is indexed with the words of the messages just before it in its
+# conversation (`context`, a second column weighted lower), so among the messages that say
+# the query's words, the one that answers a question about them ranks higher. Messages
+# saved before v2 have no context.
+_V2 = """
+ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT '';
+DROP TRIGGER messages_fts_insert;
+DROP TRIGGER messages_fts_delete;
+DROP TRIGGER messages_fts_update;
+DROP TABLE messages_fts;
+""" + _fts_index("messages", ("terms", "context"), "message") + """
+INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+"""
+
+# v3: the user's own node is looked up by type on every first-person question.
+_V3 = """
+CREATE INDEX entities_type ON entities(user_id, type);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

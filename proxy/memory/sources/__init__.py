@@ -31,6 +31,7 @@ IDENTIFIER_CANDIDATES = 8  # rows asked per unseen-identifier search
 SPARE_HITS = 2  # hits a source builds beyond the merge's limit, for texts another source also found
 RANK_REASON = "rank"
 RETRY_REASON = "keyword retry"
+FILLER = "filler"  # a Hit.parts flag: a weak hit, merged only into slots the others leave
 _PART = re.compile(r"[A-Za-z0-9]+")
 _REDACTED = "[REDACTED:"
 
@@ -187,6 +188,11 @@ async def _retry(
         Found(found[k][0], found[k][1], RETRY_REASON, {"bm25": bm25(found[k][1]), "retry_rank": n})
         for n, k in enumerate(ranked, start=1)
     ]
+
+
+def split_fillers(hits: Sequence[Hit]) -> tuple[list[Hit], list[Hit]]:
+    """(hits that take full turns in the merge, weak hits that only fill what is left)."""
+    return [h for h in hits if not h.parts.get(FILLER)], [h for h in hits if h.parts.get(FILLER)]
 
 
 def to_hits(q: SourceQuery, found: Sequence[Found[T]], hit: Callable[[Found[T]], Hit]) -> list[Hit]:

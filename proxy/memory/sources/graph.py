@@ -13,7 +13,7 @@ import logging
 
 from proxy.memory.block import triple_line
 from proxy.memory.redact import redact
-from proxy.memory.sources import SourceQuery
+from proxy.memory.sources import FILLER, SourceQuery
 from proxy.memory.sources.long_term import EntityMatches
 from proxy.models import Entity, Hit, Relationship
 from proxy.stores.base import Store
@@ -44,10 +44,14 @@ async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: in
         shown = [(edge, shared_terms.of(edge)) for edge in edges if _shown(edge)]
         for edge, shared in sorted(shown, key=_rank)[:EDGES_PER_ENTITY]:
             chosen.setdefault(edge.id, (edge, entity, shared))
-    ranked = sorted(((edge, shared) for edge, _, shared in chosen.values()), key=_rank)
+    # An edge of a weak entity hit is weak too: it fills only the slots the others leave.
+    weak = {edge_id for edge_id, (_, entity, _) in chosen.items() if entity.id in matches.weak}
+    ranked = sorted(((edge, shared) for edge, _, shared in chosen.values()),
+                    key=lambda row: (row[0].id in weak, *_rank(row)))
     return [
         Hit(SOURCE, edge.id, triple_line(edge.from_name, edge.type, edge.to_name or ""), float(shared), REASON,
-            edge.valid_from, parts={"entity": chosen[edge.id][1].id, "shared_terms": shared, "rank": n})
+            edge.valid_from, parts={"entity": chosen[edge.id][1].id, "shared_terms": shared, "rank": n,
+                                    **({FILLER: True} if edge.id in weak else {})})
         for n, (edge, shared) in enumerate(ranked[:q.hits_wanted], start=1)
     ]
 

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.memory.block import entity_line
-from proxy.memory.sources import Found, SourceQuery, lexical, to_hits
+from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
 from proxy.stores.base import Store
+from proxy.terms import terms
 
 SOURCE = "long-term"
+MIN_SHARED_TERMS = 3
 USER_TYPE = "user"  # extraction gives the user's own node this type, one per user
 # The Store protocol has no lookup by type yet: the node is found through the type column
 # of the full-text index, among this many candidates matching the word "user".
@@ -33,8 +35,9 @@ def first_person(text: str) -> bool:
 class EntityMatches:
     """The entity hits of a query, best first, and the user's own node when it counts."""
 
-    ranked: list[Found[Entity]]
+    ranked: list[Found[Entity]]  # those sharing enough of the query first, each group best first
     user_node: Entity | None = None
+    weak: frozenset[str] = frozenset()  # ids of ranked entities sharing too few query terms
 
     def to_expand(self, limit: int) -> list[Entity]:
         """The entities `graph` expands: the user's node first, then the best hits."""
@@ -55,9 +58,23 @@ async def find(store: Store, q: SourceQuery) -> EntityMatches:
 
     entities = lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True)
     if not q.first_person:
-        return EntityMatches(await entities)
+        return by_strength(q, await entities)
     ranked, user_node = await asyncio.gather(entities, user_node_of(store, q))
-    return EntityMatches(ranked, user_node)
+    return by_strength(q, ranked, user_node)
+
+
+def by_strength(q: SourceQuery, found: list[Found[Entity]], user_node: Entity | None = None) -> EntityMatches:
+    """The matches, those sharing at least MIN_SHARED_TERMS of the query's terms (all of a
+    shorter query's) first; the others are weak: they only fill slots nobody else takes.
+
+    A name the query mentions is in many descriptions ("Alice: ..."), so sharing it alone
+    says little about which of the entity's facts the query is after.
+    """
+    wanted = frozenset(q.terms)
+    need = min(MIN_SHARED_TERMS, len(wanted))
+    weak = frozenset(f.item.id for f in found if len(wanted.intersection(terms(_text(f.item)))) < need)
+    ranked = [f for f in found if f.item.id not in weak] + [f for f in found if f.item.id in weak]
+    return EntityMatches(ranked, user_node, weak)
 
 
 async def user_node_of(store: Store, q: SourceQuery) -> Entity | None:
@@ -68,14 +85,15 @@ async def user_node_of(store: Store, q: SourceQuery) -> Entity | None:
 
 
 def hits(q: SourceQuery, matches: EntityMatches) -> list[Hit]:
-    """The matched entities as `name — description` lines."""
-    return to_hits(q, matches.ranked, _hit)
+    """The matched entities as `name — description` lines (a weak one marked FILLER)."""
+    return to_hits(q, matches.ranked, lambda found: _hit(found, found.item.id in matches.weak))
 
 
-def _hit(found: Found[Entity]) -> Hit:
+def _hit(found: Found[Entity], weak: bool) -> Hit:
     entity = found.item
+    parts = {**found.parts, "confidence": entity.confidence, **({FILLER: True} if weak else {})}
     return Hit(SOURCE, entity.id, entity_line(entity.name, entity.description), found.score, found.reason,
-               parts={**found.parts, "confidence": entity.confidence})
+               parts=parts)
 
 
 def _id(entity: Entity) -> str:

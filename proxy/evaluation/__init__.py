@@ -1,0 +1,1 @@
+"""Retrieval benchmarks run through the proxy's own store, extraction and retrieval."""
