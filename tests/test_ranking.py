@@ -51,7 +51,8 @@ def hit(source: str, id: str, **parts: object) -> Hit:
 
 
 def test_fillers_take_only_the_slots_left() -> None:
-    sources = {"long-term": [hit("long-term", "e1")], "cross-session": [hit("cross-session", f"m{n}") for n in range(3)]}
+    messages = [hit("cross-session", f"m{n}") for n in range(3)]
+    sources = {"long-term": [hit("long-term", "e1")], "cross-session": messages}
     fillers = {"long-term": [hit("long-term", "e2")], "graph": [hit("graph", "r1")]}
     assert [h.id for h in round_robin(sources, 4, fillers=fillers)] == ["e1", "m0", "m1", "m2"]
     assert [h.id for h in round_robin(sources, 6, fillers=fillers)] == ["e1", "m0", "m1", "m2", "e2", "r1"]
@@ -109,7 +110,8 @@ def test_a_version_1_database_is_migrated_and_its_messages_still_found(tmp_path:
         db.execute("INSERT INTO users VALUES ('alice', 0)")
         db.execute("INSERT INTO conversations VALUES ('alice', 'c1', NULL, 0, 0)")
         db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
-                   " created_at) VALUES ('m1', 'alice', 'c1', 'user', 'the quokka is fed', 'h', 'the quokka is fed', 0)")
+                   " created_at) VALUES ('m1', 'alice', 'c1', 'user', 'the quokka is fed', 'h', 'the quokka is fed',"
+                   " 0)")
         db.commit()
 
     async def body() -> list[str]:

@@ -218,10 +218,9 @@ def _drop_vectors(kind: str) -> str:
 def _fts(table: str, columns: tuple[str, ...], kind: str, watched: str) -> str:
     """`_fts_index`, and a trigger that drops the embeddings when the `watched` columns change
     (the vector no longer describes the text)."""
-    return _fts_index(table, columns, kind) + f"""CREATE TRIGGER {table}_vectors_stale AFTER UPDATE OF {watched} ON {table} BEGIN
-    {_drop_vectors(kind)}
-END;
-"""
+    stale = (f"CREATE TRIGGER {table}_vectors_stale AFTER UPDATE OF {watched} ON {table} BEGIN\n"
+             f"    {_drop_vectors(kind)}\nEND;\n")
+    return _fts_index(table, columns, kind) + stale
 
 
 _V1 = (
