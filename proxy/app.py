@@ -15,10 +15,12 @@ from starlette.routing import Mount, Route
 from proxy.api.auth import ApiGuard
 from proxy.api.routes import ApiApp, MemoryApi
 from proxy.errors import NotFound
+from proxy.memory.extraction_worker import ExtractionWorker
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
+from proxy.model_calls import extractor_for
 from proxy.routes import ProxyEndpoint
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
@@ -51,6 +53,10 @@ class Parts:
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics)
         self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics, self.scopes)
+        self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
+                                           from_roles=settings.extraction.from_roles,
+                                           isolate_agents=settings.scope.isolation == "agent",
+                                           extractor=extractor_for(settings, self.upstream))
         self.store_open = False
 
     async def start(self) -> None:
@@ -61,8 +67,11 @@ class Parts:
             # Memory fails open: the proxy serves without it and says so in /readyz.
             log.error("store unavailable at start-up, serving without memory: %s", exc)
         self.writer.start()
+        if self.store_open:
+            self.extraction.start()
 
     async def stop(self) -> None:
+        await self.extraction.stop()
         await self.writer.close(self.settings.server.grace_period_s)
         await self.store.close()
         await self.upstream.aclose()
@@ -75,7 +84,14 @@ class Parts:
             "writes": "failing" if self.writer.failing else "ok",
             "write_queue": self.writer.depth,
             "circuit": "open" if self.memory.breaker.is_open else "closed",
+            "extraction_queue": await self._extraction_queue() if store_ok else "unavailable",
         }
+
+    async def _extraction_queue(self) -> dict[str, int] | str:
+        try:
+            return await self.store.queue_depth()
+        except StoreError:
+            return "unavailable"
 
 
 def create_app(settings: Settings) -> Starlette:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from proxy.errors import ProxyError
-from proxy.memory.extractors import Extractor, LLMExtractor, ModelCallFailed, rules_extractor
+from proxy.memory.extractors import Extractor, LLMExtractor, ModelCallFailed, RulesExtractor
 from proxy.settings import Settings
 from proxy.upstream import StreamCut, Upstream
 
@@ -74,14 +74,14 @@ def extractor_for(settings: Settings, upstream: Upstream) -> Extractor:
     extraction = settings.extraction
     if extraction.mode == "rules":
         log.info("extraction: rules")
-        return rules_extractor
+        return RulesExtractor()
     key = extraction.api_key or settings.upstream.api_key
     if not key:
         log.warning("extraction.mode llm is off: it needs a key of memproxy's own (extraction.api_key or "
                     "upstream.api_key; a client's key is never kept for background calls); using the rules")
-        return rules_extractor
+        return RulesExtractor()
     if not extraction.model:
         log.warning("extraction.mode llm is off: extraction.model is not set; using the rules")
-        return rules_extractor
+        return RulesExtractor()
     log.info("extraction: llm with model %s", extraction.model)
     return LLMExtractor(ModelCaller(upstream, key, extraction.model))

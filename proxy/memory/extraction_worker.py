@@ -16,11 +16,11 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from proxy.memory.extraction.facts import no_facts, to_record
 from proxy.memory.extraction.model import Extraction
-from proxy.memory.extractors import Extractor, rules_extractor
+from proxy.memory.extractors import Extractor, RulesExtractor
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
@@ -47,6 +47,7 @@ class WorkerLimits:
     retry_factor: float = 4.0
     retry_max_s: float = 900.0
     depth_every_s: float = 1.0  # the queue_depth gauge is refreshed at most this often
+    error_pause_max_s: float = 10.0  # the longest wait between tries while the store fails
 
 
 def retry_delay(attempts: int, limits: WorkerLimits) -> float:
@@ -71,14 +72,14 @@ class ExtractionWorker:
     """Owns the background extraction task of one app."""
 
     def __init__(self, store: Store, writer: Writer, metrics: Metrics, *, from_roles: Sequence[str],
-                 isolate_agents: bool, extractor: Extractor = rules_extractor,
+                 isolate_agents: bool, extractor: Extractor | None = None,
                  limits: WorkerLimits = WorkerLimits()) -> None:
         self.store = store
         self.writer = writer
         self.metrics = metrics
         self.from_roles = frozenset(from_roles)
         self.isolate_agents = isolate_agents
-        self.extractor = extractor
+        self.extractor = extractor or RulesExtractor()
         self.limits = limits
         self._task: asyncio.Task[None] | None = None
         self._depth_at = 0.0
@@ -95,18 +96,23 @@ class ExtractionWorker:
             self._task = None
 
     async def _run(self) -> None:
+        pause = self.limits.idle_poll_s
         while True:
             try:
                 done = await self.drain_once()
+                pause = self.limits.idle_poll_s
             except StoreError as exc:
-                log.warning("extraction: cannot read the queue (%s); retrying", exc)
-                done = 0
+                log.warning("extraction: cannot read the queue (%s); retrying in %.1fs", exc, pause)
+                done, pause = 0, min(pause * 2, self.limits.error_pause_max_s)
+            except Exception:  # the task's outermost boundary: a bug must not end extraction for good
+                log.exception("extraction: unexpected error; retrying in %.1fs", pause)
+                done, pause = 0, min(pause * 2, self.limits.error_pause_max_s)
             if done == 0:
-                await asyncio.sleep(self.limits.idle_poll_s)
+                await asyncio.sleep(pause)
 
     async def drain_once(self) -> int:
         """Claim one batch of due items and record each; return how many were recorded."""
-        items = await self.store.claim_extraction(self.limits.batch, datetime.now(timezone.utc),
+        items = await self.store.claim_extraction(self.limits.batch, datetime.now(UTC),
                                                   max_chars=MAX_EXTRACT_CHARS)
         if items:
             found = await asyncio.gather(*(self._extract(item) for item in items))
@@ -142,7 +148,7 @@ class ExtractionWorker:
         """Count the failure; retry later, or park the item once it has used its attempts."""
         attempts = item.attempts + 1
         park = attempts >= self.limits.max_attempts
-        retry_at = datetime.now(timezone.utc) + timedelta(seconds=retry_delay(attempts, self.limits))
+        retry_at = datetime.now(UTC) + timedelta(seconds=retry_delay(attempts, self.limits))
         self.metrics.extraction_failures.inc()
         error = redact(error)[:ERROR_CHARS]
         log.warning("extraction: item %d of user %s failed (attempt %d%s): %s", item.queue_id, scope.user, attempts,

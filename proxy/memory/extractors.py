@@ -33,23 +33,36 @@ class ModelCallFailed(Exception):
     """The model call got no usable answer (unreachable, error status, cut, not a completion)."""
 
 
-async def rules_extractor(text: str, speaker: str | None) -> Extraction:
-    """`extraction.mode: rules`, off the event loop: a long message takes milliseconds."""
-    return await asyncio.to_thread(extract, text, speaker=speaker)
+class RulesExtractor:
+    """`extraction.mode: rules`, off the event loop, one message at a time.
+
+    The rules are pure Python and hold the GIL: run side by side in several threads they
+    go no faster, and each extra thread takes a share of the GIL from the event loop, which
+    is serving requests. One at a time, a burst of extraction costs requests little.
+    """
+
+    def __init__(self) -> None:
+        self._one = asyncio.Lock()
+
+    async def __call__(self, text: str, speaker: str | None) -> Extraction:
+        """What the rules find in one message."""
+        async with self._one:
+            return await asyncio.to_thread(extract, text, speaker=speaker)
 
 
 class LLMExtractor:
     """An Extractor that asks the model and falls back to the rules' result."""
 
     def __init__(self, call: ModelCall, *, concurrency: int = LLM_CONCURRENCY,
-                 timeout_s: float = LLM_TIMEOUT_S) -> None:
+                 timeout_s: float = LLM_TIMEOUT_S, rules: Extractor | None = None) -> None:
         self._call = call
+        self._rules = rules or RulesExtractor()
         self._slots = asyncio.Semaphore(concurrency)
         self.timeout_s = timeout_s
 
     async def __call__(self, text: str, speaker: str | None) -> Extraction:
         """The model's entities and relationships, or the rules' whole result if it failed."""
-        rules = await rules_extractor(text, speaker)
+        rules = await self._rules(text, speaker)
         try:
             async with self._slots:
                 async with asyncio.timeout(self.timeout_s):

@@ -253,6 +253,14 @@ class Store(Protocol):
     async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
         """Edges from or to one entity."""
 
+    # the extraction queue: every user's items, read by the background worker (not a request)
+    async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
+                               ) -> list[QueuedMessage]:
+        """Unparked items due at `now`, oldest first, text cut at `max_chars`; the scope's agent is the message's."""
+
+    async def queue_depth(self) -> dict[str, int]:
+        """Extraction items `pending` (retries waiting included) and `parked` (given up on)."""
+
     # retrieval: `terms` come from proxy.terms.query_terms; scores are higher-is-better
     async def search_messages(
         self,

@@ -21,7 +21,7 @@ from typing import Any
 import aiosqlite
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
-from proxy.stores.base import StoreError, WriteOp
+from proxy.stores.base import QueuedMessage, StoreError, WriteOp
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
 from proxy.stores.sqlite_rows import (
@@ -328,6 +328,29 @@ class SQLiteStore(SQLiteAdmin):
             [scope.user, entity_id, scope.user, entity_id, *agent_params],
         )
         return [relationship_from_row(row) for row in rows]
+
+    # --- the extraction queue (every user's: the background worker is not a request)
+
+    async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
+                               ) -> list[QueuedMessage]:
+        """Unparked items due at `now`, oldest first, each with its scope and message (text cut at `max_chars`)."""
+        # Only the head of a long text crosses into Python: the worker reads no more.
+        content = "m.content" if max_chars is None else f"substr(m.content, 1, {int(max_chars)})"
+        rows = await self._rows(
+            "SELECT q.id AS queue_id, q.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
+            f" m.agent_id, {content} AS content FROM extraction_queue q"
+            " JOIN messages m ON m.user_id = q.user_id AND m.id = q.message_id"
+            " WHERE q.parked = 0 AND q.next_attempt_at <= ? ORDER BY q.next_attempt_at, q.id LIMIT ?",
+            [to_ts(now), limit],
+        )
+        return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]), message_from_row(row),
+                              row["attempts"]) for row in rows]
+
+    async def queue_depth(self) -> dict[str, int]:
+        """Items waiting for extraction (`pending`, retries included) and given up on (`parked`)."""
+        rows = await self._rows("SELECT parked, count(*) AS n FROM extraction_queue GROUP BY parked", [])
+        counts = {bool(row["parked"]): row["n"] for row in rows}
+        return {"pending": counts.get(False, 0), "parked": counts.get(True, 0)}
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""

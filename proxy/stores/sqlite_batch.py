@@ -15,9 +15,11 @@ from typing import Any
 
 from proxy.models import Scope
 from proxy.stores.base import (
-    FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp, text_hash,
+    ExtractionFailed, FinishTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp,
+    text_hash,
 )
 from proxy.stores.sqlite_admin import store_memory
+from proxy.stores.sqlite_facts import record_facts, record_failure
 from proxy.stores.sqlite_rows import (
     CONTEXT_MESSAGES, clean_text, context_terms, index_terms, new_id, now_ts, reasoning_terms, steps_json, to_ts,
 )
@@ -83,6 +85,10 @@ class Batch:
             self.save_block(op)
         elif isinstance(op, StoreMemory):
             store_memory(self._conn, op)
+        elif isinstance(op, RecordFacts):
+            record_facts(self._conn, op)
+        elif isinstance(op, ExtractionFailed):
+            record_failure(self._conn, op)
         else:
             raise TypeError(f"unknown write op {type(op).__name__}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from proxy.memory.extraction.model import SINGLE_VALUED, USER_NODE, Extraction, ExtractedEntity, canonical_name
+from proxy.memory.extraction.model import SINGLE_VALUED, USER_NODE, ExtractedEntity, Extraction, canonical_name
 from proxy.models import Scope
 from proxy.stores.base import EntityFact, QueuedMessage, RecordFacts, RelationFact
 
@@ -52,16 +52,17 @@ def to_record(item: QueuedMessage, scope: Scope, found: Extraction) -> RecordFac
     user_node = stated or USER_NODE
     linked = {canonical_name(n) for r in found.relationships for n in (r.from_name, r.to_name)}
     entities = _entities(found.entities, own, linked)
-    relations: list[RelationFact] = []
+    relations: dict[tuple[str, str, str], RelationFact] = {}
     for relation in found.relationships:
         ends = [user_node if canonical_name(n) in own else one_line(n, NAME_MAX_CHARS)
                 for n in (relation.from_name, relation.to_name)]
         kind = one_line(relation.type, TYPE_MAX_CHARS)
-        if kind and all(end == user_node or canonical_name(end) in entities for end in ends):
-            relations.append(RelationFact(ends[0], kind, ends[1], kind in SINGLE_VALUED))
-    relations = list(dict.fromkeys(relations))[:MAX_RELATIONSHIPS]
-    uses_node = stated is not None or any(user_node in (r.from_name, r.to_name) for r in relations)
-    return RecordFacts(scope, item.queue_id, item.message.id, tuple(entities.values()), tuple(relations),
+        key = (canonical_name(ends[0]), kind, canonical_name(ends[1]))
+        if kind and key not in relations and all(end == user_node or canonical_name(end) in entities for end in ends):
+            relations[key] = RelationFact(ends[0], kind, ends[1], kind in SINGLE_VALUED)
+    kept = tuple(relations.values())[:MAX_RELATIONSHIPS]
+    uses_node = stated is not None or any(user_node in (r.from_name, r.to_name) for r in kept)
+    return RecordFacts(scope, item.queue_id, item.message.id, tuple(entities.values()), kept,
                        item.message.created_at, user_node if uses_node else None)
 
 

@@ -1,0 +1,210 @@
+"""The long-term memory graph end to end: facts said through the proxy come back as [graph] lines.
+
+A real proxy (uvicorn, the official openai client) in front of the scripted upstream; the
+background worker drains the store's extraction queue, and each test waits for it by
+polling /readyz (never a fixed sleep). Retries and parking run the real worker, writer and
+SQLite store, with a database trigger refusing one entity as the fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+
+from proxy.memory.block import DEFAULT_HEADER, GRAPH_NOTE
+from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+from proxy.memory.writer import Writer
+from proxy.metrics import Metrics
+from proxy.models import Scope
+from proxy.stores.base import StartTurn
+from proxy.stores.sqlite import SQLiteStore
+from tests.extraction_helpers import (
+    block_lines,
+    db_rows,
+    export,
+    extracted,
+    graph_lines,
+    hits,
+    said_on,
+    say,
+    wait_for,
+)
+from tests.fake_upstream import JsonReply, SlowHeaders, completion
+
+QUESTION = "Where do I work?"
+
+
+def test_a_new_job_replaces_the_old_edge_which_export_keeps(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "I work at Northwind Traders.", "c1")
+    assert extracted(proxy)["extraction_queue"] == {"pending": 0, "parked": 0}
+    sent = say(proxy, fake, QUESTION, "c2")
+    lines = block_lines(sent)
+    assert lines[:3] == [
+        DEFAULT_HEADER,
+        "1. [long-term] Northwind Traders — I work at Northwind Traders.",
+        "2. [graph] (User)-[WORKS_AT]->(Northwind Traders)",
+    ]
+    said = said_on(proxy, "I work at Northwind Traders.")
+    assert f"[cross-session] user ({said}): I work at Northwind Traders." in hits(sent)
+    assert lines[-1] == GRAPH_NOTE and graph_lines(sent) == ["(User)-[WORKS_AT]->(Northwind Traders)"]
+
+    say(proxy, fake, "I now work at Contoso Pharma.", "c3")
+    extracted(proxy)
+    sent = say(proxy, fake, QUESTION, "c4")
+    assert graph_lines(sent) == ["(User)-[WORKS_AT]->(Contoso Pharma)"]
+    assert block_lines(sent)[-1] == GRAPH_NOTE
+    assert not [hit for hit in hits(sent) if "WORKS_AT" in hit and "Northwind" in hit]
+
+    edges = {r["to"]: r for r in export(proxy) if r["kind"] == "relationship"}
+    assert sorted(edges) == ["Contoso Pharma", "Northwind Traders"]
+    assert edges["Northwind Traders"]["invalid_at"] == edges["Contoso Pharma"]["valid_from"]
+    assert edges["Contoso Pharma"]["invalid_at"] is None
+    assert edges["Northwind Traders"]["from"] == edges["Contoso Pharma"]["from"] == "User"
+    messages = {r["content"]: r["id"] for r in export(proxy) if r["kind"] == "message"}
+    assert edges["Northwind Traders"]["provenance"] == [messages["I work at Northwind Traders."]]
+
+
+def test_the_stated_name_renames_the_users_node_and_keeps_its_edges(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "I work at Northwind Traders.", "c1")
+    extracted(proxy)
+    say(proxy, fake, "By the way, my name is Dana Reyes.", "c2")
+    extracted(proxy)
+    assert graph_lines(say(proxy, fake, QUESTION, "c3")) == ["(Dana Reyes)-[WORKS_AT]->(Northwind Traders)"]
+    say(proxy, fake, "I live in Lisbon.", "c4")
+    extracted(proxy)
+    assert graph_lines(say(proxy, fake, "Where do I live?", "c5")) == [
+        "(Dana Reyes)-[LIVES_IN]->(Lisbon)", "(Dana Reyes)-[WORKS_AT]->(Northwind Traders)"]
+    nodes = [(r["name"], r["type"]) for r in export(proxy) if r["kind"] == "entity" and r["type"] == "user"]
+    assert nodes == [("Dana Reyes", "user")]
+
+
+def test_assistant_statements_stay_conversation_memory(make_proxy, fake):
+    answer = "You work at Globex Corporation, and Priya Raman from Initech called."
+    fake.queue(JsonReply(completion(answer)))
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "Hello there.", "c1")
+    extracted(proxy)
+    assert db_rows(proxy, "SELECT role FROM messages ORDER BY seq") == [("user",), ("assistant",)]
+    assert db_rows(proxy, "SELECT count(*) FROM entities") == [(0,)]
+    proxy.stop()
+
+    fake.queue(JsonReply(completion(answer)))
+    mining = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=["user", "assistant"])
+    say(mining, fake, "Hello again.", "c2")
+    extracted(mining)
+    names = {name for (name,) in db_rows(mining, "SELECT name FROM entities")}
+    assert {"Priya Raman", "Initech"} <= names
+    assert "User" not in names and db_rows(mining, "SELECT count(*) FROM relationships") == [(0,)]
+
+
+def test_a_restart_loses_no_queued_extraction(make_proxy, fake):
+    # The first proxy's model call hangs, so it is stopped with the item still queued.
+    fake.queue(JsonReply(completion("Noted.")), SlowHeaders(60))
+    first = make_proxy(memory__commit_timeout_ms=5000, extraction__mode="llm", extraction__model="extract-model",
+                       extraction__api_key="sk-memproxy-own")
+    say(first, fake, "I work at Northwind Traders.", "c1")
+    wait_for(lambda: any(b"response_format" in r.body for r in fake.chat_requests()), what="the model call")
+    first.stop()
+    assert db_rows(first, "SELECT attempts, parked FROM extraction_queue") == [(0, 0), (0, 0)]
+    assert db_rows(first, "SELECT count(*) FROM entities") == [(0,)]
+
+    second = make_proxy(memory__commit_timeout_ms=5000)
+    extracted(second)
+    assert graph_lines(say(second, fake, QUESTION, "c2")) == ["(User)-[WORKS_AT]->(Northwind Traders)"]
+
+
+def test_readyz_and_metrics_show_the_queue(proxy, fake):
+    say(proxy, fake, "I work at Northwind Traders.", "c1")
+    assert extracted(proxy)["extraction_queue"] == {"pending": 0, "parked": 0}
+    with proxy.http() as http:
+        def gauge() -> bool:
+            return 'memproxy_queue_depth{queue="extraction"} 0.0' in http.get("/metrics").text
+        wait_for(gauge, what="the queue gauge")
+        assert "memproxy_extraction_failures_total 0.0" in http.get("/metrics").text
+
+
+# --- retries and parking, on the real worker, writer and store --------------------------
+
+POISON = ("CREATE TRIGGER poison BEFORE INSERT ON entities WHEN new.name = 'Poison Corp'"
+          " BEGIN SELECT RAISE(ABORT, 'poisoned entity'); END")
+FAST = WorkerLimits(batch=8, idle_poll_s=0.01, max_attempts=5, retry_first_s=0.01, retry_factor=2.0,
+                    depth_every_s=0.0)
+
+
+async def drained(store: SQLiteStore, timeout: float = 15.0) -> dict[str, int]:
+    """The queue depth once nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while (depth := await store.queue_depth())["pending"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return depth
+
+
+def test_a_failing_item_is_retried_then_parked_with_its_error(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    alice = Scope("alice")
+
+    async def body() -> tuple[dict[str, int], Metrics]:
+        store, metrics = SQLiteStore(str(path)), Metrics()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False, limits=FAST)
+        writer.start()
+        texts = ["I work at Poison Corp.", "I live in Lisbon.", "My sister Ana lives in Porto."]
+        await store.apply([StartTurn(alice, f"t{i}", "c1", f"h{i}", datetime.now(UTC), text)
+                           for i, text in enumerate(texts)])
+        with closing(sqlite3.connect(path)) as db:
+            db.execute(POISON)
+        worker.start()
+        try:
+            return await drained(store), metrics
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    depth, metrics = asyncio.run(body())
+    assert depth == {"pending": 0, "parked": 1}
+    with closing(sqlite3.connect(path)) as db:
+        parked = db.execute("SELECT m.content, q.attempts, q.parked, q.last_error FROM extraction_queue q"
+                            " JOIN messages m ON m.id = q.message_id").fetchall()
+        names = sorted(name for (name,) in db.execute("SELECT name FROM entities"))
+    assert parked == [("I work at Poison Corp.", 5, 1,
+                       "store refused the facts: SQLITE_CONSTRAINT_TRIGGER: poisoned entity")]
+    assert names == ["Ana", "Lisbon", "Porto", "User"]  # the good items around it were recorded
+    assert metrics.registry.get_sample_value("memproxy_extraction_failures_total") == 5
+
+
+def test_one_users_facts_land_in_the_order_they_were_said(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    alice = Scope("alice")
+    places = ["Oslo", "Porto", "Lisbon", "Tallinn", "Kyoto", "Denver", "Accra", "Quito", "Hanoi", "Bergen"]
+
+    async def body() -> tuple[list[tuple[str, bool]], list[str], list[str]]:
+        store, metrics = SQLiteStore(str(path)), Metrics()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False, limits=FAST)
+        writer.start()
+        await store.apply([StartTurn(alice, f"t{i}", "c1", f"h{i}", datetime(2026, 1, 1 + i, tzinfo=UTC),
+                                     f"I live in {place}.") for i, place in enumerate(places)])
+        worker.start()
+        try:
+            await drained(store)
+            (node,) = [e for e in await store.entities(alice) if e.type == "user"]
+            edges = await store.relationships(alice, node.id, current_only=False)
+            said = [m.id for m in await store.messages(alice, "c1")]
+            return [(r.to_name or "", r.invalid_at is None) for r in edges], list(node.provenance), said
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    edges, provenance, said = asyncio.run(body())
+    assert edges == [(place, place == "Bergen") for place in reversed(places)]
+    assert provenance == said  # the user's node saw the messages in the order they were said
