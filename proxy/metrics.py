@@ -17,6 +17,9 @@ class Metrics:
                                 ["path", "outcome"], registry=r)
         self.request_seconds = Histogram("memproxy_request_seconds", "Time to handle a proxied request",
                                          ["path"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_seconds = Histogram("memproxy_upstream_seconds",
+                                          "Time from sending a request to the provider to its response headers",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.retrieval_seconds = Histogram("memproxy_retrieval_seconds", "Retrieval time per source",
                                            ["source"], buckets=_LATENCY_BUCKETS, registry=r)
         self.injected = Counter("memproxy_memories_injected", "Memories injected into requests", registry=r)

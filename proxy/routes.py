@@ -77,12 +77,20 @@ class ProxyEndpoint:
         url = self.upstream.url(path, scope["query_string"])
         async with DisconnectWatch(receive, armed=not has_body) as watch:
             content = body_stream(receive, limit, on_end=watch.arm) if has_body else None
-            response = await self.upstream.open(scope["method"], url, upstream_headers, content)
+            response = await self._open(scope["method"], url, upstream_headers, content)
             try:
                 await relay_plain(send, response, extra_headers=[])
             finally:
                 await response.aclose()
         return "client_gone" if watch.gone else f"status_{response.status}"
+
+    async def _open(self, method: str, url: Any, headers: Any, content: Any) -> Any:
+        """The provider's response (headers read), its latency counted whether it came or failed."""
+        started = time.perf_counter()
+        try:
+            return await self.upstream.open(method, url, headers, content)
+        finally:
+            self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
     async def _chat(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> str:
         resolved = self.scopes.resolve(scope)
@@ -114,7 +122,7 @@ class ProxyEndpoint:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"] + [(b"accept-encoding", b"identity")]
         url = self.upstream.url(CHAT_PATH, scope["query_string"])
         try:
-            response = await self.upstream.open("POST", url, headers, out_body)
+            response = await self._open("POST", url, headers, out_body)
         except ProxyError as error:
             recall.failed("upstream_failed")
             error.headers = {k.decode(): v.decode() for k, v in recall.headers()}
@@ -131,7 +139,7 @@ class ProxyEndpoint:
         if not is_context_length_error(400, body):
             return _Replayed(response, body)
         recall.dropped_block()
-        return await self.upstream.open("POST", url, headers, original)
+        return await self._open("POST", url, headers, original)
 
 
 class _Replayed:

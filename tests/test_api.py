@@ -148,8 +148,9 @@ def test_memories_are_the_entities_seen_as_memories(loaded: httpx.Client) -> Non
         {"id": "e-acme", "type": "fact", "content": "Acme", "name": "Acme", "entity_type": "organization",
          "description": "", "confidence": 0.8, "tags": [], "created_at": "2026-01-01T10:00:00+00:00",
          "updated_at": "2026-01-01T10:00:00+00:00"},
-        {"id": "e-alice", "type": "fact", "content": "staff engineer", "name": "Alice Chen", "entity_type": "person",
-         "description": "staff engineer", "confidence": 0.9, "tags": ["work"],
+        {"id": "e-alice", "type": "fact", "content": "staff engineer who works at Acme", "name": "Alice Chen",
+         "entity_type": "person", "description": "staff engineer who works at Acme", "confidence": 0.9,
+         "tags": ["work"],
          "created_at": "2026-01-01T10:00:00+00:00", "updated_at": "2026-01-01T10:01:00+00:00"},
     ]
 
@@ -168,7 +169,8 @@ def test_lists_are_paged_by_cursor(api: httpx.Client) -> None:
     records += [{"kind": "reasoning", "id": f"x{i}", "conversation_id": "c1", "task": f"task {i}",
                  "created_at": f"2026-02-01T00:00:0{i}+00:00"} for i in range(1, 6)]
     assert api.post(api_url(USER, "import"), content=jsonl(records)).status_code == 200
-    expected = {"conversations": ["c5", "c4", "c3", "c2", "c1"], "conversations/c1/messages": [f"m{i}" for i in range(1, 6)],
+    expected = {"conversations": ["c5", "c4", "c3", "c2", "c1"],
+                "conversations/c1/messages": [f"m{i}" for i in range(1, 6)],
                 "entities": [f"e{i}" for i in range(1, 6)], "memories": [f"e{i}" for i in range(1, 6)],
                 "reasoning": ["x5", "x4", "x3", "x2", "x1"]}
     for path, ids in expected.items():

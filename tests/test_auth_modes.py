@@ -145,8 +145,11 @@ def test_the_client_proxy_key_never_reaches_the_upstream(keyed: Any, fake: Any) 
         assert ALICE_KEY.encode() not in request.body + repr(request.headers).encode()
 
 
+BOB_DIGEST = hashlib.sha256(BOB_KEY.encode()).hexdigest()
+
+
 @pytest.mark.parametrize("authorization", [None, "Bearer mp-unknown", "Bearer  x", f"Basic {ALICE_KEY}",
-                                           f"Bearer {ALICE_KEY}x", "Bearer " + hashlib.sha256(BOB_KEY.encode()).hexdigest()])
+                                           f"Bearer {ALICE_KEY}x", f"Bearer {BOB_DIGEST}"])
 def test_missing_or_unknown_keys_get_401_on_every_path(keyed: Any, fake: Any, authorization: str | None) -> None:
     headers = {} if authorization is None else {"Authorization": authorization}
     with keyed.http() as client:

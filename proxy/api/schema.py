@@ -51,7 +51,8 @@ RELATIONSHIP = obj({"id": ID, "from": NULLABLE_TEXT, "from_id": ID, "type": TEXT
                     "valid_from": TIME, "invalid_at": NULLABLE_TIME, "provenance": STRINGS})
 STEP = obj({"name": TEXT, "arguments": TEXT, "result": TEXT})
 HIT = obj({"rank": {"type": "integer"}, "source": {"type": "string", "enum": list(SOURCES)}, "id": TEXT,
-           "content": TEXT, "reason": TEXT, "score": {"type": "object"}, "tokens": {"type": "integer", "nullable": True}})
+           "content": TEXT, "reason": TEXT, "score": {"type": "object"},
+           "tokens": {"type": "integer", "nullable": True}})
 
 SCHEMAS: dict[str, Any] = {
     "Error": obj({"error": obj({"message": TEXT, "type": TEXT, "param": NULLABLE_TEXT, "code": TEXT})}),
@@ -73,7 +74,8 @@ SCHEMAS: dict[str, Any] = {
     "Memory": MEMORY,
     "Hit": HIT,
     "SearchResult": obj({"object": {"type": "string", "enum": ["search"]}, "query": TEXT,
-                         "hits": {"type": "array", "items": ref("Hit")}, "block": TEXT, "budget_cut": {"type": "boolean"},
+                         "hits": {"type": "array", "items": ref("Hit")}, "block": TEXT,
+                         "budget_cut": {"type": "boolean"},
                          "sources_ms": {"type": "object"}, "errors": {"type": "object"}}),
     "Conversation": obj({"id": ID, "agent_id": {**ID, "nullable": True}, "created_at": TIME, "last_active_at": TIME,
                          "message_count": {"type": "integer"}}),

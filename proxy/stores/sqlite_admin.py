@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import Scope
 from proxy.stores.base import StoreError, StoreMemory, text_hash
-from proxy.stores.sqlite_import import import_records
+from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_rows import (
     clean_text,
     entity_terms,
@@ -232,10 +232,10 @@ def _interaction(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
                      " VALUES (?, ?, ?, ?, ?)", (op.scope.user, conversation, op.scope.agent, at, at))
     content = clean_text(op.content)
     inserted = conn.execute(
-        "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, created_at)"
-        " VALUES (?, ?, ?, ?, 'assistant', ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
+        "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, context,"
+        " created_at) VALUES (?, ?, ?, ?, 'assistant', ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
         (op.memory_id, op.scope.user, conversation, op.scope.agent, content, text_hash(content),
-         index_terms(content), at),
+         index_terms(content), message_context(conn, op.scope.user, conversation, at), at),
     ).fetchall()
     if inserted:
         conn.execute("INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)"

@@ -18,10 +18,13 @@ from typing import Any
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
-from proxy.stores.sqlite_rows import clean_text, entity_terms, index_terms, now_ts, reasoning_terms, steps_json
+from proxy.stores.sqlite_rows import (
+    CONTEXT_MESSAGES, clean_text, context_terms, entity_terms, index_terms, now_ts, reasoning_terms, steps_json,
+)
 
 
-def import_records(conn: sqlite3.Connection, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def import_records(conn: sqlite3.Connection, scope: Scope,
+                   records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Add the records to the user; counts of `imported` and `skipped` records per kind."""
     importer = _Importer(conn, scope.user)
     imported: Counter[str] = Counter()
@@ -71,17 +74,19 @@ class _Importer:
             return False
         self._conversation_for(r)
         content = clean_text(r["content"])
+        context = message_context(self._conn, self._user, r["conversation_id"], r["created_at"])
         return self._insert(
             "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms,"
-            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            " context, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (r["id"], self._user, r["conversation_id"], r["agent_id"], r["role"], content, text_hash(content),
-             index_terms(content), r["created_at"]))
+             index_terms(content), context, r["created_at"]))
 
     def entity(self, r: dict[str, Any]) -> bool:
         name = clean_text(r["name"])
         key = canonical_name(name)
         taken = self._conn.execute(
-            "SELECT 1 FROM entities WHERE user_id = ? AND (id = ? OR (ifnull(agent_id, '') = ? AND canonical_name = ?))",
+            "SELECT 1 FROM entities WHERE user_id = ? AND (id = ?"
+            " OR (ifnull(agent_id, '') = ? AND canonical_name = ?))",
             (self._user, r["id"], r["agent_id"] or "", key)).fetchone()
         if taken is not None or not key:
             return False
@@ -101,8 +106,9 @@ class _Importer:
             return item_id
         if name is None or not canonical_name(name):
             return None
-        row = self._conn.execute("SELECT id FROM entities WHERE user_id = ? AND canonical_name = ? ORDER BY seq LIMIT 1",
-                                 (self._user, canonical_name(name))).fetchone()
+        row = self._conn.execute(
+            "SELECT id FROM entities WHERE user_id = ? AND canonical_name = ? ORDER BY seq LIMIT 1",
+            (self._user, canonical_name(name))).fetchone()
         return None if row is None else str(row[0])
 
     def relationship(self, r: dict[str, Any]) -> bool:
@@ -112,8 +118,8 @@ class _Importer:
         if from_id is None or to_id is None:
             return False
         return self._insert(
-            "INSERT INTO relationships (id, user_id, agent_id, from_id, type, to_id, valid_from, invalid_at, provenance,"
-            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "INSERT INTO relationships (id, user_id, agent_id, from_id, type, to_id, valid_from, invalid_at,"
+            " provenance, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (r["id"], self._user, r["agent_id"], from_id, clean_text(r["type"]), to_id, r["valid_from"],
              r["invalid_at"], _json_list(r["provenance"]), r["created_at"] or r["valid_from"]))
 
@@ -129,6 +135,14 @@ class _Importer:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (r["id"], self._user, r["agent_id"], r["conversation_id"], task, steps_json(steps), answer,
              reasoning_terms(task, steps, answer), r["created_at"]))
+
+
+def message_context(conn: sqlite3.Connection, user: str, conversation_id: str, at: float) -> str:
+    """A new message's `context` column, as the writer computes it: the terms of the messages just before."""
+    before = conn.execute(
+        "SELECT terms FROM messages WHERE user_id = ? AND conversation_id = ? AND created_at <= ?"
+        " ORDER BY created_at DESC, seq DESC LIMIT ?", (user, conversation_id, at, CONTEXT_MESSAGES)).fetchall()
+    return context_terms([row[0] for row in reversed(before)])
 
 
 def _json_list(items: Sequence[str]) -> str:

@@ -1,0 +1,90 @@
+"""Observability (SPEC 8): Prometheus metrics, and one structured log line per request that
+carries neither message text nor credentials."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.logs import JsonFormatter
+from tests.api_helpers import api_url, chat
+
+CANARY = "cnrylogtext71c2"
+CLIENT_KEY = "sk-proj-" + "Zx81" * 10
+API_TOKEN = "memory-api-token-5512"
+
+
+def samples(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def test_metrics_count_requests_latency_memory_and_queues(make_proxy: Any) -> None:
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    with proxy.http() as client:
+        client.post(api_url("u1", "memories"), json={"content": "Favourite tea is oolong", "type": "fact"})
+        response = chat(client, {"X-Memory-User": "u1"}, "What is my favourite tea?")
+        assert response.headers["x-memory-injected"] == "1"
+        client.get("/v1/models")
+        found = samples(client)
+    assert found[("memproxy_requests_total", (("outcome", "status_200"), ("path", "/chat/completions")))] == 1
+    assert found[("memproxy_requests_total", (("outcome", "status_200"), ("path", "/models")))] == 1
+    assert found[("memproxy_requests_total", (("outcome", "status_201"), ("path", "memory_api")))] == 1
+    assert found[("memproxy_upstream_seconds_count", ())] == 2
+    for source in ("long-term", "conversation", "cross-session", "reasoning"):
+        assert found[("memproxy_retrieval_seconds_count", (("source", source),))] == 1
+    assert found[("memproxy_memories_injected_total", ())] == 1
+    assert found[("memproxy_persistence_failures_total", ())] == 0
+    assert found[("memproxy_extraction_failures_total", ())] == 0
+    assert found[("memproxy_writes_dropped_total", ())] == 0
+    assert found[("memproxy_queue_depth", (("queue", "writes"),))] >= 0
+    assert found[("memproxy_circuit_open", ())] == 0
+
+
+def _lines(caplog: Any) -> list[dict[str, Any]]:
+    formatter = JsonFormatter()
+    return [json.loads(formatter.format(record)) for record in caplog.records]
+
+
+def test_one_log_line_per_request_without_text_or_credentials(make_proxy: Any, caplog: Any) -> None:
+    caplog.set_level(logging.INFO)
+    proxy = make_proxy(memory__commit_timeout_ms=5000, memory_api__token=API_TOKEN)
+    auth = {"Authorization": f"Bearer {API_TOKEN}"}
+    with proxy.http() as client:
+        headers = {"X-Memory-User": "logged-user", "Authorization": f"Bearer {CLIENT_KEY}"}
+        chat(client, headers, f"My locker code is {CANARY}, key {CLIENT_KEY}")
+        chat(client, headers, f"What is my locker code {CANARY}?", stream=True)
+        client.get("/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        client.post(api_url("logged-user", "search"), json={"query": f"locker {CANARY}"}, headers=auth)
+        client.get(api_url("logged-user", "memories"), headers={"Authorization": "Bearer wrong-token"})
+    lines = _lines(caplog)
+    text = "\n".join(json.dumps(line) for line in lines)
+    for secret in (CANARY, CLIENT_KEY, API_TOKEN, "wrong-token"):
+        assert secret not in text
+    requests = [(line["path"], line["method"], line["outcome"]) for line in lines if line["msg"] == "request"]
+    assert requests == [("/chat/completions", "POST", "status_200"), ("/chat/completions", "POST", "status_200"),
+                        ("/models", "GET", "status_200")]
+    api = [(line["route"], line["method"], line["outcome"]) for line in lines if line["msg"] == "memory api request"]
+    assert api == [("/users/{user}/search", "POST", "status_200"), ("/users/{user}/memories", "GET", "status_401")]
+    for line in lines:
+        if line["msg"] in ("request", "memory api request"):
+            assert set(line) - {"path", "route"} == {"ts", "level", "logger", "msg", "method", "outcome", "ms"}
+            assert "logged-user" not in json.dumps(line)
+
+
+def test_the_formatter_redacts_what_code_might_log() -> None:
+    record = logging.LogRecord("memproxy.test", logging.WARNING, __file__, 1, "store said %s", (CLIENT_KEY,), None)
+    record.authorization = "Bearer abc.def"
+    record.password = "hunter2-hunter2"
+    record.detail = {"url": "postgres://app:s3cretpass@db.internal/mem", "n": 3}
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "store said [REDACTED:openai_key]"
+    assert (line["authorization"], line["password"]) == ("[REDACTED:authorization]", "[REDACTED:password]")
+    assert line["detail"] == {"url": "postgres://app:[REDACTED:password]@db.internal/mem", "n": 3}
