@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -121,10 +121,10 @@ class Retrieval:
         runs = SourceRuns(self.metrics)
         await asyncio.gather(
             self._entities_and_graph(q, runs),
-            self._source(runs, conversation.SOURCE, conversation.search(self.store, q)),
+            self._source(runs, conversation.SOURCE, lambda: conversation.search(self.store, q)),
             self._source(runs, cross_session.SOURCE,
-                         cross_session.search(self.store, q, self.settings.cross_session_limit)),
-            self._source(runs, reasoning.SOURCE, reasoning.search(self.store, q)),
+                         lambda: cross_session.search(self.store, q, self.settings.cross_session_limit)),
+            self._source(runs, reasoning.SOURCE, lambda: reasoning.search(self.store, q)),
         )
         runs.raise_if_all_failed()
         runs.hits[conversation.SOURCE], runs.hits[cross_session.SOURCE] = conversation.one_copy_each(
@@ -140,8 +140,10 @@ class Retrieval:
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return Retrieved(block, len(kept) if block else 0, entry)
 
-    async def _source(self, runs: SourceRuns, source: str, work: Awaitable[list[Hit]]) -> None:
-        runs.hits[source] = await runs.run(source, work) or []
+    async def _source(self, runs: SourceRuns, source: str, work: Callable[[], Awaitable[list[Hit]]]) -> None:
+        # The search starts inside this task, so a deadline that cancels the task before it
+        # runs leaves no coroutine behind that was never awaited.
+        runs.hits[source] = await runs.run(source, work()) or []
 
     async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
         """`long-term`, then `graph` from its entity hits (the user's node first)."""
