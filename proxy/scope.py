@@ -15,7 +15,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from proxy.errors import BadScope, Forbidden, Unauthenticated
 from proxy.models import Scope
@@ -226,6 +226,13 @@ def _b64decode(segment: str) -> bytes:
     return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
+def _is_time(value: Any) -> TypeGuard[int | float]:
+    """A number of unix seconds: not a bool, NaN or an infinity (Python's JSON parser accepts those)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def verify_jwt(token: str, secret: bytes, now: float | None = None) -> dict[str, Any]:
     """Claims of an HS256 JWT signed with `secret`; 401 when forged, malformed or expired."""
     try:
@@ -245,7 +252,7 @@ def verify_jwt(token: str, secret: bytes, now: float | None = None) -> dict[str,
     if not isinstance(header, dict) or header.get("alg") != "HS256" or not isinstance(claims, dict):
         raise Unauthenticated("the scope token must be an HS256 JWT")
     exp = claims.get("exp")
-    if isinstance(exp, bool) or not isinstance(exp, (int, float)) or (isinstance(exp, float) and not math.isfinite(exp)):
+    if not _is_time(exp):
         raise Unauthenticated("the scope token needs an exp claim (a time in unix seconds)")
     if exp < (time.time() if now is None else now):
         raise Unauthenticated("the scope token has expired")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 from proxy.api.errors import MissingToken, NotLoopback
@@ -22,7 +23,7 @@ class ApiGuard:
         # Compared as digests, so the comparison takes the same time whatever the length.
         self._digest = hashlib.sha256(token.encode()).digest() if token else None
 
-    def check(self, asgi_scope: dict[str, Any]) -> None:
+    def check(self, asgi_scope: MutableMapping[str, Any]) -> None:
         """Return when the request may go on; 401 or 403 otherwise."""
         if self._digest is None:
             if not is_loopback(asgi_scope.get("client")):
@@ -48,7 +49,7 @@ def is_loopback(client: tuple[str, int] | list[Any] | None) -> bool:
     return address.is_loopback
 
 
-def bearer(raw: list[tuple[bytes, bytes]]) -> str | None:
+def bearer(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The token of the request's `Authorization: Bearer` header, if any."""
     for name, value in raw:
         if name.lower() == b"authorization":

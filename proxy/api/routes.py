@@ -19,6 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Match, Route, Router
+from starlette.types import Message, Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from proxy.api import records
 from proxy.api.auth import ApiGuard
@@ -34,7 +36,7 @@ from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.relay import Receive, Send, send_error
+from proxy.relay import send_error
 from proxy.settings import Settings
 from proxy.stores.base import Store, StoreError, StoreMemory
 
@@ -234,11 +236,11 @@ class ApiApp:
         self.guard = guard
         self.metrics = metrics
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status: list[int] = []
 
-        async def tracked(message: dict[str, Any]) -> None:
+        async def tracked(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
             await send(message)
@@ -260,7 +262,7 @@ class ApiApp:
             log.info("memory api request", extra={"route": self._template(scope), "method": scope.get("method"),
                                                   "outcome": outcome, "ms": round(seconds * 1000, 2)})
 
-    def _template(self, scope: dict[str, Any]) -> str:
+    def _template(self, scope: AsgiScope) -> str:
         """The matched route's path template (ids stay out of the logs), or `unknown`."""
         for route in self.router.routes:
             match, _ = route.matches(scope)

@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, Union
+from typing import Any, Literal, Protocol, Union
 
 from proxy.models import (
     Entity,
@@ -197,6 +197,8 @@ class QueuedMessage:
 
 # --- the protocol ------------------------------------------------------------------
 
+ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]  # what the memory API deletes
+
 
 class Store(Protocol):
     """A user-scoped memory database (SQLite or PostgreSQL)."""
@@ -314,7 +316,7 @@ class Store(Protocol):
         Returns "entity" or "message", "conflict" when the new name is another entity's, None when not found.
         """
 
-    async def delete_item(self, scope: Scope, kind: str, item_id: str) -> dict[str, int] | None:
+    async def delete_item(self, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
         """Delete a memory, message, entity, relationship or conversation and what depends on it.
 
         Returns the rows deleted per table, or None when the user has no such item.

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import Scope
-from proxy.stores.base import StoreError, StoreMemory, text_hash
+from proxy.stores.base import ItemKind, StoreError, StoreMemory, text_hash
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_rows import (
     clean_text,
@@ -42,7 +42,6 @@ from proxy.stores.sqlite_schema import FTS_TABLES
 log = logging.getLogger("memproxy.store")
 
 T = TypeVar("T")
-ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]
 Corrected = Literal["entity", "message", "conflict"]
 MEMORY_TYPES = frozenset({"fact", "pattern", "user_preference", "interaction"})
 _INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError,
