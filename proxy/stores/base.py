@@ -203,6 +203,11 @@ ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"
 class Store(Protocol):
     """A user-scoped memory database (SQLite or PostgreSQL)."""
 
+    # True when a text search matches a row holding any one of its terms (they are OR'ed):
+    # then a keyword retry with some of the query's words cannot find what the full query
+    # did not, and retrieval skips it. Read with getattr: a store may leave it out (False).
+    matches_any_term: bool
+
     async def open(self) -> None:
         """Connect, migrate the schema, mark turns left pending by a crash as interrupted."""
 
@@ -252,8 +257,12 @@ class Store(Protocol):
     async def entities(self, scope: Scope) -> list[Entity]:
         """The user's entities."""
 
-    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
-        """Edges from or to one entity."""
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True,
+                            limit: int | None = None) -> list[Relationship]:
+        """Edges from or to one entity, the newest fact first (the `limit` newest when given)."""
+
+    async def user_node(self, scope: Scope) -> Entity | None:
+        """The entity standing for the user (type `user`, the first made), if extraction has made one."""
 
     # the extraction queue: every user's items, read by the background worker (not a request)
     async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None

@@ -1,11 +1,12 @@
-"""The embedded store: SQLite in WAL mode, one write connection and one read connection.
+"""The embedded store: SQLite in WAL mode, one write connection and a few read connections.
 
 Writes go through `apply` only: each batch is one `BEGIN IMMEDIATE` transaction, run in a
 single call on a dedicated write thread that owns the write connection (as datasette
 funnels its writes through one thread), so a batch of a thousand ops costs one hop to the
-thread, not one per statement. Reads use their own aiosqlite connection (its own thread),
-so a long write never queues a read. Schema: sqlite_schema.py; rows to models:
-sqlite_rows.py; the write ops: sqlite_batch.py.
+thread, not one per statement. Reads use READERS connections of their own, each on its
+own thread (sqlite_readers.py), so a long write never queues a read and retrieval's
+sources search side by side. Schema: sqlite_schema.py; rows to models: sqlite_rows.py;
+the write ops: sqlite_batch.py; message search: sqlite_search.py.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
-
-import aiosqlite
+from typing import Any, TypeVar
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
 from proxy.stores.base import QueuedMessage, StoreError, WriteOp
@@ -38,15 +37,25 @@ from proxy.stores.sqlite_rows import (
     trace_from_row,
     turn_from_row,
 )
+from proxy.stores.sqlite_facts import USER_TYPE
+from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_schema import migrate
+from proxy.stores.sqlite_search import TermCounts, match_query, prepare_reader
+from proxy.stores.sqlite_search import search_messages as search_message_index
+
+T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
 # Per connection. SQLite's default 2 MiB makes index inserts miss the cache once a user
 # holds ~100k messages, which tripled the cost of a write batch.
 CACHE_KIB = 32768
 EXPORT_PAGE = 500
+# Read connections (and threads): retrieval runs five sources at once on two cores.
+READERS = 3
 # A name match says more about an entity than its type or description does.
 ENTITY_WEIGHTS = (2.0, 1.0, 1.0)
+# A message's own words, then the words said just before it (its context column, schema v2).
+MESSAGE_WEIGHTS = "1.0, 0.3"
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 
 
@@ -59,12 +68,6 @@ _INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.Inte
 def _reason(exc: BaseException) -> str:
     code = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     return f"{code}: {exc}"
-
-
-def _match_query(terms: Sequence[str]) -> str | None:
-    """An FTS5 query matching any of the terms, each quoted so no term is an operator."""
-    quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms) if any(c.isalnum() for c in t)]
-    return " OR ".join(quoted) or None
 
 
 def _agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple[str, list[Any]]:
@@ -95,6 +98,10 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[st
 class SQLiteStore(SQLiteAdmin):
     """The Store protocol on one SQLite file (the memory API's operations: sqlite_admin.py)."""
 
+    # A row holding any one of the search terms matches (the terms are OR'ed), so a keyword
+    # retry with some of the query's words cannot find more than the full query did.
+    matches_any_term = True
+
     def __init__(self, path: str, *, synchronous: str = "NORMAL") -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
@@ -103,7 +110,8 @@ class SQLiteStore(SQLiteAdmin):
                          "secure_delete=ON", f"cache_size=-{CACHE_KIB}")
         self._write_thread: ThreadPoolExecutor | None = None
         self._writer: sqlite3.Connection | None = None  # used on the write thread only
-        self._reader: aiosqlite.Connection | None = None
+        self._readers: ReadPool | None = None
+        self._term_counts = TermCounts()
 
     # --- lifecycle
 
@@ -114,11 +122,9 @@ class SQLiteStore(SQLiteAdmin):
         self._write_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memproxy-sqlite-writer")
         try:
             self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
-            self._reader = await aiosqlite.connect(self._path, isolation_level=None)
-            self._reader.row_factory = sqlite3.Row
-            for pragma in self._pragmas:
-                await self._reader.execute_fetchall(f"PRAGMA {pragma}")
-        except (sqlite3.Error, ValueError) as exc:  # aiosqlite says ValueError when closed
+            self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
+            await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
+        except sqlite3.Error as exc:
             await self.close()
             raise StoreError(f"cannot open {self._path}: {_reason(exc)}") from exc
 
@@ -137,13 +143,13 @@ class SQLiteStore(SQLiteAdmin):
         return conn
 
     async def close(self) -> None:
-        """Finish queued writes and release both connections."""
-        reader, writer, thread = self._reader, self._writer, self._write_thread
-        self._reader, self._writer, self._write_thread = None, None, None
-        if reader is not None:
+        """Finish queued reads and writes and release every connection."""
+        readers, writer, thread = self._readers, self._writer, self._write_thread
+        self._readers, self._writer, self._write_thread = None, None, None
+        if readers is not None:
             try:
-                await reader.close()
-            except (sqlite3.Error, ValueError):
+                await readers.close()
+            except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
         if thread is not None:
             if writer is not None:
@@ -154,9 +160,9 @@ class SQLiteStore(SQLiteAdmin):
     async def ping(self) -> bool:
         """True when the database answers a trivial query."""
         try:
-            rows = await self._read_conn().execute_fetchall("SELECT 1")
-            return bool(next(iter(rows))[0] == 1)
-        except (StoreError, sqlite3.Error, ValueError):
+            rows = await self._rows("SELECT 1", [])
+            return bool(rows[0][0] == 1)
+        except StoreError:
             return False
 
     # --- writes
@@ -181,16 +187,21 @@ class SQLiteStore(SQLiteAdmin):
 
     # --- reads
 
-    def _read_conn(self) -> aiosqlite.Connection:
-        if self._reader is None:
+    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """`work(connection)` on a read connection; StoreError when SQLite fails or the store is closed."""
+        readers = self._readers
+        if readers is None:
             raise StoreError("store is not open")
-        return self._reader
+        try:
+            return await readers.run(work)
+        except RuntimeError as exc:  # the pool shut down under us: closed meanwhile
+            raise StoreError("store is not open") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(_reason(exc)) from exc
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
-        try:
-            return list(await self._read_conn().execute_fetchall(sql, params))
-        except (sqlite3.Error, ValueError) as exc:
-            raise StoreError(_reason(exc)) from exc
+        rows: list[sqlite3.Row] = await self._read(lambda conn: conn.execute(sql, params).fetchall())
+        return rows
 
     # --- turn and conversation identity
 
@@ -316,18 +327,32 @@ class SQLiteStore(SQLiteAdmin):
         )
         return [entity_from_row(row) for row in rows]
 
-    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True) -> list[Relationship]:
-        """Edges from or to one entity, the newest fact first."""
-        agent, agent_params = _agent_clause(scope, "r")
-        current = " AND r.invalid_at IS NULL" if current_only else ""
+    async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True,
+                            limit: int | None = None) -> list[Relationship]:
+        """Edges from or to one entity, the newest fact first (the `limit` newest when given)."""
+        agent, agent_params = _agent_clause(scope, "edge")
+        current = " AND edge.invalid_at IS NULL" if current_only else ""
         rows = await self._rows(
-            # The user filter sits in the subqueries: outside, it made SQLite scan all the user's edges.
-            f"{_RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT seq FROM relationships WHERE user_id = ? AND from_id = ?"
+            # The user filter sits in the innermost subqueries: outside, it made SQLite scan all
+            # the user's edges. The newest are chosen before the names are joined, so a hub
+            # node's edges are sorted in SQLite and only `limit` of them are built.
+            f"{_RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT edge.seq FROM relationships edge WHERE edge.seq IN"
+            " (SELECT seq FROM relationships WHERE user_id = ? AND from_id = ?"
             " UNION ALL SELECT seq FROM relationships WHERE user_id = ? AND to_id = ?)"
-            f"{current}{agent} ORDER BY r.valid_from DESC, r.seq DESC",
-            [scope.user, entity_id, scope.user, entity_id, *agent_params],
+            f"{current}{agent} ORDER BY edge.valid_from DESC, edge.seq DESC LIMIT ?)"
+            " ORDER BY r.valid_from DESC, r.seq DESC",
+            [scope.user, entity_id, scope.user, entity_id, *agent_params, -1 if limit is None else limit],
         )
         return [relationship_from_row(row) for row in rows]
+
+    async def user_node(self, scope: Scope) -> Entity | None:
+        """The entity standing for the user (type `user`, the first made), if extraction has made one."""
+        agent, agent_params = _agent_clause(scope, "e")
+        rows = await self._rows(
+            f"SELECT e.* FROM entities e WHERE e.user_id = ? AND e.type = ?{agent} ORDER BY e.seq LIMIT 1",
+            [scope.user, USER_TYPE, *agent_params],
+        )
+        return entity_from_row(rows[0]) if rows else None
 
     # --- the extraction queue (every user's: the background worker is not a request)
 
@@ -380,29 +405,16 @@ class SQLiteStore(SQLiteAdmin):
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first."""
-        query = _match_query(terms)
-        if query is None or (conversation_ids is not None and not conversation_ids):
-            return []
-        where, params = _agent_clause(scope, "m")
-        if conversation_ids is not None:
-            where += " AND m.conversation_id IN (SELECT value FROM json_each(?))"
-            params.append(json.dumps(list(conversation_ids)))
-        if exclude_conversation_id is not None:
-            where += " AND m.conversation_id != ?"
-            params.append(exclude_conversation_id)
-        rows = await self._rows(
-            "SELECT m.*, -bm25(messages_fts) AS score FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid"
-            f" WHERE messages_fts MATCH ? AND m.user_id = ?{where} ORDER BY score DESC, m.seq DESC LIMIT ?",
-            [query, scope.user, *params, limit],
-        )
-        return [(message_from_row(row), row["score"]) for row in rows]
+        """BM25 over the user's messages (whole-corpus statistics), best first (sqlite_search.py)."""
+        return await self._read(lambda conn: search_message_index(
+            conn, self._term_counts, scope, terms, agent_clause=_agent_clause, weights=MESSAGE_WEIGHTS,
+            conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first."""
-        query = _match_query(terms)
+        query = match_query(terms)
         if query is None:
             return []
         agent, agent_params = _agent_clause(scope, "e")
@@ -419,7 +431,7 @@ class SQLiteStore(SQLiteAdmin):
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[ReasoningTrace, float]]:
         """BM25 over the user's reasoning traces (task, steps, answer), best first."""
-        query = _match_query(terms)
+        query = match_query(terms)
         if query is None:
             return []
         agent, agent_params = _agent_clause(scope, "x", per_agent=True)

@@ -24,13 +24,17 @@ log = logging.getLogger("memproxy.retrieval")
 SOURCE = "graph"
 REASON = "graph expansion"
 EDGES_PER_ENTITY = 5
+# Edges read per entity, the newest: the EDGES_PER_ENTITY shown are the ones sharing most
+# query terms among these, so a hub node with thousands of edges costs what fifty do.
+EDGES_READ = 50
 
 
 async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: int) -> list[Hit]:
     """Edges of the entities to expand, most query terms shared first, then the newest."""
     entities = matches.to_expand(limit)
     results = await asyncio.gather(
-        *(store.relationships(q.scope, e.id, current_only=True) for e in entities), return_exceptions=True
+        *(store.relationships(q.scope, e.id, current_only=True, limit=EDGES_READ) for e in entities),
+        return_exceptions=True,
     )
     shared_terms = SharedTerms(frozenset(q.terms))
     chosen: dict[str, tuple[Relationship, Entity, int]] = {}

@@ -19,10 +19,6 @@ from proxy.terms import terms
 
 SOURCE = "long-term"
 MIN_SHARED_TERMS = 3
-USER_TYPE = "user"  # extraction gives the user's own node this type, one per user
-# The Store protocol has no lookup by type yet: the node is found through the type column
-# of the full-text index, among this many candidates matching the word "user".
-USER_NODE_CANDIDATES = 20
 _FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|myself)\b", re.IGNORECASE)
 
 
@@ -59,7 +55,7 @@ async def find(store: Store, q: SourceQuery) -> EntityMatches:
     entities = lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True)
     if not q.first_person:
         return by_strength(q, await entities)
-    ranked, user_node = await asyncio.gather(entities, user_node_of(store, q))
+    ranked, user_node = await asyncio.gather(entities, store.user_node(q.scope))
     return by_strength(q, ranked, user_node)
 
 
@@ -75,13 +71,6 @@ def by_strength(q: SourceQuery, found: list[Found[Entity]], user_node: Entity | 
     weak = frozenset(f.item.id for f in found if len(wanted.intersection(terms(_text(f.item)))) < need)
     ranked = [f for f in found if f.item.id not in weak] + [f for f in found if f.item.id in weak]
     return EntityMatches(ranked, user_node, weak)
-
-
-async def user_node_of(store: Store, q: SourceQuery) -> Entity | None:
-    """The entity standing for the user (type `user`), if extraction has made one."""
-    rows = await store.search_entities(q.scope, [USER_TYPE], limit=USER_NODE_CANDIDATES)
-    nodes = sorted((e for e, _ in rows if e.type == USER_TYPE), key=_id)
-    return nodes[0] if nodes else None
 
 
 def hits(q: SourceQuery, matches: EntityMatches) -> list[Hit]:

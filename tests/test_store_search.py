@@ -1,0 +1,301 @@
+"""Search cost bounds on SQLite (conversation filter, common terms, term counts), the user's node and
+bounded edge reads on both backends, and the read pool."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Coroutine
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.models import Scope
+from proxy.stores.base import StartTurn, StoreError
+from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite_search import (
+    COMMON_MIN_ROWS,
+    TermCounts,
+    candidate_terms,
+    indexed_rows,
+    prepare_reader,
+)
+from proxy.terms import query_terms
+from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+ALICE = Scope("alice")
+BOB = Scope("bob")
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+class SQLiteStoreOpened:
+    """`async with SQLiteStoreOpened(path) as store`: an open store on a real file, closed after."""
+
+    def __init__(self, path: Path) -> None:
+        self.store = SQLiteStore(str(path))
+
+    async def __aenter__(self) -> SQLiteStore:
+        await self.store.open()
+        return self.store
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.store.close()
+
+
+def said(scope: Scope, n: int, text: str, conv: str) -> StartTurn:
+    return StartTurn(scope, f"{scope.user}-t{n}", conv, f"h{n}", T0 + timedelta(minutes=n), text)
+
+
+def full_search(path: Path, user: str, terms: list[str], *, not_in: str | None = None) -> list[tuple[str, float]]:
+    """The unbounded search: every row holding a term in its own words, scored by FTS5 over all terms."""
+    match = " OR ".join(f'"{t}"' for t in terms)
+    own = f"terms : ({match})"
+    with closing(sqlite3.connect(path)) as db:
+        rows = db.execute(
+            "SELECT m.content, -bm25(messages_fts, 1.0, 0.3) AS score FROM messages_fts"
+            " JOIN messages m ON m.seq = messages_fts.rowid WHERE messages_fts MATCH ? AND m.user_id = ?"
+            " AND m.conversation_id IS NOT ? AND m.seq IN (SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?)"
+            " ORDER BY score DESC, m.seq DESC",
+            (match, user, not_in, own),
+        ).fetchall()
+    return [(content, round(score, 9)) for content, score in rows]
+
+
+# --- the conversation filter ----------------------------------------------------------
+
+
+def test_conversation_filter_finds_exactly_the_chosen_conversations(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            # Conversations interleaved in time, so each one's rows spread over the others'.
+            ops = [said(ALICE, n, f"penguin note {n} in {'abc'[n % 3]}", "abc"[n % 3]) for n in range(30)]
+            ops += [said(BOB, 100 + n, f"penguin note of bob {n}", "a") for n in range(5)]
+            await store.apply(ops)
+            terms = query_terms("penguin notes")
+            for chosen in (["a"], ["a", "c"], ["b", "c", "nowhere"]):
+                hits = await store.search_messages(ALICE, terms, conversation_ids=chosen, limit=100)
+                assert {m.conversation_id for m, _ in hits} == set(chosen) - {"nowhere"}
+                assert len(hits) == 10 * len(set(chosen) - {"nowhere"})
+                assert all("bob" not in m.content for m, _ in hits)
+                # The same rows and scores as the unbounded search keeps for those conversations.
+                every = [(c, s) for c, s in full_search(path, "alice", terms) if c[-1] in chosen]
+                assert [(m.content, round(s, 9)) for m, s in hits] == every
+            assert await store.search_messages(ALICE, terms, conversation_ids=["nowhere"]) == []
+            assert await store.search_messages(ALICE, terms, conversation_ids=[]) == []
+            assert await store.search_messages(BOB, terms, conversation_ids=["b"]) == []
+
+    run(body())
+
+
+def test_conversation_filter_respects_the_limit_and_order(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with SQLiteStoreOpened(tmp_path / "m.db") as store:
+            await store.apply([said(ALICE, n, "walrus walrus" if n == 7 else f"walrus {n}", "a") for n in range(12)])
+            hits = await store.search_messages(ALICE, ["walrus"], conversation_ids=["a"], limit=3)
+            assert hits[0][0].content == "walrus walrus"
+            assert len(hits) == 3
+            scores = [score for _, score in hits]
+            assert scores == sorted(scores, reverse=True)
+
+    run(body())
+
+
+# --- common terms in a whole-history search ---------------------------------------------
+
+
+def common_world(rare_rows: int = 3) -> list[StartTurn]:
+    """Many rows saying 'deadline' (common), a few saying 'zephyr' (rare), one saying both."""
+    ops = [said(ALICE, n, f"the deadline for item {n} moved", f"c{n % 40}") for n in range(COMMON_MIN_ROWS + 100)]
+    base = len(ops)
+    ops += [said(ALICE, base + n, f"the zephyr project number {n}", f"z{n}") for n in range(rare_rows)]
+    ops.append(said(ALICE, base + rare_rows, "the zephyr deadline is Friday", "zz"))
+    ops += [said(BOB, 1000 + n, "bob zephyr deadline", "b") for n in range(3)]
+    return ops
+
+
+def test_common_terms_never_lose_a_rare_term_match(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply(common_world())
+            terms = query_terms("when is the zephyr deadline?")
+            assert terms == ["zephyr", "deadlin"]
+            hits = await store.search_messages(ALICE, terms, exclude_conversation_id="c1", limit=10)
+            # Every row holding the rare term, the one holding both first, scored as the
+            # unbounded search scores it (the common term still counts toward the score).
+            expected = [(c, s) for c, s in full_search(path, "alice", terms, not_in="c1") if "zephyr" in c]
+            assert [(m.content, round(s, 9)) for m, s in hits] == expected
+            assert hits[0][0].content == "the zephyr deadline is Friday"
+            assert len(hits) == 4
+            # The common term alone still finds its rows: it is the rarest that occurs.
+            alone = await store.search_messages(ALICE, ["deadlin", "nosuchterm"], limit=5)
+            assert len(alone) == 5 and all("deadline" in m.content for m, _ in alone)
+
+    run(body())
+
+
+def test_small_stores_score_every_match(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([said(ALICE, n, f"the deadline {n}", "a") for n in range(20)]
+                              + [said(ALICE, 50, "the zephyr", "b")])
+            hits = await store.search_messages(ALICE, ["zephyr", "deadlin"], limit=100)
+            assert len(hits) == 21  # under COMMON_MIN_ROWS a term is never common
+
+    run(body())
+
+
+def test_candidate_terms() -> None:
+    rows = 100_000  # 2% is 2000 rows
+    cases: list[tuple[dict[str, int], list[str] | None]] = [
+        ({"a": 10, "b": 1500}, None),  # nothing common: every match is scored
+        ({"a": 10, "b": 30_000}, ["a"]),
+        ({"a": 10, "b": 30_000, "c": 0}, ["a"]),  # a term that never occurs is no candidate
+        ({"a": 5_000, "b": 30_000}, ["a"]),  # all common: the rarest that occurs
+        ({"a": 0, "b": 30_000, "c": 9_000}, ["c"]),
+        ({"a": 0, "b": 0}, None),
+        ({"a": 150, "b": 199}, None),
+    ]
+    for counts, expected in cases:
+        assert candidate_terms(list(counts), counts, rows) == expected, counts
+    assert candidate_terms(["a", "b"], {"a": 1, "b": COMMON_MIN_ROWS}, 1000) is None  # the floor
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_term_counts_are_cached_briefly(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([said(ALICE, n, f"quokka {n}", "a") for n in range(3)])
+
+    run(body())
+    clock = Clock()
+    counts = TermCounts(ttl=60, size=2, clock=clock)
+    with closing(sqlite3.connect(path)) as db:
+        prepare_reader(db)
+        assert counts.lookup(db, ["quokka", "absent"]) == ({"quokka": 3, "absent": 0}, 3)
+        db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
+                   " created_at) VALUES ('x', 'alice', 'a', 'user', 'quokka', '', 'quokka', 0)")
+        db.commit()
+        assert counts.lookup(db, ["quokka"]) == ({"quokka": 3}, 3)  # cached
+        clock.now = 61
+        assert counts.lookup(db, ["quokka"]) == ({"quokka": 4}, 4)  # expired: counted again
+        counts.lookup(db, ["one", "two"])  # holds two terms: "quokka" is the least recently used
+        db.execute("DELETE FROM messages WHERE id = 'x'")
+        db.commit()
+        assert counts.lookup(db, ["quokka"])[0] == {"quokka": 3}
+        assert indexed_rows(db) == 3 == db.execute("SELECT count(*) FROM messages").fetchone()[0]
+
+
+# --- the user's node and bounded edges, on both backends -----------------------------------
+
+
+def test_user_node(backend: Backend) -> None:  # noqa: F811
+    async def body() -> None:
+        async with backend.opened() as store:
+            assert await store.user_node(ALICE) is None
+            await backend.add_entity("alice", "User Users", "person", "talks about users")  # not the node
+            assert await store.user_node(ALICE) is None
+            node = await backend.add_entity("alice", "Sam Rivera", "user", "the user")
+            await backend.add_entity("bob", "Bob", "user")
+            found = await store.user_node(ALICE)
+            assert found is not None and (found.id, found.name) == (node, "Sam Rivera")
+            other = await store.user_node(BOB)
+            assert other is not None and other.name == "Bob"
+            # Under agent isolation only the agent's own node counts.
+            assert await store.user_node(Scope("alice", agent="helper", agent_isolated=True)) is None
+            await backend.add_entity("alice", "Sam (helper)", "user", agent="helper")
+            isolated = await store.user_node(Scope("alice", agent="helper", agent_isolated=True))
+            assert isolated is not None and isolated.name == "Sam (helper)"
+
+    run(body())
+
+
+def test_relationships_limit_keeps_the_newest(backend: Backend) -> None:  # noqa: F811
+    async def body() -> None:
+        async with backend.opened() as store:
+            hub = await backend.add_entity("alice", "Hub")
+            spokes = [await backend.add_entity("alice", f"Spoke {n}") for n in range(30)]
+            for n, spoke in enumerate(spokes):
+                outgoing = n % 2 == 0
+                await backend.add_edge("alice", hub if outgoing else spoke, "KNOWS", spoke if outgoing else hub,
+                                       valid_from=T0 + timedelta(days=n),
+                                       invalid_at=T0 if n == 29 else None)
+            every = await store.relationships(ALICE, hub)
+            assert len(every) == 29
+            newest = await store.relationships(ALICE, hub, limit=5)
+            assert newest == every[:5]
+            assert [e.to_name if e.from_name == "Hub" else e.from_name for e in newest] == [
+                f"Spoke {n}" for n in (28, 27, 26, 25, 24)]
+            history = await store.relationships(ALICE, hub, current_only=False, limit=2)
+            assert [e.invalid_at is not None for e in history] == [True, False]
+            assert await store.relationships(ALICE, hub, limit=0) == []
+            assert await store.relationships(BOB, hub, limit=5) == []
+
+    run(body())
+
+
+# --- the read pool ------------------------------------------------------------------------
+
+
+def test_reads_run_side_by_side_and_stop_at_close(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        try:
+            await store.apply([said(ALICE, n, f"otter {n}", f"c{n % 4}") for n in range(40)])
+            results = await asyncio.gather(*(
+                store.search_messages(ALICE, ["otter"], conversation_ids=[f"c{n % 4}"], limit=50)
+                for n in range(40)))
+            assert all(len(hits) == 10 for hits in results)
+            assert await store.ping()
+        finally:
+            await store.close()
+        assert not await store.ping()
+        with pytest.raises(StoreError):
+            await store.search_messages(ALICE, ["otter"])
+
+    run(body())
+
+
+def test_a_failing_read_is_a_store_error(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with SQLiteStoreOpened(tmp_path / "m.db") as store:
+            with pytest.raises(StoreError, match="no such table"):
+                await store._rows("SELECT * FROM nowhere", [])
+            assert await store.ping()  # the connection is still usable
+
+    run(body())
+
+
+def test_conversation_ids_are_data(tmp_path: Path) -> None:
+    """Conversation ids are data, never SQL: quotes and brackets are matched as text."""
+
+    async def body() -> None:
+        odd = "c'); DROP TABLE messages; --[\"]"
+        async with SQLiteStoreOpened(tmp_path / "m.db") as store:
+            await store.apply([said(ALICE, 1, "heron sighting", odd), said(ALICE, 2, "heron again", "plain")])
+            hits = await store.search_messages(ALICE, ["heron"], conversation_ids=[odd])
+            assert [m.conversation_id for m, _ in hits] == [odd]
+
+    run(body())
