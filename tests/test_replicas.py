@@ -198,3 +198,20 @@ def test_database_outage_degrades_memory_and_recovers(pg_server: PostgresServer,
 
     assert eventually(all_saved, timeout=20)  # writes queued during the outage landed afterwards
     assert rows(pg_url, "SELECT count(*) FROM messages WHERE role = 'user' AND content LIKE 'during%'") == [(12,)]
+
+
+def test_both_replicas_drain_one_extraction_queue_into_one_graph(
+        replicas: tuple[RunningProxy, RunningProxy], fake: FakeUpstream, pg_url: str) -> None:
+    places = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi", "Tallinn", "Bergen", "Seville"]
+    for i, place in enumerate(places):  # each user taught through one replica or the other
+        replicas[i % 2].client(**{"X-Memory-User": f"user{i}"}).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"I live in {place}."}])
+    assert eventually(lambda: rows(pg_url, "SELECT count(*) FROM extraction_queue") == [(0,)], timeout=30)
+    assert sorted(rows(pg_url, "SELECT user_id, name FROM entities WHERE type = 'place'")) == sorted(
+        (f"user{i}", place) for i, place in enumerate(places))
+    assert rows(pg_url, "SELECT count(*), count(DISTINCT user_id) FROM relationships WHERE type = 'LIVES_IN'") == [
+        (8, 8)]
+    fake.reset()
+    replicas[1].client(**{"X-Memory-User": "user0"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Where do I live these days?"}])
+    assert "-[LIVES_IN]->(Lisbon)" in last_user_content(fake)  # learnt through the other replica

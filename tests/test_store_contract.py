@@ -29,6 +29,7 @@ from proxy.stores.base import (
 )
 from proxy.terms import query_terms
 from tests.store_backends import Backend, SQLiteBackend, backend  # noqa: F401  (the fixture)
+from tests.test_store_search import common_world, said
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 ALICE = Scope("alice")
@@ -488,6 +489,61 @@ def test_search_sees_edits_and_deletes_of_items(backend: Backend) -> None:
             assert [e.name for e, _ in await store.search_entities(ALICE, ["stratus"])] == ["Stratus"]
             await backend.sql("DELETE FROM conversations WHERE user_id = 'alice' AND id = 'gone'")
             assert [m.content for m, _ in await store.search_messages(ALICE, ["nimbus"])] == ["nimbus retro"]
+
+    run(body())
+
+
+def test_conversation_filter_finds_exactly_the_chosen_conversations(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            # Conversations interleaved in time, so each one's rows spread over the others'.
+            ops = [said(ALICE, n, f"penguin note {n} in {'abc'[n % 3]}", "abc"[n % 3]) for n in range(30)]
+            ops += [said(BOB, 100 + n, f"penguin note of bob {n}", "a") for n in range(5)]
+            await store.apply(ops)
+            terms = query_terms("penguin notes")
+            every = await store.search_messages(ALICE, terms, limit=100)
+            for chosen in (["a"], ["a", "c"], ["b", "c", "nowhere"]):
+                hits = await store.search_messages(ALICE, terms, conversation_ids=chosen, limit=100)
+                # The same rows and scores as the whole-history search holds for those conversations.
+                assert hits == [(m, s) for m, s in every if m.conversation_id in chosen]
+                assert len(hits) == 10 * len(set(chosen) - {"nowhere"})
+            assert await store.search_messages(ALICE, terms, conversation_ids=["nowhere"]) == []
+            assert await store.search_messages(BOB, terms, conversation_ids=["b"]) == []
+
+    run(body())
+
+
+def test_a_message_is_found_by_its_own_words_and_ranked_by_those_before_it(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([said(ALICE, 0, "which walrus bites?", "q"), said(ALICE, 1, "the grey one", "q"),
+                               said(ALICE, 2, "a walrus story", "s"), said(ALICE, 3, "the grey one again", "s2")])
+            hits = await store.search_messages(ALICE, ["walrus"])
+            assert sorted(m.content for m, _ in hits) == ["a walrus story", "which walrus bites?"]
+            # "the grey one" says nothing of walruses, the question before it does: it ranks first,
+            # and above "the grey one again", which has no walrus before it.
+            graded = await store.search_messages(ALICE, ["grey", "walrus"])
+            assert [m.content for m, _ in graded] == ["the grey one", "a walrus story", "which walrus bites?",
+                                                      "the grey one again"]
+
+    run(body())
+
+
+def test_common_terms_never_lose_a_rare_term_match(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply(common_world())
+            terms = query_terms("when is the zephyr deadline?")
+            hits = await store.search_messages(ALICE, terms, exclude_conversation_id="c1", limit=10)
+            # Every row holding the rare term, the one holding both first (the common term
+            # still counts toward the score); a row holding only the common term is not a candidate.
+            assert hits[0][0].content == "the zephyr deadline is Friday"
+            assert sorted(m.content for m, _ in hits[1:]) == [f"the zephyr project number {n}" for n in range(3)]
+            # The common term alone still finds its rows: it is the rarest that occurs.
+            alone = await store.search_messages(ALICE, ["deadlin", "nosuchterm"], limit=5)
+            assert len(alone) == 5 and all("deadline" in m.content for m, _ in alone)
+            small = await store.search_messages(BOB, terms)
+            assert len(small) == 3  # a term in few rows is never common
 
     run(body())
 

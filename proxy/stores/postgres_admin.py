@@ -32,7 +32,7 @@ from proxy.stores.postgres_rows import (
     export_reasoning,
     utc,
 )
-from proxy.stores.postgres_schema import INTERNAL_TABLES
+from proxy.stores.postgres_schema import CONTEXT_SQL, INTERNAL_TABLES
 from proxy.stores.sqlite_admin import MEMORY_TYPES
 from proxy.stores.sqlite_rows import entity_terms, index_terms, new_id
 
@@ -192,8 +192,9 @@ async def _interaction(conn: asyncpg.Connection, op: StoreMemory, at: datetime) 
                            " VALUES ($1, $2, $3, $4, $4)", op.scope.user, conversation, op.scope.agent, at)
     content = clean_text(op.content)
     inserted = await conn.fetchval(
-        "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, created_at)"
-        " VALUES ($1, $2, $3, $4, 'assistant', $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING id",
+        "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, context,"
+        f" created_at) VALUES ($1, $2, $3, $4, 'assistant', $5, $6, $7, {CONTEXT_SQL.format('$2', '$3', '$8')}, $8)"
+        " ON CONFLICT DO NOTHING RETURNING id",
         op.memory_id, op.scope.user, conversation, op.scope.agent, content, text_hash(content), index_terms(content),
         at,
     )

@@ -38,6 +38,7 @@ from proxy.stores.postgres_admin import store_memory
 from proxy.stores.postgres_facts import record_facts
 from proxy.stores.postgres_rows import clean_text, utc
 from proxy.stores.sqlite_facts import ERROR_MAX_CHARS
+from proxy.stores.postgres_schema import CONTEXT_SQL
 from proxy.stores.sqlite_rows import index_terms, new_id, reasoning_terms, steps_json
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
@@ -98,13 +99,16 @@ failed AS (UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at 
     parked = {park}, claimed_until = NULL WHERE {kind} = 'failed' AND id = {queue_id} AND user_id = {user}),
 -- The message unless its turn holds the same text in this role, queued for extraction if new.
 m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash, terms,
-    created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
-    {terms}, {at} WHERE {kind} IN ('start', 'finish') AND {save}
+    context, created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
+    {terms}, {context}, {at}
+    WHERE {kind} IN ('start', 'finish') AND {save}
     ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)
 INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
     SELECT user_id, id, created_at, created_at FROM m ON CONFLICT DO NOTHING
 """
-APPLY = _APPLY_TEMPLATE.format(**{name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)})
+_NUMBERED = {name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)}
+APPLY = _APPLY_TEMPLATE.format(**_NUMBERED, context=CONTEXT_SQL.format(_NUMBERED["user"], _NUMBERED["conversation"],
+                                                                      _NUMBERED["at"]))
 
 
 async def recover(conn: asyncpg.Connection) -> None:

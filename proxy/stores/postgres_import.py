@@ -21,7 +21,13 @@ from proxy.memory.extraction.model import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
 from proxy.stores.postgres_rows import clean_text
-from proxy.stores.sqlite_rows import entity_terms, index_terms, reasoning_terms, steps_json
+from proxy.stores.postgres_schema import CONTEXT_SQL
+from proxy.stores.sqlite_rows import (
+    entity_terms,
+    index_terms,
+    reasoning_terms,
+    steps_json,
+)
 
 
 async def import_records(conn: asyncpg.Connection, scope: Scope,
@@ -84,7 +90,8 @@ class _Importer:
         content = clean_text(r["content"])
         return await self._insert(
             "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms,"
-            " created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+            f" context, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {CONTEXT_SQL.format('$2', '$3', '$9')}, $9)"
+            " ON CONFLICT DO NOTHING",
             r["id"], self._user, r["conversation_id"], r["agent_id"], r["role"], content, text_hash(content),
             index_terms(content), _time(r["created_at"]))
 

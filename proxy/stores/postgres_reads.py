@@ -29,6 +29,7 @@ from proxy.stores.postgres_rows import (
     utc,
 )
 from proxy.stores.sqlite_facts import USER_TYPE
+from proxy.stores.sqlite_search import candidate_terms
 
 EXPORT_PAGE = 500
 _TERM = re.compile(r"[a-z0-9_]+")
@@ -214,27 +215,53 @@ class PostgresReads:
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first."""
+        """BM25 over the user's messages (whole-corpus statistics), best first.
+
+        As sqlite_search.py: a message is found by its own words (the words before it only
+        add to its score); a whole-history search holding a common term finds only messages
+        holding one of its rarer terms (`candidate_terms`), still scored by every term.
+        """
         wanted = _terms(terms)
         if not wanted or (conversation_ids is not None and not conversation_ids):
             return []
+        sql, args = await self.message_query(scope, wanted, conversation_ids, exclude_conversation_id, limit)
+        return [(message_from_record(row), row["score"]) for row in await self._fetch(sql, args)]
+
+    async def message_query(self, scope: Scope, wanted: list[str], conversation_ids: Sequence[str] | None,
+                            exclude_conversation_id: str | None, limit: int) -> tuple[str, Args]:
+        """The statement of a message search, and its arguments."""
         args = Args()
         agent = agent_clause(scope, "m", args)
-        where, candidates = agent, ""
-        if conversation_ids is not None:  # score only these conversations' messages
-            candidates = (f"SELECT seq FROM messages WHERE user_id = {args(scope.user)}"
-                          f" AND conversation_id = ANY({args(list(conversation_ids))}::text[])")
+        where = agent
         if exclude_conversation_id is not None:
             where += f" AND m.conversation_id <> {args(exclude_conversation_id)}"
-        keep: str | None = None  # candidates are few; an agent filter may drop any number
-        if not agent and not candidates:
+        found = (f"SELECT f.doc FROM message_postings f WHERE f.user_id = {args(scope.user)} AND f.finds"
+                 f" AND f.term = ANY({args(await self._finding_terms(scope, wanted, conversation_ids))}::text[])")
+        keep: str | None = None  # an agent filter may drop any number; a conversation's candidates are few
+        if conversation_ids is not None:
+            found += (f" AND f.doc IN (SELECT seq FROM messages WHERE user_id = {args(scope.user)}"
+                      f" AND conversation_id = ANY({args(list(conversation_ids))}::text[]))")
+        elif not agent:
             keep = args(limit)
             if exclude_conversation_id is not None:  # the excluded conversation holds at most this many
                 keep += (f" + (SELECT count(*) FROM messages WHERE user_id = {args(scope.user)}"
                          f" AND conversation_id = {args(exclude_conversation_id)})")
-        sql = bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where, candidates=candidates,
+        sql = bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where, candidates=found,
                    keep=keep)
-        return [(message_from_record(row), row["score"]) for row in await self._fetch(sql, args)]
+        return sql, args
+
+    async def _finding_terms(self, scope: Scope, terms: list[str], conversation_ids: Sequence[str] | None
+                             ) -> list[str]:
+        """The terms whose messages are candidates: all of them, or the rarer ones of a whole-history search."""
+        if conversation_ids is not None:
+            return terms
+        rows = await self._fetch(
+            "SELECT p.term, count(*) AS n, (SELECT docs FROM lexicon_stats WHERE user_id = $1 AND kind = 'message')"
+            " AS docs FROM message_postings p WHERE p.user_id = $1 AND p.term = ANY($2::text[]) GROUP BY p.term",
+            [scope.user, terms],
+        )
+        counts = {row["term"]: int(row["n"]) for row in rows}
+        return candidate_terms(terms, counts, int(rows[0]["docs"]) if rows else 0) or terms
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

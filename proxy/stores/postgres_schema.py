@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from proxy.stores.sqlite_rows import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
+
 # pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
 MIGRATION_LOCK = 0x6D656D70726F7879  # "memproxy"
 
@@ -56,6 +58,7 @@ CREATE TABLE messages (
     content text NOT NULL,
     content_hash text {_C} NOT NULL,
     terms text NOT NULL,
+    context text NOT NULL DEFAULT '',  -- the terms of the messages just before (message_context)
     created_at timestamptz NOT NULL,
     UNIQUE (user_id, id),
     UNIQUE (user_id, turn_key, role, content_hash),
@@ -137,6 +140,7 @@ CREATE TABLE entities (
     UNIQUE (user_id, id)
 );
 CREATE UNIQUE INDEX entities_canonical ON entities(user_id, coalesce(agent_id, ''), canonical_name);
+CREATE INDEX entities_type ON entities(user_id, type);  -- the user's own node, on first-person questions
 
 CREATE TABLE relationships (
     seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -193,6 +197,19 @@ CREATE TABLE embeddings (
     PRIMARY KEY (user_id, kind, item_id, model)
 );
 
+-- A new message's context: the start (p_chars, cut at a space) of the terms of the p_messages
+-- messages said at or before p_at in its conversation, oldest first (sqlite_rows.context_terms).
+CREATE FUNCTION message_context(p_user text, p_conversation text, p_at timestamptz, p_messages integer,
+                                p_chars integer) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce(string_agg(CASE
+        WHEN length(b.terms) <= p_chars THEN b.terms
+        WHEN strpos(reverse(substr(b.terms, 1, p_chars)), ' ') BETWEEN 1 AND p_chars - 1
+            THEN substr(b.terms, 1, p_chars - strpos(reverse(substr(b.terms, 1, p_chars)), ' '))
+        ELSE substr(b.terms, 1, p_chars) END, ' ' ORDER BY b.created_at, b.seq), '')
+    FROM (SELECT terms, created_at, seq FROM messages WHERE user_id = p_user AND conversation_id = p_conversation
+          AND created_at <= p_at ORDER BY created_at DESC, seq DESC LIMIT p_messages) b
+$$;
+
 CREATE TABLE lexicon_stats (
     user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
     kind text {_C} NOT NULL,
@@ -211,14 +228,16 @@ def _split(column: str) -> str:
 class _Index:
     """The postings of one item table and the triggers that keep them, the stats and vectors in step.
 
-    `weighted` is (terms column, weight): a term's frequency is the weighted count over the
-    columns and an item's length the plain count, as FTS5's bm25() with column weights.
+    `weighted` is (terms column, weight, finds): a term's frequency is the weighted count
+    over the columns and an item's length the plain count, as FTS5's bm25() with column
+    weights; a posting `finds` its item when the term is in a column that finds (a message
+    is found by its own words; the words before it only add to its score).
     Changing a `watched` column drops the item's embeddings (they no longer describe it).
     """
 
     table: str
     kind: str
-    weighted: tuple[tuple[str, float], ...]
+    weighted: tuple[tuple[str, float, bool], ...]
     watched: tuple[str, ...]
 
     @property
@@ -227,21 +246,23 @@ class _Index:
 
     @property
     def _terms(self) -> str:
-        return " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::float8" for c, w in self.weighted)
+        return " UNION ALL ".join(f"SELECT unnest({_split(c)}), {w}::float8, {str(f).lower()}"
+                                  for c, w, f in self.weighted)
 
     @property
     def _length(self) -> str:
-        return " + ".join(f"coalesce(cardinality({_split(c)}), 0)" for c, _ in self.weighted)
+        return " + ".join(f"coalesce(cardinality({_split(c)}), 0)" for c, _, _ in self.weighted)
 
     def add(self, rows: str) -> str:
         """Index `rows` (a relation aliased r): their postings, and the stats counting them."""
-        columns = ", ".join(f"r.{c}" for c, _ in self.weighted)
+        columns = ", ".join(f"r.{c}" for c, _, _ in self.weighted)
         return f"""
     -- MATERIALIZED: inlined, the length would be computed again for every term of the item.
     WITH r AS MATERIALIZED (SELECT r.user_id, r.seq, {columns}, {self._length} AS dl FROM {rows} r)
-    INSERT INTO {self.postings} (user_id, term, doc, tf, dl)
-        SELECT r.user_id, t.term, r.seq, sum(t.w), r.dl FROM r
-        CROSS JOIN LATERAL ({self._terms}) AS t(term, w) WHERE t.term <> '' GROUP BY r.user_id, t.term, r.seq, r.dl;
+    INSERT INTO {self.postings} (user_id, term, doc, tf, dl, finds)
+        SELECT r.user_id, t.term, r.seq, sum(t.w), r.dl, bool_or(t.finds) FROM r
+        CROSS JOIN LATERAL ({self._terms}) AS t(term, w, finds) WHERE t.term <> ''
+        GROUP BY r.user_id, t.term, r.seq, r.dl;
     INSERT INTO lexicon_stats AS s (user_id, kind, docs, tokens)
         SELECT r.user_id, '{self.kind}', count(*), sum({self._length}) FROM {rows} r GROUP BY r.user_id
         ON CONFLICT (user_id, kind) DO UPDATE SET docs = s.docs + excluded.docs, tokens = s.tokens + excluded.tokens;"""
@@ -250,7 +271,7 @@ class _Index:
         """Take `rows` out of the index and the stats (their postings are found by primary key)."""
         return f"""
     DELETE FROM {self.postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
-        CROSS JOIN LATERAL ({self._terms}) AS t(term, w)) d
+        CROSS JOIN LATERAL ({self._terms}) AS t(term, w, finds)) d
         WHERE p.user_id = d.user_id AND p.term = d.term AND p.doc = d.seq;
     UPDATE lexicon_stats s SET docs = s.docs - d.docs, tokens = s.tokens - d.tokens
         FROM (SELECT r.user_id, count(*) AS docs, sum({self._length}) AS tokens FROM {rows} r GROUP BY r.user_id) d
@@ -269,7 +290,7 @@ class _Index:
 
     def script(self) -> str:
         """The postings table, then one statement-level trigger per event."""
-        indexed = [c for c, _ in self.weighted]
+        indexed = [c for c, _, _ in self.weighted]
         bodies = {
             "insert": ("NEW TABLE AS new_rows", self.add("new_rows")),
             "delete": ("OLD TABLE AS old_rows", self.remove("old_rows") + self.drop_vectors("old_rows")),
@@ -284,7 +305,8 @@ CREATE TABLE {self.postings} (
     doc bigint NOT NULL,
     tf double precision NOT NULL,
     dl integer NOT NULL,
-    PRIMARY KEY (user_id, term, doc) INCLUDE (tf, dl)
+    finds boolean NOT NULL,
+    PRIMARY KEY (user_id, term, doc) INCLUDE (tf, dl, finds)
 );
 """
         return script + "".join(_trigger(self.table, event, referencing, body)
@@ -310,11 +332,12 @@ CREATE TRIGGER {name} AFTER {event.upper()} ON {table} REFERENCING {referencing}
 
 
 INDEXES = (
-    _Index("messages", "message", (("terms", 1.0),), ("content",)),
-    # A name match says more about an entity than its type or description does (as SQLite).
-    _Index("entities", "entity", (("name_terms", 2.0), ("type_terms", 1.0), ("description_terms", 1.0)),
-           ("name", "description")),
-    _Index("reasoning", "reasoning", (("terms", 1.0),), ("task", "steps", "answer")),
+    # A message's own words, then the words said just before it (sqlite.py's MESSAGE_WEIGHTS).
+    _Index("messages", "message", (("terms", 1.0, True), ("context", 0.3, False)), ("content",)),
+    # A name match says more about an entity than its type or description does (ENTITY_WEIGHTS).
+    _Index("entities", "entity", (("name_terms", 2.0, True), ("type_terms", 1.0, True),
+                                  ("description_terms", 1.0, True)), ("name", "description")),
+    _Index("reasoning", "reasoning", (("terms", 1.0, True),), ("task", "steps", "answer")),
 )
 _V1 = _V1_TABLES + "".join(index.script() for index in INDEXES)
 
@@ -322,6 +345,8 @@ _V1 = _V1_TABLES + "".join(index.script() for index in INDEXES)
 MIGRATIONS: tuple[str, ...] = (_V1,)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
+# A new message's context column, given SQL for its user, conversation and time.
+CONTEXT_SQL = f"message_context({{}}, {{}}, {{}}, {CONTEXT_MESSAGES}, {CONTEXT_CHARS_PER_MESSAGE})"
 # The search index's own tables: derived from the items, kept by the triggers.
 INTERNAL_TABLES = (*POSTINGS_TABLES, "lexicon_stats")
 

@@ -1,0 +1,271 @@
+"""The graph's writes (RecordFacts, ExtractionFailed) and the extraction queue, on both backends.
+
+Entity merge, the user's node, edges in time and the queue's claims, as test_store_facts.py
+checks them on SQLite, run against each backend with the same assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from proxy.models import Entity, Scope
+from proxy.stores.base import EntityFact, ExtractionFailed, QueuedMessage, RecordFacts, RelationFact, StartTurn, Store
+from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+ALICE = Scope("alice")
+BOB = Scope("bob")
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def at(days: int) -> datetime:
+    return T0 + timedelta(days=days)
+
+
+class Graph:
+    """A store on one file, with messages said on given days and their facts recorded."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.turns = 0
+
+    async def said(self, text: str, day: int = 0, scope: Scope = ALICE) -> QueuedMessage:
+        self.turns += 1
+        await self.store.apply([StartTurn(scope, f"t{self.turns}", "c1", f"h{self.turns}", at(day), text)])
+        items = await self.store.claim_extraction(100, at(1000))
+        return next(item for item in items if item.message.content == text and item.scope.user == scope.user)
+
+    async def facts(self, item: QueuedMessage, entities: tuple[EntityFact, ...] = (),
+                    relations: tuple[RelationFact, ...] = (), user_node: str | None = None,
+                    scope: Scope | None = None) -> None:
+        await self.store.apply([RecordFacts(scope or item.scope, item.queue_id, item.message.id, entities, relations,
+                                            item.message.created_at, user_node)])
+
+    async def tell(self, text: str, *entities: EntityFact, relations: tuple[RelationFact, ...] = (),
+                   user_node: str | None = None, day: int = 0, scope: Scope = ALICE) -> str:
+        item = await self.said(text, day, scope)
+        await self.facts(item, entities, relations, user_node, scope)
+        return item.message.id
+
+    async def entity(self, name: str, scope: Scope = ALICE) -> Entity:
+        return next(e for e in await self.store.entities(scope) if e.name == name)
+
+    async def edges(self, name: str, *, current_only: bool = True) -> list[tuple[str, str, str, float | None]]:
+        entity = await self.entity(name)
+        return [(r.from_name, r.type, r.to_name or "", r.invalid_at and r.invalid_at.timestamp())
+                for r in await self.store.relationships(ALICE, entity.id, current_only=current_only)]
+
+
+@asynccontextmanager
+async def graph(backend: Backend) -> AsyncIterator[Graph]:
+    async with backend.opened() as store:
+        yield Graph(store)
+
+
+def org(name: str, description: str = "", confidence: float = 0.7) -> EntityFact:
+    return EntityFact(name, "organization", description, confidence)
+
+
+WORKS_AT = "WORKS_AT"
+
+
+def works_at(who: str, where: str) -> tuple[RelationFact, ...]:
+    return (RelationFact(who, WORKS_AT, where, single_valued=True),)
+
+
+def test_entities_merge_by_canonical_name_keeping_aliases_and_provenance(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            first = await g.tell("Acme Corp is great", org("Acme Corp", "Acme Corp is great", 0.6))
+            second = await g.tell("ACME   corp hired me", org("ACME   corp", "ACME corp hired me", 0.9))
+            third = await g.tell("Acme Corp's office", org("Acme Corp's", "Acme Corp is great", 0.5))
+            (acme,) = await g.store.entities(ALICE)
+            assert (acme.name, acme.type, acme.aliases) == ("Acme Corp", "organization", ("ACME corp", "Acme Corp's"))
+            assert acme.description == "Acme Corp is great | ACME corp hired me"
+            assert acme.provenance == (first, second, third)
+            assert acme.confidence == 0.9
+            assert [e.name for e, _ in await g.store.search_entities(ALICE, ["hire"])] == ["Acme Corp"]
+
+    run(body())
+
+
+def test_entities_are_per_user_and_per_agent_under_isolation(backend: Backend) -> None:
+    planner = Scope("alice", agent="planner", agent_isolated=True)
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("Acme", org("Acme"))
+            await g.tell("Acme", org("Acme"), scope=BOB)
+            await g.tell("Acme too", org("Acme"), scope=planner)
+            assert await backend.sql("SELECT user_id, agent_id FROM entities ORDER BY seq") == [
+                ("alice", None), ("bob", None), ("alice", "planner")]
+            assert [e.name for e in await g.store.entities(planner)] == ["Acme"]
+
+    run(body())
+
+
+def test_user_node_created_then_renamed_keeping_its_id_and_edges(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("I work at Northwind", org("Northwind"), relations=works_at("User", "Northwind"),
+                         user_node="User")
+            node = await g.entity("User")
+            assert node.type == "user"
+            await g.tell("My name is Dana Reyes", user_node="Dana Reyes", day=1)
+            renamed = await g.entity("Dana Reyes")
+            assert (renamed.id, renamed.type, renamed.aliases) == (node.id, "user", ())
+            assert await g.edges("Dana Reyes") == [("Dana Reyes", WORKS_AT, "Northwind", None)]
+            # Later first-person facts still say "User": they reach the renamed node.
+            await g.tell("I like Oslo", EntityFact("Oslo", "place"), relations=(RelationFact("User", "LIKES", "Oslo"),),
+                         user_node="User", day=2)
+            assert [e.name for e in await g.store.entities(ALICE)] == ["Dana Reyes", "Northwind", "Oslo"]
+            assert ("Dana Reyes", "LIKES", "Oslo", None) in await g.edges("Dana Reyes")
+
+    run(body())
+
+
+def test_stated_name_merges_an_entity_of_that_name_into_the_user_node(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("I work at Northwind", org("Northwind"), relations=works_at("User", "Northwind"),
+                         user_node="User")
+            mention = await g.tell("Dana Reyes knows Bo", EntityFact("Dana Reyes", "person", "Dana Reyes knows Bo"),
+                                   EntityFact("Bo", "person"), relations=(RelationFact("Dana Reyes", "KNOWS", "Bo"),))
+            node = await g.entity("User")
+            await g.tell("call me dana reyes", user_node="dana reyes", day=1)
+            names = [(e.name, e.type) for e in await g.store.entities(ALICE)]
+            assert names == [("dana reyes", "user"), ("Northwind", "organization"), ("Bo", "person")]
+            merged = await g.entity("dana reyes")
+            assert merged.id == node.id and merged.aliases == ("Dana Reyes",)
+            assert merged.description == "Dana Reyes knows Bo" and mention in merged.provenance
+            assert sorted(await g.edges("dana reyes")) == [("dana reyes", "KNOWS", "Bo", None),
+                                                           ("dana reyes", WORKS_AT, "Northwind", None)]
+
+    run(body())
+
+
+def test_stated_name_before_any_fact_makes_the_node(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("My name is Dana", user_node="Dana")
+            await g.tell("I work at Fabrikam", org("Fabrikam"), relations=works_at("User", "Fabrikam"),
+                         user_node="User", day=1)
+            assert [(e.name, e.type) for e in await g.store.entities(ALICE)] == [("Dana", "user"),
+                                                                                ("Fabrikam", "organization")]
+            assert await g.edges("Dana") == [("Dana", WORKS_AT, "Fabrikam", None)]
+
+    run(body())
+
+
+def test_single_valued_fact_invalidates_the_old_edge_and_keeps_it(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("Northwind", org("Northwind"), relations=works_at("User", "Northwind"), user_node="User")
+            again = await g.tell("still Northwind", org("Northwind"), relations=works_at("User", "Northwind"),
+                                 user_node="User", day=1)
+            await g.tell("Contoso", org("Contoso"), relations=works_at("User", "Contoso"), user_node="User", day=2)
+            assert await g.edges("User") == [("User", WORKS_AT, "Contoso", None)]
+            history = await g.store.relationships(ALICE, (await g.entity("User")).id, current_only=False)
+            assert [(r.to_name, r.valid_from, r.invalid_at) for r in history] == [
+                ("Contoso", at(2), None), ("Northwind", at(0), at(2))]
+            assert again in history[1].provenance and len(history[1].provenance) == 2
+
+    run(body())
+
+
+def test_multi_valued_edges_accumulate(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            for day, name in enumerate(["Ana", "Bo"]):
+                await g.tell(name, EntityFact(name, "person"), relations=(RelationFact("User", "HAS_FRIEND", name),),
+                             user_node="User", day=day)
+            assert sorted(await g.edges("User")) == [("User", "HAS_FRIEND", "Ana", None),
+                                                     ("User", "HAS_FRIEND", "Bo", None)]
+
+    run(body())
+
+
+def test_an_older_fact_arriving_late_is_stored_as_already_replaced(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            old = await g.said("I work at Northwind", day=0)
+            await g.tell("Contoso", org("Contoso"), relations=works_at("User", "Contoso"), user_node="User", day=5)
+            await g.facts(old, (org("Northwind"),), works_at("User", "Northwind"), "User")
+            assert await g.edges("User") == [("User", WORKS_AT, "Contoso", None)]
+            history = await g.store.relationships(ALICE, (await g.entity("User")).id, current_only=False)
+            assert [(r.to_name, r.valid_from, r.invalid_at) for r in history] == [
+                ("Contoso", at(5), None), ("Northwind", at(0), at(5))]
+
+    run(body())
+
+
+def test_edges_need_both_ends_and_two_different_entities(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("x", org("Acme"), relations=(RelationFact("Acme", "OWNS", "Nobody Known"),
+                                                        RelationFact("Acme", "IS", "acme"),
+                                                        RelationFact("Acme", "", "Acme")))
+            assert await backend.sql("SELECT count(*) FROM relationships") == [(0,)]
+
+    run(body())
+
+
+def test_recorded_item_leaves_the_queue_and_a_repeat_writes_nothing(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            item = await g.said("I work at Northwind")
+            assert await g.store.queue_depth() == {"pending": 1, "parked": 0}
+            await g.facts(item, (org("Northwind"),), works_at("User", "Northwind"), "User")
+            assert await g.store.queue_depth() == {"pending": 0, "parked": 0}
+            # Applied twice (say, by a retried batch), or after the user was deleted: nothing changes.
+            await backend.sql("DELETE FROM entities")
+            await g.facts(item, (org("Northwind"),), works_at("User", "Northwind"), "User")
+            assert await g.store.entities(ALICE) == []
+
+    run(body())
+
+
+def test_claim_returns_due_unparked_items_oldest_first(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            for day, text in [(2, "third"), (0, "first"), (1, "second"), (3, "x" * 50)]:
+                await g.store.apply([StartTurn(ALICE, text[:9], "c1", text[:9], at(day), text)])
+            items = await g.store.claim_extraction(10, at(2), max_chars=5)
+            assert [i.message.content for i in items] == ["first", "secon", "third"]
+            assert [i.attempts for i in items] == [0, 0, 0]
+            assert [i.message.content for i in await g.store.claim_extraction(2, at(9))] == ["first", "second"]
+            assert (await g.store.claim_extraction(10, at(9)))[-1].message.content == "x" * 50
+
+    run(body())
+
+
+def test_failures_count_attempts_then_park_with_the_error(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            item = await g.said("hello")
+            await g.store.apply([ExtractionFailed(ALICE, item.queue_id, "boom", at(3))])
+            assert await g.store.claim_extraction(10, at(2)) == []
+            (again,) = await g.store.claim_extraction(10, at(3))
+            assert again.attempts == 1
+            await g.store.apply([ExtractionFailed(ALICE, item.queue_id, "boom twice", at(4), park=True)])
+            assert await g.store.claim_extraction(10, at(99)) == []
+            assert await g.store.queue_depth() == {"pending": 0, "parked": 1}
+        assert await backend.sql("SELECT attempts, parked, last_error FROM extraction_queue") == [(2, 1, "boom twice")]
+
+    run(body())
+
+
+def test_agent_of_a_queued_message_is_its_scope_agent(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.store.apply([StartTurn(Scope("alice", agent="planner"), "t1", "c1", "h", T0, "hi")])
+            (item,) = await g.store.claim_extraction(10, at(1))
+            assert item.scope == Scope("alice", agent="planner")
+
+    run(body())
