@@ -4,8 +4,11 @@ Fills one user's SQLite store with N messages (varied sentences, some holding
 identifiers) in conversations of about ten, plus entities, relationships and reasoning
 traces in proportion, with other users' data beside it; then times `Retrieval.retrieve`
 over a fixed set of queries and prints p50/p95 per source and for the whole retrieval.
+With `--rounds N` each size is timed N times (the store reopened each time) and the table
+shows the median of each figure over the rounds: on a shared machine one round can land
+on a busy second.
 
-    python bench/retrieval.py [--sizes 1000,10000,100000] [--queries 200] [--json] [--keep DIR]
+    python bench/retrieval.py [--sizes 1000,10000,100000] [--queries 200] [--rounds 3] [--json] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -210,6 +213,16 @@ async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any
     return row
 
 
+def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row whose every p50 and p95 is the median of that figure over the rounds."""
+    row: dict[str, Any] = {"size": rounds[0]["size"], "queries": rounds[0]["queries"], "rounds": len(rounds),
+                           "mean_injected": statistics.median(r["mean_injected"] for r in rounds)}
+    for column in ("total", *SOURCES):
+        if all(column in r for r in rounds):
+            row[column] = {p: round(statistics.median(r[column][p] for r in rounds), 3) for p in ("p50", "p95")}
+    return row
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {"p50": round(ordered[len(ordered) // 2], 3),
@@ -230,6 +243,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000,10000", help="comma-separated message counts (default 1000,10000)")
     p.add_argument("--queries", type=int, default=200, help="timed queries per size")
+    p.add_argument("--rounds", type=int, default=1, help="time each size this many times; report the medians")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--keep", type=Path, help="build the stores in this directory and keep them")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
@@ -248,8 +262,11 @@ async def main(argv: list[str] | None = None) -> None:
             built = 0.0
             if not path.exists():
                 built = await build(path, size, args.seed)
-            row = await measure(path, size, args.queries, args.seed)
+            rounds = [await measure(path, size, args.queries, args.seed) for _ in range(max(1, args.rounds))]
+            row = median_of_rounds(rounds) if len(rounds) > 1 else rounds[0]
             row["build_s"] = round(built, 1)
+            if len(rounds) > 1:
+                row["each_round"] = [{"total": r["total"]} for r in rounds]
             rows.append(row)
             print(f"{size} items: total p50 {row['total']['p50']} ms, p95 {row['total']['p95']} ms",
                   file=sys.stderr)

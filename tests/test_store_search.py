@@ -167,6 +167,10 @@ def test_candidate_terms() -> None:
         ({"a": 0, "b": 30_000, "c": 9_000}, ["c"]),
         ({"a": 0, "b": 0}, None),
         ({"a": 150, "b": 199}, None),
+        ({"a": 10, "b": 2_900, "c": 30_000}, ["a", "b"]),  # one rare term: the next rarest too, if under 3%
+        ({"a": 10, "b": 3_100, "c": 30_000}, ["a"]),
+        ({"a": 2_500, "b": 2_900, "c": 30_000}, ["a", "b"]),
+        ({"a": 10, "b": 20, "c": 30_000}, ["a", "b"]),
     ]
     for counts, expected in cases:
         assert candidate_terms(list(counts), counts, rows) == expected, counts
