@@ -211,6 +211,47 @@ def test_search_reads_the_index_not_the_users_items(pg_url: str) -> None:
     assert "Index" in plan and "Seq Scan" not in plan, plan
 
 
+STATS_DRIFT = """
+SELECT 'term', t.user_id, t.kind, t.term FROM term_stats t FULL JOIN (
+    SELECT user_id, 'message' AS kind, term, count(*) AS docs, count(*) FILTER (WHERE finds) AS finding
+    FROM message_postings GROUP BY user_id, term
+    UNION ALL SELECT user_id, 'entity', term, count(*), count(*) FILTER (WHERE finds) FROM entity_postings
+    GROUP BY user_id, term
+    UNION ALL SELECT user_id, 'reasoning', term, count(*), count(*) FILTER (WHERE finds) FROM reasoning_postings
+    GROUP BY user_id, term) c ON c.user_id = t.user_id AND c.kind = t.kind AND c.term = t.term
+WHERE coalesce(t.docs, 0) <> coalesce(c.docs, 0) OR coalesce(t.finding, 0) <> coalesce(c.finding, 0)
+UNION ALL
+SELECT 'docs', l.user_id, l.kind, '' FROM lexicon_stats l WHERE l.kind = 'message' AND l.docs <>
+    (SELECT count(*) FROM messages m WHERE m.user_id = l.user_id)
+"""
+
+
+def test_index_statistics_follow_every_write_path(pg_url: str) -> None:
+    """Inserts, edits, an FK cascade and a user delete: the counts BM25 reads stay exact."""
+    async def body() -> None:
+        store = PostgresStore(pg_url)
+        await store.open()
+        backend = PostgresBackend(pg_url)
+        try:
+            for user in ("alice", "bob"):
+                await store.apply([op for i in range(20) for op in turn_ops(Scope(user), f"t{i}", f"hello {i % 3}",
+                                                                          conv=f"c{i % 4}")])
+            eid = await backend.add_entity("alice", "Nimbus", "project", "the old codename")
+            await backend.sql("UPDATE entities SET name_terms = 'stratus hello' WHERE id = ?", eid)
+            await backend.sql("UPDATE messages SET terms = 'hello world', context = 'x y' WHERE turn_key = 't3'")
+            await backend.sql("DELETE FROM conversations WHERE user_id = 'alice' AND id = 'c1'")
+            assert await backend.sql(STATS_DRIFT) == []
+            assert (await backend.sql("SELECT docs FROM term_stats WHERE user_id = 'alice' AND kind = 'message'"
+                                      " AND term = 'hello'")) == [(30,)]
+            await store.delete_user(ALICE)
+            assert await backend.sql(STATS_DRIFT) == []
+            assert await backend.sql("SELECT count(*) FROM term_stats WHERE user_id = 'alice'") == [(0,)]
+        finally:
+            await store.close()
+
+    run(body())
+
+
 def test_outage_gives_transient_errors_and_the_pool_reconnects(pg_server: PostgresServer, pg_url: str) -> None:
     async def body() -> None:
         store = PostgresStore(pg_url)

@@ -1,10 +1,10 @@
 """The read half of PostgresStore: saved items, exports and BM25 search (sqlite.py is the reference).
 
 Search is FTS5's bm25() computed inside PostgreSQL from the inverted index of
-postgres_schema.py: the query terms' postings, read through their primary key, give each
-term's document frequency and each item's term frequency and length; the per-user counts
-in lexicon_stats give N and the mean length, all in the same statement (so the same
-snapshot), and no process keeps an index that could go stale.
+postgres_schema.py: per-user counts (term_stats, lexicon_stats) give each term's document
+frequency, N and the mean length; the query terms' postings, read through their primary
+key, give each candidate's term frequency and length; all in the same statement (so the
+same snapshot), and no process keeps an index that could go stale.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
          where: str = "", candidates: str = "", keep: str | None = None) -> str:
     """The user's `limit` best items for `terms` by FTS5's bm25() (higher is better), with `score`.
 
-    The postings of the query terms, read through their primary key, give each term's
-    document frequency (so its IDF) and each item's term frequency and length; the per-user
-    counts in lexicon_stats give N and the mean length. k1 = 1.2, b = 0.75 and the IDF
-    floor of 1e-6 are FTS5's. Only the best `keep` (an SQL expression; all when None) are
+    term_stats gives each query term's document frequency (so its IDF) and lexicon_stats N
+    and the mean length, per user; the postings of the query terms, read through their
+    primary key, give each candidate's term frequency and length. k1 = 1.2, b = 0.75 and
+    the IDF floor of 1e-6 are FTS5's. Only the best `keep` (an SQL expression; all when None) are
     looked up in `table`, so a common word costs an index range of postings, never a scan of
     the user's items: `keep` must be enough for `where` (a filter on the items) to leave
     `limit`. `candidates` (a subquery of item seqs) limits the items scored, not the IDF.
@@ -74,8 +74,9 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     return (
         f"WITH s AS (SELECT docs::float8 AS n, greatest(tokens, 1)::float8 / greatest(docs, 1) AS avgdl"
         f" FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
-        f" idf AS (SELECT p.term, greatest(ln((s.n - count(*) + 0.5) / (count(*) + 0.5)), 1e-6) AS idf"
-        f" FROM {kind}_postings p CROSS JOIN s WHERE {matching} GROUP BY p.term, s.n),"
+        f" idf AS (SELECT ts.term, greatest(ln((s.n - ts.docs + 0.5) / (ts.docs + 0.5)), 1e-6) AS idf"
+        f" FROM term_stats ts CROSS JOIN s WHERE ts.user_id = {user} AND ts.kind = '{kind}'"
+        f" AND ts.term = ANY({wanted}::text[]) AND ts.docs > 0),"
         " scored AS (SELECT p.doc, sum(idf.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
         f" AS score FROM {kind}_postings p JOIN idf ON idf.term = p.term CROSS JOIN s"
         f" WHERE {matching}{within} GROUP BY p.doc),"
@@ -256,8 +257,8 @@ class PostgresReads:
         if conversation_ids is not None:
             return terms
         rows = await self._fetch(
-            "SELECT p.term, count(*) AS n, (SELECT docs FROM lexicon_stats WHERE user_id = $1 AND kind = 'message')"
-            " AS docs FROM message_postings p WHERE p.user_id = $1 AND p.term = ANY($2::text[]) GROUP BY p.term",
+            "SELECT ts.term, ts.finding AS n, (SELECT docs FROM lexicon_stats WHERE user_id = $1 AND kind = 'message')"
+            " AS docs FROM term_stats ts WHERE ts.user_id = $1 AND ts.kind = 'message' AND ts.term = ANY($2::text[])",
             [scope.user, terms],
         )
         counts = {row["term"]: int(row["n"]) for row in rows}

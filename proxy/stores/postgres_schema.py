@@ -8,9 +8,10 @@ It mirrors sqlite_schema.py table for table, column for column, with these diffe
   parser splits on `_` (so `to_tsvector` would cut `internal_hbr_2291_example` apart);
   the `*terms` columns already hold the index terms (proxy.terms), so each item's terms
   go into a `<kind>_postings` table, one row per (user, term, item) with the term
-  frequency and the item's length, and `lexicon_stats` keeps each user's item count and
-  total length. A search reads the query terms' postings through the primary key and
-  computes FTS5's BM25 exactly, per user, in one statement: no scan of the user's items.
+  frequency and the item's length; `term_stats` keeps each user's document frequency of
+  each term, `lexicon_stats` each user's item count and total length. A search reads
+  those counts and the query terms' postings through their primary keys and computes
+  FTS5's BM25 exactly, per user, in one statement: no scan of the user's items.
 - Postings, statistics and stale embeddings are kept in step by statement-level triggers
   with transition tables, so every insert, update and delete path - FK cascades included -
   updates them, as the FTS5 triggers do on SQLite.
@@ -197,6 +198,17 @@ CREATE TABLE embeddings (
     PRIMARY KEY (user_id, kind, item_id, model)
 );
 
+-- Per user and kind of item, how many items hold each term (in any column: BM25's document
+-- frequency) and how many hold it in a column that finds them (a message's own words).
+CREATE TABLE term_stats (
+    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    kind text {_C} NOT NULL,
+    term text {_C} NOT NULL,
+    docs integer NOT NULL,
+    finding integer NOT NULL,
+    PRIMARY KEY (user_id, kind, term)
+);
+
 -- A new message's context: the start (p_chars, cut at a space) of the terms of the p_messages
 -- messages said at or before p_at in its conversation, oldest first (sqlite_rows.context_terms).
 CREATE FUNCTION message_context(p_user text, p_conversation text, p_at timestamptz, p_messages integer,
@@ -258,11 +270,16 @@ class _Index:
         columns = ", ".join(f"r.{c}" for c, _, _ in self.weighted)
         return f"""
     -- MATERIALIZED: inlined, the length would be computed again for every term of the item.
-    WITH r AS MATERIALIZED (SELECT r.user_id, r.seq, {columns}, {self._length} AS dl FROM {rows} r)
-    INSERT INTO {self.postings} (user_id, term, doc, tf, dl, finds)
+    WITH r AS MATERIALIZED (SELECT r.user_id, r.seq, {columns}, {self._length} AS dl FROM {rows} r),
+    p AS (INSERT INTO {self.postings} (user_id, term, doc, tf, dl, finds)
         SELECT r.user_id, t.term, r.seq, sum(t.w), r.dl, bool_or(t.finds) FROM r
         CROSS JOIN LATERAL ({self._terms}) AS t(term, w, finds) WHERE t.term <> ''
-        GROUP BY r.user_id, t.term, r.seq, r.dl;
+        GROUP BY r.user_id, t.term, r.seq, r.dl RETURNING user_id, term, finds)
+    INSERT INTO term_stats AS ts (user_id, kind, term, docs, finding)
+        SELECT p.user_id, '{self.kind}', p.term, count(*), count(*) FILTER (WHERE p.finds) FROM p
+        GROUP BY p.user_id, p.term
+        ON CONFLICT (user_id, kind, term) DO UPDATE SET docs = ts.docs + excluded.docs,
+            finding = ts.finding + excluded.finding;
     INSERT INTO lexicon_stats AS s (user_id, kind, docs, tokens)
         SELECT r.user_id, '{self.kind}', count(*), sum({self._length}) FROM {rows} r GROUP BY r.user_id
         ON CONFLICT (user_id, kind) DO UPDATE SET docs = s.docs + excluded.docs, tokens = s.tokens + excluded.tokens;"""
@@ -270,9 +287,13 @@ class _Index:
     def remove(self, rows: str) -> str:
         """Take `rows` out of the index and the stats (their postings are found by primary key)."""
         return f"""
-    DELETE FROM {self.postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
+    WITH gone AS (DELETE FROM {self.postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
         CROSS JOIN LATERAL ({self._terms}) AS t(term, w, finds)) d
-        WHERE p.user_id = d.user_id AND p.term = d.term AND p.doc = d.seq;
+        WHERE p.user_id = d.user_id AND p.term = d.term AND p.doc = d.seq RETURNING p.user_id, p.term, p.finds)
+    UPDATE term_stats ts SET docs = ts.docs - g.docs, finding = ts.finding - g.finding
+        FROM (SELECT user_id, term, count(*) AS docs, count(*) FILTER (WHERE finds) AS finding FROM gone
+              GROUP BY user_id, term) g
+        WHERE ts.user_id = g.user_id AND ts.kind = '{self.kind}' AND ts.term = g.term;
     UPDATE lexicon_stats s SET docs = s.docs - d.docs, tokens = s.tokens - d.tokens
         FROM (SELECT r.user_id, count(*) AS docs, sum({self._length}) AS tokens FROM {rows} r GROUP BY r.user_id) d
         WHERE s.user_id = d.user_id AND s.kind = '{self.kind}';"""
@@ -348,7 +369,7 @@ POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.
 CONTEXT_SQL = f"message_context({{}}, {{}}, {{}}, {CONTEXT_MESSAGES}, {CONTEXT_CHARS_PER_MESSAGE})"
 # The search index's own tables: derived from the items, kept by the triggers.
-INTERNAL_TABLES = (*POSTINGS_TABLES, "lexicon_stats")
+INTERNAL_TABLES = (*POSTINGS_TABLES, "lexicon_stats", "term_stats")
 
 
 async def migrate(conn: asyncpg.Connection) -> int:
