@@ -17,7 +17,7 @@ from proxy.models import Scope
 from proxy.stores.base import StartTurn, StoreError
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_search import (
-    COMMON_MIN_ROWS,
+    CANDIDATE_MIN_ROWS,
     TermCounts,
     candidate_terms,
     indexed_rows,
@@ -114,7 +114,7 @@ def test_conversation_filter_respects_the_limit_and_order(tmp_path: Path) -> Non
 
 def common_world(rare_rows: int = 3) -> list[StartTurn]:
     """Many rows saying 'deadline' (common), a few saying 'zephyr' (rare), one saying both."""
-    ops = [said(ALICE, n, f"the deadline for item {n} moved", f"c{n % 40}") for n in range(COMMON_MIN_ROWS + 100)]
+    ops = [said(ALICE, n, f"the deadline for item {n} moved", f"c{n % 40}") for n in range(CANDIDATE_MIN_ROWS + 100)]
     base = len(ops)
     ops += [said(ALICE, base + n, f"the zephyr project number {n}", f"z{n}") for n in range(rare_rows)]
     ops.append(said(ALICE, base + rare_rows, "the zephyr deadline is Friday", "zz"))
@@ -152,29 +152,27 @@ def test_small_stores_score_every_match(tmp_path: Path) -> None:
             await store.apply([said(ALICE, n, f"the deadline {n}", "a") for n in range(20)]
                               + [said(ALICE, 50, "the zephyr", "b")])
             hits = await store.search_messages(ALICE, ["zephyr", "deadlin"], limit=100)
-            assert len(hits) == 21  # under COMMON_MIN_ROWS a term is never common
+            assert len(hits) == 21  # under CANDIDATE_MIN_ROWS every match is scored
 
     run(body())
 
 
 def test_candidate_terms() -> None:
-    rows = 100_000  # 2% is 2000 rows
+    rows = 100_000  # the budget: 3000 messages
     cases: list[tuple[dict[str, int], list[str] | None]] = [
-        ({"a": 10, "b": 1500}, None),  # nothing common: every match is scored
+        ({"a": 10, "b": 1500}, None),  # every match fits: all are scored
         ({"a": 10, "b": 30_000}, ["a"]),
         ({"a": 10, "b": 30_000, "c": 0}, ["a"]),  # a term that never occurs is no candidate
-        ({"a": 5_000, "b": 30_000}, ["a"]),  # all common: the rarest that occurs
+        ({"a": 5_000, "b": 30_000}, ["a"]),  # nothing fits: the rarest that occurs
         ({"a": 0, "b": 30_000, "c": 9_000}, ["c"]),
         ({"a": 0, "b": 0}, None),
-        ({"a": 150, "b": 199}, None),
-        ({"a": 10, "b": 2_900, "c": 30_000}, ["a", "b"]),  # one rare term: the next rarest too, if under 3%
-        ({"a": 10, "b": 3_100, "c": 30_000}, ["a"]),
-        ({"a": 2_500, "b": 2_900, "c": 30_000}, ["a", "b"]),
-        ({"a": 10, "b": 20, "c": 30_000}, ["a", "b"]),
+        ({"a": 10, "b": 2_900, "c": 30_000}, ["a", "b"]),  # the rarest, as many as fit
+        ({"a": 10, "b": 3_000, "c": 30_000}, ["a"]),
+        ({"a": 1_000, "b": 1_000, "c": 1_000, "d": 1_000}, ["a", "b", "c"]),
     ]
     for counts, expected in cases:
         assert candidate_terms(list(counts), counts, rows) == expected, counts
-    assert candidate_terms(["a", "b"], {"a": 1, "b": COMMON_MIN_ROWS}, 1000) is None  # the floor
+    assert candidate_terms(["a", "b"], {"a": 1, "b": CANDIDATE_MIN_ROWS - 1}, 1000) is None  # the floor
 
 
 class Clock:

@@ -78,6 +78,11 @@ def _agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
+# What entity_from_row and trace_from_row read: a search builds its hits from these alone,
+# not from the index text stored beside them (a trace's is as long as the trace).
+_ENTITY_COLUMNS = ("e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
+                   " e.provenance")
+_TRACE_COLUMNS = "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at"
 _RELATIONSHIP_SELECT = (
     "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
     " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
@@ -419,13 +424,14 @@ class SQLiteStore(SQLiteAdmin):
             return []
         agent, agent_params = _agent_clause(scope, "e")
         weights = ", ".join(str(w) for w in ENTITY_WEIGHTS)
-        rows = await self._rows(
-            f"SELECT e.*, -bm25(entities_fts, {weights}) AS score FROM entities_fts"
-            " JOIN entities e ON e.seq = entities_fts.rowid"
-            f" WHERE entities_fts MATCH ? AND e.user_id = ?{agent} ORDER BY score DESC, e.seq DESC LIMIT ?",
-            [query, scope.user, *agent_params, limit],
-        )
-        return [(entity_from_row(row), row["score"]) for row in rows]
+        sql = (f"WITH best(seq, score) AS (SELECT e.seq, -bm25(entities_fts, {weights}) AS score FROM entities_fts"
+               " CROSS JOIN entities e ON e.seq = entities_fts.rowid"
+               f" WHERE entities_fts MATCH ? AND e.user_id = ?{agent} ORDER BY score DESC, e.seq DESC LIMIT ?)"
+               f" SELECT {_ENTITY_COLUMNS}, best.score AS score FROM best CROSS JOIN entities e ON e.seq = best.seq"
+               " ORDER BY best.score DESC, e.seq DESC")
+        params = [query, scope.user, *agent_params, limit]
+        return await self._read(lambda conn: [(entity_from_row(row), row["score"])
+                                              for row in conn.execute(sql, params)])
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -435,10 +441,11 @@ class SQLiteStore(SQLiteAdmin):
         if query is None:
             return []
         agent, agent_params = _agent_clause(scope, "x", per_agent=True)
-        rows = await self._rows(
-            "SELECT x.*, -bm25(reasoning_fts) AS score FROM reasoning_fts"
-            " JOIN reasoning x ON x.seq = reasoning_fts.rowid"
-            f" WHERE reasoning_fts MATCH ? AND x.user_id = ?{agent} ORDER BY score DESC, x.seq DESC LIMIT ?",
-            [query, scope.user, *agent_params, limit],
-        )
-        return [(trace_from_row(row), row["score"]) for row in rows]
+        sql = ("WITH best(seq, score) AS (SELECT x.seq, -bm25(reasoning_fts) AS score FROM reasoning_fts"
+               " CROSS JOIN reasoning x ON x.seq = reasoning_fts.rowid"
+               f" WHERE reasoning_fts MATCH ? AND x.user_id = ?{agent} ORDER BY score DESC, x.seq DESC LIMIT ?)"
+               f" SELECT {_TRACE_COLUMNS}, best.score AS score FROM best CROSS JOIN reasoning x ON x.seq = best.seq"
+               " ORDER BY best.score DESC, x.seq DESC")
+        params = [query, scope.user, *agent_params, limit]
+        return await self._read(lambda conn: [(trace_from_row(row), row["score"])
+                                              for row in conn.execute(sql, params)])

@@ -8,12 +8,13 @@ the number of rows holding *any* query term, and a term found in a tenth of all 
 - a conversation-filtered search scores only that conversation's rows: the rowid range
   they span bounds the index walk, a membership test picks them out (`rowid IN (...)`
   used as an index would rerun the BM25 statistics once per row: 0.3 s for 50 conversations);
-- a whole-history search of a query holding a *common* term (said by more than
-  COMMON_SHARE of the indexed messages) scores only the rows saying one or two of its
-  rarer terms, still by BM25 over all of them, so a hit ranks as it did; only a row that
-  says none of those is no longer found. How many messages say each term comes from an
-  fts5vocab table, cached briefly. On the benchmark's 100k-message history the hits were
-  those of the unbounded search for every query, at a third of its cost.
+- a whole-history search scores only the messages saying the query's rarest terms, as
+  many terms as fit in a budget of CANDIDATE_SHARE of the indexed messages, still by BM25
+  over every term, so a hit ranks as it did; only a message saying none of those (but a
+  common word: "plan", "deadline") is no longer found. How many messages say each term
+  comes from an fts5vocab table, cached briefly. On bench/retrieval.py's 100k-message
+  history the hits were the unbounded search's for all 200 queries, at a quarter of its
+  cost; at 10k, for 187 (the first hit for 199).
 
 BM25 statistics stay the whole corpus's either way: FTS5 counts each term over its doclist.
 
@@ -37,18 +38,18 @@ from typing import Any
 from proxy.models import Scope, StoredMessage
 from proxy.stores.sqlite_rows import message_from_row
 
-# A term said by more than this share of the indexed messages is common...
-COMMON_SHARE = 0.02
-# ...and never one said by fewer than this many: scoring that many matches costs < 1 ms.
-COMMON_MIN_ROWS = 200
-# When fewer than two of the query's terms are rare, the next rarest is kept too while
-# said by no more than this share: a query's key word is not always its rarest.
-SECOND_TERM_SHARE = 0.03
+# A whole-history search scores the messages saying its rarest terms, as many terms as
+# this share of the indexed messages holds...
+CANDIDATE_SHARE = 0.03
+# ...and never fewer than this many messages: scoring that many costs < 1 ms.
+CANDIDATE_MIN_ROWS = 200
 # Document counts change as messages arrive; a count a minute old still tells rare from common.
 COUNTS_TTL_S = 60.0
 COUNTS_CACHED_TERMS = 4096
 VOCAB_TABLE = "temp.messages_vocab"
 OWN_WORDS = "terms"  # the messages_fts column of a message's own words (the other: its context)
+# What message_from_row reads: a hit is built from these, not from the index text beside them.
+MESSAGE_COLUMNS = "m.id, m.conversation_id, m.role, m.content, m.created_at"
 
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
 
@@ -135,19 +136,20 @@ class TermCounts:
 def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> list[str] | None:
     """The terms a whole-history search keeps its candidates to, or None to score every match.
 
-    `counts` are the messages saying each term. Common terms are left out (they still count
-    toward each candidate's score); when fewer than two terms are rare, the next rarest are
-    kept up to two if not too common (SECOND_TERM_SHARE), and always at least the rarest
-    that occurs, so a search never comes back empty for want of a term.
+    `counts` are the messages saying each term. The rarest terms are kept while the
+    messages saying them fit the budget; the others still count toward each candidate's
+    score. The rarest term that occurs is always kept, so a search never comes back empty
+    for want of a term.
     """
-    limit = max(COMMON_MIN_ROWS, COMMON_SHARE * rows)
-    if all(counts.get(t, 0) <= limit for t in terms):
-        return None
+    budget = max(CANDIDATE_MIN_ROWS, CANDIDATE_SHARE * rows)
     present = sorted((t for t in terms if counts.get(t, 0) > 0), key=lambda t: (counts[t], t))
-    kept = [t for t in present if counts[t] <= limit]
-    second = max(limit, SECOND_TERM_SHARE * rows)
-    kept += [t for t in present[len(kept):2] if counts[t] <= second]
-    return kept or present[:1]
+    kept: list[str] = []
+    for term in present:
+        budget -= counts[term]
+        if budget < 0:
+            break
+        kept.append(term)
+    return None if len(kept) == len(present) else kept or present[:1]
 
 
 def search_messages(
@@ -191,11 +193,14 @@ def search_messages(
         where += " AND m.conversation_id != ?"
         params.append(exclude_conversation_id)
     # CROSS JOIN: the index drives; given the user filter alone the planner may scan the
-    # user's messages and run the MATCH once per row.
+    # user's messages and run the MATCH once per row. Only the best rows' text is read:
+    # sorting every candidate's whole row cost a fifth of the search.
+    ctes.append(f"best(seq, score) AS (SELECT m.seq, -bm25(messages_fts, {weights}) AS score"
+                " FROM messages_fts CROSS JOIN messages m ON m.seq = messages_fts.rowid"
+                f" WHERE {where} ORDER BY score DESC, m.seq DESC LIMIT ?)")
     rows = conn.execute(
-        f"WITH {', '.join(ctes)} SELECT m.*, -bm25(messages_fts, {weights}) AS score"
-        " FROM messages_fts CROSS JOIN messages m ON m.seq = messages_fts.rowid"
-        f" WHERE {where} ORDER BY score DESC, m.seq DESC LIMIT ?",
+        f"WITH {', '.join(ctes)} SELECT {MESSAGE_COLUMNS}, best.score AS score FROM best"
+        " CROSS JOIN messages m ON m.seq = best.seq ORDER BY best.score DESC, m.seq DESC",
         [*params, limit],
     ).fetchall()
     return [(message_from_row(row), row["score"]) for row in rows]
