@@ -56,5 +56,3 @@ def configure(level: str) -> None:
         logging.getLogger(name).propagate = True
     # httpx logs every upstream call at INFO with its full URL: one line per request is ours.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
-    # aiosqlite logs every statement's rows at DEBUG: stored text would flood the log.
-    logging.getLogger("aiosqlite").setLevel(max(logging.INFO, root.level))
