@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from itertools import groupby
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,9 +38,28 @@ async def import_records(conn: asyncpg.Connection, scope: Scope,
     await conn.execute("INSERT INTO users (id, created_at) VALUES ($1, now()) ON CONFLICT DO NOTHING", scope.user)
     imported: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
-    for record in records:
-        (imported if await importer.add(record) else skipped)[record["kind"]] += 1
+    for kind, run in groupby(records, key=lambda r: str(r["kind"])):
+        group = list(run)
+        if kind == "message":  # the bulk of a history: one pipelined round trip for a run of them
+            added = await importer.messages(group)
+            for counts, n in ((imported, added), (skipped, len(group) - added)):
+                if n:
+                    counts[kind] += n
+            continue
+        for record in group:
+            (imported if await importer.add(record) else skipped)[kind] += 1
     return {"imported": dict(sorted(imported.items())), "skipped": dict(sorted(skipped.items()))}
+
+
+# A message, with the conversation it names when the file did not carry it; its context is
+# computed after the messages imported before it (each execution sees the previous ones).
+_IMPORT_MESSAGE = (
+    "WITH c AS (INSERT INTO conversations (user_id, id, agent_id, created_at, last_active_at)"
+    " VALUES ($2, $3, $4, $9, $9) ON CONFLICT DO NOTHING)"
+    " INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, context,"
+    f" created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {CONTEXT_SQL.format('$2', '$3', '$9')}, $9)"
+    " ON CONFLICT DO NOTHING"
+)
 
 
 def _time(seconds: float | None) -> datetime | None:
@@ -66,8 +86,8 @@ class _Importer:
 
     async def add(self, r: dict[str, Any]) -> bool:
         """Insert one record; False when it was skipped."""
-        adder = {"conversation": self.conversation, "message": self.message, "entity": self.entity,
-                 "relationship": self.relationship, "reasoning": self.reasoning}[r["kind"]]
+        adder = {"conversation": self.conversation, "entity": self.entity, "relationship": self.relationship,
+                 "reasoning": self.reasoning}[r["kind"]]
         return bool(await adder(r))
 
     async def conversation(self, r: dict[str, Any]) -> bool:
@@ -83,17 +103,24 @@ class _Importer:
             "INSERT INTO conversations (user_id, id, agent_id, created_at, last_active_at) VALUES ($1, $2, $3, $4, $4)"
             " ON CONFLICT DO NOTHING", self._user, r["conversation_id"], r["agent_id"], _time(r["created_at"]))
 
-    async def message(self, r: dict[str, Any]) -> bool:
-        if await self._exists("messages", r["id"]):
-            return False
-        await self._conversation_for(r)
+    async def messages(self, records: list[dict[str, Any]]) -> int:
+        """Insert the messages whose ids the user does not have (nor an earlier record); how many."""
+        held = {row["id"] for row in await self._conn.fetch(
+            "SELECT id FROM messages WHERE user_id = $1 AND id = ANY($2::text[])", self._user,
+            [r["id"] for r in records])}
+        new: list[dict[str, Any]] = []
+        for r in records:
+            if r["id"] not in held:
+                held.add(r["id"])
+                new.append(r)
+        if new:
+            await self._conn.executemany(_IMPORT_MESSAGE, [self._message_args(r) for r in new])
+        return len(new)
+
+    def _message_args(self, r: dict[str, Any]) -> tuple[Any, ...]:
         content = clean_text(r["content"])
-        return await self._insert(
-            "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms,"
-            f" context, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {CONTEXT_SQL.format('$2', '$3', '$9')}, $9)"
-            " ON CONFLICT DO NOTHING",
-            r["id"], self._user, r["conversation_id"], r["agent_id"], r["role"], content, text_hash(content),
-            index_terms(content), _time(r["created_at"]))
+        return (r["id"], self._user, r["conversation_id"], r["agent_id"], r["role"], content, text_hash(content),
+                index_terms(content), _time(r["created_at"]))
 
     async def entity(self, r: dict[str, Any]) -> bool:
         name = clean_text(r["name"])

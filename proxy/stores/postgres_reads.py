@@ -68,18 +68,22 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     `limit`. `candidates` (a subquery of item seqs) limits the items scored, not the IDF.
     """
     user, wanted = args(scope.user), args(terms)
-    matching = f"p.user_id = {user} AND p.term = ANY({wanted}::text[])"
-    within = f" AND p.doc IN ({candidates})" if candidates else ""
+    postings = f"{kind}_postings p"
+    if candidates:
+        # Materialised, so the plan starts from the (few) candidates and probes their postings
+        # by key: left to itself the planner walked a common term's postings instead.
+        postings = f"cand JOIN {kind}_postings p ON p.doc = cand.doc"
+        candidates = f" cand AS MATERIALIZED (SELECT DISTINCT c.doc FROM ({candidates}) c(doc)),"
     best = "" if keep is None else f" LIMIT {keep}"
     return (
-        f"WITH s AS (SELECT docs::float8 AS n, greatest(tokens, 1)::float8 / greatest(docs, 1) AS avgdl"
-        f" FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
-        f" idf AS (SELECT ts.term, greatest(ln((s.n - ts.docs + 0.5) / (ts.docs + 0.5)), 1e-6) AS idf"
-        f" FROM term_stats ts CROSS JOIN s WHERE ts.user_id = {user} AND ts.kind = '{kind}'"
-        f" AND ts.term = ANY({wanted}::text[]) AND ts.docs > 0),"
+        f"WITH s AS (SELECT sum(docs)::float8 AS n, greatest(sum(tokens), 1)::float8 / greatest(sum(docs), 1)"
+        f" AS avgdl FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
+        " idf AS (SELECT d.term, greatest(ln((s.n - d.docs + 0.5) / (d.docs + 0.5)), 1e-6) AS idf"
+        f" FROM (SELECT term, sum(docs) AS docs FROM term_stats WHERE user_id = {user} AND kind = '{kind}'"
+        f" AND term = ANY({wanted}::text[]) GROUP BY term HAVING sum(docs) > 0) d CROSS JOIN s),{candidates}"
         " scored AS (SELECT p.doc, sum(idf.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
-        f" AS score FROM {kind}_postings p JOIN idf ON idf.term = p.term CROSS JOIN s"
-        f" WHERE {matching}{within} GROUP BY p.doc),"
+        f" AS score FROM {postings} JOIN idf ON idf.term = p.term CROSS JOIN s"
+        f" WHERE p.user_id = {user} AND p.term = ANY({wanted}::text[]) GROUP BY p.doc),"
         f" best AS (SELECT doc, score FROM scored ORDER BY score DESC, doc DESC{best})"
         f" SELECT {alias}.*, best.score FROM best JOIN {table} {alias} ON {alias}.seq = best.doc"
         f" WHERE {alias}.user_id = {user}{where} ORDER BY best.score DESC, {alias}.seq DESC LIMIT {args(limit)}"
@@ -257,8 +261,9 @@ class PostgresReads:
         if conversation_ids is not None:
             return terms
         rows = await self._fetch(
-            "SELECT ts.term, ts.finding AS n, (SELECT docs FROM lexicon_stats WHERE user_id = $1 AND kind = 'message')"
-            " AS docs FROM term_stats ts WHERE ts.user_id = $1 AND ts.kind = 'message' AND ts.term = ANY($2::text[])",
+            "SELECT term, sum(finding) AS n, (SELECT sum(docs) FROM lexicon_stats WHERE user_id = $1"
+            " AND kind = 'message') AS docs FROM term_stats WHERE user_id = $1 AND kind = 'message'"
+            " AND term = ANY($2::text[]) GROUP BY term",
             [scope.user, terms],
         )
         counts = {row["term"]: int(row["n"]) for row in rows}

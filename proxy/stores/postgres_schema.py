@@ -9,9 +9,10 @@ It mirrors sqlite_schema.py table for table, column for column, with these diffe
   the `*terms` columns already hold the index terms (proxy.terms), so each item's terms
   go into a `<kind>_postings` table, one row per (user, term, item) with the term
   frequency and the item's length; `term_stats` keeps each user's document frequency of
-  each term, `lexicon_stats` each user's item count and total length. A search reads
-  those counts and the query terms' postings through their primary keys and computes
-  FTS5's BM25 exactly, per user, in one statement: no scan of the user's items.
+  each term, `lexicon_stats` each user's item count and total length (as deltas folded
+  at each commit: fold_stats). A search reads those counts and the query terms' postings
+  through their keys and computes FTS5's BM25 exactly, per user, in one statement: no
+  scan of the user's items.
 - Postings, statistics and stale embeddings are kept in step by statement-level triggers
   with transition tables, so every insert, update and delete path - FK cascades included -
   updates them, as the FTS5 triggers do on SQLite.
@@ -199,15 +200,46 @@ CREATE TABLE embeddings (
 );
 
 -- Per user and kind of item, how many items hold each term (in any column: BM25's document
--- frequency) and how many hold it in a column that finds them (a message's own words).
+-- frequency) and how many hold it in a column that finds them (a message's own words), and
+-- (lexicon_stats) how many items there are and their total length. Kept as deltas: each
+-- index change appends rows, never updates one, and a transaction folds its users' new
+-- (`fresh`) rows into one per key before it commits (fold_stats). Updating one row many
+-- times in a transaction costs more each time (an import of 8k messages took 50 s);
+-- readers sum whatever rows a key has.
 CREATE TABLE term_stats (
     user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
     kind text {_C} NOT NULL,
     term text {_C} NOT NULL,
     docs integer NOT NULL,
     finding integer NOT NULL,
-    PRIMARY KEY (user_id, kind, term)
+    fresh boolean NOT NULL DEFAULT true
 );
+CREATE INDEX term_stats_key ON term_stats(user_id, kind, term) INCLUDE (docs, finding);
+CREATE INDEX term_stats_fresh ON term_stats(user_id) WHERE fresh;
+
+CREATE TABLE lexicon_stats (
+    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    kind text {_C} NOT NULL,
+    docs bigint NOT NULL,
+    tokens bigint NOT NULL,
+    fresh boolean NOT NULL DEFAULT true
+);
+CREATE INDEX lexicon_stats_key ON lexicon_stats(user_id, kind) INCLUDE (docs, tokens);
+CREATE INDEX lexicon_stats_fresh ON lexicon_stats(user_id) WHERE fresh;
+
+CREATE FUNCTION fold_stats(p_users text[]) RETURNS void LANGUAGE sql AS $$
+    WITH keys AS (SELECT DISTINCT user_id, kind, term FROM term_stats WHERE fresh AND user_id = ANY(p_users)),
+    gone AS (DELETE FROM term_stats t USING keys k WHERE t.user_id = k.user_id AND t.kind = k.kind
+             AND t.term = k.term RETURNING t.user_id, t.kind, t.term, t.docs, t.finding)
+    INSERT INTO term_stats (user_id, kind, term, docs, finding, fresh)
+        SELECT user_id, kind, term, sum(docs), sum(finding), false FROM gone GROUP BY user_id, kind, term
+        HAVING sum(docs) <> 0 OR sum(finding) <> 0;
+    WITH keys AS (SELECT DISTINCT user_id, kind FROM lexicon_stats WHERE fresh AND user_id = ANY(p_users)),
+    gone AS (DELETE FROM lexicon_stats l USING keys k WHERE l.user_id = k.user_id AND l.kind = k.kind
+             RETURNING l.user_id, l.kind, l.docs, l.tokens)
+    INSERT INTO lexicon_stats (user_id, kind, docs, tokens, fresh)
+        SELECT user_id, kind, sum(docs), sum(tokens), false FROM gone GROUP BY user_id, kind;
+$$;
 
 -- A new message's context: the start (p_chars, cut at a space) of the terms of the p_messages
 -- messages said at or before p_at in its conversation, oldest first (sqlite_rows.context_terms).
@@ -222,13 +254,6 @@ CREATE FUNCTION message_context(p_user text, p_conversation text, p_at timestamp
           AND created_at <= p_at ORDER BY created_at DESC, seq DESC LIMIT p_messages) b
 $$;
 
-CREATE TABLE lexicon_stats (
-    user_id text {_C} NOT NULL REFERENCES users(id) ON DELETE CASCADE,
-    kind text {_C} NOT NULL,
-    docs bigint NOT NULL,
-    tokens bigint NOT NULL,
-    PRIMARY KEY (user_id, kind)
-);
 """
 
 
@@ -275,14 +300,11 @@ class _Index:
         SELECT r.user_id, t.term, r.seq, sum(t.w), r.dl, bool_or(t.finds) FROM r
         CROSS JOIN LATERAL ({self._terms}) AS t(term, w, finds) WHERE t.term <> ''
         GROUP BY r.user_id, t.term, r.seq, r.dl RETURNING user_id, term, finds)
-    INSERT INTO term_stats AS ts (user_id, kind, term, docs, finding)
+    INSERT INTO term_stats (user_id, kind, term, docs, finding)
         SELECT p.user_id, '{self.kind}', p.term, count(*), count(*) FILTER (WHERE p.finds) FROM p
-        GROUP BY p.user_id, p.term
-        ON CONFLICT (user_id, kind, term) DO UPDATE SET docs = ts.docs + excluded.docs,
-            finding = ts.finding + excluded.finding;
-    INSERT INTO lexicon_stats AS s (user_id, kind, docs, tokens)
-        SELECT r.user_id, '{self.kind}', count(*), sum({self._length}) FROM {rows} r GROUP BY r.user_id
-        ON CONFLICT (user_id, kind) DO UPDATE SET docs = s.docs + excluded.docs, tokens = s.tokens + excluded.tokens;"""
+        GROUP BY p.user_id, p.term;
+    INSERT INTO lexicon_stats (user_id, kind, docs, tokens)
+        SELECT r.user_id, '{self.kind}', count(*), sum({self._length}) FROM {rows} r GROUP BY r.user_id;"""
 
     def remove(self, rows: str) -> str:
         """Take `rows` out of the index and the stats (their postings are found by primary key)."""
@@ -290,13 +312,13 @@ class _Index:
     WITH gone AS (DELETE FROM {self.postings} p USING (SELECT DISTINCT r.user_id, r.seq, t.term FROM {rows} r
         CROSS JOIN LATERAL ({self._terms}) AS t(term, w, finds)) d
         WHERE p.user_id = d.user_id AND p.term = d.term AND p.doc = d.seq RETURNING p.user_id, p.term, p.finds)
-    UPDATE term_stats ts SET docs = ts.docs - g.docs, finding = ts.finding - g.finding
-        FROM (SELECT user_id, term, count(*) AS docs, count(*) FILTER (WHERE finds) AS finding FROM gone
-              GROUP BY user_id, term) g
-        WHERE ts.user_id = g.user_id AND ts.kind = '{self.kind}' AND ts.term = g.term;
-    UPDATE lexicon_stats s SET docs = s.docs - d.docs, tokens = s.tokens - d.tokens
-        FROM (SELECT r.user_id, count(*) AS docs, sum({self._length}) AS tokens FROM {rows} r GROUP BY r.user_id) d
-        WHERE s.user_id = d.user_id AND s.kind = '{self.kind}';"""
+    -- Not for a user being deleted: the stats go with the users row.
+    INSERT INTO term_stats (user_id, kind, term, docs, finding)
+        SELECT g.user_id, '{self.kind}', g.term, -count(*), -count(*) FILTER (WHERE g.finds) FROM gone g
+        WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = g.user_id) GROUP BY g.user_id, g.term;
+    INSERT INTO lexicon_stats (user_id, kind, docs, tokens)
+        SELECT r.user_id, '{self.kind}', -count(*), -sum({self._length}) FROM {rows} r
+        WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id) GROUP BY r.user_id;"""
 
     def drop_vectors(self, rows: str) -> str:
         return f"""
