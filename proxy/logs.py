@@ -21,16 +21,18 @@ class JsonFormatter(logging.Formatter):
     """Formats a record and its `extra` fields as compact JSON."""
 
     def format(self, record: logging.LogRecord) -> str:
+        extras = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        extras["msg"] = record.getMessage()
+        if record.exc_info:
+            extras["exc"] = self.formatException(record.exc_info)
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(redact_mapping(_plain(entry)), separators=(",", ":"))
+        # Only what the record carries can hold outside text; the three fields above are ours.
+        entry.update(redact_mapping(_plain(extras)))
+        return json.dumps(entry, separators=(",", ":"))
 
 
 def _plain(value: Any) -> Any:
