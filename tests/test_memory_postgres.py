@@ -1,8 +1,8 @@
-"""The memory path through the proxy (test_memory_path.py, test_teach_forget_ask.py) again, on PostgreSQL.
+"""The memory path through the proxy (test_memory_path.py) again, on PostgreSQL.
 
 The same test functions, with `make_proxy` serving from a fresh PostgreSQL schema unless
-a test names another store: blocks, tool-loop block reuse, caps and teach-forget-ask
-behave the same on both backends.
+a test names another store: blocks, tool-loop block reuse and caps behave the same on
+both backends (teaching and asking across replicas is in test_replicas.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from tests.test_memory_path import (  # noqa: F401  (collected here again, again
     test_tool_loop_steps_carry_identical_block_bytes,
     test_x_memory_max_caps_and_zero_disables,
 )
-from tests.test_teach_forget_ask import test_taught_facts_come_back_and_stay_with_their_user  # noqa: F401
 
 
 @pytest.fixture
