@@ -1,7 +1,7 @@
 """The graph's writes (RecordFacts, ExtractionFailed) and the extraction queue, on both backends.
 
-Entity merge, the user's node, edges in time and the queue's claims, as test_store_facts.py
-checks them on SQLite, run against each backend with the same assertions.
+Entity merge, the user's node, edges in time and the queue's claims, with the same
+assertions against each backend.
 """
 
 from __future__ import annotations
