@@ -8,7 +8,7 @@ replica's batch for the same user.
 Deleting a user removes every row that carries its id: the users row cascades through the
 foreign keys, the triggers drop the deleted items' postings, and every table with a
 `user_id` is then swept. PostgreSQL keeps deleted tuples in the table files until VACUUM
-reclaims them (and backups keep them until they expire): docs/replicas.md says so.
+reclaims them (and backups keep them until they expire): README ("Running several replicas") says so.
 """
 
 from __future__ import annotations

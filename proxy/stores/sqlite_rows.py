@@ -24,7 +24,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 INDEX_MAX_CHARS = 65536
 # A message is indexed with the words of the messages just before it in its conversation
 # (the question an answer replies to), searched at a lower weight. Measured on the LoCoMo
-# dev split (docs/evaluation.md): two earlier messages beat one or three. A long earlier
+# dev split (README, "Evaluation"): two earlier messages beat one or three. A long earlier
 # message lends only its start: context says what was being talked about.
 CONTEXT_MESSAGES = 2
 CONTEXT_CHARS_PER_MESSAGE = 2000
