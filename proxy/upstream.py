@@ -7,6 +7,7 @@ Timeouts are ours, not the transport's: `first_byte` bounds the wait for respons
 from __future__ import annotations
 
 import asyncio
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -157,18 +158,22 @@ class Upstream:
 
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
-        self.base_url = httpx.URL(settings.base_url.rstrip("/"))
+        self.base_url = settings.base_url.rstrip("/")
         transport = AiohttpTransport(max_connections=settings.max_connections,
                                      connect_timeout_s=settings.connect_timeout_s)
-        self.client = httpx.AsyncClient(transport=transport, timeout=None, follow_redirects=False)
+        # One client serves every user: a cookie the provider sets for one request must never
+        # ride along on another user's, so the client's jar accepts none.
+        no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+        self.client = httpx.AsyncClient(transport=transport, timeout=None, follow_redirects=False,
+                                        cookies=no_cookies)
         self.client.headers.clear()  # httpx's own defaults (user-agent, accept) would alter the request
 
-    def url(self, path: str, query: bytes) -> httpx.URL:
+    def url(self, path: str, query: bytes) -> str:
         """The provider URL for a path after memproxy's /v1, query kept byte for byte."""
-        return self.base_url.copy_with(raw_path=self.base_url.raw_path + path.encode() + (b"?" + query if query else b""))
+        return self.base_url + path + ("?" + query.decode("latin-1") if query else "")
 
     async def open(
-        self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]],
+        self, method: str, url: str, headers: list[tuple[bytes, bytes]],
         content: bytes | AsyncIterator[bytes] | None,
     ) -> UpstreamResponse:
         """Send the request and wait for the response headers (first-byte timeout)."""

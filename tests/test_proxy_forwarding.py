@@ -194,3 +194,13 @@ def test_http_client_can_use_the_proxy_with_keepalive(proxy, fake):
         for _ in range(20):
             assert http.post("/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 200
     assert len(fake.received) == 20
+
+
+def test_provider_cookies_never_ride_on_other_requests(proxy, fake):
+    fake.queue(JsonReply(completion(), headers=[("set-cookie", "session=alice-secret; Path=/")]))
+    with proxy.http() as http:
+        first = http.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert first.headers["set-cookie"] == "session=alice-secret; Path=/"  # the client still gets it
+    with proxy.http() as other_client:
+        other_client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+    assert fake.received[1].header("cookie") is None
