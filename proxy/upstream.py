@@ -1,4 +1,4 @@
-"""The provider side: one pooled httpx client, header filtering, named timeouts.
+"""The provider side: one connection pool (httpx requests on aiohttp), header filtering, named timeouts.
 
 Timeouts are ours, not the transport's: `first_byte` bounds the wait for response headers,
 `idle` the silence between two body chunks. A POST is never retried.
