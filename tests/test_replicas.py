@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-import openai
 import pytest
 
 from proxy.memory.breaker import CircuitBreaker
