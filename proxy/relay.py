@@ -30,19 +30,11 @@ def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
 
 async def read_body(receive: Receive, limit: int) -> bytes:
     """The whole request body, refusing (413) as soon as it passes `limit`."""
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
+    return b"".join([chunk async for chunk in body_stream(receive, limit, on_end=_nothing)])
+
+
+def _nothing() -> None:
+    return None
 
 
 async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None]) -> AsyncIterator[bytes]:
