@@ -9,34 +9,23 @@ import asyncio
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.models import ReasoningStep, Scope
+from proxy.models import ReasoningStep
 from proxy.stores.base import (
-    FinishTurn,
     RecordToolCalls,
     SaveBlock,
-    StartTurn,
     StoreError,
 )
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_rows import entity_terms
 from proxy.stores.sqlite_schema import FTS_TABLES
-
-T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
-ALICE = Scope("alice")
-BOB = Scope("bob")
-CANARY = "zebracanary"
-
-
-def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(coro)
+from tests.test_store_contract import ALICE, BOB, CANARY, T0, finish, run, start
 
 
 @asynccontextmanager
@@ -47,16 +36,6 @@ async def opened(path: Path) -> AsyncIterator[SQLiteStore]:
         yield store
     finally:
         await store.close()
-
-
-def start(scope: Scope, key: str, text: str | None = "hello", *, conv: str = "c1", at: datetime = T0,
-          history: str | None = None, persist: bool = True) -> StartTurn:
-    return StartTurn(scope, key, conv, history or f"h-{key}", at, text, persist)
-
-
-def finish(scope: Scope, key: str, answer: str, *, conv: str = "c1", at: datetime = T0,
-           task: str = "", steps: tuple[ReasoningStep, ...] = ()) -> FinishTurn:
-    return FinishTurn(scope, key, conv, answer, at + timedelta(seconds=1), task, steps)
 
 
 def sql(path: Path, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
