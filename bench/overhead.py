@@ -32,6 +32,9 @@ from summary import as_json as summary_json
 MEMORY_USER = "bench-user"
 TARGETS = ("direct", "reference", "memproxy-off", "memproxy-on")
 KNOWN_TARGETS = TARGETS + ("reference-httpx", "memproxy-quiet")
+# Request numbers each load owns (see run_rounds): more requests than a load ever sends, and a
+# multiple of 8, so request n still asks question n % 8.
+NUMBERS_PER_LOAD = 10**7
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,14 @@ def subjects(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, 
 
 
 async def run_step(step: Step, targets: dict[str, Subject], order: list[str], args: argparse.Namespace,
-                   shape: StreamShape) -> dict[str, Figures]:
-    """One step for every target: the targets take turns in slices of duration/slices seconds."""
-    loads = {name: Measured(targets[name], step.concurrency, shape if step.streamed else None) for name in order}
+                   shape: StreamShape, first: int) -> dict[str, Figures]:
+    """One step for every target: the targets take turns in slices of duration/slices seconds.
+
+    Target i numbers its requests from first + i * NUMBERS_PER_LOAD.
+    """
+    numbers = {name: first + i * NUMBERS_PER_LOAD for i, name in enumerate(targets)}
+    loads = {name: Measured(targets[name], step.concurrency, shape if step.streamed else None, numbers[name])
+             for name in order}
     try:
         for name in order:
             await loads[name].open()
@@ -144,15 +152,23 @@ async def run_step(step: Step, targets: dict[str, Subject], order: list[str], ar
 
 async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> Results:
     """Every step for every target, interleaved: within a step the targets take turns slice by
-    slice, and the order rotates each round so no target always goes first."""
+    slice, and the order rotates each round so no target always goes first.
+
+    Each load (round, step, target) numbers its requests in a range of its own, and the number is
+    in the question, so no request of the run repeats an earlier one. memproxy takes a repeated
+    history within memory.retry_window_s (30 s) for a retry of the same turn and answers it with
+    that turn's saved block, without retrieval: repeats would let memproxy-on skip retrieval.
+    """
     shape = StreamShape(args.stream_events, args.stream_gap_ms)
     names = list(targets)
     results: Results = {step.name: {name: [] for name in names} for step in args.steps}
     for r in range(args.rounds):
         started = time.perf_counter()
         order = names[r % len(names):] + names[:r % len(names)]
-        for step in args.steps:
-            for name, figures in (await run_step(step, targets, order, args, shape)).items():
+        for i, step in enumerate(args.steps):
+            # From 1, not 0: the warm-up's requests are numbered from 0.
+            first = (1 + (r * len(args.steps) + i) * len(names)) * NUMBERS_PER_LOAD
+            for name, figures in (await run_step(step, targets, order, args, shape, first)).items():
                 results[step.name][name].append(figures)
         print(f"  round {r + 1}/{args.rounds} done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return results

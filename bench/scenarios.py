@@ -46,11 +46,18 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Measured:
-    """A closed-loop load on one subject, run in slices, with the CPU each process spends in them."""
+    """A closed-loop load on one subject, run in slices, with the CPU each process spends in them.
 
-    def __init__(self, subject: Subject, concurrency: int, stream: StreamShape | None) -> None:
+    Its requests are numbered from `first` (the number is in the question's text).
+    """
+
+    def __init__(self, subject: Subject, concurrency: int, stream: StreamShape | None, first: int = 0) -> None:
         target = subject.target
-        make = chat_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
+        numbered = chat_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
+
+        def make(n: int) -> bytes:
+            return numbered(first + n)
+
         # Warm each connection with a plain request: a whole stream per connection would only cost time.
         self.load = ClosedLoop(target, make, concurrency, warm=chat_payload(target, stream=False))
         self.subject = subject
