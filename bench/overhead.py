@@ -152,7 +152,23 @@ async def run_step(step: Step, targets: dict[str, Subject], order: list[str], ar
     return {name: load.figures() for name, load in loads.items()}
 
 
-async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> Results:
+async def memory_closed(targets: dict[str, Subject], waits: Figures) -> None:
+    """Wait until memproxy's circuit breaker is closed, when a memory-on target is measured.
+
+    A step at 32 or 64 connections can time retrieval out and open the breaker for 15 s; the
+    steps after it would then measure memory-on requests that skipped memory.
+    """
+    subject = next((targets[name] for name in MEMORY_ON if name in targets), None)
+    if subject is None:
+        return
+    waited = await memory_recovered(subject.target, MEMORY_USER)
+    if waited < 0 or waited > 0.05:  # the first /readyz alone takes a few ms
+        waits["breaker_waits"] += 1
+        waits["breaker_wait_s"] += max(waited, 0.0)
+        waits["breaker_still_open"] += float(waited < 0)
+
+
+async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> tuple[Results, Figures]:
     """Every step for every target, interleaved: within a step the targets take turns slice by
     slice, and the order rotates each round so no target always goes first.
 
@@ -165,16 +181,18 @@ async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> R
     shape = StreamShape(args.stream_events, args.stream_gap_ms)
     names = list(targets)
     results: Results = {step.name: {name: [] for name in names} for step in args.steps}
+    waits = {"breaker_waits": 0.0, "breaker_wait_s": 0.0, "breaker_still_open": 0.0}
     for r in range(args.rounds):
         started = time.perf_counter()
         order = names[r % len(names):] + names[:r % len(names)]
         for i, step in enumerate(args.steps):
             # From 1, not 0: the warm-up's requests are numbered from 0.
             first = (1 + (r * len(args.steps) + i) * len(names)) * NUMBERS_PER_LOAD
+            await memory_closed(targets, waits)
             for name, figures in (await run_step(step, targets, order, args, shape, first)).items():
                 results[step.name][name].append(figures)
         print(f"  round {r + 1}/{args.rounds} done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    return results
+    return results, waits
 
 
 def memory_sizes(servers: dict[str, Server], targets: list[str]) -> dict[str, float]:
@@ -207,7 +225,9 @@ async def bench(args: argparse.Namespace, servers: dict[str, Server]) -> dict[st
         await warm_up(subject, StreamShape(args.stream_events, args.stream_gap_ms), 4 if name in MEMORY_ON else 64)
     report["rss_mb_start"] = memory_sizes(servers, args.targets)
     print(f"measuring {args.rounds} rounds of {args.duration} s per step and target ...", file=sys.stderr)
-    report["results"] = await run_rounds(args, targets)
+    report["results"], waits = await run_rounds(args, targets)
+    if memory_on:
+        report["memory"] = waits
     report["rss_mb_end"] = memory_sizes(servers, args.targets)
     stormed = targets.get(MEMPROXY) or (memory_on[0] if memory_on else None)
     if args.disconnect_storm and stormed is not None:
@@ -229,7 +249,7 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
         sent = sum(f["requests"] for step in report["results"].values() for f in step[name])
         saved = "none saved (X-Memory-Persist: false)" if name == "memproxy-on-ro" else "each saved as a turn"
         print(f"\n{name}: {sent:,.0f} measured requests for {MEMORY_USER}, {saved}.")
-    for key in ("seed", "storm"):
+    for key in ("seed", "memory", "storm"):
         if key in report:
             print(f"\n{key}: " + ", ".join(f"{k} {v:g}" for k, v in report[key].items()))
     checks = criteria(summary, args.memory_items)
@@ -241,7 +261,7 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
         settings = {**vars(args), "memproxy_dir": str(args.memproxy_dir), "steps": [s.name for s in args.steps]}
         out = {"memproxy": version, "settings": settings,
                **summary_json(summary), "rss_mb_start": report["rss_mb_start"], "rss_mb_end": report["rss_mb_end"],
-               "seed": report.get("seed"), "storm": report.get("storm"),
+               "seed": report.get("seed"), "memory": report.get("memory"), "storm": report.get("storm"),
                "criteria": [{"name": c.name, "pass": c.passed, "detail": c.detail,
                              "informational": c.informational} for c in checks]}
         print(json.dumps(out))
