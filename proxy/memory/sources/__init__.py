@@ -26,7 +26,9 @@ from proxy.terms import query_terms
 
 T = TypeVar("T")
 
-CANDIDATES = 24  # rows asked of the index per search: bounded whatever the history holds
+# Rows asked of the index per search, per hit the source may build: bounded whatever the
+# history holds, and enough that the relevance floor and the dedupe rarely leave it short.
+CANDIDATES_PER_HIT = 2
 IDENTIFIER_CANDIDATES = 8  # rows asked per unseen-identifier search
 SPARE_HITS = 2  # hits a source builds beyond the merge's limit, for texts another source also found
 RANK_REASON = "rank"
@@ -80,6 +82,11 @@ class SourceQuery:
         """Hits a source builds: all the merge could take from it, and a few for repeated texts."""
         return min(self.max_memories, HARD_CAP) + SPARE_HITS
 
+    @property
+    def candidates(self) -> int:
+        """Rows a search asks the index for."""
+        return CANDIDATES_PER_HIT * self.hits_wanted
+
     @cached_property
     def _shown(self) -> frozenset[str]:
         return frozenset(normalised(text) for text in (*self.visible, self.text))
@@ -118,9 +125,10 @@ async def lexical(
     keep: Callable[[T], bool] = lambda item: True,
     order: Callable[[T, float], tuple[object, ...]] | None = None,
     retry: bool = False,
-    limit: int = CANDIDATES,
+    limit: int | None = None,
 ) -> list[Found[T]]:
     """Relevant candidates, best first: identifier matches, then the full query (or its retry)."""
+    limit = limit or q.candidates
     if q.id_terms:
         by_terms, by_identifier = await asyncio.gather(
             _search(search, q.terms, limit), _search(search, q.id_terms, IDENTIFIER_CANDIDATES)

@@ -9,19 +9,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.memory.block import message_line
-from proxy.memory.sources import CANDIDATES, Found, SourceQuery, lexical, normalised, to_hits
+from proxy.memory.sources import Found, SourceQuery, lexical, normalised, to_hits
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
 
 SOURCE = "conversation"
-# The request may show many of the best matches; asking for that many more keeps CANDIDATES
+# The request may show many of the best matches; asking for that many more keeps enough
 # unseen ones in reach, up to this bound on one search.
 MAX_CANDIDATES = 500
 
 
 def candidate_limit(q: SourceQuery) -> int:
-    """Rows to ask for so that `CANDIDATES` survive dropping what the request shows."""
-    return min(MAX_CANDIDATES, CANDIDATES + len(q.visible) + 1)
+    """Rows to ask for so that `q.candidates` survive dropping what the request shows."""
+    return min(MAX_CANDIDATES, q.candidates + len(q.visible) + 1)
 
 
 async def search(store: Store, q: SourceQuery) -> list[Hit]:

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from proxy.memory.fusion import PER_GROUP, cap_per_group
-from proxy.memory.sources import CANDIDATES, SourceQuery, lexical, to_hits
+from proxy.memory.sources import SourceQuery, lexical, to_hits
 from proxy.memory.sources.conversation import candidate_limit, message_hit, message_id, message_text
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
@@ -42,7 +42,7 @@ async def search(store: Store, q: SourceQuery, conversations: int | None) -> lis
         return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
 
     found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
-                          order=order, limit=candidate_limit(q) + CANDIDATES)
+                          order=order, limit=candidate_limit(q) + q.candidates)
     # Capped before the hits are built (only those are worth building) and after (the
     # identifier trigger may reorder them).
     taken: Counter[str] = Counter()
