@@ -185,6 +185,50 @@ WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock
                 StoreMemory]
 
 
+# --- embeddings (SPEC 4): filled in the background, searched through an in-process cache
+
+EmbeddingKind = Literal["message", "entity", "reasoning"]
+EMBEDDING_KINDS: tuple[EmbeddingKind, ...] = ("message", "entity", "reasoning")
+
+
+@dataclass(frozen=True)
+class Unembedded:
+    """An item lacking a vector for the model: what to embed (`text`), and where it lives.
+
+    `text` is the store's embedding text of the item (a message's content, an entity's name
+    and description, a trace's task and answer), cut at the store's limit; `group` is the
+    conversation of a message or trace. `seq` orders items of a kind (a cursor for paging).
+    """
+
+    scope: Scope
+    kind: EmbeddingKind
+    item_id: str
+    seq: int
+    text: str
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class NewEmbedding:
+    """A computed vector, saved only while its item still reads `text` (else it is stale)."""
+
+    user: str
+    kind: EmbeddingKind
+    item_id: str
+    text: str
+    vector: bytes  # float32, little-endian
+
+
+@dataclass(frozen=True)
+class StoredVector:
+    """One saved vector with what the sources filter by: a message's conversation, the agent."""
+
+    item_id: str
+    group: str | None
+    agent: str | None
+    vector: bytes  # float32, little-endian
+
+
 @dataclass(frozen=True)
 class QueuedMessage:
     """A saved message waiting for extraction, with the scope it belongs to."""
@@ -294,6 +338,22 @@ class Store(Protocol):
 
     async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
         """Ids of the user's conversations, most recently active first (all when None)."""
+
+    # embeddings: filled by the background worker and `memproxy reindex`, read by retrieval
+    async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
+                         user: str | None = None) -> list[Unembedded]:
+        """Items of `kind` (every user's, or `user`'s) with `seq` above `after` and no vector for `model`, by seq."""
+
+    async def save_embeddings(self, model: str, vectors: Sequence[NewEmbedding]) -> int:
+        """Save vectors (replacing the model's old ones) whose items still read their `text`; how many were saved."""
+
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
+        """Every vector of the user for this kind and model, each agent's (the caller filters), by item id."""
+
+    async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
+                             ) -> list[Any]:
+        """The items among `item_ids` that still hold a vector for `model`, as the searches return them
+        (StoredMessage, Entity or ReasoningTrace), filtered by the scope's agent as the searches are."""
 
     # the memory API (SPEC 8): pages take `limit` and `cursor`, the id of the previous page's last item
     async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:

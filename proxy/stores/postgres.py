@@ -32,6 +32,7 @@ from proxy.stores.postgres_batch import apply_ops, recover
 from proxy.stores.postgres_reads import Args, PostgresReads, agent_clause
 from proxy.stores.postgres_rows import message_from_record, turn_from_record, utc
 from proxy.stores.postgres_schema import migrate
+from proxy.stores.postgres_vectors import PostgresVectors
 
 POOL_MIN = 2
 POOL_MAX = 20  # per replica; retrieval runs its sources' queries in parallel
@@ -77,10 +78,10 @@ def user_lock_key(user: str) -> int:
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
-class PostgresStore(PostgresReads, PostgresAdmin):
+class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
     """The Store protocol on a PostgreSQL database shared by any number of replicas.
 
-    Reads and search: postgres_reads.py; the memory API: postgres_admin.py.
+    Reads and search: postgres_reads.py; the memory API: postgres_admin.py; embeddings: postgres_vectors.py.
     """
 
     def __init__(self, url: str, *, min_connections: int = POOL_MIN, max_connections: int = POOL_MAX) -> None:

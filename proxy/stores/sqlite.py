@@ -42,6 +42,7 @@ from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import TermCounts, match_query, prepare_reader
 from proxy.stores.sqlite_search import search_messages as search_message_index
+from proxy.stores.sqlite_vectors import SQLiteVectors
 
 T = TypeVar("T")
 
@@ -100,8 +101,9 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[st
 )
 
 
-class SQLiteStore(SQLiteAdmin):
-    """The Store protocol on one SQLite file (the memory API's operations: sqlite_admin.py)."""
+class SQLiteStore(SQLiteAdmin, SQLiteVectors):
+    """The Store protocol on one SQLite file (the memory API's operations: sqlite_admin.py; embeddings:
+    sqlite_vectors.py)."""
 
     # A row holding any one of the search terms matches (the terms are OR'ed), so a keyword
     # retry with some of the query's words cannot find more than the full query did.

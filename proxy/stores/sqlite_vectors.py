@@ -1,0 +1,102 @@
+"""Embeddings on SQLite: the items lacking a vector, saving vectors, and reading them back.
+
+`SQLiteVectors` is mixed into `SQLiteStore`: reads run on its read connections, saves on
+its write thread in one IMMEDIATE transaction (queued behind the writer's batches).
+Vectors are float32 little-endian BLOBs; the triggers of sqlite_schema.py drop an item's
+vectors when its text changes or it is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from proxy.models import Scope
+from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
+from proxy.stores.sqlite_rows import entity_from_row, message_from_row, now_ts, trace_from_row
+from proxy.stores.vector_sql import table_of
+
+T = TypeVar("T")
+FLOAT32_BYTES = 4
+_FROM_ROW: dict[str, Callable[[sqlite3.Row], Any]] = {
+    "message": message_from_row, "entity": entity_from_row, "reasoning": trace_from_row,
+}
+
+
+def _agent(scope: Scope, kind: str) -> tuple[str, list[Any]]:
+    """The searches' agent filter: under isolation, and always for reasoning (per agent)."""
+    if scope.agent_isolated or (kind == "reasoning" and scope.agent is not None):
+        return " AND x.agent_id IS ?", [scope.agent]
+    return "", []
+
+
+class SQLiteVectors:
+    """The embeddings half of SQLiteStore (the host provides the connections)."""
+
+    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteStore
+        raise NotImplementedError
+
+    async def _on_writer(self, body: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteAdmin
+        raise NotImplementedError
+
+    async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
+                         user: str | None = None) -> list[Unembedded]:
+        """Items of `kind` with seq above `after` and no vector for `model`, by seq."""
+        t = table_of(kind)
+        mine, params = ("", []) if user is None else (" AND x.user_id = ?", [user])
+        sql = (f"SELECT x.seq, x.id, x.user_id, x.agent_id, {t.cut_text} AS text, {t.group} AS grp FROM {t.table} x"
+               f" WHERE x.seq > ?{mine} AND {t.text} <> '' AND NOT EXISTS (SELECT 1 FROM embeddings e"
+               " WHERE e.user_id = x.user_id AND e.kind = ? AND e.item_id = x.id AND e.model = ?)"
+               " ORDER BY x.seq LIMIT ?")
+        args = [after, *params, kind, model, limit]
+        rows = await self._read(lambda conn: conn.execute(sql, args).fetchall())
+        return [Unembedded(Scope(row["user_id"], agent=row["agent_id"]), kind, row["id"], row["seq"], row["text"],
+                           row["grp"]) for row in rows]
+
+    async def save_embeddings(self, model: str, vectors: Sequence[NewEmbedding]) -> int:
+        """Save the vectors whose items still read their text; how many were saved."""
+        if not vectors:
+            return 0
+        now = now_ts()
+
+        def save(conn: sqlite3.Connection) -> int:
+            saved = 0
+            for v in vectors:
+                t = table_of(v.kind)
+                cursor = conn.execute(
+                    "INSERT INTO embeddings (user_id, kind, item_id, model, dim, vector, created_at)"
+                    " SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM"
+                    f" {t.table} x WHERE x.user_id = ? AND x.id = ? AND {t.cut_text} = ?)"
+                    " ON CONFLICT (user_id, kind, item_id, model) DO UPDATE SET dim = excluded.dim,"
+                    " vector = excluded.vector, created_at = excluded.created_at",
+                    (v.user, v.kind, v.item_id, model, len(v.vector) // FLOAT32_BYTES, v.vector, now,
+                     v.user, v.item_id, v.text))
+                saved += cursor.rowcount
+            return saved
+
+        return await self._on_writer(save)
+
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
+        """Every vector of the user for this kind and model, each agent's, by item id."""
+        t = table_of(kind)
+        sql = (f"SELECT e.item_id, {t.group} AS grp, x.agent_id, e.vector FROM embeddings e"
+               f" JOIN {t.table} x ON x.user_id = e.user_id AND x.id = e.item_id"
+               " WHERE e.user_id = ? AND e.kind = ? AND e.model = ? ORDER BY e.item_id")
+        rows = await self._read(lambda conn: conn.execute(sql, (scope.user, kind, model)).fetchall())
+        return [StoredVector(row["item_id"], row["grp"], row["agent_id"], bytes(row["vector"])) for row in rows]
+
+    async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
+                             ) -> list[Any]:
+        """The items among `item_ids` that still hold a vector for `model`, agent-filtered as the searches are."""
+        if not item_ids:
+            return []
+        t = table_of(kind)
+        agent, agent_params = _agent(scope, kind)
+        sql = (f"SELECT x.* FROM json_each(?) AS wanted CROSS JOIN {t.table} x ON x.user_id = ? AND x.id = wanted.value"
+               f" WHERE EXISTS (SELECT 1 FROM embeddings e WHERE e.user_id = x.user_id AND e.kind = ?"
+               f" AND e.item_id = x.id AND e.model = ?){agent} ORDER BY x.id")
+        params = [json.dumps(list(item_ids)), scope.user, kind, model, *agent_params]
+        shape = _FROM_ROW[kind]
+        return await self._read(lambda conn: [shape(row) for row in conn.execute(sql, params)])
