@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 
 from proxy.models import Scope
-from proxy.stores.base import StartTurn, StoreError
+from proxy.stores.base import StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_search import (
     CANDIDATE_MIN_ROWS,
+    SMALL_INDEX_ROWS,
     TermCounts,
+    candidate_budget,
     candidate_terms,
     indexed_rows,
     prepare_reader,
@@ -114,7 +116,7 @@ def test_conversation_filter_respects_the_limit_and_order(tmp_path: Path) -> Non
 
 def common_world(rare_rows: int = 3) -> list[StartTurn]:
     """Many rows saying 'deadline' (common), a few saying 'zephyr' (rare), one saying both."""
-    ops = [said(ALICE, n, f"the deadline for item {n} moved", f"c{n % 40}") for n in range(CANDIDATE_MIN_ROWS + 100)]
+    ops = [said(ALICE, n, f"the deadline for item {n} moved", f"c{n % 40}") for n in range(SMALL_INDEX_ROWS + 100)]
     base = len(ops)
     ops += [said(ALICE, base + n, f"the zephyr project number {n}", f"z{n}") for n in range(rare_rows)]
     ops.append(said(ALICE, base + rare_rows, "the zephyr deadline is Friday", "zz"))
@@ -149,10 +151,55 @@ def test_small_stores_score_every_match(tmp_path: Path) -> None:
 
     async def body() -> None:
         async with SQLiteStoreOpened(path) as store:
-            await store.apply([said(ALICE, n, f"the deadline {n}", "a") for n in range(20)]
-                              + [said(ALICE, 50, "the zephyr", "b")])
-            hits = await store.search_messages(ALICE, ["zephyr", "deadlin"], limit=100)
-            assert len(hits) == 21  # under CANDIDATE_MIN_ROWS every match is scored
+            await store.apply([said(ALICE, n, f"the deadline {n}", "a") for n in range(SMALL_INDEX_ROWS - 1)]
+                              + [said(ALICE, 5000, "the zephyr", "b")])
+            hits = await store.search_messages(ALICE, ["zephyr", "deadlin"], limit=SMALL_INDEX_ROWS + 10)
+            assert len(hits) == SMALL_INDEX_ROWS  # up to SMALL_INDEX_ROWS every match is scored
+
+    run(body())
+
+
+def test_a_common_rarest_term_scores_only_its_newest_rows(tmp_path: Path) -> None:
+    """Every term common: the newest budget's worth of rows saying the rarest are scored, not all."""
+    path = tmp_path / "m.db"
+    rows = SMALL_INDEX_ROWS + 500
+    budget = candidate_budget(rows)
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            # "deadline" in every row, "budget" in every other row (the rarest term).
+            ops = [said(ALICE, n, f"the deadline {n}" + (" budget" if n % 2 else ""), f"c{n % 40}")
+                   for n in range(rows)]
+            await store.apply(ops + [said(BOB, 9000 + n, "bob budget deadline", "b") for n in range(3)])
+            hits = await store.search_messages(ALICE, ["budget", "deadlin"], limit=rows)
+            assert len(hits) == budget
+            newest = [f"the deadline {n} budget" for n in range(rows - 1, -1, -2)][:budget]
+            assert {m.content for m, _ in hits} == set(newest)
+            # Ranked by BM25 over both terms, as the unbounded search ranks them.
+            expected = [(c, s) for c, s in full_search(path, "alice", ["budget", "deadlin"]) if c in set(newest)]
+            assert [(m.content, round(s, 9)) for m, s in hits] == expected
+
+    run(body())
+
+
+def test_entity_search_is_bounded_like_message_search(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    rows = SMALL_INDEX_ROWS + 500
+    budget = candidate_budget(rows)
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([StoreMemory(ALICE, f"m{n}", f"I prefer tool{n} for project {n}", "fact", T0)
+                               for n in range(rows)])
+            await store.apply([StoreMemory(ALICE, "z1", "I prefer zanzibar for everything", "fact", T0),
+                               StoreMemory(BOB, "z2", "I prefer zanzibar too", "fact", T0)])
+            terms = query_terms("which tools do I prefer for my projects?")
+            common = await store.search_entities(ALICE, terms, limit=rows)
+            assert len(common) == budget  # the newest rows saying the rarest term, not all of them
+            assert all(e.description.startswith("I prefer") or e.name.startswith("I prefer") for e, _ in common)
+            rare = await store.search_entities(ALICE, query_terms("do I prefer zanzibar?"), limit=5)
+            # The rare term's rows are the candidates (Bob's is not Alice's); "prefer" alone finds none.
+            assert [e.name for e, _ in rare] == ["I prefer zanzibar for everything"]
 
     run(body())
 

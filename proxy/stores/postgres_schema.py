@@ -375,9 +375,9 @@ CREATE TRIGGER {name} AFTER {event.upper()} ON {table} REFERENCING {referencing}
 
 
 INDEXES = (
-    # A message's own words, then the words said just before it (sqlite.py's MESSAGE_WEIGHTS).
+    # A message's own words, then the words said just before it (sqlite_search.py's MESSAGES weights).
     _Index("messages", "message", (("terms", 1.0, True), ("context", 0.3, False)), ("content",)),
-    # A name match says more about an entity than its type or description does (ENTITY_WEIGHTS).
+    # A name match says more about an entity than its type or description does (sqlite_search.py's ENTITIES weights).
     _Index("entities", "entity", (("name_terms", 2.0, True), ("type_terms", 1.0, True),
                                   ("description_terms", 1.0, True)), ("name", "description")),
     _Index("reasoning", "reasoning", (("terms", 1.0, True),), ("task", "steps", "answer")),

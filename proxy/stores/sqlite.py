@@ -40,7 +40,8 @@ from proxy.stores.sqlite_rows import (
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_schema import migrate
-from proxy.stores.sqlite_search import TermCounts, match_query, prepare_reader
+from proxy.stores.sqlite_search import ENTITIES, MESSAGES, TermCounts, match_query, prepare_reader
+from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_vectors import SQLiteVectors
 
@@ -53,10 +54,6 @@ CACHE_KIB = 32768
 EXPORT_PAGE = 500
 # Read connections (and threads): retrieval runs five sources at once on two cores.
 READERS = 3
-# A name match says more about an entity than its type or description does.
-ENTITY_WEIGHTS = (2.0, 1.0, 1.0)
-# A message's own words, then the words said just before it (its context column, schema v2).
-MESSAGE_WEIGHTS = "1.0, 0.3"
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 
 
@@ -79,10 +76,8 @@ def _agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
-# What entity_from_row and trace_from_row read: a search builds its hits from these alone,
-# not from the index text stored beside them (a trace's is as long as the trace).
-_ENTITY_COLUMNS = ("e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
-                   " e.provenance")
+# What trace_from_row reads: a search builds its hits from these alone, not from the index
+# text stored beside them (a trace's is as long as the trace).
 _TRACE_COLUMNS = "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at"
 _RELATIONSHIP_SELECT = (
     "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
@@ -118,7 +113,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._write_thread: ThreadPoolExecutor | None = None
         self._writer: sqlite3.Connection | None = None  # used on the write thread only
         self._readers: ReadPool | None = None
-        self._term_counts = TermCounts()
+        self._term_counts = TermCounts(MESSAGES)
+        self._entity_term_counts = TermCounts(ENTITIES)
 
     # --- lifecycle
 
@@ -414,26 +410,15 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (whole-corpus statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
-            conn, self._term_counts, scope, terms, agent_clause=_agent_clause, weights=MESSAGE_WEIGHTS,
+            conn, self._term_counts, scope, terms, agent_clause=_agent_clause,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[Entity, float]]:
-        """BM25 over the user's entities (name, type, description), best first."""
-        query = match_query(terms)
-        if query is None:
-            return []
-        agent, agent_params = _agent_clause(scope, "e")
-        weights = ", ".join(str(w) for w in ENTITY_WEIGHTS)
-        sql = (f"WITH best(seq, score) AS (SELECT e.seq, -bm25(entities_fts, {weights}) AS score FROM entities_fts"
-               " CROSS JOIN entities e ON e.seq = entities_fts.rowid"
-               f" WHERE entities_fts MATCH ? AND e.user_id = ?{agent} ORDER BY score DESC, e.seq DESC LIMIT ?)"
-               f" SELECT {_ENTITY_COLUMNS}, best.score AS score FROM best CROSS JOIN entities e ON e.seq = best.seq"
-               " ORDER BY best.score DESC, e.seq DESC")
-        params = [query, scope.user, *agent_params, limit]
-        return await self._read(lambda conn: [(entity_from_row(row), row["score"])
-                                              for row in conn.execute(sql, params)])
+        """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
+        return await self._read(lambda conn: search_entity_index(
+            conn, self._entity_term_counts, scope, terms, agent_clause=_agent_clause, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

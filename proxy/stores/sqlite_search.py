@@ -1,20 +1,26 @@
-"""Message search on SQLite: FTS5 BM25 whose cost follows the query's rare terms.
+"""Message and entity search on SQLite: FTS5 BM25 whose cost follows the query's rare terms.
 
-FTS5 scores every row its MATCH yields, and the statement then reads each one's message
-row to check the user; walking the doclists themselves is cheap. So a search costs about
-the number of rows holding *any* query term, and a term found in a tenth of all messages
-("plan", "deadline") made a search of a 100k-message history take 20-40 ms. Two bounds:
+FTS5 scores every row its MATCH yields, and the statement then reads each one's row to
+check the user; walking the doclists themselves is cheaper, but not free. So a search costs
+about the number of rows holding *any* query term, and a term found in a tenth of all
+messages ("plan", "deadline") made a search of a 100k-message history take 20-40 ms. Bounds:
 
 - a conversation-filtered search scores only that conversation's rows: the rowid range
   they span bounds the index walk, a membership test picks them out (`rowid IN (...)`
   used as an index would rerun the BM25 statistics once per row: 0.3 s for 50 conversations);
-- a whole-history search scores only the messages saying the query's rarest terms, as
-  many terms as fit in a budget of CANDIDATE_SHARE of the indexed messages, still by BM25
-  over every term, so a hit ranks as it did; only a message saying none of those (but a
-  common word: "plan", "deadline") is no longer found. How many messages say each term
-  comes from an fts5vocab table, cached briefly. On bench/retrieval.py's 100k-message
-  history the hits were the unbounded search's for all 200 queries, at a quarter of its
-  cost; at 10k, for 187 (the first hit for 199).
+- a whole-history search scores only the rows saying the query's rarest terms, as many
+  terms as fit in a budget of CANDIDATE_SHARE of the indexed rows, still by BM25 over every
+  term, so a hit ranks as it did; only a row saying none of those (but a common word:
+  "plan", "deadline") is no longer found. How many rows say each term comes from an
+  fts5vocab table, cached briefly. On bench/retrieval.py's 100k-message history the hits
+  were the unbounded search's for all 200 queries, at a quarter of its cost; at 10k, for
+  187 (the first hit for 199);
+- when even the rarest term is said by more rows than the budget (a user who asks the
+  same kind of question every day), the newest budget's worth of them are the candidates,
+  and the index walk is kept to the rowids they span, so no search grows with the history.
+
+A small index (SMALL_INDEX_ROWS) is searched whole: scoring all of it costs what the bounds
+would, and pruning there cost LoCoMo 2.5 points of recall.
 
 BM25 statistics stay the whole corpus's either way: FTS5 counts each term over its doclist.
 
@@ -33,26 +39,54 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from proxy.models import Scope, StoredMessage
-from proxy.stores.sqlite_rows import message_from_row
+from proxy.models import Entity, Scope, StoredMessage
+from proxy.stores.sqlite_rows import entity_from_row, message_from_row
 
-# A whole-history search scores the messages saying its rarest terms, as many terms as
-# this share of the indexed messages holds...
+# A whole-history search scores the rows saying its rarest terms, as many terms as this
+# share of the indexed rows holds...
 CANDIDATE_SHARE = 0.03
-# ...and never fewer than this many messages. On bench/retrieval.py's 10k history a search
-# scoring up to 1,000 rows cost what one scoring 200 did (1.5 ms, the index walk dominates),
-# and a history this small is searched whole: pruning at 200 cost LoCoMo 2.5 points of recall.
-CANDIDATE_MIN_ROWS = 1000
-# Document counts change as messages arrive; a count a minute old still tells rare from common.
+# ...and never fewer than this many rows: scoring that many costs < 1 ms.
+CANDIDATE_MIN_ROWS = 200
+# An index this small is searched whole: at 1,000 rows that costs about 1 ms.
+SMALL_INDEX_ROWS = 1000
+# Document counts change as rows arrive; a count a minute old still tells rare from common.
 COUNTS_TTL_S = 60.0
 COUNTS_CACHED_TERMS = 4096
-VOCAB_TABLE = "temp.messages_vocab"
-OWN_WORDS = "terms"  # the messages_fts column of a message's own words (the other: its context)
-# What message_from_row reads: a hit is built from these, not from the index text beside them.
-MESSAGE_COLUMNS = "m.id, m.conversation_id, m.role, m.content, m.created_at"
 
+
+@dataclass(frozen=True)
+class FtsIndex:
+    """An external-content FTS5 index over `table`, searched by BM25 with these column weights."""
+
+    table: str
+    alias: str
+    weights: str
+    columns: str  # what a hit is built from, read only for the best rows
+    finding_column: str | None = None  # a row is found by a term in this column only (None: any)
+
+    @property
+    def fts(self) -> str:
+        return f"{self.table}_fts"
+
+    @property
+    def vocab(self) -> str:
+        return f"temp.{self.table}_vocab"
+
+    def finding(self, query: str) -> str:
+        """The MATCH expression that finds candidates for `query`."""
+        return f"{self.finding_column} : ({query})" if self.finding_column else query
+
+
+# A message is found by its own words (`terms`); the words said before it (`context`) add
+# to its score but never find it on their own.
+MESSAGES = FtsIndex("messages", "m", "1.0, 0.3", "m.id, m.conversation_id, m.role, m.content, m.created_at",
+                    finding_column="terms")
+ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
+                    "e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
+                    " e.provenance")
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
 
 
@@ -68,8 +102,10 @@ def searchable(terms: Sequence[str]) -> list[str]:
 
 
 def prepare_reader(conn: sqlite3.Connection) -> None:
-    """Per read connection: the vocabulary table the term counts come from (temp: nothing is written)."""
-    conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB_TABLE} USING fts5vocab(main, messages_fts, col)")
+    """Per read connection: the vocabulary tables the term counts come from (temp: nothing is written)."""
+    for index in (MESSAGES, ENTITIES):
+        kind = "col" if index.finding_column else "row"
+        conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {index.vocab} USING fts5vocab(main, {index.fts}, {kind})")
 
 
 def _varint(data: bytes, at: int) -> int:
@@ -83,20 +119,21 @@ def _varint(data: bytes, at: int) -> int:
     return (value << 8) | data[at + 8]
 
 
-def indexed_rows(conn: sqlite3.Connection) -> int:
-    """Rows in messages_fts: the N of its BM25, kept by FTS5 in its averages record (id 1).
+def indexed_rows(conn: sqlite3.Connection, index: FtsIndex = MESSAGES) -> int:
+    """Rows in the index: the N of its BM25, kept by FTS5 in its averages record (id 1).
 
-    One row read, where `count(*)` on messages walks the whole table.
+    One row read, where `count(*)` on the table walks all of it.
     """
-    row = conn.execute("SELECT block FROM messages_fts_data WHERE id = 1").fetchone()
+    row = conn.execute(f"SELECT block FROM {index.fts}_data WHERE id = 1").fetchone()
     return _varint(row[0], 0) if row and row[0] else 0
 
 
 class TermCounts:
-    """How many indexed messages say each term in their own words, cached for COUNTS_TTL_S; thread-safe."""
+    """How many indexed rows say each term (in the finding column), cached for COUNTS_TTL_S; thread-safe."""
 
-    def __init__(self, *, ttl: float = COUNTS_TTL_S, size: int = COUNTS_CACHED_TERMS,
+    def __init__(self, index: FtsIndex = MESSAGES, *, ttl: float = COUNTS_TTL_S, size: int = COUNTS_CACHED_TERMS,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        self._index = index
         self._ttl = ttl
         self._size = size
         self._clock = clock
@@ -120,10 +157,12 @@ class TermCounts:
         if missing:
             # fts5vocab counts a term by walking its doclist: cheap for a rare term, and a
             # common one is asked often enough to stay cached.
-            fetched.update(conn.execute(f"SELECT term, doc FROM {VOCAB_TABLE} WHERE col = ? AND term IN"
-                                        " (SELECT value FROM json_each(?))", (OWN_WORDS, json.dumps(missing))))
+            index = self._index
+            column, params = (" col = ? AND", [index.finding_column]) if index.finding_column else ("", [])
+            fetched.update(conn.execute(f"SELECT term, doc FROM {index.vocab} WHERE{column} term IN"
+                                        " (SELECT value FROM json_each(?))", [*params, json.dumps(missing)]))
         if rows is None:
-            rows = indexed_rows(conn)
+            rows = indexed_rows(conn, self._index)
         with self._lock:
             expires = now + self._ttl
             for term, count in fetched.items():
@@ -138,12 +177,13 @@ class TermCounts:
 def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> list[str] | None:
     """The terms a whole-history search keeps its candidates to, or None to score every match.
 
-    `counts` are the messages saying each term. The rarest terms are kept while the
-    messages saying them fit the budget; the others still count toward each candidate's
-    score. The rarest term that occurs is always kept, so a search never comes back empty
-    for want of a term.
+    `counts` are the rows saying each term. The rarest terms are kept while the rows saying
+    them fit the budget; the others still count toward each candidate's score. The rarest
+    term that occurs is always kept, so a search never comes back empty for want of a term.
     """
-    budget = max(CANDIDATE_MIN_ROWS, CANDIDATE_SHARE * rows)
+    if rows <= SMALL_INDEX_ROWS:
+        return None
+    budget = candidate_budget(rows)
     present = sorted((t for t in terms if counts.get(t, 0) > 0), key=lambda t: (counts[t], t))
     kept: list[str] = []
     for term in present:
@@ -154,6 +194,11 @@ def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> 
     return None if len(kept) == len(present) else kept or present[:1]
 
 
+def candidate_budget(rows: int) -> int:
+    """The most candidates a whole-history search of an index of `rows` rows scores."""
+    return max(CANDIDATE_MIN_ROWS, int(CANDIDATE_SHARE * rows))
+
+
 def search_messages(
     conn: sqlite3.Connection,
     counts: TermCounts,
@@ -161,48 +206,73 @@ def search_messages(
     terms: Sequence[str],
     *,
     agent_clause: AgentClause,
-    weights: str,
     conversation_ids: Sequence[str] | None,
     exclude_conversation_id: str | None,
     limit: int,
 ) -> list[tuple[StoredMessage, float]]:
     """BM25 over the user's messages, best first (run on a reader thread)."""
+    if conversation_ids is not None and not conversation_ids:
+        return []
+    where, params = agent_clause(scope, MESSAGES.alias)
+    if exclude_conversation_id is not None:
+        where += f" AND {MESSAGES.alias}.conversation_id != ?"
+        params.append(exclude_conversation_id)
+    rows = _search(conn, MESSAGES, counts, scope, terms, where, params, conversation_ids, limit)
+    return [(message_from_row(row), row["score"]) for row in rows]
+
+
+def search_entities(
+    conn: sqlite3.Connection, counts: TermCounts, scope: Scope, terms: Sequence[str], *,
+    agent_clause: AgentClause, limit: int,
+) -> list[tuple[Entity, float]]:
+    """BM25 over the user's entities (name, type, description), best first (run on a reader thread)."""
+    where, params = agent_clause(scope, ENTITIES.alias)
+    rows = _search(conn, ENTITIES, counts, scope, terms, where, params, None, limit)
+    return [(entity_from_row(row), row["score"]) for row in rows]
+
+
+def _search(
+    conn: sqlite3.Connection, index: FtsIndex, counts: TermCounts, scope: Scope, terms: Sequence[str],
+    where: str, params: list[Any], conversation_ids: Sequence[str] | None, limit: int,
+) -> list[sqlite3.Row]:
+    """The best `limit` rows of the user for `terms`, each with its score, within the bounds above."""
     wanted = searchable(terms)
     query = match_query(wanted)
-    if query is None or (conversation_ids is not None and not conversation_ids):
+    if query is None:
         return []
+    fts, t = index.fts, index.alias
     ctes: list[str] = []
-    params: list[Any] = []
-    span = ""  # the rowid range the chosen conversations' messages lie in: bounds the index walk
-    kept = wanted
+    args: list[Any] = []
     if conversation_ids is not None:
-        ctes.append("chosen(seq) AS MATERIALIZED (SELECT seq FROM messages WHERE user_id = ?"
+        ctes.append(f"chosen(seq) AS MATERIALIZED (SELECT seq FROM {index.table} WHERE user_id = ?"
                     " AND conversation_id IN (SELECT value FROM json_each(?)))")
-        params += [scope.user, json.dumps(list(conversation_ids))]
-        span = " BETWEEN (SELECT min(seq) FROM chosen) AND (SELECT max(seq) FROM chosen)"
+        args += [scope.user, json.dumps(list(conversation_ids))]
+        ctes.append(f"found(seq) AS MATERIALIZED (SELECT rowid FROM {fts} WHERE {fts} MATCH ?"
+                    " AND rowid BETWEEN (SELECT min(seq) FROM chosen) AND (SELECT max(seq) FROM chosen)"
+                    " AND +rowid IN chosen)")
+        args.append(index.finding(query))
     else:
-        kept = candidate_terms(wanted, *counts.lookup(conn, wanted)) or wanted
-    # Candidates hold a kept term in their own words: the context column adds to a
-    # message's score but never finds it on its own (a message is found by what it says).
-    ctes.append("found(seq) AS MATERIALIZED (SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
-                + (f" AND rowid{span} AND +rowid IN chosen)" if span else ")"))
-    params += [f"{OWN_WORDS} : ({match_query(kept)})", query, scope.user]
-    agent, agent_params = agent_clause(scope, "m")
-    where = f"messages_fts MATCH ?{f' AND messages_fts.rowid{span}' if span else ''}"
-    where += f" AND +messages_fts.rowid IN found AND m.user_id = ?{agent}"
-    params += agent_params
-    if exclude_conversation_id is not None:
-        where += " AND m.conversation_id != ?"
-        params.append(exclude_conversation_id)
+        found_counts, rows = counts.lookup(conn, wanted)
+        kept = candidate_terms(wanted, found_counts, rows) or wanted
+        # The user's newest rows saying a kept term: all of them unless the rarest term
+        # alone is said more often than the budget allows.
+        ctes.append(f"found(seq) AS MATERIALIZED (SELECT {fts}.rowid FROM {fts} CROSS JOIN {index.table} {t}"
+                    f" ON {t}.seq = {fts}.rowid WHERE {fts} MATCH ? AND {t}.user_id = ?"
+                    f" ORDER BY {fts}.rowid DESC LIMIT ?)")
+        most = candidate_budget(rows) if rows > SMALL_INDEX_ROWS else -1  # -1: no LIMIT
+        args += [index.finding(match_query(kept) or query), scope.user, most]
+    # The rowids the candidates span bound the walk of the scoring MATCH.
+    span = f" AND {fts}.rowid BETWEEN (SELECT min(seq) FROM found) AND (SELECT max(seq) FROM found)"
     # CROSS JOIN: the index drives; given the user filter alone the planner may scan the
-    # user's messages and run the MATCH once per row. Only the best rows' text is read:
+    # user's rows and run the MATCH once per row. Only the best rows' text is read:
     # sorting every candidate's whole row cost a fifth of the search.
-    ctes.append(f"best(seq, score) AS (SELECT m.seq, -bm25(messages_fts, {weights}) AS score"
-                " FROM messages_fts CROSS JOIN messages m ON m.seq = messages_fts.rowid"
-                f" WHERE {where} ORDER BY score DESC, m.seq DESC LIMIT ?)")
-    rows = conn.execute(
-        f"WITH {', '.join(ctes)} SELECT {MESSAGE_COLUMNS}, best.score AS score FROM best"
-        " CROSS JOIN messages m ON m.seq = best.seq ORDER BY best.score DESC, m.seq DESC",
-        [*params, limit],
+    ctes.append(f"best(seq, score) AS (SELECT {t}.seq, -bm25({fts}, {index.weights}) AS score"
+                f" FROM {fts} CROSS JOIN {index.table} {t} ON {t}.seq = {fts}.rowid"
+                f" WHERE {fts} MATCH ?{span} AND +{fts}.rowid IN found AND {t}.user_id = ?{where}"
+                f" ORDER BY score DESC, {t}.seq DESC LIMIT ?)")
+    args += [query, scope.user, *params, limit]
+    return conn.execute(
+        f"WITH {', '.join(ctes)} SELECT {index.columns}, best.score AS score FROM best"
+        f" CROSS JOIN {index.table} {t} ON {t}.seq = best.seq ORDER BY best.score DESC, {t}.seq DESC",
+        args,
     ).fetchall()
-    return [(message_from_row(row), row["score"]) for row in rows]
