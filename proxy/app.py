@@ -14,10 +14,14 @@ from starlette.routing import Mount, Route
 
 from proxy.api.auth import ApiGuard
 from proxy.api.routes import ApiApp, MemoryApi
+from proxy.embedding_calls import embeddings_caller
 from proxy.errors import NotFound
+from proxy.memory.embedding_worker import EmbeddingWorker, Filler
 from proxy.memory.extraction_worker import ExtractionWorker
+from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
+from proxy.memory.vectors import VectorIndex
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.model_calls import extractor_for
@@ -51,13 +55,24 @@ class Parts:
         self.scopes = ScopeResolver(settings)
         self.store = open_store(settings.store)
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
-        self.retriever = Retrieval(self.store, settings.memory, self.metrics)
+        self.vectors, self.embedding = self._embeddings(settings)
+        self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
         self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics, self.scopes)
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
                                            extractor=extractor_for(settings, self.upstream))
         self.store_open = False
+
+    def _embeddings(self, settings: Settings) -> tuple[Vectors | None, EmbeddingWorker | None]:
+        """Vector search and the worker that fills vectors in, when embeddings are configured (else None)."""
+        embed = embeddings_caller(settings, self.upstream)
+        if embed is None:
+            return None, None
+        e = settings.embeddings
+        index = VectorIndex(self.store, embed.model, e.cache_ttl_s)
+        filler = Filler(self.store, embed, embed.model, batch=e.batch_size, timeout_s=e.timeout_s, on_saved=index.add)
+        return Vectors(embed, index, e, self.metrics), EmbeddingWorker(filler, self.metrics)
 
     async def start(self) -> None:
         try:
@@ -69,8 +84,12 @@ class Parts:
         self.writer.start()
         if self.store_open:
             self.extraction.start()
+            if self.embedding is not None:
+                self.embedding.start()
 
     async def stop(self) -> None:
+        if self.embedding is not None:
+            await self.embedding.stop()
         await self.extraction.stop()
         await self.writer.close(self.settings.server.grace_period_s)
         await self.store.close()

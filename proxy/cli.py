@@ -1,4 +1,4 @@
-"""memproxy's command line: serve, export, import, delete, eval."""
+"""memproxy's command line: serve, export, import, delete, reindex, eval."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("--user", required=True, help="the user id")
     delete.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     delete.set_defaults(run=_delete)
+
+    reindex = commands.add_parser("reindex", help="compute every missing embedding for embeddings.model")
+    reindex.add_argument("--user", help="only this user's items (default: every user)")
+    reindex.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
+    reindex.set_defaults(run=_reindex)
 
     evaluate = commands.add_parser("eval", help="run a retrieval benchmark")
     benchmarks = evaluate.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
@@ -177,6 +182,49 @@ def _delete(args: argparse.Namespace) -> int:
     counts = _on_store(args, lambda store, scope: store.delete_user(scope))
     print(json.dumps({"user": args.user, "deleted": counts}))
     return 0
+
+
+def _reindex(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from proxy.app import open_store
+    from proxy.embedding_calls import embeddings_caller
+    from proxy.memory.embedding_worker import Filler
+    from proxy.memory.embeddings import EmbeddingFailed
+    from proxy.scope import valid_id
+    from proxy.upstream import Upstream
+
+    settings = load(args)
+    user = valid_id(args.user, "--user") if args.user is not None else None
+    if not settings.embeddings.model:
+        print("memproxy: reindex needs embeddings.model in the configuration (no embeddings are configured)",
+              file=sys.stderr)
+        return 2
+
+    async def run() -> int:
+        upstream = Upstream(settings.upstream)
+        store = open_store(settings.store)
+        try:
+            embed = embeddings_caller(settings, upstream)
+            if embed is None:
+                print("memproxy: reindex needs a key of memproxy's own: embeddings.api_key or upstream.api_key",
+                      file=sys.stderr)
+                return 2
+            await store.open()
+            e = settings.embeddings
+            filler = Filler(store, embed, embed.model, batch=e.batch_size, timeout_s=e.timeout_s)
+            counts = await filler.fill_all(user=user)
+        except EmbeddingFailed as exc:
+            print(f"memproxy: the embeddings endpoint failed: {exc}; run reindex again to go on", file=sys.stderr)
+            return 1
+        finally:
+            await store.close()
+            await upstream.aclose()
+        print(json.dumps({"model": embed.model, "user": user, "embedded": counts.saved, "skipped": counts.skipped}))
+        return 0
+
+    return asyncio.run(run())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,10 @@ class Metrics:
                                       registry=r)
         self.extraction_failures = Counter("memproxy_extraction_failures", "Failed extraction attempts",
                                            registry=r)
+        self.embedding_calls = Counter("memproxy_embedding_calls", "Calls to the embeddings endpoint by purpose "
+                                       "(background, query) and outcome (ok, failed, skipped)",
+                                       ["purpose", "outcome"], registry=r)
+        self.embedded = Counter("memproxy_embedded_items", "Vectors saved by the background worker", registry=r)
         self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r)
         self.circuit_open = Gauge("memproxy_circuit_open", "1 while the store circuit breaker is open",
                                   registry=r)

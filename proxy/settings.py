@@ -97,6 +97,14 @@ class EmbeddingsSettings:
     model: str | None = _help("Embedding model; unset = lexical retrieval only.")
     base_url: str | None = _help("Embeddings endpoint base (default: upstream.base_url).")
     api_key: str | None = _help("Key for embedding calls (else upstream.api_key).")
+    batch_size: int = _help("Texts per background embeddings call.", 64)
+    timeout_s: float = _help("Longest wait for a background embeddings call.", 30.0)
+    query_timeout_ms: int = _help("Longest wait for the query's embedding, inside the retrieval deadline.", 200)
+    min_cosine: float = _help("Minimum cosine similarity for a vector hit to count as relevant.", 0.3)
+    lexical_weight: float = _help("Weight of the BM25 stream in a source's rank fusion.", 1.0)
+    vector_weight: float = _help("Weight of the vector stream in a source's rank fusion.", 1.0)
+    cache_ttl_s: float = _help("How long a user's cached vectors serve before a reload sees other replicas' "
+                               "new ones.", 60.0)
 
 
 @dataclass(frozen=True)
@@ -295,6 +303,7 @@ def _check(s: Settings) -> None:
             raise ConfigError(f"{name}: must be 0 or more, got {value}")
     if s.server.port > 65535:
         raise ConfigError(f"server.port: must be at most 65535, got {s.server.port}")
+    _check_embeddings(s.embeddings)
     if not s.upstream.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"upstream.base_url: must start with http:// or https://, got {s.upstream.base_url!r}")
     if not s.store.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
@@ -305,6 +314,25 @@ def _check(s: Settings) -> None:
         except ValueError as exc:
             raise ConfigError(f"auth.trusted_networks[{i}]: {exc}") from exc
     _check_auth(s.auth)
+
+
+def _check_embeddings(e: EmbeddingsSettings) -> None:
+    positive = {"embeddings.batch_size": e.batch_size, "embeddings.timeout_s": e.timeout_s,
+                "embeddings.query_timeout_ms": e.query_timeout_ms, "embeddings.cache_ttl_s": e.cache_ttl_s}
+    for name, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{name}: must be greater than 0, got {value}")
+    if e.batch_size > 2048:  # the OpenAI API's limit of inputs per call
+        raise ConfigError(f"embeddings.batch_size: must be at most 2048, got {e.batch_size}")
+    for name, weight in (("embeddings.lexical_weight", e.lexical_weight), ("embeddings.vector_weight", e.vector_weight)):
+        if weight < 0:
+            raise ConfigError(f"{name}: must be 0 or more, got {weight}")
+    if not -1.0 <= e.min_cosine <= 1.0:
+        raise ConfigError(f"embeddings.min_cosine: must be between -1 and 1, got {e.min_cosine}")
+    if e.base_url is not None and not e.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"embeddings.base_url: must start with http:// or https://, got {e.base_url!r}")
+    if e.model is not None and not e.model.strip():
+        raise ConfigError("embeddings.model: must not be empty (leave it unset for lexical retrieval only)")
 
 
 def _check_auth(auth: AuthSettings) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
+import re
 import socket
 import struct
 import threading
@@ -17,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from proxy.terms import STOP_WORDS, terms
 
 
 @dataclass
@@ -196,8 +200,55 @@ def stream_events(text: str = "Hello from upstream", pieces: int = 3,
     return events + ([DONE] if done else [])
 
 
+# --- a deterministic embedding model ---------------------------------------------------
+
+EMBEDDING_DIM = 1024
+# Stems that mean the same thing share a dimension, so a paraphrase with no word in common
+# is still near; every other stem gets a dimension (and sign) of its own by hash.
+SYNONYMS = {
+    "boat": "BOAT", "sail": "BOAT", "catamaran": "BOAT", "yacht": "BOAT", "vessel": "BOAT", "sailboat": "BOAT",
+    "ador": "LIKE", "enjoy": "LIKE", "love": "LIKE", "like": "LIKE", "fond": "LIKE",
+    "sister": "SIBLING", "brother": "SIBLING", "sibl": "SIBLING",
+    "physician": "DOCTOR", "doctor": "DOCTOR", "medic": "DOCTOR",
+}
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def fake_embedding(text: str) -> list[float]:
+    """A hashed bag of stemmed words, synonyms folded together (the same text, the same vector)."""
+    vector = [0.0] * EMBEDDING_DIM
+    for word in _WORD.findall(text.lower()):
+        if word in STOP_WORDS:
+            continue
+        for stem in terms(word):
+            concept = SYNONYMS.get(stem, stem)
+            digest = hashlib.sha256(concept.encode()).digest()
+            vector[int.from_bytes(digest[:4], "big") % EMBEDDING_DIM] += 1.0 if digest[4] & 1 else -1.0
+    return vector
+
+
+@dataclass
+class EmbeddingsReply(Reply):
+    """An /embeddings answer computed by fake_embedding for each input."""
+
+    async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        try:
+            body = json.loads(request.body)
+            inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            data = [{"object": "embedding", "index": i, "embedding": fake_embedding(str(text))}
+                    for i, text in enumerate(inputs)]
+        except (ValueError, KeyError, TypeError):
+            return await JsonReply({"error": {"message": "bad embeddings request", "type": "invalid_request_error",
+                                              "param": None, "code": None}}, status=400).write(request, writer)
+        answer = {"object": "list", "data": data, "model": body.get("model"),
+                  "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        return await JsonReply(answer).write(request, writer)
+
+
 def default_reply(request: Received) -> Reply:
     """What the upstream answers when no script is queued."""
+    if request.target.endswith("/embeddings") and request.method == "POST":
+        return EmbeddingsReply()
     if request.target.endswith("/chat/completions") and request.method == "POST":
         try:
             stream = bool(json.loads(request.body).get("stream"))
@@ -215,6 +266,9 @@ class FakeUpstream:
         self.received: list[Received] = []
         self.connections: list[Connection] = []
         self._scripts: list[Reply | Callable[[Received], Reply]] = []
+        # Answers every /embeddings request while set (the queue is left to the chat requests,
+        # since background embedding calls come at any time).
+        self.embeddings: Reply | None = None
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -236,9 +290,13 @@ class FakeUpstream:
             self._scripts.clear()
             self.received.clear()
             self.connections.clear()
+            self.embeddings = None
 
     def chat_requests(self) -> list[Received]:
         return [r for r in self.received if r.target.endswith("/chat/completions")]
+
+    def embedding_requests(self) -> list[Received]:
+        return [r for r in self.received if r.target.endswith("/embeddings")]
 
     def wait_closed(self, timeout: float = 5.0) -> bool:
         """True once every connection seen so far has closed."""
@@ -280,6 +338,8 @@ class FakeUpstream:
 
     def _next_reply(self, request: Received) -> Reply:
         with self._lock:
+            if self.embeddings is not None and request.target.endswith("/embeddings"):
+                return self.embeddings
             script = self._scripts.pop(0) if self._scripts else None
         if script is None:
             return default_reply(request)

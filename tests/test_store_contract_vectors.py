@@ -137,7 +137,8 @@ def test_embedded_items_are_the_users_own_with_a_vector_and_the_right_agent(back
             isolated = Scope("alice", agent="coder", agent_isolated=True)
             assert sorted(m.content for m in await store.embedded_items(isolated, "message", ids, MODEL)) == [
                 "agent answer", "agent words"]
-            assert [m.content for m in await store.embedded_items(BOB, "message", ids, MODEL)] == ["bob one", "bob two"]
+            assert sorted(m.content for m in await store.embedded_items(BOB, "message", ids, MODEL)) == [
+                "bob one", "bob two"]
             assert await store.embedded_items(ALICE, "message", ids, "other-model") == []
             assert await store.embedded_items(ALICE, "message", [], MODEL) == []
             (trace,) = await store.unembedded(MODEL, "reasoning")

@@ -225,7 +225,9 @@ class MemoryApi:
     async def delete_user(self, request: Request) -> Response:
         scope = user_scope(request)
         await self.writer.flush(FLUSH_BEFORE_DELETE_S)
-        return answer({"user": scope.user, "deleted": await self.store.delete_user(scope)})
+        deleted = await self.store.delete_user(scope)
+        self.retriever.forget(scope.user)  # and its vectors held in memory (SPEC 8: every cache)
+        return answer({"user": scope.user, "deleted": deleted})
 
 
 class ApiApp:

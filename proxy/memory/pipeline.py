@@ -61,6 +61,9 @@ class Retriever(Protocol):
 
     async def retrieve(self, scope: Scope, query: Query) -> Retrieved: ...
 
+    def forget(self, user: str) -> None:
+        """Drop whatever the retriever holds in memory about a deleted user."""
+
 
 class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""

@@ -10,6 +10,7 @@ deterministic: the same store state and query give the same block, byte for byte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 
 from proxy.memory.block import estimate_tokens, render
 from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin
+from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.memory.redact import redact
 from proxy.memory.sources import (
@@ -106,10 +108,12 @@ class SourceRuns:
 class Retrieval:
     """The Retriever of SPEC 4 over one Store."""
 
-    def __init__(self, store: Store, settings: MemorySettings, metrics: Metrics) -> None:
+    def __init__(self, store: Store, settings: MemorySettings, metrics: Metrics, vectors: Vectors | None = None
+                 ) -> None:
         self.store = store
         self.settings = settings
         self.metrics = metrics
+        self.vectors = vectors  # None: lexical retrieval only (no embeddings configured)
         # Not in the Store protocol yet: a store says its text search ORs the terms (SQLite's
         # does), which lets a keyword retry that cannot find anything new be skipped.
         self.any_term_match = bool(getattr(store, "matches_any_term", False))
@@ -118,6 +122,8 @@ class Retrieval:
         """The memory block for this query and the injection log entry that explains it."""
         started = time.perf_counter()
         q = source_query(scope, query, self.settings, any_term_match=self.any_term_match)
+        if self.vectors is not None:
+            q = dataclasses.replace(q, vectors=self.vectors.query(scope, q.text))
         runs = SourceRuns(self.metrics)
         await asyncio.gather(
             self._entities_and_graph(q, runs),
@@ -139,6 +145,11 @@ class Retrieval:
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return Retrieved(block, len(kept) if block else 0, entry)
+
+    def forget(self, user: str) -> None:
+        """Drop what is cached of a deleted user (the vectors held in memory)."""
+        if self.vectors is not None:
+            self.vectors.index.forget(user)
 
     async def _source(self, runs: SourceRuns, source: str, work: Callable[[], Awaitable[list[Hit]]]) -> None:
         # The search starts inside this task, so a deadline that cancels the task before it

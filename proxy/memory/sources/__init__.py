@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from proxy.memory.fusion import HARD_CAP
 from proxy.memory.keywords import rank_by_shared_words, retry_terms, variants
@@ -23,6 +23,9 @@ from proxy.memory.redact import redact
 from proxy.memory.trigger import TRIGGER_REASON, promote
 from proxy.models import Hit, Scope
 from proxy.terms import query_terms
+
+if TYPE_CHECKING:
+    from proxy.memory.hybrid import VectorQuery
 
 T = TypeVar("T")
 
@@ -76,6 +79,7 @@ class SourceQuery:
     id_terms: tuple[str, ...] = ()  # the whole-identifier terms of `identifiers`
     any_term_match: bool = False  # the store's text search matches a row holding any one term
     max_memories: int = HARD_CAP
+    vectors: VectorQuery | None = field(default=None, compare=False)  # embeddings on: memory/hybrid.py
 
     @property
     def hits_wanted(self) -> int:

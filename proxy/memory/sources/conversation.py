@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.memory.block import message_line
+from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import Found, SourceQuery, lexical, normalised, to_hits
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
@@ -30,8 +31,13 @@ async def search(store: Store, q: SourceQuery) -> list[Hit]:
     async def search(terms: Sequence[str], limit: int) -> list[tuple[StoredMessage, float]]:
         return await store.search_messages(q.scope, terms, conversation_ids=[q.conversation_id], limit=limit)
 
-    found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
-                          order=newest_first, retry=True, limit=candidate_limit(q))
+    def unseen(m: StoredMessage) -> bool:
+        return not q.shows(m.content)
+
+    found = await with_vectors(
+        q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=newest_first, retry=True,
+                   limit=candidate_limit(q)),
+        "message", key=message_id, text=message_text, keep=unseen, conversation=q.conversation_id)
     return to_hits(q, found, lambda f: message_hit(SOURCE, f))
 
 

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from proxy.memory.fusion import PER_GROUP, cap_per_group
+from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import SourceQuery, lexical, to_hits
 from proxy.memory.sources.conversation import candidate_limit, message_hit, message_id, message_text
 from proxy.models import Hit, StoredMessage
@@ -41,8 +42,14 @@ async def search(store: Store, q: SourceQuery, conversations: int | None) -> lis
         # stands for its conversation's.
         return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
 
-    found = await lexical(q, search, key=message_id, text=message_text, keep=lambda m: not q.shows(m.content),
-                          order=order, limit=candidate_limit(q) + q.candidates)
+    def unseen(m: StoredMessage) -> bool:
+        return not q.shows(m.content)
+
+    found = await with_vectors(
+        q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=order,
+                   limit=candidate_limit(q) + q.candidates),
+        "message", key=message_id, text=message_text, keep=unseen, exclude=q.conversation_id,
+        within=frozenset(recency) if recency else None)
     # Capped before the hits are built (only those are worth building) and after (the
     # identifier trigger may reorder them).
     taken: Counter[str] = Counter()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.memory.block import entity_line
+from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
 from proxy.stores.base import Store
@@ -52,7 +53,8 @@ async def find(store: Store, q: SourceQuery) -> EntityMatches:
     async def search(terms: Sequence[str], limit: int) -> list[tuple[Entity, float]]:
         return await store.search_entities(q.scope, terms, limit=limit)
 
-    entities = lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True)
+    entities = with_vectors(q, lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True),
+                            "entity", key=_id, text=_text)
     if not q.first_person:
         return by_strength(q, await entities)
     ranked, user_node = await asyncio.gather(entities, store.user_node(q.scope))
@@ -61,14 +63,16 @@ async def find(store: Store, q: SourceQuery) -> EntityMatches:
 
 def by_strength(q: SourceQuery, found: list[Found[Entity]], user_node: Entity | None = None) -> EntityMatches:
     """The matches, those sharing at least MIN_SHARED_TERMS of the query's terms (all of a
-    shorter query's) first; the others are weak: they only fill slots nobody else takes.
+    shorter query's) first; the others are weak: they only fill slots nobody else takes. A
+    vector hit (a `cosine` part: it cleared the cosine floor) is close in meaning, not weak.
 
     A name the query mentions is in many descriptions ("Alice: ..."), so sharing it alone
     says little about which of the entity's facts the query is after.
     """
     wanted = frozenset(q.terms)
     need = min(MIN_SHARED_TERMS, len(wanted))
-    weak = frozenset(f.item.id for f in found if len(wanted.intersection(terms(_text(f.item)))) < need)
+    weak = frozenset(f.item.id for f in found
+                     if "cosine" not in f.parts and len(wanted.intersection(terms(_text(f.item)))) < need)
     ranked = [f for f in found if f.item.id not in weak] + [f for f in found if f.item.id in weak]
     return EntityMatches(ranked, user_node, weak)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.memory.block import reasoning_line
+from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import Found, SourceQuery, lexical, to_hits
 from proxy.models import Hit, ReasoningTrace
 from proxy.stores.base import Store
@@ -21,7 +22,9 @@ async def search(store: Store, q: SourceQuery) -> list[Hit]:
     async def search(terms: Sequence[str], limit: int) -> list[tuple[ReasoningTrace, float]]:
         return await store.search_reasoning(q.scope, terms, limit=limit)
 
-    found = await lexical(q, search, key=_id, text=_text, order=lambda t, score: (-t.created_at.timestamp(), t.id))
+    found = await with_vectors(
+        q, lexical(q, search, key=_id, text=_text, order=lambda t, score: (-t.created_at.timestamp(), t.id)),
+        "reasoning", key=_id, text=_text)
     return to_hits(q, found, _hit)
 
 

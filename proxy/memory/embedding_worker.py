@@ -1,0 +1,159 @@
+"""Filling in vectors (SPEC 4): in the background after saving, and on `memproxy reindex`.
+
+Nothing waits for a vector: a message is saved and answered first, and this task later
+finds the items (messages, entities, reasoning traces) that have no vector for the
+configured model, embeds them in batches and saves them through the store. An item
+edited meanwhile keeps no stale vector (the store checks its text on save). A failing
+endpoint backs off; a batch the endpoint rejects outright (a 400 for its texts) is
+skipped until the next full pass.
+
+Each kind is read from a cursor (the last item seq done), so a pass over a large history
+is paged and an idle poll reads only new items; every `rescan_s` the cursors go back to
+the start, which picks up items whose vectors an edit dropped and any committed out of
+seq order by another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from proxy.memory.embeddings import Embed, EmbeddingFailed
+from proxy.metrics import Metrics
+from proxy.stores.base import (
+    EMBEDDING_KINDS,
+    EmbeddingKind,
+    NewEmbedding,
+    Store,
+    StoreError,
+    Unembedded,
+)
+
+log = logging.getLogger("memproxy.embeddings")
+
+# Told of every batch of vectors saved (the in-process vector cache).
+OnSaved = Callable[[Sequence[Unembedded], Sequence[bytes]], None]
+
+
+@dataclass(frozen=True)
+class FillLimits:
+    """How often the worker looks, how it backs off, and when it starts a full pass again."""
+
+    idle_poll_s: float = 1.0
+    retry_first_s: float = 1.0
+    retry_max_s: float = 120.0
+    rescan_s: float = 300.0
+
+
+@dataclass
+class FillCounts:
+    """What a pass did, per kind: vectors saved, items skipped (rejected texts or edited meanwhile)."""
+
+    saved: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))
+    skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))
+
+
+class Filler:
+    """Embeds one page of one kind's unembedded items and saves the vectors."""
+
+    def __init__(self, store: Store, embed: Embed, model: str, *, batch: int, timeout_s: float,
+                 on_saved: OnSaved | None = None) -> None:
+        self.store = store
+        self.embed = embed
+        self.model = model
+        self.batch = batch
+        self.timeout_s = timeout_s
+        self.on_saved = on_saved
+
+    async def page(self, kind: EmbeddingKind, after: int, counts: FillCounts, *, user: str | None = None
+                   ) -> tuple[int, bool]:
+        """Embed the next page after `after`: (the cursor to go on from, whether the kind is done).
+
+        Raises EmbeddingFailed when the endpoint may answer later (the page is not skipped)."""
+        items = await self.store.unembedded(self.model, kind, after=after, limit=self.batch, user=user)
+        if not items:
+            return after, True
+        try:
+            vectors = await self.embed([item.text for item in items], self.timeout_s)
+        except EmbeddingFailed as exc:
+            if exc.retry:
+                raise
+            log.warning("embeddings: skipped %d %s items the endpoint rejects (%s)", len(items), kind, exc)
+            counts.skipped[kind] += len(items)
+            return items[-1].seq, len(items) < self.batch
+        saved = await self.store.save_embeddings(self.model, [
+            NewEmbedding(item.scope.user, item.kind, item.item_id, item.text, vector)
+            for item, vector in zip(items, vectors)])
+        counts.saved[kind] += saved
+        counts.skipped[kind] += len(items) - saved
+        if self.on_saved is not None:
+            self.on_saved(items, vectors)
+        return items[-1].seq, len(items) < self.batch
+
+    async def fill_all(self, *, user: str | None = None) -> FillCounts:
+        """Every missing vector (of `user`, or everyone), kind by kind (`memproxy reindex`)."""
+        counts = FillCounts()
+        for kind in EMBEDDING_KINDS:
+            after, done = 0, False
+            while not done:
+                after, done = await self.page(kind, after, counts, user=user)
+        return counts
+
+
+class EmbeddingWorker:
+    """Owns the background task that keeps every item's vector filled in."""
+
+    def __init__(self, filler: Filler, metrics: Metrics, limits: FillLimits = FillLimits()) -> None:
+        self.filler = filler
+        self.metrics = metrics
+        self.limits = limits
+        self._task: asyncio.Task[None] | None = None
+        self._cursors: dict[EmbeddingKind, int] = dict.fromkeys(EMBEDDING_KINDS, 0)
+
+    def start(self) -> None:
+        """Begin filling (inside the running loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="memproxy-embeddings")
+
+    async def stop(self) -> None:
+        """Stop at once: a batch in flight is simply done again later."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = self.limits.retry_first_s
+        rescan_at = loop.time() + self.limits.rescan_s
+        while True:
+            try:
+                busy = await self.fill_once()
+                backoff = self.limits.retry_first_s
+                pause = 0.0 if busy else self.limits.idle_poll_s
+            except (EmbeddingFailed, StoreError) as exc:
+                if isinstance(exc, EmbeddingFailed):
+                    self.metrics.embedding_calls.labels("background", "failed").inc()
+                log.warning("embeddings: background fill failed (%s); retrying in %.0fs", exc, backoff)
+                pause, backoff = backoff, min(backoff * 2, self.limits.retry_max_s)
+            except Exception:  # the task's outermost boundary: a bug must not end filling for good
+                log.exception("embeddings: unexpected error; retrying in %.0fs", backoff)
+                pause, backoff = backoff, min(backoff * 2, self.limits.retry_max_s)
+            if loop.time() >= rescan_at:
+                self._cursors = dict.fromkeys(EMBEDDING_KINDS, 0)
+                rescan_at = loop.time() + self.limits.rescan_s
+            await asyncio.sleep(pause)
+
+    async def fill_once(self) -> bool:
+        """One page of each kind not yet caught up; True when any kind may have more."""
+        counts = FillCounts()
+        more = False
+        for kind in EMBEDDING_KINDS:
+            after, done = await self.filler.page(kind, self._cursors[kind], counts)
+            if after != self._cursors[kind]:
+                self.metrics.embedding_calls.labels("background", "ok").inc()
+            self._cursors[kind] = after
+            more = more or not done
+        self.metrics.embedded.inc(sum(counts.saved.values()))
+        return more

@@ -1,0 +1,219 @@
+"""Cosine search over a user's vectors, from an in-process cache of one matrix per (user, kind).
+
+A request never reads a user's vectors from the database: the first search of a (user,
+kind) loads them once, in a task of its own that a request's deadline does not cancel (a
+request that cannot wait goes on with the lexical stream alone). After that:
+- vectors this process saves are added to the loaded matrices at once (`add`);
+- a matrix older than `embeddings.cache_ttl_s` keeps serving while it is reloaded in the
+  background: that is how vectors another replica (or `memproxy reindex`) saved get in.
+  Between reloads a replica may miss another's newest vectors; never the reverse:
+- an item deleted or edited since (its vector dropped by the store's triggers) is never
+  returned, because the candidates are read back from the store, which checks that each
+  still holds a vector for the model (Store.embedded_items), before anything uses them.
+The matrix is the model's vectors scaled to unit length, so a cosine is one dot product;
+it costs rows x dimensions x 4 bytes (10,000 vectors of 1,536 floats: 61 MB), and at most
+MAX_MATRICES are kept, the least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from proxy.models import Scope
+from proxy.stores.base import EmbeddingKind, Store, StoredVector, Unembedded
+
+log = logging.getLogger("memproxy.vectors")
+
+MAX_MATRICES = 256
+# Past this many matrix cells a product runs in a thread, not on the event loop (RELIABILITY 28).
+INLINE_CELLS = 1_000_000
+COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder equals
+
+
+def unit(vector: bytes | np.ndarray) -> np.ndarray | None:
+    """A float32 vector scaled to length 1; None for an empty or zero vector."""
+    v = np.frombuffer(vector, dtype="<f4") if isinstance(vector, bytes) else np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(v)) if v.size else 0.0
+    return None if norm == 0.0 or not np.isfinite(norm) else (v / norm).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows a source may see: its conversation, or all but one, or some; and the agent."""
+
+    conversation: str | None = None  # only this conversation's items
+    exclude: str | None = None  # all but this conversation's
+    within: frozenset[str] | None = None  # only these conversations' items
+    agent: str | None = None
+    by_agent: bool = False  # only items of `agent`
+
+
+def row_filter(scope: Scope, kind: EmbeddingKind, **conversations: object) -> RowFilter:
+    """The scope's agent filter as the store's searches apply it (reasoning is per agent)."""
+    by_agent = scope.agent_isolated or (kind == "reasoning" and scope.agent is not None)
+    return RowFilter(agent=scope.agent, by_agent=by_agent, **conversations)  # type: ignore[arg-type]
+
+
+@dataclass
+class Matrix:
+    """One (user, kind)'s unit vectors, with the conversation and agent of each row."""
+
+    ids: list[str]
+    vectors: np.ndarray  # (rows, dim) float32
+    groups: list[str | None]
+    agents: list[str | None]
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rows = {item_id: n for n, item_id in enumerate(self.ids)}
+
+    @classmethod
+    def build(cls, stored: Sequence[StoredVector]) -> Matrix:
+        """The matrix of stored vectors: rows of the most common length (one model gives one)."""
+        units = [(s, unit(s.vector)) for s in stored]
+        lengths = [u.shape[0] for _, u in units if u is not None]
+        dim = max(set(lengths), key=lengths.count) if lengths else 0
+        kept = [(s, u) for s, u in units if u is not None and u.shape[0] == dim]
+        vectors = np.stack([u for _, u in kept]) if kept else np.zeros((0, dim), dtype=np.float32)
+        return cls([s.item_id for s, _ in kept], vectors, [s.group for s, _ in kept], [s.agent for s, _ in kept])
+
+    def add(self, rows: Sequence[tuple[str, str | None, str | None, np.ndarray]]) -> None:
+        """Put (item id, conversation, agent, unit vector) rows in, replacing an item's old vector."""
+        dim = self.vectors.shape[1] if self.vectors.shape[0] else (rows[0][3].shape[0] if rows else 0)
+        new: list[tuple[str, str | None, str | None, np.ndarray]] = []
+        for item_id, group, agent, vector in rows:
+            if vector.shape[0] != dim:
+                continue
+            if item_id in self.rows:
+                self.vectors[self.rows[item_id]] = vector
+                continue
+            self.rows[item_id] = len(self.ids) + len(new)
+            new.append((item_id, group, agent, vector))
+        if new:  # one copy of the matrix per batch, not per row
+            self.vectors = np.vstack([self.vectors.reshape(-1, dim), np.stack([r[3] for r in new])])
+            self.ids.extend(r[0] for r in new)
+            self.groups.extend(r[1] for r in new)
+            self.agents.extend(r[2] for r in new)
+
+    def mask(self, where: RowFilter) -> np.ndarray:
+        """True for the rows `where` lets a source see."""
+        n = len(self.ids)
+        keep = np.ones(n, dtype=bool)
+        if where.conversation is not None:
+            keep &= np.fromiter((g == where.conversation for g in self.groups), dtype=bool, count=n)
+        if where.exclude is not None:
+            keep &= np.fromiter((g != where.exclude for g in self.groups), dtype=bool, count=n)
+        if where.within is not None:
+            keep &= np.fromiter((g in where.within for g in self.groups), dtype=bool, count=n)
+        if where.by_agent:
+            keep &= np.fromiter((a == where.agent for a in self.agents), dtype=bool, count=n)
+        return keep
+
+    def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int) -> list[tuple[str, float]]:
+        """Up to `limit` (item id, cosine) at or above `floor`, best first, ties by id."""
+        if not self.ids or query.shape[0] != self.vectors.shape[1] or limit <= 0:
+            return []
+        scores = np.round(self.vectors @ query, COSINE_DIGITS)
+        candidates = np.flatnonzero((scores >= floor) & self.mask(where))
+        if candidates.size > limit:
+            kth = np.partition(scores[candidates], -limit)[-limit]
+            candidates = candidates[scores[candidates] >= kth]  # ties at the cut all stay, then by id
+        ranked = sorted(((round(float(scores[n]), COSINE_DIGITS), self.ids[n]) for n in candidates),
+                        key=lambda r: (-r[0], r[1]))
+        return [(item_id, score) for score, item_id in ranked[:limit]]
+
+
+@dataclass
+class _Entry:
+    matrix: Matrix
+    loaded_at: float
+    reload: asyncio.Task[Matrix] | None = None
+    carried: list[tuple[str, str | None, str | None, np.ndarray]] = field(default_factory=list)
+
+
+class VectorIndex:
+    """The cached matrices of one model, loaded from the store and kept current (see the module doc)."""
+
+    def __init__(self, store: Store, model: str, ttl_s: float) -> None:
+        self.store = store
+        self.model = model
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._loads: dict[tuple[str, str], asyncio.Task[Matrix]] = {}
+
+    async def nearest(self, scope: Scope, kind: EmbeddingKind, query: np.ndarray, where: RowFilter, *,
+                      floor: float, limit: int) -> list[tuple[str, float]]:
+        """The user's nearest items of `kind` to the (unit) query vector; waits for a first load."""
+        matrix = await self._matrix(scope, kind)
+        if matrix.vectors.size > INLINE_CELLS:
+            return await asyncio.to_thread(matrix.nearest, query, where, floor, limit)
+        return matrix.nearest(query, where, floor, limit)
+
+    def add(self, items: Sequence[Unembedded], vectors: Sequence[bytes]) -> None:
+        """Vectors just saved: into every loaded matrix of their users (and any reload in flight)."""
+        rows: dict[tuple[str, str], list[tuple[str, str | None, str | None, np.ndarray]]] = {}
+        for item, vector in zip(items, vectors):
+            v = unit(vector)
+            if v is not None and (item.scope.user, item.kind) in self._entries:
+                rows.setdefault((item.scope.user, item.kind), []).append((item.item_id, item.group, item.scope.agent, v))
+        for key, batch in rows.items():
+            entry = self._entries[key]
+            entry.matrix.add(batch)
+            if entry.reload is not None:
+                entry.carried.extend(batch)
+
+    async def _matrix(self, scope: Scope, kind: EmbeddingKind) -> Matrix:
+        key = (scope.user, kind)
+        entry = self._entries.get(key)
+        loop = asyncio.get_running_loop()
+        if entry is None:
+            load = self._loads.get(key)
+            if load is None:
+                load = self._loads[key] = loop.create_task(self._load(scope, kind), name="memproxy-vectors-load")
+                load.add_done_callback(lambda task: self._loaded(key, task))
+            # Shielded: a request that stops waiting leaves the load to finish for the next one.
+            return await asyncio.shield(load)
+        self._entries.move_to_end(key)
+        if entry.reload is None and loop.time() - entry.loaded_at >= self.ttl_s:
+            entry.reload = loop.create_task(self._load(scope, kind), name="memproxy-vectors-reload")
+            entry.reload.add_done_callback(lambda task: self._reloaded(key, entry, task))
+        return entry.matrix
+
+    async def _load(self, scope: Scope, kind: EmbeddingKind) -> Matrix:
+        stored = await self.store.vectors(Scope(scope.user), kind, self.model)
+        if len(stored) > 1000:
+            return await asyncio.to_thread(Matrix.build, stored)
+        return Matrix.build(stored)
+
+    def _loaded(self, key: tuple[str, str], task: asyncio.Task[Matrix]) -> None:
+        self._loads.pop(key, None)
+        if not task.cancelled() and task.exception() is None:
+            self._keep(key, _Entry(task.result(), asyncio.get_running_loop().time()))
+
+    def _reloaded(self, key: tuple[str, str], entry: _Entry, task: asyncio.Task[Matrix]) -> None:
+        entry.reload = None
+        if task.cancelled() or task.exception() is not None:
+            entry.loaded_at = asyncio.get_running_loop().time()  # try again after another ttl, not at once
+            entry.carried.clear()
+            return
+        matrix = task.result()
+        matrix.add(entry.carried)
+        if self._entries.get(key) is entry:
+            self._keep(key, _Entry(matrix, asyncio.get_running_loop().time()))
+
+    def _keep(self, key: tuple[str, str], entry: _Entry) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > MAX_MATRICES:
+            self._entries.popitem(last=False)
+
+    def forget(self, user: str) -> None:
+        """Drop the user's matrices (a deleted user's vectors leave memory, not just the database)."""
+        for key in [k for k in self._entries if k[0] == user]:
+            del self._entries[key]
