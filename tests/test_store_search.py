@@ -17,6 +17,7 @@ from proxy.models import Scope
 from proxy.stores.base import StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_search import (
+    CANDIDATE_MAX_ROWS,
     CANDIDATE_MIN_ROWS,
     SMALL_INDEX_ROWS,
     TermCounts,
@@ -205,21 +206,26 @@ def test_entity_search_is_bounded_like_message_search(tmp_path: Path) -> None:
 
 
 def test_candidate_terms() -> None:
-    rows = 100_000  # the budget: 3000 messages
+    rows = 20_000  # the budget: 3% of the rows, 600
+    assert candidate_budget(rows) == 600
     cases: list[tuple[dict[str, int], list[str] | None]] = [
-        ({"a": 10, "b": 1500}, None),  # every match fits: all are scored
-        ({"a": 10, "b": 30_000}, ["a"]),
-        ({"a": 10, "b": 30_000, "c": 0}, ["a"]),  # a term that never occurs is no candidate
-        ({"a": 5_000, "b": 30_000}, ["a"]),  # nothing fits: the rarest that occurs
-        ({"a": 0, "b": 30_000, "c": 9_000}, ["c"]),
+        ({"a": 10, "b": 500}, None),  # every match fits: all are scored
+        ({"a": 10, "b": 6_000}, ["a"]),
+        ({"a": 10, "b": 6_000, "c": 0}, ["a"]),  # a term that never occurs is no candidate
+        ({"a": 1_000, "b": 6_000}, ["a"]),  # nothing fits: the rarest that occurs
+        ({"a": 0, "b": 6_000, "c": 900}, ["c"]),
         ({"a": 0, "b": 0}, None),
-        ({"a": 10, "b": 2_900, "c": 30_000}, ["a", "b"]),  # the rarest, as many as fit
-        ({"a": 10, "b": 3_000, "c": 30_000}, ["a"]),
-        ({"a": 1_000, "b": 1_000, "c": 1_000, "d": 1_000}, ["a", "b", "c"]),
+        ({"a": 10, "b": 580, "c": 6_000}, ["a", "b"]),  # the rarest, as many as fit
+        ({"a": 10, "b": 600, "c": 6_000}, ["a"]),
+        ({"a": 200, "b": 200, "c": 200, "d": 200}, ["a", "b", "c"]),
     ]
     for counts, expected in cases:
         assert candidate_terms(list(counts), counts, rows) == expected, counts
-    assert candidate_terms(["a", "b"], {"a": 1, "b": CANDIDATE_MIN_ROWS - 1}, 1000) is None  # the floor
+    big = SMALL_INDEX_ROWS + 1
+    assert candidate_budget(big) == CANDIDATE_MIN_ROWS  # the floor
+    assert candidate_terms(["a", "b"], {"a": 1, "b": CANDIDATE_MIN_ROWS - 1}, big) is None
+    assert candidate_budget(10_000_000) == CANDIDATE_MAX_ROWS  # the ceiling
+    assert candidate_terms(["a", "b"], {"a": 10, "b": 1_000}, SMALL_INDEX_ROWS) is None  # a small index: whole
 
 
 class Clock:

@@ -9,7 +9,8 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
   they span bounds the index walk, a membership test picks them out (`rowid IN (...)`
   used as an index would rerun the BM25 statistics once per row: 0.3 s for 50 conversations);
 - a whole-history search scores only the rows saying the query's rarest terms, as many
-  terms as fit in a budget of CANDIDATE_SHARE of the indexed rows, still by BM25 over every
+  terms as fit in a budget of CANDIDATE_SHARE of the indexed rows (at most
+  CANDIDATE_MAX_ROWS), still by BM25 over every
   term, so a hit ranks as it did; only a row saying none of those (but a common word:
   "plan", "deadline") is no longer found. How many rows say each term comes from an
   fts5vocab table, cached briefly. On bench/retrieval.py's 100k-message history the hits
@@ -48,10 +49,12 @@ from proxy.stores.sqlite_rows import entity_from_row, message_from_row
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
 # share of the indexed rows holds...
 CANDIDATE_SHARE = 0.03
-# ...and never fewer than this many rows: scoring that many costs < 1 ms.
+# ...never fewer than this many rows...
 CANDIDATE_MIN_ROWS = 200
-# An index this small is searched whole: at 1,000 rows that costs about 1 ms.
-SMALL_INDEX_ROWS = 1000
+# ...and never more: BM25 costs FTS5 1-2 us a row, so no search scores more than this many.
+CANDIDATE_MAX_ROWS = 1000
+# An index this small is searched whole: it costs what the budget above would allow.
+SMALL_INDEX_ROWS = CANDIDATE_MAX_ROWS
 # Document counts change as rows arrive; a count a minute old still tells rare from common.
 COUNTS_TTL_S = 60.0
 COUNTS_CACHED_TERMS = 4096
@@ -196,7 +199,7 @@ def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> 
 
 def candidate_budget(rows: int) -> int:
     """The most candidates a whole-history search of an index of `rows` rows scores."""
-    return max(CANDIDATE_MIN_ROWS, int(CANDIDATE_SHARE * rows))
+    return min(CANDIDATE_MAX_ROWS, max(CANDIDATE_MIN_ROWS, int(CANDIDATE_SHARE * rows)))
 
 
 def search_messages(
