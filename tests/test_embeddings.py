@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
+from proxy.settings import ConfigError, load_settings
 from tests.fake_upstream import JsonReply, SlowHeaders
 
 FACT = "Priya adores sailing catamarans around Lisbon."
@@ -164,3 +165,11 @@ def _message(proxy: Any, user: str, hit: dict[str, Any]) -> str:
     with closing(sqlite3.connect(db_path(proxy))) as db:
         row = db.execute("SELECT content FROM messages WHERE user_id = ? AND id = ?", (user, hit["id"])).fetchone()
     return row[0] if row else ""
+
+
+@pytest.mark.parametrize(("key", "value"), [("embeddings.min_cosine", 1.5), ("embeddings.batch_size", 0),
+                                            ("embeddings.vector_weight", -1), ("embeddings.query_timeout_ms", 0),
+                                            ("embeddings.base_url", "ftp://x"), ("embeddings.cache_ttl_s", "soon")])
+def test_a_bad_embeddings_setting_is_named(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(environ={}, overrides={key: value})

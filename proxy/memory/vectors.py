@@ -96,14 +96,15 @@ class Matrix:
             self.rows[item_id] = len(self.ids) + len(new)
             new.append((item_id, group, agent, vector))
         if new:  # one copy of the matrix per batch, not per row
-            self.vectors = np.vstack([self.vectors.reshape(-1, dim), np.stack([r[3] for r in new])])
+            # The lists grow before the matrix does: a search running in a thread meanwhile
+            # reads the matrix once and never finds a row without its id.
             self.ids.extend(r[0] for r in new)
             self.groups.extend(r[1] for r in new)
             self.agents.extend(r[2] for r in new)
+            self.vectors = np.vstack([self.vectors.reshape(-1, dim), np.stack([r[3] for r in new])])
 
-    def mask(self, where: RowFilter) -> np.ndarray:
-        """True for the rows `where` lets a source see."""
-        n = len(self.ids)
+    def mask(self, where: RowFilter, n: int) -> np.ndarray:
+        """True for the first `n` rows that `where` lets a source see."""
         keep = np.ones(n, dtype=bool)
         if where.conversation is not None:
             keep &= np.fromiter((g == where.conversation for g in self.groups), dtype=bool, count=n)
@@ -117,10 +118,11 @@ class Matrix:
 
     def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int) -> list[tuple[str, float]]:
         """Up to `limit` (item id, cosine) at or above `floor`, best first, ties by id."""
-        if not self.ids or query.shape[0] != self.vectors.shape[1] or limit <= 0:
+        vectors = self.vectors
+        if not vectors.shape[0] or query.shape[0] != vectors.shape[1] or limit <= 0:
             return []
-        scores = np.round(self.vectors @ query, COSINE_DIGITS)
-        candidates = np.flatnonzero((scores >= floor) & self.mask(where))
+        scores = np.round(vectors @ query, COSINE_DIGITS)
+        candidates = np.flatnonzero((scores >= floor) & self.mask(where, vectors.shape[0]))
         if candidates.size > limit:
             kth = np.partition(scores[candidates], -limit)[-limit]
             candidates = candidates[scores[candidates] >= kth]  # ties at the cut all stay, then by id
