@@ -138,3 +138,46 @@ def index_holds(path: Path, token: str) -> bool:
     needle = token.encode()
     return any(sql(path, f"SELECT count(*) FROM {fts}_data WHERE instr(block, ?) > 0", (needle,))[0][0]
                for fts in FTS_TABLES)
+
+
+# --- WAL checkpoints, off the write path ----------------------------------------------------
+
+
+def _rows_in_main_file(path: Path) -> int:
+    """Messages the database file itself holds, ignoring what only the WAL holds yet."""
+    with closing(sqlite3.connect(f"file:{path}?immutable=1", uri=True)) as db:
+        return int(db.execute("SELECT count(*) FROM messages").fetchone()[0])
+
+
+def test_commits_never_checkpoint_the_wal_a_thread_does(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    text = "a long message to fill the WAL quickly " * 200  # ~8 KB: 600 turns are well past 1,000 pages
+
+    async def body() -> None:
+        async with opened(path):
+            pass  # the schema, in the database file once the store has closed
+        # No checkpoint for an hour: past 1,000 WAL pages, a commit would once have copied them itself.
+        store = SQLiteStore(str(path), checkpoint_every_s=3600)
+        await store.open()
+        try:
+            for batch in range(12):  # many commits, as turns arrive
+                await store.apply([start(ALICE, f"t{batch}-{n}", f"{text} {n}") for n in range(50)])
+            assert (path.parent / "m.db-wal").stat().st_size > 1000 * 4096
+            assert _rows_in_main_file(path) == 0  # all 600 are in the WAL only
+        finally:
+            await store.close()
+        assert _rows_in_main_file(path) == 600  # the last connection's close checkpoints
+
+        store = SQLiteStore(str(path), checkpoint_every_s=0.05)
+        await store.open()
+        try:
+            await store.apply([start(ALICE, f"u{n}", f"{text} {n}") for n in range(100)])
+            assert _rows_in_main_file(path) == 600
+            deadline = time.monotonic() + 5
+            while _rows_in_main_file(path) < 700 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert _rows_in_main_file(path) == 700  # copied by the checkpoint thread, the store still open
+        finally:
+            await store.close()
+
+    run(body())

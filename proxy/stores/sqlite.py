@@ -23,6 +23,7 @@ from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMess
 from proxy.stores.base import QueuedMessage, StoreError, WriteOp
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
+from proxy.stores.sqlite_checkpoint import CHECKPOINT_EVERY_S, Checkpointer
 from proxy.stores.sqlite_rows import (
     entity_from_row,
     export_conversation,
@@ -104,7 +105,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     # retry with some of the query's words cannot find more than the full query did.
     matches_any_term = True
 
-    def __init__(self, path: str, *, synchronous: str = "NORMAL") -> None:
+    def __init__(self, path: str, *, synchronous: str = "NORMAL",
+                 checkpoint_every_s: float = CHECKPOINT_EVERY_S) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
         self._path = path
@@ -113,6 +115,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._write_thread: ThreadPoolExecutor | None = None
         self._writer: sqlite3.Connection | None = None  # used on the write thread only
         self._readers: ReadPool | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._checkpoint_every_s = checkpoint_every_s
         self._term_counts = TermCounts(MESSAGES)
         self._entity_term_counts = TermCounts(ENTITIES)
 
@@ -127,6 +131,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
             self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
             await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
+            self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s)
+            self._checkpointer.start()
         except sqlite3.Error as exc:
             await self.close()
             raise StoreError(f"cannot open {self._path}: {_reason(exc)}") from exc
@@ -138,6 +144,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             for pragma in self._pragmas:
                 conn.execute(f"PRAGMA {pragma}")
             conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             migrate(conn)
             transaction(conn, lambda: recover(conn))
         except BaseException:
@@ -149,6 +156,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """Finish queued reads and writes and release every connection."""
         readers, writer, thread = self._readers, self._writer, self._write_thread
         self._readers, self._writer, self._write_thread = None, None, None
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, checkpointer.stop)
         if readers is not None:
             try:
                 await readers.close()
