@@ -167,6 +167,35 @@ def _message(proxy: Any, user: str, hit: dict[str, Any]) -> str:
     return row[0] if row else ""
 
 
+def test_vector_hits_keep_the_sources_filters(make_proxy: Any, fake: Any) -> None:
+    proxy = make_proxy(**ON, scope__isolation="agent")
+    boats = ["Priya adores catamarans.", "Priya loves yachts.", "Priya is fond of sailboats.",
+             "Priya adores sailing.", "Priya loves vessels."]
+    for text in boats:  # five near matches in one conversation
+        client = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "teach",
+                                 "X-Memory-Agent": "a1"})
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+    wait_for_vectors(db_path(proxy), 10)
+    ask = {"X-Memory-User": "alice", "X-Memory-Conversation": "fresh", "X-Memory-Agent": "a1"}
+    proxy.client(**ask).chat.completions.create(model="m", messages=[{"role": "user", "content": PARAPHRASE}])
+    lines = sent_text(fake).splitlines()
+    assert len([line for line in lines if line.startswith(tuple(f"{n}. [cross-session]" for n in range(1, 13)))]) == 3
+
+    # Another agent, under agent isolation, sees none of them.
+    other = {**ask, "X-Memory-Agent": "a2", "X-Memory-Conversation": "fresh-2"}
+    raw = proxy.client(**other).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": PARAPHRASE}])
+    assert raw.headers["x-memory-injected"] == "0"
+
+    # In their own conversation, what the request shows is not injected again.
+    own = {**ask, "X-Memory-Conversation": "teach"}
+    shown = [{"role": "user", "content": boats[0]}, {"role": "assistant", "content": "Hello from upstream"},
+             {"role": "user", "content": PARAPHRASE}]
+    proxy.client(**own).chat.completions.create(model="m", messages=shown)
+    block = sent_text(fake)
+    assert boats[0] not in block and "[conversation]" in block
+
+
 @pytest.mark.parametrize(("key", "value"), [("embeddings.min_cosine", 1.5), ("embeddings.batch_size", 0),
                                             ("embeddings.vector_weight", -1), ("embeddings.query_timeout_ms", 0),
                                             ("embeddings.base_url", "ftp://x"), ("embeddings.cache_ttl_s", "soon")])
