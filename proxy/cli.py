@@ -190,7 +190,7 @@ def _reindex(args: argparse.Namespace) -> int:
 
     from proxy.app import open_store
     from proxy.embedding_calls import embeddings_caller
-    from proxy.memory.embedding_worker import Filler
+    from proxy.memory.embedding_worker import FillCounts, Filler
     from proxy.memory.embeddings import EmbeddingFailed
     from proxy.scope import valid_id
     from proxy.upstream import Upstream
@@ -205,6 +205,8 @@ def _reindex(args: argparse.Namespace) -> int:
     async def run() -> int:
         upstream = Upstream(settings.upstream)
         store = open_store(settings.store)
+        counts = FillCounts()
+        embed = None
         try:
             embed = embeddings_caller(settings, upstream)
             if embed is None:
@@ -214,14 +216,16 @@ def _reindex(args: argparse.Namespace) -> int:
             await store.open()
             e = settings.embeddings
             filler = Filler(store, embed, embed.model, batch=e.batch_size, timeout_s=e.timeout_s)
-            counts = await filler.fill_all(user=user)
+            await filler.fill_all(user=user, counts=counts)
         except EmbeddingFailed as exc:
             print(f"memproxy: the embeddings endpoint failed: {exc}; run reindex again to go on", file=sys.stderr)
             return 1
         finally:
+            if embed is not None:  # what was saved, also when the endpoint failed part way
+                print(json.dumps({"model": embed.model, "user": user, "embedded": counts.saved,
+                                  "skipped": counts.skipped}))
             await store.close()
             await upstream.aclose()
-        print(json.dumps({"model": embed.model, "user": user, "embedded": counts.saved, "skipped": counts.skipped}))
         return 0
 
     return asyncio.run(run())

@@ -147,6 +147,22 @@ def test_reindex_fills_every_missing_vector(make_proxy: Any, fake: Any, tmp_path
     assert all(len(r.json()["input"]) <= 3 for r in fake.embedding_requests())
 
 
+def test_reindex_with_a_failing_endpoint_says_so_and_what_it_saved(make_proxy: Any, fake: Any, tmp_path: Path,
+                                                                  capsys: Any) -> None:
+    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    say(proxy, FACT, conversation="teach-1")
+    proxy.stop()
+    config = tmp_path / "reindex.yaml"
+    config.write_text(json.dumps({"upstream": {"base_url": fake.url}, "store": {"url": proxy.settings.store.url},
+                                  "embeddings": {"model": "fake-embed", "api_key": EMBED_KEY}}))
+    fake.embeddings = JsonReply({"error": {"message": "down", "type": "server_error"}}, status=503)
+    assert main(["reindex", "--config", str(config)]) == 1
+    out = capsys.readouterr()
+    assert json.loads(out.out)["embedded"] == {"message": 0, "entity": 0, "reasoning": 0}
+    assert "answered 503" in out.err and EMBED_KEY not in out.err + out.out
+    assert vector_count(db_path(proxy)) == 0
+
+
 def test_reindex_without_a_model_says_so(tmp_path: Path, capsys: Any) -> None:
     config = tmp_path / "plain.yaml"
     config.write_text(json.dumps({"store": {"url": f"sqlite:///{tmp_path}/m.db"}}))

@@ -92,9 +92,11 @@ class Filler:
             self.on_saved(items, vectors)
         return items[-1].seq, len(items) < self.batch
 
-    async def fill_all(self, *, user: str | None = None) -> FillCounts:
-        """Every missing vector (of `user`, or everyone), kind by kind (`memproxy reindex`)."""
-        counts = FillCounts()
+    async def fill_all(self, *, user: str | None = None, counts: FillCounts | None = None) -> FillCounts:
+        """Every missing vector (of `user`, or everyone), kind by kind (`memproxy reindex`).
+
+        `counts` is filled as it goes, so a caller still has them when the endpoint fails."""
+        counts = counts if counts is not None else FillCounts()
         for kind in EMBEDDING_KINDS:
             after, done = 0, False
             while not done:
