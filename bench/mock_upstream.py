@@ -3,7 +3,8 @@
 POST /v1/chat/completions answers a fixed completion, or, with `"stream": true`, an SSE
 stream of `--events` chunk events plus `data: [DONE]`, each event its own chunked write,
 `--delay-ms` apart (the headers X-Mock-Events and X-Mock-Delay-Ms override both per
-request). GET /_stats reports connection and stream counters, for leak checks. Any other
+request); `--answer-ms` holds every chat completion back that long first, as a model's time
+to its first byte would. GET /_stats reports connection and stream counters, for leak checks. Any other
 path answers a small JSON object. It does so little per request that it is never the
 bottleneck of a run (bench/README.md).
 
@@ -77,8 +78,9 @@ def head(status: int, content_type: bytes, length: int | None) -> bytes:
 class MockServer:
     """Shared state of all connections: the defaults, the frame cache and the counters."""
 
-    def __init__(self, events: int, delay_ms: float) -> None:
+    def __init__(self, events: int, delay_ms: float, answer_ms: float = 0.0) -> None:
         self.default = StreamPlan(events, delay_ms / 1000)
+        self.answer_s = answer_ms / 1000
         self.counters = Counters()
         self._frames: dict[int, list[bytes]] = {}
 
@@ -147,7 +149,11 @@ class MockConnection(asyncio.Protocol):
                 self.transport.pause_reading()  # type: ignore[union-attr]
                 asyncio.get_running_loop().create_task(self._stream(self.server.plan(headers), keep_alive))
                 return
-            self._answer(head(200, b"application/json", len(COMPLETION)) + COMPLETION, keep_alive)
+            answer = head(200, b"application/json", len(COMPLETION)) + COMPLETION
+            if self.server.answer_s:
+                asyncio.get_running_loop().call_later(self.server.answer_s, self._answer, answer, keep_alive)
+            else:
+                self._answer(answer, keep_alive)
         elif path == b"/_stats":
             stats = json.dumps(asdict(self.server.counters)).encode()
             self._answer(head(200, b"application/json", len(stats)) + stats, keep_alive)
@@ -156,6 +162,8 @@ class MockConnection(asyncio.Protocol):
 
     def _answer(self, data: bytes, keep_alive: bool) -> None:
         assert self.transport is not None
+        if self.closed:
+            return
         self.transport.write(data)
         if not keep_alive:
             self.transport.close()
@@ -166,6 +174,8 @@ class MockConnection(asyncio.Protocol):
         counters = self.server.counters
         counters.streams_active += 1
         try:
+            if self.server.answer_s:
+                await asyncio.sleep(self.server.answer_s)
             self.transport.write(head(200, b"text/event-stream", None))
             started = time.perf_counter()
             for i, frame in enumerate(self.server.frames(plan.events)):
@@ -194,9 +204,9 @@ def _wants_stream(body: bytes) -> bool:
         return False
 
 
-async def serve(host: str, port: int, events: int, delay_ms: float) -> None:
+async def serve(host: str, port: int, events: int, delay_ms: float, answer_ms: float = 0.0) -> None:
     """Serve until cancelled."""
-    state = MockServer(events, delay_ms)
+    state = MockServer(events, delay_ms, answer_ms)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: MockConnection(state), host, port, backlog=4096)
     async with server:
@@ -220,9 +230,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--events", type=int, default=50, help="chunk events per stream, before [DONE]")
     parser.add_argument("--delay-ms", type=float, default=2.0, help="time between two events")
+    parser.add_argument("--answer-ms", type=float, default=0.0, help="time before a chat completion's first byte")
     args = parser.parse_args()
     try:
-        run(serve(args.host, args.port, args.events, args.delay_ms))
+        run(serve(args.host, args.port, args.events, args.delay_ms, args.answer_ms))
     except KeyboardInterrupt:
         pass
 

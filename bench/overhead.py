@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated subset of the steps to run (default: all)")
     p.add_argument("--stream-events", type=int, default=50, help="chunk events per measured stream (plus [DONE])")
     p.add_argument("--stream-gap-ms", type=float, default=5.0, help="time between two events of a measured stream")
+    p.add_argument("--upstream-ms", type=float, default=0.0,
+                   help="the mock's time to a completion's first byte (0: at once, the worst case for "
+                        "memproxy's writes, which otherwise overlap the upstream's time)")
     p.add_argument("--memory-items", type=int, default=0,
                    help="memories to store for the memory-on user first (Memory API; chat turns, slowly, without it)")
     p.add_argument("--disconnect-storm", type=int, default=0, metavar="N",
@@ -94,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, Server]:
     """The processes the chosen targets need, keyed by target name (one memproxy serves three)."""
-    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms)
+    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms, args.upstream_ms)
     servers = {"direct": mock}
     upstream = f"http://127.0.0.1:{mock.port}/v1"
     try:
@@ -241,6 +244,7 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
     summary = Summary(report["results"], args.targets)
     print(f"\nmemproxy {version}: {args.rounds} interleaved rounds, {args.duration} s per step; medians over rounds."
           f"\nstreams: {args.stream_events} chunk events + [DONE], {args.stream_gap_ms} ms apart. "
+          f"upstream's time to first byte: {args.upstream_ms:g} ms. "
           f"memproxy log level: {args.log_level}.\n")
     print(table(summary, {"RSS MiB after warm-up": report["rss_mb_start"], "RSS MiB at end": report["rss_mb_end"]}))
     print()

@@ -89,11 +89,11 @@ def _wait_listening(server: Server, timeout: float = 20.0) -> None:
     raise RuntimeError(f"{server.name} did not listen on port {server.port} within {timeout} s")
 
 
-def start_mock(workdir: Path, events: int, delay_ms: float) -> Server:
+def start_mock(workdir: Path, events: int, delay_ms: float, answer_ms: float = 0.0) -> Server:
     """The mock upstream."""
     port = free_port()
     argv = [sys.executable, str(BENCH / "mock_upstream.py"), "--port", str(port),
-            "--events", str(events), "--delay-ms", str(delay_ms)]
+            "--events", str(events), "--delay-ms", str(delay_ms), "--answer-ms", str(answer_ms)]
     return start("mock", argv, port, workdir)
 
 
