@@ -1,0 +1,123 @@
+"""How far any choice of k message hits can get on LoCoMo under SPEC 4's per-conversation cap.
+
+Ingests each dev conversation exactly as `memproxy eval locomo` does (same writer, store,
+extraction), ranks every question's messages with the store's own BM25 search (the
+cross-session source's candidates, uncapped, 200 deep), then scores turn recall (categories
+1-4) for several selections of that one ranking: the top k with no cap, the top k with at
+most 3 per conversation (SPEC 4, each LoCoMo session being a conversation), and other ways
+of spending the slots under the cap. Entity and relationship hits are left out: this is
+the ceiling of the message sources alone.
+
+    python bench/locomo_cap.py [--data ../shared/data/locomo/dev.json] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy.evaluation import locomo, runner
+from proxy.evaluation.locomo import session_of
+from proxy.evaluation.scoring import Summary
+from proxy.memory.fusion import PER_GROUP
+from proxy.settings import Settings
+from proxy.stores.sqlite import SQLiteStore
+from proxy.terms import query_terms
+
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+DEPTH = 200
+
+Ranked = list[str]  # dia_ids, best first
+Select = Callable[[Ranked], Sequence[str]]
+
+
+async def rankings(data: Path) -> list[tuple[int, tuple[str, ...], Ranked]]:
+    """(category, evidence, ranked turns) for every scored question of the dev split."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="memproxy-cap-") as tmp:
+        for sample in locomo.load(data):
+            store = SQLiteStore(str(Path(tmp) / f"{sample.sample_id}.db"))
+            await store.open()
+            try:
+                memory = await runner.ingest(store, Settings(), sample, Summary(10))
+                for question in sample.questions:
+                    if question.category not in CATEGORIES or not question.evidence:
+                        continue
+                    rows = await store.search_messages(memory.scope, query_terms(question.text)[:64],
+                                                       exclude_conversation_id="a fresh one", limit=DEPTH)
+                    out.append((question.category, question.evidence, [memory.dia_ids[m.id] for m, _ in rows]))
+            finally:
+                await store.close()
+    return out
+
+
+def top(k: int, cap: int | None = None) -> Select:
+    """The k best, at most `cap` from one session."""
+    def select(ranked: Ranked) -> list[str]:
+        taken: Counter[int] = Counter()
+        chosen = []
+        for dia_id in ranked:
+            if cap is not None and taken[session_of(dia_id)] >= cap:
+                continue
+            taken[session_of(dia_id)] += 1
+            chosen.append(dia_id)
+            if len(chosen) == k:
+                break
+        return chosen
+    return select
+
+
+def by_session(k: int, cap: int = PER_GROUP) -> Select:
+    """Whole sessions first: the best session's `cap` best, then the next session's."""
+    def select(ranked: Ranked) -> list[str]:
+        groups: dict[int, list[str]] = {}
+        for dia_id in ranked:
+            groups.setdefault(session_of(dia_id), []).append(dia_id)
+        return [d for hits in groups.values() for d in hits[:cap]][:k]
+    return select
+
+
+def recall(questions: list[tuple[int, tuple[str, ...], Ranked]], select: Select) -> dict[str, float]:
+    by: dict[str, list[float]] = defaultdict(list)
+    for category, evidence, ranked in questions:
+        wanted = set(evidence)
+        by[CATEGORIES[category]].append(len(wanted & set(select(ranked))) / len(wanted))
+    every = [r for values in by.values() for r in values]
+    return {"overall": round(sum(every) / len(every), 4),
+            **{name: round(sum(by[name]) / len(by[name]), 4) for name in CATEGORIES.values()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/locomo/dev.json")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    questions = asyncio.run(rankings(args.data))
+    variants = {
+        "top 10, no cap": top(10),
+        f"top 10, at most {PER_GROUP} per session (SPEC 4)": top(10, PER_GROUP),
+        f"top 12, at most {PER_GROUP} per session": top(12, PER_GROUP),
+        f"top 15, at most {PER_GROUP} per session": top(15, PER_GROUP),
+        f"top 20, at most {PER_GROUP} per session": top(20, PER_GROUP),
+        f"all {DEPTH}, at most {PER_GROUP} per session": top(DEPTH, PER_GROUP),
+        f"10 by whole sessions, {PER_GROUP} each": by_session(10),
+    }
+    results = {name: recall(questions, select) for name, select in variants.items()}
+    print(f"{len(questions)} questions; turn recall, categories 1-4\n")
+    print(f"{'selection':45} {'overall':>8} " + " ".join(f"{c:>12}" for c in CATEGORIES.values()))
+    for name, r in results.items():
+        print(f"{name:45} {r['overall']:>8.4f} " + " ".join(f"{r[c]:>12.4f}" for c in CATEGORIES.values()))
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
