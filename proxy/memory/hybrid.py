@@ -22,7 +22,7 @@ import numpy as np
 
 from proxy.memory.embeddings import Embed, EmbeddingFailed
 from proxy.memory.fusion import rrf
-from proxy.memory.sources import Found, normalised
+from proxy.memory.sources import Found, SourceQuery, normalised
 from proxy.memory.vectors import RowFilter, VectorIndex, row_filter, unit
 from proxy.metrics import Metrics
 from proxy.models import Scope
@@ -129,11 +129,11 @@ class VectorQuery:
 
 
 async def with_vectors(
-    q: Any, lexical: Awaitable[list[Found[T]]], kind: EmbeddingKind, *, key: Callable[[T], str],
+    q: SourceQuery, lexical: Awaitable[list[Found[T]]], kind: EmbeddingKind, *, key: Callable[[T], str],
     text: Callable[[T], str], keep: Callable[[T], bool] = lambda item: True, **conversations: Any,
 ) -> list[Found[T]]:
     """The lexical candidates alone, or fused with the vector stream when the query has one."""
-    vq: VectorQuery | None = q.vectors
+    vq = q.vectors
     if vq is None:
         return await lexical
     limit = min(MAX_CANDIDATES, q.candidates + len(q.visible))  # the request may show many of the nearest
