@@ -19,7 +19,7 @@ import pytest
 from proxy.app import open_store
 from proxy.models import ReasoningStep, Scope
 from proxy.settings import load_settings
-from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, StartTurn, StoreError, WriteOp
+from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, StartTurn, StoreError, StoreMemory, WriteOp
 from proxy.stores.postgres import CLAIM_LEASE, PostgresStore, user_lock_key
 from proxy.stores.postgres_batch import STALE_PENDING
 from proxy.terms import query_terms
@@ -83,6 +83,13 @@ def test_a_users_writes_wait_for_that_users_lock_only(pg_url: str) -> None:
             await holder.execute("SELECT pg_advisory_unlock($1)", user_lock_key("alice"))
             await asyncio.wait_for(blocked, 5)
             assert [m.content for m in await store.messages(ALICE, "c1")] == ["after the lock"]
+            # The memory API's writes take the same lock (the user's, not one per letter of the name).
+            await holder.execute("SELECT pg_advisory_lock($1)", user_lock_key("alice"))
+            stored = asyncio.create_task(store.store_memory(StoreMemory(ALICE, "m1", "Alice prefers tea", "fact", T0)))
+            await asyncio.sleep(0.3)
+            assert not stored.done()
+            await holder.execute("SELECT pg_advisory_unlock($1)", user_lock_key("alice"))
+            assert await asyncio.wait_for(stored, 5)
         finally:
             await holder.close()
             await store.close()

@@ -14,7 +14,7 @@ reclaims them (and backups keep them until they expire): README ("Running severa
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -57,7 +57,8 @@ class PostgresAdmin:
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
         raise NotImplementedError
 
-    async def _locked(self, user: str, body: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:  # PostgresStore
+    async def _locked(self, users: Iterable[str], body: Callable[[asyncpg.Connection], Awaitable[T]]
+                      ) -> T:  # provided by PostgresStore
         raise NotImplementedError
 
     # --- reads
@@ -121,23 +122,23 @@ class PostgresAdmin:
 
     async def store_memory(self, op: StoreMemory) -> str:
         """Apply one StoreMemory alone; the id of the entity or message that holds it."""
-        return await self._locked(op.scope.user, lambda conn: store_memory(conn, op))
+        return await self._locked([op.scope.user], lambda conn: store_memory(conn, op))
 
     async def update_memory(self, scope: Scope, memory_id: str, content: str) -> Corrected | None:
         """Correct an entity's text (its description, or its name when it has none) or a message's."""
-        return await self._locked(scope.user, lambda conn: update_memory(conn, scope, memory_id, content))
+        return await self._locked([scope.user], lambda conn: update_memory(conn, scope, memory_id, content))
 
     async def delete_item(self, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
         """Delete one item and what hangs off it; rows deleted per table, None when there is no such item."""
-        return await self._locked(scope.user, lambda conn: delete_item(conn, scope, kind, item_id))
+        return await self._locked([scope.user], lambda conn: delete_item(conn, scope, kind, item_id))
 
     async def delete_user(self, scope: Scope) -> dict[str, int]:
         """Delete every row of the user; rows deleted per table."""
-        return await self._locked(scope.user, lambda conn: delete_user(conn, scope.user))
+        return await self._locked([scope.user], lambda conn: delete_user(conn, scope.user))
 
     async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
         """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
-        return await self._locked(scope.user, lambda conn: import_records(conn, scope, records))
+        return await self._locked([scope.user], lambda conn: import_records(conn, scope, records))
 
 
 # --- inside a transaction -----------------------------------------------------------------
