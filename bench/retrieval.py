@@ -182,8 +182,10 @@ def queries(count: int, size: int, seed: int) -> list[Query]:
     out = []
     for _ in range(count):
         text = sentence(rng, QUERIES)
-        conv = f"conv-{rng.randrange(conversations)}" if rng.random() < 0.7 else f"conv-new-{rng.randrange(10**6)}"
-        out.append(Query(text, conv, ("You are a helpful assistant.", sentence(rng, TEMPLATES)), 6))
+        known = rng.random() < 0.7
+        conv = f"conv-{rng.randrange(conversations)}" if known else f"conv-new-{rng.randrange(10**6)}"
+        out.append(Query(text, conv, ("You are a helpful assistant.", sentence(rng, TEMPLATES)), 6,
+                         new_conversation=not known))
     return out
 
 

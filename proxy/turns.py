@@ -29,6 +29,7 @@ class TurnIdentity:
     conversation_id: str
     history_hash: str
     existing: Turn | None  # the stored turn for a later step or a retry
+    new_conversation: bool = False  # a conversation the store has nothing of yet
 
     @property
     def is_new(self) -> bool:
@@ -61,18 +62,17 @@ async def identify(
     if existing is not None:
         return TurnIdentity(existing.key, existing.conversation_id, digest, existing)
     conversation = await conversation_for(store, scope, request, follow)
-    return TurnIdentity(new_id(), conversation, digest, None)
+    return TurnIdentity(new_id(), conversation or new_id(), digest, None, new_conversation=conversation is None)
 
 
-async def conversation_for(store: Store, scope: Scope, request: ChatRequest, follow: str) -> str:
-    """The conversation a new turn belongs to (SPEC 2)."""
+async def conversation_for(store: Store, scope: Scope, request: ChatRequest, follow: str) -> str | None:
+    """The conversation a new turn belongs to (SPEC 2); None for a new one."""
     if scope.conversation is not None:
         return scope.conversation
     if follow == "latest":
-        return await store.latest_conversation(scope) or new_id()
+        return await store.latest_conversation(scope)
     hashes = [text_hash(text) for text in reversed(assistant_texts(request.messages))]
-    found = await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
-    return found or new_id()
+    return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
 
 def fallback_identity(scope: Scope, request: ChatRequest) -> TurnIdentity:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 import uuid
@@ -24,6 +25,8 @@ from proxy.stores.base import FinishTurn, StartTurn, StoreError
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_rows import entity_terms
 from proxy.terms import terms as index_terms
+from proxy.turns import TurnIdentity, identify
+from proxy.wire.openai_chat import parse_chat_request
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 ALICE = Scope("alice")
@@ -202,6 +205,42 @@ def test_conversation_never_returns_what_the_request_shows(tmp_path: Path) -> No
             visible = ["the  invoice for March\nis paid ", "the invoice total was 120 euros"]
             result = await w.recall("send the invoice to Bob", visible=visible, cross_session_limit=0)
             assert lines(result.block) == ["1. [conversation] user (2026-11-02): the invoice number is INV-4471"]
+
+    run(body())
+
+
+def test_a_new_conversation_is_not_searched(tmp_path: Path) -> None:
+    """The pipeline knows a conversation it just opened holds nothing: no search is made for it."""
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("the invoice number is INV-4471", conv="c1")
+            retrieval = Retrieval(w.store, MemorySettings(cross_session_limit=0), Metrics())
+            known = await retrieval.retrieve(ALICE, Query("which invoice number?", "c1", (), 6))
+            assert lines(known.block) == ["1. [conversation] user (2026-11-02): the invoice number is INV-4471"]
+            # Told that c1 is new, the source does not ask the store (which would have found it).
+            fresh = await retrieval.retrieve(ALICE, Query("which invoice number?", "c1", (), 6, new_conversation=True))
+            assert fresh.block == "" and fresh.log["candidates"]["conversation"] == 0
+
+    run(body())
+
+
+def test_identify_says_when_the_conversation_is_new(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("hello", conv="c1")
+            await w.say("hi there", conv="c1", role="assistant")
+
+            async def identity(messages: list[dict[str, str]], scope: Scope = ALICE) -> TurnIdentity:
+                return await identify(w.store, scope, parse_chat_request(json.dumps(
+                    {"model": "m", "messages": messages}).encode()), now=T0, retry_window_s=0, follow="history")
+
+            first = await identity([{"role": "user", "content": "a new chat"}])
+            assert first.new_conversation and first.conversation_id != "c1"
+            follow_up = await identity([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"},
+                                        {"role": "user", "content": "and then?"}])
+            assert not follow_up.new_conversation and follow_up.conversation_id == "c1"
+            named = await identity([{"role": "user", "content": "x"}], Scope("alice", conversation="c9"))
+            assert not named.new_conversation and named.conversation_id == "c9"
 
     run(body())
 

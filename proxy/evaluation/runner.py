@@ -153,7 +153,7 @@ async def ask(retrieval: Retrieval, memory: Memory, sample: Sample, k: int, summ
               progress: Progress | None = None, done: int = 0, total: int = 0) -> int:
     """Ask every question of the sample in a fresh conversation; return the progress count."""
     for question in sample.questions:
-        query = Query(question.text, uuid.uuid4().hex, (), k)
+        query = Query(question.text, uuid.uuid4().hex, (), k, new_conversation=True)
         started = time.perf_counter()
         retrieved = await retrieval.retrieve(memory.scope, query)
         ms = (time.perf_counter() - started) * 1000

@@ -45,6 +45,7 @@ class Query:
     conversation_id: str
     visible: tuple[str, ...]  # texts of the request's other messages (never injected again)
     max_memories: int
+    new_conversation: bool = False  # nothing of this conversation is stored yet
 
 
 @dataclass
@@ -122,7 +123,8 @@ class MemoryService:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
-        query = Query(user_text(request), identity.conversation_id, visible_texts(request), min(limit, 12))
+        query = Query(user_text(request), identity.conversation_id, visible_texts(request), min(limit, 12),
+                      identity.new_conversation)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)

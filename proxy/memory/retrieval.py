@@ -71,6 +71,7 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
         id_terms=identifier_terms(unseen),
         any_term_match=any_term_match,
         max_memories=query.max_memories,
+        new_conversation=query.new_conversation,
     )
 
 

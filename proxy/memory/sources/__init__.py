@@ -79,6 +79,7 @@ class SourceQuery:
     id_terms: tuple[str, ...] = ()  # the whole-identifier terms of `identifiers`
     any_term_match: bool = False  # the store's text search matches a row holding any one term
     max_memories: int = HARD_CAP
+    new_conversation: bool = False  # nothing of `conversation_id` is stored yet
     vectors: VectorQuery | None = field(default=None, compare=False)  # embeddings on: memory/hybrid.py
 
     @property

@@ -27,6 +27,8 @@ def candidate_limit(q: SourceQuery) -> int:
 
 async def search(store: Store, q: SourceQuery) -> list[Hit]:
     """Matching messages of `q.conversation_id` that the request does not already show."""
+    if q.new_conversation:
+        return []  # a conversation the store has nothing of: no search to make
 
     async def search(terms: Sequence[str], limit: int) -> list[tuple[StoredMessage, float]]:
         return await store.search_messages(q.scope, terms, conversation_ids=[q.conversation_id], limit=limit)
