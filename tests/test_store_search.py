@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from proxy.models import Scope
-from proxy.stores.base import StartTurn, StoreError, StoreMemory
+from proxy.models import ReasoningStep, Scope
+from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_search import (
     CANDIDATE_MAX_ROWS,
@@ -201,6 +201,32 @@ def test_entity_search_is_bounded_like_message_search(tmp_path: Path) -> None:
             rare = await store.search_entities(ALICE, query_terms("do I prefer zanzibar?"), limit=5)
             # The rare term's rows are the candidates (Bob's is not Alice's); "prefer" alone finds none.
             assert [e.name for e, _ in rare] == ["I prefer zanzibar for everything"]
+
+    run(body())
+
+
+def test_reasoning_search_is_bounded_like_message_search(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    rows = SMALL_INDEX_ROWS + 500
+    budget = candidate_budget(rows)
+    step = (ReasoningStep("lookup", "{}", "ok"),)
+
+    def traced(scope: Scope, n: int, task: str) -> FinishTurn:
+        return FinishTurn(scope, f"{scope.user}-t{n}", f"c{n % 40}", f"answer {n}", T0 + timedelta(minutes=n),
+                          task=task, steps=step)
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([traced(ALICE, n, f"deploy service {n}") for n in range(rows)])
+            await store.apply([traced(ALICE, rows, "deploy the zanzibar service"),
+                               traced(BOB, 1, "deploy zanzibar too")])
+            common = await store.search_reasoning(ALICE, query_terms("deploy the service"), limit=rows)
+            assert len(common) == budget  # the newest traces saying the rarest term, not all of them
+            assert {t.task for t, _ in common} == {"deploy the zanzibar service",
+                                                   *(f"deploy service {n}" for n in range(rows - budget + 1, rows))}
+            rare = await store.search_reasoning(ALICE, query_terms("deploy zanzibar"), limit=5)
+            # The rare term's traces are the candidates (Bob's is not Alice's).
+            assert [t.task for t, _ in rare] == ["deploy the zanzibar service"]
 
     run(body())
 

@@ -41,9 +41,10 @@ from proxy.stores.sqlite_rows import (
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_schema import migrate
-from proxy.stores.sqlite_search import ENTITIES, MESSAGES, TermCounts, match_query, prepare_reader
+from proxy.stores.sqlite_search import ENTITIES, MESSAGES, REASONING, TermCounts, prepare_reader
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
+from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
 from proxy.stores.sqlite_vectors import SQLiteVectors
 
 T = TypeVar("T")
@@ -76,10 +77,12 @@ def _agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple
     return "", []
 
 
+def _per_agent_clause(scope: Scope, alias: str) -> tuple[str, list[Any]]:
+    """Limit per-agent data (reasoning) to the scope's agent whenever it names one."""
+    return _agent_clause(scope, alias, per_agent=True)
+
+
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
-# What trace_from_row reads: a search builds its hits from these alone, not from the index
-# text stored beside them (a trace's is as long as the trace).
-_TRACE_COLUMNS = "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at"
 _RELATIONSHIP_SELECT = (
     "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
     " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
@@ -119,6 +122,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpoint_every_s = checkpoint_every_s
         self._term_counts = TermCounts(MESSAGES)
         self._entity_term_counts = TermCounts(ENTITIES)
+        self._reasoning_term_counts = TermCounts(REASONING)
 
     # --- lifecycle
 
@@ -433,16 +437,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[ReasoningTrace, float]]:
-        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
-        query = match_query(terms)
-        if query is None:
-            return []
-        agent, agent_params = _agent_clause(scope, "x", per_agent=True)
-        sql = ("WITH best(seq, score) AS (SELECT x.seq, -bm25(reasoning_fts) AS score FROM reasoning_fts"
-               " CROSS JOIN reasoning x ON x.seq = reasoning_fts.rowid"
-               f" WHERE reasoning_fts MATCH ? AND x.user_id = ?{agent} ORDER BY score DESC, x.seq DESC LIMIT ?)"
-               f" SELECT {_TRACE_COLUMNS}, best.score AS score FROM best CROSS JOIN reasoning x ON x.seq = best.seq"
-               " ORDER BY best.score DESC, x.seq DESC")
-        params = [query, scope.user, *agent_params, limit]
-        return await self._read(lambda conn: [(trace_from_row(row), row["score"])
-                                              for row in conn.execute(sql, params)])
+        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite_search.py)."""
+        return await self._read(lambda conn: search_reasoning_index(
+            conn, self._reasoning_term_counts, scope, terms, agent_clause=_per_agent_clause, limit=limit))

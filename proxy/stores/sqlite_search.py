@@ -1,4 +1,4 @@
-"""Message and entity search on SQLite: FTS5 BM25 whose cost follows the query's rare terms.
+"""Message, entity and reasoning search on SQLite: FTS5 BM25 whose cost follows the query's rare terms.
 
 FTS5 scores every row its MATCH yields, and the statement then reads each one's row to
 check the user; walking the doclists themselves is cheaper, but not free. So a search costs
@@ -43,8 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.models import Entity, Scope, StoredMessage
-from proxy.stores.sqlite_rows import entity_from_row, message_from_row
+from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
+from proxy.stores.sqlite_rows import entity_from_row, message_from_row, trace_from_row
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
 # share of the indexed rows holds...
@@ -90,6 +90,9 @@ MESSAGES = FtsIndex("messages", "m", "1.0, 0.3", "m.id, m.conversation_id, m.rol
 ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
                     "e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
                     " e.provenance")
+# What trace_from_row reads: a hit is built from these alone, not from the index text
+# stored beside them (a trace's is as long as the trace).
+REASONING = FtsIndex("reasoning", "x", "1.0", "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
 
 
@@ -106,7 +109,7 @@ def searchable(terms: Sequence[str]) -> list[str]:
 
 def prepare_reader(conn: sqlite3.Connection) -> None:
     """Per read connection: the vocabulary tables the term counts come from (temp: nothing is written)."""
-    for index in (MESSAGES, ENTITIES):
+    for index in (MESSAGES, ENTITIES, REASONING):
         kind = "col" if index.finding_column else "row"
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {index.vocab} USING fts5vocab(main, {index.fts}, {kind})")
 
@@ -232,6 +235,16 @@ def search_entities(
     where, params = agent_clause(scope, ENTITIES.alias)
     rows = _search(conn, ENTITIES, counts, scope, terms, where, params, None, limit)
     return [(entity_from_row(row), row["score"]) for row in rows]
+
+
+def search_reasoning(
+    conn: sqlite3.Connection, counts: TermCounts, scope: Scope, terms: Sequence[str], *,
+    agent_clause: AgentClause, limit: int,
+) -> list[tuple[ReasoningTrace, float]]:
+    """BM25 over the user's reasoning traces (task, steps, answer), best first (run on a reader thread)."""
+    where, params = agent_clause(scope, REASONING.alias)
+    rows = _search(conn, REASONING, counts, scope, terms, where, params, None, limit)
+    return [(trace_from_row(row), row["score"]) for row in rows]
 
 
 def _search(
