@@ -34,6 +34,7 @@ class Reply:
     body_size: int = 0
     body: list[bytes] | None = None  # kept only when asked for
     memory_status: bytes = b""  # X-Memory-Status, from memproxy
+    memory_injected: int = -1  # X-Memory-Injected, from memproxy (-1: absent)
 
     @property
     def latency(self) -> float:
@@ -89,8 +90,11 @@ class ClientConnection(asyncio.Protocol):
         self.reply.status = self.parser.get_status_code()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"x-memory-status":
+        lowered = name.lower()
+        if lowered == b"x-memory-status":
             self.reply.memory_status = value
+        elif lowered == b"x-memory-injected":
+            self.reply.memory_injected = int(value)
 
     def on_body(self, body: bytes) -> None:
         reply = self.reply

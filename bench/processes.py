@@ -105,11 +105,14 @@ def start_reference(workdir: Path, upstream: str, transport: str, name: str) -> 
     return start(name, argv, port, workdir)
 
 
-def start_memproxy(workdir: Path, upstream: str, log_level: str, source: Path = REPO, name: str = "memproxy") -> Server:
-    """memproxy as shipped (`python -m proxy serve`) from `source`, one worker, its store in the work dir."""
+def start_memproxy(workdir: Path, upstream: str, log_level: str, source: Path = REPO, name: str = "memproxy",
+                   store_path: Path | None = None) -> Server:
+    """memproxy as shipped (`python -m proxy serve`) from `source`, one worker; its SQLite store is
+    `store_path`, else a new one in the work dir."""
     port = free_port()
     config = workdir / f"{name}.yaml"
-    config.write_text(f"server:\n  log_level: {log_level}\nstore:\n  url: sqlite:///{workdir / (name + '.db')}\n")
+    store = (store_path or workdir / f"{name}.db").resolve()
+    config.write_text(f"server:\n  log_level: {log_level}\nstore:\n  url: sqlite:///{store}\n")
     argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
             "--upstream", upstream]
     return start(name, argv, port, workdir, source)
