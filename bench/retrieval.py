@@ -1,14 +1,19 @@
-"""Retrieval latency as one user's memory grows (SPEC 12), per source and in total.
+"""Retrieval latency and memory as one user's memory grows (SPEC 12, issue 4), and other streams meanwhile.
 
 Fills one user's SQLite store with N messages (varied sentences, some holding
 identifiers) in conversations of about ten, plus entities, relationships and reasoning
 traces in proportion, with other users' data beside it; then times `Retrieval.retrieve`
-over a fixed set of queries and prints p50/p95 per source and for the whole retrieval.
-With `--rounds N` each size is timed N times (the store reopened each time) and the table
-shows the median of each figure over the rounds: on a shared machine one round can land
-on a busy second.
+over a fixed set of queries, in a fresh process, and prints p50/p95 per source and for the
+whole retrieval, and that process's resident memory. With `--rounds N` each size is timed
+N times (a new process each time) and the table shows the median of each figure over the
+rounds: on a shared machine one round can land on a busy second.
+
+Then memproxy serves the store, and memory-off streams are measured with and without a
+closed loop of memory-on requests beside them (bench/retrieval_streams.py). The issue's
+lines follow as PASS/FAIL; the exit status is 1 when one fails.
 
     python bench/retrieval.py [--sizes 1000,10000,100000] [--queries 200] [--rounds 3] [--json] [--keep DIR]
+                              [--no-streams] [--stream-seconds 1.0] [--stream-rounds 3] [--retrieval-connections 4]
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,8 @@ from proxy.settings import MemorySettings  # noqa: E402
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
 from proxy.stores.sqlite import SQLiteStore  # noqa: E402
 from proxy.stores.sqlite_rows import entity_terms  # noqa: E402
+from retrieval_streams import Ask, StreamLoad, no_batching, stream_batching, streams_table  # noqa: E402
+from summary import Criterion  # noqa: E402
 
 USER = Scope("bench-user")
 OTHERS = [Scope(f"other-{n}") for n in range(3)]
@@ -44,6 +53,10 @@ PER_CONVERSATION = 10
 BATCH = 2000
 START = datetime(2024, 1, 1, tzinfo=UTC)
 SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
+# Issue 4's limits on the total retrieval time: (stored items, percentile, ms).
+LIMITS = ((10_000, "p50", 3.0), (10_000, "p95", 8.0), (100_000, "p95", 25.0))
+# The resident-memory figures of the measuring process, MiB (see measure).
+MEMORY = ("rss_mb_imported", "rss_mb_open", "rss_mb_end", "peak_mb")
 
 PEOPLE = """Alice Bob Priya Mateo Fatima Olu Sven Keiko Rosa Dmitri Amara Lena Tomas Ines Kwame Yuki Omar Hana
     Lucas Zara Nils Chloe Ravi Marta Jonas Aisha Pablo Ingrid Tariq Mei Felix Noor Diego Elsa Kofi Sara Ivan Leila
@@ -189,9 +202,32 @@ def queries(count: int, size: int, seed: int) -> list[Query]:
     return out
 
 
+def vm_mb(field: str) -> float:
+    """This process's /proc/self/status line `field` (VmRSS, VmHWM), MiB."""
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure_fresh(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
+    """`measure` in a new process, so its memory figures hold the retrieval path and nothing else."""
+    context = get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_measure_here, path, size, count, seed).result()
+
+
+def _measure_here(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
+    return asyncio.run(measure(path, size, count, seed))
+
+
 async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
+    """Time the queries; resident memory once imported, with the store open, at the end, and its peak."""
+    memory = {"rss_mb_imported": vm_mb("VmRSS")}
     store = SQLiteStore(str(path))
     await store.open()
+    memory["rss_mb_open"] = vm_mb("VmRSS")
     try:
         retrieval = Retrieval(store, MemorySettings(), Metrics())
         asked = queries(count, size, seed)
@@ -207,10 +243,12 @@ async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any
             injected.append(result.injected)
             for source, ms in result.log["sources_ms"].items():
                 per_source[source].append(ms)
+        memory["rss_mb_end"] = vm_mb("VmRSS")
+        memory["peak_mb"] = vm_mb("VmHWM")
     finally:
         await store.close()
     row: dict[str, Any] = {"size": size, "queries": count, "mean_injected": round(statistics.mean(injected), 2),
-                           "total": percentiles(totals)}
+                           "total": percentiles(totals), "memory": {k: round(v, 1) for k, v in memory.items()}}
     row.update({source: percentiles(times) for source, times in per_source.items() if times})
     return row
 
@@ -222,6 +260,7 @@ def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for column in ("total", *SOURCES):
         if all(column in r for r in rounds):
             row[column] = {p: round(statistics.median(r[column][p] for r in rounds), 3) for p in ("p50", "p95")}
+    row["memory"] = {k: round(statistics.median(r["memory"][k] for r in rounds), 1) for k in MEMORY}
     return row
 
 
@@ -241,6 +280,36 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def memory_table(rows: list[dict[str, Any]]) -> str:
+    """The measuring process's resident memory, and memproxy's when it served the store."""
+    out = ["resident memory, MiB: the measuring process once imported, with the store open, after the queries,"
+           " its peak; memproxy serving the store, at start and after the stream run",
+           f"{'items':>8} {'imported':>9} {'open':>9} {'end':>9} {'peak':>9} {'growth':>9}"
+           f" {'memproxy start':>15} {'memproxy end':>13}"]
+    for row in rows:
+        m, streams = row["memory"], row.get("streams", {})
+        served = [f"{streams[k]:>{w}.1f}" if k in streams else f"{'-':>{w}}"
+                  for k, w in (("server_rss_mb_start", 15), ("server_rss_mb_end", 13))]
+        out.append(f"{row['size']:>8} {m['rss_mb_imported']:>9.1f} {m['rss_mb_open']:>9.1f} {m['rss_mb_end']:>9.1f}"
+                   f" {m['peak_mb']:>9.1f} {m['peak_mb'] - m['rss_mb_imported']:>9.1f} " + " ".join(served))
+    return "\n".join(out)
+
+
+def issue_lines(rows: list[dict[str, Any]]) -> list[Criterion]:
+    """Issue 4's lines for the sizes that ran: total latency limits, and no batching of other streams."""
+    by_size = {row["size"]: row for row in rows}
+    out = []
+    for size, which, limit in LIMITS:
+        if size in by_size:
+            got = by_size[size]["total"][which]
+            out.append(Criterion(f"total retrieval {which} <= {limit:g} ms at {size:,} items", got <= limit,
+                                 f"{got:.3f} ms"))
+    for row in rows:
+        if "streams" in row:
+            out.append(no_batching(row["size"], row["streams"]))
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000,10000", help="comma-separated message counts (default 1000,10000)")
@@ -249,33 +318,70 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--keep", type=Path, help="build the stores in this directory and keep them")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    p.add_argument("--no-streams", action="store_true", help="skip the streams beside retrieval (no servers)")
+    p.add_argument("--stream-seconds", type=float, default=1.0, help="seconds per slice of the stream run")
+    p.add_argument("--stream-rounds", type=int, default=3, help="slices of streams alone, and as many beside retrieval")
+    p.add_argument("--retrieval-connections", type=int, default=4,
+                   help="memory-on connections running retrieval beside the streams")
     return p.parse_args(argv)
 
 
-async def main(argv: list[str] | None = None) -> None:
+def run_size(path: Path, size: int, args: argparse.Namespace, logs: Path | None) -> dict[str, Any]:
+    """Build the store unless it exists, time retrieval, then (with `logs`) the streams beside it: one row."""
+    built = 0.0
+    if not path.exists():
+        built = asyncio.run(build(path, size, args.seed))
+    rounds = [measure_fresh(path, size, args.queries, args.seed) for _ in range(max(1, args.rounds))]
+    row = median_of_rounds(rounds) if len(rounds) > 1 else rounds[0]
+    row["build_s"] = round(built, 1)
+    if len(rounds) > 1:
+        row["each_round"] = [{"total": r["total"]} for r in rounds]
+    print(f"{size} items: total p50 {row['total']['p50']} ms, p95 {row['total']['p95']} ms", file=sys.stderr)
+    if logs is not None:
+        asks = [Ask(q.text, q.visible, None if q.new_conversation else q.conversation_id)
+                for q in queries(args.queries, size, args.seed)]
+        load = StreamLoad(args.stream_seconds, args.stream_rounds, args.retrieval_connections)
+        row["streams"] = stream_batching(path, USER.user, asks, load, logs, _run)
+        print(f"{size} items: {row['streams']['events_per_read']} events per read beside"
+              f" {row['streams']['retrievals']} retrievals", file=sys.stderr)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every size; exit 1 when one of the issue's lines fails."""
     args = parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    logs = None if args.no_streams else Path(tempfile.mkdtemp(prefix="memproxy-retrieval-"))
     with tempfile.TemporaryDirectory() as scratch:
         where = args.keep or Path(scratch)
         where.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for size in sizes:
-            path = where / f"retrieval-{size}.db"
-            built = 0.0
-            if not path.exists():
-                built = await build(path, size, args.seed)
-            rounds = [await measure(path, size, args.queries, args.seed) for _ in range(max(1, args.rounds))]
-            row = median_of_rounds(rounds) if len(rounds) > 1 else rounds[0]
-            row["build_s"] = round(built, 1)
-            if len(rounds) > 1:
-                row["each_round"] = [{"total": r["total"]} for r in rounds]
-            rows.append(row)
-            print(f"{size} items: total p50 {row['total']['p50']} ms, p95 {row['total']['p95']} ms",
-                  file=sys.stderr)
+        rows = [run_size(where / f"retrieval-{size}.db", size, args, logs) for size in sizes]
+    if logs is not None:
+        print(f"server logs in {logs}", file=sys.stderr)
     print(table(rows))
+    print()
+    print(memory_table(rows))
+    if not args.no_streams:
+        print()
+        print(streams_table(rows))
+    lines = issue_lines(rows)
+    print()
+    for line in lines:
+        print(f"{'PASS' if line.passed else 'FAIL'}  {line.name}: {line.detail}")
     if args.json:
-        print(json.dumps({"retrieval": rows}))
+        print(json.dumps({"retrieval": rows, "lines": [{"name": c.name, "pass": c.passed, "detail": c.detail}
+                                                        for c in lines]}))
+    return 0 if all(line.passed for line in lines) else 1
+
+
+def _run(coro: Any) -> Any:
+    """Run the load client on uvloop when there is one, as overhead.py does."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(main())
