@@ -13,8 +13,9 @@ import itertools
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import httptools
 
@@ -296,3 +297,15 @@ async def fixed_count(target: Target, make: MakeRequest, concurrency: int, count
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return Run(replies, errors, time.perf_counter() - started)
+
+
+R = TypeVar("R")
+
+
+def run_client(coro: Coroutine[Any, Any, R]) -> R:
+    """Run the load client to completion on uvloop when it is installed, else on asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

@@ -11,18 +11,16 @@ rounds and prints the medians, the ratios and the issue's done-criteria. See ben
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen import Target
+from loadgen import Target, run_client
 from processes import REPO, Server, start_memproxy, start_mock, start_reference
 from scenarios import Figures, Measured, StreamShape, Subject, warm_up
 from storm import disconnect_storm, memory_recovered, seed_memories
@@ -279,19 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     servers = start_servers(args, workdir)
     try:
-        report = _run(bench(args, servers))
+        report = run_client(bench(args, servers))
     finally:
         stop_servers(servers)
     print(f"finished in {time.perf_counter() - started:.0f} s; server logs in {workdir}", file=sys.stderr)
     return 0 if print_report(args, report, source_version(args.memproxy_dir)) else 1
-
-
-def _run(coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    return uvloop.run(coro)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -341,7 +341,7 @@ def run_size(path: Path, size: int, args: argparse.Namespace, logs: Path | None)
         asks = [Ask(q.text, q.visible, None if q.new_conversation else q.conversation_id)
                 for q in queries(args.queries, size, args.seed)]
         load = StreamLoad(args.stream_seconds, args.stream_rounds, args.retrieval_connections)
-        row["streams"] = stream_batching(path, USER.user, asks, load, logs, _run)
+        row["streams"] = stream_batching(path, USER.user, asks, load, logs)
         print(f"{size} items: {row['streams']['events_per_read']} events per read beside"
               f" {row['streams']['retrievals']} retrievals", file=sys.stderr)
     return row
@@ -372,15 +372,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"retrieval": rows, "lines": [{"name": c.name, "pass": c.passed, "detail": c.detail}
                                                         for c in lines]}))
     return 0 if all(line.passed for line in lines) else 1
-
-
-def _run(coro: Any) -> Any:
-    """Run the load client on uvloop when there is one, as overhead.py does."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 if __name__ == "__main__":

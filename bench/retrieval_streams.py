@@ -12,13 +12,13 @@ import asyncio
 import json
 import sqlite3
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen import ClosedLoop, Run, Target, fixed_count, request_payload
+from loadgen import ClosedLoop, Run, Target, fixed_count, request_payload, run_client
 from processes import start_memproxy, start_mock
 from scenarios import Measured, StreamShape, Subject, percentile
 from summary import Criterion
@@ -125,12 +125,8 @@ def served_copy(store: Path, into: Path) -> Path:
     return copy
 
 
-def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoad, workdir: Path,
-                    run: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    """Start the mock and memproxy on a copy of `store`, measure, stop them; the figures of one size.
-
-    `run` runs a coroutine to completion (asyncio.run, or uvloop's).
-    """
+def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoad, workdir: Path) -> dict[str, Any]:
+    """Start the mock and memproxy on a copy of `store`, measure, stop them; the figures of one size."""
     logs = Path(tempfile.mkdtemp(prefix=f"{store.stem}-", dir=workdir))
     served = served_copy(store, logs)
     mock = start_mock(logs, STREAM.events, STREAM.gap_ms)
@@ -143,7 +139,7 @@ def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoa
         rss_start = server.rss_mb()
         off = Target("memproxy-off", server.port)
         on = Target("memproxy-on", server.port)
-        measured = run(_measure(Subject(off, server, mock), on, ask_payloads(on, user, asks), load))
+        measured = run_client(_measure(Subject(off, server, mock), on, ask_payloads(on, user, asks), load))
         rss_end = server.rss_mb()
     finally:
         server.stop()

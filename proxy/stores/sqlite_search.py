@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
 from proxy.stores.sqlite_rows import entity_from_row, message_from_row, trace_from_row
@@ -94,6 +94,7 @@ ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
 # stored beside them (a trace's is as long as the trace).
 REASONING = FtsIndex("reasoning", "x", "1.0", "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
+T = TypeVar("T")
 
 
 def match_query(terms: Sequence[str]) -> str | None:
@@ -232,9 +233,7 @@ def search_entities(
     agent_clause: AgentClause, limit: int,
 ) -> list[tuple[Entity, float]]:
     """BM25 over the user's entities (name, type, description), best first (run on a reader thread)."""
-    where, params = agent_clause(scope, ENTITIES.alias)
-    rows = _search(conn, ENTITIES, counts, scope, terms, where, params, None, limit)
-    return [(entity_from_row(row), row["score"]) for row in rows]
+    return _search_all(conn, ENTITIES, counts, scope, terms, agent_clause, limit, entity_from_row)
 
 
 def search_reasoning(
@@ -242,9 +241,16 @@ def search_reasoning(
     agent_clause: AgentClause, limit: int,
 ) -> list[tuple[ReasoningTrace, float]]:
     """BM25 over the user's reasoning traces (task, steps, answer), best first (run on a reader thread)."""
-    where, params = agent_clause(scope, REASONING.alias)
-    rows = _search(conn, REASONING, counts, scope, terms, where, params, None, limit)
-    return [(trace_from_row(row), row["score"]) for row in rows]
+    return _search_all(conn, REASONING, counts, scope, terms, agent_clause, limit, trace_from_row)
+
+
+def _search_all(
+    conn: sqlite3.Connection, index: FtsIndex, counts: TermCounts, scope: Scope, terms: Sequence[str],
+    agent_clause: AgentClause, limit: int, build: Callable[[sqlite3.Row], T],
+) -> list[tuple[T, float]]:
+    """A whole-history search of `index`, each row built into its item, with its score."""
+    where, params = agent_clause(scope, index.alias)
+    return [(build(row), row["score"]) for row in _search(conn, index, counts, scope, terms, where, params, None, limit)]
 
 
 def _search(
