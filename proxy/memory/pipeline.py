@@ -194,8 +194,8 @@ class TurnRecall(Recall):
     def active(self) -> bool:
         return self._persist
 
-    def _submit(self, op: Any) -> asyncio.Future[None] | None:
-        return self._service.writer.submit(op) if self._persist else None
+    def _submit(self, op: Any, *, urgent: bool = False) -> asyncio.Future[None] | None:
+        return self._service.writer.submit(op, urgent=urgent) if self._persist else None
 
     def started(self, now: datetime) -> None:
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
@@ -211,15 +211,15 @@ class TurnRecall(Recall):
         now = datetime.now(timezone.utc)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
-            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now))
+            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now), urgent=True)
         answer = message.content or message.refusal
         if not answer.strip():
-            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now))
+            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now), urgent=True)
         return self._submit(FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=redact(user_text(self._request)), steps=reasoning_steps(self._request),
             answer_hash=text_hash(answer),
-        ))
+        ), urgent=True)
 
     def failed(self, status: str) -> None:
         self._submit(SetTurnStatus(self._scope, self.turn_key, status, datetime.now(timezone.utc)))  # type: ignore[arg-type]

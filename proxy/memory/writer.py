@@ -3,6 +3,11 @@
 Writes never delay a response beyond `memory.commit_timeout_ms` and never fail one: a
 failing store is retried with backoff while new writes wait in the bounded queue; an
 overflow is counted and logged with the number of writes dropped, never silent.
+
+Group commit: a write nobody is waiting for (a turn's start, its block) waits up to
+COMMIT_DELAY_S for company; an urgent one (an answer the response waits for) commits the
+batch at once. A fast answer then commits with its turn's start in one transaction,
+instead of queueing behind that start's own commit.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from proxy.stores.base import Store, StoreError, WriteOp
 log = logging.getLogger("memproxy.writer")
 
 BATCH_MAX = 256
+# Far below any provider's answer time, so a turn's start still commits while the upstream works.
+COMMIT_DELAY_S = 0.005
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
 
@@ -30,14 +37,18 @@ class Writer:
         self._queue: asyncio.Queue[tuple[WriteOp, asyncio.Future[None]]] = asyncio.Queue(max_queue)
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Future[None]] = set()  # queued or being committed
+        self._hurry = asyncio.Event()  # commit what is queued now, without waiting for company
         self.failing = False
 
     def start(self) -> None:
         """Begin draining (inside the running loop)."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="memproxy-writer")
 
-    def submit(self, op: WriteOp) -> asyncio.Future[None]:
-        """Queue a write; the future completes when it is committed."""
+    def submit(self, op: WriteOp, *, urgent: bool = False) -> asyncio.Future[None]:
+        """Queue a write; the future completes when it is committed.
+
+        `urgent`: someone is waiting for this commit, so the batch goes without delay.
+        """
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait((op, done))
@@ -48,6 +59,8 @@ class Writer:
             log.error("write queue full: dropped one %s for user %s", type(op).__name__, op.scope.user)
             done.set_exception(StoreError("write queue full"))
             done.exception()  # retrieved: nobody else need wait on a dropped write
+        if urgent or self._queue.qsize() >= BATCH_MAX:
+            self._hurry.set()
         self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
         return done
 
@@ -60,6 +73,7 @@ class Writer:
         waiting = list(self._pending)
         if not waiting:
             return True
+        self._hurry.set()
         finished, _ = await asyncio.wait(waiting, timeout=timeout_s)
         return len(finished) == len(waiting)
 
@@ -73,10 +87,19 @@ class Writer:
     async def _run(self) -> None:
         while True:
             batch = [await self._queue.get()]
+            await self._company()
             while len(batch) < BATCH_MAX and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             await self._commit(batch)
             self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
+
+    async def _company(self) -> None:
+        """Wait up to COMMIT_DELAY_S for more writes, unless one is urgent."""
+        if not self._hurry.is_set():
+            timer = asyncio.get_running_loop().call_later(COMMIT_DELAY_S, self._hurry.set)
+            await self._hurry.wait()
+            timer.cancel()
+        self._hurry.clear()
 
     async def _commit(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
         """Commit the batch, retrying for as long as the store's failure is transient."""

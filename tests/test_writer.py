@@ -1,0 +1,102 @@
+"""The writer's group commit: a turn's start waits briefly for company, an answer commits at once."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+
+from proxy.memory.writer import COMMIT_DELAY_S, Writer
+from proxy.metrics import Metrics
+from proxy.models import Scope
+from proxy.stores.base import FinishTurn, StartTurn, WriteOp
+from proxy.stores.sqlite import SQLiteStore
+
+ALICE = Scope("alice")
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class CountingStore(SQLiteStore):
+    """The real SQLite store, recording the ops of each transaction it commits."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.batches: list[list[str]] = []
+
+    async def apply(self, ops: Sequence[WriteOp]) -> None:
+        await super().apply(ops)
+        self.batches.append([type(op).__name__ for op in ops])
+
+
+def start(key: str) -> StartTurn:
+    return StartTurn(ALICE, key, "c1", f"h-{key}", AT, f"question {key}")
+
+
+def finish(key: str) -> FinishTurn:
+    return FinishTurn(ALICE, key, "c1", f"answer {key}", AT)
+
+
+def run_with_writer(path: Path, body):  # type: ignore[no-untyped-def]
+    async def main():  # type: ignore[no-untyped-def]
+        store = CountingStore(str(path))
+        await store.open()
+        writer = Writer(store, Metrics(), 100)
+        writer.start()
+        try:
+            return await body(writer), store.batches
+        finally:
+            await writer.close()
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def saved(path: Path) -> list[tuple[str, str]]:
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT role, content FROM messages ORDER BY seq").fetchall()
+
+
+def test_a_fast_answer_commits_with_its_turns_start_in_one_transaction(tmp_path: Path) -> None:
+    async def body(writer: Writer) -> None:
+        writer.submit(start("t1"))
+        await asyncio.sleep(COMMIT_DELAY_S / 5)  # the upstream answers quickly
+        await asyncio.wait_for(writer.submit(finish("t1"), urgent=True), 5)
+
+    _, batches = run_with_writer(tmp_path / "m.db", body)
+    assert batches == [["StartTurn", "FinishTurn"]]
+    assert saved(tmp_path / "m.db") == [("user", "question t1"), ("assistant", "answer t1")]
+
+
+def test_a_start_nobody_waits_for_still_commits_on_its_own(tmp_path: Path) -> None:
+    async def body(writer: Writer) -> None:
+        await asyncio.wait_for(writer.submit(start("t1")), 5)  # committed after at most COMMIT_DELAY_S
+        await asyncio.wait_for(writer.submit(finish("t1"), urgent=True), 5)
+
+    _, batches = run_with_writer(tmp_path / "m.db", body)
+    assert batches == [["StartTurn"], ["FinishTurn"]]
+    assert saved(tmp_path / "m.db") == [("user", "question t1"), ("assistant", "answer t1")]
+
+
+def test_an_urgent_write_does_not_wait_for_company(tmp_path: Path) -> None:
+    async def body(writer: Writer) -> None:
+        answer = writer.submit(finish("t1"), urgent=True)
+        await asyncio.sleep(COMMIT_DELAY_S / 5)  # within the delay a start would have waited
+        await asyncio.wait_for(asyncio.gather(answer, writer.submit(start("t2"))), 5)
+
+    _, batches = run_with_writer(tmp_path / "m.db", body)
+    assert batches == [["FinishTurn"], ["StartTurn"]]
+
+
+def test_flush_commits_what_is_queued_without_the_delay(tmp_path: Path) -> None:
+    async def body(writer: Writer) -> bool:
+        for key in ("t1", "t2", "t3"):
+            writer.submit(start(key))
+        return await writer.flush(5)
+
+    flushed, batches = run_with_writer(tmp_path / "m.db", body)
+    assert flushed is True
+    assert batches == [["StartTurn", "StartTurn", "StartTurn"]]
+    assert [text for _, text in saved(tmp_path / "m.db")] == ["question t1", "question t2", "question t3"]
