@@ -281,11 +281,51 @@ def test_term_counts_are_cached_briefly(tmp_path: Path) -> None:
         assert counts.lookup(db, ["quokka"]) == ({"quokka": 3}, 3)  # cached
         clock.now = 61
         assert counts.lookup(db, ["quokka"]) == ({"quokka": 4}, 4)  # expired: counted again
-        counts.lookup(db, ["one", "two"])  # holds two terms: "quokka" is the least recently used
+        counts.lookup(db, ["0", "1"])  # holds two terms: "quokka" is the least recently used
         db.execute("DELETE FROM messages WHERE id = 'x'")
         db.commit()
         assert counts.lookup(db, ["quokka"])[0] == {"quokka": 3}
         assert indexed_rows(db) == 3 == db.execute("SELECT count(*) FROM messages").fetchone()[0]
+        # An absent term is not cached: said a moment later, it is counted at once.
+        assert counts.lookup(db, ["wombat"])[0] == {"wombat": 0}
+        db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
+                   " created_at) VALUES ('y', 'alice', 'a', 'user', 'wombat', '', 'wombat', 0)")
+        db.commit()
+        assert counts.lookup(db, ["wombat"])[0] == {"wombat": 1}
+
+
+def test_a_term_said_after_a_search_missed_it_is_found_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([StoreMemory(ALICE, f"m{n}", f"I prefer tool{n}", "fact", T0)
+                               for n in range(SMALL_INDEX_ROWS + 10)])
+            terms = query_terms("who is zorblax?")
+            assert await store.search_entities(ALICE, terms, limit=5) == []
+            await store.apply([StoreMemory(ALICE, "z", "Zorblax is my dog", "fact", T0)])
+            found = await store.search_entities(ALICE, terms, limit=5)
+            assert [e.name for e, _ in found] == ["Zorblax is my dog"]
+
+    run(body())
+
+
+def test_terms_no_row_holds_change_no_score(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([StoreMemory(ALICE, f"m{n}", f"I prefer tool{n % 7} for project {n % 13}", "fact", T0)
+                               for n in range(SMALL_INDEX_ROWS + 300)])
+            plain = await store.search_entities(ALICE, query_terms("which project do I prefer?"), limit=20)
+            padded = await store.search_entities(
+                ALICE, query_terms("which project do I prefer, quux frobnicate 777777?"), limit=20)
+            return ([(e.name, round(score, 9)) for e, score in plain],
+                    [(e.name, round(score, 9)) for e, score in padded])
+
+    plain, padded = run(body())
+    assert len(plain) == 20
+    assert padded == plain
 
 
 # --- the user's node and bounded edges, on both backends -----------------------------------

@@ -136,7 +136,11 @@ def indexed_rows(conn: sqlite3.Connection, index: FtsIndex = MESSAGES) -> int:
 
 
 class TermCounts:
-    """How many indexed rows say each term (in the finding column), cached for COUNTS_TTL_S; thread-safe."""
+    """How many indexed rows say each term (in the finding column), cached for COUNTS_TTL_S; thread-safe.
+
+    Only counts above zero are cached: a term nobody has said yet is counted again at every
+    lookup (a cheap probe of the index), so a search may drop it knowing it is still absent.
+    """
 
     def __init__(self, index: FtsIndex = MESSAGES, *, ttl: float = COUNTS_TTL_S, size: int = COUNTS_CACHED_TERMS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -173,8 +177,9 @@ class TermCounts:
         with self._lock:
             expires = now + self._ttl
             for term, count in fetched.items():
-                self._terms[term] = (count, expires)
-                self._terms.move_to_end(term)
+                if count:
+                    self._terms[term] = (count, expires)
+                    self._terms.move_to_end(term)
             while len(self._terms) > self._size:
                 self._terms.popitem(last=False)
             self._rows = (rows, expires)
@@ -275,6 +280,13 @@ def _search(
         args.append(index.finding(query))
     else:
         found_counts, rows = counts.lookup(conn, wanted)
+        if index.finding_column is None:
+            # A term no row holds matches nothing and adds nothing to a score, but FTS5
+            # still walks it: dropped (its zero count is never a cached one).
+            wanted = [t for t in wanted if found_counts.get(t, 0) > 0]
+            query = match_query(wanted)
+            if query is None:
+                return []
         kept = candidate_terms(wanted, found_counts, rows) or wanted
         # The user's newest rows saying a kept term: all of them unless the rarest term
         # alone is said more often than the budget allows.
