@@ -208,3 +208,41 @@ def test_one_users_facts_land_in_the_order_they_were_said(tmp_path: Path) -> Non
     edges, provenance, said = asyncio.run(body())
     assert edges == [(place, place == "Bergen") for place in reversed(places)]
     assert provenance == said  # the user's node saw the messages in the order they were said
+
+
+class ClaimCountingStore(SQLiteStore):
+    """The real SQLite store, recording how many items each extraction claim returned."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.claims: list[int] = []
+
+    async def claim_extraction(self, limit, now, *, max_chars=None):  # type: ignore[no-untyped-def]
+        items = await super().claim_extraction(limit, now, max_chars=max_chars)
+        self.claims.append(len(items))
+        return items
+
+
+def test_full_batches_are_claimed_back_to_back_and_a_part_batch_waits_for_more(tmp_path: Path) -> None:
+    alice = Scope("alice")
+
+    async def body() -> list[int]:
+        store, metrics = ClaimCountingStore(str(tmp_path / "memory.db")), Metrics()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        limits = WorkerLimits(batch=4, idle_poll_s=60.0, depth_every_s=0.0)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False, limits=limits)
+        writer.start()
+        await store.apply([StartTurn(alice, f"t{i}", "c1", f"h{i}", datetime.now(UTC), f"I live in Place{i}.")
+                           for i in range(10)])
+        worker.start()
+        try:
+            await drained(store)
+            await asyncio.sleep(0.2)  # a worker that did not pause would claim again at once
+            return store.claims
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    assert asyncio.run(body()) == [4, 4, 2]

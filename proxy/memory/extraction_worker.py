@@ -41,7 +41,7 @@ class WorkerLimits:
     """How much the worker takes at once, how often it looks, and how it retries."""
 
     batch: int = 64  # items claimed (and writes queued) at once: request writes never wait behind many
-    idle_poll_s: float = 0.2  # a saved message waits at most this long before extraction starts
+    idle_poll_s: float = 0.2  # after a part batch, the wait before the next claim
     max_attempts: int = 5  # then the item is parked with its last error
     retry_first_s: float = 2.0
     retry_factor: float = 4.0
@@ -107,7 +107,10 @@ class ExtractionWorker:
             except Exception:  # the task's outermost boundary: a bug must not end extraction for good
                 log.exception("extraction: unexpected error; retrying in %.1fs", pause)
                 done, pause = 0, min(pause * 2, self.limits.error_pause_max_s)
-            if done == 0:
+            if done < self.limits.batch:
+                # The queue is drained: let the next messages gather before claiming again,
+                # so a steady stream of turns costs a claim and a commit per poll, not per
+                # message (measured at c=1 with an instant upstream: 0.34 ms p50 a request).
                 await asyncio.sleep(pause)
 
     async def drain_once(self) -> int:
