@@ -40,8 +40,11 @@ MAX_EXTRACT_CHARS = 8000
 class WorkerLimits:
     """How much the worker takes at once, how often it looks, and how it retries."""
 
-    batch: int = 64  # items claimed (and writes queued) at once: request writes never wait behind many
-    idle_poll_s: float = 0.2  # after a part batch, the wait before the next claim
+    # Items claimed (and writes queued) at once. Small, because the rules hold the GIL: a
+    # burst of 64 every 0.2 s cost requests 0.6 ms p99 (paired runs, c=1, instant upstream);
+    # 16 every 0.05 s kept most of the p50 gain of batching at a fraction of that.
+    batch: int = 16
+    idle_poll_s: float = 0.05  # after a part batch, the wait before the next claim
     max_attempts: int = 5  # then the item is parked with its last error
     retry_first_s: float = 2.0
     retry_factor: float = 4.0
