@@ -9,7 +9,7 @@ from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
-from proxy.memory.writer import COMMIT_DELAY_S, Writer
+from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp
@@ -17,6 +17,9 @@ from proxy.stores.sqlite import SQLiteStore
 
 ALICE = Scope("alice")
 AT = datetime(2026, 1, 1, tzinfo=UTC)
+# Long against the pauses below, so a busy machine cannot make a test's timing race it.
+DELAY_S = 1.0
+PAUSE_S = 0.05
 
 
 class CountingStore(SQLiteStore):
@@ -43,7 +46,7 @@ def run_with_writer(path: Path, body):  # type: ignore[no-untyped-def]
     async def main():  # type: ignore[no-untyped-def]
         store = CountingStore(str(path))
         await store.open()
-        writer = Writer(store, Metrics(), 100)
+        writer = Writer(store, Metrics(), 100, commit_delay_s=DELAY_S)
         writer.start()
         try:
             return await body(writer), store.batches
@@ -62,7 +65,7 @@ def saved(path: Path) -> list[tuple[str, str]]:
 def test_a_fast_answer_commits_with_its_turns_start_in_one_transaction(tmp_path: Path) -> None:
     async def body(writer: Writer) -> None:
         writer.submit(start("t1"))
-        await asyncio.sleep(COMMIT_DELAY_S / 5)  # the upstream answers quickly
+        await asyncio.sleep(PAUSE_S)  # the upstream answers quickly
         await asyncio.wait_for(writer.submit(finish("t1"), urgent=True), 5)
 
     _, batches = run_with_writer(tmp_path / "m.db", body)
@@ -72,7 +75,7 @@ def test_a_fast_answer_commits_with_its_turns_start_in_one_transaction(tmp_path:
 
 def test_a_start_nobody_waits_for_still_commits_on_its_own(tmp_path: Path) -> None:
     async def body(writer: Writer) -> None:
-        await asyncio.wait_for(writer.submit(start("t1")), 5)  # committed after at most COMMIT_DELAY_S
+        await asyncio.wait_for(writer.submit(start("t1")), 5)  # committed after at most DELAY_S
         await asyncio.wait_for(writer.submit(finish("t1"), urgent=True), 5)
 
     _, batches = run_with_writer(tmp_path / "m.db", body)
@@ -83,7 +86,7 @@ def test_a_start_nobody_waits_for_still_commits_on_its_own(tmp_path: Path) -> No
 def test_an_urgent_write_does_not_wait_for_company(tmp_path: Path) -> None:
     async def body(writer: Writer) -> None:
         answer = writer.submit(finish("t1"), urgent=True)
-        await asyncio.sleep(COMMIT_DELAY_S / 5)  # within the delay a start would have waited
+        await asyncio.sleep(PAUSE_S)  # within the delay a start would have waited
         await asyncio.wait_for(asyncio.gather(answer, writer.submit(start("t2"))), 5)
 
     _, batches = run_with_writer(tmp_path / "m.db", body)

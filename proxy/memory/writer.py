@@ -31,8 +31,10 @@ RETRY_MAX_S = 5.0
 class Writer:
     """Owns every write to the store."""
 
-    def __init__(self, store: Store, metrics: Metrics, max_queue: int) -> None:
+    def __init__(self, store: Store, metrics: Metrics, max_queue: int, *,
+                 commit_delay_s: float = COMMIT_DELAY_S) -> None:
         self.store = store
+        self.commit_delay_s = commit_delay_s
         self.metrics = metrics
         self._queue: asyncio.Queue[tuple[WriteOp, asyncio.Future[None]]] = asyncio.Queue(max_queue)
         self._task: asyncio.Task[None] | None = None
@@ -94,9 +96,9 @@ class Writer:
             self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
 
     async def _company(self) -> None:
-        """Wait up to COMMIT_DELAY_S for more writes, unless one is urgent."""
+        """Wait up to commit_delay_s for more writes, unless one is urgent."""
         if not self._hurry.is_set():
-            timer = asyncio.get_running_loop().call_later(COMMIT_DELAY_S, self._hurry.set)
+            timer = asyncio.get_running_loop().call_later(self.commit_delay_s, self._hurry.set)
             await self._hurry.wait()
             timer.cancel()
         self._hurry.clear()
