@@ -25,7 +25,7 @@ from proxy.memory.redact import redact
 from proxy.memory.sources import (
     SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning, split_fillers,
 )
-from proxy.memory.trigger import identifiers, unseen_identifiers
+from proxy.memory.trigger import unseen_identifiers
 from proxy.metrics import Metrics
 from proxy.models import Hit, Scope
 from proxy.settings import MemorySettings
@@ -58,7 +58,7 @@ def cut_query(text: str) -> str:
 def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_term_match: bool = False) -> SourceQuery:
     """What every source is asked for this query."""
     text = cut_query(query.text)
-    unseen = unseen_identifiers(text, query.visible) if identifiers(text) else []
+    unseen = unseen_identifiers(text, query.visible)
     return SourceQuery(
         scope=scope,
         text=text,

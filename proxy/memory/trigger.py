@@ -118,8 +118,11 @@ def _longest_spans(text: str) -> list[str]:
 
 def unseen_identifiers(user_text: str, transcript_texts: Iterable[str]) -> list[str]:
     """The user message's identifiers that no earlier message of the request contains."""
+    found = identifiers(user_text)
+    if not found:
+        return []  # the common case: the transcript need not be read at all
     visible = "\n".join(transcript_texts).casefold()
-    return [value for value in identifiers(user_text) if value.casefold() not in visible]
+    return [value for value in found if value.casefold() not in visible]
 
 
 def promote(hits: Sequence[Hit], identifiers: Sequence[str]) -> list[Hit]:
