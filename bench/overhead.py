@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import Target, run_client
-from processes import REPO, Server, start_memproxy, start_mock, start_reference
+from processes import (
+    REPO,
+    Server,
+    source_version,
+    start_memproxy,
+    start_mock,
+    start_reference,
+)
 from scenarios import Figures, Measured, StreamShape, Subject, warm_up
 from storm import disconnect_storm, memory_recovered, seed_memories
 from summary import MEMPROXY, Results, Summary, criteria, ratio_table, table
@@ -199,16 +205,6 @@ async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> t
 def memory_sizes(servers: dict[str, Server], targets: list[str]) -> dict[str, float]:
     """Resident memory of each target's serving process, MiB."""
     return {name: servers[name].rss_mb() for name in targets}
-
-
-def source_version(path: Path) -> str:
-    """`git describe` of the memproxy checkout that ran, or "unknown"."""
-    try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=path, capture_output=True,
-                              text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return done.stdout.strip()
 
 
 async def bench(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, Any]:

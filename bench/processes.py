@@ -57,6 +57,16 @@ class Server:
                 self.process.wait()
 
 
+def source_version(path: Path) -> str:
+    """`git describe` of the memproxy checkout at `path`, or "unknown"."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=path, capture_output=True,
+                              text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now."""
     with socket.socket() as sock:
