@@ -25,6 +25,7 @@ from proxy.stores.base import (
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_rows import entity_terms
 from proxy.stores.sqlite_schema import FTS_TABLES
+from proxy.terms import query_terms
 from tests.test_store_contract import ALICE, BOB, CANARY, T0, finish, run, start
 
 
@@ -177,6 +178,32 @@ def test_commits_never_checkpoint_the_wal_a_thread_does(tmp_path: Path) -> None:
             while _rows_in_main_file(path) < 700 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert _rows_in_main_file(path) == 700  # copied by the checkpoint thread, the store still open
+        finally:
+            await store.close()
+
+    run(body())
+
+
+def test_a_wal_past_its_limit_is_emptied_by_the_checkpoint_thread(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    wal = path.parent / "m.db-wal"
+    text = "a long message to fill the WAL quickly " * 200
+
+    async def body() -> None:
+        store = SQLiteStore(str(path), checkpoint_every_s=0.05, wal_truncate_bytes=256 * 1024)
+        await store.open()
+        try:
+            for batch in range(4):
+                await store.apply([start(ALICE, f"t{batch}-{n}", f"{text} {n}") for n in range(50)])
+            deadline = time.monotonic() + 5
+            while wal.stat().st_size > 0 and time.monotonic() < deadline:
+                # Reads keep coming meanwhile, as under load; the truncation waits them out.
+                await store.search_messages(ALICE, ["long", "message"], limit=3)
+                await asyncio.sleep(0.01)
+            assert wal.stat().st_size == 0  # a PASSIVE checkpoint copies the WAL but leaves the file as large
+            assert _rows_in_main_file(path) == 200
+            await store.apply([start(ALICE, "after", "written after the truncation")])
+            assert len(await store.search_messages(ALICE, query_terms("truncation"), limit=3)) == 1
         finally:
             await store.close()
 

@@ -23,7 +23,7 @@ from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMess
 from proxy.stores.base import QueuedMessage, StoreError, WriteOp
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
-from proxy.stores.sqlite_checkpoint import CHECKPOINT_EVERY_S, Checkpointer
+from proxy.stores.sqlite_checkpoint import CHECKPOINT_EVERY_S, WAL_TRUNCATE_BYTES, Checkpointer
 from proxy.stores.sqlite_rows import (
     entity_from_row,
     export_conversation,
@@ -111,7 +111,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     matches_any_term = True
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL",
-                 checkpoint_every_s: float = CHECKPOINT_EVERY_S) -> None:
+                 checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
         self._path = path
@@ -122,6 +122,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._readers: ReadPool | None = None
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
+        self._wal_truncate_bytes = wal_truncate_bytes
         self._term_counts = TermCounts(MESSAGES)
         self._entity_term_counts = TermCounts(ENTITIES)
         self._reasoning_term_counts = TermCounts(REASONING)
@@ -137,7 +138,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
             self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
             await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
-            self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s)
+            self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
+                                              self._wal_truncate_bytes)
             self._checkpointer.start()
         except sqlite3.Error as exc:
             await self.close()
