@@ -205,6 +205,23 @@ def test_entity_search_is_bounded_like_message_search(tmp_path: Path) -> None:
     run(body())
 
 
+def test_a_store_that_grows_while_searched_becomes_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    rows = SMALL_INDEX_ROWS + 500
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            terms = query_terms("which tools do I prefer for my projects?")
+            await store.apply([StoreMemory(ALICE, "m0", "I prefer tool0 for project 0", "fact", T0)])
+            assert len(await store.search_entities(ALICE, terms, limit=rows)) == 1  # small: searched whole
+            await store.apply([StoreMemory(ALICE, f"m{n}", f"I prefer tool{n} for project {n}", "fact", T0)
+                               for n in range(1, rows)])
+            # Moments later, well within any cache's lifetime: no longer small, so bounded.
+            assert len(await store.search_entities(ALICE, terms, limit=rows)) == candidate_budget(rows)
+
+    run(body())
+
+
 def test_reasoning_search_is_bounded_like_message_search(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     rows = SMALL_INDEX_ROWS + 500
@@ -278,7 +295,7 @@ def test_term_counts_are_cached_briefly(tmp_path: Path) -> None:
         db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
                    " created_at) VALUES ('x', 'alice', 'a', 'user', 'quokka', '', 'quokka', 0)")
         db.commit()
-        assert counts.lookup(db, ["quokka"]) == ({"quokka": 3}, 3)  # cached
+        assert counts.lookup(db, ["quokka"]) == ({"quokka": 3}, 4)  # the term's count cached, the rows read afresh
         clock.now = 61
         assert counts.lookup(db, ["quokka"]) == ({"quokka": 4}, 4)  # expired: counted again
         counts.lookup(db, ["0", "1"])  # holds two terms: "quokka" is the least recently used
@@ -292,6 +309,27 @@ def test_term_counts_are_cached_briefly(tmp_path: Path) -> None:
                    " created_at) VALUES ('y', 'alice', 'a', 'user', 'wombat', '', 'wombat', 0)")
         db.commit()
         assert counts.lookup(db, ["wombat"])[0] == {"wombat": 1}
+
+
+def test_the_row_count_follows_a_growing_index_under_steady_searches(tmp_path: Path) -> None:
+    """It decides whether an index is searched whole: a stale figure kept a grown store unbounded."""
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([said(ALICE, 0, "quokka 0", "a")])
+
+    run(body())
+    clock = Clock()
+    counts = TermCounts(ttl=60, clock=clock)
+    with closing(sqlite3.connect(path)) as db:
+        prepare_reader(db)
+        for n in range(1, 6):  # a lookup every 30 s, each within the TTL of the one before
+            assert counts.lookup(db, ["quokka"])[1] == n
+            db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
+                       " created_at) VALUES (?, 'alice', 'a', 'user', 'wombat', '', 'wombat', 0)", (f"x{n}",))
+            db.commit()
+            clock.now += 30
 
 
 def test_a_term_said_after_a_search_missed_it_is_found_at_once(tmp_path: Path) -> None:

@@ -140,6 +140,9 @@ class TermCounts:
 
     Only counts above zero are cached: a term nobody has said yet is counted again at every
     lookup (a cheap probe of the index), so a search may drop it knowing it is still absent.
+    The number of indexed rows is read at every lookup (one row): it decides whether the
+    index is still small enough to search whole, and a cached figure once kept a store that
+    had grown past that size searched whole, every search scoring every match.
     """
 
     def __init__(self, index: FtsIndex = MESSAGES, *, ttl: float = COUNTS_TTL_S, size: int = COUNTS_CACHED_TERMS,
@@ -150,7 +153,6 @@ class TermCounts:
         self._clock = clock
         self._lock = threading.Lock()
         self._terms: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        self._rows: tuple[int, float] | None = None
 
     def lookup(self, conn: sqlite3.Connection, terms: Sequence[str]) -> tuple[dict[str, int], int]:
         """Document counts of `terms` and the number of indexed rows, from the cache or the index."""
@@ -162,7 +164,6 @@ class TermCounts:
                 if cached is not None and cached[1] > now:
                     known[term] = cached[0]
                     self._terms.move_to_end(term)
-            rows = self._rows[0] if self._rows is not None and self._rows[1] > now else None
         missing = [t for t in terms if t not in known]
         fetched = dict.fromkeys(missing, 0)
         if missing:
@@ -172,8 +173,7 @@ class TermCounts:
             column, params = (" col = ? AND", [index.finding_column]) if index.finding_column else ("", [])
             fetched.update(conn.execute(f"SELECT term, doc FROM {index.vocab} WHERE{column} term IN"
                                         " (SELECT value FROM json_each(?))", [*params, json.dumps(missing)]))
-        if rows is None:
-            rows = indexed_rows(conn, self._index)
+        rows = indexed_rows(conn, self._index)
         with self._lock:
             expires = now + self._ttl
             for term, count in fetched.items():
@@ -182,7 +182,6 @@ class TermCounts:
                     self._terms.move_to_end(term)
             while len(self._terms) > self._size:
                 self._terms.popitem(last=False)
-            self._rows = (rows, expires)
         return {**known, **fetched}, rows
 
 
