@@ -162,7 +162,7 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
     @staticmethod
     async def _transaction(pool: asyncpg.Pool, users: list[str], body: Callable[[asyncpg.Connection], Awaitable[T]]
                            ) -> T:
-        async with pool.acquire() as conn, conn.transaction():
+        async with pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn, conn.transaction():
             # Ascending key order: two replicas' transactions never wait on each other in a cycle.
             keys = sorted(user_lock_key(user) for user in users)
             await conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k", keys)
