@@ -9,7 +9,7 @@ while the WAL holds frames, PASSIVE: it neither waits for nor blocks the writer 
 
 The next write rewinds the WAL once a checkpoint has copied all of it, but only when no
 reader is still inside it. Under steady load some reader always is, so the WAL never
-rewinds: it reached 290 MB after 3,000 turns at c=1, and every read slows as it grows.
+rewinds: it reached 290 MB after 3,000 turns at c=1, disk and page cache held for nothing.
 So past WAL_TRUNCATE_BYTES the thread checkpoints with TRUNCATE instead: it waits (within
 the busy timeout) for the readers inside the WAL to finish, holding new writes back
 meanwhile, which costs a few milliseconds, and empties the file.
