@@ -348,6 +348,18 @@ def test_a_term_said_after_a_search_missed_it_is_found_at_once(tmp_path: Path) -
     run(body())
 
 
+def test_a_term_spelled_otherwise_than_indexed_is_not_taken_for_absent(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+
+    async def body() -> None:
+        async with SQLiteStoreOpened(path) as store:
+            await store.apply([StoreMemory(ALICE, "h", "the staging host is internal_hbr_2291", "fact", T0)])
+            for terms in (["INTERNAL_HBR_2291"], ["internal_hbr_2291"], ["Internal_Hbr_2291", "nosuchterm"]):
+                assert len(await store.search_entities(ALICE, terms, limit=5)) == 1, terms
+
+    run(body())
+
+
 def test_terms_no_row_holds_change_no_score(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
 

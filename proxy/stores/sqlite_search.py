@@ -35,6 +35,7 @@ history, to count it), and every full-text index would have to be rebuilt.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -94,6 +95,7 @@ ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
 # stored beside them (a trace's is as long as the trace).
 REASONING = FtsIndex("reasoning", "x", "1.0", "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
+_AS_INDEXED = re.compile(r"[a-z0-9_]+")  # a term the vocabulary holds as written (unicode61 folds the rest)
 T = TypeVar("T")
 
 
@@ -281,8 +283,9 @@ def _search(
         found_counts, rows = counts.lookup(conn, wanted)
         if index.finding_column is None:
             # A term no row holds matches nothing and adds nothing to a score, but FTS5
-            # still walks it: dropped (its zero count is never a cached one).
-            wanted = [t for t in wanted if found_counts.get(t, 0) > 0]
+            # still walks it: dropped (its zero count is never a cached one). A term the
+            # tokenizer would fold (`INTERNAL_HBR`) is counted under another spelling: kept.
+            wanted = [t for t in wanted if found_counts.get(t, 0) > 0 or not _AS_INDEXED.fullmatch(t)]
             query = match_query(wanted)
             if query is None:
                 return []
