@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadgen import ClosedLoop, Target, chat_payload, run_client
+from overhead import MEMORY_USER
 from processes import REPO, Server, source_version, start_memproxy, start_mock
+from scenarios import percentile
 from storm import seed_memories
 
-MEMORY_USER = "bench-user"
 # Each side and mode numbers its requests in a range of its own: no request repeats an
 # earlier one, which memproxy would take for a retry (as in overhead.py).
 NUMBERS_PER_LOAD = 10**9
@@ -58,11 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not (args.base / "proxy").is_dir():
         parser.error(f"--base: {args.base} is not a memproxy checkout (no proxy/ there)")
     return args
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 def headers(mode: str) -> dict[str, str]:

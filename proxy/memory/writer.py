@@ -99,8 +99,10 @@ class Writer:
         """Wait up to commit_delay_s for more writes, unless one is urgent."""
         if not self._hurry.is_set():
             timer = asyncio.get_running_loop().call_later(self.commit_delay_s, self._hurry.set)
-            await self._hurry.wait()
-            timer.cancel()
+            try:
+                await self._hurry.wait()
+            finally:
+                timer.cancel()  # also when the writer is stopped meanwhile
         self._hurry.clear()
 
     async def _commit(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
