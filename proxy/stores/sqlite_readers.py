@@ -5,20 +5,25 @@ queued behind each other; SQLite releases the GIL while it steps a statement, so
 threads they run side by side (WAL lets any number of readers beside the writer). A thread
 opens its connection the first time it runs a read and is the only one ever to use it, so
 a caller cancelled mid-read leaves no connection shared between two threads.
+
+A read is handed over on a plain queue and its result set on the caller's future from the
+thread, rather than by `run_in_executor`, whose concurrent future, chaining and callbacks
+cost about as much again as the hop itself (bench/README.md: a request makes about eight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 Prepare = Callable[[sqlite3.Connection], None]
+_Read = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[sqlite3.Connection], Any]]
 
 
 class ReadPool:
@@ -30,39 +35,73 @@ class ReadPool:
         self._path = path
         self._pragmas = tuple(pragmas)
         self._prepare = prepare
-        self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="memproxy-sqlite-reader")
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._opened: list[sqlite3.Connection] = []
-
-    def _connection(self) -> sqlite3.Connection:
-        """This thread's connection, opened on first use."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            # Another thread closes it at shutdown, once this one has stopped.
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            try:
-                conn.row_factory = sqlite3.Row
-                for pragma in self._pragmas:
-                    conn.execute(f"PRAGMA {pragma}")
-                if self._prepare is not None:
-                    self._prepare(conn)
-            except BaseException:
-                conn.close()
-                raise
-            with self._lock:
-                self._opened.append(conn)
-            self._local.conn = conn
-        return conn
+        self._reads: queue.SimpleQueue[_Read | None] = queue.SimpleQueue()
+        self._closing = False
+        self._threads = [threading.Thread(target=self._serve, name=f"memproxy-sqlite-reader-{n}", daemon=True)
+                         for n in range(size)]
+        for thread in self._threads:
+            thread.start()
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """`work(connection)` on a reader thread; RuntimeError once the pool is closing."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, lambda: work(self._connection()))
+        if self._closing:
+            raise RuntimeError("the read pool is closed")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        self._reads.put((loop, done, work))
+        return await done
 
     async def close(self) -> None:
         """Let the reads already asked for finish, then close every connection."""
-        await asyncio.get_running_loop().run_in_executor(None, self._threads.shutdown)
-        with self._lock:
-            opened, self._opened = self._opened, []
-        for conn in opened:
+        if self._closing:
+            return
+        self._closing = True
+        for _ in self._threads:
+            self._reads.put(None)  # after every read already queued
+        await asyncio.get_running_loop().run_in_executor(None, self._join)
+
+    def _join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+    def _serve(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while (read := self._reads.get()) is not None:
+                loop, done, work = read
+                if done.cancelled():  # the caller gave up while the read queued
+                    continue
+                try:
+                    conn = conn or self._connect()
+                    result, error = work(conn), None
+                except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
+                    result, error = None, exc
+                try:
+                    loop.call_soon_threadsafe(_settle, done, result, error)
+                except RuntimeError:  # the loop closed meanwhile: nobody is waiting
+                    pass
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.row_factory = sqlite3.Row
+            for pragma in self._pragmas:
+                conn.execute(f"PRAGMA {pragma}")
+            if self._prepare is not None:
+                self._prepare(conn)
+        except BaseException:
             conn.close()
+            raise
+        return conn
+
+
+def _settle(done: asyncio.Future[Any], result: Any, error: Exception | None) -> None:
+    if done.cancelled():
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)
