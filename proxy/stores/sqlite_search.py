@@ -17,8 +17,10 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
   were the unbounded search's for all 200 queries, at a quarter of its cost; at 10k, for
   187 (the first hit for 199);
 - when even the rarest term is said by more rows than the budget (a user who asks the
-  same kind of question every day), the newest budget's worth of them are the candidates,
-  and the index walk is kept to the rowids they span, so no search grows with the history.
+  same kind of question every day), the newest budget's worth of them are the candidates
+  (counting only rows the search may return: not a conversation it leaves out, nor another
+  agent's under isolation), and the index walk is kept to the rowids they span, so no
+  search grows with the history.
 
 A small index (SMALL_INDEX_ROWS) is searched whole: scoring all of it costs what the bounds
 would, and pruning there cost LoCoMo 2.5 points of recall.
@@ -271,10 +273,13 @@ def _search(
     fts, t = index.fts, index.alias
     ctes: list[str] = []
     args: list[Any] = []
+    # The rows the search may return (the user's, the agent's under isolation, outside a
+    # conversation left out) are picked before the budget: a long current conversation
+    # or another agent's history once filled it, and cross-session found nothing.
     if conversation_ids is not None:
-        ctes.append(f"chosen(seq) AS MATERIALIZED (SELECT seq FROM {index.table} WHERE user_id = ?"
-                    " AND conversation_id IN (SELECT value FROM json_each(?)))")
-        args += [scope.user, json.dumps(list(conversation_ids))]
+        ctes.append(f"chosen(seq) AS MATERIALIZED (SELECT {t}.seq FROM {index.table} {t} WHERE {t}.user_id = ?"
+                    f" AND {t}.conversation_id IN (SELECT value FROM json_each(?)){where})")
+        args += [scope.user, json.dumps(list(conversation_ids)), *params]
         ctes.append(f"found(seq) AS MATERIALIZED (SELECT rowid FROM {fts} WHERE {fts} MATCH ?"
                     " AND rowid BETWEEN (SELECT min(seq) FROM chosen) AND (SELECT max(seq) FROM chosen)"
                     " AND +rowid IN chosen)")
@@ -291,22 +296,21 @@ def _search(
                 return []
         kept = candidate_terms(wanted, found_counts, rows) or wanted
         # The user's newest rows saying a kept term: all of them unless the rarest term
-        # alone is said more often than the budget allows.
+        # alone is said more often than the budget allows. CROSS JOIN: the index drives;
+        # given the user filter alone the planner may scan the user's rows and run the
+        # MATCH once per row.
         ctes.append(f"found(seq) AS MATERIALIZED (SELECT {fts}.rowid FROM {fts} CROSS JOIN {index.table} {t}"
-                    f" ON {t}.seq = {fts}.rowid WHERE {fts} MATCH ? AND {t}.user_id = ?"
+                    f" ON {t}.seq = {fts}.rowid WHERE {fts} MATCH ? AND {t}.user_id = ?{where}"
                     f" ORDER BY {fts}.rowid DESC LIMIT ?)")
         most = candidate_budget(rows) if rows > SMALL_INDEX_ROWS else -1  # -1: no LIMIT
-        args += [index.finding(match_query(kept) or query), scope.user, most]
-    # The rowids the candidates span bound the walk of the scoring MATCH.
+        args += [index.finding(match_query(kept) or query), scope.user, *params, most]
+    # The rowids the candidates span bound the walk of the scoring MATCH. Only the best
+    # rows' text is read: sorting every candidate's whole row cost a fifth of the search.
     span = f" AND {fts}.rowid BETWEEN (SELECT min(seq) FROM found) AND (SELECT max(seq) FROM found)"
-    # CROSS JOIN: the index drives; given the user filter alone the planner may scan the
-    # user's rows and run the MATCH once per row. Only the best rows' text is read:
-    # sorting every candidate's whole row cost a fifth of the search.
-    ctes.append(f"best(seq, score) AS (SELECT {t}.seq, -bm25({fts}, {index.weights}) AS score"
-                f" FROM {fts} CROSS JOIN {index.table} {t} ON {t}.seq = {fts}.rowid"
-                f" WHERE {fts} MATCH ?{span} AND +{fts}.rowid IN found AND {t}.user_id = ?{where}"
-                f" ORDER BY score DESC, {t}.seq DESC LIMIT ?)")
-    args += [query, scope.user, *params, limit]
+    ctes.append(f"best(seq, score) AS (SELECT {fts}.rowid, -bm25({fts}, {index.weights}) AS score"
+                f" FROM {fts} WHERE {fts} MATCH ?{span} AND +{fts}.rowid IN found"
+                f" ORDER BY score DESC, {fts}.rowid DESC LIMIT ?)")
+    args += [query, limit]
     return conn.execute(
         f"WITH {', '.join(ctes)} SELECT {index.columns}, best.score AS score FROM best"
         f" CROSS JOIN {index.table} {t} ON {t}.seq = best.seq ORDER BY best.score DESC, {t}.seq DESC",
