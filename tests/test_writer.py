@@ -103,3 +103,38 @@ def test_flush_commits_what_is_queued_without_the_delay(tmp_path: Path) -> None:
     assert flushed is True
     assert batches == [["StartTurn", "StartTurn", "StartTurn"]]
     assert [text for _, text in saved(tmp_path / "m.db")] == ["question t1", "question t2", "question t3"]
+
+
+class DriverFaultStore(CountingStore):
+    """The real store, whose first `faults` batches raise what no store maps (a driver's own error)."""
+
+    def __init__(self, path: str, faults: int) -> None:
+        super().__init__(path)
+        self.faults = faults
+
+    async def apply(self, ops: Sequence[WriteOp]) -> None:
+        if self.faults:
+            self.faults -= 1
+            raise RuntimeError("cannot switch to state 12; another operation (2) is in progress")
+        await super().apply(ops)
+
+
+def test_an_unexpected_store_error_is_retried_and_the_writer_lives_on(tmp_path: Path) -> None:
+    async def main() -> tuple[list[list[str]], float | None]:
+        store = DriverFaultStore(str(tmp_path / "m.db"), faults=2)
+        await store.open()
+        metrics = Metrics()
+        writer = Writer(store, metrics, 100, commit_delay_s=DELAY_S)
+        writer.start()
+        try:
+            await asyncio.wait_for(writer.submit(finish("t1"), urgent=True), 5)  # after two failed tries
+            await asyncio.wait_for(writer.submit(finish("t2"), urgent=True), 5)  # the writer still runs
+            return store.batches, metrics.registry.get_sample_value("memproxy_persistence_failures_total")
+        finally:
+            await writer.close()
+            await store.close()
+
+    batches, failures = asyncio.run(main())
+    assert batches == [["FinishTurn"], ["FinishTurn"]]
+    assert failures == 2
+    assert saved(tmp_path / "m.db") == [("assistant", "answer t1"), ("assistant", "answer t2")]

@@ -118,12 +118,18 @@ class Writer:
                     await self._isolate(batch, exc)
                     return
                 log.warning("write batch of %d failed (%s); retrying in %.2fs", len(batch), exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            self.failing = False
-            _resolve(batch)
-            return
+            except Exception:  # logged: a writer that died would lose every later write
+                # A database driver can raise what no store maps (asyncpg's InternalClientError
+                # after an outage): taken as transient, so the writer lives and the batch lands.
+                self.failing = True
+                self.metrics.write_failures.inc()
+                log.exception("write batch of %d failed unexpectedly; retrying in %.2fs", len(batch), delay)
+            else:
+                self.failing = False
+                _resolve(batch)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
 
     async def _isolate(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]], exc: StoreError) -> None:
         """An invalid write must not hold back the valid ones around it: retry them singly."""

@@ -68,7 +68,10 @@ def _error(exc: BaseException) -> StoreError:
     return StoreError(f"{type(exc).__name__}: {exc}", transient=not invalid)
 
 
-_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, TypeError, ValueError)
+# InternalClientError: a pooled connection left mid-operation by an outage ("cannot switch to
+# state 12; another operation is in progress"); the next try takes another connection.
+_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError, TimeoutError,
+           TypeError, ValueError)
 
 
 def user_lock_key(user: str) -> int:
