@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from proxy.ids import new_id
 from proxy.models import Scope, Turn
 from proxy.stores.base import Store, text_hash
 from proxy.wire.openai_chat import ChatRequest, assistant_texts, history_material, tool_call_ids_after_last_user
@@ -43,11 +43,6 @@ def history_hash(scope: Scope, request: ChatRequest) -> str:
     """
     material = [scope.user, scope.agent or "", scope.conversation or "", history_material(request.messages)]
     return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def new_id() -> str:
-    """An opaque id for a turn or a conversation."""
-    return uuid.uuid4().hex
 
 
 async def identify(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -31,6 +30,7 @@ from proxy.api.jsonl import parse_lines, to_line
 from proxy.api.schema import openapi
 from proxy.api.search import search
 from proxy.errors import NotFound, ProxyError
+from proxy.ids import new_id
 from proxy.memory.pipeline import Retriever
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
@@ -125,7 +125,7 @@ class MemoryApi:
     async def store_memory(self, request: Request) -> Response:
         scope = user_scope(request)
         memory = records.parse_memory(await read_json(request))
-        op = StoreMemory(scope, uuid.uuid4().hex, redact(memory.content), memory.type, datetime.now(timezone.utc),
+        op = StoreMemory(scope, new_id(), redact(memory.content), memory.type, datetime.now(timezone.utc),
                          memory.confidence, tuple(redact(tag) for tag in memory.tags))
         return answer(await self._memory(scope, await self.store.store_memory(op)), 201)
 

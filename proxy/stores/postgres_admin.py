@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 
 import asyncpg
 
+from proxy.ids import new_id
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import Scope
 from proxy.stores.base import StoreMemory, text_hash
@@ -34,7 +35,7 @@ from proxy.stores.postgres_rows import (
 )
 from proxy.stores.postgres_schema import CONTEXT_SQL, INTERNAL_TABLES
 from proxy.stores.sqlite_admin import MEMORY_TYPES
-from proxy.stores.sqlite_rows import entity_terms, index_terms, new_id
+from proxy.stores.sqlite_rows import entity_terms, index_terms
 
 T = TypeVar("T")
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]

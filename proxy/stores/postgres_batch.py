@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from proxy.ids import new_id
 from proxy.stores.base import (
     ExtractionFailed,
     FinishTurn,
@@ -39,7 +40,7 @@ from proxy.stores.postgres_facts import record_facts
 from proxy.stores.postgres_rows import clean_text, utc
 from proxy.stores.sqlite_facts import ERROR_MAX_CHARS
 from proxy.stores.postgres_schema import CONTEXT_SQL
-from proxy.stores.sqlite_rows import index_terms, new_id, reasoning_terms, steps_json
+from proxy.stores.sqlite_rows import index_terms, reasoning_terms, steps_json
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
 # A turn still pending this long after its last write died with the replica serving it.

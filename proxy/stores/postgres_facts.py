@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 
+from proxy.ids import new_id
 from proxy.memory.extraction.model import USER_NODE, canonical_name
 from proxy.stores.base import EntityFact, RecordFacts, RelationFact
 from proxy.stores.postgres_rows import clean_text, utc
@@ -28,7 +29,7 @@ from proxy.stores.sqlite_facts import (
     _merged_list,
     merged_description,
 )
-from proxy.stores.sqlite_rows import entity_terms, new_id
+from proxy.stores.sqlite_rows import entity_terms
 
 
 async def record_facts(conn: asyncpg.Connection, op: RecordFacts) -> None:

@@ -20,6 +20,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
+from proxy.ids import new_id
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import Scope
 from proxy.stores.base import ItemKind, StoreError, StoreMemory, text_hash
@@ -33,7 +34,6 @@ from proxy.stores.sqlite_rows import (
     export_reasoning,
     from_ts,
     index_terms,
-    new_id,
     now_ts,
     to_ts,
 )

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
     ExtractionFailed, FinishTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp,
@@ -21,7 +22,7 @@ from proxy.stores.base import (
 from proxy.stores.sqlite_admin import store_memory
 from proxy.stores.sqlite_facts import record_facts, record_failure
 from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES, clean_text, context_terms, index_terms, new_id, now_ts, reasoning_terms, steps_json, to_ts,
+    CONTEXT_MESSAGES, clean_text, context_terms, index_terms, now_ts, reasoning_terms, steps_json, to_ts,
 )
 
 INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns

@@ -19,10 +19,10 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# The one definition of the merge key, shared with the extractors that dedupe by it.
-from proxy.memory.extraction.model import USER_NODE, canonical_name
+from proxy.ids import new_id
+from proxy.memory.extraction.model import USER_NODE, canonical_name  # the one definition of the merge key
 from proxy.stores.base import EntityFact, ExtractionFailed, RecordFacts, RelationFact
-from proxy.stores.sqlite_rows import clean_text, entity_terms, new_id, to_ts
+from proxy.stores.sqlite_rows import clean_text, entity_terms, to_ts
 
 USER_TYPE = "user"  # the type of the user's own node (retrieval finds it by this type)
 PROVENANCE_KEEP = 200  # message ids kept per entity or edge, the most recent

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -53,11 +52,6 @@ def now_ts() -> float:
 def clean_text(text: str) -> str:
     """Text SQLite can store: a lone surrogate (valid JSON, invalid UTF-8) becomes U+FFFD."""
     return _SURROGATE.sub("\ufffd", text)
-
-
-def new_id() -> str:
-    """A new opaque item id."""
-    return uuid.uuid4().hex
 
 
 def index_terms(text: str) -> str:
