@@ -1,0 +1,205 @@
+"""How many concurrent streams memproxy holds with zero errors (RELIABILITY 5.4), memory on.
+
+N clients each open one streaming chat completion at once: 20 s streams at 50 events/s
+from the mock upstream, through memproxy with memory on (each client one of 20 users, so
+every stream is recalled for, accumulated and saved as a turn). For each N it reports:
+
+- errors: a status other than 200, a connection lost, or a stream without `[DONE]`;
+- added inter-chunk lateness, p99: each event's arrival at the client against the mock's
+  schedule (event k is due k × gap after event 0), minus the same figure for the same N
+  streams taken directly from the mock in the same run;
+- event-loop responsiveness: `/healthz` answered every 50 ms during the level, p99;
+- memproxy's resident memory after the level, and X-Memory-Status `ok` share.
+
+The largest N with zero errors is the figure to report.
+
+    python bench/concurrency.py [--levels 50,100,200,400] [--seconds 20] [--rate 50] [--no-direct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, run_client
+from processes import REPO, Server, start_memproxy, start_mock
+from scenarios import percentile
+
+USERS = 20
+PROBE_EVERY_S = 0.05
+ZERO_ERRORS_LEVEL = "largest N with zero errors"
+
+
+class TimedConnection(ClientConnection):
+    """A client connection that also keeps when each read that completed events arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrivals: list[tuple[float, int]] = []  # (time, events completed by this read)
+
+    def data_received(self, data: bytes) -> None:
+        before = self.reply.events
+        super().data_received(data)
+        if self.reply.events > before:
+            self.arrivals.append((self._now, self.reply.events - before))
+
+
+@dataclass
+class Level:
+    """What N concurrent streams saw, through one target."""
+
+    streams: int
+    errors: int = 0
+    ok_memory: int = 0
+    lateness_ms: list[float] = field(default_factory=list)
+    probe_ms: list[float] = field(default_factory=list)
+    rss_mb: float = 0.0
+
+
+def lateness(arrivals: list[tuple[float, int]], gap_s: float) -> list[float]:
+    """Each event's arrival past its due time, ms; due times count from the first event."""
+    if not arrivals:
+        return []
+    first = arrivals[0][0]
+    out, index = [], 0
+    for at, count in arrivals:
+        for _ in range(count):
+            out.append(max(0.0, (at - first - index * gap_s) * 1000))
+            index += 1
+    return out
+
+
+async def one_stream(target: Target, payload: bytes, events: int, gap_s: float, level: Level) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        _, conn = await loop.create_connection(TimedConnection, target.host, target.port)
+        try:
+            reply = await conn.request(payload, keep_body=True)
+        finally:
+            conn.close()
+    except (Disconnect, OSError):
+        level.errors += 1
+        return
+    body = b"".join(reply.body or [])
+    if reply.status != 200 or not body.rstrip().endswith(b"data: [DONE]") or reply.events < events + 1:
+        level.errors += 1
+        return
+    level.ok_memory += reply.memory_status == b"ok"
+    level.lateness_ms.extend(lateness(conn.arrivals, gap_s))
+
+
+async def probe(target: Target, stop: asyncio.Event, level: Level) -> None:
+    """GET /healthz every PROBE_EVERY_S on its own connection: how long the event loop takes to answer."""
+    conn = await connect(target)
+    payload = get_payload(target, "/healthz")
+    try:
+        while not stop.is_set():
+            reply = await conn.request(payload)
+            level.probe_ms.append(reply.latency * 1000)
+            await asyncio.sleep(PROBE_EVERY_S)
+    finally:
+        conn.close()
+
+
+async def run_level(target: Target, server: Server | None, streams: int, events: int, gap_s: float,
+                    memory: bool, first: int) -> Level:
+    level = Level(streams)
+    payloads = []
+    for n in range(streams):
+        headers = {"x-memory-user": f"concurrency-user-{n % USERS}"} if memory else {}
+        make = chat_payload(Target(target.name, target.port, headers), stream=True)
+        payloads.append(make(first + n))
+    stop = asyncio.Event()
+    prober = asyncio.create_task(probe(target, stop, level)) if server is not None else None
+    await asyncio.gather(*(one_stream(target, payload, events, gap_s, level) for payload in payloads))
+    stop.set()
+    if prober is not None and server is not None:
+        await prober
+        level.rss_mb = server.rss_mb()
+    return level
+
+
+def row(name: str, level: Level, direct: Level | None) -> str:
+    def ms(values: list[float], q: float) -> str:
+        return f"{percentile(values, q):.2f}" if values else "-"
+
+    late99 = ms(level.lateness_ms, 99)
+    added = "-"
+    if direct is not None and direct.lateness_ms and level.lateness_ms:
+        added = f"{percentile(level.lateness_ms, 99) - percentile(direct.lateness_ms, 99):+.2f}"
+    served = level.streams - level.errors
+    ok = f"{level.ok_memory / served:.1%}" if name == "memproxy" and served else "-"
+    rss = f"{level.rss_mb:.1f}" if level.rss_mb else "-"
+    return (f"{level.streams:>6} {name:<10} {level.errors:>7} {late99:>12} {added:>13} "
+            f"{ms(level.probe_ms, 50):>10} {ms(level.probe_ms, 99):>10} {rss:>8} {ok:>10}")
+
+
+async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -> list[str]:
+    gap_s = 1 / args.rate
+    events = int(args.seconds * args.rate)
+    proxied = Target("memproxy", memproxy.port)
+    direct = Target("direct", mock.port)
+    header = (f"{'N':>6} {'target':<10} {'errors':>7} {'late p99 ms':>12} {'added p99 ms':>13} "
+              f"{'healthz p50':>10} {'healthz p99':>10} {'RSS MiB':>8} {'memory ok':>10}")
+    lines = [header]
+    held = 0
+    first = 0
+    for streams in args.levels:
+        base = None
+        if not args.no_direct:
+            print(f"{streams} streams from the mock directly ...", file=sys.stderr)
+            base = await run_level(direct, None, streams, events, gap_s, False, first)
+        print(f"{streams} streams through memproxy ...", file=sys.stderr)
+        level = await run_level(proxied, memproxy, streams, events, gap_s, True, first)
+        first += streams
+        if base is not None:
+            lines.append(row("direct", base, None))
+        lines.append(row("memproxy", level, base))
+        if level.errors == 0:
+            held = max(held, streams)
+    lines.append(f"{ZERO_ERRORS_LEVEL}: {held or 'none'}")
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="50,100,200,400", help="concurrent streams, one level after another")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each stream")
+    parser.add_argument("--rate", type=float, default=50.0, help="events per second in each stream")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct baseline of each level")
+    args = parser.parse_args(argv)
+    args.levels = [int(n) for n in args.levels.split(",") if n.strip()]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="memproxy-concurrency-"))
+    events = int(args.seconds * args.rate)
+    mock = start_mock(workdir, events, 1000 / args.rate)
+    servers = [mock]
+    try:
+        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info", REPO)
+        servers.append(memproxy)
+        started = time.perf_counter()
+        lines = run_client(main_async(args, mock, memproxy))
+        elapsed = time.perf_counter() - started
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"streams of {events} events at {args.rate:g}/s ({args.seconds:g} s), memory on for {USERS} users, "
+          f"SQLite store, one worker; {elapsed:.0f} s; logs in {workdir}")
+    print("late: an event's arrival past its due time on the mock's schedule; added: memproxy's late p99 minus "
+          "direct's at the same N; healthz: /healthz answered every 50 ms meanwhile")
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
