@@ -1,0 +1,128 @@
+"""What a turn records when the upstream fails or the client leaves (RELIABILITY 5.2 cases 1,
+5, 6, 9, 12, 13 and 17, with memory on): the user's message once, no answer (so nothing
+of the failed step reaches extraction), and the turn's status saying what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.memory.pipeline import Query, Retrieved
+from proxy.models import Scope
+from tests.conftest import free_port
+from tests.fake_upstream import JsonReply, RawReply, SSEReply, stream_events
+
+USER = {"x-memory-user": "alice"}
+ERROR_EVENT = b'data: {"error": {"message": "overloaded mid-stream", "type": "server_error", "code": null}}\n\n'
+
+
+def rows(proxy: Any, sql: str) -> list[tuple]:
+    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
+        return db.execute(sql).fetchall()
+
+
+def eventually(check: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return bool(check())
+
+
+def ask(proxy: Any, text: str, *, stream: bool) -> httpx.Response:
+    with proxy.http(timeout=10) as http:
+        return http.post("/v1/chat/completions", headers=USER,
+                         json={"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]})
+
+
+def only_the_question_saved(proxy: Any, text: str, status: str) -> None:
+    assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [(status,)]), rows(proxy, "SELECT * FROM turns")
+    assert rows(proxy, "SELECT role, content FROM messages") == [("user", text)]  # nothing of the failed step
+
+
+FAULTS = {
+    # case 5: the stream stalls past upstream.idle_timeout_s
+    "stall": (SSEReply(stream_events(pieces=4), stall_after=2), True, "truncated"),
+    # case 12: the connection is reset mid-stream
+    "reset": (SSEReply(stream_events(pieces=4), reset_after=2), True, "truncated"),
+    # case 13: the provider sends an error event mid-stream
+    "error event": (SSEReply(stream_events()[:2] + [ERROR_EVENT]), True, "upstream_failed"),
+    # case 6: a 500 with a JSON body (no retry here: the raw client does not retry)
+    "500": (JsonReply({"error": {"message": "boom", "type": "server_error"}}, status=500), False, "upstream_failed"),
+    # case 9: a 200 whose JSON body cannot be parsed
+    "malformed 200": (JsonReply(b'{"choices": [', status=200), False, "unparseable"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_failed_step_saves_the_question_once_no_answer_and_says_why(make_proxy, fake, fault):
+    reply, stream, status = FAULTS[fault]
+    proxy = make_proxy(memory__commit_timeout_ms=5000, upstream__idle_timeout_s=0.5)
+    fake.queue(reply)
+    response = ask(proxy, f"question before a {fault}", stream=stream)
+    assert response.headers["x-memory-status"] == "ok"
+    only_the_question_saved(proxy, f"question before a {fault}", status)
+
+
+def test_an_unreachable_upstream_saves_the_question_and_marks_the_turn_failed(make_proxy):
+    # case 1: connection refused
+    proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{free_port()}/v1", memory__commit_timeout_ms=5000)
+    response = ask(proxy, "anyone there?", stream=False)
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unavailable"
+    only_the_question_saved(proxy, "anyone there?", "upstream_failed")
+
+
+class SlowRecall:
+    """The app's own retriever, answering only after `seconds` (a store under heavy load)."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner = inner
+        self.seconds = seconds
+        self.started = 0
+
+    async def retrieve(self, scope: Scope, query: Query) -> Retrieved:
+        self.started += 1
+        await asyncio.sleep(self.seconds)
+        return await self.inner.retrieve(scope, query)
+
+    def forget(self, user: str) -> None:
+        self.inner.forget(user)
+
+
+def test_a_client_leaving_during_recall_never_reaches_the_upstream(make_proxy, fake):
+    # case 17: the client goes away while memory is still being recalled
+    proxy = make_proxy(memory__retrieval_timeout_ms=5000, memory__commit_timeout_ms=5000)
+    memory = proxy.app.state.parts.memory
+    slow = SlowRecall(memory.retriever, 1.5)
+    memory.retriever = slow
+    with pytest.raises(httpx.ReadTimeout):
+        ask_with_timeout(proxy, "leaving early", timeout=0.4)
+    assert eventually(lambda: slow.started == 1)
+    time.sleep(2.0)  # past the moment the recall would have finished
+    assert fake.chat_requests() == []
+    assert fake.connections == [] or all(c.closed is not None for c in fake.connections)
+    assert rows(proxy, "SELECT count(*) FROM turns WHERE status = 'complete'") == [(0,)]
+    assert rows(proxy, "SELECT role FROM messages WHERE role = 'assistant'") == []
+    # The proxy still serves the next request in full.
+    memory.retriever = slow.inner
+    assert ask(proxy, "still there?", stream=False).status_code == 200
+
+
+def ask_with_timeout(proxy: Any, text: str, *, timeout: float) -> httpx.Response:
+    with proxy.http(timeout=timeout) as http:
+        return http.post("/v1/chat/completions", headers=USER,
+                         json={"model": "m", "messages": [{"role": "user", "content": text}]})
+
+
+def test_raw_reply_closing_before_headers_is_a_failed_turn(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    fake.queue(RawReply(b""))
+    assert ask(proxy, "closed on me", stream=False).status_code == 502
+    only_the_question_saved(proxy, "closed on me", "upstream_failed")
