@@ -1,0 +1,71 @@
+"""A full disk (RELIABILITY 5.2 case 21): SQLite answers SQLITE_FULL to every write that needs a
+new page. Chats go on, /readyz says writes are failing, and once there is room again the
+turns written meanwhile land without a restart."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+UNLIMITED_PAGES = 1_073_741_823
+USER = {"x-memory-user": "alice"}
+
+
+def rows(proxy: Any, sql: str) -> list[tuple]:
+    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
+        return db.execute(sql).fetchall()
+
+
+def eventually(check: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
+
+
+def limit_pages(proxy: Any, pages: int | None) -> int:
+    """Cap the database at its current size (None) or at `pages`, on the store's own write connection.
+
+    max_page_count holds per connection, so it is set where the writes happen: the writer thread.
+    """
+    store = proxy.app.state.parts.store
+
+    def cap() -> int:
+        size = store._writer.execute("PRAGMA page_count").fetchone()[0]
+        return int(store._writer.execute(f"PRAGMA max_page_count = {pages or size}").fetchone()[0])
+
+    return store._write_thread.submit(cap).result(timeout=5)
+
+
+def chat(proxy: Any, text: str) -> Any:
+    with proxy.http(timeout=10) as http:
+        return http.post("/v1/chat/completions", headers=USER,
+                         json={"model": "m", "messages": [{"role": "user", "content": text}]})
+
+
+def readiness(proxy: Any) -> dict[str, Any]:
+    with proxy.http() as http:
+        return http.get("/readyz").json()
+
+
+def test_a_full_disk_fails_no_chat_and_loses_no_turn_once_there_is_room(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=200)
+    assert chat(proxy, "before the disk filled up").status_code == 200
+    assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 2)
+    limit_pages(proxy, None)
+    # Enough text that every turn needs new pages, as a full disk would refuse them.
+    during = [f"turn {n} while the disk is full " + "x" * 8000 for n in range(5)]
+    responses = [chat(proxy, text) for text in during]
+    assert [r.status_code for r in responses] == [200] * 5
+    assert all(r.json()["choices"][0]["message"]["content"] == "Hello from upstream" for r in responses)
+    assert eventually(lambda: readiness(proxy)["writes"] == "failing")
+    assert rows(proxy, "SELECT count(*) FROM messages WHERE content LIKE 'turn %'") == [(0,)]
+    limit_pages(proxy, UNLIMITED_PAGES)
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM messages WHERE role = 'user'") == [(6,)], timeout=20)
+    assert eventually(lambda: readiness(proxy)["writes"] == "ok")
+    saved = {content for (content,) in rows(proxy, "SELECT content FROM messages WHERE role = 'user'")}
+    assert saved == {"before the disk filled up", *during}
+    assert rows(proxy, "SELECT count(*) FROM turns WHERE status = 'complete'") == [(6,)]
