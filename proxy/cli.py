@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -81,6 +82,11 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load(args)
     logs.configure(settings.server.log_level)
     app = create_app(settings)
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
+    # under the handler it found at start: a no-op one makes a finished shutdown exit 0
+    # (RELIABILITY 5.2 case 24) instead of dying of the signal (143) or a KeyboardInterrupt.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda *_: None)
     uvicorn.run(
         app,
         host=settings.server.host,
