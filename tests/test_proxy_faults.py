@@ -263,3 +263,29 @@ def test_client_disconnect_on_streamed_post_passthrough(proxy, fake):
             closed_at = time.monotonic()
     assert fake.wait_closed(5)
     assert fake.connections[-1].closed - closed_at < 2.0
+
+
+def test_a_503_with_an_http_date_retry_after_passes_through_unchanged(proxy, fake):
+    # RELIABILITY 5.2 case 8: the client's own retry logic reads the provider's header.
+    when = "Wed, 21 Oct 2026 07:28:00 GMT"
+    error = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}
+    fake.queue(JsonReply(error, status=503, headers=[("retry-after", when), ("x-request-id", "req-503")]))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == when
+    assert response.headers["x-request-id"] == "req-503"
+    assert response.content == json.dumps(error).encode()
+    assert len(fake.chat_requests()) == 1  # no retry by the proxy
+
+
+def test_an_unresolvable_upstream_is_a_502_that_names_no_host(make_proxy, caplog):
+    # RELIABILITY 5.2 case 2: the client gets a generic message; the details go to the log.
+    proxy = make_proxy(upstream__base_url="http://upstream-host-that-does-not-exist.invalid/v1")
+    with proxy.http(timeout=30) as http:
+        response = http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_unavailable"
+    assert "upstream-host-that-does-not-exist" not in response.text
+    assert any(r.getMessage().startswith("upstream unreachable: ") for r in caplog.records)
