@@ -48,6 +48,12 @@ class NotFound(ProxyError):
     status, type, code = 404, "invalid_request_error", "not_found"
 
 
+class RequestTimeout(ProxyError):
+    """A request body that stopped arriving for server.body_timeout_s (408; the SDK retries)."""
+
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class BodyTooLarge(ProxyError):
     """A request body over server.max_body_bytes (413, read no further)."""
 

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Awaitable, Callable
 
-from proxy.errors import BodyTooLarge, ProxyError
+from proxy.errors import BodyTooLarge, ProxyError, RequestTimeout
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -28,20 +28,29 @@ def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int, idle_s: float) -> bytes:
     """The whole request body, refusing (413) as soon as it passes `limit`."""
-    return b"".join([chunk async for chunk in body_stream(receive, limit, on_end=_nothing)])
+    return b"".join([chunk async for chunk in body_stream(receive, limit, on_end=_nothing, idle_s=idle_s)])
 
 
 def _nothing() -> None:
     return None
 
 
-async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None]) -> AsyncIterator[bytes]:
-    """The request body as it arrives (pass-through paths never hold it whole)."""
+async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None], idle_s: float
+                      ) -> AsyncIterator[bytes]:
+    """The request body as it arrives (pass-through paths never hold it whole).
+
+    A client that sends nothing more for `idle_s` gets 408: a body trickled or left
+    unfinished would otherwise hold its connection (and a chat request's turn) forever.
+    """
     size = 0
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(idle_s):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(f"no more of the request body arrived for {idle_s:g} s") from None
         if message["type"] == "http.disconnect":
             raise ClientGone()
         chunk = message.get("body", b"")

@@ -76,7 +76,8 @@ class ProxyEndpoint:
         has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
         url = self.upstream.url(path, scope["query_string"])
         async with DisconnectWatch(receive, armed=not has_body) as watch:
-            content = body_stream(receive, limit, on_end=watch.arm) if has_body else None
+            content = (body_stream(receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
+                       if has_body else None)
             response = await self._open(scope["method"], url, upstream_headers, content)
             try:
                 await relay_plain(send, response, extra_headers=[])
@@ -94,7 +95,7 @@ class ProxyEndpoint:
 
     async def _chat(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> str:
         resolved = self.scopes.resolve(scope)
-        body = await read_body(receive, self.settings.server.max_body_bytes)
+        body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         parsed: ChatRequest | str | None = None
         if resolved.needs_body:
             parsed = parse_chat_request(body)

@@ -34,6 +34,7 @@ class ServerSettings:
     port: int = _help("TCP port to listen on.", 8080)
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
+    body_timeout_s: float = _help("Longest pause while a client sends a request body; past it 408.", 30.0)
     log_level: Literal["debug", "info", "warning", "error"] = _help("Log level.", "info")
     debug_log_content: bool = _help("Log message text (never credentials). Off in production.", False)
 
@@ -282,6 +283,7 @@ def _check(s: Settings) -> None:
     """Cross-field and range rules, each naming its key."""
     positive = {
         "server.port": s.server.port, "server.max_body_bytes": s.server.max_body_bytes,
+        "server.body_timeout_s": s.server.body_timeout_s,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,
         "upstream.first_byte_timeout_s": s.upstream.first_byte_timeout_s,
         "upstream.idle_timeout_s": s.upstream.idle_timeout_s,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 import httpx
 
-from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
 from proxy.transport import AiohttpTransport
 
@@ -180,6 +180,8 @@ class Upstream:
         except (TimeoutError, httpx.TimeoutException):
             raise UpstreamTimeout("the upstream did not answer in time") from None
         except httpx.HTTPError as exc:
+            if (own := _own_error(exc)) is not None:
+                raise own from None  # the client's body failed as it was sent (408, 413), not the upstream
             log.warning("upstream unreachable: %s", type(exc.__cause__ or exc).__name__)
             raise UpstreamUnavailable("the upstream could not be reached") from exc
         return UpstreamResponse(response, self.settings.idle_timeout_s)
@@ -188,3 +190,12 @@ class Upstream:
         """Close the pool."""
         await self.transport.aclose()
 
+
+def _own_error(exc: BaseException) -> ProxyError | None:
+    """A ProxyError the request body raised while the transport was sending it, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ProxyError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

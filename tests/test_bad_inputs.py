@@ -70,8 +70,10 @@ def test_streamed_oversize_body_is_413(make_proxy, fake):
     with proxy.http() as http:
         chat = http.post("/v1/chat/completions", content=chunks())
         other = http.post("/v1/files", content=b"y" * 5000)
+        streamed = http.post("/v1/files", content=chunks())  # no length: found out while it streams upstream
     assert chat.status_code == 413 and chat.json()["error"]["code"] == "request_too_large"
     assert other.status_code == 413
+    assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "request_too_large"
     assert fake.received == []
 
 

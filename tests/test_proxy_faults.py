@@ -289,3 +289,25 @@ def test_an_unresolvable_upstream_is_a_502_that_names_no_host(make_proxy, caplog
     assert error["code"] == "upstream_unavailable"
     assert "upstream-host-that-does-not-exist" not in response.text
     assert any(r.getMessage().startswith("upstream unreachable: ") for r in caplog.records)
+
+
+def test_a_request_body_that_stops_arriving_gets_408_and_never_reaches_the_upstream(make_proxy, fake):
+    # RELIABILITY 5.2 case 19: a trickled or abandoned body past the body-read deadline.
+    proxy = make_proxy(server__body_timeout_s=0.5)
+    body = json.dumps(CHAT).encode()
+    for path in (b"/v1/chat/completions", b"/v1/embeddings"):  # read whole, and streamed to the upstream
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            sock.sendall(b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n" % len(body) + body[:10])
+            started = time.monotonic()
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                piece = sock.recv(65536)
+                if not piece:
+                    break
+                reply += piece
+        assert time.monotonic() - started < 3
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert json.loads(payload)["error"]["code"] == "request_timeout"
+    assert fake.chat_requests() == []
