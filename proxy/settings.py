@@ -36,7 +36,6 @@ class ServerSettings:
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
     body_timeout_s: float = _help("Longest pause while a client sends a request body; past it 408.", 30.0)
     log_level: Literal["debug", "info", "warning", "error"] = _help("Log level.", "info")
-    debug_log_content: bool = _help("Log message text (never credentials). Off in production.", False)
 
 
 @dataclass(frozen=True)

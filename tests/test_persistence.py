@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from proxy.logs import JsonFormatter
 from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
 
 CALLS = [{"id": "call_1", "name": "lookup", "arguments": '{"q": "weather"}'},
@@ -278,3 +280,21 @@ def test_memory_headers_never_forwarded(mem, fake):
                   headers={"x-memory-user": "alice", "x-memory-conversation": "c1", "x-memory-agent": "a1",
                            "x-memory-max": "3", "x-memory-persist": "true"})
     assert not [k for k, _ in fake.received[0].headers if k.lower().startswith("x-memory")]
+
+
+def test_secrets_reach_neither_the_logs_nor_a_later_recall(make_proxy, fake, caplog):
+    # RELIABILITY 5.3 B16: every log line at debug level, as the JSON formatter writes it,
+    # and the block a later question recalls hold only the redacted forms.
+    proxy = make_proxy(memory__commit_timeout_ms=5000, server__log_level="debug")
+    caplog.set_level(logging.DEBUG)
+    client = proxy.client(**{"X-Memory-User": "alice"})
+    client.chat.completions.create(model="m", messages=[
+        {"role": "user", "content": "store my credentials: " + " ; ".join(SECRETS.values())}])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "which credentials did I store?"}])
+    recalled = fake.chat_requests()[-1].body.decode()
+    assert "[REDACTED:" in recalled  # the first message came back, redacted
+    lines = [JsonFormatter().format(record) for record in caplog.records]
+    assert any('"logger":"memproxy.request"' in line for line in lines)
+    for canary in ("Ab3dEf6hIj9kLm2nOp5qRs8t", "AKIAIOSFODNN7EXAMPLE", "secretsecretsecret", "hunter2secret"):
+        assert canary not in recalled
+        assert not [line for line in lines if canary in line]
