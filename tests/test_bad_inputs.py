@@ -154,13 +154,26 @@ def test_duplicate_identity_header_is_400(proxy, fake):
     assert fake.received == []
 
 
-def test_header_injection_rejected_by_server(proxy, fake):
+@pytest.mark.parametrize("user", [b"al\x00ice", b"al\rice", b"al\nx-memory-user: bob", b"a" * 10_000],
+                         ids=["NUL", "CR", "LF", "10 KB"])
+def test_header_injection_rejected_by_server(proxy, fake, user):
     with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: al\x00ice\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: " + user + b"\r\n"
                      b"content-length: 2\r\n\r\n{}")
         reply = read_reply(sock)
-    assert reply.startswith(b"HTTP/1.1 400")
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
     assert fake.received == []
+
+
+def test_an_underscore_spelling_of_the_user_header_names_no_one(proxy, fake):
+    # B11: `x_memory_user` is not X-Memory-User (some servers fold `_` into `-`; this one must not).
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx_memory_user: mallory\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        reply = read_reply(sock)
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert b"x-memory-status: off" in reply.lower()  # no user: memory off, nothing saved
 
 
 def test_max_header_capped_and_off_mode_passes_through(proxy, fake):
