@@ -78,7 +78,7 @@ def test_headers_never_come_is_504(make_proxy, fake):
         proxy.client().chat.completions.create(**CHAT)
     assert caught.value.status_code == 504
     assert caught.value.code == "upstream_timeout"
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 0.5 + 1.0  # within the budget plus a second (RELIABILITY 5.2 case 3)
     assert fake.wait_closed(5)  # the upstream connection was closed, not left hanging
 
 
