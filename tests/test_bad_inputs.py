@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 
 import pytest
+
+from tests.fake_upstream import JsonReply
 
 MEMORY = {"x-memory-user": "alice"}
 
@@ -23,30 +26,40 @@ def read_reply(sock: socket.socket) -> bytes:
         body += sock.recv(4096)
     return head + b"\r\n\r\n" + body
 
+# (body, X-Memory-Status): memory skips what is not a chat request it understands ("off"),
+# and works on a request whose odd text it can still read ("ok"); either way the body is
+# forwarded byte for byte and the provider's own answer comes back.
 UNPARSEABLE = [
-    b"{not json",
-    b"[1, 2]",
-    b'"a string"',
-    b"42",
-    b"null",
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"model": "m", "messages": null}',
-    b'{"model": "m", "messages": "hi"}',
-    b'{"model": "m", "messages": [{"role": "user", "content": 5}], "stream": "true"}',
-    b'{"messages": [{"role": "user", "content": {"weird": 1}}]}',
-    b'{"model": "m", "messages": [{"role": "user", "content": "caf\xff"}]}',
-    b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 lone"}]}',
-    b'{"model": "m", "messages": [{"role": "user", "content": "nul \\u0000 inside"}]}',
+    (b"{not json", "off"),
+    (b"[1, 2]", "off"),
+    (b'"a string"', "off"),
+    (b"42", "off"),
+    (b"null", "off"),
+    (b"[" * 100_000 + b"]" * 100_000, "off"),
+    (b'{"model": "m", "messages": null}', "off"),
+    (b'{"model": "m", "messages": "hi"}', "off"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": 5}], "stream": "true"}', "off"),
+    (b'{"messages": [{"role": "user", "content": {"weird": 1}}]}', "ok"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "caf\xff"}]}', "off"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 lone"}]}', "ok"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "nul \\u0000 inside"}]}', "ok"),
 ]
+PROVIDER_SAYS = {"error": {"message": "the provider's own words", "type": "invalid_request_error",
+                           "param": None, "code": "provider_code"}}
 
 
-@pytest.mark.parametrize("body", UNPARSEABLE, ids=range(len(UNPARSEABLE)))
-def test_unparseable_or_odd_bodies_forwarded_untouched(proxy, fake, body):
+@pytest.mark.parametrize(("body", "memory"), UNPARSEABLE, ids=range(len(UNPARSEABLE)))
+def test_unparseable_or_odd_bodies_forwarded_untouched(proxy, fake, body, memory):
+    fake.queue(JsonReply(PROVIDER_SAYS, status=400, headers=[("x-request-id", "req-odd")]))
     with proxy.http() as http:
         response = http.post("/v1/chat/completions", content=body,
                              headers={"content-type": "application/json", **MEMORY})
-    assert response.status_code < 500
     assert fake.received[-1].body == body  # exactly what the client sent
+    assert (response.status_code, response.json(), response.headers["x-request-id"]) == (400, PROVIDER_SAYS, "req-odd")
+    assert response.headers["x-memory-status"] == memory
+    if memory == "off":  # nothing of a request memory could not read is kept
+        with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
+            assert db.execute("SELECT count(*) FROM messages").fetchone() == (0,)
 
 
 def test_declared_oversize_body_is_413_before_reading(make_proxy, fake):
