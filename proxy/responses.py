@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from typing import Any, Protocol
 
 from proxy.relay import Send
@@ -26,6 +27,59 @@ class Answerable(Protocol):
     def answered(self, message: Any) -> asyncio.Future[None] | None: ...
 
     def failed(self, status: str) -> None: ...
+
+
+# The most of a compressed answer memproxy inflates to read it; past this the answer is
+# left unread (a compression bomb must not fill memory), and the client still gets it whole.
+MAX_DECODED_BYTES = 32 * 1024 * 1024
+
+
+class _Inflate:
+    """The copy memproxy reads of a body the provider compressed although asked not to.
+
+    `accept-encoding: identity` is sent with every request whose answer is saved, but a
+    provider (or a proxy in front of it) may compress anyway. The client gets the bytes
+    as they came; only memproxy's own reading is inflated. gzip and deflate only: any
+    other encoding leaves the answer unreadable, as before.
+    """
+
+    def __init__(self, encoding: str) -> None:
+        wbits = 16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS
+        self._inflater = zlib.decompressobj(wbits)
+        self._left = MAX_DECODED_BYTES
+        self.failed = False
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self.failed or not chunk:
+            return b""
+        try:
+            out = self._inflater.decompress(chunk, self._left)
+        except zlib.error:
+            self.failed = True
+            return b""
+        self._left -= len(out)
+        if self._left <= 0 or self._inflater.unconsumed_tail:
+            self.failed = True  # over the bound: stop reading rather than hold it all
+        return out
+
+
+def _reader(response: Any) -> Any:
+    """What turns the provider's body bytes into the bytes memproxy reads (None: as they are)."""
+    encoding = response.response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return _Inflate(encoding)
+    return _Unreadable()
+
+
+class _Unreadable:
+    """An encoding memproxy cannot read (br, zstd): the answer is not saved."""
+
+    failed = True
+
+    def __call__(self, chunk: bytes) -> bytes:
+        return b""
 
 
 def _is_sse(response: Any) -> bool:
@@ -69,10 +123,11 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
     decoder = SSEDecoder()
     # Only an answer that will be saved is rebuilt; otherwise just watch how the stream ends.
     answer: ChatStreamAccumulator | StreamEnd = ChatStreamAccumulator() if recall.active else StreamEnd()
+    read = _reader(response)
     committed = False
     try:
         async for chunk in response.chunks():
-            for event in decoder.feed(chunk):
+            for event in decoder.feed(chunk if read is None else read(chunk)):
                 answer.feed(event)
             if answer.done and not committed:
                 committed = True
@@ -84,7 +139,9 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
         log.info("upstream stream cut: %s", cut.code)
         await _end_cut(send, recall, cut.message, cut.code)
         return
-    if answer.error is not None:
+    if read is not None and read.failed:  # the stream came whole; memproxy could not read it
+        recall.failed("unparseable")
+    elif answer.error is not None:
         recall.failed("upstream_failed")
     elif not answer.done:
         await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated")
@@ -102,15 +159,16 @@ async def _relay_json(send: Send, response: Any, recall: Answerable, commit_time
     # One chunk is held back so the commit can happen before the body's last bytes go out.
     copy: list[bytes] = []
     held = b""
+    read = _reader(response)
     async for chunk in response.chunks():
         if held:
             await send({"type": "http.response.body", "body": held, "more_body": True})
         held = chunk
         if recall.active:
-            copy.append(chunk)
+            copy.append(chunk if read is None else read(chunk))
     if recall.active:
         if response.status == 200:
-            message = parse_completion(b"".join(copy))
+            message = None if read is not None and read.failed else parse_completion(b"".join(copy))
             if message is None:
                 recall.failed("unparseable")
             else:
