@@ -1,0 +1,68 @@
+"""Request options through the proxy with memory on (RELIABILITY 5.2 case 14, 5.3 B10): what is
+saved for `n: 3`, streamed with `include_usage`, and for a stream request answered with an
+error in JSON."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+from tests.fake_upstream import DONE, JsonReply, SSEReply
+
+USER = {"X-Memory-User": "alice"}
+
+
+def rows(proxy: Any, sql: str) -> list[tuple]:
+    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
+        return db.execute(sql).fetchall()
+
+
+def settled(proxy: Any, turns: int) -> list[tuple]:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        found = rows(proxy, "SELECT status FROM turns ORDER BY seq")
+        if len(found) == turns and all(status != "pending" for (status,) in found):
+            return found
+        time.sleep(0.02)
+    return rows(proxy, "SELECT status FROM turns ORDER BY seq")
+
+
+def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    payload = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices, **extra}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def test_with_n_3_every_choice_reaches_the_client_and_choice_0_is_the_answer_saved(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    client = proxy.client(**USER)
+    fake.queue(JsonReply({"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+        {"index": i, "message": {"role": "assistant", "content": f"choice {i}"}, "finish_reason": "stop"}
+        for i in range(3)]}))
+    answer = client.chat.completions.create(model="m", n=3, messages=[{"role": "user", "content": "three, please"}])
+    assert [c.message.content for c in answer.choices] == ["choice 0", "choice 1", "choice 2"]
+    streamed = [event([{"index": i, "delta": {"role": "assistant", "content": f"streamed {i}"}, "finish_reason": None}])
+                for i in range(3)]
+    streamed += [event([{"index": i, "delta": {}, "finish_reason": "stop"}]) for i in range(3)]
+    streamed += [event([], usage={"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}), DONE]
+    fake.queue(SSEReply(streamed))
+    chunks = list(client.chat.completions.create(model="m", n=3, stream=True, stream_options={"include_usage": True},
+                                                 messages=[{"role": "user", "content": "three, streamed"}]))
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 4
+    assert settled(proxy, 2) == [("complete",), ("complete",)]
+    assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
+        ("user", "three, please"), ("assistant", "choice 0"), ("user", "three, streamed"), ("assistant", "streamed 0")]
+
+
+def test_a_stream_request_answered_with_an_error_in_json_passes_it_on_and_saves_no_answer(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    error = {"error": {"message": "no such model", "type": "invalid_request_error", "param": None,
+                       "code": "model_not_found"}}
+    fake.queue(JsonReply(error, status=404))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", headers={k.lower(): v for k, v in USER.items()},
+                             json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "oops"}]})
+    assert (response.status_code, response.headers["content-type"], response.json()) == (404, "application/json", error)
+    assert settled(proxy, 1) == [("upstream_failed",)]
+    assert rows(proxy, "SELECT role, content FROM messages") == [("user", "oops")]
