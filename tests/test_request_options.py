@@ -1,6 +1,6 @@
-"""Request options through the proxy with memory on (RELIABILITY 5.2 case 14, 5.3 B10): what is
-saved for `n: 3`, streamed with `include_usage`, and for a stream request answered with an
-error in JSON."""
+"""Request options and roles through the proxy with memory on (RELIABILITY 5.2 case 14, 5.3 B9
+and B10): what is saved for `n: 3`, streamed with `include_usage`, and for a stream request
+answered with an error in JSON; every role passed untouched around the block."""
 
 from __future__ import annotations
 
@@ -66,3 +66,23 @@ def test_a_stream_request_answered_with_an_error_in_json_passes_it_on_and_saves_
     assert (response.status_code, response.headers["content-type"], response.json()) == (404, "application/json", error)
     assert settled(proxy, 1) == [("upstream_failed",)]
     assert rows(proxy, "SELECT role, content FROM messages") == [("user", "oops")]
+
+
+def test_every_role_passes_untouched_and_the_block_goes_to_the_last_user_message(make_proxy, fake):
+    # B9: several system messages, developer, legacy function calls, a refusal part.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    client = proxy.client(**USER)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "my favourite colour is teal"}])
+    messages = [
+        {"role": "system", "content": "sys one"}, {"role": "developer", "content": "dev note"},
+        {"role": "system", "content": "sys two"}, {"role": "user", "content": "call it"},
+        {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+        {"role": "function", "name": "f", "content": "function result"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot"}]},
+        {"role": "user", "content": "what is my favourite colour?"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    assert (raw.headers["x-memory-status"], raw.headers["x-memory-injected"]) == ("ok", "1")
+    sent = fake.chat_requests()[-1].json()["messages"]
+    assert sent[:-1] == messages[:-1]
+    assert sent[-1]["content"].endswith("teal\n\nwhat is my favourite colour?")
