@@ -274,3 +274,16 @@ def test_verify_jwt_checks_expiry_against_the_given_clock() -> None:
     assert verify_jwt(scope_token, SECRET.encode(), now=999.5)["sub"] == "alice"
     with pytest.raises(Unauthenticated, match="expired"):
         verify_jwt(scope_token, SECRET.encode(), now=1000.5)
+
+
+def test_identity_is_enforced_while_the_store_is_unavailable(make_proxy: Any, tmp_path: Any) -> None:
+    # RELIABILITY 5.2 case 22: memory fails open, identity does not.
+    proxy = make_proxy(auth__mode="api-keys", auth__api_keys=API_KEYS, upstream__api_key=UPSTREAM_KEY,
+                       store__url=f"sqlite:///{tmp_path}/missing-directory/memproxy.db", server__grace_period_s=1)
+    with proxy.http() as client:
+        for key in (None, "sk-not-a-proxy-key"):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            assert chat(client, headers, "let me in").status_code == 401
+        allowed = chat(client, {"Authorization": f"Bearer {ALICE_KEY}"}, "I am alice")
+        assert allowed.status_code == 200
+        assert allowed.headers["x-memory-status"].startswith("degraded: ")
