@@ -63,16 +63,6 @@ class _Inflate:
         return out
 
 
-def _reader(response: Any) -> Any:
-    """What turns the provider's body bytes into the bytes memproxy reads (None: as they are)."""
-    encoding = response.response.headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
-        return None
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        return _Inflate(encoding)
-    return _Unreadable()
-
-
 class _Unreadable:
     """An encoding memproxy cannot read (br, zstd): the answer is not saved."""
 
@@ -80,6 +70,16 @@ class _Unreadable:
 
     def __call__(self, chunk: bytes) -> bytes:
         return b""
+
+
+def _reader(response: Any) -> _Inflate | _Unreadable | None:
+    """What turns the provider's body bytes into the bytes memproxy reads (None: as they are)."""
+    encoding = response.response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return _Inflate(encoding)
+    return _Unreadable()
 
 
 def _is_sse(response: Any) -> bool:
