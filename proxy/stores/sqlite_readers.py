@@ -8,7 +8,8 @@ a caller cancelled mid-read leaves no connection shared between two threads.
 
 A read is handed over on a plain queue and its result set on the caller's future from the
 thread, rather than by `run_in_executor`, whose concurrent future, chaining and callbacks
-cost about as much again as the hop itself (bench/README.md: a request makes about eight).
+cost about as much again as the hop itself; a memory-on request makes about eight reads
+(paired runs against run_in_executor: server CPU 0.2-0.3 ms less per request).
 """
 
 from __future__ import annotations
