@@ -6,31 +6,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import sqlite3
-import time
 import zlib
-from typing import Any
 
 import pytest
 
 from tests.fake_upstream import JsonReply, completion, stream_events
+from tests.proxy_db import rows, settled_turns
 
 USER = {"x-memory-user": "alice"}
-
-
-def rows(proxy: Any, sql: str) -> list[tuple]:
-    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
-        return db.execute(sql).fetchall()
-
-
-def turn_settled(proxy: Any) -> list[tuple]:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        found = rows(proxy, "SELECT status FROM turns")
-        if found and found[0][0] != "pending":
-            return found
-        time.sleep(0.02)
-    return rows(proxy, "SELECT status FROM turns")
 
 
 def deflate(data: bytes) -> bytes:
@@ -52,7 +35,7 @@ def test_a_compressed_json_answer_reaches_the_client_and_is_saved(make_proxy, fa
     assert fake.chat_requests()[-1].header("accept-encoding") == "identity"
     assert response.headers["content-encoding"] == encoding
     assert response.json()["choices"][0]["message"]["content"] == f"a {encoding} answer"
-    assert turn_settled(proxy) == [("complete",)]
+    assert settled_turns(proxy, 1) == [("complete",)]
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
         ("user", "squeeze it"), ("assistant", f"a {encoding} answer")]
 
@@ -66,7 +49,7 @@ def test_a_gzip_stream_reaches_the_client_whole_and_is_saved(make_proxy, fake):
         response = http.post("/v1/chat/completions", headers=USER,
                              json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "zip"}]})
     assert response.content == stream  # no error event appended: the stream was whole
-    assert turn_settled(proxy) == [("complete",)]
+    assert settled_turns(proxy, 1) == [("complete",)]
     assert ("assistant", "a zipped stream") in rows(proxy, "SELECT role, content FROM messages")
 
 
@@ -80,7 +63,7 @@ def test_an_encoding_memproxy_cannot_read_passes_unread(make_proxy, fake, stream
         response = http.post("/v1/chat/completions", headers=USER,
                              json={"model": "m", "stream": stream, "messages": [{"role": "user", "content": "q"}]})
     assert response.content == body
-    assert turn_settled(proxy) == [("unparseable",)]
+    assert settled_turns(proxy, 1) == [("unparseable",)]
     assert rows(proxy, "SELECT role FROM messages") == [("user",)]
 
 
@@ -93,4 +76,4 @@ def test_a_compression_bomb_is_not_inflated_past_the_bound(make_proxy, fake):
         response = http.post("/v1/chat/completions", headers=USER,
                              json={"model": "m", "messages": [{"role": "user", "content": "boom"}]})
     assert response.status_code == 200 and len(response.content) > 40 * 1024 * 1024
-    assert turn_settled(proxy) == [("unparseable",)]
+    assert settled_turns(proxy, 1) == [("unparseable",)]

@@ -4,26 +4,12 @@ turns written meanwhile land without a restart."""
 
 from __future__ import annotations
 
-import sqlite3
-import time
 from typing import Any
+
+from tests.proxy_db import eventually, rows
 
 UNLIMITED_PAGES = 1_073_741_823
 USER = {"x-memory-user": "alice"}
-
-
-def rows(proxy: Any, sql: str) -> list[tuple]:
-    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
-        return db.execute(sql).fetchall()
-
-
-def eventually(check: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return bool(check())
 
 
 def limit_pages(proxy: Any, pages: int | None) -> int:

@@ -5,7 +5,6 @@ of the failed step reaches extraction), and the turn's status saying what happen
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from typing import Any
 
@@ -16,23 +15,10 @@ from proxy.memory.pipeline import Query, Retrieved
 from proxy.models import Scope
 from tests.conftest import free_port
 from tests.fake_upstream import JsonReply, RawReply, SSEReply, stream_events
+from tests.proxy_db import eventually, rows
 
 USER = {"x-memory-user": "alice"}
 ERROR_EVENT = b'data: {"error": {"message": "overloaded mid-stream", "type": "server_error", "code": null}}\n\n'
-
-
-def rows(proxy: Any, sql: str) -> list[tuple]:
-    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
-        return db.execute(sql).fetchall()
-
-
-def eventually(check: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return bool(check())
 
 
 def ask(proxy: Any, text: str, *, stream: bool) -> httpx.Response:

@@ -15,15 +15,10 @@ import pytest
 
 from proxy.logs import JsonFormatter
 from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
+from tests.proxy_db import eventually, rows
 
 CALLS = [{"id": "call_1", "name": "lookup", "arguments": '{"q": "weather"}'},
          {"id": "call_2", "name": "clock", "arguments": '{"tz": "UTC"}'}]
-
-
-def rows(proxy, sql: str, params: tuple = ()) -> list[tuple]:
-    path = proxy.settings.store.url[len("sqlite:///"):]
-    with sqlite3.connect(path) as db:
-        return db.execute(sql, params).fetchall()
 
 
 def saved(proxy, user: str = "alice") -> list[tuple[str, str]]:
@@ -123,7 +118,7 @@ def test_cut_stream_saves_user_message_but_no_answer(mem, fake):
     with mem.http() as http:
         http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
                   json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "cut me"}]})
-    assert _eventually(lambda: rows(mem, "SELECT status FROM turns") == [("truncated",)])
+    assert eventually(lambda: rows(mem, "SELECT status FROM turns") == [("truncated",)])
     assert saved(mem) == [("user", "cut me")]
 
 
@@ -133,7 +128,7 @@ def test_client_abort_saves_no_answer(mem, fake):
         with http.stream("POST", "/v1/chat/completions", headers={"x-memory-user": "alice"},
                          json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "bye"}]}) as r:
             next(r.iter_raw())
-    assert _eventually(lambda: rows(mem, "SELECT status FROM turns") == [("client_aborted",)])
+    assert eventually(lambda: rows(mem, "SELECT status FROM turns") == [("client_aborted",)])
     assert saved(mem) == [("user", "bye")]
 
 
@@ -142,7 +137,7 @@ def test_upstream_error_keeps_user_message_only(mem, fake):
     with mem.http() as http:
         http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
                   json={"model": "m", "messages": [{"role": "user", "content": "bad"}]})
-    assert _eventually(lambda: rows(mem, "SELECT status FROM turns") == [("upstream_failed",)])
+    assert eventually(lambda: rows(mem, "SELECT status FROM turns") == [("upstream_failed",)])
     assert saved(mem) == [("user", "bad")]
 
 
@@ -249,19 +244,7 @@ def test_locked_database_under_load_loses_nothing(make_proxy, fake):
         assert raw.status_code == 200
     assert time.monotonic() - started < 6  # responses went out while the lock was held
     released.wait(10)
-    assert _eventually(lambda: len(saved(mem)) == 40, timeout=30)
-
-
-def _eventually(check, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return True
-        except sqlite3.OperationalError:
-            pass
-        time.sleep(0.05)
-    return check()
+    assert eventually(lambda: len(saved(mem)) == 40, timeout=30)
 
 
 def test_only_text_is_saved_and_blocks_never_come_back(mem, fake):

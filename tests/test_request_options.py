@@ -5,28 +5,12 @@ answered with an error in JSON; every role passed untouched around the block."""
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from typing import Any
 
 from tests.fake_upstream import DONE, JsonReply, SSEReply
+from tests.proxy_db import rows, settled_turns
 
 USER = {"X-Memory-User": "alice"}
-
-
-def rows(proxy: Any, sql: str) -> list[tuple]:
-    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
-        return db.execute(sql).fetchall()
-
-
-def settled(proxy: Any, turns: int) -> list[tuple]:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        found = rows(proxy, "SELECT status FROM turns ORDER BY seq")
-        if len(found) == turns and all(status != "pending" for (status,) in found):
-            return found
-        time.sleep(0.02)
-    return rows(proxy, "SELECT status FROM turns ORDER BY seq")
 
 
 def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -50,7 +34,7 @@ def test_with_n_3_every_choice_reaches_the_client_and_choice_0_is_the_answer_sav
     chunks = list(client.chat.completions.create(model="m", n=3, stream=True, stream_options={"include_usage": True},
                                                  messages=[{"role": "user", "content": "three, streamed"}]))
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 4
-    assert settled(proxy, 2) == [("complete",), ("complete",)]
+    assert settled_turns(proxy, 2) == [("complete",), ("complete",)]
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
         ("user", "three, please"), ("assistant", "choice 0"), ("user", "three, streamed"), ("assistant", "streamed 0")]
 
@@ -64,7 +48,7 @@ def test_a_stream_request_answered_with_an_error_in_json_passes_it_on_and_saves_
         response = http.post("/v1/chat/completions", headers={k.lower(): v for k, v in USER.items()},
                              json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "oops"}]})
     assert (response.status_code, response.headers["content-type"], response.json()) == (404, "application/json", error)
-    assert settled(proxy, 1) == [("upstream_failed",)]
+    assert settled_turns(proxy, 1) == [("upstream_failed",)]
     assert rows(proxy, "SELECT role, content FROM messages") == [("user", "oops")]
 
 
