@@ -48,16 +48,22 @@ class NotFound(ProxyError):
     status, type, code = 404, "invalid_request_error", "not_found"
 
 
+# The rest of such a request's body is never read, so the connection cannot carry another.
+_CLOSE = {"connection": "close"}
+
+
 class RequestTimeout(ProxyError):
     """A request body that stopped arriving for server.body_timeout_s (408; the SDK retries)."""
 
     status, type, code = 408, "invalid_request_error", "request_timeout"
+    headers = _CLOSE
 
 
 class BodyTooLarge(ProxyError):
     """A request body over server.max_body_bytes (413, read no further)."""
 
     status, type, code = 413, "invalid_request_error", "request_too_large"
+    headers = _CLOSE
 
 
 class UpstreamUnavailable(ProxyError):

@@ -195,3 +195,33 @@ def test_max_header_capped_and_off_mode_passes_through(proxy, fake):
                         headers={"x-memory-user": "alice", "x-memory-mode": "off", "x-memory-max": "99"})
     assert off.status_code == 200
     assert off.headers["x-memory-status"] == "off"
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_crosses_and_the_connection_closed(make_proxy, fake):
+    # B4: 413 while the client is still sending, then the connection closes (the rest is never read).
+    proxy = make_proxy(server__max_body_bytes=10_000)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        sock.settimeout(0.05)
+        sent, reply = 0, b""
+        while sent < 100_000 and not reply:
+            sock.sendall(b"3e8\r\n" + b"x" * 1000 + b"\r\n")
+            sent += 1000
+            try:
+                reply = sock.recv(65536)
+            except TimeoutError:
+                continue
+        sock.settimeout(5)
+        while True:
+            try:
+                more = sock.recv(65536)
+            except ConnectionResetError:
+                more = b""
+            if not more:
+                break
+            reply += more
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:100]
+    assert sent <= 12_000  # answered as the limit was crossed, not after the whole body
+    assert b"connection: close" in reply.lower()
+    assert fake.received == []
