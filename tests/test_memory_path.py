@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -149,6 +151,25 @@ def test_retrieval_timeout_degrades(make_proxy, fake):
         model="m", messages=[{"role": "user", "content": "hi"}])
     assert raw.headers["x-memory-status"] == "degraded: retrieval timeout"
     assert raw.parse().choices[0].message.content == "Hello from upstream"
+
+
+def test_a_hanging_source_leaves_the_request_on_time_with_the_others_block(make_proxy, fake):
+    # RELIABILITY 5.2 case 27: a source that sleeps past the budget is cut at its deadline.
+    proxy = make_proxy(memory__retrieval_timeout_ms=400, memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    teach(proxy, "The kayak rental opens at eight.")
+
+    async def hang(*args, **kwargs):
+        await asyncio.sleep(5)
+        return []
+
+    proxy.app.state.parts.store.search_reasoning = hang  # the store's reasoning index stops answering
+    started = time.monotonic()
+    raw = proxy.client(**{"X-Memory-User": "alice"}).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "when does the kayak rental open?"}])
+    elapsed = time.monotonic() - started
+    assert raw.headers["x-memory-status"] == "ok"
+    assert "The kayak rental opens at eight." in last_user_content(fake)
+    assert elapsed < 0.4 + 0.3  # within the budget, give or take the request itself
 
 
 def test_stream_with_memory_is_forwarded_byte_identical(mem, fake):

@@ -711,3 +711,31 @@ def test_relevance_floor_drops_weak_matches(tmp_path: Path) -> None:
 
     run(body())
 
+
+
+class HangingSearch(SQLiteStore):
+    """A store whose reasoning search does not answer for a long time (a locked page, a slow disk)."""
+
+    async def search_reasoning(self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+                               ) -> list[tuple[ReasoningTrace, float]]:
+        await asyncio.sleep(5)
+        return await super().search_reasoning(scope, terms, limit=limit)
+
+
+def test_a_hanging_source_is_cut_at_its_deadline_and_the_others_still_make_the_block(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("the kayak rental opens at eight", conv="c0")
+            store = HangingSearch(str(w.path))
+            await store.open()
+            try:
+                started = time.perf_counter()
+                result = await w.recall("kayak rental", store=store, retrieval_timeout_ms=400)
+                elapsed = time.perf_counter() - started
+                assert 0.3 <= elapsed < 0.4  # the sources' share of the budget, then the merge
+                assert lines(result.block) == ["1. [cross-session] user (2026-11-02): the kayak rental opens at eight"]
+                assert result.log["errors"] == {"reasoning": "TimeoutError: no answer before the deadline"}
+            finally:
+                await store.close()
+
+    run(body())

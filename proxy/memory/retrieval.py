@@ -42,6 +42,10 @@ QUERY_TAIL_CHARS = 2000
 # Every term is one posting list the index walks; past this many the rest add little.
 MAX_QUERY_TERMS = 64
 ERROR_CHARS = 200
+# Each source must answer within this share of memory.retrieval_timeout_ms; one that does
+# not is skipped like one that failed, and the others' hits still make the block in the
+# time that is left, instead of the whole recall running into the deadline.
+SOURCE_SHARE = 0.8
 
 
 def cut_query(text: str) -> str:
@@ -80,19 +84,22 @@ class SourceRuns:
     """Per-source results, times and errors of one retrieval."""
 
     metrics: Metrics
+    deadline: float  # event-loop time by which every source must have answered
     hits: dict[str, list[Hit]] = field(default_factory=dict)
     ms: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     failures: list[Exception] = field(default_factory=list)
 
     async def run(self, source: str, work: Awaitable[T]) -> T | None:
-        """The source's result, timed; None (logged, recorded) when it raised."""
+        """The source's result, timed; None (logged, recorded) when it raised or ran past the deadline."""
         started = time.perf_counter()
         try:
-            return await work
-        except Exception as exc:  # a failing source is skipped; the others still answer (SPEC 4)
+            async with asyncio.timeout_at(self.deadline):
+                return await work
+        except Exception as exc:  # a failing or hanging source is skipped; the others still answer (SPEC 4)
             self.failures.append(exc)
-            self.errors[source] = f"{type(exc).__name__}: {redact(str(exc))[:ERROR_CHARS]}"
+            reason = str(exc) or ("no answer before the deadline" if isinstance(exc, TimeoutError) else "")
+            self.errors[source] = f"{type(exc).__name__}: {redact(reason)[:ERROR_CHARS]}"
             log.warning("retrieval: source %s failed (%s)", source, self.errors[source])
             return None
         finally:
@@ -125,7 +132,8 @@ class Retrieval:
         q = source_query(scope, query, self.settings, any_term_match=self.any_term_match)
         if self.vectors is not None:
             q = dataclasses.replace(q, vectors=self.vectors.query(scope, q.text))
-        runs = SourceRuns(self.metrics)
+        budget_s = self.settings.retrieval_timeout_ms / 1000 * SOURCE_SHARE
+        runs = SourceRuns(self.metrics, asyncio.get_running_loop().time() + budget_s)
         await asyncio.gather(
             self._entities_and_graph(q, runs),
             self._source(runs, conversation.SOURCE, lambda: conversation.search(self.store, q)),
