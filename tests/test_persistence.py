@@ -176,11 +176,12 @@ def test_latest_conversation_mode(make_proxy, fake):
     assert len(rows(proxy, "SELECT id FROM conversations")) == 1
 
 
-def test_fifty_concurrent_turns_across_ten_users(mem, fake):
+@pytest.mark.parametrize("users", [10, 1])  # RELIABILITY 5.2 case 25: also all in one scope
+def test_fifty_concurrent_turns(mem, fake, users):
     async def one(i: int) -> None:
         client = openai.AsyncOpenAI(base_url=mem.url + "/v1", api_key="k", max_retries=0,
-                                    default_headers={"X-Memory-User": f"user{i % 10}"})
-        text = f"message {i} from user{i % 10}"
+                                    default_headers={"X-Memory-User": f"user{i % users}"})
+        text = f"message {i} from user{i % users}"
         if i % 2:
             stream = await client.chat.completions.create(model="m", stream=True,
                                                           messages=[{"role": "user", "content": text}])
@@ -195,10 +196,11 @@ def test_fifty_concurrent_turns_across_ten_users(mem, fake):
 
     asyncio.run(run())
     user_rows = rows(mem, "SELECT user_id, content FROM messages WHERE role = 'user'")
-    assert len(user_rows) == 50
+    assert sorted(content for _, content in user_rows) == sorted(f"message {i} from user{i % users}" for i in range(50))
     assert all(content.endswith(f"from {user}") for user, content in user_rows)
     assert rows(mem, "SELECT count(*) FROM messages WHERE role = 'assistant'") == [(50,)]
     assert rows(mem, "SELECT count(*) FROM turns WHERE status = 'complete'") == [(50,)]
+    assert rows(mem, "SELECT count(DISTINCT conversation_id) FROM turns") == [(50,)]  # fifty separate chats
 
 
 SECRETS = {
