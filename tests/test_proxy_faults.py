@@ -6,7 +6,10 @@ import asyncio
 import json
 import logging
 import socket
+import ssl
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -50,8 +53,6 @@ def test_sdk_retries_on_502_without_amplification(make_proxy):
             conn.close()
         except OSError:
             pass
-
-    import threading
 
     stop = threading.Event()
 
@@ -318,3 +319,39 @@ def test_a_request_body_that_stops_arriving_gets_408_and_never_reaches_the_upstr
         assert head.startswith(b"HTTP/1.1 408"), head
         assert json.loads(payload)["error"]["code"] == "request_timeout"
     assert fake.chat_requests() == []
+
+
+TLS = Path(__file__).parent / "data" / "tls"  # a self-signed certificate no client trusts
+
+
+def test_a_tls_failure_is_a_502_that_names_no_host_or_certificate(make_proxy, caplog):
+    # RELIABILITY 5.2 case 2: the provider's certificate does not verify.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    handshakes: list[str] = []
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            try:
+                with context.wrap_socket(conn, server_side=True):
+                    handshakes.append("completed")
+            except (ssl.SSLError, OSError) as exc:
+                handshakes.append(type(exc).__name__)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    proxy = make_proxy(upstream__base_url=f"https://127.0.0.1:{port}/v1")
+    with proxy.http(timeout=30) as http:
+        started = time.monotonic()
+        response = http.post("/v1/chat/completions", json=CHAT)
+    server.join(5)
+    assert time.monotonic() - started < 5  # refused at the handshake, not after a timeout
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unavailable"
+    for detail in ("127.0.0.1", "ssl", "certificate", "memproxy-test-untrusted"):
+        assert detail not in response.text.lower()
+    assert any(r.getMessage().startswith("upstream unreachable: ") for r in caplog.records)
+    assert handshakes != ["completed"]
