@@ -164,6 +164,20 @@ def test_upstream_429_headers_and_body_unchanged(proxy, fake):
     assert len(fake.received) == 2  # x-should-retry: false was obeyed by the SDK
 
 
+def test_after_a_429_the_sdk_waits_what_retry_after_ms_says_and_the_proxy_adds_nothing(proxy, fake):
+    # RELIABILITY 5.2 case 7: retry-after-ms (1.5 s) wins over retry-after (2 s).
+    error = {"error": {"message": "Rate limit reached", "type": "requests", "param": None,
+                       "code": "rate_limit_exceeded"}}
+    fake.queue(JsonReply(error, status=429, headers=[("retry-after", "2"), ("retry-after-ms", "1500")]))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=1)
+    started = time.monotonic()
+    answer = client.chat.completions.create(**CHAT)
+    elapsed = time.monotonic() - started
+    assert answer.choices[0].message.content == "Hello from upstream"
+    assert len(fake.chat_requests()) == 2
+    assert 1.5 <= elapsed < 1.9, elapsed
+
+
 def test_sse_split_everywhere_is_forwarded_byte_identical(proxy, fake):
     # CRLF, CR, comments, event: lines, a BOM, a malformed line, multi-byte text split.
     raw = ("\ufeff: comment\r\n" + "event: message\r\ndata: " +
