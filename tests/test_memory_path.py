@@ -169,7 +169,7 @@ def test_a_hanging_source_leaves_the_request_on_time_with_the_others_block(make_
     elapsed = time.monotonic() - started
     assert raw.headers["x-memory-status"] == "ok"
     assert "The kayak rental opens at eight." in last_user_content(fake)
-    assert elapsed < 0.4 + 0.3  # within the budget, give or take the request itself
+    assert elapsed < 1.5  # the budget and the request itself, not the 5 s the source would take
 
 
 def test_stream_with_memory_is_forwarded_byte_identical(mem, fake):
