@@ -21,8 +21,8 @@ USER = {"x-memory-user": "alice"}
 ERROR_EVENT = b'data: {"error": {"message": "overloaded mid-stream", "type": "server_error", "code": null}}\n\n'
 
 
-def ask(proxy: Any, text: str, *, stream: bool) -> httpx.Response:
-    with proxy.http(timeout=10) as http:
+def ask(proxy: Any, text: str, *, stream: bool = False, timeout: float = 10) -> httpx.Response:
+    with proxy.http(timeout=timeout) as http:
         return http.post("/v1/chat/completions", headers=USER,
                          json={"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]})
 
@@ -89,7 +89,7 @@ def test_a_client_leaving_during_recall_never_reaches_the_upstream(make_proxy, f
     slow = SlowRecall(memory.retriever, 1.5)
     memory.retriever = slow
     with pytest.raises(httpx.ReadTimeout):
-        ask_with_timeout(proxy, "leaving early", timeout=0.4)
+        ask(proxy, "leaving early", timeout=0.4)
     assert eventually(lambda: slow.started == 1)
     time.sleep(2.0)  # past the moment the recall would have finished
     assert fake.chat_requests() == []
@@ -99,12 +99,6 @@ def test_a_client_leaving_during_recall_never_reaches_the_upstream(make_proxy, f
     # The proxy still serves the next request in full.
     memory.retriever = slow.inner
     assert ask(proxy, "still there?", stream=False).status_code == 200
-
-
-def ask_with_timeout(proxy: Any, text: str, *, timeout: float) -> httpx.Response:
-    with proxy.http(timeout=timeout) as http:
-        return http.post("/v1/chat/completions", headers=USER,
-                         json={"model": "m", "messages": [{"role": "user", "content": text}]})
 
 
 def test_raw_reply_closing_before_headers_is_a_failed_turn(make_proxy, fake):
