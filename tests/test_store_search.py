@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from proxy.api.jsonl import parse_record
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
@@ -504,5 +505,51 @@ def test_conversation_ids_are_data(tmp_path: Path) -> None:
             await store.apply([said(ALICE, 1, "heron sighting", odd), said(ALICE, 2, "heron again", "plain")])
             hits = await store.search_messages(ALICE, ["heron"], conversation_ids=[odd])
             assert [m.conversation_id for m, _ in hits] == [odd]
+
+    run(body())
+
+
+class CountingReads(SQLiteStore):
+    """The real store, counting the reads it hands to its reader threads."""
+
+    reads = 0
+
+    async def _read(self, work: Any) -> Any:
+        self.reads += 1
+        return await super()._read(work)
+
+
+def test_a_store_without_traces_answers_reasoning_searches_without_reading_until_one_is_saved(tmp_path: Path) -> None:
+    steps = (ReasoningStep("deploy", '{"env": "staging"}', "ok"),)
+
+    async def body() -> None:
+        store = CountingReads(str(tmp_path / "m.db"))
+        await store.open()
+        try:
+            assert await store.search_reasoning(ALICE, ["deploy"]) == []
+            reads = store.reads
+            assert await store.search_reasoning(ALICE, ["deploy"]) == []
+            assert store.reads == reads  # known empty: no read
+            await store.apply([StartTurn(ALICE, "t1", "c1", "h1", T0, "deploy it"),
+                               FinishTurn(ALICE, "t1", "c1", "deployed", T0, task="deploy it", steps=steps)])
+            found = await store.search_reasoning(ALICE, ["deploy"])  # at once, not after the recheck
+            assert [trace.task for trace, _ in found] == ["deploy it"]
+            assert store.reads == reads + 1
+        finally:
+            await store.close()
+
+    run(body())
+
+
+def test_imported_traces_are_searched_at_once(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with SQLiteStoreOpened(tmp_path / "m.db") as store:
+            assert await store.search_reasoning(ALICE, ["deploy"]) == []
+            record = {"kind": "reasoning", "id": "r1", "conversation_id": "c1", "task": "deploy the api",
+                      "steps": [{"name": "deploy", "arguments": "{}", "result": "ok"}], "answer": "done",
+                      "created_at": T0.isoformat()}
+            await store.import_records(ALICE, [parse_record(record, "line 1")])  # as the memory API checks it
+            found = await store.search_reasoning(ALICE, ["deploy"])
+            assert [trace.task for trace, _ in found] == ["deploy the api"]
 
     run(body())

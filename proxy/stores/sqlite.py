@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, TypeVar
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
-from proxy.stores.base import QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import FinishTurn, QueuedMessage, StoreError, WriteOp
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
 from proxy.stores.sqlite_checkpoint import CHECKPOINT_EVERY_S, WAL_TRUNCATE_BYTES, Checkpointer
@@ -41,7 +42,7 @@ from proxy.stores.sqlite_rows import (
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_schema import migrate
-from proxy.stores.sqlite_search import ENTITIES, MESSAGES, REASONING, TermCounts, prepare_reader
+from proxy.stores.sqlite_search import ENTITIES, MESSAGES, REASONING, TermCounts, indexed_rows, prepare_reader
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
@@ -58,6 +59,10 @@ EXPORT_PAGE = 500
 # (10k memories, paired runs): two readers beat three by 0.35-0.45 ms p50 and one by 0.7 ms.
 # A thread more than the cores can run only adds contention for the GIL.
 READERS = 2
+# Once a search finds no reasoning trace in the whole store (no one uses tools), searches
+# answer without a read for this long; a trace this process saves ends it at once, one
+# saved by another process is found within it.
+NO_TRACES_RECHECK_S = 1.0
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 
 
@@ -126,6 +131,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._term_counts = TermCounts(MESSAGES)
         self._entity_term_counts = TermCounts(ENTITIES)
         self._reasoning_term_counts = TermCounts(REASONING)
+        self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     # --- lifecycle
 
@@ -201,10 +207,18 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             raise StoreError("store is not open")
         try:
             await asyncio.get_running_loop().run_in_executor(thread, apply_batch, writer, list(ops))
+            if any(isinstance(op, FinishTurn) and op.steps for op in ops):
+                self._no_traces_until = 0.0  # a trace is in the store now
         except _INVALID_WRITE as exc:
             raise StoreError(_reason(exc), transient=False) from exc
         except sqlite3.Error as exc:
             raise StoreError(_reason(exc)) from exc
+
+    async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+        """SQLiteAdmin's import (SPEC 8); a reasoning trace it brings is searched at once."""
+        counts = await super().import_records(scope, records)
+        self._no_traces_until = 0.0
+        return counts
 
     # --- reads
 
@@ -442,5 +456,14 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[ReasoningTrace, float]]:
         """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite_search.py)."""
-        return await self._read(lambda conn: search_reasoning_index(
-            conn, self._reasoning_term_counts, scope, terms, agent_clause=_per_agent_clause, limit=limit))
+        if time.monotonic() < self._no_traces_until:
+            return []
+
+        def search(conn: sqlite3.Connection) -> list[tuple[ReasoningTrace, float]]:
+            if indexed_rows(conn, REASONING) == 0:
+                self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
+                return []
+            return search_reasoning_index(conn, self._reasoning_term_counts, scope, terms,
+                                          agent_clause=_per_agent_clause, limit=limit)
+
+        return await self._read(search)
