@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import time
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -21,6 +19,7 @@ from proxy.memory.breaker import CircuitBreaker
 from tests.conftest import RunningProxy
 from tests.fake_upstream import FakeUpstream, JsonReply, completion
 from tests.pg_server import PostgresServer
+from tests.proxy_db import eventually
 
 USER = {"X-Memory-User": "alice"}
 
@@ -47,15 +46,6 @@ def rows(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
             await conn.close()
 
     return asyncio.run(fetch())
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 def last_user_content(fake: FakeUpstream) -> str:

@@ -161,38 +161,41 @@ def test_small_stores_score_every_match(tmp_path: Path) -> None:
     run(body())
 
 
+ROLLOUTS = sorted(f"the rollout {n} went fine" for n in range(20))
+
+
+def crowded_history(owner: Scope, crowd_conversation: str) -> list[StartTurn]:
+    """`owner`'s twenty older rollout messages, unrelated notes, then more of Alice's newest
+    rollout messages (in `crowd_conversation`) than SQLite's candidate budget holds."""
+    rows = SMALL_INDEX_ROWS + 500
+    budget = candidate_budget(rows)
+    owned = [said(owner, n, f"the rollout {n} went fine", f"old{n % 5}") for n in range(20)]
+    filler = [said(ALICE, 100 + n, f"unrelated note {n}", "notes") for n in range(rows - 20 - budget - 10)]
+    crowd = [said(ALICE, 5000 + n, f"rollout step {n}", crowd_conversation) for n in range(budget + 10)]
+    return owned + filler + crowd
+
+
 def test_a_left_out_conversation_never_fills_the_candidate_budget(backend: Backend) -> None:  # noqa: F811
     """Cross-session search during a long conversation: its own newest rows say the query's
     term more often than SQLite's candidate budget allows, and are left out; older
     conversations still answer."""
-    rows = SMALL_INDEX_ROWS + 500
-    budget = candidate_budget(rows)
-
     async def body() -> None:
         async with backend.opened() as store:
-            older = [said(ALICE, n, f"the rollout {n} went fine", f"old{n % 5}") for n in range(20)]
-            filler = [said(ALICE, 100 + n, f"unrelated note {n}", "notes") for n in range(rows - 20 - budget - 10)]
-            current = [said(ALICE, 5000 + n, f"rollout step {n}", "now") for n in range(budget + 10)]
-            await store.apply(older + filler + current)
+            await store.apply(crowded_history(ALICE, "now"))
             hits = await store.search_messages(ALICE, ["rollout"], exclude_conversation_id="now", limit=50)
-            assert sorted(m.content for m, _ in hits) == sorted(f"the rollout {n} went fine" for n in range(20))
+            assert sorted(m.content for m, _ in hits) == ROLLOUTS
 
     run(body())
 
 
 def test_another_agents_rows_never_fill_an_isolated_agents_candidate_budget(backend: Backend) -> None:  # noqa: F811
-    rows = SMALL_INDEX_ROWS + 500
-    budget = candidate_budget(rows)
     ops_agent = Scope("alice", agent="ops", agent_isolated=True)
 
     async def body() -> None:
         async with backend.opened() as store:
-            mine = [said(ops_agent, n, f"the rollout {n} went fine", f"ops{n % 5}") for n in range(20)]
-            filler = [said(ALICE, 100 + n, f"unrelated note {n}", "notes") for n in range(rows - 20 - budget - 10)]
-            others = [said(ALICE, 5000 + n, f"rollout step {n}", "chat") for n in range(budget + 10)]
-            await store.apply(mine + filler + others)
+            await store.apply(crowded_history(ops_agent, "chat"))
             hits = await store.search_messages(ops_agent, ["rollout"], limit=50)
-            assert sorted(m.content for m, _ in hits) == sorted(f"the rollout {n} went fine" for n in range(20))
+            assert sorted(m.content for m, _ in hits) == ROLLOUTS
 
     run(body())
 
