@@ -48,6 +48,12 @@ def _plain(value: Any) -> Any:
 
 def configure(level: str) -> None:
     """Route memproxy's and uvicorn's loggers through the JSON formatter."""
+    # A line carries none of the caller's file, thread or process: the logging HOWTO's
+    # "Optimization" switches spare every record their lookup (a stack walk among them).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

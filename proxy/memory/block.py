@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 
 from proxy.models import Hit, ReasoningStep
@@ -111,11 +111,18 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
+# A line depends on its arguments alone, and the memories a user's questions recall recur
+# from turn to turn: each is built once, not at every recall.
+LINES_CACHED = 4096
+
+
+@lru_cache(maxsize=LINES_CACHED)
 def entity_line(name: str, description: str) -> str:
     """`name — description`, either alone when the other is empty."""
     return " — ".join(part for part in (neutralise(name), neutralise(description)) if part)
 
 
+@lru_cache(maxsize=LINES_CACHED)
 def message_line(role: str, created_at: datetime, text: str) -> str:
     """`role (YYYY-MM-DD): text`, dated in UTC so the model can answer "when"."""
     return f"{role} ({_utc_date(created_at)}): {neutralise(strip_block(text))}"
@@ -152,6 +159,6 @@ def _shorten(text: str, limit: int) -> str:
 
 def _utc_date(moment: datetime) -> str:
     # Naive datetimes are taken as UTC already: the stores write UTC.
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc)
-    return moment.strftime("%Y-%m-%d")
+    if moment.utcoffset():
+        moment = moment.astimezone(UTC)
+    return moment.date().isoformat()

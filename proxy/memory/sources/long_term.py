@@ -10,6 +10,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from proxy.memory.block import entity_line
 from proxy.memory.hybrid import with_vectors
@@ -72,7 +73,7 @@ def by_strength(q: SourceQuery, found: list[Found[Entity]], user_node: Entity | 
     wanted = frozenset(q.terms)
     need = min(MIN_SHARED_TERMS, len(wanted))
     weak = frozenset(f.item.id for f in found
-                     if "cosine" not in f.parts and len(wanted.intersection(terms(_text(f.item)))) < need)
+                     if "cosine" not in f.parts and len(wanted.intersection(_terms(_text(f.item)))) < need)
     ranked = [f for f in found if f.item.id not in weak] + [f for f in found if f.item.id in weak]
     return EntityMatches(ranked, user_node, weak)
 
@@ -87,6 +88,12 @@ def _hit(found: Found[Entity], weak: bool) -> Hit:
     parts = {**found.parts, "confidence": entity.confidence, **({FILLER: True} if weak else {})}
     return Hit(SOURCE, entity.id, entity_line(entity.name, entity.description), found.score, found.reason,
                parts=parts)
+
+
+@lru_cache(maxsize=4096)
+def _terms(text: str) -> frozenset[str]:
+    """An entity's terms: the same entities answer a user's questions turn after turn."""
+    return frozenset(terms(text))
 
 
 def _id(entity: Entity) -> str:
