@@ -88,6 +88,23 @@ def test_tool_loop_steps_carry_identical_block_bytes(mem, fake):
     assert len(set(blocks)) == 1  # byte for byte, though the store changed meanwhile
 
 
+def test_a_retried_turn_carries_its_first_attempts_block(mem, fake):
+    """An SDK retry is the same turn (SPEC 3): its block is the saved one, not a new recall."""
+    teach(mem, "The billing service runs on Postgres 16.")
+    question = {"model": "m", "messages": [{"role": "user", "content": "which database runs billing?"}]}
+    headers = {"X-Memory-User": "alice"}
+    with mem.http() as http:
+        first = http.post("/v1/chat/completions", json=question, headers=headers)
+        teach(mem, "The billing service database moved to CockroachDB.")  # a new recall would show this
+        again = http.post("/v1/chat/completions", json=question, headers=headers)
+    assert first.headers["x-memory-turn"] == again.headers["x-memory-turn"]
+    assert first.headers["x-memory-injected"] == again.headers["x-memory-injected"] == "1"
+    sent = [json.loads(r.body)["messages"][-1]["content"] for r in fake.chat_requests()
+            if json.loads(r.body)["messages"][-1]["content"].endswith("which database runs billing?")]
+    assert len(sent) == 2 and sent[0] == sent[1]
+    assert "Postgres 16" in sent[0] and "CockroachDB" not in sent[0]
+
+
 def test_x_memory_max_caps_and_zero_disables(mem, fake):
     teach(mem, "Project Falcon uses Postgres.", "Project Falcon ships on Fridays.", "Project Falcon is led by Ana.")
     client = mem.client(**{"X-Memory-User": "alice", "X-Memory-Max": "1"})
