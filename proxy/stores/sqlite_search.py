@@ -209,23 +209,6 @@ def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> 
     return None if len(kept) == len(present) else kept or present[:1]
 
 
-def scoring_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> list[str]:
-    """The terms worth scoring a large index's candidates by: those BM25 gives any weight.
-
-    FTS5's BM25 weighs a term by log((N - n + 0.5) / (n + 0.5)), N the indexed rows and n
-    those saying it, floored at 1e-6: a term half the rows say weighs nothing. Scoring it
-    walks its doclist, the longest of all (twice: BM25 counts it over the whole index first),
-    so it is left out; `counts` may count only the finding column, which says it no more
-    often than the row does. A small index keeps every term (there the floor still orders
-    rows, as every score is near it), and so does a query with no other term that occurs:
-    the candidates must say a term the scoring matches.
-    """
-    if rows <= SMALL_INDEX_ROWS:
-        return list(terms)
-    weighed = [t for t in terms if 2 * counts.get(t, 0) < rows]
-    return weighed if any(counts.get(t, 0) for t in weighed) else list(terms)
-
-
 def candidate_budget(rows: int) -> int:
     """The most candidates a whole-history search of an index of `rows` rows scores."""
     return min(CANDIDATE_MAX_ROWS, max(CANDIDATE_MIN_ROWS, int(CANDIDATE_SHARE * rows)))
@@ -312,7 +295,6 @@ def _search(
             if query is None:
                 return []
         kept = candidate_terms(wanted, found_counts, rows) or wanted
-        query = match_query(scoring_terms(wanted, found_counts, rows)) or query
         # The user's newest rows saying a kept term: all of them unless the rarest term
         # alone is said more often than the budget allows. CROSS JOIN: the index drives;
         # given the user filter alone the planner may scan the user's rows and run the
