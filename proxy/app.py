@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -33,6 +34,10 @@ from proxy.upstream import Upstream
 
 log = logging.getLogger("memproxy.app")
 
+# A store that did not open at start-up is tried again after 0.5 s, then ever less often.
+REOPEN_FIRST_S = 0.5
+REOPEN_MAX_S = 30.0
+
 
 def open_store(settings: StoreSettings) -> Store:
     """The Store named by store.url."""
@@ -63,6 +68,7 @@ class Parts:
                                            isolate_agents=settings.scope.isolation == "agent",
                                            extractor=extractor_for(settings, self.upstream))
         self.store_open = False
+        self._opening: asyncio.Task[None] | None = None  # retrying a store that did not open at start-up
 
     def _embeddings(self, settings: Settings) -> tuple[Vectors | None, EmbeddingWorker | None]:
         """Vector search and the worker that fills vectors in, when embeddings are configured (else None)."""
@@ -75,19 +81,41 @@ class Parts:
         return Vectors(embed, index, e, self.metrics), EmbeddingWorker(filler, self.metrics)
 
     async def start(self) -> None:
+        self.writer.start()
+        if not await self._open_store():
+            # Memory fails open: the proxy serves without it, says so in /readyz, and keeps
+            # trying, so a replica started before its database (a compose file's usual
+            # race) gets memory without a restart; writes queue meanwhile (RELIABILITY 22).
+            log.error("store unavailable at start-up, serving without memory until it answers")
+            self._opening = asyncio.get_running_loop().create_task(self._open_when_reachable(),
+                                                                   name="memproxy-store-open")
+
+    async def _open_store(self) -> bool:
+        """Open the store and start what needs it; False (logged) when it does not answer."""
         try:
             await self.store.open()
-            self.store_open = True
         except StoreError as exc:
-            # Memory fails open: the proxy serves without it and says so in /readyz.
-            log.error("store unavailable at start-up, serving without memory: %s", exc)
-        self.writer.start()
-        if self.store_open:
-            self.extraction.start()
-            if self.embedding is not None:
-                self.embedding.start()
+            log.warning("store did not open: %s", exc)
+            return False
+        self.store_open = True
+        self.extraction.start()
+        if self.embedding is not None:
+            self.embedding.start()
+        return True
+
+    async def _open_when_reachable(self) -> None:
+        delay = REOPEN_FIRST_S
+        while True:
+            await asyncio.sleep(delay)
+            if await self._open_store():
+                log.info("store open: memory on")
+                return
+            delay = min(delay * 2, REOPEN_MAX_S)
 
     async def stop(self) -> None:
+        if self._opening is not None:
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
         if self.embedding is not None:
             await self.embedding.stop()
         await self.extraction.stop()

@@ -189,6 +189,25 @@ def test_database_outage_degrades_memory_and_recovers(pg_server: PostgresServer,
     assert rows(pg_url, "SELECT count(*) FROM messages WHERE role = 'user' AND content LIKE 'during%'") == [(12,)]
 
 
+def test_a_replica_started_before_its_database_gets_memory_without_a_restart(
+        pg_server: PostgresServer, pg_url: str, make_proxy: Any, fake: FakeUpstream) -> None:
+    pg_server.stop()
+    try:
+        proxy = make_proxy(store__url=pg_url, **PATIENT)
+        assert _ask(proxy, "said before the database was up") == (200, "degraded: store unavailable")
+    finally:
+        pg_server.start()
+
+    def ready() -> bool:
+        with proxy.http() as http:
+            return bool(http.get("/readyz").json()["store"] == "ok")
+
+    assert eventually(ready, timeout=30)
+    assert eventually(lambda: rows(pg_url, "SELECT content FROM messages WHERE role = 'user'")
+                      == [("said before the database was up",)], timeout=20)
+    assert _ask(proxy, "and after") == (200, "ok")
+
+
 def test_both_replicas_drain_one_extraction_queue_into_one_graph(
         replicas: tuple[RunningProxy, RunningProxy], fake: FakeUpstream, pg_url: str) -> None:
     places = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi", "Tallinn", "Bergen", "Seville"]
