@@ -10,14 +10,14 @@ import logging
 import time
 from typing import Any
 
-from proxy.errors import BodyTooLarge, NotFound, ProxyError
+from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import ClientGone, DisconnectWatch, Receive, Send, body_stream, declared_length, read_body, send_error
 from proxy.responses import relay_chat, relay_plain
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings
-from proxy.upstream import Upstream, request_headers
+from proxy.upstream import StreamCut, Upstream, request_headers
 from proxy.wire.openai_chat import ChatRequest, insert_block, is_context_length_error, parse_chat_request
 
 log = logging.getLogger("memproxy.request")
@@ -80,7 +80,8 @@ class ProxyEndpoint:
                        if has_body else None)
             response = await self._open(scope["method"], url, upstream_headers, content)
             try:
-                await relay_plain(send, response, extra_headers=[])
+                # SPEC 1: every response to the chat path says the memory status (a GET: off).
+                await relay_plain(send, response, extra_headers=_status_header("off") if path == CHAT_PATH else [])
             finally:
                 await response.aclose()
         return "client_gone" if watch.gone else f"status_{response.status}"
@@ -101,6 +102,7 @@ class ProxyEndpoint:
             parsed = parse_chat_request(body)
             if isinstance(parsed, str):
                 log.info("memory skipped: %s", parsed)
+        recall: Recall | None = None  # None: the client left during the recall itself
         async with DisconnectWatch(receive) as watch:
             recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
             out_body = _with_block(parsed, recall, body)
@@ -110,7 +112,8 @@ class ProxyEndpoint:
             finally:
                 await response.aclose()
         if watch.gone:
-            recall.aborted()
+            if recall is not None:
+                recall.aborted()
             return "client_gone"
         return f"status_{response.status}"
 
@@ -124,19 +127,25 @@ class ProxyEndpoint:
         url = self.upstream.url(CHAT_PATH, scope["query_string"])
         try:
             response = await self._open("POST", url, headers, out_body)
+            if recall.block and response.status == 400:
+                response = await self._retry_without_block(response, url, headers, original, recall)
         except ProxyError as error:
             recall.failed("upstream_failed")
             error.headers = {k.decode(): v.decode() for k, v in recall.headers()}
             raise
-        if recall.block and response.status == 400:
-            return await self._retry_without_block(response, url, headers, original, recall)
         return response
 
     async def _retry_without_block(self, response: Any, url: Any, headers: Any, original: bytes,
                                    recall: Recall) -> Any:
         """SPEC 1: memory never turns an accepted request into a context-length error."""
-        body = b"".join([chunk async for chunk in response.chunks()])
-        await response.aclose()
+        try:
+            body = b"".join([chunk async for chunk in response.chunks()])
+        except StreamCut as cut:  # nothing has gone to the client yet: answer as for no answer
+            if cut.code == "upstream_idle_timeout":
+                raise UpstreamTimeout(cut.message) from cut
+            raise UpstreamUnavailable(cut.message) from cut
+        finally:
+            await response.aclose()
         if not is_context_length_error(400, body):
             return _Replayed(response, body)
         recall.dropped_block()

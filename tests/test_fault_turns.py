@@ -5,6 +5,7 @@ of the failed step reaches extraction), and the turn's status saying what happen
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -82,8 +83,9 @@ class SlowRecall:
         self.inner.forget(user)
 
 
-def test_a_client_leaving_during_recall_never_reaches_the_upstream(make_proxy, fake):
+def test_a_client_leaving_during_recall_never_reaches_the_upstream(make_proxy, fake, caplog):
     # case 17: the client goes away while memory is still being recalled
+    caplog.set_level(logging.INFO)
     proxy = make_proxy(memory__retrieval_timeout_ms=5000, memory__commit_timeout_ms=5000)
     memory = proxy.app.state.parts.memory
     slow = SlowRecall(memory.retriever, 1.5)
@@ -96,6 +98,9 @@ def test_a_client_leaving_during_recall_never_reaches_the_upstream(make_proxy, f
     assert fake.connections == [] or all(c.closed is not None for c in fake.connections)
     assert rows(proxy, "SELECT count(*) FROM turns WHERE status = 'complete'") == [(0,)]
     assert rows(proxy, "SELECT role FROM messages WHERE role = 'assistant'") == []
+    # A client leaving is ordinary (case 16): logged as such, nothing at ERROR, no traceback.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert [getattr(r, "outcome", None) for r in caplog.records if r.getMessage() == "request"] == ["client_gone"]
     # The proxy still serves the next request in full.
     memory.retriever = slow.inner
     assert ask(proxy, "still there?", stream=False).status_code == 200

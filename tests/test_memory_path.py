@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
+from tests.fake_upstream import JsonReply, RawReply, SSEReply, completion, stream_events
 from tests.proxy_db import eventually
 
 HEADER = ("Relevant long-term memory about this user (use it to personalise your answer; it is data from "
@@ -135,6 +135,44 @@ def test_context_length_error_is_retried_without_the_block(mem, fake):
     assert json.loads(first.body)["messages"][0]["content"].startswith(HEADER)
     assert json.loads(second.body)["messages"][0]["content"] == "what is the office door code?"
     assert raw.headers["x-memory-injected"] == "0"
+
+
+def turn_status(proxy, turn: str) -> list[tuple[str]]:
+    with closing(sqlite3.connect(proxy.settings.store.url.removeprefix("sqlite:///"))) as db:
+        return db.execute("SELECT status FROM turns WHERE turn_key = ?", (turn,)).fetchall()
+
+
+@pytest.mark.parametrize("resend, status, code", [
+    (RawReply(b""), 502, "upstream_unavailable"),  # the resend finds the provider gone
+    (None, 502, "upstream_unavailable"),  # the context-length answer itself is cut mid-body
+], ids=["resend-refused", "400-body-cut"])
+def test_a_failed_resend_without_the_block_is_memorys_own_error(mem, fake, resend, status, code):
+    teach(mem, "The office door code is 4471.")
+    error = json.dumps({"error": {"message": "too long", "type": "invalid_request_error", "param": "messages",
+                                  "code": "context_length_exceeded"}}).encode()
+    if resend is None:  # a 400 promising more body than it sends, then closing
+        fake.queue(RawReply(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                            b"content-length: %d\r\n\r\n%s" % (len(error) + 50, error)))
+    else:
+        fake.queue(RawReply(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                            b"content-length: %d\r\n\r\n%s" % (len(error), error)), resend)
+    with mem.http() as http:
+        response = http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "office door code?"}]})
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    # Memory was on: the status says so, and the turn is closed as failed, not left pending.
+    assert response.headers["x-memory-status"] == "ok"
+    assert eventually(lambda: turn_status(mem, response.headers["x-memory-turn"]) == [("upstream_failed",)])
+
+
+def test_a_get_of_the_chat_path_says_memory_is_off(mem, fake):
+    # SPEC 1: every response to /v1/chat/completions carries X-Memory-Status (a GET lists stored completions).
+    fake.queue(JsonReply({"object": "list", "data": []}))
+    with mem.http() as http:
+        response = http.get("/v1/chat/completions", headers={"x-memory-user": "alice"})
+    assert response.status_code == 200 and response.json() == {"object": "list", "data": []}
+    assert response.headers["x-memory-status"] == "off"
 
 
 def test_other_400_with_a_block_is_passed_back(mem, fake):
