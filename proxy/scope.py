@@ -38,6 +38,9 @@ class RequestScope:
     max_memories: int | None = None  # X-Memory-Max
     uses_proxy_key: bool = False  # Authorization held a memproxy key, not a provider key
     body_user: bool = False  # scope.user_from_body applies: trusted mode, a trusted peer
+    # With `body_user` and no X-Memory-User: the conversation and agent headers (validated),
+    # for the scope the body's user gets.
+    body_named: tuple[str | None, str | None] = (None, None)
 
     @property
     def memory_on(self) -> bool:
@@ -77,8 +80,12 @@ class ScopeResolver:
         if mode == "signed":
             return RequestScope(self._from_token(headers), **options)
         trusted = self._is_trusted_peer(asgi_scope.get("client"))
-        return RequestScope(self._trusted(trusted, headers), body_user=trusted and self.settings.scope.user_from_body,
-                            **options)
+        scope = self._trusted(trusted, headers)
+        body_user = trusted and self.settings.scope.user_from_body
+        if scope is None and body_user:
+            named = (_valid_header(headers, "X-Memory-Conversation"), _valid_header(headers, "X-Memory-Agent"))
+            return RequestScope(None, body_user=True, body_named=named, **options)
+        return RequestScope(scope, body_user=body_user, **options)
 
     def with_body_user(self, resolved: RequestScope, body: dict[str, Any]) -> RequestScope:
         """scope.user_from_body: name the user by the body's `user` field (trusted mode, trusted peers)."""
@@ -89,7 +96,7 @@ class ScopeResolver:
             return resolved
         if not isinstance(user, str):
             return resolved
-        return replace(resolved, scope=self._scope(valid_id(user, "user"), None, None))
+        return replace(resolved, scope=self._scope(valid_id(user, "user"), *resolved.body_named))
 
     def authenticate_passthrough(self, asgi_scope: dict[str, Any]) -> RequestScope:
         """Pass-through paths need an identity too in api-keys and signed modes (no open relay)."""
@@ -160,6 +167,11 @@ class ScopeResolver:
             # A claim the token leaves out may be named by its header: the token's user owns them all.
             named[claim] = value if value is not None else sent
         return self._scope(valid_id(user, "X-Memory-Scope-Token sub"), named["conversation"], named["agent"])
+
+
+def _valid_header(headers: dict[str, str], name: str) -> str | None:
+    value = headers.get(name.lower())
+    return None if value is None else valid_id(value, name)
 
 
 def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:

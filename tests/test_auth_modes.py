@@ -12,7 +12,9 @@ import base64
 import hashlib
 import hmac
 import json
+import sqlite3
 import time
+from contextlib import closing
 from typing import Any
 
 import httpx
@@ -92,6 +94,20 @@ def test_the_body_user_names_no_one_from_an_untrusted_peer(fake: Any, tmp_path: 
         local = chat(client, {}, "hello there", user="alice")
         assert (local.status_code, local.headers["x-memory-status"]) == (200, "ok")
         assert users_with_conversations(client, "alice") == {"alice": 1}
+
+
+def test_the_body_user_keeps_the_conversation_and_agent_headers(make_proxy: Any, fake: Any) -> None:
+    proxy = make_proxy(scope__user_from_body=True, scope__isolation="agent", memory__commit_timeout_ms=5000)
+    headers = {"X-Memory-Conversation": "conv-1", "X-Memory-Agent": "billing-bot"}
+    with proxy.http() as client:
+        response = chat(client, headers, "the invoice run is on the 3rd", user="alice")
+        assert (response.status_code, response.headers["x-memory-status"]) == (200, "ok")
+        bad = chat(client, {**headers, "X-Memory-Agent": "*"}, "hello", user="alice")
+        assert error_of(bad, 400)["param"] == "X-Memory-Agent"  # checked whoever names the user
+    with closing(sqlite3.connect(proxy.settings.store.url.removeprefix("sqlite:///"))) as db:
+        saved = db.execute("SELECT m.user_id, m.conversation_id, m.agent_id, m.content FROM messages m"
+                           " WHERE m.role = 'user'").fetchall()
+    assert saved == [("alice", "conv-1", "billing-bot", "the invoice run is on the 3rd")]
 
 
 @pytest.mark.parametrize(("address", "trusted"), [
