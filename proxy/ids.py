@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -19,5 +20,14 @@ def new_id() -> str:
     """
     ms = (time.time_ns() // 1_000_000) & ((1 << _MS_BITS) - 1)
     bits = int.from_bytes(os.urandom(_RANDOM_BYTES), "big")
+    value = (ms << 80) | (0x7 << 76) | ((bits >> 68) << 64) | (0b10 << 62) | (bits & ((1 << 62) - 1))
+    return f"{value:032x}"
+
+
+def derived_id(material: str, at_ns: int) -> str:
+    """An id in new_id's layout whose time is `at_ns` and whose other bits come from `material`:
+    the same material and time always give the same id (unguessable without the material)."""
+    ms = (at_ns // 1_000_000) & ((1 << _MS_BITS) - 1)
+    bits = int.from_bytes(hashlib.sha256(material.encode("utf-8", "surrogatepass")).digest()[:_RANDOM_BYTES], "big")
     value = (ms << 80) | (0x7 << 76) | ((bits >> 68) << 64) | (0b10 << 62) | (bits & ((1 << 62) - 1))
     return f"{value:032x}"

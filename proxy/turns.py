@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from proxy.ids import new_id
+from proxy.ids import derived_id, new_id
 from proxy.models import Scope, Turn
 from proxy.stores.base import Store, text_hash
 from proxy.wire.openai_chat import ChatRequest, assistant_texts, history_material, tool_call_ids_after_last_user
@@ -70,6 +70,20 @@ async def conversation_for(store: Store, scope: Scope, request: ChatRequest, fol
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
 
-def fallback_identity(scope: Scope, request: ChatRequest) -> TurnIdentity:
-    """A turn when the store could not be asked in time: saved later, never lost."""
-    return TurnIdentity(new_id(), scope.conversation or new_id(), history_hash(scope, request), None)
+def fallback_identity(scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float) -> TurnIdentity:
+    """A turn when the store could not be asked in time (memory degraded): saved later, never lost.
+
+    Its key comes from the history and the stretch of `retry_window_s` the request falls
+    in, so the later steps of a tool loop and an SDK's retries, which repeat that history,
+    are one turn even while the store cannot say so (SPEC 3: the user message saved once).
+    A new conversation's id comes from the same. Without a retry window every request is
+    a turn of its own.
+    """
+    digest = history_hash(scope, request)
+    if retry_window_s <= 0:
+        return TurnIdentity(new_id(), scope.conversation or new_id(), digest, None)
+    window_ns = int(retry_window_s * 1e9)
+    start_ns = int(now.timestamp() * 1e9) // window_ns * window_ns
+    key = derived_id(f"turn {digest} {start_ns}", start_ns)
+    return TurnIdentity(key, scope.conversation or derived_id(f"conversation {digest} {start_ns}", start_ns),
+                        digest, None)

@@ -15,7 +15,7 @@ import pytest
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.models import Scope
 from tests.conftest import free_port
-from tests.fake_upstream import JsonReply, RawReply, SSEReply, stream_events
+from tests.fake_upstream import JsonReply, RawReply, SSEReply, completion, stream_events
 from tests.proxy_db import eventually, rows
 
 USER = {"x-memory-user": "alice"}
@@ -111,3 +111,31 @@ def test_raw_reply_closing_before_headers_is_a_failed_turn(make_proxy, fake):
     fake.queue(RawReply(b""))
     assert ask(proxy, "closed on me", stream=False).status_code == 502
     only_the_question_saved(proxy, "closed on me", "upstream_failed")
+
+
+def test_a_tool_loop_and_its_retry_while_memory_is_degraded_are_one_turn(make_proxy, fake):
+    # SPEC 3 while the store cannot be asked (here: no time for the turn lookup at all): the
+    # steps and an SDK retry repeat the turn's history, so they are the same turn, and the
+    # user's message and the answer are each saved once. (A long window: no test straddles it.)
+    proxy = make_proxy(memory__retrieval_timeout_ms=0, memory__commit_timeout_ms=5000, memory__retry_window_s=3600,
+                       extraction__from_roles=[])
+    client = proxy.client(**{"X-Memory-User": "alice"})
+    question = [{"role": "user", "content": "please look up order 8812"}]
+    fake.queue(JsonReply(completion(None, tool_calls=[{"id": "call_a", "name": "lookup", "arguments": "{}"}])))
+    first = client.chat.completions.with_raw_response.create(model="m", messages=question)
+    step = question + [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "call_a", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "shipped"}]
+    second = client.chat.completions.with_raw_response.create(model="m", messages=step)
+    retried = client.chat.completions.with_raw_response.create(model="m", messages=step)
+    assert {r.headers["x-memory-status"] for r in (first, second, retried)} == {"degraded: retrieval timeout"}
+    assert first.headers["x-memory-turn"] == second.headers["x-memory-turn"] == retried.headers["x-memory-turn"]
+    assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [("complete",)])
+    assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
+        ("user", "please look up order 8812"), ("assistant", "Hello from upstream")]
+    assert rows(proxy, "SELECT count(DISTINCT conversation_id) FROM messages") == [(1,)]
+    # A new question is a new turn.
+    later = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "and order 8813?"}])
+    assert later.headers["x-memory-turn"] != first.headers["x-memory-turn"]

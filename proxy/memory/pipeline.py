@@ -108,7 +108,7 @@ class MemoryService:
             except Exception as exc:  # the outermost boundary: memory must never fail a request
                 status = self._degraded("retrieval error", exc)
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
-        identity = identity or fallback_identity(scope, request)
+        identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
         recall = TurnRecall(self, scope, request, identity, persist, status, retrieved)
         recall.started(now)
         return recall
