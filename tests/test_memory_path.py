@@ -108,6 +108,23 @@ def test_a_retried_turn_carries_its_first_attempts_block(mem, fake):
     assert "Postgres 16" in sent[0] and "CockroachDB" not in sent[0]
 
 
+def test_a_configured_block_header_is_never_saved_back(make_proxy, fake):
+    header = "Memories about this user:"
+    proxy = make_proxy(memory__block_header=header, memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    teach(proxy, "The staging host is internal-hbr-2291.example")
+    client = proxy.client(**{"X-Memory-User": "alice"})
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "which staging host?"}])
+    sent = last_user_content(fake)
+    assert sent.startswith(f"{header}\n1. [cross-session] user (") and sent.endswith("\n\nwhich staging host?")
+    # The client sends the block back in its history, as chat apps do: it is never saved as said.
+    client.chat.completions.create(model="m", messages=[
+        {"role": "user", "content": sent}, {"role": "assistant", "content": "Hello from upstream"},
+        {"role": "user", "content": f"{sent.rsplit(chr(10) * 2, 1)[0]}\n\nand the prod host?"}])
+    with closing(sqlite3.connect(proxy.settings.store.url.removeprefix("sqlite:///"))) as db:
+        said = [text for (text,) in db.execute("SELECT content FROM messages WHERE role = 'user' ORDER BY seq")]
+    assert said == ["The staging host is internal-hbr-2291.example", "which staging host?", "and the prod host?"]
+
+
 def test_x_memory_max_caps_and_zero_disables(mem, fake):
     teach(mem, "Project Falcon uses Postgres.", "Project Falcon ships on Fridays.", "Project Falcon is led by Ana.")
     client = mem.client(**{"X-Memory-User": "alice", "X-Memory-Max": "1"})

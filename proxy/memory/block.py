@@ -88,22 +88,41 @@ def _block_pattern(header: str) -> re.Pattern[str]:
 
 
 def strip_block(text: str, header: str = DEFAULT_HEADER) -> str:
-    """The text without a memory block memproxy put at its start; other text unchanged."""
-    pattern = _block_pattern(header)
-    while text and (match := pattern.match(text)):
+    """The text without a memory block memproxy put at its start; other text unchanged.
+
+    A block under the default header is taken out too: a deployment that changed
+    `memory.block_header` still has clients resending blocks made before.
+    """
+    patterns = {_block_pattern(header), _block_pattern(DEFAULT_HEADER)}
+    while text and (match := next((m for p in patterns if (m := p.match(text))), None)):
         text = text[match.end() :]
     return text
 
 
+@lru_cache(maxsize=8)
+def _header_imitation(header: str) -> re.Pattern[str]:
+    """A configured header's words in stored text, however spaced or cased."""
+    return re.compile(r"\s+".join(re.escape(word) for word in header.split()), re.IGNORECASE)
+
+
 def render(hits: Sequence[Hit], header: str = DEFAULT_HEADER) -> str:
-    """The block for these hits, in order; empty when there is nothing to say."""
-    kept = [(hit.source, text) for hit in hits if (text := neutralise(hit.content))]
+    """The block for these hits, in order; empty when there is nothing to say.
+
+    `neutralise` knows the default header's wording; a configured one is taken out here.
+    """
+    kept = [(hit.source, text) for hit in hits if (text := _without_header(neutralise(hit.content), header))]
     if not kept:
         return ""
     lines = [header, *(f"{n}. [{source}] {text}" for n, (source, text) in enumerate(kept, start=1))]
     if any(source == "graph" for source, _ in kept):
         lines.append(GRAPH_NOTE)
     return "\n".join(lines)
+
+
+def _without_header(text: str, header: str) -> str:
+    if header == DEFAULT_HEADER or not header.strip():
+        return text
+    return " ".join(_header_imitation(header).sub(" ", text).split())
 
 
 def estimate_tokens(text: str) -> int:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from proxy.exchange import Recall
-from proxy.memory.block import strip_block
+from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
@@ -123,8 +123,9 @@ class MemoryService:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
-        query = Query(user_text(request), identity.conversation_id, visible_texts(request), min(limit, 12),
-                      identity.new_conversation)
+        header = self.memory.block_header
+        query = Query(user_text(request, header), identity.conversation_id, visible_texts(request, header),
+                      min(limit, 12), identity.new_conversation)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
@@ -139,19 +140,19 @@ class MemoryService:
         return f"degraded: {reason}"
 
 
-def user_text(request: ChatRequest) -> str:
+def user_text(request: ChatRequest, header: str = DEFAULT_HEADER) -> str:
     """The last user message's text as the user wrote it (any memory block removed)."""
     index = last_user_index(request.messages)
     if index is None:
         return ""
-    return strip_block(message_text(request.messages[index].get("content")))
+    return strip_block(message_text(request.messages[index].get("content")), header)
 
 
-def visible_texts(request: ChatRequest) -> tuple[str, ...]:
+def visible_texts(request: ChatRequest, header: str = DEFAULT_HEADER) -> tuple[str, ...]:
     """Texts of every other message the request shows (they are never injected again)."""
     index = last_user_index(request.messages)
     return tuple(
-        strip_block(message_text(m.get("content")))
+        strip_block(message_text(m.get("content")), header)
         for i, m in enumerate(request.messages) if i != index and isinstance(m, dict)
     )
 
@@ -201,7 +202,7 @@ class TurnRecall(Recall):
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
-            text = redact(user_text(self._request))
+            text = redact(user_text(self._request, self._service.memory.block_header))
             self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
                                    self._identity.history_hash, now, text, self._persist))
         if not self._log.get("cache") and self.status == "ok":
@@ -217,7 +218,8 @@ class TurnRecall(Recall):
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now), urgent=True)
         return self._submit(FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
-            task=redact(user_text(self._request)), steps=reasoning_steps(self._request),
+            task=redact(user_text(self._request, self._service.memory.block_header)),
+            steps=reasoning_steps(self._request),
             answer_hash=text_hash(answer),
         ), urgent=True)
 
