@@ -294,12 +294,41 @@ def test_import_into_another_user_keeps_users_apart(loaded: httpx.Client) -> Non
     (b'{"kind": "reasoning", "id": "x9", "conversation_id": "c", "steps": [{"name": 1}]}',
      "line 2: `steps` must be a list of {name, arguments, result} objects with string values"),
     (b"[" * 100000, "line 2: not a JSON value"),
+    (b'{"kind": "conversation", "id": "c9", "created_at": "0001-01-01T00:00:00+01:00"}',
+     "line 2: `created_at` must be a time from 1970 to 9999"),
+    (b'{"kind": "message", "id": "m9", "conversation_id": "c", "role": "user", "content": "x",'
+     b' "created_at": "9999-12-31T23:59:59-05:00"}', "line 2: `created_at` must be a time from 1970 to 9999"),
 ])
 def test_a_bad_line_rejects_the_whole_import(api: httpx.Client, line: bytes, message: str) -> None:
     body = jsonl(RECORDS[:1]) + line + b"\n"
     error = error_of(api.post(api_url(USER, "import"), content=body), 400)
     assert error["message"] == message
     assert api.get(api_url(USER, "export")).content == b""
+
+
+def test_imported_text_is_redacted_before_it_is_saved(api: httpx.Client) -> None:
+    # SPEC 9: the redaction pass runs before anything is saved, an import's records included.
+    key, aws, password = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234", "AKIAABCDEFGHIJKLMNOP", "password=Hunter2Secret!"
+    records = [
+        {"kind": "conversation", "id": "c1"},
+        {"kind": "message", "id": "m1", "conversation_id": "c1", "role": "user", "content": f"my key is {key}"},
+        {"kind": "entity", "id": "e1", "name": "Deploy box", "description": password, "tags": [aws],
+         "aliases": [f"box {key}"]},
+        {"kind": "reasoning", "id": "x1", "conversation_id": "c1", "task": f"use {key}",
+         "steps": [{"name": "login", "arguments": password, "result": aws}], "answer": "done"},
+        {"kind": "entity", "id": "e2", "name": "Vault \ud800x"},
+        {"kind": "relationship", "id": "r1", "from": "Deploy box", "to": "Vault \ud800x", "type": "HOLDS"},
+    ]
+    body = b"".join(json.dumps(record).encode() + b"\n" for record in records)
+    assert api.post(api_url(USER, "import"), content=body).status_code == 200
+    exported = api.get(api_url(USER, "export")).content
+    for secret in (key, aws, "Hunter2Secret"):
+        assert secret.encode() not in exported
+    assert exported.count(b"[REDACTED:") == 7
+    # A lone surrogate (valid JSON, unstorable) is kept as the stores keep one, names included.
+    assert [(r["kind"], r["id"]) for r in map(json.loads, exported.splitlines()) if "Vault" in json.dumps(
+        r, ensure_ascii=False) or r["kind"] == "relationship"] == [("entity", "e2"), ("relationship", "r1")]
+    assert "Vault \ufffdx" in exported.decode()
 
 
 # --- deletes -----------------------------------------------------------------------------

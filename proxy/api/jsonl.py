@@ -2,23 +2,31 @@
 
 An import is all or nothing: the first bad line is a 400 that names it and the field. Ids
 follow the id rule of the scope headers (so every item stays addressable in an API path),
-times are ISO 8601 (UTC when no offset is given) and come out as unix seconds.
+times are ISO 8601 (UTC when no offset is given, 1970 to 9999) and come out as unix
+seconds. Every text passes the redaction pass on its way in (SPEC 9: before anything is
+saved), as a chat turn's does.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime, timezone
 from typing import Any
 
 from proxy.api.errors import InvalidRequest
 from proxy.errors import BadScope
+from proxy.memory.redact import redact
 from proxy.scope import valid_id
 
 KINDS = ("conversation", "message", "entity", "relationship", "reasoning")
 ROLES = ("user", "assistant", "system", "tool")
 LABEL_MAX_CHARS = 200  # a type, memory type or relationship type
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# The times a store can read back: 1970-01-01 up to the last day before 9999-12-31 (UTC).
+EARLIEST_TS = 0.0
+LATEST_TS = datetime(9999, 12, 30, tzinfo=timezone.utc).timestamp()
 
 
 def parse_lines(data: bytes) -> list[dict[str, Any]]:
@@ -74,7 +82,12 @@ class _Fields:
         if not isinstance(value, str) or (non_empty and not value.strip()) or (limit and len(value) > limit):
             shape = "a non-empty string" if non_empty else "a string"
             raise self.fail(key, f"{shape} of at most {limit} characters" if limit else shape)
-        return value
+        return self._clean(value)
+
+    @staticmethod
+    def _clean(value: str) -> str:
+        """The text as it is saved: a lone surrogate as U+FFFD (as the stores keep it), its secrets redacted."""
+        return redact(_SURROGATE.sub("\ufffd", value))
 
     def optional_text(self, key: str) -> str | None:
         return None if self.value.get(key) is None else self.text(key)
@@ -87,9 +100,12 @@ class _Fields:
             if not isinstance(value, str):
                 raise ValueError
             moment = datetime.fromisoformat(value)
-            return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+            seconds = (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
         except (ValueError, OverflowError):
             raise self.fail(key, "an ISO 8601 time") from None
+        if not EARLIEST_TS <= seconds <= LATEST_TS:
+            raise self.fail(key, "a time from 1970 to 9999")
+        return seconds
 
     def fraction(self, key: str, default: float) -> float:
         value = self.value.get(key, default)
@@ -102,13 +118,13 @@ class _Fields:
         value = self.value.get(key, [])
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise self.fail(key, "a list of strings")
-        return list(value)
+        return [self._clean(item) for item in value]
 
     def steps(self, key: str) -> list[dict[str, str]]:
         value = self.value.get(key, [])
         if not isinstance(value, list) or not all(_is_step(step) for step in value):
             raise self.fail(key, "a list of {name, arguments, result} objects with string values")
-        return [{"name": s["name"], "arguments": s["arguments"], "result": s.get("result", "")} for s in value]
+        return [{part: self._clean(s.get(part, "")) for part in ("name", "arguments", "result")} for s in value]
 
 
 def _is_step(step: Any) -> bool:
