@@ -32,6 +32,11 @@ STOP_WORDS = frozenset(
 
 _stemmer = snowballstemmer.stemmer("english")
 
+# A term is cut to this many characters, in documents and queries alike: a pasted blob
+# (base64, hex) is one token, and PostgreSQL's index on its postings holds a term of at most
+# about 2,700 bytes; no word or identifier a question names is longer.
+MAX_TERM_CHARS = 128
+
 
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
@@ -66,11 +71,11 @@ def _token_words(token: str) -> tuple[tuple[str, str], ...]:
     parts = _PART.findall(token)
     out: list[tuple[str, str]] = []
     if len(parts) > 1 or _is_identifier(token):
-        out.append(("", _whole(token)))
+        out.append(("", _whole(token)[:MAX_TERM_CHARS]))
         if len(parts) == 1:
             return tuple(out)
     for part in parts:
-        word = part.lower()
+        word = part.lower()[:MAX_TERM_CHARS]
         out.append((word, stem(word)))
     return tuple(out)
 

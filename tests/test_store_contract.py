@@ -9,6 +9,7 @@ live in test_store_sqlite.py and test_store_postgres.py.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -68,6 +69,23 @@ def test_start_and_finish_are_idempotent(backend: Backend) -> None:
             turn = await store.turn(ALICE, "t1")
             assert turn is not None and turn.status == "complete" and turn.conversation_id == "c1"
         assert await backend.sql("SELECT count(*) FROM extraction_queue") == [(2,)]
+
+    run(body())
+
+
+def test_a_pasted_blob_is_saved_and_found_on_both_backends(backend: Backend) -> None:
+    # One token of 6,400 characters (a pasted hash dump): PostgreSQL's postings index once took
+    # it whole, refused the row (SQLSTATE 54000), and the writer retried that batch forever.
+    blob = "".join(hashlib.sha256(str(n).encode()).hexdigest() for n in range(100))  # incompressible
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", f"here is the key file {blob} keep it"),
+                               finish(ALICE, "t1", f"noted {blob[:3000]}/{blob[:3000]}")])
+            await store.apply([start(ALICE, "t2", "and the weather today?", at=T0 + timedelta(minutes=1))])
+            assert [m.role for m in await store.messages(ALICE, "c1")] == ["user", "assistant", "user"]
+            hits = await store.search_messages(ALICE, query_terms(f"the key file {blob}"), limit=5)
+            assert [m.content[:20] for m, _ in hits][:1] == ["here is the key file"]
 
     run(body())
 

@@ -20,7 +20,7 @@ from proxy.app import open_store
 from proxy.models import ReasoningStep, Scope
 from proxy.settings import load_settings
 from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, StartTurn, StoreError, StoreMemory, WriteOp
-from proxy.stores.postgres import CLAIM_LEASE, PostgresStore, user_lock_key
+from proxy.stores.postgres import CLAIM_LEASE, PostgresStore, _error, user_lock_key
 from proxy.stores.postgres_batch import STALE_PENDING
 from proxy.terms import query_terms
 from tests.pg_server import PostgresServer
@@ -318,3 +318,15 @@ def test_config_example_selects_the_postgres_store(pg_url: str) -> None:
             await store.close()
 
     run(body())
+
+
+@pytest.mark.parametrize(("error", "transient"), [
+    (asyncpg.exceptions.ProgramLimitExceededError("index row size 6416 exceeds btree version 4 maximum 2704"), False),
+    (asyncpg.exceptions.UniqueViolationError("duplicate key"), False),
+    (asyncpg.exceptions.DeadlockDetectedError("deadlock detected"), True),
+    (asyncpg.exceptions.DiskFullError("could not extend file"), True),
+])
+def test_only_errors_a_retry_can_fix_are_transient(error: Exception, transient: bool) -> None:
+    # A write taken for transient is retried forever with every later write behind it: a row
+    # PostgreSQL can never take (SQLSTATE class 54) must be dropped and logged instead.
+    assert _error(error).transient is transient

@@ -52,9 +52,11 @@ _LOCK_NAMESPACE = b"memproxy:user:"
 T = TypeVar("T")
 
 # SQLSTATE classes no retry can fix: bad data (22), a constraint (23), bad SQL or
-# privileges (42), an exception raised by a trigger (P0). Connection loss (08), deadlock
-# or serialisation (40), a full disk (53), shutdown (57) and the like are transient.
-_INVALID_CLASSES = frozenset({"22", "23", "42", "P0"})
+# privileges (42), a limit of the server such as an index row too large (54), an
+# exception raised by a trigger (P0). Connection loss (08), deadlock or serialisation
+# (40), a full disk (53), shutdown (57) and the like are transient. A write taken for
+# transient is retried forever, and every later write waits behind it.
+_INVALID_CLASSES = frozenset({"22", "23", "42", "54", "P0"})
 
 
 def _error(exc: BaseException) -> StoreError:
