@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
+from proxy.stores import sqlite as sqlite_store
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp
 from proxy.stores.sqlite import SQLiteStore
 
@@ -138,3 +140,40 @@ def test_an_unexpected_store_error_is_retried_and_the_writer_lives_on(tmp_path: 
     assert batches == [["FinishTurn"], ["FinishTurn"]]
     assert failures == 2
     assert saved(tmp_path / "m.db") == [("assistant", "answer t1"), ("assistant", "answer t2")]
+
+
+def test_a_forgotten_users_writes_never_land_when_the_store_comes_back(tmp_path: Path, monkeypatch: Any) -> None:
+    # A user deleted while the store is locked (SPEC 8): the user's writes, queued or in the
+    # batch being retried, are dropped; the other users' writes in that batch still land.
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 50)
+    path = tmp_path / "m.db"
+    zed = Scope("zed")
+
+    async def main() -> tuple[int, list[list[str]]]:
+        store = CountingStore(str(path))
+        await store.open()
+        writer = Writer(store, Metrics(), 100, commit_delay_s=0.01)
+        writer.start()
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+        try:
+            writer.submit(StartTurn(zed, "z1", "c9", "h-z1", AT, "my secret plan"))
+            answer = writer.submit(start("t1"))
+            await asyncio.sleep(0.4)  # the batch has failed and is being retried
+            assert not answer.done()
+            late = writer.submit(StartTurn(zed, "z2", "c9", "h-z2", AT, "another plan"))  # still queued
+            dropped = writer.forget("zed")
+            assert late.done()  # nobody waits on a dropped write
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        await asyncio.wait_for(answer, 10)
+        await asyncio.sleep(0.1)  # the dropped write left in the queue is drained too
+        await writer.close()
+        await store.close()
+        return dropped, store.batches
+
+    dropped, batches = asyncio.run(main())
+    assert dropped == 2
+    assert batches == [["StartTurn"]]  # alice's start alone: zed's never reached the store
+    assert saved(path) == [("user", "question t1")]

@@ -43,7 +43,7 @@ from proxy.stores.base import Store, StoreError, StoreMemory
 log = logging.getLogger("memproxy.api")
 
 JSON_BODY_LIMIT = 1024 * 1024
-FLUSH_BEFORE_DELETE_S = 5.0  # writes queued for the user commit first, so none lands after the delete
+FLUSH_BEFORE_DELETE_S = 5.0  # writes queued for the user commit first (then deleted); the rest are dropped
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -225,6 +225,7 @@ class MemoryApi:
     async def delete_user(self, request: Request) -> Response:
         scope = user_scope(request)
         await self.writer.flush(FLUSH_BEFORE_DELETE_S)
+        self.writer.forget(scope.user)  # what could not commit by now (a locked store) never will
         deleted = await self.store.delete_user(scope)
         self.retriever.forget(scope.user)  # and its vectors held in memory (SPEC 8: every cache)
         return answer({"user": scope.user, "deleted": deleted})

@@ -8,6 +8,10 @@ Group commit: a write nobody is waiting for (a turn's start, its block) waits up
 COMMIT_DELAY_S for company; an urgent one (an answer the response waits for) commits the
 batch at once. A fast answer then commits with its turn's start in one transaction,
 instead of queueing behind that start's own commit.
+
+Deleting a user (SPEC 8) first `forget`s the user's writes not yet committed, queued or in
+a batch being retried, so none of them lands after the delete and brings back what it
+removed. A write counts as done once its future is; a batch applies only the others.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class Writer:
         self.metrics = metrics
         self._queue: asyncio.Queue[tuple[WriteOp, asyncio.Future[None]]] = asyncio.Queue(max_queue)
         self._task: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Future[None]] = set()  # queued or being committed
+        self._pending: dict[asyncio.Future[None], WriteOp] = {}  # queued or being committed
         self._hurry = asyncio.Event()  # commit what is queued now, without waiting for company
         self.failing = False
 
@@ -54,8 +58,8 @@ class Writer:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait((op, done))
-            self._pending.add(done)
-            done.add_done_callback(self._pending.discard)
+            self._pending[done] = op
+            done.add_done_callback(self._settled)
         except asyncio.QueueFull:
             self.metrics.writes_dropped.inc()
             log.error("write queue full: dropped one %s for user %s", type(op).__name__, op.scope.user)
@@ -65,6 +69,18 @@ class Writer:
             self._hurry.set()
         self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
         return done
+
+    def _settled(self, done: asyncio.Future[None]) -> None:
+        self._pending.pop(done, None)
+
+    def forget(self, user: str) -> int:
+        """Drop the user's writes not yet committed (a user being deleted); how many there were."""
+        dropped = [done for done, op in self._pending.items() if op.scope.user == user]
+        for done in dropped:
+            done.set_result(None)  # done without being applied: every batch skips it
+        if dropped:
+            log.info("dropped %d unsaved writes of user %s, who is being deleted", len(dropped), user)
+        return len(dropped)
 
     @property
     def depth(self) -> int:
@@ -110,7 +126,8 @@ class Writer:
         delay = RETRY_FIRST_S
         while True:
             try:
-                await self.store.apply([op for op, _ in batch])
+                if ops := [op for op, done in batch if not done.done()]:  # none that were forgotten
+                    await self.store.apply(ops)
             except StoreError as exc:
                 self.failing = True
                 self.metrics.write_failures.inc()
