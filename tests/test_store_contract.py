@@ -209,6 +209,24 @@ def test_tool_call_lookup(backend: Backend) -> None:
     run(body())
 
 
+def test_a_call_id_a_later_turn_reuses_leads_to_that_turn(backend: Backend) -> None:
+    # A provider numbering its calls per response (`call_0`) reuses ids across turns: the next
+    # step belongs to the turn whose response carried the id last (SPEC 3).
+    later = T0 + timedelta(hours=1)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "k1"), RecordToolCalls(ALICE, "k1", (("call_0", "search", "{}"),), T0)])
+            await store.apply([start(ALICE, "k2", at=later),
+                               RecordToolCalls(ALICE, "k2", (("call_0", "fetch", '{"n": 2}'), ("call_0", "fetch", "{}")),
+                                               later)])
+            turn = await store.turn_by_tool_calls(ALICE, ["call_0"])
+            assert turn is not None and turn.key == "k2"
+        assert await backend.sql("SELECT turn_key, name, arguments FROM turn_tool_calls") == [("k2", "fetch", "{}")]
+
+    run(body())
+
+
 def test_history_lookup_respects_since(backend: Backend) -> None:
     later = T0 + timedelta(minutes=5)
 

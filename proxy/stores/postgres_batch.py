@@ -81,7 +81,8 @@ calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, argumen
     SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}
     FROM unnest({call_ids}::text[], {call_names}::text[], {call_args}::text[]) AS c(id, name, arguments)
     WHERE {kind} = 'calls' AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
-    ON CONFLICT DO NOTHING),
+    ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,
+        arguments = excluded.arguments, created_at = excluded.created_at),
 -- A turn that completed stays complete.
 status AS (UPDATE turns SET status = {status}, updated_at = {at}
     WHERE {kind} = 'status' AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
@@ -153,7 +154,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
         values.update(kind="finish", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
                       **_message("assistant", op.answer, True, op.answer_hash), **_trace(op))
     elif isinstance(op, RecordToolCalls):
-        calls = [[clean_text(part) for part in call] for call in op.calls]
+        # Each id once (the last): an upsert may not touch one row twice in a statement.
+        calls = list({call[0]: call for call in ([clean_text(part) for part in c] for c in op.calls)}.values())
         values.update(kind="calls", at=utc(op.at), turn_key=op.turn_key, call_ids=[c[0] for c in calls],
                       call_names=[c[1] for c in calls], call_args=[c[2] for c in calls])
     elif isinstance(op, SetTurnStatus):

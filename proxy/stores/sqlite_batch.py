@@ -169,12 +169,18 @@ class Batch:
             )
 
     def record_tool_calls(self, op: RecordToolCalls) -> None:
-        """Remember the call ids of a step (skipped when the turn itself is unknown)."""
+        """Remember the call ids of a step (skipped when the turn itself is unknown).
+
+        An id seen before points to the newest turn whose response carried it: a provider
+        that numbers its calls per response (`call_0`) reuses ids across turns, and the
+        next step belongs to the turn that just made the call (SPEC 3).
+        """
         at = to_ts(op.at)
         self._conn.executemany(
             "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at)"
             " SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = ? AND turn_key = ?)"
-            " ON CONFLICT DO NOTHING",
+            " ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,"
+            " arguments = excluded.arguments, created_at = excluded.created_at",
             [(op.scope.user, cid, op.turn_key, clean_text(name), clean_text(args), at, op.scope.user, op.turn_key)
              for cid, name, args in op.calls],
         )
