@@ -208,7 +208,11 @@ def _options(headers: dict[str, str]) -> dict[str, Any]:
     if max_text is not None:
         if not max_text.isdigit() or not max_text.isascii():
             raise BadScope("X-Memory-Max must be a whole number from 0", param="X-Memory-Max")
-        max_memories = min(int(max_text), MAX_MEMORIES_CAP)
+        # Any number of digits: past the hard cap the value does not matter (and Python
+        # refuses to read a number of over 4,300 digits).
+        digits = max_text.lstrip("0") or "0"
+        max_memories = MAX_MEMORIES_CAP if len(digits) > len(str(MAX_MEMORIES_CAP)) else min(int(digits),
+                                                                                             MAX_MEMORIES_CAP)
     return {"mode": mode, "persist": persist_text == "true", "max_memories": max_memories}
 
 

@@ -188,9 +188,10 @@ def test_lists_are_paged_by_cursor(api: httpx.Client) -> None:
 
 def test_page_parameters_are_checked(api: httpx.Client) -> None:
     for params in ({"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"limit": "-1"}, {"sort": "id"},
-                   {"cursor": "../x"}):
+                   {"cursor": "../x"}, {"limit": "9" * 5000}, {"limit": "0" * 5000}):
         error = error_of(api.get(api_url(USER, "entities"), params=params), 400)
         assert error["code"] == "invalid_request"
+    assert api.get(api_url(USER, "entities"), params={"limit": "0" * 5000 + "7"}).status_code == 200
     error = error_of(api.get(api_url(USER, "injections"), params={"limit": "5"}), 400)
     assert error["message"] == "the injection log takes no query parameters (it holds the last 20 turns)"
 

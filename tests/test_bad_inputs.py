@@ -197,6 +197,18 @@ def test_max_header_capped_and_off_mode_passes_through(proxy, fake):
     assert off.headers["x-memory-status"] == "off"
 
 
+@pytest.mark.parametrize("value, injected", [("9" * 5000, "1"), ("0" * 5000 + "1", "1"), ("0" * 40, "0")])
+def test_a_max_header_of_any_length_is_read(proxy, fake, value, injected):
+    # Python refuses to read a number of over 4,300 digits: that was a bare 500.
+    with proxy.http() as http:
+        http.post("/v1/chat/completions", headers={"x-memory-user": "alice", "x-memory-conversation": "a"},
+                  json={"model": "m", "messages": [{"role": "user", "content": "Alice grows tomatoes."}]})
+        answer = http.post("/v1/chat/completions", headers={"x-memory-user": "alice", "x-memory-max": value},
+                           json={"model": "m", "messages": [{"role": "user", "content": "what does Alice grow?"}]})
+    assert (answer.status_code, answer.headers["x-memory-status"]) == (200, "ok")
+    assert answer.headers["x-memory-injected"] == injected
+
+
 def test_a_chunked_body_over_the_limit_is_refused_as_it_crosses_and_the_connection_closed(make_proxy, fake):
     # B4: 413 while the client is still sending, then the connection closes (the rest is never read).
     proxy = make_proxy(server__max_body_bytes=10_000)

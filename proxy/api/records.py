@@ -140,9 +140,12 @@ def parse_page(params: QueryParams) -> tuple[int, str | None]:
     text = params.get("limit")
     limit = PAGE_DEFAULT
     if text is not None:
-        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= PAGE_MAX:
+        # Length first: Python refuses to read a number of over 4,300 digits (ValueError).
+        digits = text.lstrip("0")
+        if not (text.isascii() and text.isdigit()) or len(digits) > len(str(PAGE_MAX)) \
+                or not 1 <= int(digits or "0") <= PAGE_MAX:
             raise InvalidRequest(f"`limit` must be a whole number from 1 to {PAGE_MAX}", param="limit")
-        limit = int(text)
+        limit = int(digits)
     cursor = params.get("cursor")
     return limit, None if cursor is None else path_id(cursor, "cursor")
 
