@@ -12,6 +12,7 @@ import pytest
 from proxy.app import create_app
 from proxy.settings import load_settings
 from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines
+from tests.fake_upstream import JsonReply, completion
 
 USER = "alice"
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -107,6 +108,20 @@ def test_correcting_an_entity_with_a_description_changes_the_description(loaded:
     assert (body["name"], body["description"], body["content"]) == ("Alice Chen", "principal engineer",
                                                                       "principal engineer")
     clash = loaded.patch(api_url(USER, "memories", "e-acme"), json={"content": "alice  chen"})
+    assert error_of(clash, 409)["code"] == "conflict"
+
+
+def test_a_correction_that_would_repeat_an_answer_of_its_turn_is_409(api: httpx.Client, fake: Any) -> None:
+    # A retried turn whose answer came out different keeps both answers (SPEC 3); making the
+    # second say what the first says breaks the turn's one-copy rule: a conflict, not a 503.
+    fake.queue(JsonReply(completion("Blue.")), JsonReply(completion("Green.")))
+    headers = {"X-Memory-User": USER, "X-Memory-Conversation": "colours"}
+    for _ in range(2):  # the same request twice: an SDK's retry of one turn
+        assert chat(api, headers, "which colour did we pick?").status_code == 200
+    messages = api.get(api_url(USER, "conversations", "colours", "messages")).json()["data"]
+    answers = {m["content"]: m["id"] for m in messages if m["role"] == "assistant"}
+    assert set(answers) == {"Blue.", "Green."}
+    clash = api.patch(api_url(USER, "memories", answers["Green."]), json={"content": "Blue."})
     assert error_of(clash, 409)["code"] == "conflict"
 
 

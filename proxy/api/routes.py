@@ -277,6 +277,10 @@ class ApiApp:
 def _as_error(exc: Exception) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
+    if isinstance(exc, StoreError) and not exc.transient:
+        # The write itself cannot be saved (a unique key it would break): retrying cannot help.
+        log.info("memory api: write refused by the store (%s)", redact(str(exc)))
+        return Conflict("the change clashes with what the user's memory already holds")
     if isinstance(exc, StoreError):
         log.warning("memory api: store failed (%s)", redact(str(exc)))
         return StoreUnavailable("the memory store is unavailable; retry later")
