@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from proxy.stores.base import (
     StartTurn,
     Store,
     StoreError,
+    StoreMemory,
     WriteOp,
     text_hash,
 )
@@ -86,6 +88,18 @@ def test_a_pasted_blob_is_saved_and_found_on_both_backends(backend: Backend) -> 
             assert [m.role for m in await store.messages(ALICE, "c1")] == ["user", "assistant", "user"]
             hits = await store.search_messages(ALICE, query_terms(f"the key file {blob}"), limit=5)
             assert [m.content[:20] for m, _ in hits][:1] == ["here is the key file"]
+
+    run(body())
+
+
+def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            for write in range(5):  # the same fact, each time with ten more tags (SPEC 7: at most 10)
+                tags = tuple(f"tag{write}-{n}" for n in range(10))
+                await store.apply([StoreMemory(ALICE, f"m{write}", "Alice likes tea", "fact", T0, tags=tags)])
+        rows = await backend.sql("SELECT tags FROM entities")
+        assert len(rows) == 1 and json.loads(rows[0][0]) == [f"tag4-{n}" for n in range(10)]
 
     run(body())
 

@@ -20,10 +20,10 @@ from proxy.errors import BadScope
 from proxy.memory.block import SOURCES
 from proxy.models import Relationship, StoredMessage
 from proxy.scope import valid_id
+from proxy.stores.base import TAGS_MAX
 
 MEMORY_TYPES = ("fact", "interaction", "pattern", "user_preference")
 CONTENT_MAX_CHARS = 2000  # SPEC 7: store_memory content is 1-2000 characters
-TAGS_MAX = 10
 TAG_MAX_CHARS = 40
 QUERY_MAX_CHARS = 8000
 SEARCH_LIMIT_MAX = 12

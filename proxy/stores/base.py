@@ -164,6 +164,9 @@ class ExtractionFailed:
     park: bool = False
 
 
+TAGS_MAX = 10  # SPEC 7: a memory holds at most this many tags, however many writes merged into it
+
+
 @dataclass(frozen=True)
 class StoreMemory:
     """A memory stored explicitly (memory API or the store_memory tool, SPEC 7-8).

@@ -23,7 +23,7 @@ import asyncpg
 from proxy.ids import new_id
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import Scope
-from proxy.stores.base import StoreMemory, text_hash
+from proxy.stores.base import TAGS_MAX, StoreMemory, text_hash
 from proxy.stores.postgres_import import import_records
 from proxy.stores.postgres_rows import (
     clean_text,
@@ -169,7 +169,7 @@ async def _fact(conn: asyncpg.Connection, op: StoreMemory, at: datetime) -> str:
     tags = [clean_text(t) for t in op.tags]
     if row is not None:
         held = json.loads(row["tags"])
-        merged = held + [t for t in dict.fromkeys(tags) if t not in held]
+        merged = (held + [t for t in dict.fromkeys(tags) if t not in held])[-TAGS_MAX:]  # the newest
         await conn.execute("UPDATE entities SET memory_type = $1, confidence = $2, tags = $3, updated_at = $4"
                            " WHERE seq = $5", op.memory_type, op.confidence, json.dumps(merged), at, row["seq"])
         return str(row["id"])

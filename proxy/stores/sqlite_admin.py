@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from proxy.ids import new_id
 from proxy.memory.extraction.model import canonical_name
 from proxy.models import Scope
-from proxy.stores.base import ItemKind, StoreError, StoreMemory, text_hash
+from proxy.stores.base import TAGS_MAX, ItemKind, StoreError, StoreMemory, text_hash
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_rows import (
     clean_text,
@@ -206,7 +206,7 @@ def _fact(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
     tags = [clean_text(t) for t in op.tags]
     if rows:
         held = json.loads(rows[0]["tags"])
-        merged = held + [t for t in dict.fromkeys(tags) if t not in held]
+        merged = (held + [t for t in dict.fromkeys(tags) if t not in held])[-TAGS_MAX:]  # the newest
         conn.execute("UPDATE entities SET memory_type = ?, confidence = ?, tags = ?, updated_at = ? WHERE seq = ?",
                      (op.memory_type, op.confidence, json.dumps(merged), at, rows[0]["seq"]))
         return str(rows[0]["id"])
