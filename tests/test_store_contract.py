@@ -104,6 +104,35 @@ def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) 
     run(body())
 
 
+def test_a_corrected_or_deleted_message_leaves_no_words_in_what_follows_it(backend: Backend) -> None:
+    # Each message's index holds the words of the two said before it (its context): a correction
+    # or a delete (SPEC 8) must take the old words out of those too.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "my locker combination is quokka77"),
+                               finish(ALICE, "t1", "Noted."),
+                               start(ALICE, "t2", "and my desk is 4B", at=T0 + timedelta(minutes=1)),
+                               finish(ALICE, "t2", "Noted too.", at=T0 + timedelta(minutes=1))])
+            ids = {m.content: m.id for m in await store.messages(ALICE, "c1")}
+
+            async def contexts() -> list[str]:
+                rows = await backend.sql("SELECT context FROM messages ORDER BY created_at, seq")
+                return [row[0] for row in rows]
+
+            assert sum("quokka77" in c for c in await contexts()) == 2  # the two said after it
+            assert await store.update_memory(ALICE, ids["my locker combination is quokka77"],
+                                             "my locker combination is private") == "message"
+            after_correction = await contexts()
+            assert not any("quokka77" in c for c in after_correction)
+            assert sum("privat" in c for c in after_correction) == 2
+            assert await store.delete_item(ALICE, "message", ids["my locker combination is quokka77"]) is not None
+            assert not any("privat" in c for c in await contexts())
+            hits = await store.search_messages(ALICE, query_terms("locker combination noted"), limit=5)
+            assert {m.content for m, _ in hits} <= {"Noted.", "Noted too."}
+
+    run(body())
+
+
 def test_regenerated_answer_is_saved_beside_the_first(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

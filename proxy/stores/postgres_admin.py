@@ -35,7 +35,12 @@ from proxy.stores.postgres_rows import (
 )
 from proxy.stores.postgres_schema import CONTEXT_SQL, INTERNAL_TABLES
 from proxy.stores.sqlite_admin import MEMORY_TYPES
-from proxy.stores.sqlite_rows import entity_terms, index_terms
+from proxy.stores.sqlite_rows import (
+    CONTEXT_MESSAGES,
+    context_terms,
+    entity_terms,
+    index_terms,
+)
 
 T = TypeVar("T")
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]
@@ -212,11 +217,32 @@ async def update_memory(conn: asyncpg.Connection, scope: Scope, memory_id: str, 
     entity = await conn.fetchrow("SELECT * FROM entities WHERE user_id = $1 AND id = $2", scope.user, memory_id)
     if entity is not None:
         return await _correct_entity(conn, entity, content)
-    changed = await conn.fetchval(
-        "UPDATE messages SET content = $1, content_hash = $2, terms = $3 WHERE user_id = $4 AND id = $5 RETURNING id",
+    changed = await conn.fetchrow(
+        "UPDATE messages SET content = $1, content_hash = $2, terms = $3 WHERE user_id = $4 AND id = $5"
+        " RETURNING conversation_id, created_at, seq",
         content, text_hash(content), index_terms(content), scope.user, memory_id,
     )
-    return "message" if changed is not None else None
+    if changed is None:
+        return None
+    await _refresh_followers(conn, scope.user, *changed)
+    return "message"
+
+
+async def _refresh_followers(conn: asyncpg.Connection, user: str, conversation_id: str, created_at: datetime,
+                             seq: int) -> None:
+    """The context of the messages said after one that was corrected or deleted, made again
+    (sqlite_admin._refresh_followers: the words taken out must not stay findable through them)."""
+    followers = await conn.fetch(
+        "SELECT seq, created_at FROM messages WHERE user_id = $1 AND conversation_id = $2"
+        " AND (created_at, seq) > ($3, $4) ORDER BY created_at, seq LIMIT $5",
+        user, conversation_id, created_at, seq, CONTEXT_MESSAGES)
+    for follower in followers:
+        before = await conn.fetch(
+            "SELECT terms FROM messages WHERE user_id = $1 AND conversation_id = $2 AND (created_at, seq) < ($3, $4)"
+            " ORDER BY created_at DESC, seq DESC LIMIT $5",
+            user, conversation_id, follower["created_at"], follower["seq"], CONTEXT_MESSAGES)
+        context = context_terms([row["terms"] for row in reversed(before)])
+        await conn.execute("UPDATE messages SET context = $1 WHERE seq = $2 AND context <> $1", context, follower["seq"])
 
 
 async def _correct_entity(conn: asyncpg.Connection, row: asyncpg.Record, content: str) -> Corrected:
@@ -261,8 +287,15 @@ async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, it
     before = await _counts(conn, scope.user, tables)
     for each in kinds:
         table = _ITEM_TABLES[each]
-        deleted = await conn.fetchval(f"DELETE FROM {table} WHERE user_id = $1 AND id = $2 RETURNING id",
-                                      scope.user, item_id)
+        if each == "message":
+            gone = await conn.fetchrow("DELETE FROM messages WHERE user_id = $1 AND id = $2"
+                                       " RETURNING conversation_id, created_at, seq", scope.user, item_id)
+            if gone is not None:
+                await _refresh_followers(conn, scope.user, *gone)
+            deleted = None if gone is None else item_id
+        else:
+            deleted = await conn.fetchval(f"DELETE FROM {table} WHERE user_id = $1 AND id = $2 RETURNING id",
+                                          scope.user, item_id)
         if deleted is not None:
             after = await _counts(conn, scope.user, tables)
             return {t: before[t] - after[t] for t in tables if before[t] != after[t]}

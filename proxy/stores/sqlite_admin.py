@@ -26,7 +26,9 @@ from proxy.models import Scope
 from proxy.stores.base import TAGS_MAX, ItemKind, StoreError, StoreMemory, text_hash
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_rows import (
+    CONTEXT_MESSAGES,
     clean_text,
+    context_terms,
     entity_terms,
     export_conversation,
     export_entity,
@@ -249,10 +251,34 @@ def update_memory(conn: sqlite3.Connection, scope: Scope, memory_id: str, conten
     if entity:
         return _correct_entity(conn, entity[0], content)
     changed = conn.execute(
-        "UPDATE messages SET content = ?, content_hash = ?, terms = ? WHERE user_id = ? AND id = ?",
+        "UPDATE messages SET content = ?, content_hash = ?, terms = ? WHERE user_id = ? AND id = ?"
+        " RETURNING conversation_id, created_at, seq",
         (content, text_hash(content), index_terms(content), scope.user, memory_id),
-    ).rowcount
-    return "message" if changed else None
+    ).fetchone()
+    if changed is None:
+        return None
+    _refresh_followers(conn, scope.user, *changed)
+    return "message"
+
+
+def _refresh_followers(conn: sqlite3.Connection, user: str, conversation_id: str, created_at: float, seq: int
+                       ) -> None:
+    """The context of the messages said after one that was corrected or deleted, made again.
+
+    Each message's index holds the words of the few said before it (its `context`), so the
+    words a correction or a delete took out would otherwise stay findable through them.
+    """
+    followers = conn.execute(
+        "SELECT seq, created_at FROM messages WHERE user_id = ? AND conversation_id = ?"
+        " AND (created_at > ? OR (created_at = ? AND seq > ?)) ORDER BY created_at, seq LIMIT ?",
+        (user, conversation_id, created_at, created_at, seq, CONTEXT_MESSAGES)).fetchall()
+    for follower_seq, follower_at in followers:
+        before = conn.execute(
+            "SELECT terms FROM messages WHERE user_id = ? AND conversation_id = ?"
+            " AND (created_at < ? OR (created_at = ? AND seq < ?)) ORDER BY created_at DESC, seq DESC LIMIT ?",
+            (user, conversation_id, follower_at, follower_at, follower_seq, CONTEXT_MESSAGES)).fetchall()
+        context = context_terms([row[0] for row in reversed(before)])
+        conn.execute("UPDATE messages SET context = ? WHERE seq = ? AND context != ?", (context, follower_seq, context))
 
 
 def _correct_entity(conn: sqlite3.Connection, row: sqlite3.Row, content: str) -> Corrected:
@@ -294,7 +320,14 @@ def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id:
     before = _counts(conn, scope.user, tables)
     for each in kinds:
         table = _ITEM_TABLES[each]
-        if conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND id = ?", (scope.user, item_id)).rowcount:
+        if each == "message":
+            gone = conn.execute("DELETE FROM messages WHERE user_id = ? AND id = ? RETURNING conversation_id,"
+                                " created_at, seq", (scope.user, item_id)).fetchone()
+            if gone is not None:
+                _refresh_followers(conn, scope.user, *gone)
+        else:
+            gone = conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND id = ?", (scope.user, item_id)).rowcount
+        if gone:
             after = _counts(conn, scope.user, tables)
             return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
     return None
