@@ -57,7 +57,8 @@ async def identify(
     if existing is not None:
         return TurnIdentity(existing.key, existing.conversation_id, digest, existing)
     conversation = await conversation_for(store, scope, request, follow)
-    return TurnIdentity(new_id(), conversation or new_id(), digest, None, new_conversation=conversation is None)
+    key, fresh = _new_ids(digest, now, retry_window_s)
+    return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None)
 
 
 async def conversation_for(store: Store, scope: Scope, request: ChatRequest, follow: str) -> str | None:
@@ -73,17 +74,25 @@ async def conversation_for(store: Store, scope: Scope, request: ChatRequest, fol
 def fallback_identity(scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float) -> TurnIdentity:
     """A turn when the store could not be asked in time (memory degraded): saved later, never lost.
 
-    Its key comes from the history and the stretch of `retry_window_s` the request falls
-    in, so the later steps of a tool loop and an SDK's retries, which repeat that history,
-    are one turn even while the store cannot say so (SPEC 3: the user message saved once).
-    A new conversation's id comes from the same. Without a retry window every request is
-    a turn of its own.
+    Its ids are those `identify` gives a new turn, so a later step of a tool loop or an SDK
+    retry is the same turn whether or not the store could be asked for it (the store keeps
+    a turn in the conversation it began in).
     """
     digest = history_hash(scope, request)
+    key, fresh = _new_ids(digest, now, retry_window_s)
+    return TurnIdentity(key, scope.conversation or fresh, digest, None)
+
+
+def _new_ids(digest: str, now: datetime, retry_window_s: float) -> tuple[str, str]:
+    """A new turn's key and a new conversation's id.
+
+    They come from the history (which a tool loop's later steps and an SDK's retries
+    repeat) and the stretch of `retry_window_s` the request falls in, so those are one
+    turn even when the store cannot be asked (SPEC 3: the user message saved once), as the
+    store's own retry check would make them. Without a retry window each request is new.
+    """
     if retry_window_s <= 0:
-        return TurnIdentity(new_id(), scope.conversation or new_id(), digest, None)
+        return new_id(), new_id()
     window_ns = int(retry_window_s * 1e9)
     start_ns = int(now.timestamp() * 1e9) // window_ns * window_ns
-    key = derived_id(f"turn {digest} {start_ns}", start_ns)
-    return TurnIdentity(key, scope.conversation or derived_id(f"conversation {digest} {start_ns}", start_ns),
-                        digest, None)
+    return derived_id(f"turn {digest} {start_ns}", start_ns), derived_id(f"conversation {digest} {start_ns}", start_ns)

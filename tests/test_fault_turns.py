@@ -139,3 +139,31 @@ def test_a_tool_loop_and_its_retry_while_memory_is_degraded_are_one_turn(make_pr
     later = client.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "and order 8813?"}])
     assert later.headers["x-memory-turn"] != first.headers["x-memory-turn"]
+
+
+def test_a_tool_loop_whose_next_step_finds_memory_degraded_stays_one_turn(make_proxy, fake):
+    # Step one is identified by the store; step two cannot ask it (the circuit opened in
+    # between). The step is still the same turn, in the conversation the turn began in.
+    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    client = proxy.client(**{"X-Memory-User": "alice"})
+    earlier = [{"role": "user", "content": "hello"}]
+    client.chat.completions.create(model="m", messages=earlier)  # the conversation the loop continues
+    question = [*earlier, {"role": "assistant", "content": "Hello from upstream"},
+                {"role": "user", "content": "please look up order 8812"}]
+    fake.queue(JsonReply(completion(None, tool_calls=[{"id": "call_a", "name": "lookup", "arguments": "{}"}])))
+    first = client.chat.completions.with_raw_response.create(model="m", messages=question)
+    assert first.headers["x-memory-status"] == "ok"
+    breaker = proxy.app.state.parts.memory.breaker
+    while not breaker.is_open:
+        breaker.failed()
+    step = [*question, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "shipped"}]
+    second = client.chat.completions.with_raw_response.create(model="m", messages=step)
+    assert second.headers["x-memory-status"] == "degraded: circuit open"
+    assert second.headers["x-memory-turn"] == first.headers["x-memory-turn"]
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM turns WHERE status = 'pending'") == [(0,)])
+    assert rows(proxy, "SELECT count(DISTINCT conversation_id), count(*) FROM messages") == [(1, 4)]
+    assert rows(proxy, "SELECT count(*) FROM conversations") == [(1,)]
+    assert rows(proxy, "SELECT content FROM messages WHERE role = 'user' ORDER BY seq") == [
+        ("hello",), ("please look up order 8812",)]

@@ -133,6 +133,23 @@ def test_a_corrected_or_deleted_message_leaves_no_words_in_what_follows_it(backe
     run(body())
 
 
+def test_a_turn_stays_in_the_conversation_it_began_in(backend: Backend) -> None:
+    # A later write naming another conversation (a step identified while the store could not
+    # be asked) goes to the turn's own: no message lands elsewhere, no empty conversation appears.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "where is the office?", conv="c1")])
+            await store.apply([start(ALICE, "t1", "where is the office?", conv="guessed"),
+                               finish(ALICE, "t1", "On Main Street.", conv="guessed", task="find it",
+                                      steps=(ReasoningStep("lookup", "{}", "Main St"),))])
+            assert [(m.role, m.content) for m in await store.messages(ALICE, "c1")] == [
+                ("user", "where is the office?"), ("assistant", "On Main Street.")]
+        assert await backend.sql("SELECT id FROM conversations") == [("c1",)]
+        assert await backend.sql("SELECT conversation_id FROM reasoning") == [("c1",)]
+
+    run(body())
+
+
 def test_regenerated_answer_is_saved_beside_the_first(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

@@ -109,8 +109,12 @@ INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
     SELECT user_id, id, created_at, created_at FROM m ON CONFLICT DO NOTHING
 """
 _NUMBERED = {name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)}
-APPLY = _APPLY_TEMPLATE.format(**_NUMBERED, context=CONTEXT_SQL.format(_NUMBERED["user"], _NUMBERED["conversation"],
-                                                                      _NUMBERED["at"]))
+# A turn stays in the conversation it was saved in: a later write naming another (a step
+# identified while the store could not be asked) goes to the turn's own (sqlite_batch.py).
+_TURNS_CONVERSATION = (f"coalesce((SELECT t.conversation_id FROM turns t WHERE t.user_id = {_NUMBERED['user']}"
+                       f" AND t.turn_key = {_NUMBERED['turn_key']}), {_NUMBERED['conversation']}::text)")
+APPLY = _APPLY_TEMPLATE.format(**{**_NUMBERED, "conversation": _TURNS_CONVERSATION},
+                               context=CONTEXT_SQL.format(_NUMBERED["user"], _TURNS_CONVERSATION, _NUMBERED["at"]))
 
 
 async def recover(conn: asyncpg.Connection) -> None:

@@ -133,38 +133,49 @@ class Batch:
         )
         return context_terms([row[0] for row in reversed(before)])
 
+    def _turns_conversation(self, scope: Scope, turn_key: str, named: str) -> str:
+        """The conversation the turn was saved in, else the one the op names.
+
+        A turn stays where it began: a later write naming another conversation (a step
+        identified while the store could not be asked) goes to the turn's own.
+        """
+        rows = self._run("SELECT conversation_id FROM turns WHERE user_id = ? AND turn_key = ?", (scope.user, turn_key))
+        return str(rows[0][0]) if rows else named
+
     def start_turn(self, op: StartTurn) -> None:
         """Conversation, pending turn and (when persisted) the user's message."""
         at = to_ts(op.at)
-        self._conversation(op.scope, op.conversation_id, at)
+        conversation = self._turns_conversation(op.scope, op.turn_key, op.conversation_id)
+        self._conversation(op.scope, conversation, at)
         self._run(
             "INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) ON CONFLICT DO NOTHING",
-            (op.scope.user, op.turn_key, op.conversation_id, op.scope.agent, op.history_hash, at, at),
+            (op.scope.user, op.turn_key, conversation, op.scope.agent, op.history_hash, at, at),
         )
         if op.user_text is not None and op.persist:
-            self._message(op.scope, op.conversation_id, op.turn_key, "user", op.user_text, at)
+            self._message(op.scope, conversation, op.turn_key, "user", op.user_text, at)
 
     def finish_turn(self, op: FinishTurn) -> None:
         """The answer (once per text), the trace (once per turn), status complete."""
         at = to_ts(op.at)
-        self._conversation(op.scope, op.conversation_id, at)
+        conversation = self._turns_conversation(op.scope, op.turn_key, op.conversation_id)
+        self._conversation(op.scope, conversation, at)
         # Upsert: the StartTurn batch may have been lost, the answer is still worth keeping.
         self._run(
             "INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, '', 'complete', ?, ?)"
             " ON CONFLICT (user_id, turn_key) DO UPDATE SET status = 'complete', updated_at = excluded.updated_at",
-            (op.scope.user, op.turn_key, op.conversation_id, op.scope.agent, at, at),
+            (op.scope.user, op.turn_key, conversation, op.scope.agent, at, at),
         )
         # Matched later by the hash of the text the client received (op.answer_hash), which
         # differs from the saved text when redaction changed it.
-        self._message(op.scope, op.conversation_id, op.turn_key, "assistant", op.answer, at, op.answer_hash)
+        self._message(op.scope, conversation, op.turn_key, "assistant", op.answer, at, op.answer_hash)
         if op.steps:
             task, answer = clean_text(op.task), clean_text(op.answer)
             self._run(
                 "INSERT INTO reasoning (id, user_id, agent_id, conversation_id, turn_key, task, steps, answer, terms,"
                 " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (new_id(), op.scope.user, op.scope.agent, op.conversation_id, op.turn_key, task,
+                (new_id(), op.scope.user, op.scope.agent, conversation, op.turn_key, task,
                  steps_json(op.steps), answer, reasoning_terms(task, op.steps, answer), at),
             )
 
