@@ -100,6 +100,13 @@ def test_pem_without_end_line_loses_its_body() -> None:
     assert redact(text) == "[REDACTED:private_key]"
 
 
+def test_a_pem_body_joined_by_escaped_newlines_is_redacted_without_its_end_line() -> None:
+    # A key inside a JSON string (a tool's arguments, a quoted config): its line breaks are `\\n`.
+    body = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0t"
+    text = '{"key": "-----BEGIN PRIVATE KEY-----\\n' + body + "\\n" + body + '\\n", "user": "deploy"}'
+    assert redact(text) == '{"key": "[REDACTED:private_key]\\n", "user": "deploy"}'
+
+
 def test_several_secrets_in_one_text() -> None:
     text = (
         "keys: sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv AKIAIOSFODNN7EXAMPLE\n"

@@ -118,8 +118,9 @@ def _url_password(m: re.Match[str]) -> str:
 
 _PEM = re.compile(
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----"
-    # a key pasted without its END line still loses its body
-    r"(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|(?:\s*[A-Za-z0-9+/=]{16,})*)",
+    # a key pasted without its END line still loses its body, its lines also when they are
+    # joined by JSON's escaped newlines (a key inside a quoted config or tool argument)
+    r"(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|(?:(?:\s|\\[nr])*[A-Za-z0-9+/=]{16,})*)",
     re.DOTALL,
 )
 _KEY_PART = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
