@@ -76,3 +76,15 @@ class UpstreamTimeout(ProxyError):
     """The provider did not answer in time (504; the SDK retries)."""
 
     status, type, code = 504, "upstream_error", "upstream_timeout"
+
+
+class UpstreamConnectTimeout(ProxyError):
+    """No connection to the provider within upstream.connect_timeout_s (504; the SDK retries)."""
+
+    status, type, code = 504, "upstream_error", "upstream_connect_timeout"
+
+
+class UpstreamProtocolError(ProxyError):
+    """The provider's connection reset, closed or sent no HTTP before its headers (502; the SDK retries)."""
+
+    status, type, code = 502, "upstream_error", "upstream_protocol_error"

@@ -65,9 +65,10 @@ async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None], 
 
 
 async def send_error(send: Send, error: ProxyError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    """Answer with memproxy's own OpenAI-style error."""
+    """Answer with memproxy's own OpenAI-style error (marked as memproxy's, not the provider's)."""
     body = error.body()
-    all_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    all_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"x-memory-proxy-error", error.code.encode())]
     all_headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": all_headers + (headers or [])})
     await send({"type": "http.response.body", "body": body})

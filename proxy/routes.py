@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamProtocolError, UpstreamTimeout
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import ClientGone, DisconnectWatch, Receive, Send, body_stream, declared_length, read_body, send_error
@@ -143,7 +143,7 @@ class ProxyEndpoint:
         except StreamCut as cut:  # nothing has gone to the client yet: answer as for no answer
             if cut.code == "upstream_idle_timeout":
                 raise UpstreamTimeout(cut.message) from cut
-            raise UpstreamUnavailable(cut.message) from cut
+            raise UpstreamProtocolError(cut.message) from cut
         finally:
             await response.aclose()
         if not is_context_length_error(400, body):

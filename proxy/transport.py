@@ -81,8 +81,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             )
         except aiohttp.ServerTimeoutError as exc:
             raise httpx.ConnectTimeout(str(exc), request=request) from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError) as exc:  # refused, DNS, TLS
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        except (aiohttp.ClientError, OSError) as exc:  # connected, then a reset, a close or no HTTP
+            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
         return httpx.Response(response.status, headers=response.raw_headers, stream=_Body(response),
                               request=request, extensions={"reason_phrase": (response.reason or "").encode()})
 

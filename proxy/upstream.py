@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 import httpx
 
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ProxyError, UpstreamConnectTimeout, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
 from proxy.transport import AiohttpTransport
 
@@ -177,12 +177,18 @@ class Upstream:
         try:
             async with asyncio.timeout(self.settings.first_byte_timeout_s):
                 response = await self.transport.handle_async_request(request)
+        except httpx.ConnectTimeout:
+            raise UpstreamConnectTimeout("no connection to the upstream in time") from None
         except (TimeoutError, httpx.TimeoutException):
             raise UpstreamTimeout("the upstream did not answer in time") from None
         except httpx.HTTPError as exc:
             if (own := _own_error(exc)) is not None:
                 raise own from None  # the client's body failed as it was sent (408, 413), not the upstream
-            log.warning("upstream unreachable: %s", type(exc.__cause__ or exc).__name__)
+            cause = type(exc.__cause__ or exc).__name__
+            if isinstance(exc, httpx.RemoteProtocolError):
+                log.warning("upstream broke the connection before its headers: %s", cause)
+                raise UpstreamProtocolError("the upstream closed or broke the connection before answering") from exc
+            log.warning("upstream unreachable: %s", cause)
             raise UpstreamUnavailable("the upstream could not be reached") from exc
         return UpstreamResponse(response, self.settings.idle_timeout_s)
 

@@ -63,6 +63,7 @@ def test_an_unreachable_upstream_saves_the_question_and_marks_the_turn_failed(ma
     response = ask(proxy, "anyone there?", stream=False)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_unavailable"
+    assert response.headers["x-memory-proxy-error"] == "upstream_unavailable"  # RELIABILITY 1.6: memproxy's own
     only_the_question_saved(proxy, "anyone there?", "upstream_failed")
 
 

@@ -160,8 +160,8 @@ def turn_status(proxy, turn: str) -> list[tuple[str]]:
 
 
 @pytest.mark.parametrize("resend, status, code", [
-    (RawReply(b""), 502, "upstream_unavailable"),  # the resend finds the provider gone
-    (None, 502, "upstream_unavailable"),  # the context-length answer itself is cut mid-body
+    (RawReply(b""), 502, "upstream_protocol_error"),  # the resend's connection closes unanswered
+    (None, 502, "upstream_protocol_error"),  # the context-length answer itself is cut mid-body
 ], ids=["resend-refused", "400-body-cut"])
 def test_a_failed_resend_without_the_block_is_memorys_own_error(mem, fake, resend, status, code):
     teach(mem, "The office door code is 4471.")

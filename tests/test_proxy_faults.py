@@ -257,12 +257,15 @@ def test_malformed_json_200_forwarded(proxy, fake):
     assert response.content == b'{"choices": ['
 
 
-def test_upstream_closing_before_headers_is_502(proxy, fake):
-    fake.queue(RawReply(b""))
+@pytest.mark.parametrize("reply", [b"", b"garbage, not HTTP\r\n\r\n"], ids=["closed", "garbage"])
+def test_upstream_closing_or_garbling_before_headers_is_a_502_protocol_error(proxy, fake, reply):
+    # RELIABILITY 1.6: reset or garbage before headers is 502 upstream_protocol_error, marked as memproxy's.
+    fake.queue(RawReply(reply))
     with proxy.http() as http:
         response = http.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 502
-    assert response.json()["error"]["code"] == "upstream_unavailable"
+    assert response.json()["error"]["code"] == "upstream_protocol_error"
+    assert response.headers["x-memory-proxy-error"] == "upstream_protocol_error"
 
 
 def test_sigterm_like_shutdown_lets_stream_finish(make_proxy, fake):
