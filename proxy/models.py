@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 Role = Literal["user", "assistant", "system", "tool"]
 TurnStatus = Literal[
-    "pending", "complete", "upstream_failed", "truncated", "client_aborted", "unparseable", "interrupted"
+    "pending", "complete", "upstream_failed", "truncated", "too_large", "client_aborted", "unparseable", "interrupted"
 ]
 
 

@@ -122,36 +122,54 @@ async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeo
 async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
     decoder = SSEDecoder()
     # Only an answer that will be saved is rebuilt; otherwise just watch how the stream ends.
-    answer: ChatStreamAccumulator | StreamEnd = ChatStreamAccumulator() if recall.active else StreamEnd()
+    answer: ChatStreamAccumulator | StreamEnd = ChatStreamAccumulator(only_choice=0) if recall.active else StreamEnd()
     read = _reader(response)
     committed = False
+    tail = b""  # the last bytes sent: whether the stream stopped between events
+
+    async def take(events: list[Any]) -> None:
+        nonlocal committed
+        for event in events:
+            answer.feed(event)
+        if answer.done and not committed:
+            committed = True
+            # SPEC 1.7: the answer is in the store before [DONE] reaches the client.
+            if isinstance(answer, ChatStreamAccumulator) and answer.error is None and not answer.too_large:
+                await _commit(recall.answered(answer.message(0)), commit_timeout_s)
+
     try:
         async for chunk in response.chunks():
-            for event in decoder.feed(chunk if read is None else read(chunk)):
-                answer.feed(event)
-            if answer.done and not committed:
-                committed = True
-                # SPEC 1.7: the answer is in the store before [DONE] reaches the client.
-                if isinstance(answer, ChatStreamAccumulator) and answer.error is None:
-                    await _commit(recall.answered(answer.message(0)), commit_timeout_s)
+            await take(decoder.feed(chunk if read is None else read(chunk)))
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            tail = (tail + chunk)[-4:]
     except StreamCut as cut:
         log.info("upstream stream cut: %s", cut.code)
-        await _end_cut(send, recall, cut.message, cut.code)
+        await _end_cut(send, recall, cut.message, cut.code, tail)
         return
+    if not answer.done:
+        # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
+        await take(decoder.feed(b"\n\n"))
     if read is not None and read.failed:  # the stream came whole; memproxy could not read it
         recall.failed("unparseable")
     elif answer.error is not None:
         recall.failed("upstream_failed")
     elif not answer.done:
-        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated")
+        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated", tail)
         return
+    elif isinstance(answer, ChatStreamAccumulator) and answer.too_large:
+        recall.failed("too_large")  # RELIABILITY 1.2: an answer past the bound is not saved cut short
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _end_cut(send: Send, recall: Answerable, message: str, code: str) -> None:
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
+
+
+async def _end_cut(send: Send, recall: Answerable, message: str, code: str, tail: bytes) -> None:
     recall.failed("truncated")
-    await send({"type": "http.response.body", "body": error_event(message, code), "more_body": True})
+    # Cut mid-line, the error event would join that line and the client would never read
+    # it: a blank line ends the broken event first.
+    gap = b"" if not tail or tail.endswith(_EVENT_ENDS) else b"\n\n"
+    await send({"type": "http.response.body", "body": gap + error_event(message, code), "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -5,17 +5,27 @@ of the failed step reaches extraction), and the turn's status saying what happen
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.models import Scope
 from tests.conftest import free_port
-from tests.fake_upstream import JsonReply, RawReply, SSEReply, completion, stream_events
+from tests.fake_upstream import (
+    DONE,
+    JsonReply,
+    RawReply,
+    SSEReply,
+    chunk,
+    completion,
+    stream_events,
+)
 from tests.proxy_db import eventually, rows
 
 USER = {"x-memory-user": "alice"}
@@ -168,3 +178,66 @@ def test_a_tool_loop_whose_next_step_finds_memory_degraded_stays_one_turn(make_p
     assert rows(proxy, "SELECT count(*) FROM conversations") == [(1,)]
     assert rows(proxy, "SELECT content FROM messages WHERE role = 'user' ORDER BY seq") == [
         ("hello",), ("please look up order 8812",)]
+
+
+def test_a_stream_cut_mid_line_still_ends_with_an_error_the_sdk_reads(make_proxy, fake):
+    # RELIABILITY P6 / case 11: the error event must not join the half line the upstream left.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    events = stream_events(pieces=3, done=False)[:3] + [b"da"]
+    fake.queue(SSEReply(events, cut_after=len(events)))
+    with pytest.raises(openai.APIError) as caught:
+        stream = proxy.client(**USER).chat.completions.create(
+            model="m", stream=True, messages=[{"role": "user", "content": "cut me"}])
+        for _ in stream:
+            pass
+    assert "ended before completion" in str(caught.value)
+    only_the_question_saved(proxy, "cut me", "truncated")
+
+
+def test_done_without_its_blank_line_is_a_complete_answer(make_proxy, fake):
+    # The provider sent `data: [DONE]` and closed without the blank line after it: the client
+    # got the whole answer, so it is saved, and nothing is appended to what the provider sent.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    events = stream_events()[:-1] + [b"data: [DONE]\n"]
+    fake.queue(SSEReply(events))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", headers=USER,
+                             json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.content == b"".join(events)
+    assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [("complete",)])
+    assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
+        ("user", "hi"), ("assistant", "Hello from upstream")]
+
+
+def test_an_answer_past_the_bound_is_not_saved_cut_short(make_proxy, fake):
+    # RELIABILITY 1.2: past DEFAULT_MAX_CHARS accumulation stops and the turn is too_large.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    piece = "lorem ipsum " * 10_000  # 120,000 characters
+    events = [chunk({"role": "assistant", "content": ""})] + [chunk({"content": piece})] * 9 + [
+        chunk({}, finish="stop"), DONE]
+    fake.queue(SSEReply(events))
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", headers=USER,
+                             json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "long"}]})
+    assert response.content == b"".join(events)  # the client gets it all
+    only_the_question_saved(proxy, "long", "too_large")
+
+
+def test_other_choices_never_crowd_out_choice_0(make_proxy, fake):
+    # SPEC 3: with n > 1 choice 0 is the answer; long other choices do not count against its bound.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+
+    def choice(index: int, text: str) -> bytes:
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": index, "delta": {"content": text}, "finish_reason": None}]}
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    big = "x" * 600_000
+    events = [choice(1, big), choice(2, big), choice(0, "The short answer."), DONE]
+    fake.queue(SSEReply(events))
+    with proxy.http() as http:
+        http.post("/v1/chat/completions", headers=USER,
+                  json={"model": "m", "stream": True, "n": 3, "messages": [{"role": "user", "content": "three"}]})
+    assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [("complete",)])
+    assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
+        ("user", "three"), ("assistant", "The short answer.")]

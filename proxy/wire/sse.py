@@ -203,10 +203,15 @@ def _int_or(value: Any, default: int) -> int:
 
 
 class ChatStreamAccumulator:
-    """Rebuilds every choice's message from the chat.completion.chunk events of a stream."""
+    """Rebuilds every choice's message from the chat.completion.chunk events of a stream.
 
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    `only_choice`: rebuild that choice alone (the proxy saves choice 0, SPEC 3), so the
+    other choices neither take memory nor count toward `max_chars`.
+    """
+
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, *, only_choice: int | None = None) -> None:
         self._choices: dict[int, _ChoiceParts] = {}
+        self._only = only_choice
         self._max_chars = max_chars
         self._chars = 0
         self._too_large = False
@@ -277,7 +282,10 @@ class ChatStreamAccumulator:
         return AssistantMessage("".join(parts.content), "".join(parts.refusal), calls, parts.finish_reason)
 
     def _feed_choice(self, position: int, choice: dict[str, Any]) -> None:
-        parts = self._choices.setdefault(_int_or(choice.get("index"), position), _ChoiceParts())
+        index = _int_or(choice.get("index"), position)
+        if self._only is not None and index != self._only:
+            return
+        parts = self._choices.setdefault(index, _ChoiceParts())
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
             parts.finish_reason = reason
