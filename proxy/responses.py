@@ -82,6 +82,15 @@ def _reader(response: Any) -> _Inflate | _Unreadable | None:
     return _Unreadable()
 
 
+def readable_body(response: Any, body: bytes) -> bytes:
+    """A whole body as memproxy reads it: inflated when the provider compressed it (b"" if unreadable)."""
+    read = _reader(response)
+    if read is None:
+        return body
+    inflated = read(body)
+    return b"" if read.failed else inflated
+
+
 def _is_sse(response: Any) -> bool:
     return response.content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
 

@@ -14,7 +14,7 @@ from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamProtocolErr
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import ClientGone, DisconnectWatch, Receive, Send, body_stream, declared_length, read_body, send_error
-from proxy.responses import relay_chat, relay_plain
+from proxy.responses import readable_body, relay_chat, relay_plain
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings
 from proxy.upstream import StreamCut, Upstream, request_headers
@@ -146,7 +146,9 @@ class ProxyEndpoint:
             raise UpstreamProtocolError(cut.message) from cut
         finally:
             await response.aclose()
-        if not is_context_length_error(400, body):
+        # Read as memproxy reads an answer: a provider may gzip its errors (and the client's
+        # accept-encoding goes along when the answer is not saved).
+        if not is_context_length_error(400, readable_body(response, body)):
             return _Replayed(response, body)
         recall.dropped_block()
         return await self._open("POST", url, headers, original)

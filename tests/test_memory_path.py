@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import sqlite3
 import time
@@ -190,6 +191,27 @@ def test_a_get_of_the_chat_path_says_memory_is_off(mem, fake):
         response = http.get("/v1/chat/completions", headers={"x-memory-user": "alice"})
     assert response.status_code == 200 and response.json() == {"object": "list", "data": []}
     assert response.headers["x-memory-status"] == "off"
+
+
+@pytest.mark.parametrize("persist", ["true", "false"])
+def test_a_gzipped_context_length_error_is_still_retried_without_the_block(mem, fake, persist):
+    # A provider may compress its errors; with X-Memory-Persist: false the client's own
+    # accept-encoding even goes along. The 400 is read inflated, as an answer would be.
+    teach(mem, "The office door code is 4471.")
+    error = json.dumps({"error": {"message": "too long", "type": "invalid_request_error", "param": "messages",
+                                  "code": "context_length_exceeded"}}).encode()
+    packed = gzip.compress(error)
+    fake.queue(RawReply(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+                        b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed)),
+               JsonReply(completion("fine")))
+    with mem.http() as http:
+        response = http.post("/v1/chat/completions", headers={"x-memory-user": "alice", "x-memory-persist": persist,
+                                                              "accept-encoding": "gzip"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "office door code?"}]})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "fine"
+    first, second = fake.chat_requests()[-2:]
+    assert json.loads(first.body)["messages"][0]["content"].startswith(HEADER)
+    assert json.loads(second.body)["messages"][0]["content"] == "office door code?"
 
 
 def test_other_400_with_a_block_is_passed_back(mem, fake):
