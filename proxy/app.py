@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from proxy import logs
 from proxy.api.auth import ApiGuard
 from proxy.api.routes import ApiApp, MemoryApi
 from proxy.embedding_calls import embeddings_caller
@@ -144,6 +145,7 @@ class Parts:
 def create_app(settings: Settings) -> Starlette:
     """The proxy app: /v1/* to the provider, health, readiness and metrics."""
     parts = Parts(settings)
+    logs.mark_expected_aborts()
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics)
     memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer), ApiGuard(settings.memory_api.token),
                         parts.metrics)

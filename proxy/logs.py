@@ -46,6 +46,28 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+class _ExpectedAbort(logging.Filter):
+    """uvicorn's ERROR for a response left unfinished is, from memproxy, a deliberate abort.
+
+    memproxy leaves a response unfinished only when the provider's body broke after its
+    headers went out (the connection must close: RELIABILITY 1.6), an expected event it
+    has already logged at INFO; the line stays, as INFO, and says why.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == "ASGI callable returned without completing response.":
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "response aborted: the upstream body broke after its headers", ()
+        return True
+
+
+def mark_expected_aborts() -> None:
+    """Have uvicorn's line for a response memproxy left unfinished say why, at INFO (idempotent)."""
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ExpectedAbort) for f in uvicorn_error.filters):
+        uvicorn_error.addFilter(_ExpectedAbort())
+
+
 def configure(level: str) -> None:
     """Route memproxy's and uvicorn's loggers through the JSON formatter."""
     # A line carries none of the caller's file, thread or process: the logging HOWTO's
@@ -62,5 +84,6 @@ def configure(level: str) -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
     # httpx logs every upstream call at INFO with its full URL: one line per request is ours.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -17,6 +17,11 @@ class ClientGone(Exception):
     """The client disconnected before the response was complete."""
 
 
+class ResponseAborted(Exception):
+    """The provider's body broke after its headers went out: the client's response is cut off
+    (the connection closes; RELIABILITY 1.6), an expected event rather than a failure of memproxy's."""
+
+
 def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     """The request's Content-Length, or None when absent or unreadable."""
     for name, value in headers:

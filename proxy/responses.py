@@ -7,7 +7,7 @@ import logging
 import zlib
 from typing import Any, Protocol
 
-from proxy.relay import Send
+from proxy.relay import ResponseAborted, Send
 from proxy.upstream import StreamCut, response_headers
 from proxy.wire.sse import ChatStreamAccumulator, SSEDecoder, StreamEnd, error_event, parse_completion
 
@@ -111,9 +111,9 @@ async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes
         async for chunk in response.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except StreamCut as cut:
-        if not sse:
-            raise  # aborting the connection is the only honest end of a cut JSON body
         log.info("upstream stream cut: %s", cut.code)
+        if not sse:
+            raise ResponseAborted(cut.code) from cut  # a cut JSON body: the connection closes
         await send({"type": "http.response.body", "body": error_event(cut.message, cut.code), "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -187,12 +187,17 @@ async def _relay_json(send: Send, response: Any, recall: Answerable, commit_time
     copy: list[bytes] = []
     held = b""
     read = _reader(response)
-    async for chunk in response.chunks():
-        if held:
-            await send({"type": "http.response.body", "body": held, "more_body": True})
-        held = chunk
-        if recall.active:
-            copy.append(chunk if read is None else read(chunk))
+    try:
+        async for chunk in response.chunks():
+            if held:
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+            held = chunk
+            if recall.active:
+                copy.append(chunk if read is None else read(chunk))
+    except StreamCut as cut:
+        log.info("upstream body cut: %s", cut.code)
+        recall.failed("truncated")
+        raise ResponseAborted(cut.code) from cut  # the connection closes: the client sees a short body
     if recall.active:
         if response.status == 200:
             message = None if read is not None and read.failed else parse_completion(b"".join(copy))

@@ -13,7 +13,9 @@ from typing import Any
 from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamProtocolError, UpstreamTimeout
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
-from proxy.relay import ClientGone, DisconnectWatch, Receive, Send, body_stream, declared_length, read_body, send_error
+from proxy.relay import (
+    ClientGone, DisconnectWatch, Receive, ResponseAborted, Send, body_stream, declared_length, read_body, send_error,
+)
 from proxy.responses import readable_body, relay_chat, relay_plain
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings
@@ -58,6 +60,8 @@ class ProxyEndpoint:
             await send_error(send, error, _status_header("off") if needs_status else None)
         except ClientGone:
             outcome = "client_gone"
+        except ResponseAborted:
+            outcome = "upstream_cut"
         finally:
             elapsed = time.perf_counter() - started
             self.metrics.request_done(path or "other", outcome, elapsed)

@@ -241,3 +241,22 @@ def test_other_choices_never_crowd_out_choice_0(make_proxy, fake):
     assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [("complete",)])
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [
         ("user", "three"), ("assistant", "The short answer.")]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models"])
+def test_a_json_body_cut_after_its_headers_closes_the_connection_quietly(make_proxy, fake, caplog, path):
+    # RELIABILITY 1.6: the status cannot change, so the connection closes (a short body); the
+    # turn says truncated, and nothing is logged at ERROR: it is an expected event (case 12).
+    caplog.set_level(logging.INFO)
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    fake.queue(RawReply(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+                        b'{"choices": [1, 2'))
+    with proxy.http() as http, pytest.raises(httpx.RemoteProtocolError):
+        if path == "/v1/models":
+            http.get(path)
+        else:
+            http.post(path, headers=USER, json={"model": "m", "messages": [{"role": "user", "content": "cut"}]})
+    if path != "/v1/models":
+        only_the_question_saved(proxy, "cut", "truncated")
+    assert eventually(lambda: any(getattr(r, "outcome", None) == "upstream_cut" for r in caplog.records))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
