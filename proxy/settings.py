@@ -43,8 +43,10 @@ class UpstreamSettings:
     base_url: str = _help("Provider base URL including its version prefix.", "https://api.openai.com/v1")
     api_key: str | None = _help("memproxy's own provider key; when set, clients' keys are never forwarded.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
-    first_byte_timeout_s: float = _help("Time from sending a request to the response headers.", 600.0)
-    idle_timeout_s: float = _help("Longest silence between two chunks of a response body.", 300.0)
+    # RELIABILITY 1.4: below the SDK's own 600 s, so the client gets memproxy's 504 rather
+    # than its own timeout; silence of two minutes inside a body is a stalled provider.
+    first_byte_timeout_s: float = _help("Time from sending a request to the response headers.", 300.0)
+    idle_timeout_s: float = _help("Longest silence between two chunks of a response body.", 120.0)
     max_connections: int = _help("Connection pool size to the provider.", 200)
 
 
