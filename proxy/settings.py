@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import types
 import typing
@@ -26,6 +27,9 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
     if "default_factory" in kw:
         return field(metadata={"help": text}, **kw)
     return field(default=default, metadata={"help": text})
+
+
+MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,10 @@ def _check_type(name: str, hint: Any, value: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             _bad(name, "a number", value)
-        return _number(name, float, value)
+        number = _number(name, float, value)
+        if not math.isfinite(number):  # YAML's .inf and .nan pass every range check, then break arithmetic
+            _bad(name, "a finite number", value)
+        return number
     if hint is str:
         if not isinstance(value, str):
             _bad(name, "a string", value)
@@ -306,11 +313,21 @@ def _check(s: Settings) -> None:
             raise ConfigError(f"{name}: must be 0 or more, got {value}")
     if s.server.port > 65535:
         raise ConfigError(f"server.port: must be at most 65535, got {s.server.port}")
+    if s.memory.retry_window_s > MAX_RETRY_WINDOW_S:
+        raise ConfigError(f"memory.retry_window_s: must be at most {MAX_RETRY_WINDOW_S:.0f} (a day), "
+                          f"got {s.memory.retry_window_s}")
+    if not s.server.host.strip():
+        raise ConfigError("server.host: must not be empty (it would listen on every interface)")
+    if not s.memory.block_header.strip():
+        raise ConfigError("memory.block_header: must not be empty (SPEC 5's block starts with it)")
     _check_embeddings(s.embeddings)
     if not s.upstream.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"upstream.base_url: must start with http:// or https://, got {s.upstream.base_url!r}")
     if not s.store.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError(f"store.url: must be sqlite:///PATH or postgresql://..., got {s.store.url!r}")
+    if s.store.url.startswith("sqlite:///") and s.store.url[len("sqlite:///"):].strip() in ("", ":memory:"):
+        # Each connection would open a database of its own: the readers would find no tables.
+        raise ConfigError(f"store.url: an SQLite store needs a file path, got {s.store.url!r}")
     for i, cidr in enumerate(s.auth.trusted_networks):
         try:
             ipaddress.ip_network(cidr, strict=False)

@@ -62,12 +62,28 @@ def test_precedence_flag_env_file_default(tmp_path):
     ("auth:\n  api_keys: [{key: k}]\n", "auth.api_keys[0]"),
     ("- a list\n", "expected a mapping of sections"),
     ("server: [1, 2]\n", "server: expected a mapping"),
+    ("memory:\n  retry_window_s: .nan\n", "memory.retry_window_s: expected a finite number"),
+    ("memory:\n  retry_window_s: .inf\n", "memory.retry_window_s: expected a finite number"),
+    ("memory:\n  retry_window_s: 1e300\n", "memory.retry_window_s: must be at most 86400"),
+    ("memory:\n  relevance_floor: .nan\n", "memory.relevance_floor: expected a finite number"),
+    ("server:\n  grace_period_s: .inf\n", "server.grace_period_s: expected a finite number"),
+    ("server:\n  host: ''\n", "server.host: must not be empty"),
+    ("memory:\n  block_header: '  '\n", "memory.block_header: must not be empty"),
+    ("store:\n  url: 'sqlite:///:memory:'\n", "store.url: an SQLite store needs a file path"),
+    ("store:\n  url: 'sqlite:///'\n", "store.url: an SQLite store needs a file path"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, message):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_settings(str(config), environ={})
+
+
+def test_bad_environment_value_names_the_key_nan_and_empty_host_too():
+    for env, message in (({"MEMPROXY_MEMORY_RETRY_WINDOW_S": "nan"}, "memory.retry_window_s: expected a finite"),
+                         ({"MEMPROXY_SERVER_HOST": ""}, "server.host: must not be empty")):
+        with pytest.raises(ConfigError, match=message):
+            load_settings(environ=env)
 
 
 def test_bad_environment_value_names_the_key():
