@@ -65,6 +65,33 @@ def test_block_as_a_new_text_part(mem, fake):
     assert sent[0]["text"].endswith("My favourite editor is Helix.\n\n")
 
 
+def test_a_long_message_is_never_injected_as_a_memory_of_itself(make_proxy, fake):
+    # The query is the message's first and last 2,000 characters; the message itself, saved
+    # by an earlier identical turn in this conversation, must still count as shown.
+    proxy = make_proxy(memory__commit_timeout_ms=5000, memory__retry_window_s=0, extraction__from_roles=[])
+    long_text = "please review this design for the ingestion service " + " ".join(
+        f"section{n} covers part {n} of the pipeline" for n in range(400))
+    client = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "conv1"})
+    for _ in range(2):
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": long_text}])
+    assert raw.headers["x-memory-injected"] == "0"
+    assert last_user_content(fake) == long_text
+
+
+def test_an_image_alone_recalls_nothing(mem, fake):
+    # RELIABILITY B8: only text parts feed recall; the saved message still notes the image.
+    teach(mem, "I need to resize the image for the file upload")
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    raw = mem.client(**{"X-Memory-User": "alice"}).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": [image]}])
+    assert raw.headers["x-memory-injected"] == "0"
+    assert last_user_content(fake) == [image]
+    with closing(sqlite3.connect(mem.settings.store.url.removeprefix("sqlite:///"))) as db:
+        assert eventually(lambda: db.execute("SELECT content FROM messages WHERE role = 'user' ORDER BY seq")
+                          .fetchall()[-1:] == [("[image]",)])
+
+
 def test_new_user_gets_no_block(mem, fake):
     raw = mem.client(**{"X-Memory-User": "newbie"}).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "what do you know about me?"}])

@@ -124,8 +124,8 @@ class MemoryService:
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
         header = self.memory.block_header
-        query = Query(user_text(request, header), identity.conversation_id, visible_texts(request, header),
-                      min(limit, 12), identity.new_conversation)
+        query = Query(user_text(request, header, markers=False), identity.conversation_id,
+                      visible_texts(request, header), min(limit, 12), identity.new_conversation)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
@@ -140,12 +140,16 @@ class MemoryService:
         return f"degraded: {reason}"
 
 
-def user_text(request: ChatRequest, header: str = DEFAULT_HEADER) -> str:
-    """The last user message's text as the user wrote it (any memory block removed)."""
+def user_text(request: ChatRequest, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:
+    """The last user message's text as the user wrote it (any memory block removed).
+
+    `markers=False`: its text parts alone, what recall searches by (RELIABILITY B8); the
+    saved message notes an image or a file where it was (`[image]`).
+    """
     index = last_user_index(request.messages)
     if index is None:
         return ""
-    return strip_block(message_text(request.messages[index].get("content")), header)
+    return strip_block(message_text(request.messages[index].get("content"), markers=markers), header)
 
 
 def visible_texts(request: ChatRequest, header: str = DEFAULT_HEADER) -> tuple[str, ...]:

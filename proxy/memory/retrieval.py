@@ -76,6 +76,7 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
         any_term_match=any_term_match,
         max_memories=query.max_memories,
         new_conversation=query.new_conversation,
+        said=query.text if text != query.text else "",
     )
 
 

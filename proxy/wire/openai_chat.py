@@ -47,22 +47,23 @@ def parse_chat_request(body: bytes) -> ChatRequest | str:
     return ChatRequest(body=doc, stream=bool(stream), messages=messages)
 
 
-def message_text(content: Any) -> str:
-    """The text of a message's content; non-text parts become `[image]`, `[audio]`, `[file]`."""
+def message_text(content: Any, *, markers: bool = True) -> str:
+    """The text of a message's content; non-text parts become `[image]`, `[audio]`, `[file]`
+    (noted where a message is saved), or nothing (`markers=False`: what recall searches by)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         return ""
-    pieces = (_part_text(part) for part in content if isinstance(part, dict))
+    pieces = (_part_text(part, markers) for part in content if isinstance(part, dict))
     return "\n".join(piece for piece in pieces if piece is not None)
 
 
-def _part_text(part: dict[str, Any]) -> str | None:
+def _part_text(part: dict[str, Any], markers: bool) -> str | None:
     kind = part.get("type")
     if kind in ("text", "refusal"):
         text = part.get(kind)
         return text if isinstance(text, str) else None
-    if isinstance(kind, str):
+    if isinstance(kind, str) and markers:
         return _PART_MARKERS.get(kind)
     return None
 

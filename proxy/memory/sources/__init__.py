@@ -81,6 +81,7 @@ class SourceQuery:
     max_memories: int = HARD_CAP
     new_conversation: bool = False  # nothing of `conversation_id` is stored yet
     vectors: VectorQuery | None = field(default=None, compare=False)  # embeddings on: memory/hybrid.py
+    said: str = ""  # the whole user message when `text` is its cut (a long paste): never its own memory
 
     @property
     def hits_wanted(self) -> int:
@@ -94,12 +95,12 @@ class SourceQuery:
 
     @cached_property
     def _shown(self) -> frozenset[str]:
-        return frozenset(normalised(text) for text in (*self.visible, self.text))
+        return frozenset(normalised(text) for text in (*self.visible, self.text, self.said))
 
     @cached_property
     def _shown_redacted(self) -> frozenset[str]:
         # Stored text was redacted before it was saved; the request shows it unredacted.
-        return frozenset(normalised(redact(text)) for text in (*self.visible, self.text))
+        return frozenset(normalised(redact(text)) for text in (*self.visible, self.text, self.said))
 
     def shows(self, text: str) -> bool:
         """True when the request already shows this stored text (or it is the query itself)."""
