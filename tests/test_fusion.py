@@ -156,6 +156,19 @@ def test_budget_cuts_a_long_memory_to_a_snippet_and_says_so() -> None:
     assert estimate_tokens(render(kept)) <= 80
 
 
+@pytest.mark.parametrize("source, head", [("cross-session", "user (2026-11-02): "), ("conversation", "assistant (2026-11-02): "),
+                                          ("long-term", "Deploy box — ")])
+def test_a_snippet_keeps_what_the_memory_is(source: str, head: str) -> None:
+    # SPEC 5: a message reads `role (YYYY-MM-DD): text`, so the model can answer "when"; an
+    # entity line starts with its name. The cut is made in the rest.
+    text = head + " ".join(f"filler{n}" for n in range(400)) + " the staging host is zebrahost"
+    kept, cut = apply_budget([hit(source, "m", text)], 200, DEFAULT_HEADER, query_terms("which host is zebrahost?"))
+    assert cut is True
+    assert kept[0].content.startswith(head + "…filler")
+    assert kept[0].content.endswith(" the staging host is zebrahost")
+    assert estimate_tokens(render(kept)) <= 200
+
+
 def test_budget_per_hit_cap_snippets_a_memory_that_would_fit_whole() -> None:
     long = " ".join(["filler"] * 80) + " the vpn password rotates monthly " + " ".join(["filler"] * 80)
     kept, cut = apply_budget([hit("long-term", "e", long)], 300, DEFAULT_HEADER, ["vpn"])

@@ -57,6 +57,7 @@ _IMITATIONS = (
 )
 _LABELS = "|".join(re.escape(source) for source in SOURCES)
 _MAX_STEPS = 4
+_MAX_PASSES = 4  # passes of neutralise before nested imitations lose their brackets
 _ARGUMENT_CHARS = 60
 _RESULT_CHARS = 80
 
@@ -68,12 +69,18 @@ def neutralise(text: str) -> str:
     # Only the header imitations can match without a bracket; skipping the rest when there
     # is none keeps this cheap on the request path.
     patterns = _IMITATIONS if "[" in text else _IMITATIONS[:2]
-    removed = 1
-    while removed:  # removing one imitation can join the halves of another
+    for _ in range(_MAX_PASSES):  # removing one imitation can join the halves of another
         removed = 0
         for pattern in patterns:
             text, count = pattern.subn(" ", text)
             removed += count
+        if not removed:
+            return " ".join(text.split())
+    # Imitations nested deeper than any honest text (`[graph[graph[...]]]`): one more pass per
+    # level would make this quadratic; without brackets no source label can be formed.
+    text = text.replace("[", " ").replace("]", " ")
+    for pattern in _IMITATIONS[:2]:
+        text = pattern.sub(" ", text)
     return " ".join(text.split())
 
 
@@ -133,18 +140,23 @@ def estimate_tokens(text: str) -> int:
 # A line depends on its arguments alone, and the memories a user's questions recall recur
 # from turn to turn: each is built once, not at every recall.
 LINES_CACHED = 4096
+# A memory's line is built from at most this much of its text: the block holds a few
+# hundred chars of it, and a pasted file of megabytes is otherwise cleaned whole on the
+# event loop at every recall.
+LINE_TEXT_MAX_CHARS = 100_000
 
 
 @lru_cache(maxsize=LINES_CACHED)
 def entity_line(name: str, description: str) -> str:
     """`name — description`, either alone when the other is empty."""
-    return " — ".join(part for part in (neutralise(name), neutralise(description)) if part)
+    return " — ".join(part for part in (neutralise(name[:LINE_TEXT_MAX_CHARS]),
+                                        neutralise(description[:LINE_TEXT_MAX_CHARS])) if part)
 
 
 @lru_cache(maxsize=LINES_CACHED)
 def message_line(role: str, created_at: datetime, text: str) -> str:
     """`role (YYYY-MM-DD): text`, dated in UTC so the model can answer "when"."""
-    return f"{role} ({_utc_date(created_at)}): {neutralise(strip_block(text))}"
+    return f"{role} ({_utc_date(created_at)}): {neutralise(strip_block(text)[:LINE_TEXT_MAX_CHARS])}"
 
 
 def triple_line(from_name: str, type: str, to_name: str) -> str:

@@ -6,6 +6,7 @@ the merge; the rendered block, header and graph note included, fits `memory.max_
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -25,6 +26,13 @@ PER_GROUP = 3  # SPEC 4: at most 3 cross-session hits from one conversation
 PER_HIT_SHARE = 3  # no single memory may take more than a third of the budget
 MIN_SNIPPET_CHARS = 40  # a shorter piece of a memory says nothing useful
 _MAX_MATCHES = 200  # matches considered when choosing a snippet window
+# Where a snippet starts is looked for in a memory's first this many chars: every word is
+# tokenised to compare it with the query, on the event loop.
+_SCAN_CHARS = 20_000
+# The start of a line that says what the memory is, kept whole when the rest is cut: a
+# message's `role (date): `, an entity's `name — `.
+_HEADS = {"conversation": "): ", "cross-session": "): ", "long-term": " — "}
+_HEAD_MAX_CHARS = 80
 
 _WORD = re.compile(r"\S+")
 
@@ -125,7 +133,7 @@ def apply_budget(
         # when this is the first graph hit. Counted, not rendered, to stay O(hits).
         prefix = len(f"\n{len(kept) + 1}. [{hit.source}] ")
         note = len(GRAPH_NOTE) + 1 if has_graph or hit.source == "graph" else 0
-        content = _fit(text, min(per_hit, limit - used - prefix - note), wanted)
+        content = _fit(text, min(per_hit, limit - used - prefix - note), wanted, _head(hit.source, text))
         cut = cut or content != text
         if content:
             kept.append(replace(hit, content=content))
@@ -134,11 +142,20 @@ def apply_budget(
     return kept, cut
 
 
-def _fit(text: str, room: int, wanted: frozenset[str]) -> str:
-    """The text, or a snippet of it, in `room` chars; '' when not even a snippet fits."""
+def _fit(text: str, room: int, wanted: frozenset[str], head: str = "") -> str:
+    """The text, or its head and a snippet of the rest, in `room` chars; '' when not even a snippet fits."""
     if len(text) <= room:
         return text
+    if head and room - len(head) >= MIN_SNIPPET_CHARS:
+        return head + _snippet(text[len(head):], wanted, room - len(head))
     return _snippet(text, wanted, room) if room >= MIN_SNIPPET_CHARS else ""
+
+
+def _head(source: str, text: str) -> str:
+    """The part of a memory's line that says what it is (SPEC 5: `role (YYYY-MM-DD): `), or ''."""
+    mark = _HEADS.get(source)
+    end = text.find(mark, 0, _HEAD_MAX_CHARS) if mark else -1
+    return text[:end + len(mark)] if mark and end > 0 else ""
 
 
 def snippet(text: str, query_terms: Iterable[str], max_chars: int) -> str:
@@ -176,11 +193,11 @@ def _word_terms(word: str) -> frozenset[str]:
 
 def _best_start(text: str, wanted: frozenset[str], width: int) -> int:
     """Where a window of `width` chars shows the most distinct query terms; 0 with no match."""
-    matches = [
-        (word.start(), word.end(), found)
-        for word in _WORD.finditer(text)
-        if (found := wanted.intersection(_word_terms(word.group())))
-    ][:_MAX_MATCHES]
+    matches = list(itertools.islice(
+        ((word.start(), word.end(), found)
+         for word in _WORD.finditer(text, 0, _SCAN_CHARS)
+         if (found := wanted.intersection(_word_terms(word.group())))),
+        _MAX_MATCHES))
     best, best_count = 0, 0
     for anchor, _, _ in matches:
         start = max(0, anchor - width // 3)  # some lead-in before the match reads better
