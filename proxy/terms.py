@@ -10,12 +10,19 @@ where they would match nearly everything and cost 25-250x more.
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import lru_cache
 
 import snowballstemmer
 
-_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]*[A-Za-z0-9]|[A-Za-z0-9]")
-_PART = re.compile(r"[A-Za-z0-9]+")
+# Scripts written without spaces (Chinese, Japanese kana and kanji): each character is a
+# term, so "北京" finds "我住在北京" by its two characters. Every other script's words are
+# split on spaces and punctuation as English is.
+_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_LETTER = rf"[^\W_{_UNSPACED}]"  # a letter or digit of any spaced script
+_TOKEN = re.compile(rf"[{_UNSPACED}]|{_LETTER}(?:(?:[^\W{_UNSPACED}]|[.:/@+-])*{_LETTER})?")
+_PART = re.compile(rf"{_LETTER}+")
+_CHARACTER = re.compile(rf"[{_UNSPACED}]")
 _CAMEL = re.compile(r"[a-z]+[A-Z]")
 _WHOLE_SEPARATORS = re.compile(r"[_.:/@+-]")
 
@@ -40,8 +47,9 @@ MAX_TERM_CHARS = 128
 
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """The Snowball stem of a lower-case word; digits and short words stay as they are."""
-    if len(word) < 4 or not word.isalpha():
+    """The Snowball (English) stem of a lower-case word; digits, short words and other scripts' words
+    stay as they are."""
+    if len(word) < 4 or not (word.isascii() and word.isalpha()):
         return word
     return _stemmer.stemWord(word)
 
@@ -68,6 +76,8 @@ def _words(text: str) -> list[tuple[str, str]]:
 @lru_cache(maxsize=65536)
 def _token_words(token: str) -> tuple[tuple[str, str], ...]:
     """`_words` of one token; cached, since chat text repeats a small vocabulary."""
+    if _CHARACTER.fullmatch(token):
+        return ((token, token),)
     parts = _PART.findall(token)
     out: list[tuple[str, str]] = []
     if len(parts) > 1 or _is_identifier(token):
@@ -75,9 +85,22 @@ def _token_words(token: str) -> tuple[tuple[str, str], ...]:
         if len(parts) == 1:
             return tuple(out)
     for part in parts:
-        word = part.lower()[:MAX_TERM_CHARS]
+        word = _fold(part.lower())[:MAX_TERM_CHARS]
         out.append((word, stem(word)))
     return tuple(out)
+
+
+def _fold(word: str) -> str:
+    """The word without the accents of Latin letters ("café" is "cafe"), as SQLite's index
+    folds them: a user who types no accents still finds the word, on either store."""
+    if word.isascii():
+        return word
+    kept: list[str] = []
+    for char in unicodedata.normalize("NFD", word):
+        if unicodedata.combining(char) and kept and kept[-1].isascii():
+            continue
+        kept.append(char)
+    return unicodedata.normalize("NFC", "".join(kept))
 
 
 def terms(text: str) -> list[str]:

@@ -150,6 +150,26 @@ def test_a_turn_stays_in_the_conversation_it_began_in(backend: Backend) -> None:
     run(body())
 
 
+@pytest.mark.parametrize("question, found", [
+    ("Где мой сервер?", "Мой сервер находится в Берлине"),
+    ("北京怎么样?", "我住在北京，工作也在这里"),
+    ("what about the café?", "The café on Rue Cler opens at seven"),
+])
+def test_words_of_any_script_are_found(backend: Backend, question: str, found: str) -> None:
+    # Terms were ASCII only: Cyrillic or Chinese text was never found, and "café" was "caf".
+    said = ["Мой сервер находится в Берлине", "我住在北京，工作也在这里", "The café on Rue Cler opens at seven",
+            "Nothing else to say here"]
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, f"t{n}", text, conv=f"c{n}", at=T0 + timedelta(minutes=n))
+                               for n, text in enumerate(said)])
+            hits = await store.search_messages(ALICE, query_terms(question), limit=5)
+            assert [m.content for m, _ in hits][:1] == [found]
+
+    run(body())
+
+
 def test_regenerated_answer_is_saved_beside_the_first(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

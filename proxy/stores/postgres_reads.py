@@ -32,7 +32,7 @@ from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_search import candidate_terms
 
 EXPORT_PAGE = 500
-_TERM = re.compile(r"[a-z0-9_]+")
+_TERM = re.compile(r"\w+")  # letters and digits of any script, and "_", as the index text splits
 
 
 def _terms(terms: Sequence[str]) -> list[str]:
