@@ -190,37 +190,28 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         other replica claims them meanwhile; the result (RecordFacts or ExtractionFailed)
         ends the lease, and a replica that dies holding items lets them come due again.
 
-        A user's items go to one claim at a time, so one user's facts land in the order
-        they were said on any number of replicas (a correction, "call me Ally", never loses
-        to what it corrects). The claim first takes a per-user advisory lock for its
-        transaction on each user with due items (one a concurrent claim holds is skipped),
-        then, in a statement whose snapshot follows those locks, takes the items of locked
-        users none of whose items is leased.
+        A user's items go to one claim at a time: none while another of theirs is leased,
+        and a claim running at the same moment skips the user (a per-user advisory lock
+        for the statement). One user's facts then land in the order they were said, on
+        any number of replicas: a correction ("call me Ally") never loses to what it corrects.
         """
-        due = "NOT q.parked AND q.next_attempt_at <= $1 AND (q.claimed_until IS NULL OR q.claimed_until <= $1)"
-        content = "m.content" if max_chars is None else f"substr(m.content, 1, {int(max_chars)})"
-        try:
-            async with self._open_pool().acquire(timeout=CONNECT_TIMEOUT_S) as conn, conn.transaction():
-                users = [row["user_id"] for row in await conn.fetch(
-                    f"SELECT u.user_id FROM (SELECT DISTINCT q.user_id FROM extraction_queue q WHERE {due}"
-                    " LIMIT $2) u WHERE pg_try_advisory_xact_lock($3, hashtext(u.user_id))",
-                    utc(now), limit, _CLAIM_LOCK_SPACE)]
-                if not users:
-                    return []
-                rows = await conn.fetch(
-                    f"WITH due AS (SELECT q.id FROM extraction_queue q WHERE {due} AND q.user_id = ANY($2::text[])"
-                    " AND NOT EXISTS (SELECT 1 FROM extraction_queue o WHERE o.user_id = q.user_id"
-                    " AND o.claimed_until > $1)"
-                    " ORDER BY q.next_attempt_at, q.id LIMIT $3 FOR UPDATE SKIP LOCKED),"
-                    " claimed AS (UPDATE extraction_queue q SET claimed_until = $1 + $4::interval FROM due"
-                    " WHERE q.id = due.id RETURNING q.id, q.user_id, q.message_id, q.attempts, q.next_attempt_at)"
-                    " SELECT c.id AS queue_id, c.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
-                    f" m.agent_id, {content} AS content FROM claimed c"
-                    " JOIN messages m ON m.user_id = c.user_id AND m.id = c.message_id"
-                    " ORDER BY c.next_attempt_at, c.id",
-                    utc(now), users, limit, CLAIM_LEASE)
-        except _ERRORS as exc:
-            raise _error(exc) from exc
+        args = Args()
+        at, lease = args(utc(now)), args(CLAIM_LEASE)
+        content = "m.content" if max_chars is None else f"substr(m.content, 1, {args(int(max_chars))})"
+        rows = await self._fetch(
+            "WITH due AS (SELECT q.id FROM extraction_queue q WHERE NOT q.parked"
+            f" AND q.next_attempt_at <= {at} AND (q.claimed_until IS NULL OR q.claimed_until <= {at})"
+            " AND NOT EXISTS (SELECT 1 FROM extraction_queue o WHERE o.user_id = q.user_id"
+            f" AND o.claimed_until > {at})"
+            f" AND pg_try_advisory_xact_lock({args(_CLAIM_LOCK_SPACE)}, hashtext(q.user_id))"
+            f" ORDER BY q.next_attempt_at, q.id LIMIT {args(limit)} FOR UPDATE SKIP LOCKED),"
+            f" claimed AS (UPDATE extraction_queue q SET claimed_until = {at} + {lease}::interval FROM due"
+            " WHERE q.id = due.id RETURNING q.id, q.user_id, q.message_id, q.attempts, q.next_attempt_at)"
+            " SELECT c.id AS queue_id, c.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
+            f" m.agent_id, {content} AS content FROM claimed c"
+            " JOIN messages m ON m.user_id = c.user_id AND m.id = c.message_id ORDER BY c.next_attempt_at, c.id",
+            args,
+        )
         return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]),
                               message_from_record(row), row["attempts"]) for row in rows]
 
