@@ -83,8 +83,6 @@ def user_lock_key(user: str) -> int:
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
-# The advisory-lock space (the first of the two int4 keys) in which extraction claims lock users.
-_CLAIM_LOCK_SPACE = 0x6D656D70  # "memp"
 class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
     """The Store protocol on a PostgreSQL database shared by any number of replicas.
 
@@ -189,11 +187,6 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         claiming at the same moment takes the next ones) and leased for CLAIM_LEASE, so no
         other replica claims them meanwhile; the result (RecordFacts or ExtractionFailed)
         ends the lease, and a replica that dies holding items lets them come due again.
-
-        A user's items go to one claim at a time: none while another of theirs is leased,
-        and a claim running at the same moment skips the user (a per-user advisory lock
-        for the statement). One user's facts then land in the order they were said, on
-        any number of replicas: a correction ("call me Ally") never loses to what it corrects.
         """
         args = Args()
         at, lease = args(utc(now)), args(CLAIM_LEASE)
@@ -201,9 +194,6 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         rows = await self._fetch(
             "WITH due AS (SELECT q.id FROM extraction_queue q WHERE NOT q.parked"
             f" AND q.next_attempt_at <= {at} AND (q.claimed_until IS NULL OR q.claimed_until <= {at})"
-            " AND NOT EXISTS (SELECT 1 FROM extraction_queue o WHERE o.user_id = q.user_id"
-            f" AND o.claimed_until > {at})"
-            f" AND pg_try_advisory_xact_lock({args(_CLAIM_LOCK_SPACE)}, hashtext(q.user_id))"
             f" ORDER BY q.next_attempt_at, q.id LIMIT {args(limit)} FOR UPDATE SKIP LOCKED),"
             f" claimed AS (UPDATE extraction_queue q SET claimed_until = {at} + {lease}::interval FROM due"
             " WHERE q.id = due.id RETURNING q.id, q.user_id, q.message_id, q.attempts, q.next_attempt_at)"
