@@ -21,6 +21,8 @@ import snowballstemmer
 _UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _LETTER = rf"[^\W_{_UNSPACED}]"  # a letter or digit of any spaced script
 _TOKEN = re.compile(rf"[{_UNSPACED}]|{_LETTER}(?:(?:[^\W{_UNSPACED}]|[.:/@+-])*{_LETTER})?")
+# The same tokens in ASCII text (most text), found twice as fast.
+_ASCII_TOKEN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:/@+-]*[A-Za-z0-9])?")
 _PART = re.compile(rf"{_LETTER}+")
 _CHARACTER = re.compile(rf"[{_UNSPACED}]")
 _CAMEL = re.compile(r"[a-z]+[A-Z]")
@@ -68,7 +70,7 @@ def _whole(token: str) -> str:
 def _words(text: str) -> list[tuple[str, str]]:
     """(lower-case word, index term) pairs; an identifier's whole form has word ''."""
     out: list[tuple[str, str]] = []
-    for token in _TOKEN.findall(text):
+    for token in (_ASCII_TOKEN if text.isascii() else _TOKEN).findall(text):
         out.extend(_token_words(token))
     return out
 

@@ -145,10 +145,22 @@ async def create_schema(server: PostgresServer, schema: str) -> None:
 
 
 async def drop_schema(server: PostgresServer, schema: str) -> None:
-    """DROP SCHEMA ... CASCADE."""
+    """DROP SCHEMA ... CASCADE, once the test's proxies have let go of it.
+
+    A test's fixtures end in reverse order: when `pg_url` was set up after `make_proxy`, its
+    schema is dropped while those replicas still run (their workers write), and the drop can
+    deadlock with them: it is tried again.
+    """
     conn = await asyncpg.connect(server.url())
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        for attempt in range(5):
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                return
+            except asyncpg.exceptions.DeadlockDetectedError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.2)
     finally:
         await conn.close()
 
