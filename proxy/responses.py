@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from proxy.relay import ResponseAborted, Send
 from proxy.upstream import StreamCut, response_headers
@@ -32,6 +32,63 @@ class Answerable(Protocol):
 # The most of a compressed answer memproxy inflates to read it; past this the answer is
 # left unread (a compression bomb must not fill memory), and the client still gets it whole.
 MAX_DECODED_BYTES = 32 * 1024 * 1024
+
+
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
+PING = b": ping\n\n"
+
+
+class Heartbeat:
+    """The body of an event stream, with a `: ping` comment while the provider is silent.
+
+    RELIABILITY 1.4: after a 200, comments every `every_s` keep the idle timers of load
+    balancers in front of the client from closing a stream whose model is still thinking;
+    the SDK skips them. One goes out only between events (never inside a half-sent one),
+    and never after the stream ended; sends are serialised with the relay's own.
+    """
+
+    def __init__(self, send: Send, every_s: float) -> None:
+        self._send = send
+        self._every_s = every_s
+        self._lock = asyncio.Lock()
+        self._tail = b"\n\n"  # the stream starts between events
+        self._last = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
+        if self._every_s > 0:
+            self._task = loop.create_task(self._beat(), name="memproxy-heartbeat")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @property
+    def tail(self) -> bytes:
+        """The last bytes sent: whether the stream stands between events."""
+        return self._tail
+
+    async def body(self, chunk: bytes) -> None:
+        """Send one chunk of the provider's stream."""
+        async with self._lock:
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._tail = (self._tail + chunk)[-4:]
+            self._last = asyncio.get_running_loop().time()
+
+    async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, self._last + self._every_s - loop.time()))
+            if loop.time() - self._last < self._every_s:
+                continue  # the provider spoke meanwhile
+            async with self._lock:
+                if self._tail.endswith(_EVENT_ENDS):
+                    await self._send({"type": "http.response.body", "body": PING, "more_body": True})
+                self._last = loop.time()
 
 
 class _Inflate:
@@ -103,38 +160,51 @@ def _start(response: Any, extra: list[tuple[bytes, bytes]], sse: bool) -> dict[s
     return {"type": "http.response.start", "status": response.status, "headers": headers + extra}
 
 
-async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes, bytes]]) -> None:
+async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes, bytes]],
+                      heartbeat_s: float = 0.0) -> None:
     """Forward any response unchanged; a cut event stream ends with an SSE error event."""
     sse = _is_sse(response)
     await send(_start(response, extra_headers, sse))
-    try:
-        async for chunk in response.chunks():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except StreamCut as cut:
-        log.info("upstream stream cut: %s", cut.code)
-        if not sse:
+    if not sse:
+        try:
+            async for chunk in response.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except StreamCut as cut:
+            log.info("upstream body cut: %s", cut.code)
             raise ResponseAborted(cut.code) from cut  # a cut JSON body: the connection closes
-        await send({"type": "http.response.body", "body": error_event(cut.message, cut.code), "more_body": True})
+    else:
+        async with Heartbeat(send, heartbeat_s) as stream:
+            try:
+                async for chunk in response.chunks():
+                    await stream.body(chunk)
+                cut = None
+            except StreamCut as exc:
+                cut = exc
+        if cut is not None:
+            log.info("upstream stream cut: %s", cut.code)
+            await send({"type": "http.response.body", "body": _cut_event(stream.tail, cut.message, cut.code),
+                        "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
+async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeout_s: float,
+                     heartbeat_s: float = 0.0) -> None:
     """Forward a chat completion and hand its answer to memory before the last event."""
     sse = _is_sse(response) and response.status == 200
     await send(_start(response, recall.headers(), sse))
     if sse:
-        await _relay_stream(send, response, recall, commit_timeout_s)
+        await _relay_stream(send, response, recall, commit_timeout_s, heartbeat_s)
     else:
         await _relay_json(send, response, recall, commit_timeout_s)
 
 
-async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
+async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_timeout_s: float,
+                        heartbeat_s: float) -> None:
     decoder = SSEDecoder()
     # Only an answer that will be saved is rebuilt; otherwise just watch how the stream ends.
     answer: ChatStreamAccumulator | StreamEnd = ChatStreamAccumulator(only_choice=0) if recall.active else StreamEnd()
     read = _reader(response)
     committed = False
-    tail = b""  # the last bytes sent: whether the stream stopped between events
 
     async def take(events: list[Any]) -> None:
         nonlocal committed
@@ -146,14 +216,17 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
             if isinstance(answer, ChatStreamAccumulator) and answer.error is None and not answer.too_large:
                 await _commit(recall.answered(answer.message(0)), commit_timeout_s)
 
-    try:
-        async for chunk in response.chunks():
-            await take(decoder.feed(chunk if read is None else read(chunk)))
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            tail = (tail + chunk)[-4:]
-    except StreamCut as cut:
+    async with Heartbeat(send, heartbeat_s) as stream:
+        try:
+            async for chunk in response.chunks():
+                await take(decoder.feed(chunk if read is None else read(chunk)))
+                await stream.body(chunk)
+            cut = None
+        except StreamCut as exc:
+            cut = exc
+    if cut is not None:
         log.info("upstream stream cut: %s", cut.code)
-        await _end_cut(send, recall, cut.message, cut.code, tail)
+        await _end_cut(send, recall, cut.message, cut.code, stream.tail)
         return
     if not answer.done:
         # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
@@ -163,23 +236,23 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
     elif answer.error is not None:
         recall.failed("upstream_failed")
     elif not answer.done:
-        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated", tail)
+        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated", stream.tail)
         return
     elif isinstance(answer, ChatStreamAccumulator) and answer.too_large:
         recall.failed("too_large")  # RELIABILITY 1.2: an answer past the bound is not saved cut short
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-_EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
-
-
 async def _end_cut(send: Send, recall: Answerable, message: str, code: str, tail: bytes) -> None:
     recall.failed("truncated")
-    # Cut mid-line, the error event would join that line and the client would never read
-    # it: a blank line ends the broken event first.
-    gap = b"" if not tail or tail.endswith(_EVENT_ENDS) else b"\n\n"
-    await send({"type": "http.response.body", "body": gap + error_event(message, code), "more_body": True})
+    await send({"type": "http.response.body", "body": _cut_event(tail, message, code), "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _cut_event(tail: bytes, message: str, code: str) -> bytes:
+    """The error event that ends a cut stream; cut mid-line, it would join that line and the
+    client would never read it, so a blank line ends the broken event first."""
+    return (b"" if tail.endswith(_EVENT_ENDS) else b"\n\n") + error_event(message, code)
 
 
 async def _relay_json(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:

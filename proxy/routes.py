@@ -85,7 +85,8 @@ class ProxyEndpoint:
             response = await self._open(scope["method"], url, upstream_headers, content)
             try:
                 # SPEC 1: every response to the chat path says the memory status (a GET: off).
-                await relay_plain(send, response, extra_headers=_status_header("off") if path == CHAT_PATH else [])
+                await relay_plain(send, response, extra_headers=_status_header("off") if path == CHAT_PATH else [],
+                                  heartbeat_s=self.settings.server.heartbeat_s)
             finally:
                 await response.aclose()
         return "client_gone" if watch.gone else f"status_{response.status}"
@@ -112,7 +113,8 @@ class ProxyEndpoint:
             out_body = _with_block(parsed, recall, body)
             response = await self._send_chat(scope, resolved, out_body, recall, body)
             try:
-                await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000)
+                await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000,
+                                 self.settings.server.heartbeat_s)
             finally:
                 await response.aclose()
         if watch.gone:

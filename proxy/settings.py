@@ -39,6 +39,8 @@ class ServerSettings:
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
     body_timeout_s: float = _help("Longest pause while a client sends a request body; past it 408.", 30.0)
+    heartbeat_s: float = _help("In a silent event stream, a `: ping` comment to the client this often (0: never).",
+                               15.0)
     log_level: Literal["debug", "info", "warning", "error"] = _help("Log level.", "info")
 
 
@@ -302,7 +304,7 @@ def _check(s: Settings) -> None:
         if value <= 0:
             raise ConfigError(f"{name}: must be greater than 0, got {value}")
     non_negative = {
-        "server.grace_period_s": s.server.grace_period_s, "memory.max_memories": s.memory.max_memories,
+        "server.grace_period_s": s.server.grace_period_s, "server.heartbeat_s": s.server.heartbeat_s, "memory.max_memories": s.memory.max_memories,
         "memory.graph_expansion_limit": s.memory.graph_expansion_limit,
         "memory.retrieval_timeout_ms": s.memory.retrieval_timeout_ms,
         "memory.commit_timeout_ms": s.memory.commit_timeout_ms, "memory.retry_window_s": s.memory.retry_window_s,

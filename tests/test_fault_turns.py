@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from proxy.memory.pipeline import Query, Retrieved
+from proxy.responses import PING
 from proxy.models import Scope
 from tests.conftest import free_port
 from tests.fake_upstream import (
@@ -260,3 +261,24 @@ def test_a_json_body_cut_after_its_headers_closes_the_connection_quietly(make_pr
         only_the_question_saved(proxy, "cut", "truncated")
     assert eventually(lambda: any(getattr(r, "outcome", None) == "upstream_cut" for r in caplog.records))
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_silent_stream_gets_pings_between_events_and_the_answer_is_untouched(make_proxy, fake):
+    # RELIABILITY 1.4 and case 4: while the model is silent, `: ping` comments keep the
+    # connection's idle timers from firing; never inside an event, and the SDK skips them.
+    proxy = make_proxy(memory__commit_timeout_ms=5000, server__heartbeat_s=0.1)
+    events = stream_events(pieces=2)
+    half = events[1][:10]  # a pause in the middle of an event must not get a ping
+    fake.queue(SSEReply([events[0], half, events[1][10:], *events[2:]], delay=0.3))  # 0.3 s before each chunk
+    with proxy.http() as http:
+        raw = http.post("/v1/chat/completions", headers=USER,
+                        json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "think"}]}).content
+    assert raw.replace(PING, b"") == b"".join(events)  # the provider's bytes, in order
+    assert raw.count(PING) >= 2
+    assert half + PING not in raw  # none inside the half-sent event
+    assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [("complete",)])
+    assert rows(proxy, "SELECT content FROM messages WHERE role = 'assistant'") == [("Hello from upstream",)]
+    fake.queue(SSEReply(stream_events(pieces=2), delay=0.15))
+    text = "".join(c.choices[0].delta.content or "" for c in proxy.client(**USER).chat.completions.create(
+        model="m", stream=True, messages=[{"role": "user", "content": "again"}]) if c.choices)
+    assert text == "Hello from upstream"  # the SDK reads through the pings
