@@ -7,6 +7,24 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+# The provider API's top-level routes: a request is counted under its route, so any number of
+# item ids or made-up paths (from anyone, before authentication) adds no label value.
+_ROUTES = frozenset({
+    "assistants", "audio", "batches", "chat", "completions", "containers", "conversations", "embeddings",
+    "evals", "files", "fine_tuning", "images", "models", "moderations", "organization", "realtime",
+    "responses", "threads", "uploads", "vector_stores",
+})
+_OWN_LABELS = frozenset({"memory_api", "other"})
+
+
+def route_label(path: str) -> str:
+    """The bounded label of a path after /v1: `/chat/completions` whole, else its first segment."""
+    if path in _OWN_LABELS or path == "/chat/completions":
+        return path
+    first = path.lstrip("/").split("/", 1)[0]
+    return f"/{first}" if first in _ROUTES else "other"
+
+
 class Metrics:
     """The counters and histograms SPEC 8 lists."""
 
@@ -39,6 +57,8 @@ class Metrics:
                                   registry=r)
 
     def request_done(self, path: str, outcome: str, seconds: float) -> None:
+        """Count one request under its route (`/files`, not `/files/file-abc`: labels must stay few)."""
+        path = route_label(path)
         """Count one proxied request."""
         self.requests.labels(path, outcome).inc()
         self.request_seconds.labels(path).observe(seconds)

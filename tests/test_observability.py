@@ -48,6 +48,20 @@ def test_metrics_count_requests_latency_memory_and_queues(make_proxy: Any) -> No
     assert found[("memproxy_circuit_open", ())] == 0
 
 
+def test_request_labels_stay_few_whatever_paths_clients_send(make_proxy: Any, fake: Any) -> None:
+    # Item ids and made-up paths, even unauthenticated ones, must not add label values: each
+    # is a series and its histogram buckets, kept for the process's life.
+    proxy = make_proxy(auth__mode="api-keys", auth__api_keys=[{"key": "k", "user": "u"}])
+    with proxy.http() as client:
+        for n in range(5):
+            assert client.get(f"/v1/files/file-{n}abc").status_code == 401
+            assert client.get(f"/v1/made-up-{n}/x").status_code == 401
+        found = samples(client)
+    paths = {dict(labels).get("path") for name, labels in found if name == "memproxy_requests_total"}
+    assert paths == {"/files", "other"}
+    assert found[("memproxy_requests_total", (("outcome", "invalid_memory_identity"), ("path", "/files")))] == 5
+
+
 def _lines(caplog: Any) -> list[dict[str, Any]]:
     formatter = JsonFormatter()
     return [json.loads(formatter.format(record)) for record in caplog.records]
