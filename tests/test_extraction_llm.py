@@ -181,6 +181,14 @@ def test_parse_reads_exactly_the_schema():
                                                    [ExtractedRelation("user", "WORKS_AT", "acme corp")])
 
 
+def test_parse_never_lets_the_model_name_the_users_own_node_and_drops_control_characters():
+    # The user's node is found by its type; a model's "user" (say "Bob is our newest user", or
+    # an injected answer) is a person. A NUL in a name lost the message's facts on PostgreSQL.
+    answer = {"entities": [{"name": "Bob\u0000", "type": "User", "description": "our\tnewest\nuser",
+                            "confidence": 0.8}], "relationships": []}
+    assert parse(json.dumps(answer)) == Extraction([ExtractedEntity("Bob", "person", "our newest user", 0.8)], [])
+
+
 def _entity(**change: Any) -> dict[str, Any]:
     return {"entities": [{"name": "Acme", "type": "organization", "description": "", "confidence": 0.5, **change}],
             "relationships": []}

@@ -20,11 +20,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.ids import new_id
-from proxy.memory.extraction.model import USER_NODE, canonical_name  # the one definition of the merge key
+from proxy.memory.extraction.model import (  # the one merge key
+    USER_NODE,
+    USER_TYPE,
+    canonical_name,
+)
 from proxy.stores.base import EntityFact, ExtractionFailed, RecordFacts, RelationFact
 from proxy.stores.sqlite_rows import clean_text, entity_terms, to_ts
 
-USER_TYPE = "user"  # the type of the user's own node (retrieval finds it by this type)
 PROVENANCE_KEEP = 200  # message ids kept per entity or edge, the most recent
 ALIASES_KEEP = 20
 DESCRIPTION_MAX_CHARS = 600

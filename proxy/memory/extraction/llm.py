@@ -12,7 +12,14 @@ import json
 import re
 from typing import Any
 
-from proxy.memory.extraction.model import USER_NODE, ExtractedEntity, ExtractedRelation, Extraction, canonical_name
+from proxy.memory.extraction.model import (
+    USER_NODE,
+    USER_TYPE,
+    ExtractedEntity,
+    ExtractedRelation,
+    Extraction,
+    canonical_name,
+)
 
 MAX_INPUT_CHARS = 8000  # of the message sent to the model; extraction needs no more
 MAX_ITEMS = 50  # entities, and relationships, in one answer
@@ -20,6 +27,7 @@ MAX_NAME_CHARS = 200
 MAX_DESCRIPTION_CHARS = 1000
 _TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
 _ENTITY_TYPE = re.compile(r"[a-z][a-z0-9_ -]{0,39}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 _STRING = {"type": "string"}
 SCHEMA: dict[str, Any] = {
@@ -97,7 +105,8 @@ def _list(value: Any, what: str) -> list[Any]:
 def _text(value: Any, what: str, limit: int) -> str:
     if not isinstance(value, str) or len(value) > limit:
         raise InvalidOutput(f"{what}: expected a string of at most {limit} characters")
-    return " ".join(value.split())
+    # Control characters out: PostgreSQL refuses a NUL, which lost the message's facts there.
+    return " ".join(_CONTROL.sub(" ", value).split())
 
 
 def _entity(item: Any) -> ExtractedEntity:
@@ -107,6 +116,10 @@ def _entity(item: Any) -> ExtractedEntity:
     confidence = item["confidence"]
     if not name or not _ENTITY_TYPE.fullmatch(kind):
         raise InvalidOutput("entity: empty name, or a type that is not one lowercase word")
+    if kind == USER_TYPE:
+        # The type of the node that stands for the user, found by it: from the model's answer
+        # ("Bob is our newest user", or injected text) it is a person, never the user's node.
+        kind = "person"
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence <= 1:
         raise InvalidOutput("entity: confidence must be a number from 0 to 1")
     return ExtractedEntity(name, kind, _text(item["description"], "description", MAX_DESCRIPTION_CHARS),

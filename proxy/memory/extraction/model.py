@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 USER_NODE = "User"  # the speaking user until their name is known (SPEC 4, "The user's own node")
+USER_TYPE = "user"  # the type of the node that stands for the user (retrieval finds it by this type)
 
 # A new fact of one of these types replaces the old edge with the same subject (SPEC 6).
 SINGLE_VALUED = frozenset(
