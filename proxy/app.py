@@ -67,7 +67,8 @@ class Parts:
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
-                                           extractor=extractor_for(settings, self.upstream))
+                                           extractor=extractor_for(settings, self.upstream,
+                                                                   self.metrics.extraction_fallbacks.inc))
         self.store_open = False
         self._opening: asyncio.Task[None] | None = None  # retrying a store that did not open at start-up
 

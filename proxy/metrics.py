@@ -48,6 +48,9 @@ class Metrics:
                                       registry=r)
         self.extraction_failures = Counter("memproxy_extraction_failures", "Failed extraction attempts",
                                            registry=r)
+        self.extraction_fallbacks = Counter("memproxy_extraction_fallbacks",
+                                            "Model extractions that failed (timeout, error, bad answer): the rules' "
+                                            "result was kept", registry=r)
         self.embedding_calls = Counter("memproxy_embedding_calls", "Calls to the embeddings endpoint by purpose "
                                        "(background, query) and outcome (ok, failed, skipped)",
                                        ["purpose", "outcome"], registry=r)

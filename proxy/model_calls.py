@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from proxy.errors import ProxyError
@@ -69,7 +69,8 @@ def _content(raw: bytes) -> str:
     return content
 
 
-def extractor_for(settings: Settings, upstream: Upstream) -> Extractor:
+def extractor_for(settings: Settings, upstream: Upstream,
+                  on_fallback: Callable[[], None] = lambda: None) -> Extractor:
     """The extractor `extraction.mode` asks for, or the rules when llm mode cannot run (logged)."""
     extraction = settings.extraction
     if extraction.mode == "rules":
@@ -84,4 +85,4 @@ def extractor_for(settings: Settings, upstream: Upstream) -> Extractor:
         log.warning("extraction.mode llm is off: extraction.model is not set; using the rules")
         return RulesExtractor()
     log.info("extraction: llm with model %s", extraction.model)
-    return LLMExtractor(ModelCaller(upstream, key, extraction.model))
+    return LLMExtractor(ModelCaller(upstream, key, extraction.model), on_fallback=on_fallback)

@@ -86,6 +86,22 @@ def test_a_rejected_batch_is_skipped_and_a_failing_endpoint_is_retried(tmp_path:
     asyncio.run(body())
 
 
+def test_a_batch_the_endpoint_refuses_is_counted_as_skipped_not_ok(tmp_path: Path) -> None:
+    async def body() -> str:
+        store = await opened(tmp_path, 1)  # two messages
+        try:
+            metrics = Metrics()
+            worker = EmbeddingWorker(Filler(store, Endpoint("400"), "m", batch=64, timeout_s=1.0), metrics)
+            await worker.fill_once()
+            return metrics.render().decode()
+        finally:
+            await store.close()
+
+    rendered = asyncio.run(body())
+    assert 'memproxy_embedding_calls_total{outcome="skipped",purpose="background"} 1.0' in rendered
+    assert 'outcome="ok",purpose="background"' not in rendered
+
+
 def test_the_worker_keeps_going_after_failures(tmp_path: Path) -> None:
     async def body() -> None:
         store = await opened(tmp_path, 2)

@@ -117,6 +117,7 @@ def test_a_broken_answer_leaves_the_rules_result(make_proxy, fake, caplog, answe
     assert len(model_calls(fake)) == 1
     assert any("the rules' result stands" in r.getMessage() for r in caplog.records)
     assert not any("Northwind" in r.getMessage() for r in caplog.records)  # the user's words stay out of the log
+    assert proxy.app.state.parts.metrics.registry.get_sample_value("memproxy_extraction_fallbacks_total") == 1
 
 
 def test_without_a_key_of_its_own_llm_mode_is_off_and_says_so(make_proxy, fake, caplog):

@@ -53,6 +53,7 @@ class FillCounts:
 
     saved: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))
     skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))  # of skipped
 
 
 class Filler:
@@ -82,6 +83,7 @@ class Filler:
                 raise
             log.warning("embeddings: skipped %d %s items the endpoint rejects (%s)", len(items), kind, exc)
             counts.skipped[kind] += len(items)
+            counts.rejected[kind] += len(items)
             return items[-1].seq, len(items) < self.batch
         saved = await self.store.save_embeddings(self.model, [
             NewEmbedding(item.scope.user, item.kind, item.item_id, item.text, vector)
@@ -152,9 +154,11 @@ class EmbeddingWorker:
         counts = FillCounts()
         more = False
         for kind in EMBEDDING_KINDS:
+            rejected = counts.rejected[kind]
             after, done = await self.filler.page(kind, self._cursors[kind], counts)
-            if after != self._cursors[kind]:
-                self.metrics.embedding_calls.labels("background", "ok").inc()
+            if after != self._cursors[kind]:  # a call was made: answered, or its texts refused
+                outcome = "skipped" if counts.rejected[kind] > rejected else "ok"
+                self.metrics.embedding_calls.labels("background", outcome).inc()
             self._cursors[kind] = after
             more = more or not done
         self.metrics.embedded.inc(sum(counts.saved.values()))

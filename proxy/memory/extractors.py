@@ -54,9 +54,11 @@ class LLMExtractor:
     """An Extractor that asks the model and falls back to the rules' result."""
 
     def __init__(self, call: ModelCall, *, concurrency: int = LLM_CONCURRENCY,
-                 timeout_s: float = LLM_TIMEOUT_S, rules: Extractor | None = None) -> None:
+                 timeout_s: float = LLM_TIMEOUT_S, rules: Extractor | None = None,
+                 on_fallback: Callable[[], None] = lambda: None) -> None:
         self._call = call
         self._rules = rules or RulesExtractor()
+        self._on_fallback = on_fallback  # counts each time the rules' result stands in
         self._slots = asyncio.Semaphore(concurrency)
         self.timeout_s = timeout_s
 
@@ -70,9 +72,11 @@ class LLMExtractor:
             found = parse(answer)
         except TimeoutError:
             log.warning("extraction: model call timed out after %.1fs; the rules' result stands", self.timeout_s)
+            self._on_fallback()
             return rules
         except (ModelCallFailed, InvalidOutput) as exc:
             log.warning("extraction: model answer not used (%s: %s); the rules' result stands",
                         type(exc).__name__, str(exc)[:200])
+            self._on_fallback()
             return rules
         return Extraction(found.entities, found.relationships, rules.user_name)
