@@ -304,6 +304,9 @@ def test_identifiers_keep_the_sentence_that_stated_them(text: str, identifier: s
         ("I am OK.", None),
         ("This is Amazing!", None),
         ("My name is not important.", None),
+        ("Don't call me Bob.", None),  # a name refused is no name
+        ("Please don't call me Robert, call me Bob.", "Bob"),
+        ("Never call me Bobby again.", None),
     ],
 )
 def test_user_name(text: str, name: str | None) -> None:
@@ -351,6 +354,22 @@ NOTHING = [
     "",
     "   ",
 ]
+
+
+@pytest.mark.parametrize("text", [
+    'My boss said "I live in Berlin".',  # someone else's words, quoted
+    '"I work at Google," she said.',
+    "He said: I live in Tokyo.",  # reported
+    "My sister told me I work too much at Acme.",
+    "It's not true that I work at Google.",  # denied
+])
+def test_words_that_are_not_the_speakers_own_state_no_fact_about_them(text: str) -> None:
+    assert not [r for r in extract(text).relationships if r.from_name == "User"]
+
+
+def test_the_speakers_own_report_still_counts() -> None:
+    assert [(r.from_name, r.type, r.to_name) for r in extract("I said I live in Porto.").relationships] == [
+        ("User", "LIVES_IN", "Porto")]
 
 
 @pytest.mark.parametrize("text", NOTHING)

@@ -194,11 +194,21 @@ def clean_name(name: str) -> str:
 
 
 _HEDGE = re.compile(r"\b(?:if|unless|whether|suppose|imagine|wish|wonder|should|would|could|might)\b")
+# Someone else's words: "My boss said: I live in Berlin", "she told me I work at ...".
+_REPORTED = re.compile(r"\b(?!I\b)\w+\s+(?:said|says|told|tells|wrote|writes|claimed|claims)\b")
+_DENIED = re.compile(r"\b(?:not|isn't|wasn't)\s+true\b|\bfalse\s+that\b|\bno\s+longer\s+true\b")
 
 
 def hedged(text: str, start: int) -> bool:
-    """The fact sits in a condition or a wish: "if I moved to ...", "I might move to ..."."""
-    return _HEDGE.search(re.split(r"[,;:]", text[:start])[-1].lower()) is not None
+    """The sentence does not state the fact as the speaker's own: a condition or a wish ("if I
+    moved to ...", "I might move to ..."), a quotation, someone else's reported words, or a
+    denial ("it's not true that I ...")."""
+    before = text[:start]
+    if _HEDGE.search(re.split(r"[,;:]", before)[-1].lower()) is not None:
+        return True
+    if before.count('"') % 2 == 1 or before.count("\u201c") > before.count("\u201d"):
+        return True  # inside quotation marks
+    return _REPORTED.search(before) is not None or _DENIED.search(before.lower()) is not None
 
 
 def facts(text: str) -> Iterator[Fact]:
@@ -265,11 +275,16 @@ _USER_NAME = (
 )
 
 
+# "Don't call me Bob", "my name is not Bob": a name refused is no name.
+_REFUSED = re.compile(r"(?:\b(?:don't|dont|do\s+not|never|not|stop)\s+)$", re.IGNORECASE)
+
+
 def user_name(text: str) -> str | None:
     """The name the speaker gives for themselves, if the sentence states one."""
     for pattern in _USER_NAME:
-        match = pattern.search(text)
-        if match:
+        for match in pattern.finditer(text):
+            if _REFUSED.search(text[:match.start()]) or re.match(r"\s*not\b", text[match.start("obj"):]):
+                continue
             name = clean_name(match.group("obj"))
             if is_plausible(name) and canonical_name(name) not in TECH and name.istitle():
                 return name
