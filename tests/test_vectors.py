@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from proxy.memory.hybrid import VECTOR_REASON, fuse
 from proxy.memory.sources import Found
@@ -71,6 +72,25 @@ def test_build_skips_zero_vectors_and_other_lengths_and_add_replaces() -> None:
 
 
 # --- fuse -----------------------------------------------------------------------------
+
+
+def test_rows_added_batch_after_batch_land_in_order_and_an_earlier_view_stays_whole() -> None:
+    # The matrix grows in a room with space to spare (no copy of it per batch); a search in a
+    # thread holding the view from before an add must see the rows it had, unchanged.
+    rng = np.random.default_rng(7)
+    first = np.stack([unit(row) for row in rng.random((3, 8), dtype=np.float32)])
+    matrix = Matrix(["a", "b", "c"], first.copy(), [None] * 3, [None] * 3)
+    before = matrix.vectors
+    added = []
+    for batch in range(40):
+        rows = [(f"n{batch}-{k}", "c1", None, unit(rng.random(8, dtype=np.float32))) for k in range(5)]
+        matrix.add(rows)
+        added += [r[3] for r in rows]
+    assert before.shape == (3, 8) and np.array_equal(before, first)
+    assert matrix.vectors.shape == (203, 8) and len(matrix.ids) == 203
+    assert np.array_equal(matrix.vectors, np.vstack([first, np.stack(added)]))
+    target = added[117]
+    assert matrix.nearest(target, RowFilter(), -1.0, 1) == [(matrix.ids[3 + 117], pytest.approx(1.0, abs=1e-5))]
 
 
 def test_fuse_ranks_by_weighted_rrf_with_a_bonus_for_both_and_each_text_once() -> None:
