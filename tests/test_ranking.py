@@ -149,7 +149,7 @@ def test_a_weak_entity_hit_yields_its_turn_to_messages(tmp_path: Path) -> None:
             await store.apply([said(n, f"Maria's garden {n}: the roses need water", conv=f"k{n}") for n in range(4)])
             add_entity(path, "Maria", "person", "Maria: hello there")
             add_entity(path, "Rose garden", "place", "Maria waters the roses in her garden")
-            retrieval = Retrieval(store, MemorySettings(), Metrics())
+            retrieval = Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), Metrics())  # not a timing test
             query = Query("Does Maria water the roses in her garden?", "new", (), 3)
             full = await retrieval.retrieve(ALICE, query)
             roomy = await retrieval.retrieve(ALICE, Query(query.text, "new", (), 12))

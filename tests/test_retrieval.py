@@ -84,6 +84,9 @@ class World:
     async def recall(self, text: str, *, conv: str = "c1", visible: Sequence[str] = (), limit: int = 6,
                      scope: Scope = ALICE, store: Any = None, metrics: Metrics | None = None,
                      **settings: Any) -> Retrieved:
+        # A generous deadline unless a test sets one: these tests are about what comes back, and
+        # a loaded CI machine once ran a fresh store's first recall past the default's 200 ms a source.
+        settings.setdefault("retrieval_timeout_ms", 5000)
         retrieval = Retrieval(store or self.store, MemorySettings(**settings), metrics or Metrics())
         return await retrieval.retrieve(scope, Query(text, conv, tuple(visible), limit))
 
