@@ -85,7 +85,11 @@ def make_proxy(fake: FakeUpstream, tmp_path: Any) -> Iterator[Any]:
     started: list[RunningProxy] = []
 
     def start(**overrides: Any) -> RunningProxy:
-        values = {"upstream.base_url": fake.url, "store.url": f"sqlite:///{tmp_path}/memproxy.db"}
+        # A generous recall deadline unless a test sets one: tests assert what memory does, and
+        # on a loaded machine a fresh store's first recall can pass the default 250 ms. The
+        # tests of the deadline itself set theirs.
+        values = {"upstream.base_url": fake.url, "store.url": f"sqlite:///{tmp_path}/memproxy.db",
+                  "memory.retrieval_timeout_ms": 5000}
         values.update({k.replace("__", "."): v for k, v in overrides.items()})
         proxy = RunningProxy(load_settings(environ={}, overrides=values))
         started.append(proxy)
