@@ -53,6 +53,7 @@ class UpstreamSettings:
     # than its own timeout; silence of two minutes inside a body is a stalled provider.
     first_byte_timeout_s: float = _help("Time from sending a request to the response headers.", 300.0)
     idle_timeout_s: float = _help("Longest silence between two chunks of a response body.", 120.0)
+    max_stream_s: float = _help("Longest a response body may go on; then it is cut (a hard cap).", 1800.0)
     max_connections: int = _help("Connection pool size to the provider.", 200)
 
 
@@ -296,7 +297,7 @@ def _check(s: Settings) -> None:
         "server.body_timeout_s": s.server.body_timeout_s,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,
         "upstream.first_byte_timeout_s": s.upstream.first_byte_timeout_s,
-        "upstream.idle_timeout_s": s.upstream.idle_timeout_s,
+        "upstream.idle_timeout_s": s.upstream.idle_timeout_s, "upstream.max_stream_s": s.upstream.max_stream_s,
         "upstream.max_connections": s.upstream.max_connections,
         "memory.max_tokens": s.memory.max_tokens, "memory.write_queue_size": s.memory.write_queue_size,
     }

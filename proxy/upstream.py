@@ -75,6 +75,7 @@ class UpstreamResponse:
 
     response: httpx.Response
     idle_timeout_s: float
+    max_stream_s: float = float("inf")
 
     @property
     def status(self) -> int:
@@ -88,12 +89,15 @@ class UpstreamResponse:
         """Raw body bytes as they arrive; raises StreamCut when the body ends badly.
 
         The idle timeout counts only time spent waiting on the provider: while a chunk is
-        with the caller (a slow client, backpressure) the watchdog is paused.
+        with the caller (a slow client, backpressure) the watchdog is paused. A body still
+        coming after `max_stream_s` is cut too (RELIABILITY 1.4: a hard cap, never a short one).
         """
         iterator = self.response.aiter_raw().__aiter__()
-        watchdog = _IdleWatchdog(self.idle_timeout_s)
+        watchdog = _IdleWatchdog(self.idle_timeout_s, self.max_stream_s)
         try:
             while True:
+                if watchdog.past_deadline():
+                    raise StreamCut("upstream_max_stream", "upstream stream went on past upstream.max_stream_s")
                 try:
                     chunk = await iterator.__anext__()
                 except StopAsyncIteration:
@@ -102,6 +106,9 @@ class UpstreamResponse:
                     if not watchdog.fired:
                         raise
                     asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    if watchdog.past_deadline():
+                        raise StreamCut("upstream_max_stream",
+                                        "upstream stream went on past upstream.max_stream_s") from None
                     raise StreamCut("upstream_idle_timeout", "upstream stopped sending before completion") from None
                 except (httpx.HTTPError, aiohttp.ClientError) as exc:
                     raise StreamCut("stream_truncated", "upstream stream ended before completion") from exc
@@ -118,20 +125,24 @@ class UpstreamResponse:
 
 
 class _IdleWatchdog:
-    """Cancels the reading task after `idle_s` without a chunk.
+    """Cancels the reading task after `idle_s` without a chunk, or once `max_s` have passed.
 
     One timer per idle period rather than one per chunk: a stream of thousands of small
     events pays a clock read per chunk, not a timer.
     """
 
-    def __init__(self, idle_s: float) -> None:
+    def __init__(self, idle_s: float, max_s: float = float("inf")) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._idle_s = idle_s
         self._last = self._loop.time()
+        self._deadline = self._last + max_s
         self.paused = False
         self.fired = False
-        self._handle = self._loop.call_at(self._last + idle_s, self._check)
+        self._handle = self._loop.call_at(min(self._last + idle_s, self._deadline), self._check)
+
+    def past_deadline(self) -> bool:
+        return self._loop.time() >= self._deadline
 
     def touch(self) -> None:
         """A chunk was handed on: the provider is being waited on again from now."""
@@ -140,9 +151,10 @@ class _IdleWatchdog:
 
     def _check(self) -> None:
         now = self._loop.time()
-        if self.paused or now < self._last + self._idle_s:
-            self._handle = self._loop.call_at(now + self._idle_s if self.paused else self._last + self._idle_s,
-                                              self._check)
+        if self.paused or (now < self._last + self._idle_s and now < self._deadline):
+            # Paused, the chunk is with the caller: the deadline is checked before the next read.
+            due = now + self._idle_s if self.paused else min(self._last + self._idle_s, self._deadline)
+            self._handle = self._loop.call_at(due, self._check)
             return
         self.fired = True
         if self._task is not None:
@@ -190,7 +202,7 @@ class Upstream:
                 raise UpstreamProtocolError("the upstream closed or broke the connection before answering") from exc
             log.warning("upstream unreachable: %s", cause)
             raise UpstreamUnavailable("the upstream could not be reached") from exc
-        return UpstreamResponse(response, self.settings.idle_timeout_s)
+        return UpstreamResponse(response, self.settings.idle_timeout_s, self.settings.max_stream_s)
 
     async def aclose(self) -> None:
         """Close the pool."""

@@ -97,6 +97,17 @@ def test_stall_mid_stream_ends_with_error_event(make_proxy, fake):
     assert b"[DONE]" not in body
 
 
+def test_a_stream_past_max_stream_is_cut_with_an_error_event(make_proxy, fake):
+    # RELIABILITY 1.4: a hard cap on a stream's length (30 minutes by default), whatever the
+    # pace: this one never falls silent for the idle timeout, yet it is cut at the cap.
+    proxy = make_proxy(upstream__max_stream_s=0.6, upstream__idle_timeout_s=5)
+    fake.queue(SSEReply(stream_events(pieces=20), delay=0.1))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", json={**CHAT, "stream": True}).content
+    assert body.endswith(b'"code":"upstream_max_stream"}}\n\n')
+    assert b"[DONE]" not in body and body.count(b"data: {\"id\"") < 20  # cut before its end
+
+
 @pytest.mark.parametrize("how", ["cut_after", "reset_after"])
 def test_cut_or_reset_stream_never_gets_done(proxy, fake, how):
     events = stream_events(pieces=5)
