@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self
 
 from proxy.relay import ResponseAborted, Send
@@ -173,18 +174,27 @@ async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes
             log.info("upstream body cut: %s", cut.code)
             raise ResponseAborted(cut.code) from cut  # a cut JSON body: the connection closes
     else:
-        async with Heartbeat(send, heartbeat_s) as stream:
-            try:
-                async for chunk in response.chunks():
-                    await stream.body(chunk)
-                cut = None
-            except StreamCut as exc:
-                cut = exc
+        cut, tail = await _forward_events(send, response, heartbeat_s)
         if cut is not None:
-            log.info("upstream stream cut: %s", cut.code)
-            await send({"type": "http.response.body", "body": _cut_event(stream.tail, cut.message, cut.code),
+            await send({"type": "http.response.body", "body": _cut_event(tail, cut.message, cut.code),
                         "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _forward_events(send: Send, response: Any, heartbeat_s: float,
+                          each: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[StreamCut | None, bytes]:
+    """An event stream to the client chunk by chunk, with pings while it is silent (`each` sees
+    every chunk first); how it ended (None: whole) and its last bytes."""
+    async with Heartbeat(send, heartbeat_s) as stream:
+        try:
+            async for chunk in response.chunks():
+                if each is not None:
+                    await each(chunk)
+                await stream.body(chunk)
+        except StreamCut as cut:
+            log.info("upstream stream cut: %s", cut.code)
+            return cut, stream.tail
+    return None, stream.tail
 
 
 async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeout_s: float,
@@ -216,17 +226,12 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
             if isinstance(answer, ChatStreamAccumulator) and answer.error is None and not answer.too_large:
                 await _commit(recall.answered(answer.message(0)), commit_timeout_s)
 
-    async with Heartbeat(send, heartbeat_s) as stream:
-        try:
-            async for chunk in response.chunks():
-                await take(decoder.feed(chunk if read is None else read(chunk)))
-                await stream.body(chunk)
-            cut = None
-        except StreamCut as exc:
-            cut = exc
+    async def read_events(chunk: bytes) -> None:
+        await take(decoder.feed(chunk if read is None else read(chunk)))
+
+    cut, tail = await _forward_events(send, response, heartbeat_s, read_events)
     if cut is not None:
-        log.info("upstream stream cut: %s", cut.code)
-        await _end_cut(send, recall, cut.message, cut.code, stream.tail)
+        await _end_cut(send, recall, cut.message, cut.code, tail)
         return
     if not answer.done:
         # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
@@ -236,7 +241,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
     elif answer.error is not None:
         recall.failed("upstream_failed")
     elif not answer.done:
-        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated", stream.tail)
+        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated", tail)
         return
     elif isinstance(answer, ChatStreamAccumulator) and answer.too_large:
         recall.failed("too_large")  # RELIABILITY 1.2: an answer past the bound is not saved cut short
