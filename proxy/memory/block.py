@@ -144,19 +144,23 @@ LINES_CACHED = 4096
 # hundred chars of it, and a pasted file of megabytes is otherwise cleaned whole on the
 # event loop at every recall.
 LINE_TEXT_MAX_CHARS = 100_000
+# Where the part of a line that says what the memory is ends: a message's `role (date): `,
+# an entity's `name — ` (a snippet of a cut line keeps it whole: fusion.py).
+DATE_END = "): "
+NAME_END = " — "
 
 
 @lru_cache(maxsize=LINES_CACHED)
 def entity_line(name: str, description: str) -> str:
     """`name — description`, either alone when the other is empty."""
-    return " — ".join(part for part in (neutralise(name[:LINE_TEXT_MAX_CHARS]),
+    return NAME_END.join(part for part in (neutralise(name[:LINE_TEXT_MAX_CHARS]),
                                         neutralise(description[:LINE_TEXT_MAX_CHARS])) if part)
 
 
 @lru_cache(maxsize=LINES_CACHED)
 def message_line(role: str, created_at: datetime, text: str) -> str:
     """`role (YYYY-MM-DD): text`, dated in UTC so the model can answer "when"."""
-    return f"{role} ({_utc_date(created_at)}): {neutralise(strip_block(text)[:LINE_TEXT_MAX_CHARS])}"
+    return f"{role} ({_utc_date(created_at)}{DATE_END}{neutralise(strip_block(text)[:LINE_TEXT_MAX_CHARS])}"
 
 
 def triple_line(from_name: str, type: str, to_name: str) -> str:

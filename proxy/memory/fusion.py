@@ -13,7 +13,15 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import replace
 from functools import lru_cache
 
-from proxy.memory.block import DEFAULT_HEADER, ELLIPSIS, GRAPH_NOTE, SOURCES, neutralise
+from proxy.memory.block import (
+    DATE_END,
+    DEFAULT_HEADER,
+    ELLIPSIS,
+    GRAPH_NOTE,
+    NAME_END,
+    SOURCES,
+    neutralise,
+)
 from proxy.models import Hit
 from proxy.terms import terms
 
@@ -31,7 +39,7 @@ _MAX_MATCHES = 200  # matches considered when choosing a snippet window
 _SCAN_CHARS = 20_000
 # The start of a line that says what the memory is, kept whole when the rest is cut: a
 # message's `role (date): `, an entity's `name — `.
-_HEADS = {"conversation": "): ", "cross-session": "): ", "long-term": " — "}
+_HEADS = {"conversation": DATE_END, "cross-session": DATE_END, "long-term": NAME_END}
 _HEAD_MAX_CHARS = 80
 
 _WORD = re.compile(r"\S+")
