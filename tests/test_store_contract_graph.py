@@ -96,6 +96,21 @@ def test_entities_merge_by_canonical_name_keeping_aliases_and_provenance(backend
     run(body())
 
 
+def test_a_control_character_in_a_name_is_not_part_of_its_merge_key(backend: Backend) -> None:
+    # Names can come from imports and other extractors, not only the model (whose names are
+    # cleaned): a NUL in the merge key made PostgreSQL refuse the whole batch of facts.
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("Acme Corp is great", org("Acme\x00 Corp", "Acme Corp is great"))
+            await g.tell("Acme Corp hired me", org("Acme\x07 Corp", "Acme Corp hired me"))
+            await g.tell("ACME corp again", org("ACME corp", "ACME corp again"))
+            (acme,) = await g.store.entities(ALICE)
+            assert acme.description == "Acme Corp is great | Acme Corp hired me | ACME corp again"
+            assert len(acme.provenance) == 3
+
+    run(body())
+
+
 def test_entities_are_per_user_and_per_agent_under_isolation(backend: Backend) -> None:
     planner = Scope("alice", agent="planner", agent_isolated=True)
     async def body() -> None:

@@ -28,6 +28,7 @@ SINGLE_VALUED = frozenset(
 )
 
 _SPACE = re.compile(r"\s+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # those that are not whitespace, once _SPACE has run
 _POSSESSIVE = re.compile(r"(?:'s|'|\.)+$")
 
 
@@ -60,6 +61,7 @@ class Extraction:
 
 
 def canonical_name(name: str) -> str:
-    """The merge key of a name: case folded, whitespace collapsed, trailing possessive removed."""
-    folded = _SPACE.sub(" ", name.replace("\u2019", "'")).strip().casefold()
+    """The merge key of a name: case folded, whitespace collapsed, control characters and a
+    trailing possessive removed (a NUL in the key made PostgreSQL refuse the whole batch)."""
+    folded = _CONTROL.sub("", _SPACE.sub(" ", name.replace("\u2019", "'"))).strip().casefold()
     return _POSSESSIVE.sub("", folded).rstrip()
