@@ -27,7 +27,7 @@ BLOCK = "Relevant long-term memory about this user (...):\n1. [long-term] Alice 
 
 
 def parsed(body: dict[str, Any] | bytes) -> ChatRequest:
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    raw = body if isinstance(body, bytes) else json.dumps({"model": "m", **body}).encode()
     request = parse_chat_request(raw)
     assert isinstance(request, ChatRequest), request
     return request
@@ -56,11 +56,25 @@ BAD_BODIES = [
     ("messages object", b'{"messages": {"role": "user"}}', "messages is not a list"),
     (
         "message not object",
-        b'{"messages": [{"role": "user", "content": "a"}, "b"]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}, "b"]}',
         "a message is not an object",
     ),
-    ("stream string", b'{"messages": [], "stream": "true"}', "stream is not a boolean"),
-    ("stream int", b'{"messages": [], "stream": 1}', "stream is not a boolean"),
+    ("stream string", b'{"model": "m", "messages": [], "stream": "true"}', "stream is not a boolean"),
+    ("stream int", b'{"model": "m", "messages": [], "stream": 1}', "stream is not a boolean"),
+    ("no model", b'{"messages": []}', "model is missing or not a string"),
+    ("model not a string", b'{"model": ["m"], "messages": []}', "model is missing or not a string"),
+    ("unknown role", b'{"model": "m", "messages": [{"role": "root", "content": "a"}]}', "a message has an unknown role"),
+    ("no role", b'{"model": "m", "messages": [{"content": "a"}]}', "a message has an unknown role"),
+    (
+        "content a number",
+        b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
+        "a message's content is neither text nor a list of parts",
+    ),
+    (
+        "content an object",
+        b'{"model": "m", "messages": [{"role": "user", "content": {"text": "a"}}]}',
+        "a message's content is neither text nor a list of parts",
+    ),
 ]
 
 
@@ -72,10 +86,10 @@ def test_bad_bodies_give_a_reason(body: bytes, reason: str) -> None:
 @pytest.mark.parametrize(
     ("body", "stream"),
     [
-        (b'{"messages": []}', False),
-        (b'{"messages": [], "stream": true}', True),
-        (b'{"messages": [], "stream": false}', False),
-        (b'{"messages": [], "stream": null}', False),
+        (b'{"model": "m", "messages": []}', False),
+        (b'{"model": "m", "messages": [], "stream": true}', True),
+        (b'{"model": "m", "messages": [], "stream": false}', False),
+        (b'{"model": "m", "messages": [], "stream": null}', False),
     ],
 )
 def test_stream_flag(body: bytes, stream: bool) -> None:
@@ -256,7 +270,7 @@ def test_insert_block_list_content() -> None:
     ]
     request = parsed({"messages": [{"role": "user", "content": content, "name": "al"}], "stream": True})
     assert insert_block(request, "MEM") == (
-        b'{"messages":[{"role":"user","content":[{"type":"text","text":"MEM\\n\\n"},'
+        b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"MEM\\n\\n"},'
         b'{"type":"text","text":"what is this?"},'
         b'{"type":"image_url","image_url":{"url":"u","detail":"low"}}],'
         b'"name":"al"}],"stream":true}'
@@ -284,7 +298,7 @@ def test_insert_block_is_byte_stable() -> None:
     assert insert_block(request, BLOCK) == insert_block(request, BLOCK)
     assert (
         insert_block(request, "B")
-        == b'{"messages":[{"role":"user","content":"B\\n\\nq"}],"temperature":0.1,"n":1000.0}'
+        == b'{"model":"m","messages":[{"role":"user","content":"B\\n\\nq"}],"temperature":0.1,"n":1000.0}'
     )
 
 
@@ -299,18 +313,18 @@ def test_insert_block_is_byte_stable() -> None:
 def test_insert_block_without_text_to_prefix(
     messages: list[dict[str, Any]], expected: list[dict[str, Any]]
 ) -> None:
-    assert json.loads(insert_block(parsed({"messages": messages}), BLOCK)) == {"messages": expected}
+    assert json.loads(insert_block(parsed({"messages": messages}), BLOCK)) == {"model": "m", "messages": expected}
 
 
 def test_insert_block_keeps_a_lone_surrogate_valid() -> None:
-    request = parsed(b'{"messages":[{"role":"user","content":"a\\ud800b"}]}')
+    request = parsed(b'{"model":"m","messages":[{"role":"user","content":"a\\ud800b"}]}')
     out = insert_block(request, "é")
-    assert out == b'{"messages":[{"role":"user","content":"\\u00e9\\n\\na\\ud800b"}]}'
+    assert out == b'{"model":"m","messages":[{"role":"user","content":"\\u00e9\\n\\na\\ud800b"}]}'
     assert json.loads(out)["messages"][0]["content"] == "é\n\na\ud800b"
 
 
 def test_insert_block_on_a_body_too_deep_to_serialise_raises_value_error() -> None:
-    request = parsed(b'{"messages":[{"role":"user","content":"q"}],"x":' + b"[" * 900 + b"]" * 900 + b"}")
+    request = parsed(b'{"model":"m","messages":[{"role":"user","content":"q"}],"x":' + b"[" * 900 + b"]" * 900 + b"}")
 
     def deeper(levels: int) -> bytes:
         return insert_block(request, "B") if levels == 0 else deeper(levels - 1)

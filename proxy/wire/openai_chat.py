@@ -13,6 +13,7 @@ from typing import Any
 
 _PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
 _NOT_HISTORY = frozenset({"system", "developer"})
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,29 @@ def parse_chat_request(body: bytes) -> ChatRequest | str:
     messages = doc.get("messages")
     if not isinstance(messages, list):
         return "messages is not a list"
-    if not all(isinstance(m, dict) for m in messages):
-        return "a message is not an object"
+    if not isinstance(doc.get("model"), str):
+        return "model is missing or not a string"
     stream = doc.get("stream")
     if stream is not None and not isinstance(stream, bool):
         return "stream is not a boolean"
-    return ChatRequest(body=doc, stream=bool(stream), messages=messages)
+    return next(filter(None, map(_message_problem, messages)), None) or ChatRequest(
+        body=doc, stream=bool(stream), messages=messages)
+
+
+def _message_problem(message: Any) -> str | None:
+    """Why a message is not one the provider would take (RELIABILITY B3), or None.
+
+    Memory skips such a request whole: it goes upstream unchanged, the provider's own 400
+    comes back, and nothing of it is saved.
+    """
+    if not isinstance(message, dict):
+        return "a message is not an object"
+    if message.get("role") not in _ROLES:
+        return "a message has an unknown role"
+    content = message.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        return "a message's content is neither text nor a list of parts"
+    return None
 
 
 def message_text(content: Any, *, markers: bool = True) -> str:
