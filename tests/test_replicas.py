@@ -17,7 +17,15 @@ import pytest
 
 from proxy.memory.breaker import CircuitBreaker
 from tests.conftest import RunningProxy
-from tests.fake_upstream import FakeUpstream, JsonReply, completion
+from tests.fake_upstream import (
+    FakeUpstream,
+    JsonReply,
+    Received,
+    Reply,
+    SlowHeaders,
+    completion,
+    default_reply,
+)
 from tests.pg_server import PostgresServer
 from tests.proxy_db import eventually
 
@@ -223,3 +231,35 @@ def test_both_replicas_drain_one_extraction_queue_into_one_graph(
     replicas[1].client(**{"X-Memory-User": "user0"}).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Where do I live these days?"}])
     assert "-[LIVES_IN]->(Lisbon)" in last_user_content(fake)  # learnt through the other replica
+
+
+
+# The extraction model finds nothing more here: the user's stated name comes from the rules.
+NOTHING_MORE = JsonReply(completion(json.dumps({"entities": [], "relationships": []})))
+
+
+def _is_extraction_of(request: Received, text: str) -> bool:
+    return b"response_format" in request.body and request.json()["messages"][-1]["content"] == text
+
+
+def test_a_correction_never_lands_before_the_statement_another_replica_is_extracting(
+        pg_url: str, make_proxy: Any, fake: FakeUpstream) -> None:
+    """A rename applies in the order said: the last applied wins, whatever the messages' times."""
+    statement, correction = "My name is Alice.", "Actually, call me Ally."
+    llm = {"extraction__mode": "llm", "extraction__model": "extract-model", "extraction__api_key": "sk-own"}
+    replicas = make_proxy(store__url=pg_url, **PATIENT, **llm), make_proxy(store__url=pg_url, **PATIENT, **llm)
+
+    def answer(request: Received) -> Reply:
+        # The statement's extraction is slow: the correction is queued while one replica holds it.
+        if _is_extraction_of(request, statement):
+            return SlowHeaders(2.0, NOTHING_MORE)
+        return NOTHING_MORE if _is_extraction_of(request, correction) else default_reply(request)
+
+    fake.queue(*[answer] * 6)
+    replicas[0].client(**USER).chat.completions.create(model="m", messages=[{"role": "user", "content": statement}])
+    assert eventually(lambda: any(_is_extraction_of(r, statement) for r in fake.chat_requests()), timeout=10)
+    replicas[1].client(**USER).chat.completions.create(model="m", messages=[{"role": "user", "content": correction}])
+    assert eventually(lambda: rows(pg_url, "SELECT count(*) FROM extraction_queue") == [(0,)], timeout=30)
+    assert [r.json()["messages"][-1]["content"] for r in fake.chat_requests() if b"response_format" in r.body] == [
+        statement, correction]  # each extracted once
+    assert rows(pg_url, "SELECT name, aliases FROM entities WHERE user_id = 'alice'") == [("Ally", '["Alice"]')]

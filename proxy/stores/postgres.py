@@ -6,6 +6,8 @@ replicas sharing one database need:
   cache, the persist-once keys and the tool-call ids are in the database, not in a replica.
 - Each batch takes a transaction-scoped advisory lock per user first, in key order (no
   deadlock between two replicas' batches), so one user's writes apply in order.
+- Extraction claims lease a user's items to one replica at a time (postgres_queue.py),
+  so one user's facts land in the order they were said.
 - Recovery at open marks as interrupted only turns pending for longer than
   `STALE_PENDING`: younger ones may be in flight on another replica.
 - Search is BM25 computed in SQL from an inverted index (postgres_schema.py) with per-user
@@ -20,17 +22,19 @@ import asyncio
 import hashlib
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
 
+from proxy.ids import new_id
 from proxy.models import Scope, Turn
 from proxy.stores.base import QueuedMessage, StoreError, WriteOp
 from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
+from proxy.stores.postgres_queue import claim
 from proxy.stores.postgres_reads import Args, PostgresReads, agent_clause
-from proxy.stores.postgres_rows import message_from_record, turn_from_record, utc
+from proxy.stores.postgres_rows import turn_from_record, utc
 from proxy.stores.postgres_schema import migrate
 from proxy.stores.postgres_vectors import PostgresVectors
 
@@ -40,8 +44,6 @@ CONNECT_TIMEOUT_S = 5.0  # asyncpg's default of 60 s would hold a write retry th
 COMMAND_TIMEOUT_S = 30.0
 PING_TIMEOUT_S = 2.0
 CLOSE_TIMEOUT_S = 10.0
-# How long a claimed extraction item stays with the replica that claimed it.
-CLAIM_LEASE = timedelta(minutes=5)
 # JIT compiling a search's aggregate costs more than running it. A generic plan of a prepared
 # search (PostgreSQL's choice after five runs) cannot see how rare the query's terms are or
 # how large the user's history is, and scanned postings it should have probed: measured at
@@ -94,6 +96,7 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         self._sizes = (min_connections, max_connections)
         self._pool: asyncpg.Pool | None = None
         self._batches: set[asyncio.Task[Any]] = set()
+        self._claimant = new_id()  # names the extraction leases this replica takes (postgres_queue.py)
 
     # --- lifecycle
 
@@ -183,27 +186,15 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
                                ) -> list[QueuedMessage]:
         """Due, unparked items, oldest first, each with its scope and message (text cut at `max_chars`).
 
-        Replicas share the queue: the items are locked with SKIP LOCKED (another replica
-        claiming at the same moment takes the next ones) and leased for CLAIM_LEASE, so no
-        other replica claims them meanwhile; the result (RecordFacts or ExtractionFailed)
-        ends the lease, and a replica that dies holding items lets them come due again.
+        Replicas share the queue: the items are leased to this store for CLAIM_LEASE, and
+        a user another replica holds items of is skipped, so one user's items are extracted
+        and applied in queue order whichever replicas run (postgres_queue.py).
         """
-        args = Args()
-        at, lease = args(utc(now)), args(CLAIM_LEASE)
-        content = "m.content" if max_chars is None else f"substr(m.content, 1, {args(int(max_chars))})"
-        rows = await self._fetch(
-            "WITH due AS (SELECT q.id FROM extraction_queue q WHERE NOT q.parked"
-            f" AND q.next_attempt_at <= {at} AND (q.claimed_until IS NULL OR q.claimed_until <= {at})"
-            f" ORDER BY q.next_attempt_at, q.id LIMIT {args(limit)} FOR UPDATE SKIP LOCKED),"
-            f" claimed AS (UPDATE extraction_queue q SET claimed_until = {at} + {lease}::interval FROM due"
-            " WHERE q.id = due.id RETURNING q.id, q.user_id, q.message_id, q.attempts, q.next_attempt_at)"
-            " SELECT c.id AS queue_id, c.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
-            f" m.agent_id, {content} AS content FROM claimed c"
-            " JOIN messages m ON m.user_id = c.user_id AND m.id = c.message_id ORDER BY c.next_attempt_at, c.id",
-            args,
-        )
-        return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]),
-                              message_from_record(row), row["attempts"]) for row in rows]
+        try:
+            async with self._open_pool().acquire(timeout=CONNECT_TIMEOUT_S) as conn:
+                return await claim(conn, self._claimant, limit, now, max_chars)
+        except _ERRORS as exc:
+            raise _error(exc) from exc
 
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries and claimed ones included) and given up on (`parked`)."""

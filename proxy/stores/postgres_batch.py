@@ -98,7 +98,8 @@ trimmed AS (DELETE FROM injections WHERE user_id = {user} AND EXISTS (SELECT 1 F
     AND seq NOT IN (SELECT seq FROM injections WHERE user_id = {user} ORDER BY seq DESC LIMIT {keep} - 1)),
 -- An extraction attempt failed: count it; the item waits until {at}, or is parked.
 failed AS (UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = {at}, last_error = {error},
-    parked = {park}, claimed_until = NULL WHERE {kind} = 'failed' AND id = {queue_id} AND user_id = {user}),
+    parked = {park}, claimed_until = NULL, claimed_by = NULL
+    WHERE {kind} = 'failed' AND id = {queue_id} AND user_id = {user}),
 -- The message unless its turn holds the same text in this role, queued for extraction if new.
 m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash, terms,
     context, created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},

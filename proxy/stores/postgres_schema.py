@@ -384,8 +384,16 @@ INDEXES = (
 )
 _V1 = _V1_TABLES + "".join(index.script() for index in INDEXES)
 
+# v2: a claimed extraction item names its claimant (one id per store, so per replica), so a
+# claim can skip the users whose items another replica holds (postgres_queue.py); the
+# partial index finds a user's leased items without reading the rest of their queue.
+_V2 = f"""
+ALTER TABLE extraction_queue ADD COLUMN claimed_by text {_C};
+CREATE INDEX extraction_queue_leased ON extraction_queue(user_id, claimed_until) WHERE claimed_until IS NOT NULL;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.
