@@ -152,7 +152,8 @@ class ScopeResolver:
         token = headers.get("x-memory-scope-token")
         if token is None:
             raise Unauthenticated("X-Memory-Scope-Token is required")
-        claims = verify_jwt(token, (self.settings.auth.signing_secret or "").encode())
+        auth = self.settings.auth
+        claims = verify_jwt(token, (auth.signing_secret or "").encode(), audience=auth.token_audience)
         user = claims.get("sub")
         if not isinstance(user, str):
             raise Unauthenticated("the scope token has no subject")
@@ -217,12 +218,13 @@ def _options(headers: dict[str, str]) -> dict[str, Any]:
 
 
 def _bearer(raw: list[tuple[bytes, bytes]]) -> str | None:
-    for name, value in raw:
-        if name.lower() == b"authorization":
-            text = value.decode("latin-1")
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip() or None
-    return None
+    """The bearer token of the one Authorization header; two headers are refused (RELIABILITY
+    B11), since a proxy and the server behind it may each read a different one."""
+    values = [value for name, value in raw if name.lower() == b"authorization"]
+    if len(values) > 1:
+        raise BadScope("Authorization appears more than once", param="Authorization")
+    text = values[0].decode("latin-1") if values else ""
+    return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
 
 
 def _key_digest(configured: str, index: int) -> bytes:
@@ -249,8 +251,9 @@ def _is_time(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int) or math.isfinite(value)
 
 
-def verify_jwt(token: str, secret: bytes, now: float | None = None) -> dict[str, Any]:
-    """Claims of an HS256 JWT signed with `secret`; 401 when forged, malformed or expired."""
+def verify_jwt(token: str, secret: bytes, now: float | None = None, audience: str | None = None) -> dict[str, Any]:
+    """Claims of an HS256 JWT signed with `secret`; 401 when forged, malformed, expired or
+    meant for another audience."""
     try:
         header_b64, payload_b64, signature_b64 = token.split(".")
         signature = _b64decode(signature_b64)
@@ -272,4 +275,18 @@ def verify_jwt(token: str, secret: bytes, now: float | None = None) -> dict[str,
         raise Unauthenticated("the scope token needs an exp claim (a time in unix seconds)")
     if exp < (time.time() if now is None else now):
         raise Unauthenticated("the scope token has expired")
+    _check_audience(claims.get("aud"), audience)
     return claims
+
+
+def _check_audience(aud: Any, audience: str | None) -> None:
+    """RFC 7519 4.1.3: a token naming an audience is refused unless memproxy is one of them."""
+    named = [aud] if isinstance(aud, str) else aud
+    if named is None or named == []:
+        if audience is not None:
+            raise Unauthenticated("the scope token needs an aud claim naming auth.token_audience")
+        return
+    if not isinstance(named, list) or not all(isinstance(value, str) for value in named):
+        raise Unauthenticated("the scope token's aud claim must be a string or a list of strings")
+    if audience not in named:
+        raise Unauthenticated("the scope token is meant for another audience (aud)")

@@ -122,6 +122,8 @@ class AuthSettings:
     api_keys: list[dict[str, str]] = _help("api-keys mode: [{key, user}]; key may be sha256:<hex>.", None,
                                            default_factory=list)
     signing_secret: str | None = _help("signed mode: HS256 secret for X-Memory-Scope-Token.")
+    token_audience: str | None = _help("signed mode: the `aud` a scope token must name; unset = a token "
+                                       "naming any audience is refused.")
     trusted_networks: list[str] = _help("trusted mode: CIDRs besides loopback whose scope headers count.", None,
                                         default_factory=list)
 
@@ -366,6 +368,8 @@ def _check_auth(auth: AuthSettings) -> None:
         raise ConfigError("auth.api_keys: auth.mode api-keys needs at least one {key, user}")
     if auth.mode == "signed" and not auth.signing_secret:
         raise ConfigError("auth.signing_secret: auth.mode signed needs a signing secret")
+    if auth.token_audience is not None and not auth.token_audience.strip():
+        raise ConfigError("auth.token_audience: must not be empty (leave it unset to refuse tokens naming an aud)")
 
 
 def describe() -> list[tuple[str, Any, str]]:

@@ -175,6 +175,22 @@ def test_missing_or_unknown_keys_get_401_on_every_path(keyed: Any, fake: Any, au
     assert fake.received == []
 
 
+@pytest.mark.parametrize("keys", [(ALICE_KEY, BOB_KEY), (BOB_KEY, ALICE_KEY), (ALICE_KEY, "mp-unknown"),
+                                  (ALICE_KEY, ALICE_KEY)])
+def test_two_authorization_headers_are_400_on_every_path(keyed: Any, fake: Any, keys: tuple[str, str]) -> None:
+    # RELIABILITY B11: a proxy in front may read the other header than memproxy does.
+    headers = [("Authorization", f"Bearer {key}") for key in keys]
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    with keyed.http() as client:
+        for response in (client.post("/v1/chat/completions", json=payload, headers=headers),
+                         client.get("/v1/models", headers=headers)):
+            assert error_of(response, 400) == {"message": "Authorization appears more than once",
+                                               "type": "invalid_request_error", "param": "Authorization",
+                                               "code": "invalid_memory_header"}
+        assert users_with_conversations(client, "alice", "bob") == {"alice": 0, "bob": 0}
+    assert fake.received == []
+
+
 def test_a_malformed_sha256_key_stops_start_up() -> None:
     settings = load_settings(environ={}, overrides={"auth.mode": "api-keys",
                                                     "auth.api_keys": [{"key": "sha256:xyz", "user": "u"}]})
@@ -235,12 +251,37 @@ def _tampered() -> str:
     (lambda: _signed_raw(b'{"alg":"HS256"}', b"[" * 50000), "the scope token is malformed"),
     (lambda: _signed_raw(b'{"alg":"HS256"}', b'{"sub":"alice","exp":NaN}'),
      "the scope token needs an exp claim (a time in unix seconds)"),
+    # RELIABILITY B13: with no auth.token_audience, a token meant for some audience is not for memproxy.
+    (lambda: token(aud="some-other-service"), "the scope token is meant for another audience (aud)"),
+    (lambda: token(aud=["billing-api"]), "the scope token is meant for another audience (aud)"),
+    (lambda: token(aud=7), "the scope token's aud claim must be a string or a list of strings"),
 ])
 def test_bad_scope_tokens_get_401(signed: Any, fake: Any, make_token: Any, message: str) -> None:
     with signed.http() as client:
         response = chat(client, {"X-Memory-Scope-Token": make_token()}, "hello")
         assert error_of(response, 401)["message"] == message
     assert fake.received == []
+
+
+ELSEWHERE = "the scope token is meant for another audience (aud)"
+NO_AUDIENCE = "the scope token needs an aud claim naming auth.token_audience"
+
+
+@pytest.mark.parametrize(("aud", "refused"), [
+    ("memproxy", None), (["billing-api", "memproxy"], None), (None, NO_AUDIENCE), ([], NO_AUDIENCE),
+    ("billing-api", ELSEWHERE), (["memproxy-2"], ELSEWHERE), ("MEMPROXY", ELSEWHERE),
+])
+def test_a_configured_audience_must_be_named_by_the_token(make_proxy: Any, fake: Any, aud: Any,
+                                                          refused: str | None) -> None:
+    proxy = make_proxy(auth__mode="signed", auth__signing_secret=SECRET, auth__token_audience="memproxy")
+    claims = {} if aud is None else {"aud": aud}
+    with proxy.http() as client:
+        response = chat(client, {"X-Memory-Scope-Token": token(**claims)}, "hello")
+    if refused is None:
+        assert (response.status_code, response.headers["x-memory-status"]) == (200, "ok")
+    else:
+        assert error_of(response, 401)["message"] == refused
+        assert fake.received == []
 
 
 def test_a_missing_token_gets_401_on_every_path(signed: Any, fake: Any) -> None:

@@ -69,6 +69,7 @@ def test_precedence_flag_env_file_default(tmp_path):
     ("server:\n  grace_period_s: .inf\n", "server.grace_period_s: expected a finite number"),
     ("server:\n  host: ''\n", "server.host: must not be empty"),
     ("memory:\n  block_header: '  '\n", "memory.block_header: must not be empty"),
+    ("auth:\n  token_audience: ''\n", "auth.token_audience: must not be empty"),
     ("store:\n  url: 'sqlite:///:memory:'\n", "store.url: an SQLite store needs a file path"),
     ("store:\n  url: 'sqlite:///'\n", "store.url: an SQLite store needs a file path"),
 ])
