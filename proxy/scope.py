@@ -14,6 +14,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
@@ -139,7 +140,10 @@ class ScopeResolver:
         return address.is_loopback or any(address in network for network in self._networks)
 
     def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> str:
-        token = _bearer(raw_headers)
+        try:
+            token = bearer(raw_headers)
+        except DuplicateAuthorization as exc:
+            raise BadScope(str(exc), param="Authorization") from None
         if token is None:
             raise Unauthenticated("a memproxy API key is required (Authorization: Bearer <key>)")
         digest = hashlib.sha256(token.encode()).digest()
@@ -217,12 +221,16 @@ def _options(headers: dict[str, str]) -> dict[str, Any]:
     return {"mode": mode, "persist": persist_text == "true", "max_memories": max_memories}
 
 
-def _bearer(raw: list[tuple[bytes, bytes]]) -> str | None:
-    """The bearer token of the one Authorization header; two headers are refused (RELIABILITY
-    B11), since a proxy and the server behind it may each read a different one."""
+class DuplicateAuthorization(ValueError):
+    """Two Authorization headers: a proxy in front and memproxy may each read another one."""
+
+
+def bearer(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The token of the request's one `Authorization: Bearer` header, if any; two headers
+    raise DuplicateAuthorization (RELIABILITY B11)."""
     values = [value for name, value in raw if name.lower() == b"authorization"]
     if len(values) > 1:
-        raise BadScope("Authorization appears more than once", param="Authorization")
+        raise DuplicateAuthorization("Authorization appears more than once")
     text = values[0].decode("latin-1") if values else ""
     return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
 

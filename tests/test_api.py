@@ -447,6 +447,9 @@ def test_the_api_token_is_required_when_set(make_proxy: Any) -> None:
         right = api.get(api_url(USER, "memories"), headers={"Authorization": "Bearer api-secret-1"})
         assert right.status_code == 200
         assert api.get("/memory/v1/openapi.json").status_code == 200
+        twice = api.get(api_url(USER, "memories"), headers=[("Authorization", "Bearer api-secret-1"),
+                                                            ("Authorization", "Bearer api-secret-2")])
+        assert error_of(twice, 400)["message"] == "Authorization appears more than once"
 
 
 async def _from_remote(settings: Any, requests: list[tuple[str, str, dict[str, str]]]) -> list[httpx.Response]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Iterable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
-from proxy.api.errors import MissingToken, NotLoopback
+from proxy.api.errors import InvalidRequest, MissingToken, NotLoopback
+from proxy.scope import DuplicateAuthorization, bearer
 
 
 class ApiGuard:
@@ -29,7 +30,10 @@ class ApiGuard:
             if not is_loopback(asgi_scope.get("client")):
                 raise NotLoopback("the memory API answers only loopback clients when memory_api.token is not set")
             return
-        supplied = bearer(asgi_scope.get("headers", []))
+        try:
+            supplied = bearer(asgi_scope.get("headers", []))
+        except DuplicateAuthorization as exc:
+            raise InvalidRequest(str(exc), param="Authorization") from None
         if supplied is None:
             raise MissingToken("the memory API needs Authorization: Bearer <memory_api.token>")
         if not hmac.compare_digest(hashlib.sha256(supplied.encode()).digest(), self._digest):
@@ -47,14 +51,3 @@ def is_loopback(client: tuple[str, int] | list[Any] | None) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
     return address.is_loopback
-
-
-def bearer(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The token of the request's `Authorization: Bearer` header, if any."""
-    for name, value in raw:
-        if name.lower() == b"authorization":
-            text = value.decode("latin-1")
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip() or None
-            return None
-    return None
