@@ -38,6 +38,7 @@ T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 ALICE = Scope("alice")
 BOB = Scope("bob")
 CANARY = "zebracanary"
+STEP = (ReasoningStep("lookup", "{}", "ok"),)
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -399,13 +400,69 @@ def test_lists_page_with_cursors(backend: Backend) -> None:
                 at = T0 + timedelta(minutes=i)
                 await store.apply([start(ALICE, f"t{i}", f"q{i}", conv=f"c{i}", at=at),
                                    start(ALICE, f"s{i}", f"m{i}", conv="main", at=at)])
-            first = await store.messages(ALICE, "main", limit=2)
-            rest = await store.messages(ALICE, "main", limit=10, cursor=first[-1].id)
-            assert [m.content for m in first + rest] == ["m0", "m1", "m2", "m3", "m4"]
-            page = await store.conversations(ALICE, limit=3)
-            more = await store.conversations(ALICE, limit=10, cursor=page[-1]["id"])
-            assert [c["id"] for c in page + more] == ["main", "c4", "c3", "c2", "c1", "c0"]
-            assert page[0]["message_count"] == 5 and page[0]["last_active_at"] == T0 + timedelta(minutes=4)
+            first = await store.message_page(ALICE, "main", limit=2)
+            rest = await store.message_page(ALICE, "main", limit=10, after=first[-1][0])
+            assert [m.content for _, m in first + rest] == ["m0", "m1", "m2", "m3", "m4"]
+            page = await store.conversation_page(ALICE, limit=3)
+            more = await store.conversation_page(ALICE, limit=10, after=page[-1][0])
+            assert [c["id"] for _, c in page + more] == ["main", "c4", "c3", "c2", "c1", "c0"]
+            assert page[0][1]["message_count"] == 5 and page[0][1]["last_active_at"] == T0 + timedelta(minutes=4)
+
+    run(body())
+
+
+def test_a_page_goes_on_after_a_key_whose_item_is_deleted(backend: Backend) -> None:  # noqa: F811
+    """A key is a place in the list's order: deleting its item (and the next) moves no other item."""
+    async def body() -> None:
+        async with backend.opened() as store:
+            for i in range(5):
+                at = T0 + timedelta(minutes=i)
+                await store.apply([start(ALICE, f"t{i}", f"q{i}", conv=f"c{i}", at=at),
+                                   finish(ALICE, f"t{i}", f"a{i}", conv=f"c{i}", at=at, task=f"task {i}", steps=STEP),
+                                   start(ALICE, f"s{i}", f"m{i}", conv="main", at=at - timedelta(days=1))])
+                await backend.add_entity("alice", f"Thing {i}")
+            messages = await store.message_page(ALICE, "main", limit=2)
+            conversations = await store.conversation_page(ALICE, limit=2)
+            traces = await store.reasoning_page(ALICE, limit=2)
+            entities = await store.entity_page(ALICE, limit=2)
+            assert [c["id"] for _, c in conversations] == ["c4", "c3"]
+            assert [t["task"] for _, t in traces] == ["task 4", "task 3"]
+            ids = {m.content: m.id for _, m in await store.message_page(ALICE, "main")}
+            for content in ("m1", "m2"):
+                assert await store.delete_item(ALICE, "message", ids[content]) is not None
+            for conversation in ("c3", "c2"):  # with their traces, "task 3" and "task 2"
+                assert await store.delete_item(ALICE, "conversation", conversation) is not None
+            names = {e["name"]: e["id"] for _, e in await store.entity_page(ALICE)}
+            for name in ("Thing 1", "Thing 2"):
+                assert await store.delete_item(ALICE, "entity", names[name]) is not None
+            assert [m.content for _, m in await store.message_page(ALICE, "main", after=messages[-1][0])] == [
+                "m3", "m4"]
+            assert [c["id"] for _, c in await store.conversation_page(ALICE, after=conversations[-1][0])] == [
+                "c1", "c0", "main"]
+            assert [t["task"] for _, t in await store.reasoning_page(ALICE, after=traces[-1][0])] == [
+                "task 1", "task 0"]
+            assert [e["name"] for _, e in await store.entity_page(ALICE, after=entities[-1][0])] == [
+                "Thing 3", "Thing 4"]
+
+    run(body())
+
+
+def test_page_key_finds_an_item_of_the_user_only(backend: Backend) -> None:  # noqa: F811
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "q", conv="c1"),
+                               finish(ALICE, "t1", "a", conv="c1", task="t", steps=STEP)])
+            entity = await backend.add_entity("alice", "Thing")
+            [(message_key, message)] = await store.message_page(ALICE, "c1", limit=1)
+            [(conversation_key, _)] = await store.conversation_page(ALICE)
+            [(trace_key, trace)] = await store.reasoning_page(ALICE)
+            [(entity_key, _)] = await store.entity_page(ALICE)
+            assert await store.page_key(ALICE, "messages", message.id) == message_key
+            assert await store.page_key(ALICE, "conversations", "c1") == conversation_key
+            assert await store.page_key(ALICE, "reasoning", trace["id"]) == trace_key
+            assert await store.page_key(ALICE, "entities", entity) == entity_key
+            assert await store.page_key(BOB, "entities", entity) is None
+            assert await store.page_key(ALICE, "entities", "no-such-entity") is None
 
     run(body())
 
@@ -437,7 +494,11 @@ async def everything_visible_to(store: Store, scope: Scope, ids: dict[str, str])
     terms = query_terms(f"{CANARY} hello answer Oslo")
     seen: list[Any] = [
         await store.messages(scope, "c1"),
-        await store.conversations(scope),
+        await store.message_page(scope, "c1"),
+        await store.conversation_page(scope),
+        await store.entity_page(scope),
+        await store.reasoning_page(scope),
+        await store.page_key(scope, "entities", ids["entity"]),
         await store.reasoning(scope),
         await store.turn(scope, "t1"),
         await store.turn(scope, "t-alice"),
@@ -512,7 +573,7 @@ def test_agent_isolation(backend: Backend) -> None:
             assert await store.messages(a1_only, "k2") == []
             assert await store.latest_conversation(a1_only) == "k1"
             assert await store.latest_conversation(a1) == "k2"
-            assert [c["id"] for c in await store.conversations(a2_only)] == ["k2"]
+            assert [c["id"] for _, c in await store.conversation_page(a2_only)] == ["k2"]
             assert await store.turn(a1_only, "t2") is None
             assert await store.conversation_by_assistant_hashes(a1_only, [text_hash("saved")]) is None
             exported = repr([r async for r in store.export(a1_only)])

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.datastructures import QueryParams
 
+from proxy.api import cursors
+from proxy.api.cursors import Listing
 from proxy.api.errors import InvalidRequest
 from proxy.errors import BadScope
 from proxy.memory.block import SOURCES
 from proxy.models import Relationship, StoredMessage
 from proxy.scope import valid_id
-from proxy.stores.base import TAGS_MAX
+from proxy.stores.base import TAGS_MAX, PageKey
 
 MEMORY_TYPES = ("fact", "interaction", "pattern", "user_preference")
 CONTENT_MAX_CHARS = 2000  # SPEC 7: store_memory content is 1-2000 characters
@@ -29,6 +31,7 @@ QUERY_MAX_CHARS = 8000
 SEARCH_LIMIT_MAX = 12
 PAGE_DEFAULT = 100
 PAGE_MAX = 1000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,9 @@ def parse_search(body: Any) -> SearchInput:
     return SearchInput(query, limit, tuple(dict.fromkeys(sources)), conversation)
 
 
-def parse_page(params: QueryParams) -> tuple[int, str | None]:
-    """`?limit=` (1-1000, default 100) and `?cursor=` (the last id of the previous page)."""
+def parse_page(params: QueryParams, listing: Listing) -> tuple[int, PageKey | str | None]:
+    """`?limit=` (1-1000, default 100) and `?cursor=`: the key of a cursor of this list, or the id an
+    old-style cursor names (the last item of the previous page, before cursors carried keys)."""
     unknown = sorted(set(params) - {"limit", "cursor"})
     if unknown:
         raise InvalidRequest(f"unknown query parameter `{unknown[0]}` (known: limit, cursor)", param=unknown[0])
@@ -147,14 +151,19 @@ def parse_page(params: QueryParams) -> tuple[int, str | None]:
             raise InvalidRequest(f"`limit` must be a whole number from 1 to {PAGE_MAX}", param="limit")
         limit = int(digits)
     cursor = params.get("cursor")
-    return limit, None if cursor is None else path_id(cursor, "cursor")
+    if cursor is None:
+        return limit, None
+    if cursors.MARK in cursor:
+        return limit, cursors.read(listing, cursor)
+    return limit, path_id(cursor, "cursor")
 
 
-def page(items: Sequence[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """A list answer from up to limit + 1 items: the extra one only says there is a next page."""
-    data = list(items[:limit])
-    more = len(items) > limit
-    return {"object": "list", "data": data, "next_cursor": data[-1]["id"] if more and data else None}
+def page(rows: Sequence[tuple[PageKey, T]], limit: int, listing: Listing,
+         shape: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
+    """A list answer from up to limit + 1 keyed rows: the extra one only says there is a next page."""
+    data = [shape(item) for _, item in rows[:limit]]
+    next_cursor = cursors.write(listing, rows[limit - 1][0]) if len(rows) > limit else None
+    return {"object": "list", "data": data, "next_cursor": next_cursor}
 
 
 def iso(moment: datetime | None) -> str | None:

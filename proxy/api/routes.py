@@ -23,6 +23,7 @@ from starlette.types import Scope as AsgiScope
 
 from proxy.api import records
 from proxy.api.auth import ApiGuard
+from proxy.api.cursors import Listing
 from proxy.api.errors import (
     Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable,
 )
@@ -38,7 +39,7 @@ from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.relay import send_error
 from proxy.settings import Settings
-from proxy.stores.base import Store, StoreError, StoreMemory
+from proxy.stores.base import PageKey, Store, StoreError, StoreMemory
 
 log = logging.getLogger("memproxy.api")
 
@@ -150,27 +151,35 @@ class MemoryApi:
         return records.memory_of_message(message)
 
     async def list_memories(self, request: Request) -> Response:
-        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
-        rows = await self.store.entity_page(scope, limit=limit + 1, cursor=cursor)
-        return answer(records.page([records.memory_of_entity(row) for row in rows], limit))
+        scope = user_scope(request)
+        listing = Listing("entities", scope.user)
+        limit, after = await self._page_params(request, scope, listing)
+        rows = await self.store.entity_page(scope, limit=limit + 1, after=after)
+        return answer(records.page(rows, limit, listing, records.memory_of_entity))
 
     async def conversations(self, request: Request) -> Response:
-        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
-        rows = await self.store.conversations(scope, limit=limit + 1, cursor=cursor)
-        return answer(records.page([records.conversation(row) for row in rows], limit))
+        scope = user_scope(request)
+        listing = Listing("conversations", scope.user)
+        limit, after = await self._page_params(request, scope, listing)
+        rows = await self.store.conversation_page(scope, limit=limit + 1, after=after)
+        return answer(records.page(rows, limit, listing, records.conversation))
 
     async def messages(self, request: Request) -> Response:
-        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
+        scope = user_scope(request)
         conversation_id = records.path_id(request.path_params["id"], "id")
+        listing = Listing("messages", scope.user, conversation_id)
+        limit, after = await self._page_params(request, scope, listing)
         if await self.store.conversation_record(scope, conversation_id) is None:
             raise ItemNotFound(f"user {scope.user} has no conversation {conversation_id}")
-        rows = await self.store.messages(scope, conversation_id, limit=limit + 1, cursor=cursor)
-        return answer(records.page([records.message(row) for row in rows], limit))
+        rows = await self.store.message_page(scope, conversation_id, limit=limit + 1, after=after)
+        return answer(records.page(rows, limit, listing, records.message))
 
     async def entities(self, request: Request) -> Response:
-        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
-        rows = await self.store.entity_page(scope, limit=limit + 1, cursor=cursor)
-        return answer(records.page([records.without_kind(row) for row in rows], limit))
+        scope = user_scope(request)
+        listing = Listing("entities", scope.user)
+        limit, after = await self._page_params(request, scope, listing)
+        rows = await self.store.entity_page(scope, limit=limit + 1, after=after)
+        return answer(records.page(rows, limit, listing, records.without_kind))
 
     async def entity(self, request: Request) -> Response:
         scope = user_scope(request)
@@ -182,9 +191,22 @@ class MemoryApi:
         return answer({**records.without_kind(entity), "relationships": [records.relationship(e) for e in edges]})
 
     async def reasoning(self, request: Request) -> Response:
-        scope, (limit, cursor) = user_scope(request), records.parse_page(request.query_params)
-        rows = await self.store.reasoning_page(scope, limit=limit + 1, cursor=cursor)
-        return answer(records.page([records.without_kind(row) for row in rows], limit))
+        scope = user_scope(request)
+        listing = Listing("reasoning", scope.user)
+        limit, after = await self._page_params(request, scope, listing)
+        rows = await self.store.reasoning_page(scope, limit=limit + 1, after=after)
+        return answer(records.page(rows, limit, listing, records.without_kind))
+
+    async def _page_params(self, request: Request, scope: Scope, listing: Listing) -> tuple[int, PageKey | None]:
+        """The page's limit, and the key it starts after (an old-style cursor's item is looked up)."""
+        limit, cursor = records.parse_page(request.query_params, listing)
+        if not isinstance(cursor, str):
+            return limit, cursor
+        key = await self.store.page_key(scope, listing.kind, cursor)
+        if key is None:  # a bare id can only say where its item is while the item exists
+            raise InvalidRequest(f"`cursor` names no item of this list ({cursor}); a next_cursor from a page"
+                                 " keeps its place even when its item is deleted", param="cursor")
+        return limit, key
 
     async def injections(self, request: Request) -> Response:
         scope = user_scope(request)

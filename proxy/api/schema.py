@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from proxy.api import cursors
 from proxy.api.records import (
     CONTENT_MAX_CHARS, MEMORY_TYPES, PAGE_MAX, QUERY_MAX_CHARS, SEARCH_LIMIT_MAX, TAG_MAX_CHARS, TAGS_MAX,
 )
@@ -21,6 +22,7 @@ NULLABLE_TIME = {**TIME, "nullable": True}
 NULLABLE_TEXT = {"type": "string", "nullable": True}
 STRINGS = {"type": "array", "items": TEXT}
 COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
+NEXT_CURSOR = {"type": "string", "pattern": cursors.PATTERN, "maxLength": cursors.MAX_CHARS}
 
 
 def ref(name: str) -> dict[str, str]:
@@ -38,7 +40,7 @@ def obj(properties: dict[str, Any], required: list[str] | None = None, *, closed
 
 def listing(item: str) -> dict[str, Any]:
     return obj({"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": ref(item)},
-                "next_cursor": {**ID, "nullable": True}})
+                "next_cursor": {**NEXT_CURSOR, "nullable": True}})
 
 
 MEMORY = obj({"id": ID, "type": {"type": "string"}, "content": TEXT, "name": TEXT, "entity_type": TEXT,
@@ -101,8 +103,10 @@ USER = {"name": "user", "in": "path", "required": True, "schema": ID, "descripti
 ITEM = {"name": "id", "in": "path", "required": True, "schema": ID, "description": "The item id."}
 LIMIT = {"name": "limit", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": 100}}
-CURSOR = {"name": "cursor", "in": "query", "required": False, "schema": ID,
-          "description": "The `next_cursor` of the previous page."}
+CURSOR = {"name": "cursor", "in": "query", "required": False, "schema": {"anyOf": [NEXT_CURSOR, ID]},
+          "description": "The `next_cursor` of the previous page of this list, as it was given (opaque). It keeps"
+                         " its place when items are deleted. A bare item id (the cursor of earlier versions) is"
+                         " still read, while that item exists."}
 NDJSON = "application/x-ndjson"
 
 

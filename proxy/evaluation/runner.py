@@ -87,13 +87,13 @@ async def map_messages(store: Store, scope: Scope, sample: Sample) -> dict[str, 
     """Message id -> dia_id, matching each session's saved messages to its turns in order."""
     dia_ids: dict[str, str] = {}
     for session in sample.sessions:
-        messages = []
+        messages, after = [], None
         while len(messages) < len(session.turns):
-            cursor = messages[-1].id if messages else None
-            page = await store.messages(scope, conversation_id(sample, session), limit=PAGE, cursor=cursor)
+            page = await store.message_page(scope, conversation_id(sample, session), limit=PAGE, after=after)
             if not page:
                 break
-            messages += page
+            after = page[-1][0]
+            messages += [message for _, message in page]
         if len(messages) != len(session.turns):
             raise BenchmarkError(f"{sample.sample_id} session {session.number}: {len(messages)} messages saved"
                                  f" for {len(session.turns)} turns")

@@ -242,6 +242,23 @@ class QueuedMessage:
     attempts: int
 
 
+# --- the memory API's lists (SPEC 8), paged by key ---------------------------------------
+
+PageList = Literal["entities", "messages", "conversations", "reasoning"]
+# An item's place in its list: the parts it is sorted by, only numbers and ids, so a list
+# cursor can carry it. A page after a key starts just past that place, item there or not.
+PageKey = tuple[int | float | str, ...]
+# What each list's key is made of, in sort order. `seq` is the row's insertion number, `id`
+# its id, `time` the list's time exactly as the store keeps it (SQLite: unix seconds, a
+# float; PostgreSQL: microseconds since the epoch, an integer).
+PAGE_KEY_PARTS: dict[PageList, tuple[str, ...]] = {
+    "entities": ("seq",),  # oldest first
+    "messages": ("time", "seq"),  # created_at, oldest first
+    "conversations": ("time", "id"),  # last_active_at, most recent first
+    "reasoning": ("time", "seq"),  # created_at, newest first
+}
+
+
 # --- the protocol ------------------------------------------------------------------
 
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]  # what the memory API deletes
@@ -284,13 +301,8 @@ class Store(Protocol):
         """The user's most recently active conversation."""
 
     # reading what was saved
-    async def messages(
-        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> list[StoredMessage]:
-        """Messages of one conversation, oldest first."""
-
-    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        """The user's conversations, most recent first."""
+    async def messages(self, scope: Scope, conversation_id: str, *, limit: int = 100) -> list[StoredMessage]:
+        """The first `limit` messages of one conversation, oldest first."""
 
     async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
         """Reasoning traces of the user (of the agent when agent-isolated), newest first."""
@@ -358,9 +370,26 @@ class Store(Protocol):
         """The items among `item_ids` that still hold a vector for `model`, as the searches return them
         (StoredMessage, Entity or ReasoningTrace), filtered by the scope's agent as the searches are."""
 
-    # the memory API (SPEC 8): pages take `limit` and `cursor`, the id of the previous page's last item
-    async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+    # the memory API (SPEC 8): pages of up to `limit` items, each with its PageKey, from just past `after`
+    async def entity_page(self, scope: Scope, *, limit: int = 100,
+                          after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """The user's entities as `entity` export records, oldest first."""
+
+    async def conversation_page(self, scope: Scope, *, limit: int = 100,
+                                after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """The user's conversations, most recently active first: id, agent_id, created_at,
+        last_active_at, message_count."""
+
+    async def message_page(self, scope: Scope, conversation_id: str, *, limit: int = 100,
+                           after: PageKey | None = None) -> list[tuple[PageKey, StoredMessage]]:
+        """Messages of one conversation, oldest first."""
+
+    async def reasoning_page(self, scope: Scope, *, limit: int = 100,
+                             after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """Reasoning traces as `reasoning` export records, newest first."""
+
+    async def page_key(self, scope: Scope, listing: PageList, item_id: str) -> PageKey | None:
+        """The key of the user's item `item_id` in a list, None when the user has no such item."""
 
     async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
         """One entity as an `entity` export record."""
@@ -370,10 +399,6 @@ class Store(Protocol):
 
     async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
         """One conversation as a `conversation` export record."""
-
-    async def reasoning_page(self, scope: Scope, *, limit: int = 100,
-                             cursor: str | None = None) -> list[dict[str, Any]]:
-        """Reasoning traces as `reasoning` export records, newest first."""
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first: turn_id, conversation_id, created_at,

@@ -22,8 +22,15 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.memory.extraction.model import canonical_name
-from proxy.models import Scope
-from proxy.stores.base import TAGS_MAX, StoreMemory, text_hash
+from proxy.models import Scope, StoredMessage
+from proxy.stores.base import (
+    PAGE_KEY_PARTS,
+    TAGS_MAX,
+    PageKey,
+    PageList,
+    StoreMemory,
+    text_hash,
+)
 from proxy.stores.postgres_import import import_records
 from proxy.stores.postgres_rows import (
     clean_text,
@@ -31,6 +38,9 @@ from proxy.stores.postgres_rows import (
     export_entity,
     export_message,
     export_reasoning,
+    from_micros,
+    message_from_record,
+    micros,
     utc,
 )
 from proxy.stores.postgres_schema import CONTEXT_SQL, INTERNAL_TABLES
@@ -48,6 +58,10 @@ Corrected = Literal["entity", "message", "conflict"]
 # The table each kind of item lives in.
 _ITEM_TABLES = {"message": "messages", "entity": "entities", "relationship": "relationships",
                 "conversation": "conversations"}
+# Where each list's keys are kept (store.base.PAGE_KEY_PARTS): the table, and its key columns in order.
+_KEY_COLUMNS: dict[PageList, tuple[str, str]] = {
+    "entities": ("entities", "seq"), "messages": ("messages", "created_at, seq"),
+    "conversations": ("conversations", "last_active_at, id"), "reasoning": ("reasoning", "created_at, seq")}
 
 
 def _agent(scope: Scope, alias: str, first: int) -> tuple[str, list[Any]]:
@@ -55,6 +69,20 @@ def _agent(scope: Scope, alias: str, first: int) -> tuple[str, list[Any]]:
     if scope.agent_isolated:
         return f" AND {alias}.agent_id IS NOT DISTINCT FROM ${first}", [scope.agent]
     return "", []
+
+
+def _past(listing: PageList, columns: str, after: PageKey | None, args: list[Any], *, first: int = 3,
+          newest_first: bool = False) -> str:
+    """The condition that starts a page just past `after` in the order of `columns`.
+
+    `args` are the query's parameters from number `first` on; the key's values are added to them.
+    """
+    if after is None:
+        return ""
+    number = first + len(args)
+    args += [from_micros(part) if kind == "time" else part for kind, part in zip(PAGE_KEY_PARTS[listing], after)]
+    marks = ", ".join(f"${n}" for n in range(number, number + len(after)))
+    return f" AND ({columns}) {'<' if newest_first else '>'} ({marks})"
 
 
 class PostgresAdmin:
@@ -69,16 +97,38 @@ class PostgresAdmin:
 
     # --- reads
 
-    async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        """The user's entities as export records, oldest first, after the entity `cursor`."""
+    async def entity_page(self, scope: Scope, *, limit: int = 100,
+                          after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """The user's entities as export records, oldest first, from just past `after`."""
         agent, args = _agent(scope, "e", 3)
-        after = ""
-        if cursor is not None:  # keyset pagination: the page starts after the entity `cursor`
-            after = f" AND e.seq > (SELECT seq FROM entities WHERE user_id = $1 AND id = ${len(args) + 3})"
-            args.append(cursor)
-        rows = await self._fetch(f"SELECT e.* FROM entities e WHERE e.user_id = $1{agent}{after} ORDER BY e.seq"
+        past = _past("entities", "e.seq", after, args)
+        rows = await self._fetch(f"SELECT e.* FROM entities e WHERE e.user_id = $1{agent}{past} ORDER BY e.seq"
                                  " LIMIT $2", [scope.user, limit, *args])
-        return [export_entity(row) for row in rows]
+        return [((row["seq"],), export_entity(row)) for row in rows]
+
+    async def conversation_page(self, scope: Scope, *, limit: int = 100,
+                                after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """The user's conversations, most recently active first, from just past `after`."""
+        agent, args = _agent(scope, "c", 3)
+        past = _past("conversations", "c.last_active_at, c.id", after, args, newest_first=True)
+        rows = await self._fetch(
+            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
+            f" AND m.conversation_id = c.id) AS message_count FROM conversations c WHERE c.user_id = $1{agent}{past}"
+            " ORDER BY c.last_active_at DESC, c.id DESC LIMIT $2", [scope.user, limit, *args])
+        return [((micros(row["last_active_at"]), row["id"]),
+                 {"id": row["id"], "agent_id": row["agent_id"], "created_at": utc(row["created_at"]),
+                  "last_active_at": utc(row["last_active_at"]), "message_count": row["message_count"]})
+                for row in rows]
+
+    async def message_page(self, scope: Scope, conversation_id: str, *, limit: int = 100,
+                           after: PageKey | None = None) -> list[tuple[PageKey, StoredMessage]]:
+        """Messages of one conversation, oldest first, from just past `after`."""
+        agent, args = _agent(scope, "m", 4)
+        past = _past("messages", "m.created_at, m.seq", after, args, first=4)
+        rows = await self._fetch(
+            f"SELECT m.* FROM messages m WHERE m.user_id = $1 AND m.conversation_id = $2{agent}{past}"
+            " ORDER BY m.created_at, m.seq LIMIT $3", [scope.user, conversation_id, limit, *args])
+        return [((micros(row["created_at"]), row["seq"]), message_from_record(row)) for row in rows]
 
     async def _record(self, scope: Scope, table: str, alias: str, item_id: str) -> asyncpg.Record | None:
         agent, args = _agent(scope, alias, 3)
@@ -102,17 +152,21 @@ class PostgresAdmin:
         return None if row is None else export_conversation(row)
 
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
-                             cursor: str | None = None) -> list[dict[str, Any]]:
-        """Reasoning traces as export records, newest first, after the trace `cursor`."""
+                             after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """Reasoning traces as export records, newest first, from just past `after`."""
         agent, args = _agent(scope, "x", 3)
-        after = ""
-        if cursor is not None:
-            after = (" AND (x.created_at, x.seq) < (SELECT created_at, seq FROM reasoning WHERE user_id = $1"
-                     f" AND id = ${len(args) + 3})")
-            args.append(cursor)
-        rows = await self._fetch(f"SELECT x.* FROM reasoning x WHERE x.user_id = $1{agent}{after}"
+        past = _past("reasoning", "x.created_at, x.seq", after, args, newest_first=True)
+        rows = await self._fetch(f"SELECT x.* FROM reasoning x WHERE x.user_id = $1{agent}{past}"
                                  " ORDER BY x.created_at DESC, x.seq DESC LIMIT $2", [scope.user, limit, *args])
-        return [export_reasoning(row) for row in rows]
+        return [((micros(row["created_at"]), row["seq"]), export_reasoning(row)) for row in rows]
+
+    async def page_key(self, scope: Scope, listing: PageList, item_id: str) -> PageKey | None:
+        """The key of the user's item `item_id` in a list, None when the user has no such item."""
+        table, columns = _KEY_COLUMNS[listing]
+        rows = await self._fetch(f"SELECT {columns} FROM {table} WHERE user_id = $1 AND id = $2", [scope.user, item_id])
+        if not rows:
+            return None
+        return tuple(micros(part) if kind == "time" else part for kind, part in zip(PAGE_KEY_PARTS[listing], rows[0]))
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first."""

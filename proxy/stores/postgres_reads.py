@@ -26,7 +26,6 @@ from proxy.stores.postgres_rows import (
     message_from_record,
     relationship_from_record,
     trace_from_record,
-    utc,
 )
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_search import candidate_terms
@@ -113,39 +112,15 @@ class PostgresReads:
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
         raise NotImplementedError
 
-    async def messages(
-        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> list[StoredMessage]:
-        """Messages of one conversation, oldest first; `cursor` is the last id of the previous page."""
+    async def messages(self, scope: Scope, conversation_id: str, *, limit: int = 100) -> list[StoredMessage]:
+        """The first `limit` messages of one conversation, oldest first."""
         args = Args()
         where = f"m.user_id = {args(scope.user)} AND m.conversation_id = {args(conversation_id)}"
         where += agent_clause(scope, "m", args)
-        if cursor is not None:
-            where += (" AND (m.created_at, m.seq) > (SELECT created_at, seq FROM messages"
-                      f" WHERE user_id = $1 AND id = {args(cursor)})")
         rows = await self._fetch(
             f"SELECT m.* FROM messages m WHERE {where} ORDER BY m.created_at, m.seq LIMIT {args(limit)}", args
         )
         return [message_from_record(row) for row in rows]
-
-    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        """The user's conversations, most recent first; `cursor` is the last id of the previous page."""
-        args = Args()
-        where = f"c.user_id = {args(scope.user)}{agent_clause(scope, 'c', args)}"
-        if cursor is not None:
-            where += (" AND (c.last_active_at, c.id) < (SELECT last_active_at, id FROM conversations"
-                      f" WHERE user_id = $1 AND id = {args(cursor)})")
-        rows = await self._fetch(
-            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
-            f" AND m.conversation_id = c.id) AS message_count FROM conversations c WHERE {where}"
-            f" ORDER BY c.last_active_at DESC, c.id DESC LIMIT {args(limit)}",
-            args,
-        )
-        return [
-            {"id": row["id"], "agent_id": row["agent_id"], "created_at": utc(row["created_at"]),
-             "last_active_at": utc(row["last_active_at"]), "message_count": row["message_count"]}
-            for row in rows
-        ]
 
     async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
         """Reasoning traces of the user (of the agent when one is set), newest first."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from asyncpg import Record
@@ -27,6 +27,20 @@ def clean_text(text: str) -> str:
 def utc(at: datetime) -> datetime:
     """An aware UTC datetime; a naive one is taken as UTC (as the SQLite store does)."""
     return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(at: datetime) -> int:
+    """Microseconds since the epoch: a timestamptz exactly, as a number a list cursor can carry."""
+    return (utc(at) - _EPOCH) // _MICROSECOND
+
+
+def from_micros(count: float) -> datetime:
+    """The aware UTC datetime `count` microseconds after the epoch."""
+    return _EPOCH + timedelta(microseconds=count)
 
 
 def iso(at: datetime | None) -> str | None:

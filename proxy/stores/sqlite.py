@@ -32,7 +32,6 @@ from proxy.stores.sqlite_rows import (
     export_message,
     export_reasoning,
     export_relationship,
-    from_ts,
     message_from_row,
     relationship_from_row,
     to_ts,
@@ -308,42 +307,15 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     # --- reading what was saved
 
-    async def messages(
-        self, scope: Scope, conversation_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> list[StoredMessage]:
-        """Messages of one conversation, oldest first; `cursor` is the last id of the previous page."""
+    async def messages(self, scope: Scope, conversation_id: str, *, limit: int = 100) -> list[StoredMessage]:
+        """The first `limit` messages of one conversation, oldest first."""
         agent, params = _agent_clause(scope, "m")
-        after = ""
-        if cursor is not None:
-            after = " AND (m.created_at, m.seq) > (SELECT created_at, seq FROM messages WHERE user_id = ? AND id = ?)"
-            params += [scope.user, cursor]
         rows = await self._rows(
-            f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.conversation_id = ?{agent}{after}"
+            f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.conversation_id = ?{agent}"
             " ORDER BY m.created_at, m.seq LIMIT ?",
             [scope.user, conversation_id, *params, limit],
         )
         return [message_from_row(row) for row in rows]
-
-    async def conversations(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        """The user's conversations, most recent first; `cursor` is the last id of the previous page."""
-        agent, params = _agent_clause(scope, "c")
-        after = ""
-        if cursor is not None:
-            after = (" AND (c.last_active_at, c.id) <"
-                     " (SELECT last_active_at, id FROM conversations WHERE user_id = ? AND id = ?)")
-            params += [scope.user, cursor]
-        rows = await self._rows(
-            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
-            " AND m.conversation_id = c.id) AS message_count"
-            f" FROM conversations c WHERE c.user_id = ?{agent}{after}"
-            " ORDER BY c.last_active_at DESC, c.id DESC LIMIT ?",
-            [scope.user, *params, limit],
-        )
-        return [
-            {"id": row["id"], "agent_id": row["agent_id"], "created_at": from_ts(row["created_at"]),
-             "last_active_at": from_ts(row["last_active_at"]), "message_count": row["message_count"]}
-            for row in rows
-        ]
 
     async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
         """Reasoning traces of the user (of the agent when one is set), newest first."""

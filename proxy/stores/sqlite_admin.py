@@ -22,8 +22,16 @@ from typing import Any, Literal, TypeVar
 
 from proxy.ids import new_id
 from proxy.memory.extraction.model import canonical_name
-from proxy.models import Scope
-from proxy.stores.base import TAGS_MAX, ItemKind, StoreError, StoreMemory, text_hash
+from proxy.models import Scope, StoredMessage
+from proxy.stores.base import (
+    TAGS_MAX,
+    ItemKind,
+    PageKey,
+    PageList,
+    StoreError,
+    StoreMemory,
+    text_hash,
+)
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_rows import (
     CONTEXT_MESSAGES,
@@ -36,6 +44,7 @@ from proxy.stores.sqlite_rows import (
     export_reasoning,
     from_ts,
     index_terms,
+    message_from_row,
     now_ts,
     to_ts,
 )
@@ -51,6 +60,10 @@ _INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.Inte
 # The table each kind of item lives in.
 _ITEM_TABLES = {"message": "messages", "entity": "entities", "relationship": "relationships",
                 "conversation": "conversations"}
+# Where each list's keys are kept (store.base.PAGE_KEY_PARTS): the table, and its key columns in order.
+_KEY_COLUMNS: dict[PageList, tuple[str, str]] = {
+    "entities": ("entities", "seq"), "messages": ("messages", "created_at, seq"),
+    "conversations": ("conversations", "last_active_at, id"), "reasoning": ("reasoning", "created_at, seq")}
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
@@ -63,6 +76,14 @@ def _agent_clause(scope: Scope, alias: str) -> tuple[str, list[Any]]:
     if scope.agent_isolated:
         return f" AND {alias}.agent_id IS ?", [scope.agent]
     return "", []
+
+
+def _past(columns: str, after: PageKey | None, *, newest_first: bool = False) -> tuple[str, list[Any]]:
+    """The condition that starts a page just past `after` in the order of `columns`."""
+    if after is None:
+        return "", []
+    marks = ", ".join("?" * len(after))
+    return f" AND ({columns}) {'<' if newest_first else '>'} ({marks})", list(after)
 
 
 class SQLiteAdmin:
@@ -99,16 +120,43 @@ class SQLiteAdmin:
 
     # --- reads
 
-    async def entity_page(self, scope: Scope, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        """The user's entities as export records, oldest first, after the entity `cursor`."""
+    async def entity_page(self, scope: Scope, *, limit: int = 100,
+                          after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """The user's entities as export records, oldest first, from just past `after`."""
         agent, params = _agent_clause(scope, "e")
-        after = ""
-        if cursor is not None:  # keyset pagination: the page starts after the entity `cursor`
-            after = " AND e.seq > (SELECT seq FROM entities WHERE user_id = ? AND id = ?)"
-            params += [scope.user, cursor]
-        rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent}{after} ORDER BY e.seq LIMIT ?",
-                                [scope.user, *params, limit])
-        return [export_entity(row) for row in rows]
+        past, past_params = _past("e.seq", after)
+        rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent}{past} ORDER BY e.seq LIMIT ?",
+                                [scope.user, *params, *past_params, limit])
+        return [((row["seq"],), export_entity(row)) for row in rows]
+
+    async def conversation_page(self, scope: Scope, *, limit: int = 100,
+                                after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """The user's conversations, most recently active first, from just past `after`."""
+        agent, params = _agent_clause(scope, "c")
+        past, past_params = _past("c.last_active_at, c.id", after, newest_first=True)
+        rows = await self._rows(
+            "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
+            " AND m.conversation_id = c.id) AS message_count"
+            f" FROM conversations c WHERE c.user_id = ?{agent}{past}"
+            " ORDER BY c.last_active_at DESC, c.id DESC LIMIT ?",
+            [scope.user, *params, *past_params, limit],
+        )
+        return [((row["last_active_at"], row["id"]),
+                 {"id": row["id"], "agent_id": row["agent_id"], "created_at": from_ts(row["created_at"]),
+                  "last_active_at": from_ts(row["last_active_at"]), "message_count": row["message_count"]})
+                for row in rows]
+
+    async def message_page(self, scope: Scope, conversation_id: str, *, limit: int = 100,
+                           after: PageKey | None = None) -> list[tuple[PageKey, StoredMessage]]:
+        """Messages of one conversation, oldest first, from just past `after`."""
+        agent, params = _agent_clause(scope, "m")
+        past, past_params = _past("m.created_at, m.seq", after)
+        rows = await self._rows(
+            f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.conversation_id = ?{agent}{past}"
+            " ORDER BY m.created_at, m.seq LIMIT ?",
+            [scope.user, conversation_id, *params, *past_params, limit],
+        )
+        return [((row["created_at"], row["seq"]), message_from_row(row)) for row in rows]
 
     async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
         """One entity as an export record."""
@@ -132,17 +180,20 @@ class SQLiteAdmin:
         return export_conversation(rows[0]) if rows else None
 
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
-                             cursor: str | None = None) -> list[dict[str, Any]]:
-        """Reasoning traces as export records, newest first, after the trace `cursor`."""
+                             after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
+        """Reasoning traces as export records, newest first, from just past `after`."""
         agent, params = _agent_clause(scope, "x")
-        after = ""
-        if cursor is not None:
-            after = " AND (x.created_at, x.seq) < (SELECT created_at, seq FROM reasoning WHERE user_id = ? AND id = ?)"
-            params += [scope.user, cursor]
+        past, past_params = _past("x.created_at, x.seq", after, newest_first=True)
         rows = await self._rows(
-            f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent}{after} ORDER BY x.created_at DESC, x.seq DESC"
-            " LIMIT ?", [scope.user, *params, limit])
-        return [export_reasoning(row) for row in rows]
+            f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent}{past} ORDER BY x.created_at DESC, x.seq DESC"
+            " LIMIT ?", [scope.user, *params, *past_params, limit])
+        return [((row["created_at"], row["seq"]), export_reasoning(row)) for row in rows]
+
+    async def page_key(self, scope: Scope, listing: PageList, item_id: str) -> PageKey | None:
+        """The key of the user's item `item_id` in a list, None when the user has no such item."""
+        table, columns = _KEY_COLUMNS[listing]
+        rows = await self._rows(f"SELECT {columns} FROM {table} WHERE user_id = ? AND id = ?", [scope.user, item_id])
+        return tuple(rows[0]) if rows else None
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first."""
