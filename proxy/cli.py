@@ -95,7 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,
         server_header=False,  # the provider's headers reach the client, not ours
         date_header=False,
-        timeout_graceful_shutdown=int(settings.server.grace_period_s),
+        timeout_graceful_shutdown=settings.server.grace_period_s,  # type: ignore[arg-type]  # a float works
         loop="auto",
         http="auto",
     )

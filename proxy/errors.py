@@ -66,6 +66,13 @@ class BodyTooLarge(ProxyError):
     headers = _CLOSE
 
 
+class ShuttingDown(ProxyError):
+    """The server stopped at the end of its grace period before this request was answered (503;
+    the SDK retries, on another replica or the restarted one)."""
+
+    status, type, code = 503, "server_error", "server_shutting_down"
+
+
 class UpstreamUnavailable(ProxyError):
     """The provider could not be reached (502; the SDK retries)."""
 

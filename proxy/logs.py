@@ -49,15 +49,19 @@ def _plain(value: Any) -> Any:
 class _ExpectedAbort(logging.Filter):
     """uvicorn's ERROR for a response left unfinished is, from memproxy, a deliberate abort.
 
-    memproxy leaves a response unfinished only when the provider's body broke after its
-    headers went out (the connection must close: RELIABILITY 1.6), an expected event it
-    has already logged at INFO; the line stays, as INFO, and says why.
+    memproxy leaves a response unfinished only when its body cannot be finished: the
+    provider's broke after its headers went out (the connection must close: RELIABILITY
+    1.6), or the server stopped at the end of its grace period. It has logged why at INFO;
+    this line stays, as INFO, and says so.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage() == "ASGI callable returned without completing response.":
+        if record.msg == "Cancel %s running task(s), timeout graceful shutdown exceeded":
+            # The grace period is over; each request it cut has ended its response and says so.
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        elif record.getMessage() == "ASGI callable returned without completing response.":
             record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg, record.args = "response aborted: the upstream body broke after its headers", ()
+            record.msg, record.args = "response aborted: its body could not be finished (see the line before)", ()
         return True
 
 

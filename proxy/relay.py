@@ -22,6 +22,28 @@ class ResponseAborted(Exception):
     (the connection closes; RELIABILITY 1.6), an expected event rather than a failure of memproxy's."""
 
 
+class Sent:
+    """`send`, remembering how much of the response has gone out, so that one the server must
+    stop mid-way (its grace period over) can still be ended properly."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.event_stream = False
+        self.ended = False
+        self.tail = b"\n\n"  # the last bytes of the body: whether an event stream stands between events
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.event_stream = any(name == b"content-type" and value.split(b";")[0].strip().lower()
+                                    == b"text/event-stream" for name, value in message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            self.tail = (self.tail + message.get("body", b""))[-4:]
+            self.ended = not message.get("more_body", False)
+        await self._send(message)
+
+
 def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     """The request's Content-Length, or None when absent or unreadable."""
     for name, value in headers:

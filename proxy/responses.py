@@ -8,7 +8,8 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self
 
-from proxy.relay import ResponseAborted, Send
+from proxy.errors import ShuttingDown
+from proxy.relay import ResponseAborted, Send, Sent, send_error
 from proxy.upstream import StreamCut, response_headers
 from proxy.wire.sse import ChatStreamAccumulator, SSEDecoder, StreamEnd, error_event, parse_completion
 
@@ -254,10 +255,24 @@ async def _end_cut(send: Send, recall: Answerable, message: str, code: str, tail
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _cut_event(tail: bytes, message: str, code: str) -> bytes:
+async def end_interrupted(sent: Sent) -> None:
+    """End a response the server must stop (RELIABILITY case 24): a 503 the SDK retries if
+    nothing went out yet, an error event for a stream; a JSON body half sent is cut off."""
+    message = "memproxy is shutting down and could not finish this response"
+    if not sent.started:
+        await send_error(sent, ShuttingDown(message))
+    elif sent.event_stream and not sent.ended:
+        await sent({"type": "http.response.body", "more_body": True,
+                    "body": _cut_event(sent.tail, message, ShuttingDown.code, ShuttingDown.type)})
+        await sent({"type": "http.response.body", "body": b"", "more_body": False})
+    elif not sent.ended:
+        raise ResponseAborted(ShuttingDown.code)
+
+
+def _cut_event(tail: bytes, message: str, code: str, type_: str = "upstream_error") -> bytes:
     """The error event that ends a cut stream; cut mid-line, it would join that line and the
     client would never read it, so a blank line ends the broken event first."""
-    return (b"" if tail.endswith(_EVENT_ENDS) else b"\n\n") + error_event(message, code)
+    return (b"" if tail.endswith(_EVENT_ENDS) else b"\n\n") + error_event(message, code, type_)
 
 
 async def _relay_json(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:

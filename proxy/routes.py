@@ -6,6 +6,7 @@ other /v1 path, and any request without a scope, is a transparent pass-through.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -14,9 +15,10 @@ from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamProtocolErr
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import (
-    ClientGone, DisconnectWatch, Receive, ResponseAborted, Send, body_stream, declared_length, read_body, send_error,
+    ClientGone, DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
+    send_error,
 )
-from proxy.responses import readable_body, relay_chat, relay_plain
+from proxy.responses import end_interrupted, readable_body, relay_chat, relay_plain
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings
 from proxy.upstream import StreamCut, Upstream, request_headers
@@ -43,6 +45,7 @@ class ProxyEndpoint:
         started = time.perf_counter()
         path = _path_after_v1(scope)
         outcome = "ok"
+        send = Sent(send)
         try:
             if path is None:
                 raise NotFound("no such path")
@@ -62,6 +65,10 @@ class ProxyEndpoint:
             outcome = "client_gone"
         except ResponseAborted:
             outcome = "upstream_cut"
+        except asyncio.CancelledError:
+            # Only uvicorn cancels a request (a client that leaves is DisconnectWatch's): the
+            # server's grace period is over and it still runs (RELIABILITY 5.2 case 24).
+            outcome = await _interrupted(send)
         finally:
             elapsed = time.perf_counter() - started
             self.metrics.request_done(path or "other", outcome, elapsed)
@@ -108,15 +115,20 @@ class ProxyEndpoint:
             if isinstance(parsed, str):
                 log.info("memory skipped: %s", parsed)
         recall: Recall | None = None  # None: the client left during the recall itself
-        async with DisconnectWatch(receive) as watch:
-            recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
-            out_body = _with_block(parsed, recall, body)
-            response = await self._send_chat(scope, resolved, out_body, recall, body)
-            try:
-                await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000,
-                                 self.settings.server.heartbeat_s)
-            finally:
-                await response.aclose()
+        try:
+            async with DisconnectWatch(receive) as watch:
+                recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
+                out_body = _with_block(parsed, recall, body)
+                response = await self._send_chat(scope, resolved, out_body, recall, body)
+                try:
+                    await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000,
+                                     self.settings.server.heartbeat_s)
+                finally:
+                    await response.aclose()
+        except asyncio.CancelledError:
+            if recall is not None:
+                recall.failed("interrupted")  # a turn already complete stays complete
+            raise
         if watch.gone:
             if recall is not None:
                 recall.aborted()
@@ -174,6 +186,19 @@ class _Replayed:
 
     async def aclose(self) -> None:
         return None
+
+
+async def _interrupted(sent: Sent) -> str:
+    """End a response the server stops at the end of its grace period, and say so."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # handled here: the response is ended, the task finishes normally
+    log.info("response interrupted: the server's grace period is over")
+    try:
+        await end_interrupted(sent)
+    except ResponseAborted:
+        pass  # a JSON body half sent: the connection closes
+    return "interrupted"
 
 
 def _with_block(parsed: ChatRequest | str | None, recall: Recall, body: bytes) -> bytes:

@@ -26,12 +26,20 @@ ROUNDS = 3
 STREAMS = 20
 
 
-def start_server(db: Path, upstream: str) -> tuple[subprocess.Popen, str]:
+def start_server(db: Path, upstream: str, log: Path | None = None, **env_settings: str
+                 ) -> tuple[subprocess.Popen, str]:
+    """`memproxy serve` in its own process; `env_settings` are MEMPROXY_* variables (server_grace_period_s=...)."""
     port = free_port()
-    env = dict(os.environ, MEMPROXY_STORE_URL=f"sqlite:///{db}", MEMPROXY_UPSTREAM_BASE_URL=upstream,
-               MEMPROXY_SERVER_PORT=str(port), MEMPROXY_SERVER_LOG_LEVEL="warning")
-    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "MEMPROXY_STORE_URL": f"sqlite:///{db}", "MEMPROXY_UPSTREAM_BASE_URL": upstream,
+           "MEMPROXY_SERVER_PORT": str(port), "MEMPROXY_SERVER_LOG_LEVEL": "warning",
+           **{f"MEMPROXY_{key.upper()}": value for key, value in env_settings.items()}}
+    if log is None:
+        process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        with log.open("ab") as output:  # the child keeps its own copy
+            process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env, stdout=output,
+                                       stderr=output)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

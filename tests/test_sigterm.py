@@ -5,6 +5,7 @@ turns, and exits 0."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -13,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.fake_upstream import SSEReply, stream_events
+from tests.fake_upstream import JsonReply, SlowHeaders, SSEReply, completion, stream_events
 from tests.test_crash import start_server
 
 pytestmark = pytest.mark.faults
@@ -70,3 +71,41 @@ def test_sigterm_with_nothing_running_exits_at_once(fake, tmp_path):
         if process.poll() is None:
             process.kill()
     assert time.monotonic() - started < 5
+
+
+def test_at_the_end_of_the_grace_period_a_stream_gets_an_error_event_and_a_waiting_request_a_503(fake, tmp_path):
+    # RELIABILITY 5.2 case 24: what still runs at the deadline is ended properly and its turn is interrupted.
+    db, log = tmp_path / "grace.db", tmp_path / "grace.log"
+    fake.queue(SSEReply(stream_events("slow " * 40, pieces=40), delay=0.15))  # about 6 s
+    fake.queue(SlowHeaders(6.0, JsonReply(completion("too late"))))
+    process, url = start_server(db, fake.url, log, server_grace_period_s="1.5", server_log_level="info")
+    try:
+        async def run() -> tuple[bytes, httpx.Response, float]:
+            streamed = asyncio.create_task(stream(url, 0))
+            await asyncio.sleep(0.3)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                waiting = asyncio.create_task(client.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
+                    json={"model": "m", "messages": [{"role": "user", "content": "question 1"}]}))
+                await asyncio.sleep(0.3)
+                os.kill(process.pid, signal.SIGTERM)
+                stopped = time.monotonic()
+                body, answer = await streamed, await waiting
+            return body, answer, time.monotonic() - stopped
+
+        body, answer, took = asyncio.run(run())
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert 1.4 < took < 4  # the grace period (1.5 s), not the 6 s the provider would have taken
+    assert b"[DONE]" not in body
+    assert body.endswith(b'data: {"error":{"message":"memproxy is shutting down and could not finish this response",'
+                         b'"type":"server_error","param":null,"code":"server_shutting_down"}}\n\n')
+    assert (answer.status_code, answer.headers["x-memory-proxy-error"]) == (503, "server_shutting_down")
+    assert answer.json()["error"]["code"] == "server_shutting_down"
+    with sqlite3.connect(db) as conn:  # as the process left them, before any restart's recovery
+        turns = conn.execute("SELECT t.status, m.content FROM turns t JOIN messages m ON m.turn_key = t.turn_key"
+                             " ORDER BY m.content").fetchall()
+    assert turns == [("interrupted", "question 0"), ("interrupted", "question 1")]
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert [line["msg"] for line in lines if line["level"] == "error"] == []
