@@ -315,6 +315,73 @@ def test_user_name(text: str, name: str | None) -> None:
     assert all(canonical_name(e.name) != canonical_name(name or "") for e in result.entities)
 
 
+@pytest.mark.parametrize(
+    ("text", "entities", "relations"),
+    [
+        (
+            "My sister, who lives in Paris, works at Google.",
+            [("the user's sister", "person"), ("Google", "organization"), ("Paris", "place")],
+            [("the user's sister", "WORKS_AT", "Google"), ("the user's sister", "LIVES_IN", "Paris")],
+        ),
+        (
+            "My friend Tom, who works at Acme, lives in Berlin.",
+            [("Tom", "person"), ("Berlin", "place"), ("Acme", "organization")],
+            [("Tom", "LIVES_IN", "Berlin"), (USER_NODE, "HAS_FRIEND", "Tom"), ("Tom", "WORKS_AT", "Acme")],
+        ),
+        (
+            "Tom, who works at Acme, lives in Berlin.",
+            [("Tom", "person"), ("Berlin", "place"), ("Acme", "organization")],
+            [("Tom", "LIVES_IN", "Berlin"), ("Tom", "WORKS_AT", "Acme")],
+        ),
+        (
+            "My manager, who is from Spain, is great.",
+            [("the user's manager", "person"), ("Spain", "place")],
+            [("the user's manager", "FROM", "Spain")],
+        ),
+        (
+            "My sister, who lives in Paris, France, works at Google.",
+            [("the user's sister", "person"), ("Google", "organization"), ("Paris", "place"), ("France", "place")],
+            [("the user's sister", "WORKS_AT", "Google"), ("the user's sister", "LIVES_IN", "Paris")],
+        ),
+        (
+            "I met Tom, who works at Acme.",
+            [("Tom", "person"), ("Acme", "organization")],
+            [("Tom", "WORKS_AT", "Acme")],
+        ),
+        (
+            "Ask Tom, who is my manager, about the release.",
+            [("Tom", "person")],
+            [(USER_NODE, "HAS_MANAGER", "Tom")],
+        ),
+    ],
+)
+def test_a_relative_clause_states_a_fact_about_its_own_subject(
+    text: str, entities: list[tuple[str, str]], relations: list[tuple[str, str, str]]
+) -> None:
+    assert _entities(text) == entities
+    assert _relations(text) == relations
+
+
+@pytest.mark.parametrize(
+    ("text", "speaker", "relations"),
+    [
+        ("My sister works at Microsoft.", None, [("the user's sister", "WORKS_AT", "Microsoft")]),
+        ("My older brother lives in Rome.", None, [("the user's brother", "LIVES_IN", "Rome")]),
+        ("My mom is from Lagos.", "Caroline", [("Caroline's mom", "FROM", "Lagos")]),
+        ("My late husband lived in Paris.", None, []),  # the current husband's node must not take it
+        ("My company is based in Berlin.", None, []),  # a company is not a person
+        ("My sister Emma lives in Paris.", None, [(USER_NODE, "HAS_SISTER", "Emma"), ("Emma", "LIVES_IN", "Paris")]),
+        ("My boss said my sister works at Google.", None, []),
+    ],
+)
+def test_a_person_named_only_by_role_is_a_node_of_the_speaker(
+    text: str, speaker: str | None, relations: list[tuple[str, str, str]]
+) -> None:
+    assert sorted(_relations(text, speaker)) == sorted(relations)
+    subjects = {a for a, _, _ in relations if a != USER_NODE}
+    assert subjects <= {name for name, kind in _entities(text, speaker) if kind == "person"}
+
+
 def test_speaker_lines_attribute_first_person_facts_to_the_speaker() -> None:
     text = "Caroline: I went to a LGBTQ support group yesterday."
     description = "Caroline: I went to a LGBTQ support group yesterday."
@@ -495,6 +562,9 @@ def test_extraction_package_is_pure() -> None:
         "http" * 20000,
         "Dr. " * 20000,
         "I prefer " + "tabs and " * 5000,
+        "Tom, who " * 3000 + "lives in Rome",
+        "My sister, who lives in Paris" + ", France" * 3000 + ", works at Acme",
+        "my sister " * 5000 + "works at Acme",
     ],
 )
 def test_pathological_input_stays_linear(text: str) -> None:

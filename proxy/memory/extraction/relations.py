@@ -1,7 +1,8 @@
 """Facts a sentence states about its speaker or a named person, as typed relationships.
 
 Patterns read a sentence whose contractions are expanded ("I'm" -> "I am"). A fact whose
-subject is `None` belongs to the speaker: the user, or the named speaker of a transcript line.
+subject is `None` belongs to the speaker: the user, or the named speaker of a transcript line;
+with a `subject_role`, to the speaker's unnamed sister, manager, ...
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from proxy.memory.extraction.clauses import clause_sentences
 from proxy.memory.extraction.lexicon import EVENT_HEADS, MONTHS_AND_DAYS, STARTERS, TECH
 from proxy.memory.extraction.model import canonical_name
 from proxy.memory.extraction.names import NAME, is_plausible, name_type
@@ -25,6 +27,8 @@ class Fact:
     object: str
     object_type: str
     note: str = ""  # the species of a pet, carried into its description
+    # set when the subject is someone the speaker names only by role ("my sister"); subject is None
+    subject_role: str = ""
 
 
 _ADV = (
@@ -55,7 +59,8 @@ def _first_person(verbs: str, *, we: bool = False) -> re.Pattern[str]:
 
 
 def _third_person(verbs: str) -> re.Pattern[str]:
-    return re.compile(rf"(?P<subj>{NAME}),?{_ADV}\s+(?:{verbs})\s+{_NAMED}(?P<obj>{NAME})")
+    subject = rf"(?:(?P<subj>{NAME})|{_MY}{_MODS}(?P<role>{SINGULAR}))"  # "Tom", or "my sister"
+    return re.compile(rf"{subject},?{_ADV}\s+(?:{verbs})\s+{_NAMED}(?P<obj>{NAME})")
 
 
 _HAS_JOB = rf"(?:an?|the)\s+(?:[\w-]+\s+){{0,3}}?{_JOB}\s+(?:at|for|with|of)"
@@ -212,7 +217,12 @@ def hedged(text: str, start: int) -> bool:
 
 
 def facts(text: str) -> Iterator[Fact]:
-    """Every relationship the sentence states."""
+    """Every relationship the sentence states, its relative clauses read apart."""
+    for sentence in clause_sentences(text):
+        yield from _clause_facts(sentence)
+
+
+def _clause_facts(text: str) -> Iterator[Fact]:
     yield from _verb_facts(text)
     yield from _role_facts(text)
     for kind, target, pattern in _POSSESSIVE_FACTS:
@@ -242,14 +252,27 @@ def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bo
     if match.group("obj").endswith("'s"):
         return None  # "I work at Alice's bakery" is not a job at Alice
     obj = clean_name(match.group("obj"))
-    subject = clean_name(match.group("subj")) if third_person else None
-    if not is_plausible(obj, acronym=True) or (subject is not None and not is_plausible(subject)):
+    named = third_person and match.group("subj") is not None
+    role = _subject_role(match) if third_person and not named else ""
+    subject = clean_name(match.group("subj")) if named else None
+    if not is_plausible(obj, acronym=True) or (named and not is_plausible(subject or "")):
         return None
+    if third_person and not named and not role:
+        return None  # "my company is based in ...", "my late husband lived in ...": no node to hold it
     if kind in _PLACES_ONLY and canonical_name(obj) in TECH:
         return None  # "moved to Postgres" is a migration, not a move
     if "joined" in match.group() and re.match(r"\s+(?:for|on)\b", match.string[match.end() :]):
         return None  # "joined Alice for lunch"
-    return Fact(subject, kind, obj, target)
+    return Fact(subject, kind, obj, target, subject_role=role)
+
+
+def _subject_role(match: re.Match[str]) -> str:
+    """The role word of an unnamed person ("my older sister" -> sister); "" for a pet or a
+    former one ("my late husband"), whose facts the current one's node must not take."""
+    if _GONE_WORDS & set(match.group("mods").split()):
+        return ""
+    _, kind, word = role_of(match.group("role"))
+    return word if kind == "person" else ""
 
 
 def _role_facts(text: str) -> Iterator[Fact]:

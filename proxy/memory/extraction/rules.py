@@ -137,8 +137,10 @@ class _Found:
     def _facts(self, stated: Iterable[Fact], description: str) -> None:
         for fact in stated:
             subject = fact.subject or self.speaker or USER_NODE
-            if fact.subject:
-                self._entity(fact.subject, "person", description, _FACT)
+            if fact.subject_role:
+                subject = f"{self.speaker or 'the user'}'s {fact.subject_role}"
+            if fact.subject or fact.subject_role:
+                self._entity(subject, "person", description, _FACT)
             else:
                 self.speaker_fact = self.speaker_fact or description
             note = f"{fact.note}; {description}" if fact.note else description
