@@ -204,15 +204,28 @@ _REPORTED = re.compile(r"\b(?!I\b)\w+\s+(?:said|says|told|tells|wrote|writes|cla
 _DENIED = re.compile(r"\b(?:not|isn't|wasn't)\s+true\b|\bfalse\s+that\b|\bno\s+longer\s+true\b")
 
 
+# An opening single quote follows a space or the start, a closing one ends a word; an
+# apostrophe inside a word ("boss's") is neither.
+_OPEN_QUOTE = re.compile(r"(?:^|(?<=\s))'(?=[A-Za-z])")
+_CLOSE_QUOTE = re.compile(r"(?<=[\w.,!?])'(?=\s|$|[,.!?;:])")
+
+
 def hedged(text: str, start: int) -> bool:
     """The sentence does not state the fact as the speaker's own: a condition or a wish ("if I
-    moved to ...", "I might move to ..."), a quotation, someone else's reported words, or a
-    denial ("it's not true that I ...")."""
+    moved to ...", "I might move to ..."), or words not the speaker's own (`not_own_words`)."""
     before = text[:start]
-    if _HEDGE.search(re.split(r"[,;:]", before)[-1].lower()) is not None:
-        return True
+    return _HEDGE.search(re.split(r"[,;:]", before)[-1].lower()) is not None or not_own_words(text, start)
+
+
+def not_own_words(text: str, start: int) -> bool:
+    """The words at `start` are quoted, someone else's reported words, or denied ("it's not
+    true that I ...")."""
+    before = text[:start]
     if before.count('"') % 2 == 1 or before.count("\u201c") > before.count("\u201d"):
         return True  # inside quotation marks
+    opened = sum(1 for m in _OPEN_QUOTE.finditer(text) if m.start() < start)
+    if opened > sum(1 for m in _CLOSE_QUOTE.finditer(text) if m.start() < start):
+        return True  # inside single quotation marks
     return _REPORTED.search(before) is not None or _DENIED.search(before.lower()) is not None
 
 
@@ -289,24 +302,38 @@ def _role_facts(text: str) -> Iterator[Fact]:
 
 
 _USER_NAME = (
-    re.compile(rf"\b[Mm]y\s+name\s+is\s+(?P<obj>{NAME})"),
-    re.compile(rf"\b(?:[Cc]all\s+me|[Nn]ame's)\s+(?P<obj>{NAME})"),
+    re.compile(rf"\b(?:[Mm]y\s+name\s+is|[Nn]ame's)\s+(?P<obj>{NAME})"),
     re.compile(rf"(?<![\w'])I\s+am\s+(?P<obj>{NAME})(?=\s*(?:[,.!;)]|$|\s+and\b|\s+from\b|\s+here\b|\s+-))"),
     # "Hey, it's Marco" or "This is Marco here", not "This is Amazing!"
     re.compile(rf"^(?:[Hh]i|[Hh]ey|[Hh]ello)[,!]?\s+(?:it's|this\s+is)\s+(?P<obj>{NAME})(?=\s*(?:[,.!]|$|\s+here\b))"),
     re.compile(rf"^(?:[Ii]t's|[Tt]his\s+is)\s+(?P<obj>{NAME})\s+here\b"),
 )
+_USER_ALIAS = (re.compile(rf"\b[Cc]all\s+me\s+(?P<obj>{NAME})"),)
 
 
 # "Don't call me Bob", "my name is not Bob": a name refused is no name.
 _REFUSED = re.compile(r"(?:\b(?:don't|dont|do\s+not|never|not|stop)\s+)$", re.IGNORECASE)
+# The one question that asks for a name: "Could you call me Ally?", not "Why did you call me Bob?"
+_REQUEST = re.compile(r"\b(?:can|could|would|will)\s+you\s+(?:please\s+)?$", re.IGNORECASE)
 
 
 def user_name(text: str) -> str | None:
-    """The name the speaker gives for themselves, if the sentence states one."""
-    for pattern in _USER_NAME:
+    """The name the speaker gives for themselves ("my name is Alice"), if the sentence states one."""
+    return _own_name(text, _USER_NAME)
+
+
+def user_alias(text: str) -> str | None:
+    """The name the speaker asks to be called by ("call me Ally"), if the sentence gives one."""
+    return _own_name(text, _USER_ALIAS, asked=text.rstrip(" \"')").endswith("?"))
+
+
+def _own_name(text: str, patterns: tuple[re.Pattern[str], ...], *, asked: bool = False) -> str | None:
+    for pattern in patterns:
         for match in pattern.finditer(text):
-            if _REFUSED.search(text[:match.start()]) or re.match(r"\s*not\b", text[match.start("obj"):]):
+            before = text[: match.start()]
+            if _REFUSED.search(before) or re.match(r"\s*not\b", text[match.start("obj"):]):
+                continue
+            if not_own_words(text, match.start()) or (asked and not _REQUEST.search(before)):
                 continue
             name = clean_name(match.group("obj"))
             if is_plausible(name) and canonical_name(name) not in TECH and name.istitle():
