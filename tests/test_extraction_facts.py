@@ -71,3 +71,18 @@ def test_an_edge_to_a_dropped_entity_is_dropped_and_model_names_are_tidied() -> 
     op = record(found)
     assert op.entities == (EntityFact("Acme Corp", "organization", "makes anvils", 1.0),)
     assert op.relationships == (RelationFact("User", "WORKS_AT", "acme corp", single_valued=True),)
+
+
+def test_a_name_to_be_called_by_goes_to_the_store_as_the_nodes_alias() -> None:
+    op = record(extract("My name is Alice. Call me Ally."))
+    assert (op.user_node, op.user_alias, op.entities, op.relationships) == ("Alice", "Ally", (), ())
+    op = record(extract("Call me Ally. I work at Acme."))
+    assert (op.user_node, op.user_alias) == ("User", "Ally")
+    assert op.relationships == (RelationFact("User", "WORKS_AT", "Acme", single_valued=True),)
+    op = record(extract("Actually, call me Al."))
+    assert (op.user_node, op.user_alias, op.entities) == (None, "Al", ())
+    # the model's entity named like the alias is the user, not a person
+    op = record(Extraction([ExtractedEntity("Ally", "person"), ExtractedEntity("Oslo", "place")],
+                           [ExtractedRelation("Ally", "LIVES_IN", "Oslo")], user_alias="Ally"))
+    assert (op.user_node, [e.name for e in op.entities]) == ("User", ["Oslo"])
+    assert op.relationships == (RelationFact("User", "LIVES_IN", "Oslo", single_valued=True),)

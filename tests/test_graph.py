@@ -84,6 +84,32 @@ def test_the_stated_name_renames_the_users_node_and_keeps_its_edges(make_proxy, 
     assert nodes == [("Dana Reyes", "user")]
 
 
+def test_a_name_to_be_called_by_is_an_alias_of_the_users_node(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "My name is Alice. Call me Ally.", "c1")
+    say(proxy, fake, "I work at Northwind Traders.", "c2")
+    extracted(proxy)
+    say(proxy, fake, "Actually, call me Al.", "c3")
+    extracted(proxy)
+    assert graph_lines(say(proxy, fake, QUESTION, "c4")) == ["(Alice)-[WORKS_AT]->(Northwind Traders)"]
+    entities = [(r["name"], r["type"], r["aliases"]) for r in export(proxy) if r["kind"] == "entity"]
+    assert entities == [("Alice", "user", ["Ally", "Al"]), ("Northwind Traders", "organization", [])]
+
+
+def test_a_relative_clause_states_a_fact_about_its_own_subject(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "My sister, who lives in Paris, works at Google.", "c1")
+    extracted(proxy)
+    sister = "the user's sister"
+    assert graph_lines(say(proxy, fake, "Where does my sister work?", "c2")) == [
+        f"({sister})-[WORKS_AT]->(Google)", f"({sister})-[LIVES_IN]->(Paris)"]
+    records = export(proxy)
+    assert sorted((r["name"], r["type"]) for r in records if r["kind"] == "entity") == [
+        ("Google", "organization"), ("Paris", "place"), (sister, "person")]
+    assert sorted((r["from"], r["type"], r["to"], r["invalid_at"]) for r in records if r["kind"] == "relationship") == [
+        (sister, "LIVES_IN", "Paris", None), (sister, "WORKS_AT", "Google", None)]
+
+
 def test_assistant_statements_stay_conversation_memory(make_proxy, fake):
     answer = "You work at Globex Corporation, and Priya Raman from Initech called."
     fake.queue(JsonReply(completion(answer)))

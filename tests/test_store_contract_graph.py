@@ -14,6 +14,7 @@ from typing import Any
 
 from proxy.models import Entity, Scope
 from proxy.stores.base import EntityFact, ExtractionFailed, QueuedMessage, RecordFacts, RelationFact, StartTurn, Store
+from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -44,14 +45,15 @@ class Graph:
 
     async def facts(self, item: QueuedMessage, entities: tuple[EntityFact, ...] = (),
                     relations: tuple[RelationFact, ...] = (), user_node: str | None = None,
-                    scope: Scope | None = None) -> None:
+                    scope: Scope | None = None, user_alias: str | None = None) -> None:
         await self.store.apply([RecordFacts(scope or item.scope, item.queue_id, item.message.id, entities, relations,
-                                            item.message.created_at, user_node)])
+                                            item.message.created_at, user_node, user_alias)])
 
     async def tell(self, text: str, *entities: EntityFact, relations: tuple[RelationFact, ...] = (),
-                   user_node: str | None = None, day: int = 0, scope: Scope = ALICE) -> str:
+                   user_node: str | None = None, day: int = 0, scope: Scope = ALICE,
+                   user_alias: str | None = None) -> str:
         item = await self.said(text, day, scope)
-        await self.facts(item, entities, relations, user_node, scope)
+        await self.facts(item, entities, relations, user_node, scope, user_alias)
         return item.message.id
 
     async def entity(self, name: str, scope: Scope = ALICE) -> Entity:
@@ -174,6 +176,61 @@ def test_stated_name_before_any_fact_makes_the_node(backend: Backend) -> None:
             assert [(e.name, e.type) for e in await g.store.entities(ALICE)] == [("Dana", "user"),
                                                                                 ("Fabrikam", "organization")]
             assert await g.edges("Dana") == [("Dana", WORKS_AT, "Fabrikam", None)]
+
+    run(body())
+
+
+def test_a_name_to_be_called_by_is_an_alias_of_the_named_node_and_never_renames_it(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("My name is Alice. Call me Ally.", user_node="Alice", user_alias="Ally")
+            node = await g.entity("Alice")
+            assert (node.type, node.aliases) == ("user", ("Ally",))
+            await g.tell("I work at Acme", org("Acme"), relations=works_at("User", "Acme"), user_node="User", day=1)
+            called = await g.tell("Actually, call me Al", user_alias="Al", day=2)
+            await g.tell("call me ALICE", user_alias="ALICE", day=3)  # her own name is no alias
+            names = [(e.name, e.type, e.aliases) for e in await g.store.entities(ALICE)]
+            assert names == [("Alice", "user", ("Ally", "Al")), ("Acme", "organization", ())]
+            assert called in (await g.entity("Alice")).provenance
+            assert await g.edges("Alice") == [("Alice", WORKS_AT, "Acme", None)]
+            assert [e.name for e, _ in await g.store.search_entities(ALICE, query_terms("who is Ally?"))] == ["Alice"]
+
+    run(body())
+
+
+def test_a_name_to_be_called_by_names_a_node_without_a_stated_name(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("I work at Acme", org("Acme"), relations=works_at("User", "Acme"), user_node="User")
+            await g.tell("Ally knows Bo", EntityFact("Ally", "person"), EntityFact("Bo", "person"),
+                         relations=(RelationFact("Ally", "KNOWS", "Bo"),))
+            node = await g.entity("User")
+            # an entity already called Ally (a friend, say) stays someone else
+            await g.tell("Call me Ally", user_alias="Ally", day=1)
+            await g.tell("My name is Alice", user_node="Alice", day=2)
+            renamed = await g.entity("Alice")
+            assert (renamed.id, renamed.type, renamed.aliases) == (node.id, "user", ("Ally",))
+            assert [(e.name, e.type) for e in await g.store.entities(ALICE)] == [
+                ("Alice", "user"), ("Acme", "organization"), ("Ally", "person"), ("Bo", "person")]
+            assert await g.edges("Alice") == [("Alice", WORKS_AT, "Acme", None)]
+            assert await g.edges("Ally") == [("Ally", "KNOWS", "Bo", None)]
+            # with no node yet, a "User" node is made to take the alias
+            await g.tell("Ally knows Bo", EntityFact("Ally", "person"), scope=BOB)
+            await g.tell("Call me Ally", user_alias="Ally", day=1, scope=BOB)
+            assert [(e.name, e.type, e.aliases) for e in await g.store.entities(BOB)] == [
+                ("Ally", "person", ()), ("User", "user", ("Ally",))]
+
+    run(body())
+
+
+def test_a_name_to_be_called_by_before_any_fact_makes_the_node(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("Call me Ally", user_alias="Ally")
+            await g.tell("I work at Acme", org("Acme"), relations=works_at("User", "Acme"), user_node="User", day=1)
+            assert [(e.name, e.type, e.aliases) for e in await g.store.entities(ALICE)] == [
+                ("Ally", "user", ()), ("Acme", "organization", ())]
+            assert await g.edges("Ally") == [("Ally", WORKS_AT, "Acme", None)]
 
     run(body())
 

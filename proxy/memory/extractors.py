@@ -79,4 +79,4 @@ class LLMExtractor:
                         type(exc).__name__, str(exc)[:200])
             self._on_fallback()
             return rules
-        return Extraction(found.entities, found.relationships, rules.user_name)
+        return Extraction(found.entities, found.relationships, rules.user_name, rules.user_alias)

@@ -142,6 +142,8 @@ class RecordFacts:
 
     `user_node` names the user's own node ("User" until the user states a name; then the
     node is renamed and keeps its edges). First-person facts use that name as from_name.
+    `user_alias` is a name the user asks to be called: an alias of the node once it has a
+    stated name, the node's name until then.
     """
 
     scope: Scope
@@ -151,6 +153,7 @@ class RecordFacts:
     relationships: tuple[RelationFact, ...]
     at: datetime
     user_node: str | None = None
+    user_alias: str | None = None
 
 
 @dataclass(frozen=True)

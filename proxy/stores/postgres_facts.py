@@ -4,9 +4,11 @@ The same merge, step for step: the op first takes its item off the extraction qu
 writes nothing when the item is already gone (applied before by this or another replica,
 or its message or user deleted meanwhile), so a repeated or late op is harmless. Entities
 merge by canonical name per user (per agent under isolation); the user's own node keeps
-its id and edges when renamed; a single-valued relationship closes the current edge of the
-same subject and type instead of deleting it. It runs inside the batch's transaction,
-after the user's advisory lock, so two replicas never merge into one user's graph at once.
+its id and edges when renamed, and takes a name the user asks to be called as an alias
+(or as its name while it has no stated one); a single-valued relationship closes the
+current edge of the same subject and type instead of deleting it. It runs inside the
+batch's transaction, after the user's advisory lock, so two replicas never merge into one
+user's graph at once.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ async def record_facts(conn: asyncpg.Connection, op: RecordFacts) -> None:
     graph = Graph(conn, op)
     await conn.execute("INSERT INTO users (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", graph.user, graph.at)
     ids: dict[str, str] = {}
-    user_key = canonical_name(op.user_node or "")
+    user_key, alias_key = canonical_name(op.user_node or ""), canonical_name(op.user_alias or "")
     if user_key:
         ids[user_key] = await graph.user_node(op.user_node or "")
+    if alias_key:
+        ids[alias_key] = await graph.user_alias(op.user_alias or "")
     for fact in op.entities:
         key = canonical_name(fact.name)
-        if key and key != user_key:
+        if key and key not in (user_key, alias_key):
             ids[key] = await graph.entity(fact, key)
     for relation in op.relationships:
         await graph.relate(relation, ids)
@@ -142,6 +146,20 @@ class Graph:
         renamed = await self._by_name(node["canonical_name"]) or node
         keep_old = [] if canonical_name(old_name) == canonical_name(USER_NODE) else [old_name]
         await self._update(renamed, name=name, key=key, aliases=keep_old)
+        return str(node["id"])
+
+    async def user_alias(self, alias: str) -> str:
+        """The user's node with `alias` among its aliases; named `alias` while it has no stated name.
+        An entity already called `alias` is left alone, as in sqlite_facts.py."""
+        alias = _name(alias)
+        key = canonical_name(alias)
+        node = await self._user_row()
+        if node is None and await self._by_name(key) is not None:
+            await self.user_node(USER_NODE)  # someone else is called `alias`: a "User" node takes it as an alias
+            node = await self._user_row()
+        if node is None or (node["canonical_name"] == canonical_name(USER_NODE) and await self._by_name(key) is None):
+            return await self.user_node(alias)
+        await self._update(node, aliases=[alias] if key != node["canonical_name"] else [])
         return str(node["id"])
 
     async def _absorb(self, node: asyncpg.Record, other: asyncpg.Record) -> None:

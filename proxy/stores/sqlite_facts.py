@@ -7,7 +7,8 @@ repeated op is harmless and a late one never brings a deleted user back.
 Entities merge by canonical name per user (per agent under isolation): the first name
 stays the name, other spellings become aliases, descriptions accumulate, every message
 that mentioned the entity is kept as provenance. The user's own node is the one entity
-of type `user`; it keeps its id and edges when renamed to the user's stated name.
+of type `user`; it keeps its id and edges when renamed to the user's stated name. A name
+the user asks to be called joins its aliases, or names it while it has no stated name.
 Relationships start at the message's time; a new fact of a single-valued type closes the
 current edge of the same subject and type (`invalid_at`) instead of deleting it (SPEC 6).
 """
@@ -67,12 +68,14 @@ def record_facts(conn: sqlite3.Connection, op: RecordFacts) -> None:
         return
     graph = Graph(run, op)
     ids: dict[str, str] = {}
-    user_key = canonical_name(op.user_node or "")
+    user_key, alias_key = canonical_name(op.user_node or ""), canonical_name(op.user_alias or "")
     if user_key:
         ids[user_key] = graph.user_node(op.user_node or "")
+    if alias_key:
+        ids[alias_key] = graph.user_alias(op.user_alias or "")
     for fact in op.entities:
         key = canonical_name(fact.name)
-        if key and key != user_key:
+        if key and key not in (user_key, alias_key):
             ids[key] = graph.entity(fact, key)
     for relation in op.relationships:
         graph.relate(relation, ids)
@@ -184,6 +187,23 @@ class Graph:
         renamed = self._by_name(node["canonical_name"]) or node
         keep_old = [] if canonical_name(old_name) == canonical_name(USER_NODE) else [old_name]
         self._update(renamed, name=name, key=key, aliases=keep_old)
+        return str(node["id"])
+
+    def user_alias(self, alias: str) -> str:
+        """The user's node with `alias` among its aliases; named `alias` while it has no stated name.
+
+        An entity already called `alias` is left alone: unlike a stated name, a nickname is
+        often someone else's name too ("my friend Ally").
+        """
+        alias = clean_text(" ".join(alias.split()))[:NAME_MAX_CHARS]
+        key = canonical_name(alias)
+        node = self._user_row()
+        if node is None and self._by_name(key) is not None:
+            self.user_node(USER_NODE)  # someone else is called `alias`: a "User" node takes it as an alias
+            node = self._user_row()
+        if node is None or (node["canonical_name"] == canonical_name(USER_NODE) and self._by_name(key) is None):
+            return self.user_node(alias)
+        self._update(node, aliases=[alias] if key != node["canonical_name"] else [])
         return str(node["id"])
 
     def _absorb(self, node: sqlite3.Row, other: sqlite3.Row) -> None:

@@ -5,6 +5,7 @@ all-lowercase common noun ("meeting", "laptop") unless a relationship links it â
 dark mode" keeps `dark mode`, a bare mention does not make it a node. A relationship whose
 end was dropped goes with it. First-person facts attach to the user's node: the stated
 name when this message gives one, `User` otherwise (the store keeps an earlier stated name).
+A name the user asks to be called ("call me Ally") goes to the store as the node's alias.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def no_facts(item: QueuedMessage, scope: Scope) -> RecordFacts:
 def to_record(item: QueuedMessage, scope: Scope, found: Extraction) -> RecordFacts:
     """The write that records `found` for the queued message and dequeues it."""
     stated = one_line(found.user_name or "", NAME_MAX_CHARS) or None
-    own = {canonical_name(USER_NODE)} | ({canonical_name(stated)} if stated else set())
+    alias = one_line(found.user_alias or "", NAME_MAX_CHARS) or None
+    own = {canonical_name(name) for name in (USER_NODE, stated, alias) if name}
     user_node = stated or USER_NODE
     linked = {canonical_name(n) for r in found.relationships for n in (r.from_name, r.to_name)}
     entities = _entities(found.entities, own, linked)
@@ -63,7 +65,7 @@ def to_record(item: QueuedMessage, scope: Scope, found: Extraction) -> RecordFac
     kept = tuple(relations.values())[:MAX_RELATIONSHIPS]
     uses_node = stated is not None or any(user_node in (r.from_name, r.to_name) for r in kept)
     return RecordFacts(scope, item.queue_id, item.message.id, tuple(entities.values()), kept,
-                       item.message.created_at, user_node if uses_node else None)
+                       item.message.created_at, user_node if uses_node else None, alias)
 
 
 def _entities(found: Iterable[ExtractedEntity], own: set[str], linked: set[str]) -> dict[str, EntityFact]:

@@ -53,11 +53,13 @@ class ExtractedRelation:
 
 @dataclass(frozen=True)
 class Extraction:
-    """Everything one text yielded."""
+    """Everything one text yielded: `user_name` is the name the user states ("my name is
+    Alice"), `user_alias` the one they ask to be called ("call me Ally")."""
 
     entities: list[ExtractedEntity] = field(default_factory=list)
     relationships: list[ExtractedRelation] = field(default_factory=list)
     user_name: str | None = None
+    user_alias: str | None = None
 
 
 def canonical_name(name: str) -> str:

@@ -1,7 +1,8 @@
 """Facts a sentence states about its speaker or a named person, as typed relationships.
 
 Patterns read a sentence whose contractions are expanded ("I'm" -> "I am"). A fact whose
-subject is `None` belongs to the speaker: the user, or the named speaker of a transcript line.
+subject is `None` belongs to the speaker: the user, or the named speaker of a transcript line;
+with a `subject_role`, to the speaker's unnamed sister, manager, ...
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from proxy.memory.extraction.clauses import clause_sentences
 from proxy.memory.extraction.lexicon import EVENT_HEADS, MONTHS_AND_DAYS, STARTERS, TECH
 from proxy.memory.extraction.model import canonical_name
 from proxy.memory.extraction.names import NAME, is_plausible, name_type
@@ -25,6 +27,8 @@ class Fact:
     object: str
     object_type: str
     note: str = ""  # the species of a pet, carried into its description
+    # set when the subject is someone the speaker names only by role ("my sister"); subject is None
+    subject_role: str = ""
 
 
 _ADV = (
@@ -55,7 +59,8 @@ def _first_person(verbs: str, *, we: bool = False) -> re.Pattern[str]:
 
 
 def _third_person(verbs: str) -> re.Pattern[str]:
-    return re.compile(rf"(?P<subj>{NAME}),?{_ADV}\s+(?:{verbs})\s+{_NAMED}(?P<obj>{NAME})")
+    subject = rf"(?:(?P<subj>{NAME})|{_MY}{_MODS}(?P<role>{SINGULAR}))"  # "Tom", or "my sister"
+    return re.compile(rf"{subject},?{_ADV}\s+(?:{verbs})\s+{_NAMED}(?P<obj>{NAME})")
 
 
 _HAS_JOB = rf"(?:an?|the)\s+(?:[\w-]+\s+){{0,3}}?{_JOB}\s+(?:at|for|with|of)"
@@ -199,20 +204,38 @@ _REPORTED = re.compile(r"\b(?!I\b)\w+\s+(?:said|says|told|tells|wrote|writes|cla
 _DENIED = re.compile(r"\b(?:not|isn't|wasn't)\s+true\b|\bfalse\s+that\b|\bno\s+longer\s+true\b")
 
 
+# An opening single quote follows a space or the start, a closing one ends a word; an
+# apostrophe inside a word ("boss's") is neither.
+_OPEN_QUOTE = re.compile(r"(?:^|(?<=\s))'(?=[A-Za-z])")
+_CLOSE_QUOTE = re.compile(r"(?<=[\w.,!?])'(?=\s|$|[,.!?;:])")
+
+
 def hedged(text: str, start: int) -> bool:
     """The sentence does not state the fact as the speaker's own: a condition or a wish ("if I
-    moved to ...", "I might move to ..."), a quotation, someone else's reported words, or a
-    denial ("it's not true that I ...")."""
+    moved to ...", "I might move to ..."), or words not the speaker's own (`not_own_words`)."""
     before = text[:start]
-    if _HEDGE.search(re.split(r"[,;:]", before)[-1].lower()) is not None:
-        return True
+    return _HEDGE.search(re.split(r"[,;:]", before)[-1].lower()) is not None or not_own_words(text, start)
+
+
+def not_own_words(text: str, start: int) -> bool:
+    """The words at `start` are quoted, someone else's reported words, or denied ("it's not
+    true that I ...")."""
+    before = text[:start]
     if before.count('"') % 2 == 1 or before.count("\u201c") > before.count("\u201d"):
         return True  # inside quotation marks
+    opened = sum(1 for m in _OPEN_QUOTE.finditer(text) if m.start() < start)
+    if opened > sum(1 for m in _CLOSE_QUOTE.finditer(text) if m.start() < start):
+        return True  # inside single quotation marks
     return _REPORTED.search(before) is not None or _DENIED.search(before.lower()) is not None
 
 
 def facts(text: str) -> Iterator[Fact]:
-    """Every relationship the sentence states."""
+    """Every relationship the sentence states, its relative clauses read apart."""
+    for sentence in clause_sentences(text):
+        yield from _clause_facts(sentence)
+
+
+def _clause_facts(text: str) -> Iterator[Fact]:
     yield from _verb_facts(text)
     yield from _role_facts(text)
     for kind, target, pattern in _POSSESSIVE_FACTS:
@@ -242,14 +265,27 @@ def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bo
     if match.group("obj").endswith("'s"):
         return None  # "I work at Alice's bakery" is not a job at Alice
     obj = clean_name(match.group("obj"))
-    subject = clean_name(match.group("subj")) if third_person else None
-    if not is_plausible(obj, acronym=True) or (subject is not None and not is_plausible(subject)):
+    named = third_person and match.group("subj") is not None
+    role = _subject_role(match) if third_person and not named else ""
+    subject = clean_name(match.group("subj")) if named else None
+    if not is_plausible(obj, acronym=True) or (named and not is_plausible(subject or "")):
         return None
+    if third_person and not named and not role:
+        return None  # "my company is based in ...", "my late husband lived in ...": no node to hold it
     if kind in _PLACES_ONLY and canonical_name(obj) in TECH:
         return None  # "moved to Postgres" is a migration, not a move
     if "joined" in match.group() and re.match(r"\s+(?:for|on)\b", match.string[match.end() :]):
         return None  # "joined Alice for lunch"
-    return Fact(subject, kind, obj, target)
+    return Fact(subject, kind, obj, target, subject_role=role)
+
+
+def _subject_role(match: re.Match[str]) -> str:
+    """The role word of an unnamed person ("my older sister" -> sister); "" for a pet or a
+    former one ("my late husband"), whose facts the current one's node must not take."""
+    if _GONE_WORDS & set(match.group("mods").split()):
+        return ""
+    _, kind, word = role_of(match.group("role"))
+    return word if kind == "person" else ""
 
 
 def _role_facts(text: str) -> Iterator[Fact]:
@@ -266,24 +302,38 @@ def _role_facts(text: str) -> Iterator[Fact]:
 
 
 _USER_NAME = (
-    re.compile(rf"\b[Mm]y\s+name\s+is\s+(?P<obj>{NAME})"),
-    re.compile(rf"\b(?:[Cc]all\s+me|[Nn]ame's)\s+(?P<obj>{NAME})"),
+    re.compile(rf"\b(?:[Mm]y\s+name\s+is|[Nn]ame's)\s+(?P<obj>{NAME})"),
     re.compile(rf"(?<![\w'])I\s+am\s+(?P<obj>{NAME})(?=\s*(?:[,.!;)]|$|\s+and\b|\s+from\b|\s+here\b|\s+-))"),
     # "Hey, it's Marco" or "This is Marco here", not "This is Amazing!"
     re.compile(rf"^(?:[Hh]i|[Hh]ey|[Hh]ello)[,!]?\s+(?:it's|this\s+is)\s+(?P<obj>{NAME})(?=\s*(?:[,.!]|$|\s+here\b))"),
     re.compile(rf"^(?:[Ii]t's|[Tt]his\s+is)\s+(?P<obj>{NAME})\s+here\b"),
 )
+_USER_ALIAS = (re.compile(rf"\b[Cc]all\s+me\s+(?P<obj>{NAME})"),)
 
 
 # "Don't call me Bob", "my name is not Bob": a name refused is no name.
 _REFUSED = re.compile(r"(?:\b(?:don't|dont|do\s+not|never|not|stop)\s+)$", re.IGNORECASE)
+# The one question that asks for a name: "Could you call me Ally?", not "Why did you call me Bob?"
+_REQUEST = re.compile(r"\b(?:can|could|would|will)\s+you\s+(?:please\s+)?$", re.IGNORECASE)
 
 
 def user_name(text: str) -> str | None:
-    """The name the speaker gives for themselves, if the sentence states one."""
-    for pattern in _USER_NAME:
+    """The name the speaker gives for themselves ("my name is Alice"), if the sentence states one."""
+    return _own_name(text, _USER_NAME)
+
+
+def user_alias(text: str) -> str | None:
+    """The name the speaker asks to be called by ("call me Ally"), if the sentence gives one."""
+    return _own_name(text, _USER_ALIAS, asked=text.rstrip(" \"')").endswith("?"))
+
+
+def _own_name(text: str, patterns: tuple[re.Pattern[str], ...], *, asked: bool = False) -> str | None:
+    for pattern in patterns:
         for match in pattern.finditer(text):
-            if _REFUSED.search(text[:match.start()]) or re.match(r"\s*not\b", text[match.start("obj"):]):
+            before = text[: match.start()]
+            if _REFUSED.search(before) or re.match(r"\s*not\b", text[match.start("obj"):]):
+                continue
+            if not_own_words(text, match.start()) or (asked and not _REQUEST.search(before)):
                 continue
             name = clean_name(match.group("obj"))
             if is_plausible(name) and canonical_name(name) not in TECH and name.istitle():

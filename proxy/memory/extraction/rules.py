@@ -21,7 +21,7 @@ from proxy.memory.extraction.model import (
 )
 from proxy.memory.extraction.names import find_names
 from proxy.memory.extraction.preferences import preference_facts
-from proxy.memory.extraction.relations import Fact, facts, user_name
+from proxy.memory.extraction.relations import Fact, facts, user_alias, user_name
 
 __all__ = ["SINGLE_VALUED", "USER_NODE", "canonical_name", "extract"]
 
@@ -110,6 +110,7 @@ class _Found:
         self.entities: dict[str, tuple[int, ExtractedEntity]] = {}
         self.relationships: dict[tuple[str, str, str], ExtractedRelation] = {}
         self.user_name: str | None = None
+        self.user_alias: str | None = None
 
     def read(self, sentence: str) -> None:
         """Add what one sentence states."""
@@ -118,6 +119,7 @@ class _Found:
         blocked = self._identifiers(sentence, description)
         if self.speaker is None:
             self.user_name = self.user_name or user_name(normal)
+            self.user_alias = self.user_alias or user_alias(normal)
         stated = [] if sentence.rstrip(" \"')").endswith("?") else [*facts(normal), *preference_facts(normal)]
         self._facts(stated, description)
         objects = [canonical_name(fact.object) for fact in stated]
@@ -137,8 +139,10 @@ class _Found:
     def _facts(self, stated: Iterable[Fact], description: str) -> None:
         for fact in stated:
             subject = fact.subject or self.speaker or USER_NODE
-            if fact.subject:
-                self._entity(fact.subject, "person", description, _FACT)
+            if fact.subject_role:
+                subject = f"{self.speaker or 'the user'}'s {fact.subject_role}"
+            if fact.subject or fact.subject_role:
+                self._entity(subject, "person", description, _FACT)
             else:
                 self.speaker_fact = self.speaker_fact or description
             note = f"{fact.note}; {description}" if fact.note else description
@@ -154,11 +158,11 @@ class _Found:
 
     def result(self) -> Extraction:
         """The merged extraction; the speaker's own name is a node only when a fact needs it."""
-        own = {canonical_name(name) for name in (self.user_name, self.speaker) if name}
+        own = {canonical_name(name) for name in (self.user_name, self.user_alias, self.speaker) if name}
         entities = [entity for key, (_, entity) in self.entities.items() if key not in own]
         if self.speaker and self.speaker_fact:
             entities.insert(0, ExtractedEntity(self.speaker, "person", self.speaker_fact, _CONFIDENCE[_FACT]))
-        return Extraction(entities, list(self.relationships.values()), self.user_name)
+        return Extraction(entities, list(self.relationships.values()), self.user_name, self.user_alias)
 
 
 def _inside(name: str, objects: list[str]) -> bool:
