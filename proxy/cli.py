@@ -12,6 +12,10 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.settings import ConfigError, Settings, load_settings
 from proxy.stores.base import StoreError
+from proxy.stores.reindex_terms import REINDEX_BATCH
+
+# `memproxy reindex --terms` tells how far it is at most this often (and when each table is done).
+PROGRESS_EVERY_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     delete.set_defaults(run=_delete)
 
-    reindex = commands.add_parser("reindex", help="compute every missing embedding for embeddings.model")
+    reindex = commands.add_parser("reindex", help="compute every missing embedding for embeddings.model,"
+                                  " or (--terms) every item's search terms")
+    reindex.add_argument("--terms", action="store_true",
+                         help="make the search terms of every saved item again with this memproxy's tokeniser"
+                              " (items saved by an older one), instead of the embeddings")
+    reindex.add_argument("--batch", type=_positive, default=REINDEX_BATCH,
+                         help=f"with --terms: items per transaction (default {REINDEX_BATCH})")
     reindex.add_argument("--user", help="only this user's items (default: every user)")
     reindex.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     reindex.set_defaults(run=_reindex)
@@ -61,6 +71,16 @@ def _parser() -> argparse.ArgumentParser:
     locomo.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     locomo.set_defaults(run=_eval_locomo)
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def load(args: argparse.Namespace) -> Settings:
@@ -145,7 +165,7 @@ def _eval_locomo(args: argparse.Namespace) -> int:
 
 
 def _on_store(args: argparse.Namespace, work: Callable[[Any, Any], Awaitable[Any]]) -> Any:
-    """Run `work(store, scope)` on the configured store, for the user named by --user."""
+    """Run `work(store, scope)` on the configured store, for the user named by --user (None without one)."""
     import asyncio
 
     from proxy.app import open_store
@@ -153,7 +173,7 @@ def _on_store(args: argparse.Namespace, work: Callable[[Any, Any], Awaitable[Any
     from proxy.scope import valid_id
 
     settings = load(args)
-    scope = Scope(user=valid_id(args.user, "--user"))
+    scope = None if args.user is None else Scope(user=valid_id(args.user, "--user"))
 
     async def run() -> Any:
         store = open_store(settings.store)
@@ -191,6 +211,8 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _reindex(args: argparse.Namespace) -> int:
+    if args.terms:
+        return _reindex_terms(args)
     import asyncio
     import json
 
@@ -235,6 +257,32 @@ def _reindex(args: argparse.Namespace) -> int:
         return 0
 
     return asyncio.run(run())
+
+
+def _reindex_terms(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from proxy.stores.reindex_terms import TermsCounts, reindex_all
+
+    counts = TermsCounts()
+    shown = time.monotonic()
+
+    def progress(table: str, done: bool) -> None:
+        nonlocal shown
+        if done or time.monotonic() - shown >= PROGRESS_EVERY_S:
+            shown = time.monotonic()
+            state = "done" if done else "so far"
+            print(f"memproxy: {table}: {counts.read[table]} read, {counts.reindexed[table]} re-indexed ({state})",
+                  file=sys.stderr, flush=True)
+
+    try:
+        _on_store(args, lambda store, scope: reindex_all(store, counts, user=None if scope is None else scope.user,
+                                                         batch=args.batch, on_batch=progress))
+    finally:  # what was done, also when the store failed part way (run again: what is current is not rewritten)
+        print(json.dumps({"user": args.user, "reindexed": counts.reindexed,
+                          "unchanged": {t: counts.read[t] - counts.reindexed[t] for t in counts.read}}))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

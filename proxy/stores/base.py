@@ -262,6 +262,22 @@ PAGE_KEY_PARTS: dict[PageList, tuple[str, ...]] = {
 }
 
 
+# --- index terms: made again by `memproxy reindex --terms` when the tokeniser changes
+
+TermsTable = Literal["messages", "entities", "reasoning"]
+TERMS_TABLES: tuple[TermsTable, ...] = ("messages", "entities", "reasoning")
+
+
+@dataclass(frozen=True)
+class ReindexedPage:
+    """One batch of `Store.reindex_terms`: rows read, rows whose terms were rewritten, and the key
+    the next batch starts after (None once the table is done)."""
+
+    read: int
+    rewritten: int
+    after: tuple[Any, ...] | None
+
+
 # --- the protocol ------------------------------------------------------------------
 
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]  # what the memory API deletes
@@ -372,6 +388,12 @@ class Store(Protocol):
                              ) -> list[Any]:
         """The items among `item_ids` that still hold a vector for `model`, as the searches return them
         (StoredMessage, Entity or ReasoningTrace), filtered by the scope's agent as the searches are."""
+
+    # index terms: `memproxy reindex --terms` (stores/reindex_terms.py)
+    async def reindex_terms(self, table: TermsTable, *, after: tuple[Any, ...] | None = None, limit: int = 500,
+                            user: str | None = None) -> ReindexedPage:
+        """Make the index terms of the next `limit` rows of `table` (every user's, or `user`'s) after the key
+        `after` again with the current tokeniser, in one transaction; rows already current are not written."""
 
     # the memory API (SPEC 8): pages of up to `limit` items, each with its PageKey, from just past `after`
     async def entity_page(self, scope: Scope, *, limit: int = 100,

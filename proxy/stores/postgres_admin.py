@@ -28,10 +28,13 @@ from proxy.stores.base import (
     TAGS_MAX,
     PageKey,
     PageList,
+    ReindexedPage,
     StoreMemory,
+    TermsTable,
     text_hash,
 )
 from proxy.stores.postgres_import import import_records
+from proxy.stores.postgres_reads import Args
 from proxy.stores.postgres_rows import (
     clean_text,
     export_conversation,
@@ -44,6 +47,15 @@ from proxy.stores.postgres_rows import (
     utc,
 )
 from proxy.stores.postgres_schema import CONTEXT_SQL, INTERNAL_TABLES
+from proxy.stores.reindex_terms import (
+    REINDEX_BATCH,
+    TERMS_COLUMNS,
+    TermsColumns,
+    page_of,
+    page_query,
+    rewrites,
+    said_before_query,
+)
 from proxy.stores.sqlite_admin import MEMORY_TYPES
 from proxy.stores.sqlite_rows import (
     CONTEXT_MESSAGES,
@@ -200,6 +212,22 @@ class PostgresAdmin:
         """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
         return await self._locked([scope.user], lambda conn: import_records(conn, scope, records))
 
+    async def reindex_terms(self, table: TermsTable, *, after: tuple[Any, ...] | None = None,
+                            limit: int = REINDEX_BATCH, user: str | None = None) -> ReindexedPage:
+        """One batch of `memproxy reindex --terms` (reindex_terms.py), in one transaction holding the advisory
+        locks of the users whose rows it holds, so no replica writes their items meanwhile."""
+        spec = TERMS_COLUMNS[table]
+        users = [user] if user is not None else await self._batch_users(spec, after, limit)
+        if not users:
+            return ReindexedPage(0, 0, None)
+        return await self._locked(users, lambda conn: reindex_page(conn, spec, after, limit, user, users))
+
+    async def _batch_users(self, spec: TermsColumns, after: tuple[Any, ...] | None, limit: int) -> list[str]:
+        """The users whose rows the next batch holds: their locks are taken before it is read again."""
+        args = Args()
+        batch = page_query(spec, after=after, limit=limit, mark=args, columns="user_id")
+        return [row["user_id"] for row in await self._fetch(f"SELECT DISTINCT user_id FROM ({batch}) b", args)]
+
 
 # --- inside a transaction -----------------------------------------------------------------
 
@@ -317,6 +345,31 @@ async def _correct_entity(conn: asyncpg.Connection, row: asyncpg.Record, content
         name, key, description, *entity_terms(name, row["type"], description, aliases), row["seq"],
     )
     return "entity"
+
+
+async def reindex_page(conn: asyncpg.Connection, spec: TermsColumns, after: tuple[Any, ...] | None, limit: int,
+                       user: str | None, users: Sequence[str]) -> ReindexedPage:
+    """Read the batch (of the locked `users` only), rewrite the rows whose terms are not current; the
+    triggers move their postings and statistics, folded at commit.
+
+    A row of a user not locked, saved since the users were read, is passed over: it was saved
+    with current terms (unless by a replica not yet upgraded, which the next run catches).
+    """
+    args = Args()
+    among = None if user is not None else f"ANY({args(list(users))}::text[])"
+    rows = await conn.fetch(page_query(spec, after=after, limit=limit, mark=args, user=user, among=among), *args)
+    said_before: list[str] = []
+    if spec.table == "messages" and rows:
+        args = Args()
+        said_before = [row["content"] for row in reversed(await conn.fetch(said_before_query(rows[0], args), *args))]
+    changed = rewrites(spec, rows, said_before)
+    if changed:
+        columns = (*spec.terms, "seq")
+        arrays = ", ".join(f"${n}::{'bigint' if c == 'seq' else 'text'}[]" for n, c in enumerate(columns, start=1))
+        assignments = ", ".join(f"{column} = u.{column}" for column in spec.terms)
+        await conn.execute(f"UPDATE {spec.table} x SET {assignments} FROM unnest({arrays}) AS u({', '.join(columns)})"
+                           " WHERE x.seq = u.seq", *(list(values) for values in zip(*changed)))
+    return page_of(spec, rows, limit, len(changed))
 
 
 async def user_tables(conn: asyncpg.Connection) -> list[str]:

@@ -28,9 +28,20 @@ from proxy.stores.base import (
     ItemKind,
     PageKey,
     PageList,
+    ReindexedPage,
     StoreError,
     StoreMemory,
+    TermsTable,
     text_hash,
+)
+from proxy.stores.reindex_terms import (
+    REINDEX_BATCH,
+    TERMS_COLUMNS,
+    TermsColumns,
+    page_of,
+    page_query,
+    rewrites,
+    said_before_query,
 )
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_rows import (
@@ -231,6 +242,12 @@ class SQLiteAdmin:
         """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
         return await self._on_writer(lambda conn: import_records(conn, scope, records))
 
+    async def reindex_terms(self, table: TermsTable, *, after: tuple[Any, ...] | None = None,
+                            limit: int = REINDEX_BATCH, user: str | None = None) -> ReindexedPage:
+        """One batch of `memproxy reindex --terms` (reindex_terms.py), in one IMMEDIATE transaction: another
+        process writing the file (a proxy serving it) waits its busy_timeout for it, as it waits for theirs."""
+        return await self._on_writer(lambda conn: reindex_page(conn, TERMS_COLUMNS[table], after, limit, user))
+
 
 # --- on the write thread ----------------------------------------------------------------
 
@@ -395,6 +412,29 @@ def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
         for fts in FTS_TABLES:
             conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
     return counts
+
+
+class _Params(list[Any]):
+    """Parameters collected while SQL is built: `params(value)` gives its `?`."""
+
+    def __call__(self, value: Any) -> str:
+        self.append(value)
+        return "?"
+
+
+def reindex_page(conn: sqlite3.Connection, spec: TermsColumns, after: tuple[Any, ...] | None, limit: int,
+                 user: str | None) -> ReindexedPage:
+    """Read the batch, rewrite the rows whose terms are not current; the FTS5 triggers re-index them."""
+    params = _Params()
+    rows = _rows(conn, page_query(spec, after=after, limit=limit, mark=params, user=user), params)
+    said_before: list[str] = []
+    if spec.table == "messages" and rows:
+        params = _Params()
+        said_before = [row[0] for row in reversed(conn.execute(said_before_query(rows[0], params), params).fetchall())]
+    changed = rewrites(spec, rows, said_before)
+    assignments = ", ".join(f"{column} = ?" for column in spec.terms)
+    conn.executemany(f"UPDATE {spec.table} SET {assignments} WHERE seq = ?", changed)
+    return page_of(spec, rows, limit, len(changed))
 
 
 def checkpoint(conn: sqlite3.Connection) -> bool:

@@ -87,6 +87,11 @@ def steps_json(steps: Sequence[ReasoningStep]) -> str:
     return json.dumps([{"name": s.name, "arguments": s.arguments, "result": s.result} for s in steps])
 
 
+def steps_from_json(stored: str) -> tuple[ReasoningStep, ...]:
+    """A trace's steps from their stored form (`result` may be missing)."""
+    return tuple(ReasoningStep(s["name"], s["arguments"], s.get("result", "")) for s in json.loads(stored))
+
+
 # --- rows to models ------------------------------------------------------------------
 
 
@@ -139,8 +144,7 @@ def relationship_from_row(row: sqlite3.Row) -> Relationship:
 
 def trace_from_row(row: sqlite3.Row) -> ReasoningTrace:
     """A ReasoningTrace from a reasoning row."""
-    steps = tuple(ReasoningStep(s["name"], s["arguments"], s.get("result", "")) for s in json.loads(row["steps"]))
-    return ReasoningTrace(row["id"], row["conversation_id"], row["task"], steps, row["answer"],
+    return ReasoningTrace(row["id"], row["conversation_id"], row["task"], steps_from_json(row["steps"]), row["answer"],
                           from_ts(row["created_at"]))
 
 
