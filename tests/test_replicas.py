@@ -245,7 +245,7 @@ def _is_extraction_of(request: Received, text: str) -> bool:
 def test_a_correction_never_lands_before_the_statement_another_replica_is_extracting(
         pg_url: str, make_proxy: Any, fake: FakeUpstream) -> None:
     """A rename applies in the order said: the last applied wins, whatever the messages' times."""
-    statement, correction = "My name is Alice.", "Actually, call me Ally."
+    statement, correction = "My name is Alice.", "Actually, my name is Alicia."
     llm = {"extraction__mode": "llm", "extraction__model": "extract-model", "extraction__api_key": "sk-own"}
     replicas = make_proxy(store__url=pg_url, **PATIENT, **llm), make_proxy(store__url=pg_url, **PATIENT, **llm)
 
@@ -262,4 +262,4 @@ def test_a_correction_never_lands_before_the_statement_another_replica_is_extrac
     assert eventually(lambda: rows(pg_url, "SELECT count(*) FROM extraction_queue") == [(0,)], timeout=30)
     assert [r.json()["messages"][-1]["content"] for r in fake.chat_requests() if b"response_format" in r.body] == [
         statement, correction]  # each extracted once
-    assert rows(pg_url, "SELECT name, aliases FROM entities WHERE user_id = 'alice'") == [("Ally", '["Alice"]')]
+    assert rows(pg_url, "SELECT name, aliases FROM entities WHERE user_id = 'alice'") == [("Alicia", '["Alice"]')]
