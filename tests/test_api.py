@@ -406,6 +406,9 @@ def test_errors_have_the_openai_shape(api: httpx.Client) -> None:
                     400)["param"] == "tags"
     assert error_of(api.post(api_url(USER, "memories"), json={"content": "x" * 2001, "type": "fact"}),
                     400)["param"] == "content"
+    for unseen in (" \t ", "\x04", "\x00\x07 \x1b"):  # nothing a person could read: no name to merge by
+        refused = error_of(api.post(api_url(USER, "memories"), json={"content": unseen, "type": "pattern"}), 400)
+        assert refused["message"] == "`content` must be a string of 1-2000 characters, not only spaces or control characters"
     assert error_of(api.patch(api_url(USER, "memories", "nope"), json={"content": "y"}), 404)["message"] == (
         "user alice has no memory nope")
     big = api.post(api_url(USER, "search"), content=b" " * (1024 * 1024 + 1))

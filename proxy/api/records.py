@@ -85,9 +85,15 @@ def _object(body: Any, allowed: Sequence[str], required: Sequence[str]) -> dict[
 
 def _text(body: dict[str, Any], key: str, limit: int) -> str:
     value = body[key]
-    if not isinstance(value, str) or not value.strip() or len(value) > limit:
-        raise InvalidRequest(f"`{key}` must be a string of 1-{limit} characters, not only spaces", param=key)
+    if not isinstance(value, str) or not _visible(value) or len(value) > limit:
+        raise InvalidRequest(f"`{key}` must be a string of 1-{limit} characters, not only spaces or control"
+                             " characters", param=key)
     return value
+
+
+def _visible(text: str) -> bool:
+    # A text of control characters alone names nothing: its merge key would be empty.
+    return any(c.isprintable() and not c.isspace() for c in text)
 
 
 def _whole(value: Any, key: str, low: int, high: int) -> int:
