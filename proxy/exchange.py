@@ -43,6 +43,9 @@ class Recall:
     def failed(self, status: str) -> None:
         """The step ended without an answer (upstream error, cut stream, unparseable)."""
 
+    def bad_events(self, count: int) -> None:
+        """This many data lines of the streamed answer were not JSON (skipped)."""
+
     def aborted(self) -> None:
         """The client went away before the response was complete."""
 

@@ -41,6 +41,12 @@ class Metrics:
         self.retrieval_seconds = Histogram("memproxy_retrieval_seconds", "Retrieval time per source",
                                            ["source"], buckets=_LATENCY_BUCKETS, registry=r)
         self.injected = Counter("memproxy_memories_injected", "Memories injected into requests", registry=r)
+        self.answers = Counter("memproxy_answers", "How each step of a turn with memory on ended: complete, "
+                               "tool_calls, or why no answer was saved (upstream_failed, truncated, too_large, "
+                               "client_aborted, unparseable, interrupted)", ["ending"], registry=r)
+        self.stream_bad_events = Counter("memproxy_stream_bad_events", "Data lines of streamed answers that were "
+                                         "not JSON: forwarded as they came, left out of the saved answer",
+                                         registry=r)
         self.degraded = Counter("memproxy_memory_degraded", "Requests sent without memory because of a fault",
                                 ["reason"], registry=r)
         self.write_failures = Counter("memproxy_persistence_failures", "Failed write batches", registry=r)
@@ -62,7 +68,6 @@ class Metrics:
     def request_done(self, path: str, outcome: str, seconds: float) -> None:
         """Count one request under its route (`/files`, not `/files/file-abc`: labels must stay few)."""
         path = route_label(path)
-        """Count one proxied request."""
         self.requests.labels(path, outcome).inc()
         self.request_seconds.labels(path).observe(seconds)
 

@@ -30,6 +30,8 @@ class Answerable(Protocol):
 
     def failed(self, status: str) -> None: ...
 
+    def bad_events(self, count: int) -> None: ...
+
 
 # The most of a compressed answer memproxy inflates to read it; past this the answer is
 # left unread (a compression bomb must not fill memory), and the client still gets it whole.
@@ -231,12 +233,14 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
         await take(decoder.feed(chunk if read is None else read(chunk)))
 
     cut, tail = await _forward_events(send, response, heartbeat_s, read_events)
+    if cut is None and not answer.done:
+        # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
+        await take(decoder.feed(b"\n\n"))
+    if isinstance(answer, ChatStreamAccumulator) and answer.malformed:
+        recall.bad_events(answer.malformed)  # RELIABILITY 5.2 case 10: counted, never fatal
     if cut is not None:
         await _end_cut(send, recall, cut.message, cut.code, tail)
         return
-    if not answer.done:
-        # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
-        await take(decoder.feed(b"\n\n"))
     if read is not None and read.failed:  # the stream came whole; memproxy could not read it
         recall.failed("unparseable")
     elif answer.error is not None:

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.logs import JsonFormatter
 from tests.api_helpers import api_url, chat
+from tests.fake_upstream import JsonReply, SSEReply, stream_events
 
 CANARY = "cnrylogtext71c2"
 CLIENT_KEY = "sk-proj-" + "Zx81" * 10
@@ -46,6 +47,27 @@ def test_metrics_count_requests_latency_memory_and_queues(make_proxy: Any) -> No
     assert found[("memproxy_writes_dropped_total", ())] == 0
     assert found[("memproxy_queue_depth", (("queue", "writes"),))] >= 0
     assert found[("memproxy_circuit_open", ())] == 0
+
+
+def test_answers_are_counted_by_ending_and_bad_stream_lines_counted(make_proxy: Any, fake: Any) -> None:
+    # RELIABILITY 5.2 cases 9 and 10: an unparseable 200 and a stream's bad data lines are counted.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    events = stream_events("fine answer", pieces=2)
+    fake.queue(JsonReply(b"{not json at all", content_type="application/json"),
+               SSEReply(events[:2] + [b"data: {not json}\n\n", b"data: [1, 2]\n\n"] + events[2:]),
+               JsonReply(b"", status=500))
+    memory = {"X-Memory-User": "u1"}
+    with proxy.http() as client:
+        assert chat(client, memory, "first").content == b"{not json at all"
+        with client.stream("POST", "/v1/chat/completions", headers=memory,
+                           json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "second"}]}
+                           ) as streamed:
+            assert b"data: {not json}" in streamed.read()
+        assert chat(client, memory, "third").status_code == 500
+        found = samples(client)
+    endings = {labels[0][1]: value for (name, labels), value in found.items() if name == "memproxy_answers_total"}
+    assert endings == {"unparseable": 1, "complete": 1, "upstream_failed": 1}
+    assert found[("memproxy_stream_bad_events_total", ())] == 2
 
 
 def test_request_labels_stay_few_whatever_paths_clients_send(make_proxy: Any, fake: Any) -> None:

@@ -214,6 +214,7 @@ class TurnRecall(Recall):
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
+        self._service.metrics.answers.labels("tool_calls" if message.tool_calls else "complete").inc()
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now), urgent=True)
@@ -228,7 +229,11 @@ class TurnRecall(Recall):
         ), urgent=True)
 
     def failed(self, status: str) -> None:
+        self._service.metrics.answers.labels(status).inc()
         self._submit(SetTurnStatus(self._scope, self.turn_key, status, datetime.now(timezone.utc)))  # type: ignore[arg-type]
 
     def aborted(self) -> None:
         self.failed("client_aborted")
+
+    def bad_events(self, count: int) -> None:
+        self._service.metrics.stream_bad_events.inc(count)
