@@ -73,6 +73,12 @@ class ShuttingDown(ProxyError):
     status, type, code = 503, "server_error", "server_shutting_down"
 
 
+class MemoryUnavailable(ProxyError):
+    """memory.required is set and memory could not answer (503; the SDK retries)."""
+
+    status, type, code = 503, "server_error", "memory_unavailable"
+
+
 class UpstreamUnavailable(ProxyError):
     """The provider could not be reached (502; the SDK retries)."""
 

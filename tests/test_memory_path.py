@@ -269,6 +269,23 @@ def test_store_unavailable_degrades_then_opens_circuit(make_proxy, fake, tmp_pat
     assert ready.status_code == 200 and ready.json()["store"] == "unavailable"
 
 
+def test_with_memory_required_an_unavailable_store_is_a_503_and_nothing_goes_upstream(make_proxy, fake, tmp_path):
+    # RELIABILITY 5.2 case 22: "With memory.required: true the answer is 503 instead."
+    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", memory__required=True)
+    with proxy.http() as http:
+        answers = [http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}) for _ in range(7)]
+        unscoped = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert [(a.status_code, a.headers["x-memory-status"], a.headers["x-memory-proxy-error"]) for a in answers] == (
+        [(503, "degraded: store unavailable", "memory_unavailable")] * 5
+        + [(503, "degraded: circuit open", "memory_unavailable")] * 2)
+    assert answers[0].json()["error"] == {
+        "message": "memory is required (memory.required) and unavailable: store unavailable",
+        "type": "server_error", "param": None, "code": "memory_unavailable"}
+    assert unscoped.status_code == 200  # no user named: memory is off for it, not unavailable
+    assert len(fake.chat_requests()) == 1
+
+
 def test_a_store_that_opens_after_start_up_gets_the_turns_queued_meanwhile(make_proxy, fake, tmp_path):
     # RELIABILITY 5.2 case 22 at start-up: a replica that starts before its database keeps
     # trying, and writes queued meanwhile are drained once it answers; no restart.

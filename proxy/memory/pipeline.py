@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from proxy.errors import MemoryUnavailable
 from proxy.exchange import Recall
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
@@ -108,6 +109,11 @@ class MemoryService:
             except Exception as exc:  # the outermost boundary: memory must never fail a request
                 status = self._degraded("retrieval error", exc)
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
+        if status != "ok" and self.memory.required:
+            # RELIABILITY 5.2 case 22: memory is part of the answer here, so no answer without it.
+            error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {status[10:]}")
+            error.headers = {"x-memory-status": status}
+            raise error
         identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
         recall = TurnRecall(self, scope, request, identity, persist, status, retrieved)
         recall.started(now)
