@@ -126,9 +126,13 @@ class Parts:
         await self.upstream.aclose()
 
     async def readiness(self) -> dict[str, Any]:
+        """Still 200 when memory is degraded (proxying goes on); `status` says how (RELIABILITY 5.2 case 21)."""
         store_ok = self.store_open and await self.store.ping()
+        problems = [name for name, bad in (("memory_store_unavailable", not store_ok),
+                                           ("memory_writes_failing", self.writer.failing),
+                                           ("memory_circuit_open", self.memory.breaker.is_open)) if bad]
         return {
-            "status": "ready",
+            "status": f"degraded: {', '.join(problems)}" if problems else "ready",
             "store": "ok" if store_ok else "unavailable",
             "writes": "failing" if self.writer.failing else "ok",
             "write_queue": self.writer.depth,

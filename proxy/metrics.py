@@ -52,6 +52,8 @@ class Metrics:
         self.write_failures = Counter("memproxy_persistence_failures", "Failed write batches", registry=r)
         self.writes_dropped = Counter("memproxy_writes_dropped", "Writes dropped because the queue was full",
                                       registry=r)
+        self.turns_dropped = Counter("memproxy_turns_dropped", "Turns that lost at least one write to a full "
+                                     "queue (each counted once)", registry=r)
         self.extraction_failures = Counter("memproxy_extraction_failures", "Failed extraction attempts",
                                            registry=r)
         self.extraction_fallbacks = Counter("memproxy_extraction_fallbacks",

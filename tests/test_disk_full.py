@@ -48,10 +48,35 @@ def test_a_full_disk_fails_no_chat_and_loses_no_turn_once_there_is_room(make_pro
     assert [r.status_code for r in responses] == [200] * 5
     assert all(r.json()["choices"][0]["message"]["content"] == "Hello from upstream" for r in responses)
     assert eventually(lambda: readiness(proxy)["writes"] == "failing")
+    assert readiness(proxy)["status"] == "degraded: memory_writes_failing"
     assert rows(proxy, "SELECT count(*) FROM messages WHERE content LIKE 'turn %'") == [(0,)]
     limit_pages(proxy, UNLIMITED_PAGES)
     assert eventually(lambda: rows(proxy, "SELECT count(*) FROM messages WHERE role = 'user'") == [(6,)], timeout=20)
     assert eventually(lambda: readiness(proxy)["writes"] == "ok")
+    assert readiness(proxy)["status"] == "ready"
     saved = {content for (content,) in rows(proxy, "SELECT content FROM messages WHERE role = 'user'")}
     assert saved == {"before the disk filled up", *during}
     assert rows(proxy, "SELECT count(*) FROM turns WHERE status = 'complete'") == [(6,)]
+
+
+def test_an_overflowing_write_queue_counts_and_logs_the_turns_it_dropped(make_proxy, fake, caplog):
+    # RELIABILITY 5.2 case 21: "the drop counter and log say exactly how many turns were dropped".
+    proxy = make_proxy(memory__commit_timeout_ms=50, memory__write_queue_size=4)
+    assert chat(proxy, "before the disk filled up").status_code == 200
+    assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 2)
+    limit_pages(proxy, None)
+    during = [f"turn {n} while the disk is full " + "x" * 8000 for n in range(10)]
+    turns = [chat(proxy, text).headers["x-memory-turn"] for text in during]
+    with proxy.http() as http:
+        metrics = {line.split()[0]: float(line.split()[1]) for line in http.get("/metrics").text.splitlines()
+                   if line.startswith("memproxy_") and "dropped" in line}
+    limit_pages(proxy, UNLIMITED_PAGES)
+    assert eventually(lambda: readiness(proxy)["writes"] == "ok", timeout=20)
+    whole = {key for (key,) in rows(proxy, "SELECT t.turn_key FROM turns t WHERE t.status = 'complete' AND"
+                                          " (SELECT count(*) FROM messages m WHERE m.turn_key = t.turn_key) = 2")}
+    lost = [turn for turn in turns if turn not in whole]  # a turn missing its status, question or answer
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("write queue full: dropped the")]
+    assert lost and metrics["memproxy_turns_dropped_total"] == len(lost)
+    assert metrics["memproxy_writes_dropped_total"] == len(lines) >= len(lost)
+    assert {turn for turn in turns if any(f" of turn {turn} " in line for line in lines)} == set(lost)
+    assert lines[-1].endswith(f"(turns that lost a write so far: {len(lost)})")

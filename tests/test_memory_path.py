@@ -267,6 +267,9 @@ def test_store_unavailable_degrades_then_opens_circuit(make_proxy, fake, tmp_pat
     with proxy.http() as http:
         ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["store"] == "unavailable"
+    status = ready.json()["status"]  # the writes failing too, once a batch has been tried
+    assert status in ("degraded: memory_store_unavailable, memory_circuit_open",
+                      "degraded: memory_store_unavailable, memory_writes_failing, memory_circuit_open")
 
 
 def test_with_memory_required_an_unavailable_store_is_a_503_and_nothing_goes_upstream(make_proxy, fake, tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from proxy.metrics import Metrics
@@ -30,6 +31,8 @@ BATCH_MAX = 256
 COMMIT_DELAY_S = 0.005
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
+# Turns remembered as having lost a write, so each is counted once (RELIABILITY 5.2 case 21).
+DROPPED_TURNS_KEPT = 10_000
 
 
 class Writer:
@@ -44,6 +47,8 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[asyncio.Future[None], WriteOp] = {}  # queued or being committed
         self._hurry = asyncio.Event()  # commit what is queued now, without waiting for company
+        self._dropped_turns: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.turns_dropped = 0  # turns that lost a write to a full queue, each counted once
         self.failing = False
 
     def start(self) -> None:
@@ -61,14 +66,30 @@ class Writer:
             self._pending[done] = op
             done.add_done_callback(self._settled)
         except asyncio.QueueFull:
-            self.metrics.writes_dropped.inc()
-            log.error("write queue full: dropped one %s for user %s", type(op).__name__, op.scope.user)
+            self._dropped(op)
             done.set_exception(StoreError("write queue full"))
             done.exception()  # retrieved: nobody else need wait on a dropped write
         if urgent or self._queue.qsize() >= BATCH_MAX:
             self._hurry.set()
         self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
         return done
+
+    def _dropped(self, op: WriteOp) -> None:
+        """Count and log a write the full queue refused, and its turn once (RELIABILITY 5.2 case 21)."""
+        self.metrics.writes_dropped.inc()
+        turn = getattr(op, "turn_key", None)
+        if turn is None:  # not a turn's: an extraction result stays queued and is retried
+            log.error("write queue full: dropped one %s for user %s", type(op).__name__, op.scope.user)
+            return
+        key = (op.scope.user, turn)
+        if key not in self._dropped_turns:
+            self.turns_dropped += 1
+            self.metrics.turns_dropped.inc()
+            self._dropped_turns[key] = None
+            if len(self._dropped_turns) > DROPPED_TURNS_KEPT:
+                self._dropped_turns.popitem(last=False)
+        log.error("write queue full: dropped the %s of turn %s for user %s (turns that lost a write so far: %d)",
+                  type(op).__name__, turn, op.scope.user, self.turns_dropped)
 
     def _settled(self, done: asyncio.Future[None]) -> None:
         self._pending.pop(done, None)
