@@ -39,7 +39,7 @@ class Sent:
             self.event_stream = any(name == b"content-type" and value.split(b";")[0].strip().lower()
                                     == b"text/event-stream" for name, value in message.get("headers", []))
         elif message["type"] == "http.response.body":
-            self.tail = (self.tail + message.get("body", b""))[-4:]
+            self.tail = (self.tail + message.get("body", b"")[-4:])[-4:]  # never a copy of a whole chunk
             self.ended = not message.get("more_body", False)
         await self._send(message)
 

@@ -80,7 +80,7 @@ class Heartbeat:
         """Send one chunk of the provider's stream."""
         async with self._lock:
             await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self._tail = (self._tail + chunk)[-4:]
+            self._tail = (self._tail + chunk[-4:])[-4:]
             self._last = asyncio.get_running_loop().time()
 
     async def _beat(self) -> None:
