@@ -11,16 +11,48 @@ import re
 
 # The clause runs to the comma before the main verb. A comma before a capitalised word
 # stays inside it ("who lives in Paris, France, works at ..."); a clause left open runs to
-# the end ("I met Tom, who works at Acme.").
-_RELATIVE = re.compile(r",\s+who\s+(?P<clause>[^,;:]+(?:,\s+[A-Z][^,;:]*)*?)(?:,\s+(?=[a-z])|\s*$)")
+# the end ("I met Tom, who works at Acme."). A `;` or `:` inside, or a comma before
+# anything else, means it is not such a clause. Scanned comma by comma, not by one regex:
+# a pattern of this shape backtracks over every split of a long run of spaces (2 s for an
+# 8,000-character message, with the event loop stalled).
+_OPENER = re.compile(r",\s+who\s+")
+_STOP = re.compile(r"[,;:]")
+_SPACE_AFTER = re.compile(r"\s+")
 MAX_CLAUSES = 4  # per sentence; more is a list, not a description of one subject
 
 
 def clause_sentences(sentence: str) -> list[str]:
     """The sentence with each relative clause cut out, then each clause joined to its subject."""
     clauses: list[str] = []
-    while len(clauses) < MAX_CLAUSES and (match := _RELATIVE.search(sentence)):
-        head = sentence[: match.start()]
-        clauses.append(f"{head} {match.group('clause')}")
-        sentence = f"{head} {sentence[match.end():]}".rstrip()
+    while len(clauses) < MAX_CLAUSES and (found := _first_clause(sentence)):
+        start, clause, end = found
+        head = sentence[:start]
+        clauses.append(f"{head} {clause}")
+        sentence = f"{head} {sentence[end:]}".rstrip()
     return [sentence, *clauses]
+
+
+def _first_clause(sentence: str) -> tuple[int, str, int] | None:
+    """Where the first relative clause starts, its text, and where the sentence goes on."""
+    for opener in _OPENER.finditer(sentence):
+        if (ends := _clause_end(sentence, opener.end())) is not None:
+            return opener.start(), sentence[opener.end():ends[0]], ends[1]
+    return None
+
+
+def _clause_end(sentence: str, start: int) -> tuple[int, int] | None:
+    """The clause's end and the main sentence's restart, or None when none closes it."""
+    if start >= len(sentence) or sentence[start] in ",;:":
+        return None
+    at = start
+    while (stop := _STOP.search(sentence, at)) is not None:
+        after = _SPACE_AFTER.match(sentence, stop.end()) if stop.group() == "," else None
+        if after is None or after.end() >= len(sentence):
+            return None
+        following = sentence[after.end()]
+        if "a" <= following <= "z":
+            return stop.start(), after.end()  # the comma before the main verb
+        if not "A" <= following <= "Z":
+            return None
+        at = after.end()  # "Paris, France": still the clause
+    return len(sentence), len(sentence)
