@@ -341,3 +341,42 @@ def test_agent_of_a_queued_message_is_its_scope_agent(backend: Backend) -> None:
             assert item.scope == Scope("alice", agent="planner")
 
     run(body())
+
+
+def test_a_result_the_full_write_queue_refused_is_extracted_again_before_the_users_later_messages(
+        backend: Backend) -> None:
+    # On PostgreSQL the refused item stayed leased for minutes while this replica went on
+    # with the user's later messages: the correction landed first, and the user was Alice.
+    from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+    from proxy.memory.writer import Writer
+    from proxy.metrics import Metrics
+    from proxy.stores.base import SetTurnStatus
+
+    async def body() -> tuple[str, list[str]]:
+        async with backend.opened() as store:
+            await store.apply([StartTurn(ALICE, "t0", "c1", "h0", T0, "My name is Alice."),
+                               StartTurn(ALICE, "t1", "c1", "h1", T0 + timedelta(minutes=1),
+                                         "Actually, my name is Alicia.")])
+            metrics = Metrics()
+            writer = Writer(store, metrics, 1)
+            writer.submit(SetTurnStatus(BOB, "other", "interrupted", T0))  # the queue is full now
+            worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
+                                      limits=WorkerLimits(batch=1, depth_every_s=0.0))
+            assert await worker.drain_once() == 0  # "My name is Alice." could not be queued
+            writer.start()
+            applied = []
+            for _ in range(4):
+                waiting = await pending_texts(backend)
+                await worker.drain_once()
+                await writer.flush(5)
+                applied += sorted(waiting - await pending_texts(backend))
+            await writer.close()
+            (node,) = [e for e in await store.entities(ALICE) if e.type == "user"]
+            return node.name, applied
+
+    assert run(body()) == ("Alicia", ["My name is Alice.", "Actually, my name is Alicia."])
+
+
+async def pending_texts(backend: Backend) -> set[str]:
+    return {text for (text,) in await backend.sql("SELECT m.content FROM extraction_queue q JOIN messages m"
+                                                  " ON m.id = q.message_id WHERE q.user_id = 'alice'")}

@@ -165,21 +165,35 @@ class ExtractionWorker:
         """Wait for the batch's writes; a result the store refused becomes a failed attempt."""
         recorded = 0
         refused: list[ExtractionFailed] = []
+        unqueued: list[int] = []
         for item, op, done in submitted:
             try:
                 await done
             except StoreError as exc:
-                # A transient refusal (the write queue full) leaves the item queued as it was.
                 if isinstance(op, RecordFacts) and not exc.transient:
                     refused.append(self._failure(item, op.scope, f"store refused the facts: {exc}"))
+                elif exc.transient:
+                    unqueued.append(item.queue_id)  # the write queue was full: the item stays queued
                 continue
             recorded += isinstance(op, RecordFacts)
+        await self._hand_back(unqueued)
         for failure in refused:
             try:
                 await self.writer.submit(failure)
             except StoreError as exc:
                 log.error("extraction: cannot record the failure of item %d: %s", failure.queue_id, exc)
         return recorded
+
+    async def _hand_back(self, queue_ids: list[int]) -> None:
+        """Items whose results could not be queued are due again at once, ahead of their users'
+        later items (a PostgreSQL lease would otherwise hold them for minutes while this replica
+        went on with those later items)."""
+        if not queue_ids:
+            return
+        try:
+            await self.store.release_extraction(queue_ids)
+        except StoreError as exc:
+            log.warning("extraction: cannot hand back %d items (%s); their lease will run out", len(queue_ids), exc)
 
     async def _report_depth(self) -> None:
         now = time.monotonic()

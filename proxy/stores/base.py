@@ -347,6 +347,10 @@ class Store(Protocol):
                                ) -> list[QueuedMessage]:
         """Unparked items due at `now`, oldest first, text cut at `max_chars`; the scope's agent is the message's."""
 
+    async def release_extraction(self, queue_ids: Sequence[int]) -> None:
+        """Hand back claimed items whose results could not be queued for writing (the write queue
+        was full), so they come due again at once, ahead of their users' later items."""
+
     async def queue_depth(self) -> dict[str, int]:
         """Extraction items `pending` (retries waiting included) and `parked` (given up on)."""
 

@@ -196,6 +196,13 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         except _ERRORS as exc:
             raise _error(exc) from exc
 
+    async def release_extraction(self, queue_ids: Sequence[int]) -> None:
+        """End this replica's leases on the items: until the lease ran out (CLAIM_LEASE) they were
+        not due, and this replica went on with their users' later items first."""
+        if queue_ids:
+            await self._fetch("UPDATE extraction_queue SET claimed_until = NULL, claimed_by = NULL"
+                              " WHERE id = ANY($1::bigint[]) AND claimed_by = $2", [list(queue_ids), self._claimant])
+
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries and claimed ones included) and given up on (`parked`)."""
         rows = await self._fetch("SELECT parked, count(*) AS n FROM extraction_queue GROUP BY parked", [])

@@ -378,6 +378,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]), message_from_row(row),
                               row["attempts"]) for row in rows]
 
+    async def release_extraction(self, queue_ids: Sequence[int]) -> None:
+        """Nothing to do: one process claims, and an item nobody recorded is due again at once."""
+
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries included) and given up on (`parked`)."""
         rows = await self._rows("SELECT parked, count(*) AS n FROM extraction_queue GROUP BY parked", [])
