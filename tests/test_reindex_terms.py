@@ -368,3 +368,37 @@ def test_reindex_terms_beside_a_replica_writing_the_same_user(pg_url: str, tmp_p
 def _length(*columns: str) -> str:
     """SQL: an item's length as BM25 counts it (postgres_schema._Index), in terms."""
     return " + ".join(f"coalesce(cardinality(string_to_array({column}, ' ')), 0)" for column in columns)
+
+
+def test_a_row_deleted_between_a_batchs_two_reads_neither_ends_the_run_nor_skips_a_user(pg_url: str) -> None:
+    # PostgreSQL reads a batch's users, locks them, then reads the batch again: a delete in
+    # between made that read short, taken for the table's end, and later users were skipped.
+    from proxy.stores.postgres import PostgresStore
+    from proxy.stores.reindex_terms import TermsCounts, reindex_all
+
+    backend = PostgresBackend(pg_url)
+
+    async def body() -> tuple[int, int]:
+        store = PostgresStore(pg_url)
+        await store.open()
+        try:
+            await store.apply([StartTurn(Scope(user), f"{user}-{n}", f"c-{user}", f"h{user}{n}",
+                                         T0 + timedelta(minutes=n), f"hello server {n}")
+                               for user in ("alice", "bob", "carol") for n in range(2)])
+            await backend.sql("UPDATE messages SET terms = 'stale' WHERE user_id = 'carol'")
+            window = store._batch_window
+
+            async def then_a_delete(spec: Any, after: Any, limit: int) -> Any:
+                found = await window(spec, after, limit)
+                if spec.table == "messages" and after is None:  # an API delete lands in between
+                    await backend.sql("DELETE FROM messages WHERE user_id = 'alice' AND turn_key = 'alice-1'")
+                return found
+
+            store._batch_window = then_a_delete  # type: ignore[method-assign]
+            counts = await reindex_all(store, TermsCounts(), batch=4)
+            (left,) = await backend.sql("SELECT count(*) FROM messages WHERE user_id = 'carol' AND terms = 'stale'")
+            return counts.reindexed["messages"], left[0]
+        finally:
+            await store.close()
+
+    assert asyncio.run(body()) == (2, 0)  # carol's two stale messages were reindexed

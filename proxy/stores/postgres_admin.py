@@ -217,16 +217,23 @@ class PostgresAdmin:
         """One batch of `memproxy reindex --terms` (reindex_terms.py), in one transaction holding the advisory
         locks of the users whose rows it holds, so no replica writes their items meanwhile."""
         spec = TERMS_COLUMNS[table]
-        users = [user] if user is not None else await self._batch_users(spec, after, limit)
+        if user is not None:
+            return await self._locked([user], lambda conn: reindex_page(conn, spec, after, limit, user, [user]))
+        users, upto = await self._batch_window(spec, after, limit)
         if not users:
             return ReindexedPage(0, 0, None)
-        return await self._locked(users, lambda conn: reindex_page(conn, spec, after, limit, user, users))
+        return await self._locked(users, lambda conn: reindex_page(conn, spec, after, limit, None, users, upto))
 
-    async def _batch_users(self, spec: TermsColumns, after: tuple[Any, ...] | None, limit: int) -> list[str]:
-        """The users whose rows the next batch holds: their locks are taken before it is read again."""
+    async def _batch_window(self, spec: TermsColumns, after: tuple[Any, ...] | None, limit: int
+                            ) -> tuple[list[str], tuple[Any, ...] | None]:
+        """The users whose rows the next batch holds (their locks are taken before it is read
+        again), and the key its window ends at (None: the table's end). The second read keeps to
+        that window, so a row deleted in between ends neither the table early nor skips a row."""
         args = Args()
-        batch = page_query(spec, after=after, limit=limit, mark=args, columns="user_id")
-        return [row["user_id"] for row in await self._fetch(f"SELECT DISTINCT user_id FROM ({batch}) b", args)]
+        rows = await self._fetch(page_query(spec, after=after, limit=limit, mark=args,
+                                            columns=", ".join(dict.fromkeys(("user_id", *spec.key)))), args)
+        upto = tuple(rows[-1][column] for column in spec.key) if len(rows) >= limit else None
+        return list(dict.fromkeys(row["user_id"] for row in rows)), upto
 
 
 # --- inside a transaction -----------------------------------------------------------------
@@ -348,7 +355,7 @@ async def _correct_entity(conn: asyncpg.Connection, row: asyncpg.Record, content
 
 
 async def reindex_page(conn: asyncpg.Connection, spec: TermsColumns, after: tuple[Any, ...] | None, limit: int,
-                       user: str | None, users: Sequence[str]) -> ReindexedPage:
+                       user: str | None, users: Sequence[str], upto: tuple[Any, ...] | None = None) -> ReindexedPage:
     """Read the batch (of the locked `users` only), rewrite the rows whose terms are not current; the
     triggers move their postings and statistics, folded at commit.
 
@@ -357,7 +364,8 @@ async def reindex_page(conn: asyncpg.Connection, spec: TermsColumns, after: tupl
     """
     args = Args()
     among = None if user is not None else f"ANY({args(list(users))}::text[])"
-    rows = await conn.fetch(page_query(spec, after=after, limit=limit, mark=args, user=user, among=among), *args)
+    rows = await conn.fetch(page_query(spec, after=after, limit=limit, mark=args, user=user, among=among, upto=upto),
+                            *args)
     said_before: list[str] = []
     if spec.table == "messages" and rows:
         args = Args()
@@ -369,7 +377,7 @@ async def reindex_page(conn: asyncpg.Connection, spec: TermsColumns, after: tupl
         assignments = ", ".join(f"{column} = u.{column}" for column in spec.terms)
         await conn.execute(f"UPDATE {spec.table} x SET {assignments} FROM unnest({arrays}) AS u({', '.join(columns)})"
                            " WHERE x.seq = u.seq", *(list(values) for values in zip(*changed)))
-    return page_of(spec, rows, limit, len(changed))
+    return page_of(spec, rows, limit, len(changed), upto)
 
 
 async def user_tables(conn: asyncpg.Connection) -> list[str]:

@@ -69,8 +69,9 @@ TERMS_COLUMNS: dict[TermsTable, TermsColumns] = {
 
 
 def page_query(spec: TermsColumns, *, after: tuple[Any, ...] | None, limit: int, mark: Mark,
-               user: str | None = None, among: str | None = None, columns: str | None = None) -> str:
-    """SQL: `columns` of the next `limit` rows after the key `after`, in key order.
+               user: str | None = None, among: str | None = None, columns: str | None = None,
+               upto: tuple[Any, ...] | None = None) -> str:
+    """SQL: `columns` of the next `limit` rows after the key `after` (and not past `upto`), in key order.
 
     `user` keeps to one user's rows (the key's other columns then bound the index range);
     `among` is SQL for the users whose rows may be read, when there are several.
@@ -81,6 +82,8 @@ def page_query(spec: TermsColumns, *, after: tuple[Any, ...] | None, limit: int,
     if after is not None:
         key, values = (spec.key[1:], after[1:]) if user is not None else (spec.key, after)
         where.append(f"({', '.join(key)}) > ({', '.join(mark(value) for value in values)})")
+    if upto is not None:
+        where.append(f"({', '.join(spec.key)}) <= ({', '.join(mark(value) for value in upto)})")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     return (f"SELECT {columns or spec.columns} FROM {spec.table}{clause}"
             f" ORDER BY {', '.join(spec.key)} LIMIT {mark(limit)}")
@@ -125,9 +128,11 @@ def _message_terms(rows: Sequence[Row], said_before: Sequence[str]) -> list[tupl
     return out
 
 
-def page_of(spec: TermsColumns, rows: Sequence[Row], limit: int, rewritten: int) -> ReindexedPage:
-    """The batch's result: a short batch was the table's last."""
-    after = tuple(rows[-1][column] for column in spec.key) if len(rows) >= limit else None
+def page_of(spec: TermsColumns, rows: Sequence[Row], limit: int, rewritten: int,
+            upto: tuple[Any, ...] | None = None) -> ReindexedPage:
+    """The batch's result: a short batch was the table's last, or, read within a window that
+    ends at the key `upto`, the window's last (the next batch starts after it)."""
+    after = tuple(rows[-1][column] for column in spec.key) if len(rows) >= limit else upto
     return ReindexedPage(len(rows), rewritten, after)
 
 
