@@ -200,6 +200,7 @@ class TurnRecall(Recall):
         self.block = retrieved.block or None
         self.injected = retrieved.injected if self.block else 0
         self._log = retrieved.log
+        self._ending: str | None = None
 
     @property
     def active(self) -> bool:
@@ -220,7 +221,7 @@ class TurnRecall(Recall):
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
-        self._service.metrics.answers.labels("tool_calls" if message.tool_calls else "complete").inc()
+        self._ended("tool_calls" if message.tool_calls else "complete")
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now), urgent=True)
@@ -235,7 +236,7 @@ class TurnRecall(Recall):
         ), urgent=True)
 
     def failed(self, status: str) -> None:
-        self._service.metrics.answers.labels(status).inc()
+        self._ended(status)
         self._submit(SetTurnStatus(self._scope, self.turn_key, status, datetime.now(timezone.utc)))  # type: ignore[arg-type]
 
     def aborted(self) -> None:
@@ -243,3 +244,9 @@ class TurnRecall(Recall):
 
     def bad_events(self, count: int) -> None:
         self._service.metrics.stream_bad_events.inc(count)
+
+    def _ended(self, ending: str) -> None:
+        """Count the step's ending once: a client that leaves after the answer came did get it."""
+        if self._ending is None:
+            self._ending = ending
+            self._service.metrics.answers.labels(ending).inc()
