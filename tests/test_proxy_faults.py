@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.fake_upstream import (
-    DONE, JsonReply, RawReply, SlowHeaders, SSEReply, chunk, stream_events,
+    DONE, JsonReply, RawReply, RefusingPort, SlowHeaders, SSEReply, chunk, raw_sockets_allowed, stream_events,
 )
 
 pytestmark = pytest.mark.faults
@@ -26,49 +26,29 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_upstream_down_is_502_with_openai_error(make_proxy):
     proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{free_port()}/v1")
-    with pytest.raises(openai.InternalServerError) as caught:
-        proxy.client().chat.completions.create(**CHAT)
-    assert caught.value.status_code == 502
-    assert caught.value.code == "upstream_unavailable"
-    assert caught.value.response.headers["x-memory-status"] == "off"
-    with pytest.raises(openai.InternalServerError):
-        proxy.client().chat.completions.create(**CHAT, stream=True)
+    for stream in (False, True):  # RELIABILITY 5.2 case 1: streaming and not, the same answer
+        with pytest.raises(openai.InternalServerError) as caught:
+            answer = proxy.client().chat.completions.create(**CHAT, stream=stream)
+            list(answer)  # a stream that did open would be read (and must not have)
+        assert caught.value.status_code == 502
+        assert caught.value.code == "upstream_unavailable"
+        assert caught.value.response.headers["x-memory-proxy-error"] == "upstream_unavailable"
+        assert caught.value.response.headers["x-memory-status"] == "off"
     with proxy.http() as http:
         assert http.get("/v1/models").status_code == 502
 
 
+@pytest.mark.skipif(not raw_sockets_allowed(), reason="counting refused connects needs a raw socket (CAP_NET_RAW)")
 def test_sdk_retries_on_502_without_amplification(make_proxy):
-    port = free_port()
-    attempts = []
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", port))
-    listener.listen(16)
-    listener.settimeout(0.05)
-    proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{port}/v1")
-
-    def accept_and_drop() -> None:
-        try:
-            conn, _ = listener.accept()
-            attempts.append(1)
-            conn.close()
-        except OSError:
-            pass
-
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            accept_and_drop()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
+    # RELIABILITY 5.2 case 1: with max_retries=2 the upstream sees at most 3 refused attempts
+    # (the SDK's three, memproxy adding none), counted as SYNs to a port where nothing listens.
+    port = RefusingPort(free_port())
+    proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{port.port}/v1")
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=2)
-    with pytest.raises(openai.InternalServerError):
+    with port.watching(), pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(**CHAT)
-    stop.set()
-    thread.join()
-    listener.close()
-    assert len(attempts) == 3  # one per SDK attempt: memproxy adds no retry of its own
+    assert (caught.value.status_code, caught.value.code) == (502, "upstream_unavailable")
+    assert (port.syns, port.resets, port.accepted) == (3, 3, 0)  # one refused connect per SDK attempt
 
 
 def test_headers_never_come_is_504(make_proxy, fake):
