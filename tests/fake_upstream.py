@@ -105,6 +105,7 @@ class SSEReply(Reply):
     reset_after: int | None = None  # abort (RST) after this many events
     stall_after: int | None = None  # stop writing (keep the socket open) after this many
     headers: list[tuple[str, str]] = field(default_factory=list)
+    written: list[float] = field(default_factory=list)  # when each event was written (time.monotonic())
 
     async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
         head = [("content-type", "text/event-stream"), ("transfer-encoding", "chunked")] + self.headers
@@ -121,6 +122,7 @@ class SSEReply(Reply):
                 await _idle(writer, 3600)
             if self.delay:
                 await asyncio.sleep(self.delay)
+            self.written.append(time.monotonic())
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
         writer.write(b"0\r\n\r\n")

@@ -183,16 +183,29 @@ def test_sse_split_everywhere_is_forwarded_byte_identical(proxy, fake):
     assert body == raw
 
 
-def test_each_event_forwarded_as_it_arrives(proxy, fake):
-    fake.queue(SSEReply(stream_events(pieces=5), delay=0.2))
-    arrivals = []
-    with proxy.http() as http:
-        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
-            for piece in response.iter_raw():
-                arrivals.append((time.monotonic(), piece))
-    # 8 events 200 ms apart: every one arrives on its own, long before the stream ends.
-    assert len(arrivals) >= 8
-    assert arrivals[-1][0] - arrivals[0][0] > 1.0
+@pytest.mark.parametrize("headers", [{}, {"x-memory-user": "alice"}], ids=["memory off", "memory on"])
+def test_each_event_reaches_the_client_before_the_upstream_writes_the_next(proxy, fake, headers):
+    # RELIABILITY 5.2 case 4: no chunk is held back. The mock writes an event every 150 ms
+    # and notes when; the client notes when each event is whole. An event that waited for
+    # the next one (a buffer, a coalescing read) arrives after the mock wrote that next one.
+    events = stream_events(pieces=5)
+    reply = SSEReply(events, delay=0.15)
+    fake.queue(reply)
+    arrived, buffer = [], b""
+    with proxy.http() as http, http.stream("POST", "/v1/chat/completions", headers=headers,
+                                           json={**CHAT, "stream": True}) as response:
+        for piece in response.iter_raw():
+            now = time.monotonic()
+            buffer += piece
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                if not event.startswith(b":"):  # a `: ping` comment is not the provider's
+                    arrived.append((now, event + b"\n\n"))
+    assert [event for _, event in arrived] == events
+    written = reply.written
+    late = [(i, round(at - written[i], 3)) for i, (at, _) in enumerate(arrived[:-1]) if at >= written[i + 1]]
+    assert late == [], late  # (event, seconds after the mock wrote it) for each one held back
+    assert all(at >= written[i] for i, (at, _) in enumerate(arrived))  # the clocks agree
 
 
 def test_client_disconnect_cancels_upstream(proxy, fake, caplog):
