@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -19,6 +20,7 @@ from tests.conftest import free_port
 from tests.fake_upstream import (
     DONE, JsonReply, RawReply, RefusingPort, SlowHeaders, SSEReply, chunk, raw_sockets_allowed, stream_events,
 )
+from tests.proxy_db import eventually
 
 pytestmark = pytest.mark.faults
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -288,6 +290,57 @@ def test_many_clients_disconnect_mid_stream_under_load(proxy, fake):
     assert fake.wait_idle(10)  # no upstream response left running for a client that left
     assert sum(c.closed is not None for c in fake.connections) >= 32
     assert proxy.client().chat.completions.create(**CHAT).choices[0].message.content == "Hello from upstream"
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _proxy_tasks(proxy) -> int:
+    """How many asyncio tasks the proxy's event loop has (this probe's own included)."""
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    return asyncio.run_coroutine_threadsafe(count(), proxy.server.servers[0].get_loop()).result(5)
+
+
+def _leave_mid_stream(proxy, clients: int, first: int) -> None:
+    """`clients` streamed chat requests at once, each client gone after the first chunk."""
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": f"leaving {i}"}]}
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-memory-user": "alice"}
+                                 ) as response:
+            assert response.status_code == 200
+            await anext(response.aiter_raw())
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30,
+                                     limits=httpx.Limits(max_connections=clients)) as client:
+            await asyncio.gather(*(one(client, first + i) for i in range(clients)))
+
+    asyncio.run(run())
+
+
+def test_a_hundred_clients_leaving_mid_stream_leave_nothing_behind(proxy, fake, caplog):
+    # RELIABILITY 5.2 case 16: after 100 disconnects mid-stream, the upstream connections are
+    # closed and the process's file descriptors and the proxy's asyncio tasks are back at
+    # their level before (a little slack for the store's and the pool's own bookkeeping).
+    for _ in range(110):
+        fake.queue(SSEReply(stream_events(pieces=50), delay=0.05))
+    _leave_mid_stream(proxy, 10, first=0)  # warm up: the store, the writer, the pools exist
+    assert fake.wait_closed(10)
+    time.sleep(0.5)
+    fds, tasks = _open_fds(), _proxy_tasks(proxy)
+    fake.reset()
+    for _ in range(100):
+        fake.queue(SSEReply(stream_events(pieces=50), delay=0.05))
+    for batch in range(4):
+        _leave_mid_stream(proxy, 25, first=100 + 25 * batch)
+    assert len(fake.chat_requests()) == 100
+    assert fake.wait_closed(10), [c for c in fake.connections if c.closed is None]  # none left open upstream
+    assert eventually(lambda: _open_fds() <= fds + 3 and _proxy_tasks(proxy) <= tasks + 2, timeout=10), (
+        f"fds {fds} -> {_open_fds()}, tasks {tasks} -> {_proxy_tasks(proxy)}")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_malformed_json_200_forwarded(proxy, fake):
