@@ -224,9 +224,24 @@ def test_secrets_never_reach_the_database_files(mem, fake):
         assert canary.encode() not in blobs
 
 
+def _answer_by_question(request) -> SSEReply | JsonReply:
+    """The fake provider's answer names the question it answers ("answer to locked 3")."""
+    body = request.json()
+    question = body["messages"][-1]["content"].rsplit("\n\n", 1)[-1]  # without any memory block
+    text = f"answer to {question}"
+    return SSEReply(stream_events(text, pieces=3)) if body.get("stream") else JsonReply(completion(text))
+
+
 def test_locked_database_under_load_loses_nothing(make_proxy, fake):
+    # RELIABILITY 5.2 case 20: another connection holds BEGIN EXCLUSIVE while 20 turns run at
+    # once, longer than the store's busy_timeout. Every response completes meanwhile (WAL
+    # readers work, no SQLITE_BUSY reaches a client); once the lock is gone every turn is
+    # stored, `complete`, with its question and its whole answer (turns lost = 0).
     mem = make_proxy()  # the default 100 ms commit wait: a locked store must not slow responses
     path = mem.settings.store.url[len("sqlite:///"):]
+    mem.client(**{"X-Memory-User": "alice"}).chat.completions.create(  # the store exists and is warm
+        model="m", messages=[{"role": "user", "content": "before the lock"}])
+    assert eventually(lambda: len(saved(mem)) == 2)
     locker = sqlite3.connect(path, timeout=1, check_same_thread=False)
     locker.execute("BEGIN EXCLUSIVE")
     released = threading.Event()
@@ -238,15 +253,37 @@ def test_locked_database_under_load_loses_nothing(make_proxy, fake):
         released.set()
 
     threading.Thread(target=release, daemon=True).start()
-    client = mem.client(**{"X-Memory-User": "alice"})
+    fake.queue(*[_answer_by_question] * 20)
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str]:
+        messages = [{"role": "user", "content": f"locked {i}"}]
+        if i % 2:
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
+            return raw.headers["x-memory-status"], raw.parse().choices[0].message.content
+        stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        return stream.response.headers["x-memory-status"], text
+
+    async def run() -> list[tuple[str, str]]:
+        async with mem.async_client(**{"X-Memory-User": "alice"}) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(20)))
+
     started = time.monotonic()
-    for i in range(20):
-        raw = client.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": f"locked {i}"}])
-        assert raw.status_code == 200
-    assert time.monotonic() - started < 6  # responses went out while the lock was held
-    released.wait(10)
-    assert eventually(lambda: len(saved(mem)) == 40, timeout=30)
+    answers = asyncio.run(run())
+    assert time.monotonic() - started < 6 and not released.is_set()  # answered while the lock was held
+    assert answers == [("ok", f"answer to locked {i}") for i in range(20)]
+    assert released.wait(10)
+
+    def stored() -> dict[str, tuple[str, list[tuple[str, str]]]]:
+        turns = {key: (status, []) for key, status in rows(mem, "SELECT turn_key, status FROM turns")}
+        for key, role, content in rows(mem, "SELECT turn_key, role, content FROM messages ORDER BY seq"):
+            turns[key][1].append((role, content))
+        return turns
+
+    expected = sorted([("complete", [("user", f"locked {i}"), ("assistant", f"answer to locked {i}")])
+                       for i in range(20)] + [("complete", [("user", "before the lock"),
+                                                            ("assistant", "Hello from upstream")])])
+    assert eventually(lambda: sorted(stored().values()) == expected, timeout=30), sorted(stored().values())
 
 
 def test_only_text_is_saved_and_blocks_never_come_back(mem, fake):
