@@ -33,6 +33,7 @@ class Received:
     target: str
     headers: list[tuple[str, str]]
     body: bytes
+    at: float = field(default_factory=time.monotonic)  # when it had come whole
 
     def header(self, name: str) -> str | None:
         values = [v for k, v in self.headers if k.lower() == name.lower()]
