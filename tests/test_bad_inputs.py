@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sqlite3
+from contextlib import closing
 
+import asyncpg
 import pytest
 
-from tests.fake_upstream import JsonReply
+from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
+from tests.proxy_db import eventually
 
 MEMORY = {"x-memory-user": "alice"}
 
@@ -67,6 +71,64 @@ def test_unparseable_or_odd_bodies_forwarded_untouched(proxy, fake, body, memory
     if memory == "off":  # nothing of a request memory could not read is kept
         with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
             assert db.execute("SELECT count(*) FROM messages").fetchone() == (0,)
+
+
+def _sqlite_text_is_utf8(path: str) -> list[str]:
+    """Every TEXT value in every table of a SQLite file that is not valid UTF-8 (table.column)."""
+    bad = []
+    with closing(sqlite3.connect(path)) as db:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            for column in [row[1] for row in db.execute(f'PRAGMA table_info("{table}")')]:
+                for (raw,) in db.execute(f'SELECT CAST("{column}" AS BLOB) FROM "{table}"'
+                                         f' WHERE typeof("{column}") = \'text\''):
+                    try:
+                        raw.decode("utf-8")  # strict: a surrogate's bytes (ED A0 80 ...) fail too
+                    except UnicodeDecodeError:
+                        bad.append(f"{table}.{column}")
+    return bad
+
+
+def _stored_messages(proxy) -> list[tuple[str, str]]:
+    url = proxy.settings.store.url
+    query = "SELECT role, content FROM messages WHERE user_id = 'alice' ORDER BY seq"
+    if url.startswith("sqlite:///"):
+        with closing(sqlite3.connect(url[len("sqlite:///"):])) as db:
+            return db.execute(query).fetchall()
+
+    async def fetch() -> list[tuple[str, str]]:
+        conn = await asyncpg.connect(url)
+        try:
+            return [tuple(row) for row in await conn.fetch(query)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_lone_surrogate_or_nul_is_stored_as_valid_utf8(make_proxy, fake, request, store):
+    # RELIABILITY B6: a lone surrogate is valid JSON (as a \u escape) but has no UTF-8 form;
+    # NUL is valid UTF-8 but PostgreSQL text refuses it. Neither is a 500, both turns are
+    # saved, and the store holds valid UTF-8: U+FFFD for the surrogate (and, on PostgreSQL,
+    # for NUL), whether it came from the client, the provider's JSON or its stream.
+    overrides = {"store__url": request.getfixturevalue("pg_url")} if store == "postgres" else {}
+    proxy = make_proxy(memory__commit_timeout_ms=5000, **overrides)
+    fake.queue(JsonReply(completion("answer \udfff and \u0000 too")),
+               SSEReply(stream_events("streamed \ud83d half an emoji", pieces=2)))
+    for stream, text in ((False, "lone \ud800 and nul \u0000 inside"), (True, "again \udc00 alone")):
+        body = json.dumps({"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]})
+        assert "\\ud800" in body or "\\udc00" in body  # sent as the escape, as a client's JSON would
+        with proxy.http() as http:
+            response = http.post("/v1/chat/completions", content=body.encode(),
+                                 headers={"content-type": "application/json", **MEMORY})
+        assert response.status_code == 200 and response.headers["x-memory-status"] == "ok"
+    nul = "\x00" if store == "sqlite" else "\ufffd"  # valid UTF-8, kept where the store can hold it
+    expected = [("user", f"lone \ufffd and nul {nul} inside"), ("assistant", f"answer \ufffd and {nul} too"),
+                ("user", "again \ufffd alone"), ("assistant", "streamed \ufffd half an emoji")]
+    assert eventually(lambda: _stored_messages(proxy) == expected), _stored_messages(proxy)
+    if store == "sqlite":
+        assert _sqlite_text_is_utf8(proxy.settings.store.url[len("sqlite:///"):]) == []
 
 
 def test_declared_oversize_body_is_413_before_reading(make_proxy, fake):
