@@ -8,6 +8,7 @@ that never come. It records every request it receives and when connections open 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gzip
 import hashlib
 import json
@@ -16,7 +17,8 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,7 @@ class Received:
     target: str
     headers: list[tuple[str, str]]
     body: bytes
+    at: float = field(default_factory=time.monotonic)  # when it had come whole
 
     def header(self, name: str) -> str | None:
         values = [v for k, v in self.headers if k.lower() == name.lower()]
@@ -103,6 +106,7 @@ class SSEReply(Reply):
     reset_after: int | None = None  # abort (RST) after this many events
     stall_after: int | None = None  # stop writing (keep the socket open) after this many
     headers: list[tuple[str, str]] = field(default_factory=list)
+    written: list[float] = field(default_factory=list)  # when each event was written (time.monotonic())
 
     async def write(self, request: Received, writer: asyncio.StreamWriter) -> bool:
         head = [("content-type", "text/event-stream"), ("transfer-encoding", "chunked")] + self.headers
@@ -119,6 +123,7 @@ class SSEReply(Reply):
                 await _idle(writer, 3600)
             if self.delay:
                 await asyncio.sleep(self.delay)
+            self.written.append(time.monotonic())
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
@@ -365,6 +370,90 @@ class FakeUpstream:
             connection.closed = time.monotonic()
             if not writer.is_closing():
                 writer.close()
+
+
+class RefusingPort:
+    """A local port where nothing listens, counting the connection attempts made to it.
+
+    A refused connect never reaches user space, so the attempts are seen on the wire: a raw
+    socket (CAP_NET_RAW) gets a copy of every TCP segment on loopback, and each SYN to the
+    port is one attempt, each RST back one refusal.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.syns = 0
+        self.resets = 0
+        self.accepted = 0  # SYN-ACKs: a connection something accepted (never, on a refusing port)
+
+    @contextmanager
+    def watching(self) -> Iterator[RefusingPort]:
+        """Count segments while the block runs (and a moment after, for the last ones)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+        program = _port_filter(self.port)  # kept alive while the socket uses it
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER,
+                        struct.pack("HL", len(program) // 8, ctypes.addressof(program)))
+        sock.setblocking(False)
+        try:  # what came before the filter was attached
+            while sock.recv(65535):
+                pass
+        except BlockingIOError:
+            pass
+        sock.settimeout(0.05)
+        stop = threading.Event()
+        thread = threading.Thread(target=self._sniff, args=(sock, stop), daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            time.sleep(0.2)
+            stop.set()
+            thread.join(5)
+            sock.close()
+
+    def _sniff(self, sock: socket.socket, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                packet = sock.recv(65535)
+            except TimeoutError:
+                continue
+            offset = (packet[0] & 0x0F) * 4  # past the IPv4 header
+            source, target = struct.unpack("!HH", packet[offset:offset + 4])
+            flags = packet[offset + 13]
+            syn, rst, ack = flags & 0x02, flags & 0x04, flags & 0x10
+            if target == self.port and syn and not ack:
+                self.syns += 1
+            elif source == self.port and syn and ack:
+                self.accepted += 1
+            elif source == self.port and rst:
+                self.resets += 1
+
+
+_SO_ATTACH_FILTER = 26
+
+
+def _port_filter(port: int) -> ctypes.Array[ctypes.c_char]:
+    """A classic BPF program keeping the TCP segments from or to `port` (the kernel drops the
+    rest, so a busy loopback cannot fill the raw socket's buffer)."""
+    code = [
+        (0xB1, 0, 0, 0),  # ldxb 4*([0]&0xf): X = the IPv4 header's length
+        (0x48, 0, 0, 0),  # ldh [x+0]: the source port
+        (0x15, 3, 0, port),  # jeq port: keep
+        (0x48, 0, 0, 2),  # ldh [x+2]: the destination port
+        (0x15, 1, 0, port),  # jeq port: keep
+        (0x06, 0, 0, 0),  # ret 0: drop
+        (0x06, 0, 0, 0xFFFF),  # ret 65535: keep
+    ]
+    return ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in code))
+
+
+def raw_sockets_allowed() -> bool:
+    """Whether this process may open a raw socket (RefusingPort needs one)."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP).close()
+    except PermissionError:
+        return False
+    return True
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Received | None:

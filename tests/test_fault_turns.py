@@ -263,6 +263,26 @@ def test_a_json_body_cut_after_its_headers_closes_the_connection_quietly(make_pr
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+@pytest.mark.parametrize("headers", [{}, USER], ids=["memory off", "memory on"])
+def test_a_stream_reset_mid_way_is_logged_as_an_expected_event(make_proxy, fake, caplog, headers):
+    # RELIABILITY 5.2 case 12: a connection reset (RST) mid-stream ends with the truncation
+    # event, and it is an expected event: nothing at ERROR, no traceback, in any logger.
+    caplog.set_level(logging.DEBUG)
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    events = stream_events(pieces=4)
+    fake.queue(SSEReply(events, reset_after=3))
+    with proxy.http() as http:
+        body = http.post("/v1/chat/completions", headers=headers,
+                         json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "reset"}]}).content
+    assert body.startswith(b"".join(events[:3])) and body.endswith(b'"code":"stream_truncated"}}\n\n')
+    if headers:
+        only_the_question_saved(proxy, "reset", "truncated")  # the turn's write has run, too
+    assert eventually(lambda: [getattr(r, "outcome", None) for r in caplog.records if r.getMessage() == "request"])
+    assert any(r.getMessage() == "upstream stream cut: stream_truncated" for r in caplog.records)  # seen, at INFO
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.exc_info] == []
+
+
 def test_a_silent_stream_gets_pings_between_events_and_the_answer_is_untouched(make_proxy, fake):
     # RELIABILITY 1.4 and case 4: while the model is silent, `: ping` comments keep the
     # connection's idle timers from firing; never inside an event, and the SDK skips them.

@@ -6,10 +6,13 @@ import asyncio
 import gzip
 import json
 import sqlite3
+import threading
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from datetime import datetime, timezone
 
+import asyncpg
 import pytest
 
 from tests.fake_upstream import JsonReply, RawReply, SSEReply, completion, stream_events
@@ -343,6 +346,68 @@ def test_a_hanging_source_leaves_the_request_on_time_with_the_others_block(make_
     assert raw.headers["x-memory-status"] == "ok"
     assert "The kayak rental opens at eight." in last_user_content(fake)
     assert elapsed < 1.5  # the budget and the request itself, not the 5 s the source would take
+
+
+# What PostgreSQL's sources read: the searchable tables and their BM25 index. The turn
+# lookup before them (turns, conversations) is left free.
+SOURCE_TABLES = ("entities", "relationships", "messages", "reasoning", "term_stats", "lexicon_stats",
+                 "message_postings", "entity_postings", "reasoning_postings")
+
+
+@contextmanager
+def tables_locked(url: str, tables: tuple[str, ...]) -> Iterator[None]:
+    """Another session holds ACCESS EXCLUSIVE locks on `tables`: every read of them waits."""
+    locked, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            async with conn.transaction():
+                await conn.execute(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                await asyncio.to_thread(release.wait, 30)
+        finally:
+            await conn.close()
+
+    holder = threading.Thread(target=asyncio.run, args=(hold(),), daemon=True)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_when_every_source_is_slow_the_request_goes_on_at_the_budget_without_memory(make_proxy, fake, pg_url):
+    # RELIABILITY 5.2 case 27 with nothing to wait for: every source's tables are locked by
+    # another PostgreSQL session, so no source can answer. The request still reaches the
+    # upstream within the recall budget (plus a margin for a loaded machine, far below the
+    # lock's length), without a block, and the client is told why.
+    budget_ms = 500
+    # The default commit wait: the answer's commit blocks on the locked tables too, and the
+    # response must not wait for it longer than memory.commit_timeout_ms.
+    proxy = make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=budget_ms, extraction__from_roles=[])
+    teach(proxy, "The kayak rental opens at eight.")
+    question = "when does the kayak rental open?"
+    client = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "teach-0"})
+
+    with proxy.http() as http:
+        assert eventually(lambda: len(http.get("/memory/v1/users/alice/conversations/teach-0/messages")
+                                       .json()["data"]) == 2)  # the fact and its answer are saved
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": question}])
+    assert raw.headers["x-memory-status"] == "ok"  # unlocked, the sources find the fact
+    assert "The kayak rental opens at eight." in last_user_content(fake)
+    with tables_locked(pg_url, SOURCE_TABLES):
+        started = time.monotonic()
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": question + " (again)"}])
+        upstream_at = fake.chat_requests()[-1].at - started
+    assert raw.status_code == 200 and raw.parse().choices[0].message.content == "Hello from upstream"
+    assert raw.headers["x-memory-status"] == "degraded: retrieval timeout"
+    assert raw.headers["x-memory-injected"] == "0"
+    assert last_user_content(fake) == question + " (again)"  # sent on without memory
+    assert upstream_at < budget_ms / 1000 + 0.5, upstream_at  # the budget, not the lock's 30 s
 
 
 def test_stream_with_memory_is_forwarded_byte_identical(mem, fake):

@@ -9,11 +9,14 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import openai
 import pytest
 
 from proxy.logs import JsonFormatter
+from tests.extraction_helpers import extracted
 from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
 from tests.proxy_db import eventually, rows
 
@@ -203,6 +206,90 @@ def test_fifty_concurrent_turns(mem, fake, users):
     assert rows(mem, "SELECT count(DISTINCT conversation_id) FROM turns") == [(50,)]  # fifty separate chats
 
 
+# Facts with entities several turns share (Maria, Tomas, the user's own node), so turns
+# applied at once must merge into the same nodes and edges a one-at-a-time run makes.
+FACTS = [
+    "My sister Maria lives in Lisbon.", "I like hiking with my friend Tomas.",
+    "Priya Natarajan works at Globex Corporation.", "I prefer green tea over coffee.",
+    "My brother Kenji studies at Kyoto University.", "Jonas Weber lives in Berlin.",
+    "I visited Reykjavik with Maria last spring.", "My manager Sofia Alvarez works at Initech.",
+    "Maria works at Lisbon Harbour Authority.", "Tomas lives in Porto.",
+]
+
+
+def _sql(proxy, query: str, *args) -> list[tuple]:
+    """Rows of one query on the proxy's own store, SQLite or PostgreSQL."""
+    url = proxy.settings.store.url
+    if url.startswith("sqlite:///"):
+        return rows(proxy, query.replace("$1", "?"), args)
+
+    async def fetch() -> list[tuple]:
+        conn = await asyncpg.connect(url)
+        try:
+            return [tuple(row) for row in await conn.fetch(query, *args)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
+
+
+def _graph(proxy, user: str) -> dict[str, Any]:
+    """The user's graph as the export API gives it, once extraction has drained."""
+    assert extracted(proxy)["extraction_queue"] == {"pending": 0, "parked": 0}
+    with proxy.http() as http:
+        records = [json.loads(line) for line in http.get(f"/memory/v1/users/{user}/export").text.splitlines()]
+    # Each node and edge with what every merge into it adds: the messages that stated it
+    # (provenance) and the parts of its description. An update lost to a concurrent one
+    # shows as a shorter list here; the order of arrival (which may differ) is not compared.
+    entities = sorted((r["name"].lower(), r["type"], len(r["provenance"]), sorted(r["description"].split(" | ")))
+                      for r in records if r["kind"] == "entity")
+    edges = sorted((r["from"].lower(), r["type"], r["to"].lower(), r["invalid_at"] is None, len(r["provenance"]))
+                   for r in records if r["kind"] == "relationship")
+    return {"entities": len(entities), "relationships": len(edges), "valid": sum(e[3] for e in edges),
+            "mentions": sum(e[2] for e in entities), "nodes": entities, "edges": edges}
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_fifty_concurrent_turns_of_one_user_build_the_graph_a_sequential_run_builds(make_proxy, fake, request, store):
+    # RELIABILITY 5.2 case 25, with SPEC 3's retry window: the same text is each time said in a
+    # conversation of its own (in one conversation within memory.retry_window_s it would be a
+    # retry of one turn). 50 turns at once in one scope make 50 `complete` turns, and the graph
+    # equals the one the same turns make one after another (another user of the same store).
+    overrides = {"store__url": request.getfixturevalue("pg_url")} if store == "postgres" else {}
+    proxy = make_proxy(memory__commit_timeout_ms=5000, **overrides)
+    turns = [(f"c{i}", FACTS[i % len(FACTS)]) for i in range(50)]  # each text five times
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> None:
+        conversation, text = turns[i]
+        messages = [{"role": "user", "content": text}]
+        headers = {"X-Memory-Conversation": conversation}
+        if i % 2:
+            stream = await client.chat.completions.create(model="m", messages=messages, stream=True,
+                                                          extra_headers=headers)
+            assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == (
+                "Hello from upstream")
+        else:
+            answer = await client.chat.completions.create(model="m", messages=messages, extra_headers=headers)
+            assert answer.choices[0].message.content == "Hello from upstream"
+
+    async def at_once() -> None:
+        async with proxy.async_client(**{"X-Memory-User": "parallel"}) as client:
+            await asyncio.gather(*(one(client, i) for i in range(50)))
+
+    asyncio.run(at_once())
+    one_by_one = proxy.client(**{"X-Memory-User": "sequential"})
+    for conversation, text in turns:
+        one_by_one.chat.completions.create(model="m", messages=[{"role": "user", "content": text}],
+                                           extra_headers={"X-Memory-Conversation": conversation})
+    statuses = "SELECT user_id, status, count(*) FROM turns GROUP BY user_id, status ORDER BY user_id"
+    assert eventually(lambda: _sql(proxy, statuses) == [("parallel", "complete", 50), ("sequential", "complete", 50)])
+    said = "SELECT content FROM messages WHERE user_id = $1 AND role = 'user' ORDER BY content"
+    assert [text for (text,) in _sql(proxy, said, "parallel")] == sorted(text for _, text in turns)
+    parallel, sequential = _graph(proxy, "parallel"), _graph(proxy, "sequential")
+    assert parallel["entities"] >= 15 and parallel["relationships"] >= 10  # a graph worth comparing
+    assert parallel == sequential
+
+
 SECRETS = {
     "openai": "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
     "aws": "AKIAIOSFODNN7EXAMPLE",
@@ -224,9 +311,24 @@ def test_secrets_never_reach_the_database_files(mem, fake):
         assert canary.encode() not in blobs
 
 
+def _answer_by_question(request) -> SSEReply | JsonReply:
+    """The fake provider's answer names the question it answers ("answer to locked 3")."""
+    body = request.json()
+    question = body["messages"][-1]["content"].rsplit("\n\n", 1)[-1]  # without any memory block
+    text = f"answer to {question}"
+    return SSEReply(stream_events(text, pieces=3)) if body.get("stream") else JsonReply(completion(text))
+
+
 def test_locked_database_under_load_loses_nothing(make_proxy, fake):
+    # RELIABILITY 5.2 case 20: another connection holds BEGIN EXCLUSIVE while 20 turns run at
+    # once, longer than the store's busy_timeout. Every response completes meanwhile (WAL
+    # readers work, no SQLITE_BUSY reaches a client); once the lock is gone every turn is
+    # stored, `complete`, with its question and its whole answer (turns lost = 0).
     mem = make_proxy()  # the default 100 ms commit wait: a locked store must not slow responses
     path = mem.settings.store.url[len("sqlite:///"):]
+    mem.client(**{"X-Memory-User": "alice"}).chat.completions.create(  # the store exists and is warm
+        model="m", messages=[{"role": "user", "content": "before the lock"}])
+    assert eventually(lambda: len(saved(mem)) == 2)
     locker = sqlite3.connect(path, timeout=1, check_same_thread=False)
     locker.execute("BEGIN EXCLUSIVE")
     released = threading.Event()
@@ -238,15 +340,37 @@ def test_locked_database_under_load_loses_nothing(make_proxy, fake):
         released.set()
 
     threading.Thread(target=release, daemon=True).start()
-    client = mem.client(**{"X-Memory-User": "alice"})
+    fake.queue(*[_answer_by_question] * 20)
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str]:
+        messages = [{"role": "user", "content": f"locked {i}"}]
+        if i % 2:
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
+            return raw.headers["x-memory-status"], raw.parse().choices[0].message.content
+        stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        return stream.response.headers["x-memory-status"], text
+
+    async def run() -> list[tuple[str, str]]:
+        async with mem.async_client(**{"X-Memory-User": "alice"}) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(20)))
+
     started = time.monotonic()
-    for i in range(20):
-        raw = client.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": f"locked {i}"}])
-        assert raw.status_code == 200
-    assert time.monotonic() - started < 6  # responses went out while the lock was held
-    released.wait(10)
-    assert eventually(lambda: len(saved(mem)) == 40, timeout=30)
+    answers = asyncio.run(run())
+    assert time.monotonic() - started < 6 and not released.is_set()  # answered while the lock was held
+    assert answers == [("ok", f"answer to locked {i}") for i in range(20)]
+    assert released.wait(10)
+
+    def stored() -> dict[str, tuple[str, list[tuple[str, str]]]]:
+        turns = {key: (status, []) for key, status in rows(mem, "SELECT turn_key, status FROM turns")}
+        for key, role, content in rows(mem, "SELECT turn_key, role, content FROM messages ORDER BY seq"):
+            turns[key][1].append((role, content))
+        return turns
+
+    expected = sorted([("complete", [("user", f"locked {i}"), ("assistant", f"answer to locked {i}")])
+                       for i in range(20)] + [("complete", [("user", "before the lock"),
+                                                            ("assistant", "Hello from upstream")])])
+    assert eventually(lambda: sorted(stored().values()) == expected, timeout=30), sorted(stored().values())
 
 
 def test_only_text_is_saved_and_blocks_never_come_back(mem, fake):
