@@ -46,11 +46,7 @@ def request_headers(
     X-Memory-* headers are dropped; with our own key the client's Authorization never leaves.
     """
     pairs = list(raw)
-    named = {
-        token.strip().lower().encode()
-        for name, value in pairs if name.lower() == b"connection"
-        for token in value.decode("latin-1").split(",")
-    }
+    named = _named_by_connection(pairs)
     out = []
     for name, value in pairs:
         lower = name.lower()
@@ -65,8 +61,16 @@ def request_headers(
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
-    """The provider's response headers minus hop-by-hop ones."""
-    return [(k.lower(), v) for k, v in headers.raw if k.lower().decode("latin-1") not in HOP_BY_HOP]
+    """The provider's response headers minus hop-by-hop ones, those its Connection header names included."""
+    named = _named_by_connection(headers.raw)
+    return [(k.lower(), v) for k, v in headers.raw
+            if k.lower().decode("latin-1") not in HOP_BY_HOP and k.lower() not in named]
+
+
+def _named_by_connection(pairs: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """The headers a Connection header declares hop-by-hop (RFC 9110 7.6.1), lower case."""
+    return {token.strip().lower().encode() for name, value in pairs if name.lower() == b"connection"
+            for token in value.decode("latin-1").split(",")}
 
 
 @dataclass

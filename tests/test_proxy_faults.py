@@ -163,8 +163,6 @@ def test_upstream_500_passes_through_and_sdk_retries(proxy, fake, headers):
     assert len(fake.chat_requests()) == 1 + 3
 
 
-@pytest.mark.xfail(strict=True, reason="proxy.upstream.response_headers drops only the fixed hop-by-hop names, "
-                   "not the headers a provider's Connection header names (RFC 9110 7.6.1, RELIABILITY 1.8)")
 def test_a_header_the_providers_connection_header_names_is_not_forwarded(proxy, fake):
     fake.queue(JsonReply(ERROR_500, status=500, headers=[("connection", "keep-alive, x-hop-note"),
                                                          ("x-hop-note", "for memproxy's connection only"),
