@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 
 
+class ClientGone(Exception):
+    """The client disconnected before the response was complete (not an error to answer)."""
+
+
 class ProxyError(Exception):
     """An error answered by memproxy itself, never by the provider."""
 

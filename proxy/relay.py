@@ -6,15 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Awaitable, Callable
 
-from proxy.errors import BodyTooLarge, ProxyError, RequestTimeout
+from proxy.errors import BodyTooLarge, ClientGone, ProxyError, RequestTimeout
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-class ClientGone(Exception):
-    """The client disconnected before the response was complete."""
 
 
 class ResponseAborted(Exception):
@@ -24,24 +20,36 @@ class ResponseAborted(Exception):
 
 class Sent:
     """`send`, remembering how much of the response has gone out, so that one the server must
-    stop mid-way (its grace period over) can still be ended properly."""
+    stop mid-way (its grace period over) can still be ended properly.
+
+    What it remembers is what was written: a send cancelled while it waited for the socket
+    to drain wrote nothing (uvicorn writes after the wait).
+    """
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
-        self.event_stream = False
+        self.open_stream = False  # an event stream memproxy may still append an event to
         self.ended = False
         self.tail = b"\n\n"  # the last bytes of the body: whether an event stream stands between events
+        self.error_headers: list[tuple[bytes, bytes]] = []  # what memproxy's own error answer carries
 
     async def __call__(self, message: Message) -> None:
+        await self._send(message)
         if message["type"] == "http.response.start":
             self.started = True
-            self.event_stream = any(name == b"content-type" and value.split(b";")[0].strip().lower()
-                                    == b"text/event-stream" for name, value in message.get("headers", []))
+            self.open_stream = appendable_stream(message.get("headers", []))
         elif message["type"] == "http.response.body":
             self.tail = (self.tail + message.get("body", b"")[-4:])[-4:]  # never a copy of a whole chunk
             self.ended = not message.get("more_body", False)
-        await self._send(message)
+
+
+def appendable_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    """True for an event stream memproxy can add an event (or a ping) to: not one with a
+    Content-Length, nor one compressed (plain bytes inside gzip would break it)."""
+    found = {name.lower(): value.split(b";")[0].strip().lower() for name, value in headers}
+    return (found.get(b"content-type") == b"text/event-stream" and b"content-length" not in found
+            and found.get(b"content-encoding", b"identity") in (b"", b"identity"))
 
 
 def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -179,16 +179,16 @@ async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes
     else:
         cut, tail = await _forward_events(send, response, heartbeat_s)
         if cut is not None:
-            await send({"type": "http.response.body", "body": _cut_event(tail, cut.message, cut.code),
-                        "more_body": True})
+            await _append_cut_event(send, response, tail, cut.message, cut.code)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _forward_events(send: Send, response: Any, heartbeat_s: float,
                           each: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[StreamCut | None, bytes]:
     """An event stream to the client chunk by chunk, with pings while it is silent (`each` sees
-    every chunk first); how it ended (None: whole) and its last bytes."""
-    async with Heartbeat(send, heartbeat_s) as stream:
+    every chunk first); how it ended (None: whole) and its last bytes. A compressed stream gets
+    no pings: plain bytes inside gzip would break it."""
+    async with Heartbeat(send, heartbeat_s if _reader(response) is None else 0.0) as stream:
         try:
             async for chunk in response.chunks():
                 if each is not None:
@@ -238,25 +238,35 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
         await take(decoder.feed(b"\n\n"))
     if isinstance(answer, ChatStreamAccumulator) and answer.malformed:
         recall.bad_events(answer.malformed)  # RELIABILITY 5.2 case 10: counted, never fatal
-    if cut is not None:
-        await _end_cut(send, recall, cut.message, cut.code, tail)
+    if cut is not None and answer.done:
+        log.info("upstream stream cut after [DONE]: ended as whole")  # the answer came complete
+    elif cut is not None:
+        await _end_cut(send, response, recall, cut.message, cut.code, tail)
         return
     if read is not None and read.failed:  # the stream came whole; memproxy could not read it
         recall.failed("unparseable")
     elif answer.error is not None:
         recall.failed("upstream_failed")
     elif not answer.done:
-        await _end_cut(send, recall, "upstream stream ended before completion", "stream_truncated", tail)
+        await _end_cut(send, response, recall, "upstream stream ended before completion", "stream_truncated", tail)
         return
     elif isinstance(answer, ChatStreamAccumulator) and answer.too_large:
         recall.failed("too_large")  # RELIABILITY 1.2: an answer past the bound is not saved cut short
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _end_cut(send: Send, recall: Answerable, message: str, code: str, tail: bytes) -> None:
+async def _end_cut(send: Send, response: Any, recall: Answerable, message: str, code: str, tail: bytes) -> None:
     recall.failed("truncated")
-    await send({"type": "http.response.body", "body": _cut_event(tail, message, code), "more_body": True})
+    await _append_cut_event(send, response, tail, message, code)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _append_cut_event(send: Send, response: Any, tail: bytes, message: str, code: str) -> None:
+    """The error event that tells the SDK a stream was cut; a compressed stream cannot take
+    one (plain bytes inside gzip), so its connection is closed instead: the SDK raises either way."""
+    if _reader(response) is not None:
+        raise ResponseAborted(code)
+    await send({"type": "http.response.body", "body": _cut_event(tail, message, code), "more_body": True})
 
 
 async def end_interrupted(sent: Sent) -> None:
@@ -264,8 +274,8 @@ async def end_interrupted(sent: Sent) -> None:
     nothing went out yet, an error event for a stream; a JSON body half sent is cut off."""
     message = "memproxy is shutting down and could not finish this response"
     if not sent.started:
-        await send_error(sent, ShuttingDown(message))
-    elif sent.event_stream and not sent.ended:
+        await send_error(sent, ShuttingDown(message), sent.error_headers)
+    elif sent.open_stream and not sent.ended:
         await sent({"type": "http.response.body", "more_body": True,
                     "body": _cut_event(sent.tail, message, ShuttingDown.code, ShuttingDown.type)})
         await sent({"type": "http.response.body", "body": b"", "more_body": False})

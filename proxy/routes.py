@@ -11,11 +11,11 @@ import logging
 import time
 from typing import Any
 
-from proxy.errors import BodyTooLarge, NotFound, ProxyError, UpstreamProtocolError, UpstreamTimeout
+from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, UpstreamProtocolError, UpstreamTimeout
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import (
-    ClientGone, DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
+    DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
     send_error,
 )
 from proxy.responses import end_interrupted, readable_body, relay_chat, relay_plain
@@ -46,6 +46,8 @@ class ProxyEndpoint:
         path = _path_after_v1(scope)
         outcome = "ok"
         send = Sent(send)
+        if path == CHAT_PATH:
+            send.error_headers = _status_header("off")  # SPEC 1: every chat response says the memory status
         try:
             if path is None:
                 raise NotFound("no such path")
@@ -106,7 +108,7 @@ class ProxyEndpoint:
         finally:
             self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
-    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> str:
+    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str) -> str:
         resolved = self.scopes.resolve(scope)
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         parsed: ChatRequest | str | None = None
@@ -118,6 +120,7 @@ class ProxyEndpoint:
         try:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
+                send.error_headers = recall.headers()
                 out_body = _with_block(parsed, recall, body)
                 response = await self._send_chat(scope, resolved, out_body, recall, body)
                 try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 import httpx
 
-from proxy.errors import ProxyError, UpstreamConnectTimeout, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ClientGone, ProxyError, UpstreamConnectTimeout, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
 from proxy.transport import AiohttpTransport
 
@@ -199,7 +199,7 @@ class Upstream:
             raise UpstreamTimeout("the upstream did not answer in time") from None
         except httpx.HTTPError as exc:
             if (own := _own_error(exc)) is not None:
-                raise own from None  # the client's body failed as it was sent (408, 413), not the upstream
+                raise own from None  # the client's body failed as it was sent (408, 413, gone), not the upstream
             cause = type(exc.__cause__ or exc).__name__
             if isinstance(exc, httpx.RemoteProtocolError):
                 log.warning("upstream broke the connection before its headers: %s", cause)
@@ -213,11 +213,12 @@ class Upstream:
         await self.transport.aclose()
 
 
-def _own_error(exc: BaseException) -> ProxyError | None:
-    """A ProxyError the request body raised while the transport was sending it, if any."""
+def _own_error(exc: BaseException) -> ProxyError | ClientGone | None:
+    """What the request body raised while the transport was sending it (a ProxyError, or the
+    client leaving mid-upload), if anything."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ProxyError):
+        if isinstance(seen, (ProxyError, ClientGone)):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None

@@ -20,7 +20,7 @@ from tests.conftest import free_port
 from tests.fake_upstream import (
     DONE, JsonReply, RawReply, RefusingPort, SlowHeaders, SSEReply, chunk, raw_sockets_allowed, stream_events,
 )
-from tests.proxy_db import eventually
+from tests.proxy_db import eventually, settled_turns
 
 pytestmark = pytest.mark.faults
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -464,3 +464,32 @@ def test_a_tls_failure_is_a_502_that_names_no_host_or_certificate(make_proxy, ca
         assert detail not in response.text.lower()
     assert any(r.getMessage().startswith("upstream unreachable: ") for r in caplog.records)
     assert handshakes != ["completed"]
+
+
+def test_a_stream_cut_after_done_ends_whole_and_its_turn_stays_complete(make_proxy, fake):
+    # The provider closed after `data: [DONE]` without the chunked body's last chunk: the
+    # answer came whole, so no error event may follow [DONE] (SPEC 3).
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    events = stream_events("hello there")
+    fake.queue(SSEReply(events + [b"data: x\n\n"], cut_after=len(events)))
+    with proxy.http() as http, http.stream("POST", "/v1/chat/completions", headers={"x-memory-user": "alice"},
+                                           json={**CHAT, "stream": True}) as response:
+        body = response.read()
+        found = http.get("/metrics").text
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert settled_turns(proxy, 1) == [("complete",)]
+    assert 'memproxy_answers_total{ending="complete"} 1.0' in found
+    assert 'ending="truncated"' not in found
+
+
+def test_a_client_leaving_mid_upload_is_client_gone_not_an_upstream_failure(proxy, fake, caplog):
+    caplog.set_level(logging.INFO)
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+                     b"content-length: 100000\r\n\r\n" + b"x" * 1000)
+        assert eventually(lambda: len(fake.connections) > 0, timeout=5)
+    assert eventually(lambda: any(getattr(r, "outcome", None) for r in caplog.records
+                                  if r.name == "memproxy.request"), timeout=5)
+    outcomes = [r.outcome for r in caplog.records if r.name == "memproxy.request"]
+    assert outcomes == ["client_gone"]
+    assert not [r for r in caplog.records if r.name == "memproxy.upstream"]

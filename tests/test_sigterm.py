@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sqlite3
+import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.fake_upstream import JsonReply, SlowHeaders, SSEReply, completion, stream_events
+from proxy.relay import Sent
+from tests.fake_upstream import (
+    JsonReply,
+    Reply,
+    SlowHeaders,
+    SSEReply,
+    _head,
+    completion,
+    stream_events,
+)
 from tests.test_crash import start_server
 
 pytestmark = pytest.mark.faults
@@ -109,3 +121,80 @@ def test_at_the_end_of_the_grace_period_a_stream_gets_an_error_event_and_a_waiti
     assert turns == [("interrupted", "question 0"), ("interrupted", "question 1")]
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert [line["msg"] for line in lines if line["level"] == "error"] == []
+
+
+# In process: the test fixture's server stops with a 2 s grace period (tests/conftest.py).
+
+def _stop_later(proxy: Any, after_s: float) -> threading.Thread:
+    def stop() -> None:
+        time.sleep(after_s)
+        proxy.stop()
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    return stopper
+
+
+def test_the_503_at_the_deadline_says_the_memory_status_and_turn(proxy, fake):
+    fake.queue(SlowHeaders(8.0, JsonReply(completion("too late"))))
+    stopper = _stop_later(proxy, 0.5)
+    with proxy.http(timeout=20) as http:
+        answer = http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    stopper.join(15)
+    assert (answer.status_code, answer.headers["x-memory-proxy-error"]) == (503, "server_shutting_down")
+    assert answer.headers["x-memory-status"] == "ok"  # SPEC 1: every chat response says it
+    assert answer.headers["x-memory-turn"]
+
+
+class _EventStream500(Reply):
+    """A 500 sent as an event stream with a Content-Length, whose body stops half way."""
+
+    async def write(self, request: Any, writer: asyncio.StreamWriter) -> bool:
+        body = b'data: {"error": {"message": "boom", "type": "server_error"}}\n\n'
+        writer.write(_head(500, [("content-type", "text/event-stream"), ("content-length", str(len(body)))])
+                     + body[:10])
+        await writer.drain()
+        await asyncio.sleep(30)
+        return False
+
+
+def test_a_sized_event_stream_at_the_deadline_is_closed_without_an_error_traceback(proxy, fake, caplog):
+    # Its Content-Length leaves no room for an event: appending one made uvicorn raise.
+    caplog.set_level(logging.INFO)
+    fake.queue(_EventStream500())
+    stopper = _stop_later(proxy, 0.5)
+    with proxy.http(timeout=20) as http, http.stream(
+            "POST", "/v1/chat/completions", headers={"x-memory-user": "alice"},
+            json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as response:
+        assert response.status_code == 500
+        with pytest.raises(httpx.RemoteProtocolError):  # cut short, as the provider left it
+            response.read()
+    stopper.join(15)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_send_cancelled_while_it_waits_for_the_socket_counts_as_not_sent() -> None:
+    # uvicorn waits for the socket to drain before it writes: a send cancelled there (the grace
+    # period over, a slow reader) wrote nothing, and the error event must not be joined to it.
+    async def body() -> tuple[bytes, bool]:
+        written: list[bytes] = []
+        drained = asyncio.Event()
+
+        async def send(message: dict[str, Any]) -> None:  # as uvicorn's: wait for room, then write
+            await drained.wait()
+            written.append(message.get("body", b""))
+
+        sent = Sent(send)
+        drained.set()
+        await sent({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await sent({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        drained.clear()
+        half = asyncio.create_task(sent({"type": "http.response.body", "body": b"data: {half", "more_body": True}))
+        await asyncio.sleep(0)
+        half.cancel()
+        await asyncio.gather(half, return_exceptions=True)
+        return sent.tail, sent.open_stream
+
+    assert asyncio.run(body()) == (b"{}\n\n", True)  # the tail of what was written, not of the cancelled send
