@@ -7,6 +7,7 @@ both backends (teaching and asking across replicas is in test_replicas.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -32,3 +33,23 @@ def make_proxy(pg_url: str, make_proxy: Callable[..., RunningProxy]) -> Callable
         return make_proxy(**overrides)
 
     return start
+
+
+@pytest.mark.parametrize("call_id", ["call_\u0000x", "call_\ud800x"])
+def test_a_tool_call_id_postgresql_cannot_hold_never_fails_recall(make_proxy, fake, pg_url, call_id):
+    # The lookup sent it as it came: PostgreSQL refused the read, and five such requests of one
+    # user opened the circuit breaker for every user of the replica.
+    proxy = make_proxy(store__url=pg_url)
+    step = {"model": "m", "messages": [
+        {"role": "user", "content": "what is the weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "sunny"}]}
+    with proxy.http() as http:
+        statuses = [http.post("/v1/chat/completions", content=json.dumps(step).encode(),
+                              headers={"x-memory-user": "mallory", "content-type": "application/json"}
+                              ).headers["x-memory-status"] for _ in range(6)]
+        alice = http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi there"}]})
+    assert statuses == ["ok"] * 6
+    assert alice.headers["x-memory-status"] == "ok"

@@ -34,7 +34,7 @@ from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
 from proxy.stores.postgres_queue import claim
 from proxy.stores.postgres_reads import Args, PostgresReads, agent_clause
-from proxy.stores.postgres_rows import turn_from_record, utc
+from proxy.stores.postgres_rows import clean_text, turn_from_record, utc
 from proxy.stores.postgres_schema import migrate
 from proxy.stores.postgres_vectors import PostgresVectors
 
@@ -224,10 +224,12 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         if not call_ids:
             return None
         args = Args()
+        # Cleaned as they were saved: a NUL or lone surrogate from the client failed the read,
+        # and five such requests opened the circuit breaker for every user of the replica.
         rows = await self._fetch(
             f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
             " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
-            f" WHERE c.user_id = {args(scope.user)} AND c.call_id = ANY({args(list(call_ids))}::text[])"
+            f" WHERE c.user_id = {args(scope.user)} AND c.call_id = ANY({args([clean_text(i) for i in call_ids])}::text[])"
             f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
             args,
         )
