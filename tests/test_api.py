@@ -77,6 +77,22 @@ def test_store_a_fact_list_it_and_correct_it(api: httpx.Client) -> None:
         ("long-term", memory["id"], "Prefers aisle seats on trains")]
 
 
+def test_a_long_memory_in_any_script_is_stored_corrected_and_merged(api: httpx.Client) -> None:
+    # PostgreSQL's index refused a merge key of over 2,704 bytes: 1,000 Chinese characters that
+    # do not compress (a repeated one would).
+    long = "".join(chr(0x4E00 + n * 7919 % 20000) for n in range(2000))
+    first = api.post(api_url(USER, "memories"), json={"content": long, "type": "fact"})
+    assert first.status_code == 201, first.text
+    again = api.post(api_url(USER, "memories"), json={"content": long, "type": "fact"})
+    assert again.json()["id"] == first.json()["id"]  # the same text: one memory
+    other = api.post(api_url(USER, "memories"), json={"content": long[:-1] + "忆", "type": "fact"})
+    assert other.json()["id"] != first.json()["id"]  # shares the key's head, not the key
+    corrected = long[500:]
+    fixed = api.patch(api_url(USER, "memories", first.json()["id"]), json={"content": corrected})
+    assert fixed.status_code == 200, fixed.text
+    assert fixed.json()["content"] == corrected
+
+
 def test_the_same_text_stored_twice_is_one_memory(api: httpx.Client) -> None:
     first = api.post(api_url(USER, "memories"), json={"content": "Allergic to peanuts", "type": "fact",
                                                       "tags": ["health"]}).json()

@@ -15,6 +15,7 @@ from tests.conftest import RunningProxy
 from tests.test_api import (  # noqa: F401  (collected here again, against PostgreSQL)
     api,
     loaded,
+    test_a_long_memory_in_any_script_is_stored_corrected_and_merged,
     test_an_interaction_becomes_a_message_of_the_latest_conversation,
     test_conversations_and_messages,
     test_correcting_an_entity_with_a_description_changes_the_description,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ SINGLE_VALUED = frozenset(
 _SPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # those that are not whitespace, once _SPACE has run
 _POSSESSIVE = re.compile(r"(?:'s|'|\.)+$")
+KEY_MAX_CHARS = 200  # 800 bytes at most in UTF-8, with the hash well under PostgreSQL's 2,704
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,15 @@ class Extraction:
 
 def canonical_name(name: str) -> str:
     """The merge key of a name: case folded, whitespace collapsed, control characters and a
-    trailing possessive removed (a NUL in the key made PostgreSQL refuse the whole batch)."""
+    trailing possessive removed (a NUL in the key made PostgreSQL refuse the whole batch).
+
+    A key past KEY_MAX_CHARS is its head and a hash of the whole, so two names share a key
+    only when they are the same, and PostgreSQL's index can hold it (an entry of over 2,704
+    bytes is refused: 1,000 Chinese characters of a memory's text were).
+    """
     folded = _CONTROL.sub("", _SPACE.sub(" ", name.replace("\u2019", "'"))).strip().casefold()
-    return _POSSESSIVE.sub("", folded).rstrip()
+    key = _POSSESSIVE.sub("", folded).rstrip()
+    if len(key) <= KEY_MAX_CHARS:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{key[:KEY_MAX_CHARS]}#{digest}"
