@@ -63,8 +63,10 @@ def _is_identifier(token: str) -> bool:
 
 
 def _whole(token: str) -> str:
-    """An identifier as one index term: lower case, separators folded to `_`."""
-    return _WHOLE_SEPARATORS.sub("_", token.lower())
+    """An identifier as one index term: lower case, Latin accents folded as in words (the
+    Turkish "İ" lowers to "i" and a combining dot, which split the term on PostgreSQL),
+    separators folded to `_`."""
+    return _WHOLE_SEPARATORS.sub("_", _fold(token.lower()))
 
 
 def _words(text: str) -> list[tuple[str, str]]:

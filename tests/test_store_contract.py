@@ -93,6 +93,20 @@ def test_a_pasted_blob_is_saved_and_found_on_both_backends(backend: Backend) -> 
     run(body())
 
 
+def test_an_identifier_with_a_dotted_capital_i_is_found_on_both_backends(backend: Backend) -> None:
+    # "İ" lowers to "i" and a combining dot: PostgreSQL split such a term at the dot and
+    # found nothing.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", "the ticket is İD42 for the ferry"),
+                               start(ALICE, "t2", "an unrelated note about izmir", at=T0 + timedelta(minutes=1))])
+            for query in ("what about İD42?", "id42"):
+                hits = await store.search_messages(ALICE, query_terms(query), limit=5)
+                assert [m.content for m, _ in hits] == ["the ticket is İD42 for the ferry"]
+
+    run(body())
+
+
 def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:
