@@ -107,6 +107,18 @@ def test_an_identifier_with_a_dotted_capital_i_is_found_on_both_backends(backend
     run(body())
 
 
+def test_a_message_with_no_words_leaves_no_empty_token_in_the_context_after_it(backend: Backend) -> None:
+    # PostgreSQL counted the empty token in each following message's length, and BM25 then
+    # ordered those messages unlike SQLite.
+    async def body() -> list[tuple[str]]:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, f"t{n}", text, at=T0 + timedelta(minutes=n))
+                               for n, text in enumerate(["hello world", "\U0001f600\U0001f600", "hello again"])])
+            return await backend.sql("SELECT context FROM messages ORDER BY created_at")
+
+    assert run(body()) == [("",), ("hello world",), ("hello world",)]
+
+
 def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

@@ -392,8 +392,23 @@ ALTER TABLE extraction_queue ADD COLUMN claimed_by text {_C};
 CREATE INDEX extraction_queue_leased ON extraction_queue(user_id, claimed_until) WHERE claimed_until IS NOT NULL;
 """
 
+# v3: a message with no words (emoji only) adds nothing to the context of those after it,
+# where it left an empty token that the index's length counted (sqlite_rows.context_terms).
+_V3 = """
+CREATE OR REPLACE FUNCTION message_context(p_user text, p_conversation text, p_at timestamptz, p_messages integer,
+                                           p_chars integer) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce(string_agg(CASE
+        WHEN length(b.terms) <= p_chars THEN b.terms
+        WHEN strpos(reverse(substr(b.terms, 1, p_chars)), ' ') BETWEEN 1 AND p_chars - 1
+            THEN substr(b.terms, 1, p_chars - strpos(reverse(substr(b.terms, 1, p_chars)), ' '))
+        ELSE substr(b.terms, 1, p_chars) END, ' ' ORDER BY b.created_at, b.seq) FILTER (WHERE b.terms <> ''), '')
+    FROM (SELECT terms, created_at, seq FROM messages WHERE user_id = p_user AND conversation_id = p_conversation
+          AND created_at <= p_at ORDER BY created_at DESC, seq DESC LIMIT p_messages) b
+$$;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

@@ -60,8 +60,9 @@ def index_terms(text: str) -> str:
 
 
 def context_terms(before: Sequence[str]) -> str:
-    """A message's context column: the start of each earlier message's index terms, in order."""
-    return " ".join(_head(terms, CONTEXT_CHARS_PER_MESSAGE) for terms in before)
+    """A message's context column: the start of each earlier message's index terms, in order
+    (one with no terms, emoji only, adds no empty token)."""
+    return " ".join(_head(terms, CONTEXT_CHARS_PER_MESSAGE) for terms in before if terms)
 
 
 def _head(text: str, limit: int) -> str:
