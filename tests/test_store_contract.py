@@ -119,6 +119,24 @@ def test_a_message_with_no_words_leaves_no_empty_token_in_the_context_after_it(b
     assert run(body()) == [("",), ("hello world",), ("hello world",)]
 
 
+def test_a_long_merge_key_stored_whole_before_is_re_keyed_and_merges_again(backend: Backend) -> None:
+    # Keys past 200 characters became a head and a hash (4742054): an entity stored before
+    # with its whole key would never have merged again (found by review). Migration v4 re-keys.
+    text = "Alice keeps her notes in a long sentence " * 8  # 328 characters, its own name
+
+    async def body() -> list[tuple[Any, ...]]:
+        async with backend.opened() as store:
+            await store.apply([StoreMemory(ALICE, "m1", text, "fact", T0, tags=("a",))])
+        whole = " ".join(text.split()).casefold()  # the key as memproxy kept it before
+        await backend.sql("UPDATE entities SET canonical_name = ? WHERE id = 'm1'", whole)
+        await backend.sql("DELETE FROM schema_version WHERE version = 4")
+        async with backend.opened() as store:  # migrates: v4 again
+            await store.apply([StoreMemory(ALICE, "m2", text, "fact", T0 + timedelta(minutes=1), tags=("b",))])
+        return await backend.sql("SELECT id, tags FROM entities ORDER BY id")
+
+    assert run(body()) == [("m1", '["a", "b"]')]
+
+
 def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from proxy.memory.extraction.model import KEY_MAX_CHARS
 from proxy.stores.sqlite_rows import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
 
 # pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
@@ -407,8 +408,17 @@ CREATE OR REPLACE FUNCTION message_context(p_user text, p_conversation text, p_a
 $$;
 """
 
+# v4: a merge key past KEY_MAX_CHARS is its head and a hash (extraction/model.py
+# bounded_key, computed the same way here): keys stored whole before are re-keyed, or their
+# entities would never merge again.
+_V4 = f"""
+UPDATE entities SET canonical_name = left(canonical_name, {KEY_MAX_CHARS}) || '#'
+    || left(encode(sha256(convert_to(canonical_name, 'UTF8')), 'hex'), 32)
+    WHERE length(canonical_name) > {KEY_MAX_CHARS};
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

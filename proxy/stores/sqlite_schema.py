@@ -18,6 +18,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from proxy.memory.extraction.model import KEY_MAX_CHARS, bounded_key
+
 # `_` is a token character so identifier terms (`internal_hbr_2291_example`) stay whole.
 _TOKENIZE = "tokenize = \"unicode61 tokenchars '_'\""
 
@@ -249,8 +251,15 @@ _V3 = """
 CREATE INDEX entities_type ON entities(user_id, type);
 """
 
+# v4: a merge key past KEY_MAX_CHARS is its head and a hash (extraction/model.py
+# bounded_key): keys stored whole before are re-keyed, or their entities would never
+# merge again.
+_V4 = f"""
+UPDATE entities SET canonical_name = memproxy_bounded_key(canonical_name) WHERE length(canonical_name) > {KEY_MAX_CHARS};
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
@@ -272,6 +281,7 @@ def statements(script: str) -> list[str]:
 def migrate(conn: sqlite3.Connection) -> int:
     """Bring the schema up to date in one IMMEDIATE transaction; return its version."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    conn.create_function("memproxy_bounded_key", 1, bounded_key, deterministic=True)
     # IMMEDIATE, then read the version: two processes opening at once migrate once.
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -73,7 +73,11 @@ def canonical_name(name: str) -> str:
     bytes is refused: 1,000 Chinese characters of a memory's text were).
     """
     folded = _CONTROL.sub("", _SPACE.sub(" ", name.replace("\u2019", "'"))).strip().casefold()
-    key = _POSSESSIVE.sub("", folded).rstrip()
+    return bounded_key(_POSSESSIVE.sub("", folded).rstrip())
+
+
+def bounded_key(key: str) -> str:
+    """A merge key of at most KEY_MAX_CHARS and a hash (the stores' migrations re-key with it)."""
     if len(key) <= KEY_MAX_CHARS:
         return key
     digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
