@@ -1,5 +1,5 @@
-"""Search cost bounds on SQLite (conversation filter, common terms, term counts), the user's node and
-bounded edge reads on both backends, and the read pool."""
+"""Search cost bounds (conversation filter and term counts on SQLite; common terms on both
+backends), the user's node and bounded edge reads on both backends, and the read pool."""
 
 from __future__ import annotations
 
@@ -223,13 +223,40 @@ def test_a_common_rarest_term_scores_only_its_newest_rows(tmp_path: Path) -> Non
     run(body())
 
 
-def test_entity_search_is_bounded_like_message_search(tmp_path: Path) -> None:
-    path = tmp_path / "m.db"
+def test_every_store_scores_only_the_newest_rows_saying_a_common_rarest_term(backend: Backend) -> None:  # noqa: F811
+    """Both stores: past SMALL_INDEX_ROWS, when the rarest term alone overflows the budget, the
+    newest budget's worth of visible rows saying it are scored; an older, better hit is not."""
     rows = SMALL_INDEX_ROWS + 500
     budget = candidate_budget(rows)
 
     async def body() -> None:
-        async with SQLiteStoreOpened(path) as store:
+        async with backend.opened() as store:
+            # "budget" in every other row (the rarest term), "deadline" in all; the oldest
+            # row says "budget" three times, so it would score best if it were scored.
+            ops = [said(ALICE, 0, "budget budget budget deadline", "c0")]
+            ops += [said(ALICE, n, f"the deadline {n}" + (" budget" if n % 2 else ""), f"c{n % 40}")
+                    for n in range(1, rows)]
+            await store.apply(ops + [said(BOB, 9000 + n, "bob budget deadline", "b") for n in range(3)])
+            hits = await store.search_messages(ALICE, ["budget", "deadlin"], limit=rows)
+            assert len(hits) == budget
+            newest = [f"the deadline {n} budget" for n in range(rows - 1, 0, -2)][:budget]
+            assert {m.content for m, _ in hits} == set(newest)
+            assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+            # Another conversation left out: its rows never take the budget's places.
+            left_out = await store.search_messages(ALICE, ["budget", "deadlin"], exclude_conversation_id="c1",
+                                                   limit=rows)
+            assert len(left_out) == budget
+            assert all(m.conversation_id != "c1" for m, _ in left_out)
+
+    run(body())
+
+
+def test_entity_search_is_bounded_like_message_search(backend: Backend) -> None:  # noqa: F811
+    rows = SMALL_INDEX_ROWS + 500
+    budget = candidate_budget(rows)
+
+    async def body() -> None:
+        async with backend.opened() as store:
             await store.apply([StoreMemory(ALICE, f"m{n}", f"I prefer tool{n} for project {n}", "fact", T0)
                                for n in range(rows)])
             await store.apply([StoreMemory(ALICE, "z1", "I prefer zanzibar for everything", "fact", T0),
@@ -262,8 +289,7 @@ def test_a_store_that_grows_while_searched_becomes_bounded(tmp_path: Path) -> No
     run(body())
 
 
-def test_reasoning_search_is_bounded_like_message_search(tmp_path: Path) -> None:
-    path = tmp_path / "m.db"
+def test_reasoning_search_is_bounded_like_message_search(backend: Backend) -> None:  # noqa: F811
     rows = SMALL_INDEX_ROWS + 500
     budget = candidate_budget(rows)
     step = (ReasoningStep("lookup", "{}", "ok"),)
@@ -273,7 +299,7 @@ def test_reasoning_search_is_bounded_like_message_search(tmp_path: Path) -> None
                           task=task, steps=step)
 
     async def body() -> None:
-        async with SQLiteStoreOpened(path) as store:
+        async with backend.opened() as store:
             await store.apply([traced(ALICE, n, f"deploy service {n}") for n in range(rows)])
             await store.apply([traced(ALICE, rows, "deploy the zanzibar service"),
                                traced(BOB, 1, "deploy zanzibar too")])

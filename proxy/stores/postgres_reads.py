@@ -5,6 +5,12 @@ postgres_schema.py: per-user counts (term_stats, lexicon_stats) give each term's
 frequency, N and the mean length; the query terms' postings, read through their primary
 key, give each candidate's term frequency and length; all in the same statement (so the
 same snapshot), and no process keeps an index that could go stale.
+
+A whole-history search is bounded as on SQLite (sqlite_search.py): past SMALL_INDEX_ROWS
+items of the user, only the rarer query terms find candidates (candidate_terms), and when
+even the rarest is said by more items than candidate_budget, only the newest budget's worth
+the search may return (newest_candidates, read newest first through the postings' key) are
+scored, still by BM25 over every term with the user's statistics.
 """
 
 from __future__ import annotations
@@ -28,7 +34,11 @@ from proxy.stores.postgres_rows import (
     trace_from_record,
 )
 from proxy.stores.sqlite_facts import USER_TYPE
-from proxy.stores.sqlite_search import candidate_terms
+from proxy.stores.sqlite_search import (
+    SMALL_INDEX_ROWS,
+    candidate_budget,
+    candidate_terms,
+)
 
 EXPORT_PAGE = 500
 _TERM = re.compile(r"\w+")  # letters and digits of any script, and "_", as the index text splits
@@ -69,9 +79,12 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     user, wanted = args(scope.user), args(terms)
     postings = f"{kind}_postings p"
     if candidates:
-        # Materialised, so the plan starts from the (few) candidates and probes their postings
-        # by key: left to itself the planner walked a common term's postings instead.
-        postings = f"cand JOIN {kind}_postings p ON p.doc = cand.doc"
+        # Materialised, and each candidate's postings read by key (LATERAL), so the plan starts
+        # from the (few) candidates: left to itself the planner walked a common term's postings
+        # (16,000 of them for a budget of 480) and hashed them against the candidates; OFFSET 0
+        # keeps it from flattening the LATERAL back into that join.
+        postings = (f"cand CROSS JOIN LATERAL (SELECT * FROM {kind}_postings q WHERE q.user_id = {user}"
+                    f" AND q.term = ANY({wanted}::text[]) AND q.doc = cand.doc OFFSET 0) p")
         candidates = f" cand AS MATERIALIZED (SELECT DISTINCT c.doc FROM ({candidates}) c(doc)),"
     best = "" if keep is None else f" LIMIT {keep}"
     return (
@@ -88,6 +101,21 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
         f" WHERE {alias}.user_id = {user}{where} ORDER BY best.score DESC, {alias}.seq DESC LIMIT {args(limit)}"
     )
 
+
+
+def newest_candidates(kind: str, table: str, args: Args, scope: Scope, kept: list[str], most: int,
+                      visible: str = "") -> str:
+    """The newest `most` items of the user (those `visible`, a filter on `table` aliased v) saying a kept term.
+
+    Each term's postings are read newest first through their primary key (user, term, doc),
+    at most `most` of them, so the cost is bounded whatever the history's length.
+    """
+    user = args(scope.user)
+    owner = f" JOIN {table} v ON v.seq = f.doc AND v.user_id = {user}" if visible else ""
+    limit = args(most)
+    return (f"SELECT DISTINCT c.doc FROM unnest({args(kept)}::text[]) k(term) CROSS JOIN LATERAL"
+            f" (SELECT f.doc FROM {kind}_postings f{owner} WHERE f.user_id = {user} AND f.term = k.term"
+            f" AND f.finds{visible} ORDER BY f.doc DESC LIMIT {limit}) c ORDER BY c.doc DESC LIMIT {limit}")
 
 _RELATIONSHIP_SELECT = (
     "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
@@ -215,8 +243,21 @@ class PostgresReads:
         where = agent
         if exclude_conversation_id is not None:
             where += f" AND m.conversation_id <> {args(exclude_conversation_id)}"
+        if conversation_ids is None:
+            kept, most = await self._candidate_terms(scope, "message", wanted)
+            if most is not None:
+                # No longer small: the newest `most` visible messages saying a kept term.
+                visible = agent_clause(scope, "v", args)
+                if exclude_conversation_id is not None:
+                    visible += f" AND v.conversation_id <> {args(exclude_conversation_id)}"
+                found = newest_candidates("message", "messages", args, scope, kept, most, visible)
+                sql = bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where,
+                           candidates=found, keep=args(limit))
+                return sql, args
+        else:
+            kept = wanted
         found = (f"SELECT f.doc FROM message_postings f WHERE f.user_id = {args(scope.user)} AND f.finds"
-                 f" AND f.term = ANY({args(await self._finding_terms(scope, wanted, conversation_ids))}::text[])")
+                 f" AND f.term = ANY({args(kept)}::text[])")
         keep: str | None = None  # an agent filter may drop any number; a conversation's candidates are few
         if conversation_ids is not None:
             found += (f" AND f.doc IN (SELECT seq FROM messages WHERE user_id = {args(scope.user)}"
@@ -230,19 +271,19 @@ class PostgresReads:
                    keep=keep)
         return sql, args
 
-    async def _finding_terms(self, scope: Scope, terms: list[str], conversation_ids: Sequence[str] | None
-                             ) -> list[str]:
-        """The terms whose messages are candidates: all of them, or the rarer ones of a whole-history search."""
-        if conversation_ids is not None:
-            return terms
+    async def _candidate_terms(self, scope: Scope, kind: str, terms: list[str]) -> tuple[list[str], int | None]:
+        """A whole-history search's finding terms (the rarer ones, as sqlite_search.candidate_terms keeps
+        them) and its candidate budget: None while the user's index is small enough to search whole."""
         rows = await self._fetch(
-            "SELECT term, sum(finding) AS n, (SELECT sum(docs) FROM lexicon_stats WHERE user_id = $1"
-            " AND kind = 'message') AS docs FROM term_stats WHERE user_id = $1 AND kind = 'message'"
-            " AND term = ANY($2::text[]) GROUP BY term",
-            [scope.user, terms],
+            "SELECT s.docs, t.term, t.n FROM (SELECT coalesce(sum(docs), 0) AS docs FROM lexicon_stats"
+            " WHERE user_id = $1 AND kind = $3) s LEFT JOIN (SELECT term, sum(finding) AS n FROM term_stats"
+            " WHERE user_id = $1 AND kind = $3 AND term = ANY($2::text[]) GROUP BY term) t ON true",
+            [scope.user, terms, kind],
         )
-        counts = {row["term"]: int(row["n"]) for row in rows}
-        return candidate_terms(terms, counts, int(rows[0]["docs"]) if rows else 0) or terms
+        counts = {row["term"]: int(row["n"]) for row in rows if row["term"] is not None}
+        docs = int(rows[0]["docs"]) if rows else 0
+        kept = candidate_terms(terms, counts, docs) or terms
+        return kept, (candidate_budget(docs) if docs > SMALL_INDEX_ROWS else None)
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -251,10 +292,7 @@ class PostgresReads:
         wanted = _terms(terms)
         if not wanted:
             return []
-        args = Args()
-        where = agent_clause(scope, "e", args)
-        sql = bm25("entity", "entities", "e", args, scope, wanted, limit=limit, where=where,
-                   keep=None if where else args(limit))
+        sql, args = await self._whole_history_query(scope, "entity", "entities", "e", wanted, limit)
         return [(entity_from_record(row), row["score"]) for row in await self._fetch(sql, args)]
 
     async def search_reasoning(
@@ -264,8 +302,21 @@ class PostgresReads:
         wanted = _terms(terms)
         if not wanted:
             return []
-        args = Args()
-        where = agent_clause(scope, "x", args, per_agent=True)
-        sql = bm25("reasoning", "reasoning", "x", args, scope, wanted, limit=limit, where=where,
-                   keep=None if where else args(limit))
+        sql, args = await self._whole_history_query(scope, "reasoning", "reasoning", "x", wanted, limit,
+                                                    per_agent=True)
         return [(trace_from_record(row), row["score"]) for row in await self._fetch(sql, args)]
+
+    async def _whole_history_query(self, scope: Scope, kind: str, table: str, alias: str, wanted: list[str],
+                                   limit: int, *, per_agent: bool = False) -> tuple[str, Args]:
+        """An entity or reasoning search: every match while the user's index is small, else the
+        newest budget's worth of visible items saying the rarer terms (as on SQLite)."""
+        args = Args()
+        where = agent_clause(scope, alias, args, per_agent=per_agent)
+        kept, most = await self._candidate_terms(scope, kind, wanted)
+        if most is None:
+            return bm25(kind, table, alias, args, scope, wanted, limit=limit, where=where,
+                        keep=None if where else args(limit)), args
+        found = newest_candidates(kind, table, args, scope, kept, most,
+                                  agent_clause(scope, "v", args, per_agent=per_agent))
+        return bm25(kind, table, alias, args, scope, wanted, limit=limit, where=where, candidates=found,
+                    keep=args(limit)), args
