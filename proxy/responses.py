@@ -133,11 +133,20 @@ class _Unreadable:
         return b""
 
 
+def _encoding(response: Any) -> str:
+    return response.response.headers.get("content-encoding", "").strip().lower()
+
+
+def _compressed(response: Any) -> bool:
+    """True when the provider encoded its body: memproxy can add no plain bytes to it."""
+    return _encoding(response) not in ("", "identity")
+
+
 def _reader(response: Any) -> _Inflate | _Unreadable | None:
     """What turns the provider's body bytes into the bytes memproxy reads (None: as they are)."""
-    encoding = response.response.headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
+    if not _compressed(response):
         return None
+    encoding = _encoding(response)
     if encoding in ("gzip", "x-gzip", "deflate"):
         return _Inflate(encoding)
     return _Unreadable()
@@ -188,7 +197,7 @@ async def _forward_events(send: Send, response: Any, heartbeat_s: float,
     """An event stream to the client chunk by chunk, with pings while it is silent (`each` sees
     every chunk first); how it ended (None: whole) and its last bytes. A compressed stream gets
     no pings: plain bytes inside gzip would break it."""
-    async with Heartbeat(send, heartbeat_s if _reader(response) is None else 0.0) as stream:
+    async with Heartbeat(send, 0.0 if _compressed(response) else heartbeat_s) as stream:
         try:
             async for chunk in response.chunks():
                 if each is not None:
@@ -264,7 +273,7 @@ async def _end_cut(send: Send, response: Any, recall: Answerable, message: str, 
 async def _append_cut_event(send: Send, response: Any, tail: bytes, message: str, code: str) -> None:
     """The error event that tells the SDK a stream was cut; a compressed stream cannot take
     one (plain bytes inside gzip), so its connection is closed instead: the SDK raises either way."""
-    if _reader(response) is not None:
+    if _compressed(response):
         raise ResponseAborted(code)
     await send({"type": "http.response.body", "body": _cut_event(tail, message, code), "more_body": True})
 
