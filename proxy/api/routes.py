@@ -151,18 +151,12 @@ class MemoryApi:
         return records.memory_of_message(message)
 
     async def list_memories(self, request: Request) -> Response:
-        scope = user_scope(request)
-        listing = Listing("entities", scope.user)
-        limit, after = await self._page_params(request, scope, listing)
-        rows = await self.store.entity_page(scope, limit=limit + 1, after=after)
-        return answer(records.page(rows, limit, listing, records.memory_of_entity))
+        return await self._listed(request, Listing("entities", user_scope(request).user),
+                                  self.store.entity_page, records.memory_of_entity)
 
     async def conversations(self, request: Request) -> Response:
-        scope = user_scope(request)
-        listing = Listing("conversations", scope.user)
-        limit, after = await self._page_params(request, scope, listing)
-        rows = await self.store.conversation_page(scope, limit=limit + 1, after=after)
-        return answer(records.page(rows, limit, listing, records.conversation))
+        return await self._listed(request, Listing("conversations", user_scope(request).user),
+                                  self.store.conversation_page, records.conversation)
 
     async def messages(self, request: Request) -> Response:
         scope = user_scope(request)
@@ -175,11 +169,8 @@ class MemoryApi:
         return answer(records.page(rows, limit, listing, records.message))
 
     async def entities(self, request: Request) -> Response:
-        scope = user_scope(request)
-        listing = Listing("entities", scope.user)
-        limit, after = await self._page_params(request, scope, listing)
-        rows = await self.store.entity_page(scope, limit=limit + 1, after=after)
-        return answer(records.page(rows, limit, listing, records.without_kind))
+        return await self._listed(request, Listing("entities", user_scope(request).user),
+                                  self.store.entity_page, records.without_kind)
 
     async def entity(self, request: Request) -> Response:
         scope = user_scope(request)
@@ -191,11 +182,15 @@ class MemoryApi:
         return answer({**records.without_kind(entity), "relationships": [records.relationship(e) for e in edges]})
 
     async def reasoning(self, request: Request) -> Response:
+        return await self._listed(request, Listing("reasoning", user_scope(request).user),
+                                  self.store.reasoning_page, records.without_kind)
+
+    async def _listed(self, request: Request, listing: Listing, fetch: Callable[..., Awaitable[Any]],
+                      shape: Callable[[Any], dict[str, Any]]) -> Response:
+        """One page of a user's list: `fetch(scope, limit=, after=)` gives keyed rows, `shape` each record."""
         scope = user_scope(request)
-        listing = Listing("reasoning", scope.user)
         limit, after = await self._page_params(request, scope, listing)
-        rows = await self.store.reasoning_page(scope, limit=limit + 1, after=after)
-        return answer(records.page(rows, limit, listing, records.without_kind))
+        return answer(records.page(await fetch(scope, limit=limit + 1, after=after), limit, listing, shape))
 
     async def _page_params(self, request: Request, scope: Scope, listing: Listing) -> tuple[int, PageKey | None]:
         """The page's limit, and the key it starts after (an old-style cursor's item is looked up)."""
