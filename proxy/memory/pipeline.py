@@ -111,7 +111,8 @@ class MemoryService:
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
         if status != "ok" and self.memory.required:
             # RELIABILITY 5.2 case 22: memory is part of the answer here, so no answer without it.
-            error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {status[10:]}")
+            reason = status.removeprefix("degraded: ")
+            error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {reason}")
             error.headers = {"x-memory-status": status}
             raise error
         identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
