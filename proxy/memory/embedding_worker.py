@@ -154,12 +154,14 @@ class EmbeddingWorker:
         counts = FillCounts()
         more = False
         for kind in EMBEDDING_KINDS:
-            rejected = counts.rejected[kind]
+            rejected, saved = counts.rejected[kind], counts.saved[kind]
             after, done = await self.filler.page(kind, self._cursors[kind], counts)
+            # Counted page by page: a page saved is counted even when a later kind's fails
+            # or the worker is stopped before the next one.
+            self.metrics.embedded.inc(counts.saved[kind] - saved)
             if after != self._cursors[kind]:  # a call was made: answered, or its texts refused
                 outcome = "skipped" if counts.rejected[kind] > rejected else "ok"
                 self.metrics.embedding_calls.labels("background", outcome).inc()
             self._cursors[kind] = after
             more = more or not done
-        self.metrics.embedded.inc(sum(counts.saved.values()))
         return more
