@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from tests.api_helpers import api_url, chat, jsonl, lines
+from tests.extraction_helpers import extracted
 
 DB_SUFFIXES = ("", "-wal", "-shm")
 
@@ -84,6 +85,7 @@ def test_export_delete_import_restores_the_user(make_proxy: Any) -> None:
     proxy = make_proxy(memory__commit_timeout_ms=5000)
     with proxy.http() as client:
         tokens = fill(client, "roundtrip")
+        extracted(proxy)  # the chat turns' facts are saved in the background: all of them before the export
         before = client.get(api_url("roundtrip", "export")).content
         question = f"What is my locker code {tokens[0]}?"
         hits_before = client.post(api_url("roundtrip", "search"), json={"query": question}).json()["hits"]
