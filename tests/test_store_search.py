@@ -16,7 +16,7 @@ import pytest
 from proxy.api.jsonl import parse_record
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
-from proxy.stores.sqlite import SQLiteStore, _agent_clause
+from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_search import (
     CANDIDATE_MAX_ROWS,
     CANDIDATE_MIN_ROWS,
@@ -26,15 +26,12 @@ from proxy.stores.sqlite_search import (
     candidate_terms,
     indexed_rows,
     prepare_reader,
-    search_messages,
 )
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 ALICE = Scope("alice")
-# What the terms that scoring leaves out could add to a score: each at most 1e-6 x (k1 + 1) x weight.
-FLOORED_TERMS_SCORE = 1e-5
 BOB = Scope("bob")
 
 
@@ -73,13 +70,6 @@ def full_search(path: Path, user: str, terms: list[str], *, not_in: str | None =
             (match, user, not_in, own),
         ).fetchall()
     return [(content, round(score, 9)) for content, score in rows]
-
-
-def assert_ranked_as(hits: list[tuple[Any, float]], expected: list[tuple[str, float]]) -> None:
-    """The same rows in the same order as the unbounded search, with its scores but for what
-    terms said by half the rows or more add (FTS5 floors their idf at 1e-6: see scoring_terms)."""
-    assert [m.content for m, _ in hits] == [content for content, _ in expected]
-    assert [s for _, s in hits] == pytest.approx([s for _, s in expected], abs=FLOORED_TERMS_SCORE)
 
 
 # --- the conversation filter ----------------------------------------------------------
@@ -148,7 +138,7 @@ def test_common_terms_never_lose_a_rare_term_match(tmp_path: Path) -> None:
             # Every row holding the rare term, the one holding both first, scored as the
             # unbounded search scores it (the common term still counts toward the score).
             expected = [(c, s) for c, s in full_search(path, "alice", terms, not_in="c1") if "zephyr" in c]
-            assert_ranked_as(hits, expected)
+            assert [(m.content, round(s, 9)) for m, s in hits] == expected
             assert hits[0][0].content == "the zephyr deadline is Friday"
             assert len(hits) == 4
             # The common term alone still finds its rows: it is the rarest that occurs.
@@ -156,30 +146,6 @@ def test_common_terms_never_lose_a_rare_term_match(tmp_path: Path) -> None:
             assert len(alone) == 5 and all("deadline" in m.content for m, _ in alone)
 
     run(body())
-
-
-def test_terms_half_the_rows_say_do_not_score(tmp_path: Path) -> None:
-    """A term in half the rows or more adds nothing to BM25 (its idf is floored), so the
-    scoring MATCH leaves it out; the rarer term that found the candidates stays in."""
-    path = tmp_path / "m.db"
-
-    async def build() -> None:
-        async with SQLiteStoreOpened(path) as store:
-            await store.apply(common_world())
-
-    run(build())
-    statements: list[str] = []
-    with closing(sqlite3.connect(path)) as conn:
-        conn.row_factory = sqlite3.Row
-        prepare_reader(conn)
-        conn.set_trace_callback(statements.append)
-        hits = search_messages(conn, TermCounts(), ALICE, ["zephyr", "deadlin"], agent_clause=_agent_clause,
-                               conversation_ids=None, exclude_conversation_id=None, limit=10)
-    search = next(s for s in statements if "bm25(" in s)
-    scoring = search[search.index("best(seq, score)"):]
-    assert "'\"zephyr\"' AND" in scoring and "deadlin" not in scoring
-    assert hits[0][0].content == "the zephyr deadline is Friday"
-    assert len(hits) == 4
 
 
 def test_small_stores_score_every_match(tmp_path: Path) -> None:
@@ -252,7 +218,7 @@ def test_a_common_rarest_term_scores_only_its_newest_rows(tmp_path: Path) -> Non
             assert {m.content for m, _ in hits} == set(newest)
             # Ranked by BM25 over both terms, as the unbounded search ranks them.
             expected = [(c, s) for c, s in full_search(path, "alice", ["budget", "deadlin"]) if c in set(newest)]
-            assert_ranked_as(hits, expected)
+            assert [(m.content, round(s, 9)) for m, s in hits] == expected
 
     run(body())
 

@@ -11,8 +11,7 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
 - a whole-history search scores only the rows saying the query's rarest terms, as many
   terms as fit in a budget of CANDIDATE_SHARE of the indexed rows (at most
   CANDIDATE_MAX_ROWS), still by BM25 over every
-  term that can add to a score (not one said by half the rows: its idf is floored at 1e-6),
-  so a hit ranks as it did; only a row saying none of those (but a common word:
+  term, so a hit ranks as it did; only a row saying none of those (but a common word:
   "plan", "deadline") is no longer found. How many rows say each term comes from an
   fts5vocab table, cached briefly. On bench/retrieval.py's 100k-message history the hits
   were the unbounded search's for all 200 queries, at a quarter of its cost; at 10k, for
@@ -210,19 +209,6 @@ def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> 
     return None if len(kept) == len(present) else kept or present[:1]
 
 
-def scoring_terms(terms: Sequence[str], kept: Sequence[str], counts: dict[str, int], rows: int) -> list[str]:
-    """The terms that score the candidates: all but those said by half the indexed rows or more.
-
-    FTS5 floors such a term's BM25 idf at 1e-6, so it adds nothing a ranking can use, yet
-    the scoring MATCH walks its doclist, the longest of all: the words an app's prompt
-    template puts in every message. A term the candidates were found by stays, so every
-    candidate is still matched. `counts` are rows saying the term in the finding column,
-    never more than the rows its idf counts, so a term dropped here is one whose idf is floored.
-    """
-    found_by = frozenset(kept)
-    return [t for t in terms if t in found_by or 2 * counts.get(t, 0) < rows]
-
-
 def candidate_budget(rows: int) -> int:
     """The most candidates a whole-history search of an index of `rows` rows scores."""
     return min(CANDIDATE_MAX_ROWS, max(CANDIDATE_MIN_ROWS, int(CANDIDATE_SHARE * rows)))
@@ -309,7 +295,6 @@ def _search(
             if query is None:
                 return []
         kept = candidate_terms(wanted, found_counts, rows) or wanted
-        query = match_query(scoring_terms(wanted, kept, found_counts, rows)) or query
         # The user's newest rows saying a kept term: all of them unless the rarest term
         # alone is said more often than the budget allows. CROSS JOIN: the index drives;
         # given the user filter alone the planner may scan the user's rows and run the
