@@ -15,6 +15,8 @@ from functools import lru_cache
 
 import snowballstemmer
 
+from proxy.textcache import cached_when_short
+
 # Scripts written without spaces (Chinese, Japanese kana and kanji): each character is a
 # term, so "北京" finds "我住在北京" by its two characters. Every other script's words are
 # split on spaces and punctuation as English is.
@@ -45,6 +47,8 @@ _stemmer = snowballstemmer.stemmer("english")
 # (base64, hex) is one token, and PostgreSQL's index on its postings holds a term of at most
 # about 2,700 bytes; no word or identifier a question names is longer.
 MAX_TERM_CHARS = 128
+# A longer token (a pasted blob) is not cached (proxy/textcache.py).
+CACHED_TOKEN_CHARS = 256
 
 
 @lru_cache(maxsize=65536)
@@ -77,7 +81,7 @@ def _words(text: str) -> list[tuple[str, str]]:
     return out
 
 
-@lru_cache(maxsize=65536)
+@cached_when_short(65536, CACHED_TOKEN_CHARS)
 def _token_words(token: str) -> tuple[tuple[str, str], ...]:
     """`_words` of one token; cached, since chat text repeats a small vocabulary."""
     if _CHARACTER.fullmatch(token):

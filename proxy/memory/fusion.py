@@ -11,7 +11,6 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from functools import lru_cache
 
 from proxy.memory.block import (
     DATE_END,
@@ -23,7 +22,8 @@ from proxy.memory.block import (
     neutralise,
 )
 from proxy.models import Hit
-from proxy.terms import terms
+from proxy.terms import CACHED_TOKEN_CHARS, terms
+from proxy.textcache import cached_when_short
 
 RRF_K = 60
 # Below the gap between ranks 1 and 3 of a lone stream (1 - 61/63 = 0.032), so finding a
@@ -194,7 +194,7 @@ def _snippet(text: str, wanted: frozenset[str], max_chars: int) -> str:
     return (ELLIPSIS if start > 0 else "") + piece + (ELLIPSIS if end < len(text) else "")
 
 
-@lru_cache(maxsize=65536)
+@cached_when_short(65536, CACHED_TOKEN_CHARS)
 def _word_terms(word: str) -> frozenset[str]:
     return frozenset(terms(word))
 

@@ -10,14 +10,14 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
-from proxy.memory.block import entity_line
+from proxy.memory.block import SHORT_TEXT_CHARS, entity_line
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
 from proxy.stores.base import Store
 from proxy.terms import terms
+from proxy.textcache import cached_when_short
 
 SOURCE = "long-term"
 MIN_SHARED_TERMS = 3
@@ -90,7 +90,7 @@ def _hit(found: Found[Entity], weak: bool) -> Hit:
                parts=parts)
 
 
-@lru_cache(maxsize=4096)
+@cached_when_short(4096, SHORT_TEXT_CHARS)
 def _terms(text: str) -> frozenset[str]:
     """An entity's terms: the same entities answer a user's questions turn after turn."""
     return frozenset(terms(text))
