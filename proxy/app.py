@@ -78,7 +78,7 @@ class Parts:
         if embed is None:
             return None, None
         e = settings.embeddings
-        index = VectorIndex(self.store, embed.model, e.cache_ttl_s)
+        index = VectorIndex(self.store, embed.model, e.cache_ttl_s, max_bytes=e.cache_max_mb * 1024 * 1024)
         filler = Filler(self.store, embed, embed.model, batch=e.batch_size, timeout_s=e.timeout_s, on_saved=index.add)
         return Vectors(embed, index, e, self.metrics), EmbeddingWorker(filler, self.metrics)
 

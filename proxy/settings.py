@@ -116,6 +116,8 @@ class EmbeddingsSettings:
     vector_weight: float = _help("Weight of the vector stream in a source's rank fusion.", 1.0)
     cache_ttl_s: float = _help("How long a user's cached vectors serve before a reload sees other replicas' "
                                "new ones.", 60.0)
+    cache_max_mb: int = _help("Most memory the cached vectors of all users take (MiB); the least recently "
+                              "used user's are dropped past it.", 512)
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,8 @@ def _check(s: Settings) -> None:
 
 def _check_embeddings(e: EmbeddingsSettings) -> None:
     positive = {"embeddings.batch_size": e.batch_size, "embeddings.timeout_s": e.timeout_s,
-                "embeddings.query_timeout_ms": e.query_timeout_ms, "embeddings.cache_ttl_s": e.cache_ttl_s}
+                "embeddings.query_timeout_ms": e.query_timeout_ms, "embeddings.cache_ttl_s": e.cache_ttl_s,
+                "embeddings.cache_max_mb": e.cache_max_mb}
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name}: must be greater than 0, got {value}")

@@ -145,3 +145,36 @@ def test_index_loads_once_takes_this_process_vectors_and_reloads_after_its_ttl(t
             await store.close()
 
     asyncio.run(body())
+
+
+def test_the_cached_matrices_stay_within_their_memory_bound(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        try:
+            users = [Scope(name) for name in ("ann", "ben", "cid")]
+            for user in users:
+                await store.apply([StartTurn(user, f"{user.user}-t{n}", "c", f"h{n}", T0, f"words {n}")
+                                   for n in range(10)])
+                await store.save_embeddings("m", [
+                    NewEmbedding(user.user, "message", item.item_id, item.text, vec(*([1.0] * 100)))
+                    for item in await store.unembedded("m", "message") if item.scope.user == user.user])
+            one_matrix = 10 * 100 * 4
+            index = VectorIndex(store, "m", ttl_s=60, max_bytes=2 * one_matrix + 100)
+            query, where = q(*([1.0] * 100)), RowFilter()
+            for user in users[:2]:
+                assert len(await index.nearest(user, "message", query, where, floor=0.5, limit=20)) == 10
+            assert list(index._entries) == [("ann", "message"), ("ben", "message")]
+            await index.nearest(users[0], "message", query, where, floor=0.5, limit=20)  # ann used last
+            assert len(await index.nearest(users[2], "message", query, where, floor=0.5, limit=20)) == 10
+            assert list(index._entries) == [("ann", "message"), ("cid", "message")]  # ben, least recent, left
+            # One matrix past the bound on its own stays: the request using it needs it.
+            index.max_bytes = one_matrix // 2
+            index.add([], [])
+            assert list(index._entries) == [("cid", "message")]
+            assert len(await index.nearest(users[1], "message", query, where, floor=0.5, limit=20)) == 10
+            assert list(index._entries) == [("ben", "message")]
+        finally:
+            await store.close()
+
+    asyncio.run(body())

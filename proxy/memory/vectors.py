@@ -12,7 +12,8 @@ request that cannot wait goes on with the lexical stream alone). After that:
   still holds a vector for the model (Store.embedded_items), before anything uses them.
 The matrix is the model's vectors scaled to unit length, so a cosine is one dot product;
 it costs rows x dimensions x 4 bytes (10,000 vectors of 1,536 floats: 61 MB), and at most
-MAX_MATRICES are kept, the least recently used dropped first.
+MAX_MATRICES taking at most `embeddings.cache_max_mb` together are kept, the least recently
+used dropped first (the one in use stays, even alone past the bound).
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ class Matrix:
     def __post_init__(self) -> None:
         self.rows = {item_id: n for n, item_id in enumerate(self.ids)}
         self._room = self.vectors
+
+    @property
+    def nbytes(self) -> int:
+        """The memory its vectors take, room to grow included."""
+        return int(self._room.nbytes)
 
     @classmethod
     def build(cls, stored: Sequence[StoredVector]) -> Matrix:
@@ -161,10 +167,11 @@ class _Entry:
 class VectorIndex:
     """The cached matrices of one model, loaded from the store and kept current (see the module doc)."""
 
-    def __init__(self, store: Store, model: str, ttl_s: float) -> None:
+    def __init__(self, store: Store, model: str, ttl_s: float, *, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.store = store
         self.model = model
         self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._loads: dict[tuple[str, str], asyncio.Task[Matrix]] = {}
 
@@ -188,6 +195,7 @@ class VectorIndex:
             entry.matrix.add(batch)
             if entry.reload is not None:
                 entry.carried.extend(batch)
+        self._trim()
 
     async def _matrix(self, scope: Scope, kind: EmbeddingKind) -> Matrix:
         key = (scope.user, kind)
@@ -231,8 +239,14 @@ class VectorIndex:
     def _keep(self, key: tuple[str, str], entry: _Entry) -> None:
         self._entries[key] = entry
         self._entries.move_to_end(key)
-        while len(self._entries) > MAX_MATRICES:
-            self._entries.popitem(last=False)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the least recently used matrices past MAX_MATRICES or `max_bytes`, never the last one."""
+        held = sum(entry.matrix.nbytes for entry in self._entries.values())
+        while len(self._entries) > 1 and (len(self._entries) > MAX_MATRICES or held > self.max_bytes):
+            _, dropped = self._entries.popitem(last=False)
+            held -= dropped.matrix.nbytes
 
     def forget(self, user: str) -> None:
         """Drop the user's matrices (a deleted user's vectors leave memory, not just the database)."""
