@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import ssl
 import threading
 import time
@@ -480,6 +481,39 @@ def test_a_stream_cut_after_done_ends_whole_and_its_turn_stays_complete(make_pro
     assert settled_turns(proxy, 1) == [("complete",)]
     assert 'memproxy_answers_total{ending="complete"} 1.0' in found
     assert 'ending="truncated"' not in found
+
+
+def test_a_client_leaving_while_its_answer_commits_counts_the_step_once(make_proxy, fake, tmp_path):
+    # The whole answer came, so the step ended `complete`; the client that leaves while the
+    # answer's commit holds back [DONE] must not count it again as `client_aborted`, and the
+    # answer still lands once the store can write.
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    fake.queue(SSEReply(stream_events("the whole answer", pieces=2), delay=0.05))
+    with proxy.http() as http:
+        assert http.get("/healthz").status_code == 200  # the store exists
+        blocker = sqlite3.connect(tmp_path / "memproxy.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the writer's commit waits behind this
+        try:
+            with http.stream("POST", "/v1/chat/completions", headers={"x-memory-user": "alice"},
+                             json={**CHAT, "stream": True}) as response:
+                seen = b""
+                for piece in response.iter_raw():
+                    seen += piece
+                    if b'"finish_reason": "stop"' in seen:
+                        # [DONE] reaches memproxy 50 ms later and waits there for the commit:
+                        # once the step has ended `complete`, the client leaves.
+                        assert eventually(lambda: 'ending="complete"' in http.get("/metrics").text, timeout=5)
+                        break
+            assert b"[DONE]" not in seen
+            # memproxy has seen the client leave (a second count would have come with it).
+            assert eventually(lambda: 'outcome="client_gone"' in http.get("/metrics").text, timeout=5)
+        finally:
+            blocker.execute("COMMIT")
+            blocker.close()
+        assert settled_turns(proxy, 1, timeout=15) == [("complete",)]
+        found = http.get("/metrics").text
+    assert 'memproxy_answers_total{ending="complete"} 1.0' in found
+    assert 'ending="client_aborted"' not in found
 
 
 def test_a_client_leaving_mid_upload_is_client_gone_not_an_upstream_failure(proxy, fake, caplog):
