@@ -368,6 +368,26 @@ def test_user_name_and_alias(text: str, name: str | None, alias: str | None) -> 
             [("Tom", "person")],
             [(USER_NODE, "HAS_MANAGER", "Tom")],
         ),
+        (  # read whole, this once gave (Google)-[LIVES_IN]->(Rome)
+            "Tom, whose sister works at Google, lives in Rome.",
+            [("Tom", "person"), ("Rome", "place"), ("Google", "organization")],
+            [("Tom", "LIVES_IN", "Rome")],
+        ),
+        (  # and this (Paris)-[WORKS_AT]->(Acme)
+            "My manager Ana, whose team is in Paris, works at Acme.",
+            [("Ana", "person"), ("Acme", "organization"), ("Paris", "place")],
+            [("Ana", "WORKS_AT", "Acme"), (USER_NODE, "HAS_MANAGER", "Ana")],
+        ),
+        (
+            "My brother Sam, whose wife is a doctor, lives in Lisbon.",
+            [("Sam", "person"), ("Lisbon", "place")],
+            [("Sam", "LIVES_IN", "Lisbon"), (USER_NODE, "HAS_BROTHER", "Sam")],
+        ),
+        (
+            "My friend Lea, which is odd, lives in Oslo.",
+            [("Lea", "person"), ("Oslo", "place")],
+            [("Lea", "LIVES_IN", "Oslo"), (USER_NODE, "HAS_FRIEND", "Lea")],
+        ),
     ],
 )
 def test_a_relative_clause_states_a_fact_about_its_own_subject(

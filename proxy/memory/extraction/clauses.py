@@ -2,7 +2,10 @@
 
 "My sister, who lives in Paris, works at Google" is read as "My sister lives in Paris"
 and "My sister works at Google". Read whole, "Paris, works at Google" looks like a
-sentence whose subject is Paris.
+sentence whose subject is Paris. ", which" opens one the same way ("My car, which is
+blue, is parked in Oslo"), and ", whose" one about what the subject has: "My brother Sam,
+whose wife is a doctor, lives in Lisbon" is read as "My brother Sam's wife is a doctor"
+and "My brother Sam lives in Lisbon".
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 # anything else, means it is not such a clause. Scanned comma by comma, not by one regex:
 # a pattern of this shape backtracks over every split of a long run of spaces (2 s for an
 # 8,000-character message, with the event loop stalled).
-_OPENER = re.compile(r",\s+who\s+")
+_OPENER = re.compile(r",\s+(who|which|whose)\s+")
 _STOP = re.compile(r"[,;:]")
 _SPACE_AFTER = re.compile(r"\s+")
 MAX_CLAUSES = 4  # per sentence; more is a list, not a description of one subject
@@ -25,18 +28,19 @@ def clause_sentences(sentence: str) -> list[str]:
     """The sentence with each relative clause cut out, then each clause joined to its subject."""
     clauses: list[str] = []
     while len(clauses) < MAX_CLAUSES and (found := _first_clause(sentence)):
-        start, clause, end = found
+        start, possessive, clause, end = found
         head = sentence[:start]
-        clauses.append(f"{head} {clause}")
+        clauses.append(f"{head}'s {clause}" if possessive else f"{head} {clause}")
         sentence = f"{head} {sentence[end:]}".rstrip()
     return [sentence, *clauses]
 
 
-def _first_clause(sentence: str) -> tuple[int, str, int] | None:
-    """Where the first relative clause starts, its text, and where the sentence goes on."""
+def _first_clause(sentence: str) -> tuple[int, bool, str, int] | None:
+    """Where the first relative clause starts, whether it says what the subject has
+    (`whose`), its text, and where the sentence goes on."""
     for opener in _OPENER.finditer(sentence):
         if (ends := _clause_end(sentence, opener.end())) is not None:
-            return opener.start(), sentence[opener.end():ends[0]], ends[1]
+            return opener.start(), opener.group(1) == "whose", sentence[opener.end():ends[0]], ends[1]
     return None
 
 
