@@ -167,6 +167,26 @@ def test_stated_name_merges_an_entity_of_that_name_into_the_user_node(backend: B
     run(body())
 
 
+def test_a_stated_name_leaves_someone_the_user_knows_by_that_name_alone(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.tell("My friend Tom lives in Berlin", EntityFact("Tom", "person"), EntityFact("Berlin", "place"),
+                         relations=(RelationFact("User", "HAS_FRIEND", "Tom"), RelationFact("Tom", "LIVES_IN", "Berlin")),
+                         user_node="User")
+            node, friend = await g.entity("User"), await g.entity("Tom")
+            await g.tell("My name is Tom too", user_node="Tom", day=1)
+            assert [(e.name, e.type) for e in await g.store.entities(ALICE)] == [
+                ("User", "user"), ("Tom", "person"), ("Berlin", "place")]
+            me = await g.entity("User")
+            assert (me.id, me.aliases) == (node.id, ("Tom",))
+            assert (await g.entity("Tom")).id == friend.id
+            assert await g.edges("User") == [("User", "HAS_FRIEND", "Tom", None)]
+            assert sorted(await g.edges("Tom")) == [("Tom", "LIVES_IN", "Berlin", None),
+                                                    ("User", "HAS_FRIEND", "Tom", None)]
+
+    run(body())
+
+
 def test_stated_name_before_any_fact_makes_the_node(backend: Backend) -> None:
     async def body() -> None:
         async with graph(backend) as g:

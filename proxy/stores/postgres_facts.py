@@ -75,6 +75,11 @@ class Graph:
             "SELECT * FROM entities WHERE user_id = $1 AND coalesce(agent_id, '') = $2 AND canonical_name = $3",
             self.user, self.agent or "", key)
 
+    async def _related(self, one: str, other: str) -> bool:
+        return bool(await self._conn.fetchval(
+            "SELECT 1 FROM relationships WHERE user_id = $1 AND ((from_id = $2 AND to_id = $3)"
+            " OR (from_id = $3 AND to_id = $2)) LIMIT 1", self.user, one, other))
+
     async def _user_row(self) -> asyncpg.Record | None:
         return await self._conn.fetchrow(
             "SELECT * FROM entities WHERE user_id = $1 AND coalesce(agent_id, '') = $2 AND type = $3"
@@ -139,6 +144,9 @@ class Graph:
             return str(named["id"])
         if key == canonical_name(USER_NODE) or key == node["canonical_name"]:
             await self._update(node)
+            return str(node["id"])
+        if named is not None and named["id"] != node["id"] and await self._related(node["id"], named["id"]):
+            await self._update(node, aliases=[name])  # someone else of that name: see sqlite_facts.py
             return str(node["id"])
         old_name = node["name"]
         if named is not None and named["id"] != node["id"]:

@@ -115,6 +115,10 @@ class Graph:
                          (self.user, self.agent or "", key))
         return rows[0] if rows else None
 
+    def _related(self, one: str, other: str) -> bool:
+        return bool(self._run("SELECT 1 FROM relationships WHERE user_id = ? AND ((from_id = ? AND to_id = ?)"
+                              " OR (from_id = ? AND to_id = ?)) LIMIT 1", (self.user, one, other, other, one)))
+
     def _user_row(self) -> sqlite3.Row | None:
         rows = self._run("SELECT * FROM entities WHERE user_id = ? AND ifnull(agent_id, '') = ? AND type = ?"
                          " ORDER BY seq LIMIT 1", (self.user, self.agent or "", USER_TYPE))
@@ -180,6 +184,11 @@ class Graph:
             return str(named["id"])
         if placeholder or key == node["canonical_name"]:
             self._update(node)
+            return str(node["id"])
+        if named is not None and named["id"] != node["id"] and self._related(node["id"], named["id"]):
+            # Someone the user has an edge to is someone else who shares the name ("my friend
+            # Tom", then "my name is Tom"): left alone, the name is an alias of the user's node.
+            self._update(node, aliases=[name])
             return str(node["id"])
         old_name = node["name"]
         if named is not None and named["id"] != node["id"]:
