@@ -62,8 +62,9 @@ _IMITATIONS = (
 )
 _LABELS = "|".join(re.escape(source) for source in SOURCES)
 # What the caches below hold stays bounded whatever users paste: short texts' answers
-# (three caches of 4,096, each entry at most ~4,000 chars), long texts' lines (a few dozen,
-# each at most ~200,000 chars) and long safe texts' digests. About 60 MB at the very most.
+# (three caches of 4,096, each entry at most ~4,000 chars), long texts' lines (two caches
+# of 32, each entry at most ~400,000 chars) and long safe texts' digests: about 70 million
+# chars at the very most, a few MB in practice.
 SHORT_TEXT_CHARS = 2000
 SHORT_TEXTS_CACHED = 4096
 LONG_SAFE_TEXTS_KEPT = 4096
