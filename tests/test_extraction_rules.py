@@ -398,6 +398,21 @@ def test_a_relative_clause_states_a_fact_about_its_own_subject(
 
 
 @pytest.mark.parametrize(
+    ("text", "relations"),
+    [
+        ("My friend who works at Google lives in Paris.", []),  # once (Google)-[LIVES_IN]->(Paris)
+        ("The company that hired Tom is based in Berlin.", []),  # once (Tom)-[LIVES_IN]->(Berlin)
+        ("A friend of Ana lives in Rome.", []),
+        ("I heard that Tom lives in Paris.", [("Tom", "LIVES_IN", "Paris")]),
+        ("Tom lives in Rome and Ana works at Acme.", [("Ana", "WORKS_AT", "Acme"), ("Tom", "LIVES_IN", "Rome")]),
+        ("I work with Tom, who lives in Rome.", [("Tom", "LIVES_IN", "Rome")]),  # the clause read apart
+    ],
+)
+def test_a_name_that_is_a_phrases_object_is_not_a_subject(text: str, relations: list[tuple[str, str, str]]) -> None:
+    assert sorted(_relations(text)) == sorted(relations)
+
+
+@pytest.mark.parametrize(
     ("text", "speaker", "relations"),
     [
         ("My sister works at Microsoft.", None, [("the user's sister", "WORKS_AT", "Microsoft")]),

@@ -231,12 +231,14 @@ def not_own_words(text: str, start: int) -> bool:
 
 def facts(text: str) -> Iterator[Fact]:
     """Every relationship the sentence states, its relative clauses read apart."""
-    for sentence in clause_sentences(text):
-        yield from _clause_facts(sentence)
+    main, *clauses = clause_sentences(text)
+    yield from _clause_facts(main, main=True)
+    for clause in clauses:
+        yield from _clause_facts(clause, main=False)
 
 
-def _clause_facts(text: str) -> Iterator[Fact]:
-    yield from _verb_facts(text)
+def _clause_facts(text: str, *, main: bool) -> Iterator[Fact]:
+    yield from _verb_facts(text, main=main)
     yield from _role_facts(text)
     for kind, target, pattern in _POSSESSIVE_FACTS:
         for match in pattern.finditer(text):
@@ -252,11 +254,23 @@ def _clause_facts(text: str) -> Iterator[Fact]:
             yield Fact(None, "ATTENDED", match.group("obj"), "event")
 
 
-def _verb_facts(text: str) -> Iterator[Fact]:
+# A name right after a preposition, or after a commaless relative clause's verb, is that
+# phrase's object, not the sentence's subject: "my friend who works at Google lives in
+# Paris" says nothing of where Google lives, nor "the company that hired Tom is based in
+# Berlin" of Tom. (A clause read apart puts its subject before its verb on purpose: "I met
+# Tom, who works at Acme" is read as "I met Tom works at Acme"; the check is for the main
+# sentence only.)
+_OBJECT_BEFORE = re.compile(r"(?:\b(?:at|for|in|into|to|by|with|from|of|on|near|about|than)"
+                            r"|\b(?:that|who|whom|which)\s+[a-z]+)\s+$")
+
+
+def _verb_facts(text: str, *, main: bool) -> Iterator[Fact]:
     for kind, target, first, third in _PATTERNS:
         for pattern in (first, third):
             for match in pattern.finditer(text) if pattern else ():
                 fact = _verb_fact(kind, target, match, third_person=pattern is third)
+                if fact and main and fact.subject is not None and _OBJECT_BEFORE.search(text, 0, match.start()):
+                    continue
                 if fact and not hedged(text, match.start()):
                     yield fact
 
