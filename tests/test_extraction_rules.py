@@ -400,6 +400,25 @@ def test_a_relative_clause_states_a_fact_about_its_own_subject(
 @pytest.mark.parametrize(
     ("text", "relations"),
     [
+        # Set off between commas, the name and the role are one person: once the fact went
+        # to an unnamed "the user's sister" node beside Sarah's.
+        ("Sarah, my sister, works at Apple.", [(USER_NODE, "HAS_SISTER", "Sarah"), ("Sarah", "WORKS_AT", "Apple")]),
+        ("Sarah, my manager, lives in Kyiv.", [(USER_NODE, "HAS_MANAGER", "Sarah"), ("Sarah", "LIVES_IN", "Kyiv")]),
+        # Without the second comma the name is spoken to, not described.
+        ("Tom, my sister works at Apple.", [("the user's sister", "WORKS_AT", "Apple")]),
+        # A sentence's opening place phrase is no name: once (User)-[HAS_SISTER]->(Paris).
+        ("In Paris, my sister, a doctor, works at Acme.", []),
+        ("After Rome, my friend, moved to Oslo.", [("the user's friend", "LIVES_IN", "Oslo")]),
+        ("I work with Tom, my manager.", [(USER_NODE, "HAS_MANAGER", "Tom")]),
+    ],
+)
+def test_a_role_set_off_beside_a_name_is_that_person(text: str, relations: list[tuple[str, str, str]]) -> None:
+    assert sorted(_relations(text)) == sorted(relations)
+
+
+@pytest.mark.parametrize(
+    ("text", "relations"),
+    [
         ("My friend who works at Google lives in Paris.", []),  # once (Google)-[LIVES_IN]->(Paris)
         ("The company that hired Tom is based in Berlin.", []),  # once (Tom)-[LIVES_IN]->(Berlin)
         ("A friend of Ana lives in Rome.", []),

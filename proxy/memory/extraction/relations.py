@@ -282,6 +282,8 @@ def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bo
     named = third_person and match.group("subj") is not None
     role = _subject_role(match) if third_person and not named else ""
     subject = clean_name(match.group("subj")) if named else None
+    if role and (apposed := _apposed_name(match)):
+        named, role, subject = True, "", apposed  # "Sarah, my sister, works at Apple": Sarah does
     if not is_plausible(obj, acronym=True) or (named and not is_plausible(subject or "")):
         return None
     if third_person and not named and not role:
@@ -291,6 +293,35 @@ def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bo
     if "joined" in match.group() and re.match(r"\s+(?:for|on)\b", match.string[match.end() :]):
         return None  # "joined Alice for lunch"
     return Fact(subject, kind, obj, target, subject_role=role)
+
+
+# A sentence that opens with a place or time phrase: the name in it is not the one the
+# next words set off ("In Paris, my sister ..."); "I work with Tom, my manager" is.
+_PREPOSITION = r"(?i:in|at|from|on|near|to|for|by|with|after|before|since|during)\s+"
+_PREPOSITION_WORD = re.compile(_PREPOSITION)
+_OPENING_PHRASE = re.compile(rf"(?:^|[.;:!?]\s+){_PREPOSITION}$")
+
+
+def _in_opening_phrase(text: str, name_start: int) -> bool:
+    """True when the name at `name_start` is the object of a preposition that opens the
+    sentence; the name's own match may have taken the preposition in ("In Paris")."""
+    taken = _PREPOSITION_WORD.match(text, name_start)
+    return _OPENING_PHRASE.search(text, 0, taken.end() if taken else name_start) is not None
+
+
+_BEFORE_APPOSITION = re.compile(rf"(?<![\w'])(?P<name>{NAME}),\s+$")
+
+
+def _apposed_name(match: re.Match[str]) -> str | None:
+    """The name a role subject is set off beside ("Sarah, my sister, works ..."); None when
+    the role is not between commas ("Tom, my sister works ..." speaks to Tom)."""
+    if not match.string.startswith(",", match.end("role")):
+        return None
+    found = _BEFORE_APPOSITION.search(match.string, 0, match.start())
+    if found is None or _in_opening_phrase(match.string, found.start("name")):
+        return None  # "In Paris, my sister, a doctor, ...": Paris is where, not who
+    name = clean_name(found.group("name"))
+    return name if is_plausible(name) else None
 
 
 def _subject_role(match: re.Match[str]) -> str:
@@ -307,6 +338,8 @@ def _role_facts(text: str) -> Iterator[Fact]:
         for match in pattern.finditer(text):
             if match.group("gone") or _GONE_WORDS & set(match.group("mods").split()):
                 continue
+            if pattern is _COMMA_ROLE and _in_opening_phrase(text, match.start("obj")):
+                continue  # "In Paris, my sister ...": Paris is where, not who
             kind, target, role = role_of(match.group("role"))
             plural = match.group("role").lower() in PLURALS or pattern in (_IS_ROLE, _COMMA_ROLE)
             names = _LIST_SPLIT.split(match.group("obj")) if plural else [match.group("obj")]
