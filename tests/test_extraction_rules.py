@@ -400,6 +400,32 @@ def test_a_relative_clause_states_a_fact_about_its_own_subject(
 @pytest.mark.parametrize(
     ("text", "relations"),
     [
+        ("Tim is from Ireland and lives in Boston.", [("Tim", "FROM", "Ireland"), ("Tim", "LIVES_IN", "Boston")]),
+        ("I was born in Sweden but grew up in Norway.", [(USER_NODE, "FROM", "Sweden"), (USER_NODE, "FROM", "Norway")]),
+        ("I live in Rome and work at Acme.", [(USER_NODE, "LIVES_IN", "Rome"), (USER_NODE, "WORKS_AT", "Acme")]),
+        ("My older sister lives in Rome and works at Acme.",
+         [("the user's sister", "LIVES_IN", "Rome"), ("the user's sister", "WORKS_AT", "Acme")]),
+        ("My friend Tom lives in Berlin and studies at TU Berlin.",
+         [(USER_NODE, "HAS_FRIEND", "Tom"), ("Tom", "LIVES_IN", "Berlin"), ("Tom", "STUDIES_AT", "TU Berlin")]),
+        ("Tom's wife works at Acme and lives in Rome.", []),  # the wife's, not Tom's
+        ("Tom lives in Rome and Ana works at Acme.", [("Tom", "LIVES_IN", "Rome"), ("Ana", "WORKS_AT", "Acme")]),
+        # What reaches over the first predicate reaches over the second.
+        ("I don't live in Rome and work at Acme.", []),
+        ("I used to live in Rome and work at Acme.", [(USER_NODE, "LIVED_IN", "Rome")]),
+        ("I want to move to Rome and work at Acme.", []),
+        ("If I move to Rome and work at Acme I'll be happy.", []),
+        ("My boss said Tom lives in Rome and works at Acme.", []),
+    ],
+)
+def test_a_predicate_after_and_without_its_own_subject_takes_the_sentences(
+    text: str, relations: list[tuple[str, str, str]]
+) -> None:
+    assert sorted(_relations(text)) == sorted(relations)
+
+
+@pytest.mark.parametrize(
+    ("text", "relations"),
+    [
         # Set off between commas, the name and the role are one person: once the fact went
         # to an unnamed "the user's sister" node beside Sarah's.
         ("Sarah, my sister, works at Apple.", [(USER_NODE, "HAS_SISTER", "Sarah"), ("Sarah", "WORKS_AT", "Apple")]),

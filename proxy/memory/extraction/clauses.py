@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 
+from proxy.memory.extraction.names import NAME
+from proxy.memory.extraction.roles import SINGULAR
+
 # The clause runs to the comma before the main verb. A comma before a capitalised word
 # stays inside it ("who lives in Paris, France, works at ..."); a clause left open runs to
 # the end ("I met Tom, who works at Acme."). A `;` or `:` inside, or a comma before
@@ -60,3 +63,39 @@ def _clause_end(sentence: str, start: int) -> tuple[int, int] | None:
             return None
         at = after.end()  # "Paris, France": still the clause
     return len(sentence), len(sentence)
+
+
+# "Tim is from Ireland and lives in Boston": a second predicate whose subject is left
+# out is read with the sentence's own subject, when the sentence opens with one (I, we,
+# a name, or my + role). Verb agreement does the rest: "I think Tom moved to Rome and
+# works at Acme" gives "I works at Acme", which no rule reads.
+_LEAD_SUBJECT = re.compile(
+    rf"\s*(?P<subject>I|We|[Mm]y\s+(?:[a-z]+\s+){{0,2}}?(?:{SINGULAR})(?:\s+{NAME})?|{NAME})\s+")
+_POSSESSIVE = re.compile(r"['’]s$")  # "Tom's wife works at Acme and ...": not Tom
+_CONJOINED = re.compile(r",?\s+(?:and|but)\s+(?=[a-z])")
+MAX_CONJOINED = 4
+
+
+# Words whose reach may take in the next predicate too: "I don't live in Rome and work at
+# Acme", "I used to ... and ...", "I want to move to Rome and work at Acme".
+_REACHING = re.compile(
+    r"n't\b|'(?:ll|d)\b|\b(?:not|never|no\s+longer|used\s+to|wants?|wanted|wish(?:es|ed)?|hop(?:e|es|ed|ing)|"
+    r"plan(?:s|ned|ning)?|going\s+to|will|would|can|cannot|could|might|may|should|must|love\s+to|like\s+to|"
+    r"thinking|considering|dream(?:s|ed)?)\b",
+    re.IGNORECASE,
+)
+
+
+def conjoined_sentences(sentence: str) -> list[tuple[int, str]]:
+    """Each predicate after `and`/`but` that has no subject of its own, given the sentence's,
+    with where it starts in the sentence; none after a word that may reach over it."""
+    lead = _LEAD_SUBJECT.match(sentence)
+    if lead is None or _POSSESSIVE.search(lead.group("subject")):
+        return []
+    subject = lead.group("subject")
+    found = []
+    for joint in list(_CONJOINED.finditer(sentence, lead.end()))[:MAX_CONJOINED]:
+        if _REACHING.search(sentence, lead.end(), joint.start()):
+            break
+        found.append((joint.end(), f"{subject} {sentence[joint.end():]}"))
+    return found

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from proxy.memory.extraction.clauses import clause_sentences
+from proxy.memory.extraction.clauses import clause_sentences, conjoined_sentences
 from proxy.memory.extraction.lexicon import EVENT_HEADS, MONTHS_AND_DAYS, STARTERS, TECH
 from proxy.memory.extraction.model import canonical_name
 from proxy.memory.extraction.names import NAME, is_plausible, name_type
@@ -235,6 +235,9 @@ def facts(text: str) -> Iterator[Fact]:
     yield from _clause_facts(main, main=True)
     for clause in clauses:
         yield from _clause_facts(clause, main=False)
+    for at, predicate in conjoined_sentences(main):
+        if not hedged(main, at):  # "If I move to Rome and work at Acme ..."
+            yield from _clause_facts(predicate, main=False)
 
 
 def _clause_facts(text: str, *, main: bool) -> Iterator[Fact]:
