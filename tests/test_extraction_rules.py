@@ -265,6 +265,9 @@ def test_plural_roles_name_each_person() -> None:
         ("I hate meetings before 10am.", "DISLIKES", ["meetings"]),
         ("I don't like cilantro.", "DISLIKES", ["cilantro"]),
         ("I can't stand Jira.", "DISLIKES", ["Jira"]),
+        ("I love Python and use it at Stripe.", "LIKES", ["Python"]),  # once also LIKES "use"
+        ("I hate Java and avoid it.", "DISLIKES", ["Java"]),
+        ("I love hiking and camping in the woods.", "LIKES", ["hiking", "camping"]),
     ],
 )
 def test_preferences(text: str, relation: str, objects: list[str]) -> None:

@@ -58,6 +58,7 @@ _STOP = frozenset(
     anymore too very much lately nowadays now today daily again more most better best is are was
     were will would can could should do does did not no all either i we you they he she it""".split()
 )
+_OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us"})
 _META = frozenset("idea way plan suggestion answer approach solution sound look part point fact thought option".split())
 MAX_WORDS = 4
 
@@ -96,6 +97,8 @@ def objects(rest: str) -> list[str]:
             words = []
             continue
         if low in _STOP or len(words) == MAX_WORDS:
+            if items and len(words) == 1 and low in _OBJECT_PRONOUNS:
+                words = []  # "I love Python and use it at work": a verb and its object, not a liking
             break
         if not words and low in _DETERMINERS:
             continue
