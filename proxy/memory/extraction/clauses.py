@@ -10,6 +10,7 @@ and "My brother Sam lives in Lisbon".
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from proxy.memory.extraction.names import NAME
@@ -94,7 +95,7 @@ def conjoined_sentences(sentence: str) -> list[tuple[int, str]]:
         return []
     subject = lead.group("subject")
     found = []
-    for joint in list(_CONJOINED.finditer(sentence, lead.end()))[:MAX_CONJOINED]:
+    for joint in itertools.islice(_CONJOINED.finditer(sentence, lead.end()), MAX_CONJOINED):
         if _REACHING.search(sentence, lead.end(), joint.start()):
             break
         found.append((joint.end(), f"{subject} {sentence[joint.end():]}"))
