@@ -15,8 +15,6 @@ from functools import lru_cache
 
 import snowballstemmer
 
-from proxy.textcache import cached_when_short
-
 # Scripts written without spaces (Chinese, Japanese kana and kanji): each character is a
 # term, so "北京" finds "我住在北京" by its two characters. Every other script's words are
 # split on spaces and punctuation as English is.
@@ -47,8 +45,7 @@ _stemmer = snowballstemmer.stemmer("english")
 # (base64, hex) is one token, and PostgreSQL's index on its postings holds a term of at most
 # about 2,700 bytes; no word or identifier a question names is longer.
 MAX_TERM_CHARS = 128
-# A longer token (a pasted blob) is not cached (proxy/textcache.py).
-CACHED_TOKEN_CHARS = 256
+CACHED_TOKEN_CHARS = 256  # the longest token (or word) whose terms are cached
 
 
 @lru_cache(maxsize=65536)
@@ -77,13 +74,12 @@ def _words(text: str) -> list[tuple[str, str]]:
     """(lower-case word, index term) pairs; an identifier's whole form has word ''."""
     out: list[tuple[str, str]] = []
     for token in (_ASCII_TOKEN if text.isascii() else _TOKEN).findall(text):
-        out.extend(_token_words(token))
+        out.extend(_cached_token_words(token) if len(token) <= CACHED_TOKEN_CHARS else _token_words(token))
     return out
 
 
-@cached_when_short(65536, CACHED_TOKEN_CHARS)
 def _token_words(token: str) -> tuple[tuple[str, str], ...]:
-    """`_words` of one token; cached, since chat text repeats a small vocabulary."""
+    """`_words` of one token."""
     if _CHARACTER.fullmatch(token):
         return ((token, token),)
     parts = _PART.findall(token)
@@ -96,6 +92,11 @@ def _token_words(token: str) -> tuple[tuple[str, str], ...]:
         word = _fold(part.lower())[:MAX_TERM_CHARS]
         out.append((word, stem(word)))
     return tuple(out)
+
+
+# Chat text repeats a small vocabulary. A longer token (a pasted blob) is not cached: the
+# cache would keep it alive.
+_cached_token_words = lru_cache(maxsize=65536)(_token_words)
 
 
 def _fold(word: str) -> str:

@@ -7,16 +7,14 @@ block memproxy inserted back out of a message before it is saved.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
 
 from proxy.models import Hit, ReasoningStep
 
@@ -209,39 +207,35 @@ DATE_END = "): "
 NAME_END = " — "
 
 
-def _cached_by_length(build: Callable[..., str]) -> Callable[..., str]:
-    """`build` cached: LINES_CACHED answers for short texts, LONG_LINES_CACHED for long ones.
-
-    Its text arguments must be cut to LINE_TEXT_MAX_CHARS already: the cache holds them.
-    """
-    short, long = lru_cache(maxsize=LINES_CACHED)(build), lru_cache(maxsize=LONG_LINES_CACHED)(build)
-
-    @functools.wraps(build)
-    def cached(*args: Any) -> str:
-        size = sum(len(arg) for arg in args if isinstance(arg, str))
-        return (short if size <= SHORT_TEXT_CHARS else long)(*args)
-
-    return cached
-
-
 def entity_line(name: str, description: str) -> str:
     """`name — description`, either alone when the other is empty."""
-    return _entity_line(name[:LINE_TEXT_MAX_CHARS], description[:LINE_TEXT_MAX_CHARS])
+    if len(name) + len(description) <= SHORT_TEXT_CHARS:
+        return _short_entity_line(name, description)
+    return _long_entity_line(name[:LINE_TEXT_MAX_CHARS], description[:LINE_TEXT_MAX_CHARS])
 
 
-@_cached_by_length
 def _entity_line(name: str, description: str) -> str:
-    return NAME_END.join(part for part in (neutralise(name), neutralise(description)) if part)
+    return NAME_END.join(part for part in (neutralise(name[:LINE_TEXT_MAX_CHARS]),
+                                        neutralise(description[:LINE_TEXT_MAX_CHARS])) if part)
 
 
 def message_line(role: str, created_at: datetime, text: str) -> str:
     """`role (YYYY-MM-DD): text`, dated in UTC so the model can answer "when"."""
-    return _message_line(role, created_at, strip_block(text)[:LINE_TEXT_MAX_CHARS])
+    if len(text) <= SHORT_TEXT_CHARS:
+        return _short_message_line(role, created_at, text)
+    return _long_message_line(role, created_at, strip_block(text)[:LINE_TEXT_MAX_CHARS])
 
 
-@_cached_by_length
-def _message_line(role: str, created_at: datetime, said: str) -> str:
-    return f"{role} ({_utc_date(created_at)}{DATE_END}{neutralise(said)}"
+def _message_line(role: str, created_at: datetime, text: str) -> str:
+    return f"{role} ({_utc_date(created_at)}{DATE_END}{neutralise(strip_block(text)[:LINE_TEXT_MAX_CHARS])}"
+
+
+# Lines are cached by their texts: many short ones, and a few long ones cut first (a cache
+# keeps its keys alive, and a pasted document must not stay).
+_short_entity_line = lru_cache(maxsize=LINES_CACHED)(_entity_line)
+_long_entity_line = lru_cache(maxsize=LONG_LINES_CACHED)(_entity_line)
+_short_message_line = lru_cache(maxsize=LINES_CACHED)(_message_line)
+_long_message_line = lru_cache(maxsize=LONG_LINES_CACHED)(_message_line)
 
 
 def triple_line(from_name: str, type: str, to_name: str) -> str:

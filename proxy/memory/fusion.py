@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from proxy.memory.block import (
     DATE_END,
@@ -23,7 +24,6 @@ from proxy.memory.block import (
 )
 from proxy.models import Hit
 from proxy.terms import CACHED_TOKEN_CHARS, terms
-from proxy.textcache import cached_when_short
 
 RRF_K = 60
 # Below the gap between ranks 1 and 3 of a lone stream (1 - 61/63 = 0.032), so finding a
@@ -194,8 +194,14 @@ def _snippet(text: str, wanted: frozenset[str], max_chars: int) -> str:
     return (ELLIPSIS if start > 0 else "") + piece + (ELLIPSIS if end < len(text) else "")
 
 
-@cached_when_short(65536, CACHED_TOKEN_CHARS)
 def _word_terms(word: str) -> frozenset[str]:
+    if len(word) > CACHED_TOKEN_CHARS:  # a pasted blob, not cached: it would stay in memory
+        return frozenset(terms(word))
+    return _cached_word_terms(word)
+
+
+@lru_cache(maxsize=65536)
+def _cached_word_terms(word: str) -> frozenset[str]:
     return frozenset(terms(word))
 
 

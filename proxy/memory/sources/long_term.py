@@ -10,6 +10,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from proxy.memory.block import SHORT_TEXT_CHARS, entity_line
 from proxy.memory.hybrid import with_vectors
@@ -17,7 +18,6 @@ from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
 from proxy.stores.base import Store
 from proxy.terms import terms
-from proxy.textcache import cached_when_short
 
 SOURCE = "long-term"
 MIN_SHARED_TERMS = 3
@@ -90,9 +90,14 @@ def _hit(found: Found[Entity], weak: bool) -> Hit:
                parts=parts)
 
 
-@cached_when_short(4096, SHORT_TEXT_CHARS)
 def _terms(text: str) -> frozenset[str]:
-    """An entity's terms: the same entities answer a user's questions turn after turn."""
+    """An entity's terms: the same entities answer a user's questions turn after turn, so
+    they are cached, unless the text is long (a cache keeps its keys alive)."""
+    return _cached_terms(text) if len(text) <= SHORT_TEXT_CHARS else frozenset(terms(text))
+
+
+@lru_cache(maxsize=4096)
+def _cached_terms(text: str) -> frozenset[str]:
     return frozenset(terms(text))
 
 
