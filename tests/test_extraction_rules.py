@@ -268,6 +268,8 @@ def test_plural_roles_name_each_person() -> None:
         ("I love Python and use it at Stripe.", "LIKES", ["Python"]),  # once also LIKES "use"
         ("I hate Java and avoid it.", "DISLIKES", ["Java"]),
         ("I love hiking and camping in the woods.", "LIKES", ["hiking", "camping"]),
+        ("I love helping the community and making it a better place.", "LIKES", ["helping the community"]),
+        ("I love the smell and taste it adds to dishes.", "LIKES", ["smell", "taste"]),  # "it" opens a clause
     ],
 )
 def test_preferences(text: str, relation: str, objects: list[str]) -> None:

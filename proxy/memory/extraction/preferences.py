@@ -81,12 +81,19 @@ def preference_facts(text: str) -> Iterator[Fact]:
         yield from (Fact(None, "AVOIDS", item, "preference") for item in objects(match.group("rest")))
 
 
+def _ends_phrase(following: list[str]) -> bool:
+    """Whether the pronoun before `following` ends its phrase ("use it at work", "avoid it",
+    "making it a better place"), rather than starting a clause ("the taste it adds")."""
+    return not following or following[0].lower() in _STOP or following[0].lower() in _DETERMINERS
+
+
 def objects(rest: str) -> list[str]:
     """The things a preference is about: "tabs over spaces" -> [tabs]; "hiking and camping" -> both."""
     rest = _LEAD.sub("", rest.strip(), count=1) if _LEAD.match(rest.strip()) else rest.strip()
     items: list[str] = []
     words: list[str] = []
-    for token in _WORD.findall(rest):
+    tokens = _WORD.findall(rest)
+    for at, token in enumerate(tokens):
         low = token.lower()
         if not words and (low in _REJECT_FIRST or (not items and low in _STOP)):
             break
@@ -97,7 +104,7 @@ def objects(rest: str) -> list[str]:
             words = []
             continue
         if low in _STOP or len(words) == MAX_WORDS:
-            if items and len(words) == 1 and low in _OBJECT_PRONOUNS:
+            if items and len(words) == 1 and low in _OBJECT_PRONOUNS and _ends_phrase(tokens[at + 1:at + 2]):
                 words = []  # "I love Python and use it at work": a verb and its object, not a liking
             break
         if not words and low in _DETERMINERS:
