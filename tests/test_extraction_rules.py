@@ -405,6 +405,24 @@ def test_a_relative_clause_states_a_fact_about_its_own_subject(
 @pytest.mark.parametrize(
     ("text", "relations"),
     [
+        ("Tom and Ana live in Oslo.", [("Tom", "LIVES_IN", "Oslo"), ("Ana", "LIVES_IN", "Oslo")]),
+        ("Tom, Ana and Jo work at Acme.", [("Tom", "WORKS_AT", "Acme"), ("Ana", "WORKS_AT", "Acme"),
+                                          ("Jo", "WORKS_AT", "Acme")]),
+        ("Tom and I live in Oslo.", [(USER_NODE, "LIVES_IN", "Oslo"), ("Tom", "LIVES_IN", "Oslo")]),
+        ("Tom and Ana moved to Berlin last year.", [("Tom", "LIVES_IN", "Berlin"), ("Ana", "LIVES_IN", "Berlin")]),
+        ("If Tom and Ana move to Rome, call me.", []),
+        ("I visited Tom and Ana moved to Berlin.", [("Ana", "LIVES_IN", "Berlin")]),  # Tom was visited
+    ],
+)
+def test_people_named_together_at_the_head_each_get_the_fact(
+    text: str, relations: list[tuple[str, str, str]]
+) -> None:
+    assert sorted(_relations(text)) == sorted(relations)
+
+
+@pytest.mark.parametrize(
+    ("text", "relations"),
+    [
         ("Tim is from Ireland and lives in Boston.", [("Tim", "FROM", "Ireland"), ("Tim", "LIVES_IN", "Boston")]),
         ("I was born in Sweden but grew up in Norway.", [(USER_NODE, "FROM", "Sweden"), (USER_NODE, "FROM", "Norway")]),
         ("I live in Rome and work at Acme.", [(USER_NODE, "LIVES_IN", "Rome"), (USER_NODE, "WORKS_AT", "Acme")]),

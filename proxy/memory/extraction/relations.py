@@ -133,6 +133,16 @@ _PATTERNS = tuple(
     (kind, target, _first_person(fp, we=we), _third_person(tp) if tp else None)
     for kind, target, fp, tp, we in _FACTS
 )
+# "Tom and Ana live in Oslo", "Tom, Ana and I moved to Berlin": people named together at
+# the head of a sentence each get its fact. Only at the head: in "I visited Tom and Ana
+# moved to Berlin", Tom is who was visited.
+_HEAD = r"(?:^|[.;:!?]\s+)"
+_NAMES_AND = rf"(?P<names>{NAME}(?:,\s+{NAME})*),?\s+and\s+"
+_NAMES_BEFORE = re.compile(rf"{_HEAD}{_NAMES_AND}$")
+_PLURAL = tuple(
+    (kind, target, re.compile(rf"{_HEAD}{_NAMES_AND}(?P<last>{NAME}){_ADV}\s+(?:{fp})\s+{_NAMED}(?P<obj>{NAME})"))
+    for kind, target, fp, _, _ in _FACTS
+)
 # Verbs too loose to state a job unless the object's own words say organisation: "I've been
 # at Google for years" is a job, "I've been at the airport for hours" is not.
 _ORG_ONLY = _first_person(r"have\s+been\s+(?:at|with)|am\s+(?:at|with)")
@@ -276,6 +286,23 @@ def _verb_facts(text: str, *, main: bool) -> Iterator[Fact]:
                     continue
                 if fact and not hedged(text, match.start()):
                     yield fact
+                    if main and not fact.subject_role:  # "Tom and I live in Oslo": Tom too
+                        yield from _named_with(fact, _NAMES_BEFORE.search(text, 0, match.start()))
+    if main:
+        for kind, target, pattern in _PLURAL:
+            for match in pattern.finditer(text):
+                if not hedged(text, match.start("names")):
+                    fact = Fact(clean_name(match.group("last")), kind, clean_name(match.group("obj")), target)
+                    if is_plausible(fact.object, acronym=True) and is_plausible(fact.subject or ""):
+                        yield fact
+                        yield from _named_with(fact, match)
+
+
+def _named_with(fact: Fact, names: re.Match[str] | None) -> Iterator[Fact]:
+    """The fact for each of the names said together with its subject."""
+    for name in map(clean_name, _LIST_SPLIT.split(names.group("names")) if names else ()):
+        if is_plausible(name):
+            yield Fact(name, fact.type, fact.object, fact.object_type)
 
 
 def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bool) -> Fact | None:
