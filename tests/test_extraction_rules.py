@@ -412,6 +412,10 @@ def test_a_relative_clause_states_a_fact_about_its_own_subject(
         ("Tom and Ana moved to Berlin last year.", [("Tom", "LIVES_IN", "Berlin"), ("Ana", "LIVES_IN", "Berlin")]),
         ("If Tom and Ana move to Rome, call me.", []),
         ("I visited Tom and Ana moved to Berlin.", [("Ana", "LIVES_IN", "Berlin")]),  # Tom was visited
+        # The objects the singular rules refuse, refused here too.
+        ("Tom and Ana moved to Postgres.", []),
+        ("Tom and Ana joined Alice for lunch.", []),
+        ("Tom and Ana work at Alice's bakery.", []),
     ],
 )
 def test_people_named_together_at_the_head_each_get_the_fact(

@@ -291,11 +291,11 @@ def _verb_facts(text: str, *, main: bool) -> Iterator[Fact]:
     if main:
         for kind, target, pattern in _PLURAL:
             for match in pattern.finditer(text):
-                if not hedged(text, match.start("names")):
-                    fact = Fact(clean_name(match.group("last")), kind, clean_name(match.group("obj")), target)
-                    if is_plausible(fact.object, acronym=True) and is_plausible(fact.subject or ""):
-                        yield fact
-                        yield from _named_with(fact, match)
+                obj, last = _stated_object(kind, match), clean_name(match.group("last"))
+                if obj is not None and is_plausible(last) and not hedged(text, match.start("names")):
+                    fact = Fact(last, kind, obj, target)
+                    yield fact
+                    yield from _named_with(fact, match)
 
 
 def _named_with(fact: Fact, names: re.Match[str] | None) -> Iterator[Fact]:
@@ -306,23 +306,31 @@ def _named_with(fact: Fact, names: re.Match[str] | None) -> Iterator[Fact]:
 
 
 def _verb_fact(kind: str, target: str, match: re.Match[str], *, third_person: bool) -> Fact | None:
-    if match.group("obj").endswith("'s"):
-        return None  # "I work at Alice's bakery" is not a job at Alice
-    obj = clean_name(match.group("obj"))
+    obj = _stated_object(kind, match)
     named = third_person and match.group("subj") is not None
     role = _subject_role(match) if third_person and not named else ""
     subject = clean_name(match.group("subj")) if named else None
     if role and (apposed := _apposed_name(match)):
         named, role, subject = True, "", apposed  # "Sarah, my sister, works at Apple": Sarah does
-    if not is_plausible(obj, acronym=True) or (named and not is_plausible(subject or "")):
+    if obj is None or (named and not is_plausible(subject or "")):
         return None
     if third_person and not named and not role:
         return None  # "my company is based in ...", "my late husband lived in ...": no node to hold it
+    return Fact(subject, kind, obj, target, subject_role=role)
+
+
+def _stated_object(kind: str, match: re.Match[str]) -> str | None:
+    """The object a verb pattern's match names, or None when it is not what the fact needs."""
+    if match.group("obj").endswith("'s"):
+        return None  # "I work at Alice's bakery" is not a job at Alice
+    obj = clean_name(match.group("obj"))
+    if not is_plausible(obj, acronym=True):
+        return None
     if kind in _PLACES_ONLY and canonical_name(obj) in TECH:
         return None  # "moved to Postgres" is a migration, not a move
     if "joined" in match.group() and re.match(r"\s+(?:for|on)\b", match.string[match.end() :]):
         return None  # "joined Alice for lunch"
-    return Fact(subject, kind, obj, target, subject_role=role)
+    return obj
 
 
 # A sentence that opens with a place or time phrase: the name in it is not the one the
