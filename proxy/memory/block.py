@@ -78,7 +78,7 @@ def neutralise(text: str) -> str:
 
     A hit's line is made safe when it is built, and again by the merge, the budget and the
     block that take it (each must hold on its own), and the same lines recur from one recall
-    to the next. So a short text's answer is cached (a third of the event loop's work in a
+    to the next. So a short text's answer is cached (a tenth of the event loop's CPU in a
     recall), and a long text found already safe is known by its digest (cleaning 100,000
     chars took 10 ms).
     """
