@@ -45,7 +45,8 @@ def open_store(settings: StoreSettings) -> Store:
     if settings.url.startswith("sqlite:///"):
         from proxy.stores.sqlite import SQLiteStore
 
-        return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper())
+        return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper(),
+                           search_cache_mb=settings.search_cache_mb)
     from proxy.stores.postgres import PostgresStore  # type: ignore[import-not-found]
 
     return PostgresStore(settings.url)  # type: ignore[no-any-return]

@@ -63,6 +63,9 @@ class StoreSettings:
     synchronous: Literal["normal", "full"] = _help(
         "SQLite durability: normal survives process crashes; full also power loss.", "normal"
     )
+    search_cache_mb: int = _help(
+        "SQLite: most memory the in-process message indexes of active users take (MiB); 0 = search FTS5 only.", 256
+    )
 
 
 @dataclass(frozen=True)
@@ -334,6 +337,8 @@ def _check(s: Settings) -> None:
         raise ConfigError(f"upstream.base_url: must start with http:// or https://, got {s.upstream.base_url!r}")
     if not s.store.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError(f"store.url: must be sqlite:///PATH or postgresql://..., got {s.store.url!r}")
+    if s.store.search_cache_mb < 0:
+        raise ConfigError(f"store.search_cache_mb: must be 0 or more, got {s.store.search_cache_mb}")
     if s.store.url.startswith("sqlite:///") and s.store.url[len("sqlite:///"):].strip() in ("", ":memory:"):
         # Each connection would open a database of its own: the readers would find no tables.
         raise ConfigError(f"store.url: an SQLite store needs a file path, got {s.store.url!r}")

@@ -20,11 +20,25 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, TypeVar
 
-from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
+from proxy.models import (
+    Entity,
+    ReasoningTrace,
+    Relationship,
+    Scope,
+    StoredMessage,
+    Turn,
+)
 from proxy.stores.base import FinishTurn, QueuedMessage, StoreError, WriteOp
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
-from proxy.stores.sqlite_checkpoint import CHECKPOINT_EVERY_S, WAL_TRUNCATE_BYTES, Checkpointer
+from proxy.stores.sqlite_checkpoint import (
+    CHECKPOINT_EVERY_S,
+    WAL_TRUNCATE_BYTES,
+    Checkpointer,
+)
+from proxy.stores.sqlite_facts import USER_TYPE
+from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
+from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
     entity_from_row,
     export_conversation,
@@ -38,10 +52,15 @@ from proxy.stores.sqlite_rows import (
     trace_from_row,
     turn_from_row,
 )
-from proxy.stores.sqlite_facts import USER_TYPE
-from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_schema import migrate
-from proxy.stores.sqlite_search import ENTITIES, MESSAGES, REASONING, TermCounts, indexed_rows, prepare_reader
+from proxy.stores.sqlite_search import (
+    ENTITIES,
+    MESSAGE_WEIGHTS,
+    REASONING,
+    TermCounts,
+    indexed_rows,
+    prepare_reader,
+)
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
@@ -114,7 +133,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     # retry with some of the query's words cannot find more than the full query did.
     matches_any_term = True
 
-    def __init__(self, path: str, *, synchronous: str = "NORMAL",
+    def __init__(self, path: str, *, synchronous: str = "NORMAL", search_cache_mb: int = 256,
                  checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
@@ -127,10 +146,16 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
-        self._term_counts = TermCounts(MESSAGES)
+        self._message_counts = MessageTermCounts()
+        self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_term_counts = TermCounts(ENTITIES)
         self._reasoning_term_counts = TermCounts(REASONING)
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
+
+    @property
+    def message_indexes(self) -> MessageIndexes:
+        """The in-memory message indexes that answer message searches (sqlite_message_index.py)."""
+        return self._message_indexes
 
     # --- lifecycle
 
@@ -177,6 +202,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                 await readers.close()
             except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
+            await asyncio.get_running_loop().run_in_executor(None, self._message_indexes.close)
         if thread is not None:
             if writer is not None:
                 # Queued behind any batch still running, so that batch commits first.
@@ -417,7 +443,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (whole-corpus statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
-            conn, self._term_counts, scope, terms, agent_clause=_agent_clause,
+            conn, self._message_counts, self._message_indexes, scope, terms,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
 
     async def search_entities(

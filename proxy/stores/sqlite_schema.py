@@ -258,8 +258,28 @@ _V4 = f"""
 UPDATE entities SET canonical_name = memproxy_bounded_key(canonical_name) WHERE length(canonical_name) > {KEY_MAX_CHARS};
 """
 
+# v5: a count of message deletions and re-indexings, by whichever process made them: the
+# in-memory message index (sqlite_message_index.py) catches up with new messages by rowid,
+# and is rebuilt when this count moves. One count for all users, so it names none (deleting a
+# user leaves no row behind that holds its id); such changes are rare (the memory API's
+# corrections and deletes, `memproxy reindex`).
+_V5 = """
+CREATE TABLE IF NOT EXISTS search_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL
+);
+INSERT INTO search_epoch (id, epoch) VALUES (1, 0) ON CONFLICT DO NOTHING;
+CREATE TRIGGER IF NOT EXISTS messages_epoch_delete AFTER DELETE ON messages BEGIN
+    UPDATE search_epoch SET epoch = epoch + 1 WHERE id = 1;
+END;
+CREATE TRIGGER IF NOT EXISTS messages_epoch_update
+    AFTER UPDATE OF seq, user_id, conversation_id, agent_id, terms, context ON messages BEGIN
+    UPDATE search_epoch SET epoch = epoch + 1 WHERE id = 1;
+END;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -47,6 +47,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
+from proxy.stores.sqlite_message_index import (
+    FAST_TERM,
+    OWN_COLUMN,
+    VOCAB_ROWS,
+    Filter,
+    MessageIndexes,
+    MessageTermCounts,
+    snapshot,
+)
 from proxy.stores.sqlite_rows import entity_from_row, message_from_row, trace_from_row
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
@@ -89,7 +98,8 @@ class FtsIndex:
 # A message is found by its own words (`terms`); the words said before it (`context`) add
 # to its score but never find it on their own.
 MESSAGES = FtsIndex("messages", "m", "1.0, 0.3", "m.id, m.conversation_id, m.role, m.content, m.created_at",
-                    finding_column="terms")
+                    finding_column=OWN_COLUMN)
+MESSAGE_WEIGHTS = tuple(float(w) for w in MESSAGES.weights.split(","))  # own words, context
 ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
                     "e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
                     " e.provenance")
@@ -117,6 +127,9 @@ def prepare_reader(conn: sqlite3.Connection) -> None:
     for index in (MESSAGES, ENTITIES, REASONING):
         kind = "col" if index.finding_column else "row"
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {index.vocab} USING fts5vocab(main, {index.fts}, {kind})")
+    # Messages are also counted in any column, for bm25()'s IDF (sqlite_message_index.MessageTermCounts,
+    # which reads MESSAGES.vocab as VOCAB_COLUMNS).
+    conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB_ROWS} USING fts5vocab(main, {MESSAGES.fts}, row)")
 
 
 def _varint(data: bytes, at: int) -> int:
@@ -214,26 +227,79 @@ def candidate_budget(rows: int) -> int:
     return min(CANDIDATE_MAX_ROWS, max(CANDIDATE_MIN_ROWS, int(CANDIDATE_SHARE * rows)))
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Which rows a search scores: those saying one of `finding` (in the finding column), the
+    newest `newest` of them when set; each scored over every one of `terms`."""
+
+    terms: list[str]
+    finding: list[str]
+    newest: int | None
+
+    @staticmethod
+    def of(terms: list[str], counts: dict[str, int], rows: int, *, whole_history: bool) -> Plan:
+        """A conversation search scores all its rows saying a term; a whole-history search keeps to its
+        rarest terms within the budget (`counts`: rows saying each term, of `rows` indexed)."""
+        if not whole_history:
+            return Plan(terms, terms, None)
+        return Plan(terms, candidate_terms(terms, counts, rows) or terms,
+                    candidate_budget(rows) if rows > SMALL_INDEX_ROWS else None)
+
+
 def search_messages(
     conn: sqlite3.Connection,
-    counts: TermCounts,
+    counts: MessageTermCounts,
+    indexes: MessageIndexes,
     scope: Scope,
     terms: Sequence[str],
     *,
-    agent_clause: AgentClause,
     conversation_ids: Sequence[str] | None,
     exclude_conversation_id: str | None,
     limit: int,
 ) -> list[tuple[StoredMessage, float]]:
-    """BM25 over the user's messages, best first (run on a reader thread)."""
-    if conversation_ids is not None and not conversation_ids:
+    """BM25 over the user's messages, best first (run on a reader thread): from the user's
+    in-memory postings when they are built (sqlite_message_index.py), else FTS5; the same either way.
+
+    One read transaction: the term counts, FTS5's statistics, the catch-up and the rows read
+    back all see the same messages.
+    """
+    wanted = searchable(terms)
+    if not wanted or (conversation_ids is not None and not conversation_ids):
         return []
-    where, params = agent_clause(scope, MESSAGES.alias)
-    if exclude_conversation_id is not None:
-        where += f" AND {MESSAGES.alias}.conversation_id != ?"
-        params.append(exclude_conversation_id)
-    rows = _search(conn, MESSAGES, counts, scope, terms, where, params, conversation_ids, limit)
-    return [(message_from_row(row), row["score"]) for row in rows]
+    if conn.in_transaction:  # left open by a read that failed half-way: nothing to keep
+        conn.rollback()
+    conn.execute("BEGIN")
+    try:
+        seen = snapshot(conn)
+        own, anywhere = counts.lookup(conn, wanted, seen)
+        plan = Plan.of(wanted, own, seen.rows, whole_history=conversation_ids is None)
+        # A term FTS5 tokenises into several is a phrase: FTS5's to match.
+        index = (indexes.ready(conn, scope.user, seen)
+                 if indexes.enabled and all(FAST_TERM.fullmatch(t) for t in wanted) else None)
+        if index is None:
+            where, params = _isolated_agent(scope, MESSAGES.alias)
+            if exclude_conversation_id is not None:
+                where += f" AND {MESSAGES.alias}.conversation_id != ?"
+                params.append(exclude_conversation_id)
+            rows = _search(conn, MESSAGES, scope, plan, where, params, conversation_ids, limit)
+            return [(message_from_row(row), row["score"]) for row in rows]
+        where = Filter(conversation_ids, exclude_conversation_id, scope.agent_isolated, scope.agent)
+        with index.lock:
+            best = index.search(plan.terms, plan.finding, seen.statistics(anywhere), where, plan.newest, limit,
+                                seen.visible_seq)
+        if not best:
+            return []
+        found = {row["seq"]: row for row in conn.execute(
+            f"SELECT m.seq, {MESSAGES.columns} FROM json_each(?) j CROSS JOIN messages m ON m.seq = j.value"
+            " WHERE m.user_id = ?", [json.dumps([seq for seq, _ in best]), scope.user])}
+        return [(message_from_row(found[seq]), score) for seq, score in best if seq in found]
+    finally:
+        conn.execute("COMMIT")
+
+
+def _isolated_agent(scope: Scope, alias: str) -> tuple[str, list[Any]]:
+    """Messages of the scope's agent only, under agent isolation (`Filter` says the same to the postings)."""
+    return (f" AND {alias}.agent_id IS ?", [scope.agent]) if scope.agent_isolated else ("", [])
 
 
 def search_entities(
@@ -257,17 +323,27 @@ def _search_all(
     agent_clause: AgentClause, limit: int, build: Callable[[sqlite3.Row], T],
 ) -> list[tuple[T, float]]:
     """A whole-history search of `index`, each row built into its item, with its score."""
+    wanted = searchable(terms)
+    if not wanted:
+        return []
+    found_counts, rows = counts.lookup(conn, wanted)
+    # A term no row holds matches nothing and adds nothing to a score, but FTS5 still walks
+    # it: dropped (its zero count is never a cached one). A term the tokenizer would fold
+    # (`INTERNAL_HBR`) is counted under another spelling: kept.
+    wanted = [t for t in wanted if found_counts.get(t, 0) > 0 or not _AS_INDEXED.fullmatch(t)]
+    if not wanted:
+        return []
     where, params = agent_clause(scope, index.alias)
-    return [(build(row), row["score"]) for row in _search(conn, index, counts, scope, terms, where, params, None, limit)]
+    plan = Plan.of(wanted, found_counts, rows, whole_history=True)
+    return [(build(row), row["score"]) for row in _search(conn, index, scope, plan, where, params, None, limit)]
 
 
 def _search(
-    conn: sqlite3.Connection, index: FtsIndex, counts: TermCounts, scope: Scope, terms: Sequence[str],
+    conn: sqlite3.Connection, index: FtsIndex, scope: Scope, plan: Plan,
     where: str, params: list[Any], conversation_ids: Sequence[str] | None, limit: int,
 ) -> list[sqlite3.Row]:
-    """The best `limit` rows of the user for `terms`, each with its score, within the bounds above."""
-    wanted = searchable(terms)
-    query = match_query(wanted)
+    """The best `limit` rows of the user by `plan`, each with its score, within the bounds above."""
+    query = match_query(plan.terms)
     if query is None:
         return []
     fts, t = index.fts, index.alias
@@ -285,25 +361,15 @@ def _search(
                     " AND +rowid IN chosen)")
         args.append(index.finding(query))
     else:
-        found_counts, rows = counts.lookup(conn, wanted)
-        if index.finding_column is None:
-            # A term no row holds matches nothing and adds nothing to a score, but FTS5
-            # still walks it: dropped (its zero count is never a cached one). A term the
-            # tokenizer would fold (`INTERNAL_HBR`) is counted under another spelling: kept.
-            wanted = [t for t in wanted if found_counts.get(t, 0) > 0 or not _AS_INDEXED.fullmatch(t)]
-            query = match_query(wanted)
-            if query is None:
-                return []
-        kept = candidate_terms(wanted, found_counts, rows) or wanted
-        # The user's newest rows saying a kept term: all of them unless the rarest term
+        # The user's newest rows saying a finding term: all of them unless the rarest term
         # alone is said more often than the budget allows. CROSS JOIN: the index drives;
         # given the user filter alone the planner may scan the user's rows and run the
         # MATCH once per row.
         ctes.append(f"found(seq) AS MATERIALIZED (SELECT {fts}.rowid FROM {fts} CROSS JOIN {index.table} {t}"
                     f" ON {t}.seq = {fts}.rowid WHERE {fts} MATCH ? AND {t}.user_id = ?{where}"
                     f" ORDER BY {fts}.rowid DESC LIMIT ?)")
-        most = candidate_budget(rows) if rows > SMALL_INDEX_ROWS else -1  # -1: no LIMIT
-        args += [index.finding(match_query(kept) or query), scope.user, *params, most]
+        most = -1 if plan.newest is None else plan.newest  # -1: no LIMIT
+        args += [index.finding(match_query(plan.finding) or query), scope.user, *params, most]
     # The rowids the candidates span bound the walk of the scoring MATCH. Only the best
     # rows' text is read: sorting every candidate's whole row cost a fifth of the search.
     span = f" AND {fts}.rowid BETWEEN (SELECT min(seq) FROM found) AND (SELECT max(seq) FROM found)"
