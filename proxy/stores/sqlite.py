@@ -36,6 +36,7 @@ from proxy.stores.sqlite_checkpoint import (
     WAL_TRUNCATE_BYTES,
     Checkpointer,
 )
+from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
 from proxy.stores.sqlite_readers import ReadPool
@@ -55,6 +56,7 @@ from proxy.stores.sqlite_rows import (
 from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import (
     ENTITIES,
+    ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
     REASONING,
     TermCounts,
@@ -149,13 +151,19 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._message_counts = MessageTermCounts()
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_term_counts = TermCounts(ENTITIES)
+        self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
         self._reasoning_term_counts = TermCounts(REASONING)
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
     def message_indexes(self) -> MessageIndexes:
-        """The in-memory message indexes that answer message searches (sqlite_message_index.py)."""
+        """The in-memory postings that answer message searches (sqlite_message_index.py)."""
         return self._message_indexes
+
+    @property
+    def entity_indexes(self) -> EntityIndexes:
+        """The in-memory postings that answer entity searches (sqlite_entity_index.py)."""
+        return self._entity_indexes
 
     # --- lifecycle
 
@@ -202,7 +210,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                 await readers.close()
             except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
-            await asyncio.get_running_loop().run_in_executor(None, self._message_indexes.close)
+            for indexes in (self._message_indexes, self._entity_indexes):
+                await asyncio.get_running_loop().run_in_executor(None, indexes.close)
         if thread is not None:
             if writer is not None:
                 # Queued behind any batch still running, so that batch commits first.
@@ -451,7 +460,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_entity_index(
-            conn, self._entity_term_counts, scope, terms, agent_clause=_agent_clause, limit=limit))
+            conn, self._entity_term_counts, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

@@ -43,6 +43,7 @@ from proxy.stores.reindex_terms import (
     rewrites,
     said_before_query,
 )
+from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_rows import (
@@ -104,6 +105,7 @@ class SQLiteAdmin:
     _write_thread: Any
     _writer: sqlite3.Connection | None
     _message_indexes: MessageIndexes
+    _entity_indexes: EntityIndexes
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:  # provided by SQLiteStore
         raise NotImplementedError
@@ -236,6 +238,7 @@ class SQLiteAdmin:
         """Delete every row of the user, merge the indexes and checkpoint; rows deleted per table."""
         counts = await self._on_writer(lambda conn: delete_user(conn, scope.user))
         self._message_indexes.forget(scope.user)
+        self._entity_indexes.forget(scope.user)
         writer, thread = self._writer, self._write_thread
         if writer is not None and thread is not None:
             await asyncio.get_running_loop().run_in_executor(thread, checkpoint, writer)

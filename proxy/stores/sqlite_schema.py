@@ -278,8 +278,33 @@ CREATE TRIGGER IF NOT EXISTS messages_epoch_update
 END;
 """
 
+# v6: the rowids of entities added, deleted, or whose indexed text, user or agent changed,
+# by whichever process: the in-memory entity index (sqlite_entity_index.py) catches up by
+# re-reading them. Rowids only, never whose. The log trims itself to its newest 65,536
+# rows (in steps of 1,024); postings that fell further behind are rebuilt.
+_V6 = """
+CREATE TABLE IF NOT EXISTS entity_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    entity_seq INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS entity_changes_trim AFTER INSERT ON entity_changes WHEN new.seq % 1024 = 0 BEGIN
+    DELETE FROM entity_changes WHERE seq <= new.seq - 65536;
+END;
+CREATE TRIGGER IF NOT EXISTS entities_changed_insert AFTER INSERT ON entities BEGIN
+    INSERT INTO entity_changes (entity_seq) VALUES (new.seq);
+END;
+CREATE TRIGGER IF NOT EXISTS entities_changed_update
+    AFTER UPDATE OF seq, user_id, agent_id, name_terms, type_terms, description_terms ON entities BEGIN
+    INSERT INTO entity_changes (entity_seq) VALUES (old.seq);
+    INSERT INTO entity_changes (entity_seq) SELECT new.seq WHERE new.seq != old.seq;
+END;
+CREATE TRIGGER IF NOT EXISTS entities_changed_delete AFTER DELETE ON entities BEGIN
+    INSERT INTO entity_changes (entity_seq) VALUES (old.seq);
+END;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -42,20 +42,21 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
+from proxy.stores.sqlite_entity_index import EntityIndexes, entity_snapshot
 from proxy.stores.sqlite_message_index import (
-    FAST_TERM,
     OWN_COLUMN,
     VOCAB_ROWS,
-    Filter,
     MessageIndexes,
     MessageTermCounts,
-    snapshot,
 )
+from proxy.stores.sqlite_message_index import snapshot as message_snapshot
+from proxy.stores.sqlite_postings import FAST_TERM, Filter, totals
 from proxy.stores.sqlite_rows import entity_from_row, message_from_row, trace_from_row
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
@@ -105,10 +106,10 @@ ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
                     " e.provenance")
 # What trace_from_row reads: a hit is built from these alone, not from the index text
 # stored beside them (a trace's is as long as the trace).
+ENTITY_WEIGHTS = tuple(float(w) for w in ENTITIES.weights.split(","))  # name, type, description
 REASONING = FtsIndex("reasoning", "x", "1.0", "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
 _AS_INDEXED = re.compile(r"[a-z0-9_]+")  # a term the vocabulary holds as written (unicode61 folds the rest)
-T = TypeVar("T")
 
 
 def match_query(terms: Sequence[str]) -> str | None:
@@ -132,24 +133,13 @@ def prepare_reader(conn: sqlite3.Connection) -> None:
     conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB_ROWS} USING fts5vocab(main, {MESSAGES.fts}, row)")
 
 
-def _varint(data: bytes, at: int) -> int:
-    """An SQLite varint (as FTS5 stores its counts): 7 bits a byte, big-endian, a 9th byte of 8."""
-    value = 0
-    for n in range(8):
-        byte = data[at + n]
-        value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            return value
-    return (value << 8) | data[at + 8]
-
-
 def indexed_rows(conn: sqlite3.Connection, index: FtsIndex = MESSAGES) -> int:
     """Rows in the index: the N of its BM25, kept by FTS5 in its averages record (id 1).
 
     One row read, where `count(*)` on the table walks all of it.
     """
     row = conn.execute(f"SELECT block FROM {index.fts}_data WHERE id = 1").fetchone()
-    return _varint(row[0], 0) if row and row[0] else 0
+    return totals(row[0] if row else None)[0]
 
 
 class TermCounts:
@@ -258,25 +248,16 @@ def search_messages(
     limit: int,
 ) -> list[tuple[StoredMessage, float]]:
     """BM25 over the user's messages, best first (run on a reader thread): from the user's
-    in-memory postings when they are built (sqlite_message_index.py), else FTS5; the same either way.
-
-    One read transaction: the term counts, FTS5's statistics, the catch-up and the rows read
-    back all see the same messages.
-    """
+    postings when they are built (sqlite_message_index.py), else FTS5; the same either way."""
     wanted = searchable(terms)
     if not wanted or (conversation_ids is not None and not conversation_ids):
         return []
-    if conn.in_transaction:  # left open by a read that failed half-way: nothing to keep
-        conn.rollback()
-    conn.execute("BEGIN")
-    try:
-        seen = snapshot(conn)
+    with _read_transaction(conn):
+        seen = message_snapshot(conn)
         own, anywhere = counts.lookup(conn, wanted, seen)
         plan = Plan.of(wanted, own, seen.rows, whole_history=conversation_ids is None)
-        # A term FTS5 tokenises into several is a phrase: FTS5's to match.
-        index = (indexes.ready(conn, scope.user, seen)
-                 if indexes.enabled and all(FAST_TERM.fullmatch(t) for t in wanted) else None)
-        if index is None:
+        postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
+        if postings is None:
             where, params = _isolated_agent(scope, MESSAGES.alias)
             if exclude_conversation_id is not None:
                 where += f" AND {MESSAGES.alias}.conversation_id != ?"
@@ -284,30 +265,40 @@ def search_messages(
             rows = _search(conn, MESSAGES, scope, plan, where, params, conversation_ids, limit)
             return [(message_from_row(row), row["score"]) for row in rows]
         where = Filter(conversation_ids, exclude_conversation_id, scope.agent_isolated, scope.agent)
-        with index.lock:
-            best = index.search(plan.terms, plan.finding, seen.statistics(anywhere), where, plan.newest, limit,
-                                seen.visible_seq)
-        if not best:
-            return []
-        found = {row["seq"]: row for row in conn.execute(
-            f"SELECT m.seq, {MESSAGES.columns} FROM json_each(?) j CROSS JOIN messages m ON m.seq = j.value"
-            " WHERE m.user_id = ?", [json.dumps([seq for seq, _ in best]), scope.user])}
-        return [(message_from_row(found[seq]), score) for seq, score in best if seq in found]
-    finally:
-        conn.execute("COMMIT")
-
-
-def _isolated_agent(scope: Scope, alias: str) -> tuple[str, list[Any]]:
-    """Messages of the scope's agent only, under agent isolation (`Filter` says the same to the postings)."""
-    return (f" AND {alias}.agent_id IS ?", [scope.agent]) if scope.agent_isolated else ("", [])
+        with postings.lock:
+            best = postings.search(plan.terms, plan.finding, seen.statistics(anywhere), where, plan.newest, limit,
+                                   seen.visible_seq)
+        return [(message_from_row(row), score) for row, score in _read_back(conn, MESSAGES, scope, best)]
 
 
 def search_entities(
-    conn: sqlite3.Connection, counts: TermCounts, scope: Scope, terms: Sequence[str], *,
-    agent_clause: AgentClause, limit: int,
+    conn: sqlite3.Connection, counts: TermCounts, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *,
+    limit: int,
 ) -> list[tuple[Entity, float]]:
-    """BM25 over the user's entities (name, type, description), best first (run on a reader thread)."""
-    return _search_all(conn, ENTITIES, counts, scope, terms, agent_clause, limit, entity_from_row)
+    """BM25 over the user's entities (name, type, description), best first (run on a reader thread):
+    from the user's postings when they are built (sqlite_entity_index.py), else FTS5; the same either way."""
+    wanted = searchable(terms)
+    if not wanted:
+        return []
+    with _read_transaction(conn):
+        found_counts, rows = counts.lookup(conn, wanted)
+        wanted = _said(wanted, found_counts)
+        if not wanted:
+            return []
+        plan = Plan.of(wanted, found_counts, rows, whole_history=True)
+        seen = entity_snapshot(conn)
+        postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
+        if postings is None:
+            where, params = _isolated_agent(scope, ENTITIES.alias)
+            return [(entity_from_row(row), row["score"])
+                    for row in _search(conn, ENTITIES, scope, plan, where, params, None, limit)]
+        # bm25()'s IDF counts each term now: the counts above may be a minute old.
+        saying = dict(conn.execute(f"SELECT term, doc FROM {ENTITIES.vocab} WHERE term IN"
+                                   " (SELECT value FROM json_each(?))", [json.dumps(wanted)]))
+        where = Filter(agent_isolated=scope.agent_isolated, agent=scope.agent)
+        with postings.lock:
+            best = postings.search(plan.terms, plan.finding, seen.statistics(saying), where, plan.newest, limit)
+        return [(entity_from_row(row), score) for row, score in _read_back(conn, ENTITIES, scope, best)]
 
 
 def search_reasoning(
@@ -315,27 +306,58 @@ def search_reasoning(
     agent_clause: AgentClause, limit: int,
 ) -> list[tuple[ReasoningTrace, float]]:
     """BM25 over the user's reasoning traces (task, steps, answer), best first (run on a reader thread)."""
-    return _search_all(conn, REASONING, counts, scope, terms, agent_clause, limit, trace_from_row)
-
-
-def _search_all(
-    conn: sqlite3.Connection, index: FtsIndex, counts: TermCounts, scope: Scope, terms: Sequence[str],
-    agent_clause: AgentClause, limit: int, build: Callable[[sqlite3.Row], T],
-) -> list[tuple[T, float]]:
-    """A whole-history search of `index`, each row built into its item, with its score."""
     wanted = searchable(terms)
     if not wanted:
         return []
     found_counts, rows = counts.lookup(conn, wanted)
-    # A term no row holds matches nothing and adds nothing to a score, but FTS5 still walks
-    # it: dropped (its zero count is never a cached one). A term the tokenizer would fold
-    # (`INTERNAL_HBR`) is counted under another spelling: kept.
-    wanted = [t for t in wanted if found_counts.get(t, 0) > 0 or not _AS_INDEXED.fullmatch(t)]
+    wanted = _said(wanted, found_counts)
     if not wanted:
         return []
-    where, params = agent_clause(scope, index.alias)
+    where, params = agent_clause(scope, REASONING.alias)
     plan = Plan.of(wanted, found_counts, rows, whole_history=True)
-    return [(build(row), row["score"]) for row in _search(conn, index, scope, plan, where, params, None, limit)]
+    return [(trace_from_row(row), row["score"]) for row in _search(conn, REASONING, scope, plan, where, params,
+                                                                    None, limit)]
+
+
+def _said(terms: list[str], counts: dict[str, int]) -> list[str]:
+    """The terms some row says. One no row says matches nothing and adds nothing to a score, but
+    FTS5 still walks it (a zero count is never a cached one). A term the tokenizer would fold
+    (`INTERNAL_HBR`) is counted under another spelling: kept."""
+    return [t for t in terms if counts.get(t, 0) > 0 or not _AS_INDEXED.fullmatch(t)]
+
+
+def _plain(terms: Sequence[str]) -> bool:
+    """True when FTS5 keeps every term as one token: the postings can match them (a phrase is FTS5's)."""
+    return all(FAST_TERM.fullmatch(t) for t in terms)
+
+
+def _isolated_agent(scope: Scope, alias: str) -> tuple[str, list[Any]]:
+    """Rows of the scope's agent only, under agent isolation (`Filter` says the same to the postings)."""
+    return (f" AND {alias}.agent_id IS ?", [scope.agent]) if scope.agent_isolated else ("", [])
+
+
+@contextmanager
+def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One snapshot for a search's reads: the counts, FTS5's statistics, the catch-up, the rows read back."""
+    if conn.in_transaction:  # left open by a read that failed half-way: nothing to keep
+        conn.rollback()
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")
+
+
+def _read_back(conn: sqlite3.Connection, index: FtsIndex, scope: Scope, best: list[tuple[int, float]]
+               ) -> list[tuple[sqlite3.Row, float]]:
+    """The rows the postings ranked, in their order, read from the table (a row gone since is left out)."""
+    if not best:
+        return []
+    t = index.alias
+    found = {row["seq"]: row for row in conn.execute(
+        f"SELECT {t}.seq, {index.columns} FROM json_each(?) j CROSS JOIN {index.table} {t} ON {t}.seq = j.value"
+        f" WHERE {t}.user_id = ?", [json.dumps([seq for seq, _ in best]), scope.user])}
+    return [(found[seq], score) for seq, score in best if seq in found]
 
 
 def _search(

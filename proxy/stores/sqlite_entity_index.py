@@ -1,0 +1,102 @@
+"""Entities as in-memory postings (sqlite_postings.py): how they are built and caught up.
+
+Extraction rewrites entities in place (a description grows, an alias is added) and merges
+two into one, deleting the other. A trigger logs the rowid of every entity added, deleted,
+or whose indexed text, user or agent changed, by any process (`entity_changes`, schema
+v6; the rowid only, never whose). A user's postings catch up by re-reading the entities
+logged since their last search: one still the user's is indexed as it now reads, any other
+is forgotten. The log keeps its newest 65,536 rows; postings further behind are rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.stores.sqlite_postings import (
+    CATCH_UP_MAX,
+    SCAN_MAX,
+    CatchUp,
+    PostingsCache,
+    Statistics,
+    UserPostings,
+    totals,
+)
+
+# A user's postings with more than this share of rows superseded are built again.
+DEAD_SHARE_MAX = 0.5
+# rowid, user, agent, name, type and description terms, FTS5 docsize.
+_COLUMNS = "e.seq, e.user_id, e.agent_id, e.name_terms, e.type_terms, e.description_terms, d.sz"
+
+
+@dataclass(frozen=True)
+class EntitySnapshot:
+    """What a read transaction sees of the entities: the change log's newest and oldest rows, FTS5's totals."""
+
+    changed_to: int
+    oldest_change: int
+    rows: int
+    tokens: int
+
+    def statistics(self, saying: dict[str, int]) -> Statistics:
+        """bm25()'s figures for a query whose terms `saying` rows say."""
+        return Statistics(self.rows, self.tokens, saying)
+
+
+def entity_snapshot(conn: sqlite3.Connection) -> EntitySnapshot:
+    """One statement: the change log's bounds and FTS5's averages record."""
+    changed_to, oldest, averages = conn.execute(
+        "SELECT (SELECT ifnull(max(seq), 0) FROM entity_changes), (SELECT ifnull(min(seq), 0) FROM entity_changes),"
+        " (SELECT block FROM entities_fts_data WHERE id = 1)").fetchone()
+    return EntitySnapshot(changed_to, oldest, *totals(averages))
+
+
+class EntityIndexes(PostingsCache):
+    """Each active user's entities as postings, answering the `long-term` searches."""
+
+    name = "entity-index"
+
+    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int, weights: Sequence[float]) -> None:
+        super().__init__(path, pragmas, max_bytes)
+        self._weights = tuple(weights)
+
+    def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
+        postings = UserPostings(user, self._weights, finding_column=None)
+        postings.caught_up_to = entity_snapshot(conn).changed_to
+        for seq, _, agent, name, type_, description, docsize in conn.execute(
+                f"SELECT {_COLUMNS} FROM entities e CROSS JOIN entities_fts_docsize d ON d.id = e.seq"
+                " WHERE e.user_id = ? ORDER BY e.seq", (user,)):
+            postings.add(seq, None, agent, (name, type_, description), docsize)
+        return postings
+
+    def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:
+        assert isinstance(seen, EntitySnapshot)
+        if seen.changed_to < postings.caught_up_to:
+            return CatchUp.LATER  # an older snapshot than the postings: FTS5 answers it
+        if seen.changed_to == postings.caught_up_to:
+            return CatchUp.READY
+        if seen.changed_to - postings.caught_up_to > SCAN_MAX or seen.oldest_change > postings.caught_up_to + 1:
+            return CatchUp.REBUILD  # too far behind, or the log no longer holds what they missed
+        changed = [seq for (seq,) in conn.execute(
+            "SELECT DISTINCT entity_seq FROM entity_changes WHERE seq > ? AND seq <= ?",
+            (postings.caught_up_to, seen.changed_to))]
+        rows = {row[0]: row for row in conn.execute(
+            f"SELECT {_COLUMNS} FROM json_each(?) j CROSS JOIN entities e ON e.seq = j.value"
+            " CROSS JOIN entities_fts_docsize d ON d.id = e.seq", [json.dumps(changed)])}
+        mine = 0
+        for seq in changed:
+            row = rows.get(seq)
+            if row is not None and row[1] == postings.user:
+                _, _, agent, name, type_, description, docsize = row
+                postings.add(seq, None, agent, (name, type_, description), docsize)
+                mine += 1
+                if mine > CATCH_UP_MAX:
+                    return CatchUp.REBUILD
+            else:
+                postings.remove(seq)
+        if postings.dead_share > DEAD_SHARE_MAX:
+            return CatchUp.REBUILD
+        postings.caught_up_to = seen.changed_to
+        return CatchUp.READY

@@ -1,0 +1,469 @@
+"""In-memory postings of active users' rows of an FTS5 index: a search without FTS5's doclist walk.
+
+FTS5 finds a search's candidates by walking the doclists of the query's terms, every
+user's rows among them, and scores each through bm25()'s auxiliary-function API: a
+whole-history search of bench/retrieval.py's 10,000 messages took 1.1-1.5 ms where numpy
+over the user's own postings takes 0.1-0.3. `UserPostings` holds one user's rows (their
+conversation, agent, FTS5 token count and each term's weighted frequency) in numpy arrays
+that grow as rows arrive; `PostingsCache` keeps the users' postings least-recently-used
+within a memory bound, builds them on a thread of its own, and has them caught up before
+each search. sqlite_message_index.py and sqlite_entity_index.py say how each table's rows
+are caught up with; sqlite_search.py searches either engine with one candidate plan.
+
+The postings are an accelerator, never the truth:
+
+- scores are bm25()'s, computed as fts5_aux.c computes them from FTS5's own statistics
+  (rows and tokens from its averages record, rows saying each term from its vocabulary,
+  each row's tokens from its docsize table), read in the search's own read transaction,
+  with each term's frequency summed column by column as bm25() sums it; so a search
+  returns the same rows with the same scores whether a user's postings are built yet or
+  not (tests/test_message_index.py holds the two engines side by side);
+- every hit is read back from its table by rowid and user, so a row deleted meanwhile is
+  never returned;
+- a search sees only what its snapshot sees; one that cannot (its snapshot is older than
+  the postings, or they fell too far behind) goes to FTS5, and stale postings are rebuilt.
+
+A query term FTS5 would tokenise differently from how it is written (anything but
+`[a-z0-9_]`) goes to FTS5 too: its phrase is FTS5's to match.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import re
+import sqlite3
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+log = logging.getLogger("memproxy.store")
+
+# bm25()'s constants (fts5_aux.c).
+K1 = 1.2
+B = 0.75
+MIN_IDF = 1e-6
+# A search catches up with at most this many changed rows of the user, and walks at most
+# this many rowids (of every user) to find them; past either the postings are rebuilt off
+# the request path, the search going to FTS5 meanwhile.
+CATCH_UP_MAX = 512
+SCAN_MAX = 20_000
+# A user whose postings do not fit the cache are not built again for this long.
+TOO_BIG_RETRY_S = 600.0
+# Rough cost in memory (about 6 MiB for bench/retrieval.py's 10,000 messages): per row,
+# per posting, per distinct term or conversation.
+ROW_BYTES = 48
+POSTING_BYTES = 24
+TERM_BYTES = 400
+
+FAST_TERM = re.compile(r"[a-z0-9_]+")  # a term FTS5 (unicode61, tokenchars '_') keeps as one token
+_ASCII_TOKEN = re.compile(r"[a-z0-9_]+")
+_TOKEN = re.compile(r"\w+")
+
+
+def fts_tokens(text: str) -> list[str]:
+    """The tokens FTS5's unicode61 tokenizer (tokenchars '_', diacritics removed) makes of `text`."""
+    if text.isascii():
+        return _ASCII_TOKEN.findall(text.lower())
+    folded = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if not unicodedata.combining(c))
+    return _TOKEN.findall(folded)
+
+
+def varints(data: bytes) -> list[int]:
+    """Every SQLite varint in `data` (FTS5's counts: 7 bits a byte, big-endian, a 9th byte of 8)."""
+    values, at = [], 0
+    while at < len(data):
+        value = 0
+        for n in range(9):
+            byte = data[at]
+            at += 1
+            if n == 8:
+                value = (value << 8) | byte
+                break
+            value = (value << 7) | (byte & 0x7F)
+            if not byte & 0x80:
+                break
+        values.append(value)
+    return values
+
+
+def totals(averages: bytes | None) -> tuple[int, int]:
+    """(rows, tokens in every column) from FTS5's averages record."""
+    counts = varints(averages) if averages else [0]
+    return counts[0], sum(counts[1:])
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What bm25() reads of the whole index for one query: its rows, mean row length, rows per term."""
+
+    rows: int
+    tokens: int
+    rows_saying: dict[str, int]
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.tokens / self.rows if self.rows else 0.0
+
+    def idf(self, term: str) -> float:
+        hits = self.rows_saying.get(term, 0)
+        idf = math.log((self.rows - hits + 0.5) / (hits + 0.5))
+        return idf if idf > 0.0 else MIN_IDF
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which of the user's rows a search may return."""
+
+    conversations: Sequence[str] | None = None  # only these (a conversation search), or any
+    excluded: str | None = None  # never this conversation
+    agent_isolated: bool = False  # only `agent`'s rows
+    agent: str | None = None
+
+
+class _Growing:
+    """A numpy array that values are appended to: appends wait in a list (a numpy item
+    assignment costs what a dozen list appends do) and are joined when the array is next read."""
+
+    __slots__ = ("_array", "_dtype", "_pending")
+
+    def __init__(self, dtype: type) -> None:
+        self._dtype = dtype
+        self._array = np.empty(0, dtype=dtype)
+        self._pending: list[object] = []
+
+    def append(self, value: object) -> None:
+        self._pending.append(value)
+
+    def array(self) -> np.ndarray:
+        if self._pending:
+            self._array = np.concatenate([self._array, np.array(self._pending, dtype=self._dtype)])
+            self._pending = []
+        return self._array
+
+
+class _Postings:
+    """One term's rows (positions in the user's postings, ascending), its weighted frequency in
+    each, and whether the row's finding column says it (when the index has one)."""
+
+    __slots__ = ("docs", "finds", "freqs")
+
+    def __init__(self) -> None:
+        self.docs = _Growing(np.int32)
+        self.freqs = _Growing(np.float64)
+        self.finds = _Growing(np.bool_)
+
+
+class UserPostings:
+    """One user's rows of an FTS5 index as postings; `lock` is held to catch up and to search.
+
+    A row is appended at the next position. A changed row is marked dead and appended again,
+    so positions follow rowids until a row changes (`ordered`).
+    """
+
+    def __init__(self, user: str, weights: Sequence[float], finding_column: int | None) -> None:
+        self.user = user
+        self.lock = threading.Lock()
+        self.caught_up_to = 0  # what the table's catch-up (sqlite_*_index.py) has read up to
+        self.epoch = 0  # what the table's catch-up checks they were built in (messages: search_epoch)
+        self.ordered = True
+        self._weights = tuple(weights)
+        self._finding_column = finding_column
+        self._seqs = _Growing(np.int64)
+        self._conversations = _Growing(np.int32)
+        self._agents = _Growing(np.int32)
+        self._tokens = _Growing(np.float64)
+        self._alive = _Growing(np.bool_)
+        self._position: dict[int, int] = {}  # rowid: position of its live row
+        self._conversation_codes: dict[str | None, int] = {}
+        self._by_conversation: dict[int, _Growing] = {}  # each conversation's positions
+        self._agent_codes: dict[str | None, int] = {}
+        self._postings: dict[str, _Postings] = {}
+        self._count = 0
+        self._last_seq = 0
+        self._dead = 0
+        self._posting_count = 0
+
+    @property
+    def nbytes(self) -> int:
+        return (self._count * ROW_BYTES + self._posting_count * POSTING_BYTES
+                + (len(self._postings) + len(self._by_conversation)) * TERM_BYTES)
+
+    @property
+    def dead_share(self) -> float:
+        return self._dead / self._count if self._count else 0.0
+
+    def add(self, seq: int, conversation_id: str | None, agent_id: str | None, columns: Sequence[str],
+            docsize: bytes) -> None:
+        """The row's current version: bm25()'s frequency of each term is its instances' column
+        weights added one by one, column by column, as fts5_aux.c adds them."""
+        self.remove(seq)
+        if seq < self._last_seq:
+            self.ordered = False
+        self._last_seq = seq
+        position = self._count
+        freqs: dict[str, float] = {}
+        finds: set[str] = set()
+        for column, (text, weight) in enumerate(zip(columns, self._weights, strict=True)):
+            tokens = fts_tokens(text)
+            for token in tokens:
+                freqs[token] = freqs.get(token, 0.0) + weight
+            if column == self._finding_column:
+                finds.update(tokens)
+        for token, freq in freqs.items():
+            postings = self._postings.get(token)
+            if postings is None:
+                postings = self._postings[token] = _Postings()
+            postings.docs.append(position)
+            postings.freqs.append(freq)
+            postings.finds.append(self._finding_column is None or token in finds)
+        self._seqs.append(seq)
+        conversation = self._conversation_codes.setdefault(conversation_id, len(self._conversation_codes))
+        self._conversations.append(conversation)
+        self._by_conversation.setdefault(conversation, _Growing(np.int32)).append(position)
+        self._agents.append(self._agent_codes.setdefault(agent_id, len(self._agent_codes)))
+        self._tokens.append(float(sum(varints(docsize))))
+        self._alive.append(True)
+        self._position[seq] = position
+        self._count += 1
+        self._posting_count += len(freqs)
+
+    def remove(self, seq: int) -> None:
+        """Forget the row (deleted, or about to be added again as it now reads)."""
+        position = self._position.pop(seq, None)
+        if position is not None:
+            self._alive.array()[position] = False
+            self._dead += 1
+
+    def join(self) -> None:
+        """Join every array's appends (built postings: their lists would hold them twice over)."""
+        growing = [self._seqs, self._conversations, self._agents, self._tokens, self._alive,
+                   *self._by_conversation.values()]
+        for postings in self._postings.values():
+            growing += (postings.docs, postings.freqs, postings.finds)
+        for array in growing:
+            array.array()
+
+    def search(self, terms: Sequence[str], finding: Sequence[str], stats: Statistics, where: Filter,
+               newest: int | None, limit: int, visible_seq: int | None = None) -> list[tuple[int, float]]:
+        """(rowid, score) of the best `limit` rows, best first, as `sqlite_search._search` ranks them.
+
+        Candidates are the rows whose finding column says a `finding` term (the newest `newest`
+        of them by rowid when set), among those `where` allows (and, rows being appended in
+        rowid order, committed by `visible_seq`); each is scored by bm25() over all `terms`.
+        """
+        seqs = self._seqs.array()
+        if where.conversations is not None:
+            candidates = self._saying(self._in_conversations(where.conversations), finding)
+        else:
+            found = [p.docs.array()[p.finds.array()] for t in finding if (p := self._postings.get(t)) is not None]
+            if not found:
+                return []
+            # Each list is ascending and distinct already: only several need merging.
+            candidates = found[0] if len(found) == 1 else np.unique(np.concatenate(found))
+        if visible_seq is not None:
+            candidates = candidates[candidates < int(np.searchsorted(seqs, visible_seq, side="right"))]
+        candidates = candidates[self._allowed(candidates, where)]
+        if newest is not None and len(candidates) > newest:
+            if self.ordered:
+                candidates = candidates[-newest:]
+            else:
+                candidates = candidates[np.argsort(seqs[candidates], kind="stable")[-newest:]]
+        if not len(candidates):
+            return []
+        tokens = self._tokens.array()[candidates]
+        length_part = K1 * ((1 - B) + B * tokens / stats.mean_tokens)
+        scores = np.zeros(len(candidates), dtype=np.float64)
+        for term in terms:
+            postings = self._postings.get(term)
+            if postings is None:
+                continue  # bm25() adds exactly 0.0 for a term the row does not say
+            docs = postings.docs.array()
+            at = np.minimum(np.searchsorted(docs, candidates), len(docs) - 1)
+            freqs = np.where(docs[at] == candidates, postings.freqs.array()[at], 0.0)
+            scores += stats.idf(term) * ((freqs * (K1 + 1.0)) / (freqs + length_part))
+        rowids = seqs[candidates]
+        best = np.lexsort((-rowids, -scores))[:limit]
+        return [(int(rowids[n]), float(scores[n])) for n in best]
+
+    def _in_conversations(self, conversation_ids: Sequence[str]) -> np.ndarray:
+        """The positions of these conversations' rows, ascending."""
+        lists = [self._by_conversation[code].array() for c in conversation_ids
+                 if (code := self._conversation_codes.get(c)) is not None]
+        return np.unique(np.concatenate(lists)) if lists else np.empty(0, dtype=np.int32)
+
+    def _saying(self, pool: np.ndarray, terms: Sequence[str]) -> np.ndarray:
+        """The rows of `pool` whose finding column says one of `terms`."""
+        says = np.zeros(len(pool), dtype=bool)
+        for term in terms:
+            postings = self._postings.get(term)
+            if postings is None or not len(pool):
+                continue
+            docs = postings.docs.array()
+            at = np.minimum(np.searchsorted(docs, pool), len(docs) - 1)
+            says |= (docs[at] == pool) & postings.finds.array()[at]
+        return pool[says]
+
+    def _allowed(self, candidates: np.ndarray, where: Filter) -> np.ndarray:
+        keep = self._alive.array()[candidates] if self._dead else np.ones(len(candidates), dtype=bool)
+        if where.excluded is not None and where.excluded in self._conversation_codes:
+            keep &= self._conversations.array()[candidates] != self._conversation_codes[where.excluded]
+        if where.agent_isolated:
+            keep &= self._agents.array()[candidates] == self._agent_codes.get(where.agent, -1)
+        return keep
+
+
+class CatchUp(Enum):
+    """What a table's catch-up made of a user's postings for one search."""
+
+    READY = "ready"  # current for the search's snapshot
+    LATER = "later"  # the snapshot is older than the postings: this search goes to FTS5
+    REBUILD = "rebuild"  # stale or too far behind: dropped and built again
+
+
+class PostingsCache:
+    """The users' postings of one table, least recently used first, within `max_bytes`; built on a
+    thread of its own. A table's subclass says how to build and how to catch up."""
+
+    name = "postings"
+
+    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._path = path
+        self._pragmas = tuple(pragmas)
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._users: OrderedDict[str, UserPostings] = OrderedDict()
+        self._wanted: set[str] = set()
+        self._too_big: dict[str, float] = {}
+        self._builds: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._builder: threading.Thread | None = None
+        self.builds = 0  # postings built so far
+        self.searches = 0  # searches the postings answered (the others went to FTS5)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
+        """The user's postings, from one snapshot (on the builder's connection)."""
+        raise NotImplementedError
+
+    def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:
+        """Bring the postings to what `conn`'s open transaction sees (`seen`: the table's snapshot)."""
+        raise NotImplementedError
+
+    def ready(self, conn: sqlite3.Connection, user: str, seen: object) -> UserPostings | None:
+        """The user's postings, current for `conn`'s open transaction; None to search FTS5.
+
+        A user without postings has them built in the background.
+        """
+        with self._lock:
+            postings = self._users.get(user)
+            if postings is not None:
+                self._users.move_to_end(user)
+        if postings is None:
+            self._want(user)
+            return None
+        with postings.lock:
+            outcome = self.catch_up(conn, postings, seen)
+            if outcome is CatchUp.READY:
+                self.searches += 1
+        if outcome is CatchUp.REBUILD:
+            with self._lock:
+                if self._users.get(user) is postings:
+                    del self._users[user]
+            self._want(user)
+        if outcome is not CatchUp.READY:
+            return None
+        self._trim()
+        return postings
+
+    def holds(self, user: str) -> bool:
+        """True when the user's postings are built and cached."""
+        with self._lock:
+            return user in self._users
+
+    def forget(self, user: str) -> None:
+        """Drop the user's postings (the user was deleted)."""
+        with self._lock:
+            self._users.pop(user, None)
+            self._wanted.discard(user)
+
+    def close(self) -> None:
+        """Stop the builder and drop every user's postings."""
+        builder, self._builder = self._builder, None
+        if builder is not None:
+            self._builds.put(None)
+            builder.join(timeout=5)
+        with self._lock:
+            self._users.clear()
+            self._wanted.clear()
+
+    def _want(self, user: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if user in self._wanted or self._too_big.get(user, 0.0) > now:
+                return
+            self._too_big = {u: until for u, until in self._too_big.items() if until > now}
+            self._wanted.add(user)
+            if self._builder is None:
+                self._builder = threading.Thread(target=self._build_loop, name=f"memproxy-{self.name}", daemon=True)
+                self._builder.start()
+        self._builds.put(user)
+
+    def _build_loop(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while (user := self._builds.get()) is not None:
+                postings: UserPostings | None = None
+                try:
+                    conn = conn or self._connect()
+                    conn.execute("BEGIN")
+                    try:
+                        postings = self.build(conn, user)
+                    finally:
+                        conn.execute("COMMIT")
+                    postings.join()
+                    self.builds += 1
+                except sqlite3.Error as exc:  # the store went away or is locked: searches use FTS5
+                    log.warning("%s: cannot build for a user (%s)", self.name, exc)
+                self._install(user, postings)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        for pragma in self._pragmas:
+            conn.execute(f"PRAGMA {pragma}")
+        return conn
+
+    def _install(self, user: str, postings: UserPostings | None) -> None:
+        with self._lock:
+            self._wanted.discard(user)
+            if postings is None:
+                return
+            if postings.nbytes > self.max_bytes:
+                self._too_big[user] = self._clock() + TOO_BIG_RETRY_S
+                log.info("%s: a user's postings (%d MiB) exceed store.search_cache_mb", self.name,
+                         postings.nbytes >> 20)
+                return
+            self._users[user] = postings
+            self._users.move_to_end(user)
+        self._trim()
+
+    def _trim(self) -> None:
+        with self._lock:
+            total = sum(postings.nbytes for postings in self._users.values())
+            while total > self.max_bytes and len(self._users) > 1:
+                _, evicted = self._users.popitem(last=False)
+                total -= evicted.nbytes

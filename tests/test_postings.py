@@ -1,0 +1,335 @@
+"""The in-memory postings answer exactly as FTS5 does, stay current, and forget.
+
+Two stores open the same SQLite file: one searches FTS5 only (`search_cache_mb=0`), the
+other its users' in-memory postings once built. Every search must return the same
+messages and entities with the same scores, bit for bit, after new rows, corrections and
+deletions (by the memory API, by another connection, by a cascade), in every search mode
+the sources use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import time
+from collections.abc import Coroutine
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.models import Scope
+from proxy.settings import ConfigError, load_settings
+from proxy.stores.base import FinishTurn, StartTurn, StoreMemory, WriteOp
+from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite_message_index import OWN_COLUMN, VOCAB_COLUMNS
+from proxy.stores.sqlite_postings import fts_tokens
+from proxy.stores.sqlite_search import MESSAGES
+from proxy.terms import query_terms
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+ALICE = Scope("alice")
+WORDS = """budget garden deploy invoice holiday dentist marathon recipe database lease guitar mortgage
+    podcast wedding laptop vaccine thesis kayak migration bakery insurance passport conference printer
+    review fix book cancel schedule finish discuss move test renew submit compare order plan deadline
+    Alice Priya Mateo Lisbon Oslo Kyoto Acme Globex meeting notes weekend tomorrow Monday""".split()  # noqa: SIM905
+ODD = ["Zoë's café in Tromsø", "Привет, мир: встреча в пятницу", "我住在北京", "naïve façade résumé",
+       "internal-hbr-2291.example", "INTERNAL_HBR_7", "getUserById", "/srv/app/config.yaml"]
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def sentence(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(3, 12))]
+    if rng.random() < 0.1:
+        words.insert(rng.randrange(len(words)), rng.choice(ODD))
+    return " ".join(words) + "."
+
+
+def turns(scope: Scope, count: int, rng: random.Random, *, first: int = 0, conversations: int = 30) -> list[WriteOp]:
+    """`count` turns (a question and its answer each) spread over conversations."""
+    ops: list[WriteOp] = []
+    for n in range(first, first + count):
+        conv = f"{scope.user}-c{rng.randrange(conversations)}"
+        at = T0 + timedelta(minutes=n)
+        key = f"{scope.user}-{scope.agent}-t{n}"
+        ops.append(StartTurn(scope, key, conv, f"h-{key}", at, sentence(rng)))
+        ops.append(FinishTurn(scope, key, conv, sentence(rng), at + timedelta(seconds=20)))
+    return ops
+
+
+def queries(rng: random.Random, count: int) -> list[tuple[str, ...]]:
+    out = []
+    for _ in range(count):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5)))
+        if rng.random() < 0.2:
+            text += " " + rng.choice(ODD)
+        out.append(tuple(query_terms(text)))
+    return out
+
+
+def memories(scope: Scope, count: int, rng: random.Random) -> list[WriteOp]:
+    """`count` explicit memories: each an entity of the user."""
+    return [StoreMemory(scope, f"{scope.user}-{scope.agent}-m{n}", sentence(rng), "fact", T0 + timedelta(seconds=n))
+            for n in range(count)]
+
+
+async def fill(path: Path) -> None:
+    rng = random.Random(7)
+    store = SQLiteStore(str(path), search_cache_mb=0)
+    await store.open()
+    try:
+        ops = turns(ALICE, 700, rng) + turns(Scope("alice", agent="a1"), 150, rng, first=700)
+        ops += turns(Scope("bob"), 300, rng) + turns(Scope("carol", agent="a2"), 100, rng)
+        ops += memories(ALICE, 900, rng) + memories(Scope("alice", agent="a1"), 100, rng)
+        ops += memories(Scope("bob"), 300, rng) + memories(Scope("carol", agent="a2"), 60, rng)
+        for n in range(0, len(ops), 500):
+            await store.apply(ops[n:n + 500])
+    finally:
+        await store.close()
+
+
+async def built(store: SQLiteStore, scope: Scope, timeout: float = 30.0) -> None:
+    """Search until the user's postings are built (the first search asks for them)."""
+    deadline = time.monotonic() + timeout
+    while not (store.message_indexes.holds(scope.user) and store.entity_indexes.holds(scope.user)):
+        await store.search_messages(scope, ("plan",), limit=4)
+        await store.search_entities(scope, ("plan",), limit=4)
+        assert time.monotonic() < deadline, "the postings were never built"
+        await asyncio.sleep(0.02)
+
+
+Searched = list[tuple[str, float]]
+
+
+async def search_both(fts: SQLiteStore, mem: SQLiteStore, scope: Scope, terms: tuple[str, ...],
+                      **where: Any) -> tuple[Searched, Searched]:
+    a = await fts.search_messages(scope, terms, limit=16, **where)
+    b = await mem.search_messages(scope, terms, limit=16, **where)
+    return [(m.id, s) for m, s in a], [(m.id, s) for m, s in b]
+
+
+async def entities_both(fts: SQLiteStore, mem: SQLiteStore, scope: Scope, terms: tuple[str, ...]
+                        ) -> tuple[Searched, Searched]:
+    a = await fts.search_entities(scope, terms, limit=16)
+    b = await mem.search_entities(scope, terms, limit=16)
+    return [(e.id, s) for e, s in a], [(e.id, s) for e, s in b]
+
+
+def modes(scope: Scope, rng: random.Random) -> list[dict[str, Any]]:
+    conv = f"{scope.user}-c{rng.randrange(30)}"
+    return [{}, {"exclude_conversation_id": conv}, {"conversation_ids": [conv]},
+            {"conversation_ids": [conv, f"{scope.user}-c{rng.randrange(30)}", "nowhere"]}]
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("message-index") / "memory.db"
+    run(fill(path))
+    return path
+
+
+def copy_of(filled: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "memory.db"
+    with closing(sqlite3.connect(filled)) as source, closing(sqlite3.connect(path)) as target:
+        source.backup(target)
+    return path
+
+
+def test_every_search_mode_answers_as_fts5_does_to_the_bit(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+    scopes = [ALICE, Scope("alice", agent="a1", agent_isolated=True), Scope("bob"),
+              Scope("carol", agent="a2", agent_isolated=True), Scope("carol", agent="a1", agent_isolated=True)]
+
+    async def body() -> tuple[int, int, int, int, int]:
+        fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
+        await fts.open()
+        await mem.open()
+        try:
+            for scope in scopes:
+                await built(mem, scope)
+            rng = random.Random(11)
+            compared = found = entities_found = 0
+            for terms in queries(rng, 150):
+                for scope in scopes:
+                    for where in modes(scope, rng):
+                        expected, got = await search_both(fts, mem, scope, terms, **where)
+                        assert got == expected, (scope, terms, where)
+                        compared += 1
+                        found += bool(got)
+                    expected, got = await entities_both(fts, mem, scope, terms)
+                    assert got == expected, (scope, terms)
+                    entities_found += bool(got)
+            return compared, found, entities_found, mem.message_indexes.searches, mem.entity_indexes.searches
+        finally:
+            await fts.close()
+            await mem.close()
+
+    compared, found, entities_found, served, entities_served = run(body())
+    assert compared == 150 * 5 * 4
+    assert found > compared // 2  # most searches find something: the comparison is not of empty lists
+    assert entities_found > 150 * 5 // 3  # (one scope, carol as agent a1, holds no entity)
+    # and the postings answered them (a term FTS5 splits, or a term nobody says, goes to FTS5)
+    assert served > compared * 3 // 4
+    assert entities_served > 150 * 5 * 3 // 4
+
+
+def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> None:
+        fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
+        await fts.open()
+        await mem.open()
+        try:
+            await built(mem, ALICE)
+            builds = mem.message_indexes.builds
+            # Written by the FTS-only store: another writer than the index's own process would be.
+            await fts.apply([StartTurn(ALICE, "fresh", "alice-c1", "h-fresh", T0 + timedelta(days=9),
+                                       "the zeppelin budget review"),
+                             FinishTurn(ALICE, "fresh", "alice-c1", "zeppelin tickets booked",
+                                        T0 + timedelta(days=9, seconds=5))])
+            expected, got = await search_both(fts, mem, ALICE, ("zeppelin", "budget"))
+            assert got == expected
+            found = await mem.search_messages(ALICE, ("zeppelin",), limit=4)
+            assert sorted(m.content for m, _ in found) == ["the zeppelin budget review", "zeppelin tickets booked"]
+            assert mem.message_indexes.builds == builds  # caught up, not rebuilt
+
+            gone = found[0][0]
+            assert await mem.delete_item(ALICE, "message", gone.id) is not None
+            assert [m.content for m, _ in await mem.search_messages(ALICE, ("zeppelin",), limit=4)] == [
+                found[1][0].content]
+            await built(mem, ALICE)  # rebuilt after the deletion
+            assert mem.message_indexes.builds == builds + 1
+
+            # A deletion by another connection, through the conversation's cascade.
+            with closing(sqlite3.connect(path)) as db, db:
+                db.execute("PRAGMA foreign_keys = ON")
+                db.execute("DELETE FROM conversations WHERE user_id = 'alice' AND id = 'alice-c1'")
+            assert await mem.search_messages(ALICE, ("zeppelin",), limit=4) == []
+            for terms in queries(random.Random(5), 40):
+                expected, got = await search_both(fts, mem, ALICE, terms)
+                assert got == expected
+                assert "alice-c1" not in {m.conversation_id for m, _ in
+                                          await mem.search_messages(ALICE, terms, limit=16)}
+        finally:
+            await fts.close()
+            await mem.close()
+
+    run(body())
+
+
+def test_entities_added_corrected_and_deleted_are_searched_as_they_now_read(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> None:
+        fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
+        await fts.open()
+        await mem.open()
+        try:
+            await built(mem, ALICE)
+            builds = mem.entity_indexes.builds
+            rng = random.Random(3)
+            asked = queries(rng, 30)
+            for terms in asked:  # both stores count the same terms at the same moments
+                expected, got = await entities_both(fts, mem, ALICE, terms)
+                assert got == expected
+
+            # Added by another writer (the FTS-only store), corrected through the API, deleted by SQL.
+            await fts.apply([StoreMemory(ALICE, "zep", "the zeppelin hangar lease", "fact", T0 + timedelta(days=3))])
+            assert [e.id for e, _ in await mem.search_entities(ALICE, ("zeppelin",))] == ["zep"]
+            assert await mem.update_memory(ALICE, "zep", "the airship hangar lease") is not None
+            assert await mem.search_entities(ALICE, ("zeppelin",)) == []
+            assert [e.id for e, _ in await mem.search_entities(ALICE, ("airship",))] == ["zep"]
+            with closing(sqlite3.connect(path)) as db, db:
+                db.execute("DELETE FROM entities WHERE user_id = 'alice' AND id = 'zep'")
+            assert await mem.search_entities(ALICE, ("airship",)) == []
+            await fts.apply(memories(Scope("alice", agent="new"), 40, rng))
+            for terms in asked:
+                expected, got = await entities_both(fts, mem, ALICE, terms)
+                assert got == expected
+            assert mem.entity_indexes.builds == builds  # caught up each time, never rebuilt
+
+            # A change log trimmed past what the postings have read: they are built again.
+            with closing(sqlite3.connect(path)) as db, db:
+                db.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 70000)"
+                           " INSERT INTO entity_changes (entity_seq) SELECT 0 FROM n")
+                assert db.execute("SELECT count(*) FROM entity_changes").fetchone()[0] < 70000
+            for terms in asked:
+                expected, got = await entities_both(fts, mem, ALICE, terms)
+                assert got == expected
+            await built(mem, ALICE)
+            assert mem.entity_indexes.builds == builds + 1
+        finally:
+            await fts.close()
+            await mem.close()
+
+    run(body())
+
+
+def test_a_deleted_user_s_postings_are_dropped(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+    bob = Scope("bob")
+
+    async def body() -> tuple[bool, bool, list[Any], list[Any]]:
+        store = SQLiteStore(str(path))
+        await store.open()
+        try:
+            await built(store, bob)
+            held = store.message_indexes.holds("bob") and store.entity_indexes.holds("bob")
+            await store.delete_user(bob)
+            return (held, store.message_indexes.holds("bob") or store.entity_indexes.holds("bob"),
+                    await store.search_messages(bob, ("plan",)), await store.search_entities(bob, ("plan",)))
+        finally:
+            await store.close()
+
+    assert run(body()) == (True, False, [], [])
+
+
+def test_an_index_larger_than_the_cache_is_not_kept_and_fts5_answers(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> tuple[bool, Searched, Searched]:
+        store = SQLiteStore(str(path))
+        store.message_indexes.max_bytes = 10_000  # alice's index takes far more
+        fts = SQLiteStore(str(path), search_cache_mb=0)
+        await store.open()
+        await fts.open()
+        try:
+            await store.search_messages(ALICE, ("plan",))
+            for _ in range(200):  # the build runs, and is refused
+                if store.message_indexes.builds:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)
+            expected, got = await search_both(fts, store, ALICE, ("budget", "lisbon"))
+            return store.message_indexes.holds("alice"), expected, got
+        finally:
+            await store.close()
+            await fts.close()
+
+    held, expected, got = run(body())
+    assert not held
+    assert got == expected and got
+
+
+def test_the_counts_read_the_vocabulary_the_readers_make() -> None:
+    assert (MESSAGES.vocab, MESSAGES.finding_column) == (VOCAB_COLUMNS, OWN_COLUMN)
+
+
+def test_tokens_are_fts5_s() -> None:
+    assert fts_tokens("my therapi plan for tromso") == ["my", "therapi", "plan", "for", "tromso"]
+    assert fts_tokens("internal_hbr_2291_example HBR") == ["internal_hbr_2291_example", "hbr"]
+    assert fts_tokens("café naïve") == ["cafe", "naive"]
+
+
+def test_search_cache_mb_must_not_be_negative(tmp_path: Path) -> None:
+    config = tmp_path / "memproxy.yaml"
+    config.write_text("store:\n  search_cache_mb: -1\n")
+    with pytest.raises(ConfigError, match="store.search_cache_mb"):
+        load_settings(str(config))
