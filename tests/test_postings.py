@@ -13,8 +13,8 @@ import asyncio
 import random
 import sqlite3
 import time
-from collections.abc import Coroutine
-from contextlib import closing
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager, closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,19 @@ async def built(store: SQLiteStore, scope: Scope, timeout: float = 30.0) -> None
 Searched = list[tuple[str, float]]
 
 
+@asynccontextmanager
+async def fts_and_postings(path: Path) -> AsyncIterator[tuple[SQLiteStore, SQLiteStore]]:
+    """Two stores on one file: one searching FTS5 only, one its users' postings once built."""
+    fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
+    await fts.open()
+    await mem.open()
+    try:
+        yield fts, mem
+    finally:
+        await fts.close()
+        await mem.close()
+
+
 async def search_both(fts: SQLiteStore, mem: SQLiteStore, scope: Scope, terms: tuple[str, ...],
                       **where: Any) -> tuple[Searched, Searched]:
     a = await fts.search_messages(scope, terms, limit=16, **where)
@@ -147,10 +160,7 @@ def test_every_search_mode_answers_as_fts5_does_to_the_bit(filled: Path, tmp_pat
               Scope("carol", agent="a2", agent_isolated=True), Scope("carol", agent="a1", agent_isolated=True)]
 
     async def body() -> tuple[int, int, int, int, int]:
-        fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
-        await fts.open()
-        await mem.open()
-        try:
+        async with fts_and_postings(path) as (fts, mem):
             for scope in scopes:
                 await built(mem, scope)
             rng = random.Random(11)
@@ -166,9 +176,6 @@ def test_every_search_mode_answers_as_fts5_does_to_the_bit(filled: Path, tmp_pat
                     assert got == expected, (scope, terms)
                     entities_found += bool(got)
             return compared, found, entities_found, mem.message_indexes.searches, mem.entity_indexes.searches
-        finally:
-            await fts.close()
-            await mem.close()
 
     compared, found, entities_found, served, entities_served = run(body())
     assert compared == 150 * 5 * 4
@@ -183,10 +190,7 @@ def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp
     path = copy_of(filled, tmp_path)
 
     async def body() -> None:
-        fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
-        await fts.open()
-        await mem.open()
-        try:
+        async with fts_and_postings(path) as (fts, mem):
             await built(mem, ALICE)
             builds = mem.message_indexes.builds
             # Written by the FTS-only store: another writer than the index's own process would be.
@@ -217,9 +221,6 @@ def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp
                 assert got == expected
                 assert "alice-c1" not in {m.conversation_id for m, _ in
                                           await mem.search_messages(ALICE, terms, limit=16)}
-        finally:
-            await fts.close()
-            await mem.close()
 
     run(body())
 
@@ -228,10 +229,7 @@ def test_entities_added_corrected_and_deleted_are_searched_as_they_now_read(fill
     path = copy_of(filled, tmp_path)
 
     async def body() -> None:
-        fts, mem = SQLiteStore(str(path), search_cache_mb=0), SQLiteStore(str(path))
-        await fts.open()
-        await mem.open()
-        try:
+        async with fts_and_postings(path) as (fts, mem):
             await built(mem, ALICE)
             builds = mem.entity_indexes.builds
             rng = random.Random(3)
@@ -265,9 +263,6 @@ def test_entities_added_corrected_and_deleted_are_searched_as_they_now_read(fill
                 assert got == expected
             await built(mem, ALICE)
             assert mem.entity_indexes.builds == builds + 1
-        finally:
-            await fts.close()
-            await mem.close()
 
     run(body())
 

@@ -20,7 +20,7 @@ from proxy.stores.sqlite_postings import (
     SCAN_MAX,
     CatchUp,
     PostingsCache,
-    Statistics,
+    Totals,
     UserPostings,
     totals,
 )
@@ -32,17 +32,11 @@ _COLUMNS = "e.seq, e.user_id, e.agent_id, e.name_terms, e.type_terms, e.descript
 
 
 @dataclass(frozen=True)
-class EntitySnapshot:
-    """What a read transaction sees of the entities: the change log's newest and oldest rows, FTS5's totals."""
+class EntitySnapshot(Totals):
+    """What a read transaction sees of the entities: FTS5's totals, the change log's newest and oldest rows."""
 
     changed_to: int
     oldest_change: int
-    rows: int
-    tokens: int
-
-    def statistics(self, saying: dict[str, int]) -> Statistics:
-        """bm25()'s figures for a query whose terms `saying` rows say."""
-        return Statistics(self.rows, self.tokens, saying)
 
 
 def entity_snapshot(conn: sqlite3.Connection) -> EntitySnapshot:
@@ -50,7 +44,7 @@ def entity_snapshot(conn: sqlite3.Connection) -> EntitySnapshot:
     changed_to, oldest, averages = conn.execute(
         "SELECT (SELECT ifnull(max(seq), 0) FROM entity_changes), (SELECT ifnull(min(seq), 0) FROM entity_changes),"
         " (SELECT block FROM entities_fts_data WHERE id = 1)").fetchone()
-    return EntitySnapshot(changed_to, oldest, *totals(averages))
+    return EntitySnapshot(*totals(averages), changed_to=changed_to, oldest_change=oldest)
 
 
 class EntityIndexes(PostingsCache):

@@ -20,7 +20,7 @@ from proxy.stores.sqlite_postings import (
     SCAN_MAX,
     CatchUp,
     PostingsCache,
-    Statistics,
+    Totals,
     UserPostings,
     fts_tokens,
     totals,
@@ -36,17 +36,11 @@ _ROWS = ("SELECT m.seq, m.conversation_id, m.agent_id, m.terms, m.context, d.sz 
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """What a read transaction sees of the messages: the newest rowid, the epoch, FTS5's totals."""
+class Snapshot(Totals):
+    """What a read transaction sees of the messages: FTS5's totals, the newest rowid, `search_epoch`."""
 
     visible_seq: int
     epoch: int
-    rows: int
-    tokens: int
-
-    def statistics(self, saying: dict[str, int]) -> Statistics:
-        """bm25()'s figures for a query whose terms `saying` rows say."""
-        return Statistics(self.rows, self.tokens, saying)
 
 
 def snapshot(conn: sqlite3.Connection) -> Snapshot:
@@ -54,7 +48,7 @@ def snapshot(conn: sqlite3.Connection) -> Snapshot:
     visible, epoch, averages = conn.execute(
         "SELECT (SELECT ifnull(max(seq), 0) FROM messages), (SELECT epoch FROM search_epoch WHERE id = 1),"
         " (SELECT block FROM messages_fts_data WHERE id = 1)").fetchone()
-    return Snapshot(visible, epoch or 0, *totals(averages))
+    return Snapshot(*totals(averages), visible_seq=visible, epoch=epoch or 0)
 
 
 class MessageIndexes(PostingsCache):

@@ -119,6 +119,18 @@ class Statistics:
 
 
 @dataclass(frozen=True)
+class Totals:
+    """FTS5's averages record as a search's read transaction sees it: rows, and tokens in every column."""
+
+    rows: int
+    tokens: int
+
+    def statistics(self, saying: dict[str, int]) -> Statistics:
+        """bm25()'s figures for a query whose terms `saying` rows say."""
+        return Statistics(self.rows, self.tokens, saying)
+
+
+@dataclass(frozen=True)
 class Filter:
     """Which of the user's rows a search may return."""
 
