@@ -13,7 +13,8 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
   CANDIDATE_MAX_ROWS), still by BM25 over every
   term, so a hit ranks as it did; only a row saying none of those (but a common word:
   "plan", "deadline") is no longer found. How many rows say each term comes from an
-  fts5vocab table, cached briefly. On bench/retrieval.py's 100k-message history the hits
+  fts5vocab table: for messages kept exact as rows arrive (sqlite_message_index.py), for
+  entities and traces cached briefly. On bench/retrieval.py's 100k-message history the hits
   were the unbounded search's for all 200 queries, at a quarter of its cost; at 10k, for
   187 (the first hit for 199);
 - when even the rarest term is said by more rows than the budget (a user who asks the
@@ -21,6 +22,9 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
   (counting only rows the search may return: not a conversation it leaves out, nor another
   agent's under isolation), and the index walk is kept to the rowids they span, so no
   search grows with the history.
+
+Messages and entities of a user who has searched before are searched in memory
+(sqlite_postings.py) with the same plan and bm25() to the bit; FTS5 answers the rest.
 
 A small index (SMALL_INDEX_ROWS) is searched whole: scoring all of it costs what the bounds
 would, and pruning there cost LoCoMo 2.5 points of recall.
@@ -104,9 +108,9 @@ MESSAGE_WEIGHTS = tuple(float(w) for w in MESSAGES.weights.split(","))  # own wo
 ENTITIES = FtsIndex("entities", "e", "2.0, 1.0, 1.0",
                     "e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
                     " e.provenance")
+ENTITY_WEIGHTS = tuple(float(w) for w in ENTITIES.weights.split(","))  # name, type, description
 # What trace_from_row reads: a hit is built from these alone, not from the index text
 # stored beside them (a trace's is as long as the trace).
-ENTITY_WEIGHTS = tuple(float(w) for w in ENTITIES.weights.split(","))  # name, type, description
 REASONING = FtsIndex("reasoning", "x", "1.0", "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
 AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
 _AS_INDEXED = re.compile(r"[a-z0-9_]+")  # a term the vocabulary holds as written (unicode61 folds the rest)
