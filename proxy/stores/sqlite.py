@@ -55,7 +55,6 @@ from proxy.stores.sqlite_rows import (
 )
 from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import (
-    ENTITIES,
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
     REASONING,
@@ -150,7 +149,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._wal_truncate_bytes = wal_truncate_bytes
         self._message_counts = MessageTermCounts()
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
-        self._entity_term_counts = TermCounts(ENTITIES)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
         self._reasoning_term_counts = TermCounts(REASONING)
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
@@ -460,7 +458,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_entity_index(
-            conn, self._entity_term_counts, self._entity_indexes, scope, terms, limit=limit))
+            conn, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

@@ -14,7 +14,7 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
   term, so a hit ranks as it did; only a row saying none of those (but a common word:
   "plan", "deadline") is no longer found. How many rows say each term comes from an
   fts5vocab table: for messages kept exact as rows arrive (sqlite_message_index.py), for
-  entities and traces cached briefly. On bench/retrieval.py's 100k-message history the hits
+  entities counted at each search, for traces cached briefly. On bench/retrieval.py's 100k-message history the hits
   were the unbounded search's for all 200 queries, at a quarter of its cost; at 10k, for
   187 (the first hit for 199);
 - when even the rarest term is said by more rows than the budget (a user who asks the
@@ -276,29 +276,31 @@ def search_messages(
 
 
 def search_entities(
-    conn: sqlite3.Connection, counts: TermCounts, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *,
-    limit: int,
+    conn: sqlite3.Connection, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *, limit: int,
 ) -> list[tuple[Entity, float]]:
     """BM25 over the user's entities (name, type, description), best first (run on a reader thread):
-    from the user's postings when they are built (sqlite_entity_index.py), else FTS5; the same either way."""
+    from the user's postings when they are built (sqlite_entity_index.py), else FTS5; the same either way.
+
+    The rows saying each term are counted in the search's snapshot, for the plan and for
+    bm25()'s IDF alike, so the answer depends on what is stored and nothing else (a cached
+    count would make it depend on when the count was cached).
+    """
     wanted = searchable(terms)
     if not wanted:
         return []
     with _read_transaction(conn):
-        found_counts, rows = counts.lookup(conn, wanted)
-        wanted = _said(wanted, found_counts)
+        seen = entity_snapshot(conn)
+        saying = dict(conn.execute(f"SELECT term, doc FROM {ENTITIES.vocab} WHERE term IN"
+                                   " (SELECT value FROM json_each(?))", [json.dumps(wanted)]))
+        wanted = _said(wanted, saying)
         if not wanted:
             return []
-        plan = Plan.of(wanted, found_counts, rows, whole_history=True)
-        seen = entity_snapshot(conn)
+        plan = Plan.of(wanted, saying, seen.rows, whole_history=True)
         postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
         if postings is None:
             where, params = _isolated_agent(scope, ENTITIES.alias)
             return [(entity_from_row(row), row["score"])
                     for row in _search(conn, ENTITIES, scope, plan, where, params, None, limit)]
-        # bm25()'s IDF counts each term now: the counts above may be a minute old.
-        saying = dict(conn.execute(f"SELECT term, doc FROM {ENTITIES.vocab} WHERE term IN"
-                                   " (SELECT value FROM json_each(?))", [json.dumps(wanted)]))
         where = Filter(agent_isolated=scope.agent_isolated, agent=scope.agent)
         with postings.lock:
             best = postings.search(plan.terms, plan.finding, seen.statistics(saying), where, plan.newest, limit)
