@@ -55,8 +55,10 @@ MIN_IDF = 1e-6
 # the request path, the search going to FTS5 meanwhile.
 CATCH_UP_MAX = 512
 SCAN_MAX = 20_000
-# A user whose postings do not fit the cache are not built again for this long.
+# A user whose postings do not fit the cache are not built again for this long; after a
+# failed build (the store unreadable), this long.
 TOO_BIG_RETRY_S = 600.0
+FAILED_RETRY_S = 60.0
 # Rough cost in memory (about 6 MiB for bench/retrieval.py's 10,000 messages): per row,
 # per posting, per distinct term or conversation.
 ROW_BYTES = 48
@@ -355,7 +357,7 @@ class PostingsCache:
         self._lock = threading.Lock()
         self._users: OrderedDict[str, UserPostings] = OrderedDict()
         self._wanted: set[str] = set()
-        self._too_big: dict[str, float] = {}
+        self._not_before: dict[str, float] = {}  # users not to build again before then
         self._builds: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._builder: threading.Thread | None = None
         self.builds = 0  # postings built so far
@@ -423,9 +425,9 @@ class PostingsCache:
     def _want(self, user: str) -> None:
         with self._lock:
             now = self._clock()
-            if user in self._wanted or self._too_big.get(user, 0.0) > now:
+            if user in self._wanted or self._not_before.get(user, 0.0) > now:
                 return
-            self._too_big = {u: until for u, until in self._too_big.items() if until > now}
+            self._not_before = {u: until for u, until in self._not_before.items() if until > now}
             self._wanted.add(user)
             if self._builder is None:
                 self._builder = threading.Thread(target=self._build_loop, name=f"memproxy-{self.name}", daemon=True)
@@ -446,8 +448,10 @@ class PostingsCache:
                         conn.execute("COMMIT")
                     postings.join()
                     self.builds += 1
-                except sqlite3.Error as exc:  # the store went away or is locked: searches use FTS5
-                    log.warning("%s: cannot build for a user (%s)", self.name, exc)
+                except Exception as exc:  # the user's searches go on in FTS5; built again a minute later
+                    log.warning("%s: cannot build for a user (%s)", self.name, exc,
+                                exc_info=not isinstance(exc, sqlite3.Error))
+                    postings = None
                 self._install(user, postings)
         finally:
             if conn is not None:
@@ -460,12 +464,14 @@ class PostingsCache:
         return conn
 
     def _install(self, user: str, postings: UserPostings | None) -> None:
+        """Cache a user's new postings; None: the build failed."""
         with self._lock:
             self._wanted.discard(user)
             if postings is None:
+                self._not_before[user] = self._clock() + FAILED_RETRY_S
                 return
             if postings.nbytes > self.max_bytes:
-                self._too_big[user] = self._clock() + TOO_BIG_RETRY_S
+                self._not_before[user] = self._clock() + TOO_BIG_RETRY_S
                 log.info("%s: a user's postings (%d MiB) exceed store.search_cache_mb", self.name,
                          postings.nbytes >> 20)
                 return
