@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from proxy.stores.sqlite_postings import (
     CATCH_UP_MAX,
     SCAN_MAX,
-    CatchUp,
-    PostingsCache,
     Totals,
     UserPostings,
     totals,
 )
+from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
 
 # A user's postings with more than this share of rows superseded are built again.
 DEAD_SHARE_MAX = 0.5

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from proxy.stores.sqlite_postings import (
     CATCH_UP_MAX,
     SCAN_MAX,
-    CatchUp,
-    PostingsCache,
     Totals,
     UserPostings,
     fts_tokens,
     totals,
 )
+from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
 
 # fts5vocab tables of messages_fts, made on each read connection (sqlite_search.prepare_reader).
 VOCAB_COLUMNS = "temp.messages_vocab"  # rows saying a term, per column

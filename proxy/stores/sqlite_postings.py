@@ -5,9 +5,9 @@ user's rows among them, and scores each through bm25()'s auxiliary-function API:
 whole-history search of bench/retrieval.py's 10,000 messages took 1.1-1.5 ms where numpy
 over the user's own postings takes 0.1-0.3. `UserPostings` holds one user's rows (their
 conversation, agent, FTS5 token count and each term's weighted frequency) in numpy arrays
-that grow as rows arrive; `PostingsCache` keeps the users' postings least-recently-used
-within a memory bound, builds them on a thread of its own, and has them caught up before
-each search. sqlite_message_index.py and sqlite_entity_index.py say how each table's rows
+that grow as rows arrive; `PostingsCache` (sqlite_postings_cache.py) keeps the users'
+postings least-recently-used within a memory bound, builds them on a thread of its own,
+and has them caught up before each search. sqlite_message_index.py and sqlite_entity_index.py say how each table's rows
 are caught up with; sqlite_search.py searches either engine with one candidate plan.
 
 The postings are an accelerator, never the truth:
@@ -29,22 +29,14 @@ A query term FTS5 would tokenise differently from how it is written (anything bu
 
 from __future__ import annotations
 
-import logging
 import math
-import queue
 import re
-import sqlite3
 import threading
-import time
 import unicodedata
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
-
-log = logging.getLogger("memproxy.store")
 
 # bm25()'s constants (fts5_aux.c).
 K1 = 1.2
@@ -55,10 +47,6 @@ MIN_IDF = 1e-6
 # the request path, the search going to FTS5 meanwhile.
 CATCH_UP_MAX = 512
 SCAN_MAX = 20_000
-# A user whose postings do not fit the cache are not built again for this long; after a
-# failed build (the store unreadable), this long.
-TOO_BIG_RETRY_S = 600.0
-FAILED_RETRY_S = 60.0
 # Rough cost in memory (about 6 MiB for bench/retrieval.py's 10,000 messages): per row,
 # per posting, per distinct term or conversation.
 ROW_BYTES = 48
@@ -332,156 +320,3 @@ class UserPostings:
         if where.agent_isolated:
             keep &= self._agents.array()[candidates] == self._agent_codes.get(where.agent, -1)
         return keep
-
-
-class CatchUp(Enum):
-    """What a table's catch-up made of a user's postings for one search."""
-
-    READY = "ready"  # current for the search's snapshot
-    LATER = "later"  # the snapshot is older than the postings: this search goes to FTS5
-    REBUILD = "rebuild"  # stale or too far behind: dropped and built again
-
-
-class PostingsCache:
-    """The users' postings of one table, least recently used first, within `max_bytes`; built on a
-    thread of its own. A table's subclass says how to build and how to catch up."""
-
-    name = "postings"
-
-    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._path = path
-        self._pragmas = tuple(pragmas)
-        self.max_bytes = max_bytes
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._users: OrderedDict[str, UserPostings] = OrderedDict()
-        self._wanted: set[str] = set()
-        self._not_before: dict[str, float] = {}  # users not to build again before then
-        self._builds: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._builder: threading.Thread | None = None
-        self.builds = 0  # postings built so far
-        self.searches = 0  # searches the postings answered (the others went to FTS5)
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_bytes > 0
-
-    def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
-        """The user's postings, from one snapshot (on the builder's connection)."""
-        raise NotImplementedError
-
-    def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:
-        """Bring the postings to what `conn`'s open transaction sees (`seen`: the table's snapshot)."""
-        raise NotImplementedError
-
-    def ready(self, conn: sqlite3.Connection, user: str, seen: object) -> UserPostings | None:
-        """The user's postings, current for `conn`'s open transaction; None to search FTS5.
-
-        A user without postings has them built in the background.
-        """
-        with self._lock:
-            postings = self._users.get(user)
-            if postings is not None:
-                self._users.move_to_end(user)
-        if postings is None:
-            self._want(user)
-            return None
-        with postings.lock:
-            outcome = self.catch_up(conn, postings, seen)
-            if outcome is CatchUp.READY:
-                self.searches += 1
-        if outcome is CatchUp.REBUILD:
-            with self._lock:
-                if self._users.get(user) is postings:
-                    del self._users[user]
-            self._want(user)
-        if outcome is not CatchUp.READY:
-            return None
-        self._trim()
-        return postings
-
-    def holds(self, user: str) -> bool:
-        """True when the user's postings are built and cached."""
-        with self._lock:
-            return user in self._users
-
-    def forget(self, user: str) -> None:
-        """Drop the user's postings (the user was deleted)."""
-        with self._lock:
-            self._users.pop(user, None)
-            self._wanted.discard(user)
-
-    def close(self) -> None:
-        """Stop the builder and drop every user's postings."""
-        builder, self._builder = self._builder, None
-        if builder is not None:
-            self._builds.put(None)
-            builder.join(timeout=5)
-        with self._lock:
-            self._users.clear()
-            self._wanted.clear()
-
-    def _want(self, user: str) -> None:
-        with self._lock:
-            now = self._clock()
-            if user in self._wanted or self._not_before.get(user, 0.0) > now:
-                return
-            self._not_before = {u: until for u, until in self._not_before.items() if until > now}
-            self._wanted.add(user)
-            if self._builder is None:
-                self._builder = threading.Thread(target=self._build_loop, name=f"memproxy-{self.name}", daemon=True)
-                self._builder.start()
-        self._builds.put(user)
-
-    def _build_loop(self) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            while (user := self._builds.get()) is not None:
-                postings: UserPostings | None = None
-                try:
-                    conn = conn or self._connect()
-                    conn.execute("BEGIN")
-                    try:
-                        postings = self.build(conn, user)
-                    finally:
-                        conn.execute("COMMIT")
-                    postings.join()
-                    self.builds += 1
-                except Exception as exc:  # the user's searches go on in FTS5; built again a minute later
-                    log.warning("%s: cannot build for a user (%s)", self.name, exc,
-                                exc_info=not isinstance(exc, sqlite3.Error))
-                    postings = None
-                self._install(user, postings)
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        for pragma in self._pragmas:
-            conn.execute(f"PRAGMA {pragma}")
-        return conn
-
-    def _install(self, user: str, postings: UserPostings | None) -> None:
-        """Cache a user's new postings; None: the build failed."""
-        with self._lock:
-            self._wanted.discard(user)
-            if postings is None:
-                self._not_before[user] = self._clock() + FAILED_RETRY_S
-                return
-            if postings.nbytes > self.max_bytes:
-                self._not_before[user] = self._clock() + TOO_BIG_RETRY_S
-                log.info("%s: a user's postings (%d MiB) exceed store.search_cache_mb", self.name,
-                         postings.nbytes >> 20)
-                return
-            self._users[user] = postings
-            self._users.move_to_end(user)
-        self._trim()
-
-    def _trim(self) -> None:
-        with self._lock:
-            total = sum(postings.nbytes for postings in self._users.values())
-            while total > self.max_bytes and len(self._users) > 1:
-                _, evicted = self._users.popitem(last=False)
-                total -= evicted.nbytes
