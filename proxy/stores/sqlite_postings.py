@@ -17,7 +17,7 @@ The postings are an accelerator, never the truth:
   each row's tokens from its docsize table), read in the search's own read transaction,
   with each term's frequency summed column by column as bm25() sums it; so a search
   returns the same rows with the same scores whether a user's postings are built yet or
-  not (tests/test_message_index.py holds the two engines side by side);
+  not (tests/test_postings.py holds the two engines side by side);
 - every hit is read back from its table by rowid and user, so a row deleted meanwhile is
   never returned;
 - a search sees only what its snapshot sees; one that cannot (its snapshot is older than
