@@ -64,7 +64,8 @@ class StoreSettings:
         "SQLite durability: normal survives process crashes; full also power loss.", "normal"
     )
     search_cache_mb: int = _help(
-        "SQLite: most memory the in-process message indexes of active users take (MiB); 0 = search FTS5 only.", 256
+        "SQLite: most memory active users' in-memory message postings take (MiB), and as much for entities; "
+        "0 = search FTS5 only.", 256
     )
 
 
