@@ -7,8 +7,9 @@ over the user's own postings takes 0.1-0.3. `UserPostings` holds one user's rows
 conversation, agent, FTS5 token count and each term's weighted frequency) in numpy arrays
 that grow as rows arrive; `PostingsCache` (sqlite_postings_cache.py) keeps the users'
 postings least-recently-used within a memory bound, builds them on a thread of its own,
-and has them caught up before each search. sqlite_message_index.py and sqlite_entity_index.py say how each table's rows
-are caught up with; sqlite_search.py searches either engine with one candidate plan.
+and has them caught up before each search. sqlite_message_index.py and
+sqlite_entity_index.py say how each table's rows are caught up with; sqlite_search.py
+searches either engine with one candidate plan.
 
 The postings are an accelerator, never the truth:
 
@@ -24,7 +25,10 @@ The postings are an accelerator, never the truth:
   the postings, or they fell too far behind) goes to FTS5, and stale postings are rebuilt.
 
 A query term FTS5 would tokenise differently from how it is written (anything but
-`[a-z0-9_]`) goes to FTS5 too: its phrase is FTS5's to match.
+`[a-z0-9_]`) goes to FTS5 too: its phrase is FTS5's to match. So only those terms' counts
+must agree with FTS5's tokenizer, and `fts_tokens` makes them the same tokens from the
+text memproxy stores (tests/test_postings.py); other scripts' tokens may differ (FTS5
+keeps Greek accents), which no search through the postings can see.
 """
 
 from __future__ import annotations
