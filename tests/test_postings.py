@@ -313,6 +313,29 @@ def test_an_index_larger_than_the_cache_is_not_kept_and_fts5_answers(filled: Pat
     assert got == expected and got
 
 
+def test_the_least_recently_searched_user_is_dropped_to_make_room(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+    bob = Scope("bob")
+
+    async def body() -> list[tuple[bool, bool]]:
+        async with fts_and_postings(path) as (fts, mem):
+            cache = mem.message_indexes
+            await built(mem, bob)
+            bob_bytes = cache.nbytes
+            await built(mem, ALICE)
+            alice_bytes = cache.nbytes - bob_bytes
+            held = [(cache.holds("alice"), cache.holds("bob"))]
+            cache.max_bytes = alice_bytes + bob_bytes // 2  # room for alice's postings, not for both
+            await mem.search_messages(ALICE, ("plan",))
+            held.append((cache.holds("alice"), cache.holds("bob")))
+            for terms in queries(random.Random(17), 20):  # bob's searches go to FTS5 now: the same answers
+                expected, got = await search_both(fts, mem, bob, terms)
+                assert got == expected
+            return held
+
+    assert run(body()) == [(True, True), (True, False)]
+
+
 def test_the_counts_read_the_vocabulary_the_readers_make() -> None:
     assert (MESSAGES.vocab, MESSAGES.finding_column) == (VOCAB_COLUMNS, OWN_COLUMN)
 

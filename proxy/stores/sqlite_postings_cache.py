@@ -93,6 +93,12 @@ class PostingsCache:
         self._trim()
         return postings
 
+    @property
+    def nbytes(self) -> int:
+        """What all the users' postings take, roughly (UserPostings.nbytes)."""
+        with self._lock:
+            return sum(postings.nbytes for postings in self._users.values())
+
     def holds(self, user: str) -> bool:
         """True when the user's postings are built and cached."""
         with self._lock:
@@ -172,8 +178,8 @@ class PostingsCache:
         self._trim()
 
     def _trim(self) -> None:
+        total = self.nbytes
         with self._lock:
-            total = sum(postings.nbytes for postings in self._users.values())
             while total > self.max_bytes and len(self._users) > 1:
                 _, evicted = self._users.popitem(last=False)
                 total -= evicted.nbytes
