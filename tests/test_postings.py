@@ -326,6 +326,7 @@ def test_the_least_recently_searched_user_is_dropped_to_make_room(filled: Path, 
             alice_bytes = cache.nbytes - bob_bytes
             held = [(cache.holds("alice"), cache.holds("bob"))]
             cache.max_bytes = alice_bytes + bob_bytes // 2  # room for alice's postings, not for both
+            await fts.apply(turns(ALICE, 3, random.Random(1), first=20_000))  # alice's grow: room is made
             await mem.search_messages(ALICE, ("plan",))
             held.append((cache.holds("alice"), cache.holds("bob")))
             for terms in queries(random.Random(17), 20):  # bob's searches go to FTS5 now: the same answers

@@ -80,7 +80,9 @@ class PostingsCache:
             self._want(user)
             return None
         with postings.lock:
+            before = postings.nbytes
             outcome = self.catch_up(conn, postings, seen)
+            grew = postings.nbytes > before
             if outcome is CatchUp.READY:
                 self.searches += 1
         if outcome is CatchUp.REBUILD:
@@ -90,7 +92,8 @@ class PostingsCache:
             self._want(user)
         if outcome is not CatchUp.READY:
             return None
-        self._trim()
+        if grew:
+            self._trim()
         return postings
 
     @property
@@ -164,6 +167,8 @@ class PostingsCache:
     def _install(self, user: str, postings: UserPostings | None) -> None:
         """Cache a user's new postings; None: the build failed."""
         with self._lock:
+            if user not in self._wanted:
+                return  # forgotten while it was built (the user deleted, the store closed)
             self._wanted.discard(user)
             if postings is None:
                 self._not_before[user] = self._clock() + FAILED_RETRY_S
