@@ -8,7 +8,6 @@ process) counts those, and postings built before the count moved are rebuilt.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -21,6 +20,7 @@ from proxy.stores.sqlite_postings import (
     Totals,
     UserPostings,
     fts_tokens,
+    rows_saying,
     totals,
 )
 from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
@@ -133,15 +133,9 @@ class MessageTermCounts:
 
     @staticmethod
     def _read(conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
-        wanted = json.dumps(list(terms))
-        found = {term: [0, 0] for term in terms}
-        for term, count in conn.execute(f"SELECT term, doc FROM {VOCAB_COLUMNS} WHERE col = '{OWN_COLUMN}'"
-                                        " AND term IN (SELECT value FROM json_each(?))", [wanted]):
-            found[term][0] = count
-        for term, count in conn.execute(f"SELECT term, doc FROM {VOCAB_ROWS} WHERE term IN"
-                                        " (SELECT value FROM json_each(?))", [wanted]):
-            found[term][1] = count
-        return found
+        own = rows_saying(conn, VOCAB_COLUMNS, terms, OWN_COLUMN)
+        anywhere = rows_saying(conn, VOCAB_ROWS, terms)
+        return {term: [own[term], anywhere[term]] for term in terms}
 
     def _add_rows(self, conn: sqlite3.Connection, visible_seq: int) -> None:
         counts = self._counts

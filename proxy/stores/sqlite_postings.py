@@ -33,8 +33,10 @@ keeps Greek accents), which no search through the postings can see.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sqlite3
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -92,6 +94,17 @@ def totals(averages: bytes | None) -> tuple[int, int]:
     """(rows, tokens in every column) from FTS5's averages record."""
     counts = varints(averages) if averages else [0]
     return counts[0], sum(counts[1:])
+
+
+def rows_saying(conn: sqlite3.Connection, vocab: str, terms: Sequence[str], column: str | None = None
+                ) -> dict[str, int]:
+    """How many rows say each term (0 for none), from an fts5vocab table: of kind `col` in that
+    `column`, else of kind `row`. FTS5 counts a term by walking its doclist, as long as the term is common."""
+    where, params = (" col = ? AND", [column]) if column else ("", [])
+    counts = dict.fromkeys(terms, 0)
+    counts.update(conn.execute(f"SELECT term, doc FROM {vocab} WHERE{where} term IN (SELECT value FROM json_each(?))",
+                               [*params, json.dumps(list(terms))]))
+    return counts
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from proxy.stores.sqlite_message_index import (
     MessageTermCounts,
 )
 from proxy.stores.sqlite_message_index import snapshot as message_snapshot
-from proxy.stores.sqlite_postings import FAST_TERM, Filter, totals
+from proxy.stores.sqlite_postings import FAST_TERM, Filter, rows_saying, totals
 from proxy.stores.sqlite_rows import entity_from_row, message_from_row, trace_from_row
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
@@ -176,14 +176,8 @@ class TermCounts:
                     known[term] = cached[0]
                     self._terms.move_to_end(term)
         missing = [t for t in terms if t not in known]
-        fetched = dict.fromkeys(missing, 0)
-        if missing:
-            # fts5vocab counts a term by walking its doclist: cheap for a rare term, and a
-            # common one is asked often enough to stay cached.
-            index = self._index
-            column, params = (" col = ? AND", [index.finding_column]) if index.finding_column else ("", [])
-            fetched.update(conn.execute(f"SELECT term, doc FROM {index.vocab} WHERE{column} term IN"
-                                        " (SELECT value FROM json_each(?))", [*params, json.dumps(missing)]))
+        # A common term is asked often enough to stay cached.
+        fetched = rows_saying(conn, self._index.vocab, missing, self._index.finding_column) if missing else {}
         rows = indexed_rows(conn, self._index)
         with self._lock:
             expires = now + self._ttl
@@ -290,8 +284,7 @@ def search_entities(
         return []
     with _read_transaction(conn):
         seen = entity_snapshot(conn)
-        saying = dict(conn.execute(f"SELECT term, doc FROM {ENTITIES.vocab} WHERE term IN"
-                                   " (SELECT value FROM json_each(?))", [json.dumps(wanted)]))
+        saying = rows_saying(conn, ENTITIES.vocab, wanted)
         wanted = _said(wanted, saying)
         if not wanted:
             return []
