@@ -36,7 +36,7 @@ from proxy.stores.sqlite_checkpoint import (
     WAL_TRUNCATE_BYTES,
     Checkpointer,
 )
-from proxy.stores.sqlite_entity_index import EntityIndexes
+from proxy.stores.sqlite_entity_index import EntityIndexes, EntityTermCounts
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
 from proxy.stores.sqlite_readers import ReadPool
@@ -148,6 +148,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
         self._message_counts = MessageTermCounts()
+        self._entity_counts = EntityTermCounts()
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
         self._reasoning_term_counts = TermCounts(REASONING)
@@ -458,7 +459,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_entity_index(
-            conn, self._entity_indexes, scope, terms, limit=limit))
+            conn, self._entity_counts, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

@@ -8,7 +8,8 @@ Deleting a user removes every row that carries its id (the users row cascades th
 foreign keys; each table holding a `user_id` is then swept, so a table added later is
 covered too), then merges the full-text indexes and checkpoints the WAL: SQLite's
 `secure_delete` zeroes deleted rows, but FTS5 keeps a deleted row's terms in its segments
-until they are merged, and the WAL keeps old pages until a checkpoint truncates it.
+until they are merged, and the WAL keeps old pages until a checkpoint truncates it. The log
+of replaced entity texts (schema v7), which names no user, is emptied.
 """
 
 from __future__ import annotations
@@ -417,6 +418,9 @@ def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
     if any(counts.values()):
         for fts in FTS_TABLES:
             conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
+        # The entity texts changes replaced (schema v7) name no user: all go, the user's among
+        # them; the term counts kept in memory then read afresh.
+        conn.execute("DELETE FROM entity_text_changes")
     return counts
 
 

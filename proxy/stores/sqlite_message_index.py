@@ -9,8 +9,6 @@ process) counts those, and postings built before the count moved are rebuilt.
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +22,7 @@ from proxy.stores.sqlite_postings import (
     totals,
 )
 from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
+from proxy.stores.sqlite_term_counts import LoggedTermCounts, LogPosition
 
 # fts5vocab tables of messages_fts, made on each read connection (sqlite_search.prepare_reader).
 VOCAB_COLUMNS = "temp.messages_vocab"  # rows saying a term, per column
@@ -89,65 +88,30 @@ class MessageIndexes(PostingsCache):
         return CatchUp.READY
 
 
-class MessageTermCounts:
+class MessageTermCounts(LoggedTermCounts):
     """How many rows of the whole message index say each term: in their own words (the
     finding column, which sets a whole-history search's candidate budget) and in any column
-    (bm25()'s IDF).
-
-    FTS5 counts a term by walking its doclist, as long as the term is common. Here a term is
-    counted once, then kept current by adding the rows committed since (any user's, a few a
-    turn), and every count is forgotten when `search_epoch` moves (a row deleted or
-    re-indexed). Each answer is exact for the snapshot it is asked in. Thread-safe;
-    least-recently-used terms dropped past `size`.
+    (bm25()'s IDF). Messages are only appended, so the rows committed since the last lookup
+    (any user's, a few a turn) are the log; `search_epoch` moving (a row deleted or
+    re-indexed) drops every count.
     """
-
-    def __init__(self, size: int = 8192) -> None:
-        self._size = size
-        self._lock = threading.Lock()
-        self._counts: OrderedDict[str, list[int]] = OrderedDict()  # term: [own words, any column]
-        self._scanned_seq = 0  # the counts hold every row up to this rowid
-        self._epoch = -1
 
     def lookup(self, conn: sqlite3.Connection, terms: Sequence[str], seen: Snapshot
                ) -> tuple[dict[str, int], dict[str, int]]:
         """(rows saying each term in their own words, rows saying it anywhere), in `seen`."""
-        with self._lock:
-            if seen.epoch != self._epoch or not self._counts or seen.visible_seq - self._scanned_seq > SCAN_MAX:
-                self._counts.clear()
-                self._epoch, self._scanned_seq = seen.epoch, seen.visible_seq
-            elif seen.visible_seq < self._scanned_seq:
-                # An older snapshot than the counts (two reads side by side around a commit).
-                return _split(self._read(conn, terms))
-            elif seen.visible_seq > self._scanned_seq:
-                self._add_rows(conn, seen.visible_seq)
-            missing = [t for t in terms if t not in self._counts]
-            if missing:
-                self._counts.update(self._read(conn, missing))
-            found = {}
-            for term in terms:
-                found[term] = self._counts[term]
-                self._counts.move_to_end(term)
-            while len(self._counts) > self._size:
-                self._counts.popitem(last=False)
-            return _split(found)
+        found = self.exact(conn, terms, LogPosition(seen.visible_seq, generation=seen.epoch))
+        return {t: c[0] for t, c in found.items()}, {t: c[1] for t, c in found.items()}
 
-    @staticmethod
-    def _read(conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
+    def _read(self, conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
         own = rows_saying(conn, VOCAB_COLUMNS, terms, OWN_COLUMN)
         anywhere = rows_saying(conn, VOCAB_ROWS, terms)
         return {term: [own[term], anywhere[term]] for term in terms}
 
-    def _add_rows(self, conn: sqlite3.Connection, visible_seq: int) -> None:
-        counts = self._counts
+    def _add_changes(self, conn: sqlite3.Connection, counts: dict[str, list[int]], after: int, upto: int) -> None:
         for terms, context in conn.execute("SELECT terms, context FROM messages WHERE seq > ? AND seq <= ?",
-                                           (self._scanned_seq, visible_seq)):
+                                           (after, upto)):
             own = set(fts_tokens(terms))
             for token in own | set(fts_tokens(context)):
                 if (count := counts.get(token)) is not None:
                     count[0] += token in own
                     count[1] += 1
-        self._scanned_seq = visible_seq
-
-
-def _split(counts: dict[str, list[int]]) -> tuple[dict[str, int], dict[str, int]]:
-    return {t: c[0] for t, c in counts.items()}, {t: c[1] for t, c in counts.items()}

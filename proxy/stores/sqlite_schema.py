@@ -303,8 +303,36 @@ CREATE TRIGGER IF NOT EXISTS entities_changed_delete AFTER DELETE ON entities BE
 END;
 """
 
+# v7: the indexed text each entity change removed and added, by whichever process: the
+# in-memory entity term counts (sqlite_entity_index.EntityTermCounts) stay exact by
+# reading it, instead of walking FTS5's doclists on every search. A change that leaves the
+# text as it was is not logged. The log trims itself to its newest 4,096 rows (in steps of
+# 1,024), and a user's deletion empties it; counts further behind are read afresh.
+_ENTITY_TEXT = "{0}.name_terms || ' ' || {0}.type_terms || ' ' || {0}.description_terms"
+_V7 = f"""
+CREATE TABLE IF NOT EXISTS entity_text_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    removed TEXT,
+    added TEXT
+);
+CREATE TRIGGER IF NOT EXISTS entity_text_changes_trim AFTER INSERT ON entity_text_changes
+    WHEN new.seq % 1024 = 0 BEGIN
+    DELETE FROM entity_text_changes WHERE seq <= new.seq - 4096;
+END;
+CREATE TRIGGER IF NOT EXISTS entities_text_insert AFTER INSERT ON entities BEGIN
+    INSERT INTO entity_text_changes (removed, added) VALUES (NULL, {_ENTITY_TEXT.format("new")});
+END;
+CREATE TRIGGER IF NOT EXISTS entities_text_update AFTER UPDATE OF name_terms, type_terms, description_terms ON entities
+    WHEN {_ENTITY_TEXT.format("old")} IS NOT {_ENTITY_TEXT.format("new")} BEGIN
+    INSERT INTO entity_text_changes (removed, added) VALUES ({_ENTITY_TEXT.format("old")}, {_ENTITY_TEXT.format("new")});
+END;
+CREATE TRIGGER IF NOT EXISTS entities_text_delete AFTER DELETE ON entities BEGIN
+    INSERT INTO entity_text_changes (removed, added) VALUES ({_ENTITY_TEXT.format("old")}, NULL);
+END;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

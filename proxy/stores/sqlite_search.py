@@ -13,10 +13,10 @@ messages ("plan", "deadline") made a search of a 100k-message history take 20-40
   CANDIDATE_MAX_ROWS), still by BM25 over every
   term, so a hit ranks as it did; only a row saying none of those (but a common word:
   "plan", "deadline") is no longer found. How many rows say each term comes from an
-  fts5vocab table: for messages kept exact as rows arrive (sqlite_message_index.py), for
-  entities counted at each search, for traces cached briefly. On bench/retrieval.py's 100k-message history the hits
-  were the unbounded search's for all 200 queries, at a quarter of its cost; at 10k, for
-  187 (the first hit for 199);
+  fts5vocab table, kept exact from then on (sqlite_term_counts.py) for messages as rows
+  arrive and for entities as their text changes; for traces cached briefly. On
+  bench/retrieval.py's 100k-message history the hits were the unbounded search's for all
+  200 queries, at a quarter of its cost; at 10k, for 187 (the first hit for 199);
 - when even the rarest term is said by more rows than the budget (a user who asks the
   same kind of question every day), the newest budget's worth of them are the candidates
   (counting only rows the search may return: not a conversation it leaves out, nor another
@@ -52,7 +52,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
-from proxy.stores.sqlite_entity_index import EntityIndexes, entity_snapshot
+from proxy.stores.sqlite_entity_index import (
+    EntityIndexes,
+    EntityTermCounts,
+    entity_snapshot,
+)
 from proxy.stores.sqlite_message_index import (
     OWN_COLUMN,
     VOCAB_ROWS,
@@ -270,21 +274,21 @@ def search_messages(
 
 
 def search_entities(
-    conn: sqlite3.Connection, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *, limit: int,
+    conn: sqlite3.Connection, counts: EntityTermCounts, indexes: EntityIndexes, scope: Scope, terms: Sequence[str],
+    *, limit: int,
 ) -> list[tuple[Entity, float]]:
     """BM25 over the user's entities (name, type, description), best first (run on a reader thread):
     from the user's postings when they are built (sqlite_entity_index.py), else FTS5; the same either way.
 
-    The rows saying each term are counted in the search's snapshot, for the plan and for
-    bm25()'s IDF alike, so the answer depends on what is stored and nothing else (a cached
-    count would make it depend on when the count was cached).
+    The rows saying each term are exact for the search's snapshot, for the plan and for
+    bm25()'s IDF alike, so the answer depends on what is stored and nothing else.
     """
     wanted = searchable(terms)
     if not wanted:
         return []
     with _read_transaction(conn):
         seen = entity_snapshot(conn)
-        saying = rows_saying(conn, ENTITIES.vocab, wanted)
+        saying = counts.lookup(conn, wanted, seen)
         wanted = _said(wanted, saying)
         if not wanted:
             return []
