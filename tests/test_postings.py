@@ -227,6 +227,31 @@ def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp
     run(body())
 
 
+def test_a_message_kept_from_an_earlier_search_is_returned_as_it_now_reads(filled: Path, tmp_path: Path) -> None:
+    # The postings keep the messages their searches returned; a message changed by hand in
+    # any column (not only the indexed ones) moves `search_epoch` (schema v7), so the next
+    # search answers from the table as it now reads, never from what was kept.
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> None:
+        async with fts_and_postings(path) as (fts, mem):
+            await built(mem, ALICE)
+            terms = ("budget", "garden", "lease")
+            first = await mem.search_messages(ALICE, terms, limit=16)
+            assert len(first) == 16
+            assert await mem.search_messages(ALICE, terms, limit=16) == first
+            target = first[3][0]
+            with closing(sqlite3.connect(path)) as db, db:
+                db.execute("UPDATE messages SET content = 'rewritten by hand', role = 'user' WHERE id = ?",
+                           (target.id,))
+            after = {m.id: m for m, _ in await mem.search_messages(ALICE, terms, limit=16)}
+            assert (after[target.id].content, after[target.id].role) == ("rewritten by hand", "user")
+            expected, got = await search_both(fts, mem, ALICE, terms)
+            assert got == expected
+
+    run(body())
+
+
 def test_entities_added_corrected_and_deleted_are_searched_as_they_now_read(filled: Path, tmp_path: Path) -> None:
     path = copy_of(filled, tmp_path)
 

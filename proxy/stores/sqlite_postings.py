@@ -39,6 +39,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,12 @@ SCAN_MAX = 20_000
 ROW_BYTES = 48
 POSTING_BYTES = 24
 TERM_BYTES = 400
+# The rows a user's searches returned last, kept as built (`UserPostings.hit`): at most this
+# many, each of a text no longer than HIT_CHARS (a pasted document is read again), counted
+# at HIT_BYTES each.
+HITS_KEPT = 256
+HIT_CHARS = 2000
+HIT_BYTES = 2560
 
 FAST_TERM = re.compile(r"[a-z0-9_]+")  # a term FTS5 (unicode61, tokenchars '_') keeps as one token
 _ASCII_TOKEN = re.compile(r"[a-z0-9_]+")
@@ -209,11 +216,27 @@ class UserPostings:
         self._last_seq = 0
         self._dead = 0
         self._posting_count = 0
+        self._hits: OrderedDict[int, object] = OrderedDict()
 
     @property
     def nbytes(self) -> int:
         return (self._count * ROW_BYTES + self._posting_count * POSTING_BYTES
-                + (len(self._postings) + len(self._by_conversation)) * TERM_BYTES)
+                + (len(self._postings) + len(self._by_conversation)) * TERM_BYTES + len(self._hits) * HIT_BYTES)
+
+    def hit(self, seq: int) -> object | None:
+        """The row as a search last returned it, built, while it still reads so; None when not kept."""
+        item = self._hits.get(seq)
+        if item is not None:
+            self._hits.move_to_end(seq)
+        return item
+
+    def keep_hit(self, seq: int, item: object, chars: int) -> None:
+        """Keep a row a search returned, built from what it read of the table at `caught_up_to`."""
+        if chars <= HIT_CHARS and seq in self._position:
+            self._hits[seq] = item
+            self._hits.move_to_end(seq)
+            if len(self._hits) > HITS_KEPT:
+                self._hits.popitem(last=False)
 
     @property
     def dead_share(self) -> float:
@@ -256,6 +279,7 @@ class UserPostings:
 
     def remove(self, seq: int) -> None:
         """Forget the row (deleted, or about to be added again as it now reads)."""
+        self._hits.pop(seq, None)
         position = self._position.pop(seq, None)
         if position is not None:
             self._alive.array()[position] = False

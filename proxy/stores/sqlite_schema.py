@@ -303,13 +303,19 @@ CREATE TRIGGER IF NOT EXISTS entities_changed_delete AFTER DELETE ON entities BE
 END;
 """
 
-# v7: the indexed text each entity change removed and added, by whichever process: the
+# v7: a message changed in any column moves `search_epoch` (v5 watched the indexed ones):
+# the in-memory message index keeps the messages its searches returned as they read.
+# And the indexed text each entity change removed and added, by whichever process: the
 # in-memory entity term counts (sqlite_entity_index.EntityTermCounts) stay exact by
 # reading it, instead of walking FTS5's doclists on every search. A change that leaves the
 # text as it was is not logged. The log trims itself to its newest 4,096 rows (in steps of
 # 1,024), and a user's deletion empties it; counts further behind are read afresh.
 _ENTITY_TEXT = "{0}.name_terms || ' ' || {0}.type_terms || ' ' || {0}.description_terms"
 _V7 = f"""
+DROP TRIGGER IF EXISTS messages_epoch_update;
+CREATE TRIGGER IF NOT EXISTS messages_epoch_changed AFTER UPDATE ON messages BEGIN
+    UPDATE search_epoch SET epoch = epoch + 1 WHERE id = 1;
+END;
 CREATE TABLE IF NOT EXISTS entity_text_changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     removed TEXT,

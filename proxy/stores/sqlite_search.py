@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
 from proxy.stores.sqlite_entity_index import (
@@ -250,7 +250,12 @@ def search_messages(
     limit: int,
 ) -> list[tuple[StoredMessage, float]]:
     """BM25 over the user's messages, best first (run on a reader thread): from the user's
-    postings when they are built (sqlite_message_index.py), else FTS5; the same either way."""
+    postings when they are built (sqlite_message_index.py), else FTS5; the same either way.
+
+    A message the postings ranked is read back from the table, unless they kept it from an
+    earlier search: a message never changes without `search_epoch` moving (schema v7: any
+    column), and postings built before it moved are never searched again.
+    """
     wanted = searchable(terms)
     if not wanted or (conversation_ids is not None and not conversation_ids):
         return []
@@ -270,7 +275,15 @@ def search_messages(
         with postings.lock:
             best = postings.search(plan.terms, plan.finding, seen.statistics(anywhere), where, plan.newest, limit,
                                    seen.visible_seq)
-        return [(message_from_row(row), score) for row, score in _read_back(conn, MESSAGES, scope, best)]
+            kept = {seq: cast(StoredMessage, hit) for seq, _ in best if (hit := postings.hit(seq)) is not None}
+        unread = [(seq, score) for seq, score in best if seq not in kept]
+        read = {row["seq"]: message_from_row(row) for row, _ in _read_back(conn, MESSAGES, scope, unread)}
+        if read:
+            with postings.lock:
+                for seq, message in read.items():
+                    postings.keep_hit(seq, message, len(message.content))
+        found = {**kept, **read}
+        return [(found[seq], score) for seq, score in best if seq in found]
 
 
 def search_entities(
