@@ -41,6 +41,7 @@ from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
+    agent_clause,
     entity_from_row,
     export_conversation,
     export_entity,
@@ -94,18 +95,6 @@ _INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.Inte
 def _reason(exc: BaseException) -> str:
     code = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     return f"{code}: {exc}"
-
-
-def _agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple[str, list[Any]]:
-    """Limit rows to the scope's agent under isolation (or always, for per-agent data)."""
-    if scope.agent_isolated or (per_agent and scope.agent is not None):
-        return f" AND {alias}.agent_id IS ?", [scope.agent]
-    return "", []
-
-
-def _per_agent_clause(scope: Scope, alias: str) -> tuple[str, list[Any]]:
-    """Limit per-agent data (reasoning) to the scope's agent whenever it names one."""
-    return _agent_clause(scope, alias, per_agent=True)
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
@@ -277,7 +266,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """The turn whose earlier step's response carried one of these tool-call ids."""
         if not call_ids:
             return None
-        agent, agent_params = _agent_clause(scope, "t")
+        agent, agent_params = agent_clause(scope, "t")
         rows = await self._rows(
             f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
             " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
@@ -289,7 +278,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
         """The latest turn started at or after `since` whose history hashed the same."""
-        agent, agent_params = _agent_clause(scope, "t")
+        agent, agent_params = agent_clause(scope, "t")
         rows = await self._rows(
             f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = ? AND t.history_hash = ? AND t.created_at >= ?"
             f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
@@ -299,7 +288,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""
-        agent, agent_params = _agent_clause(scope, "t")
+        agent, agent_params = agent_clause(scope, "t")
         rows = await self._rows(
             f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = ? AND t.turn_key = ?{agent}",
             [scope.user, turn_key, *agent_params],
@@ -313,7 +302,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """
         if not hashes:
             return None
-        agent, agent_params = _agent_clause(scope, "m")
+        agent, agent_params = agent_clause(scope, "m")
         rows = await self._rows(
             # CROSS JOIN keeps the hashes outside: left to itself the planner scans the user's messages.
             "SELECT m.conversation_id FROM json_each(?) AS h"
@@ -331,7 +320,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
         """Ids of the user's conversations, most recently active first (all when None)."""
-        agent, agent_params = _agent_clause(scope, "c")
+        agent, agent_params = agent_clause(scope, "c")
         rows = await self._rows(
             f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
             " ORDER BY c.last_active_at DESC, c.id DESC LIMIT ?",
@@ -343,7 +332,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def messages(self, scope: Scope, conversation_id: str, *, limit: int = 100) -> list[StoredMessage]:
         """The first `limit` messages of one conversation, oldest first."""
-        agent, params = _agent_clause(scope, "m")
+        agent, params = agent_clause(scope, "m")
         rows = await self._rows(
             f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.conversation_id = ?{agent}"
             " ORDER BY m.created_at, m.seq LIMIT ?",
@@ -353,7 +342,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
         """Reasoning traces of the user (of the agent when one is set), newest first."""
-        agent, agent_params = _agent_clause(scope, "x", per_agent=True)
+        agent, agent_params = agent_clause(scope, "x", per_agent=True)
         rows = await self._rows(
             f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent} ORDER BY x.created_at DESC, x.seq DESC LIMIT ?",
             [scope.user, *agent_params, limit],
@@ -362,7 +351,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def entities(self, scope: Scope) -> list[Entity]:
         """The user's entities, oldest first."""
-        agent, agent_params = _agent_clause(scope, "e")
+        agent, agent_params = agent_clause(scope, "e")
         rows = await self._rows(
             f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent} ORDER BY e.seq", [scope.user, *agent_params]
         )
@@ -371,7 +360,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True,
                             limit: int | None = None) -> list[Relationship]:
         """Edges from or to one entity, the newest fact first (the `limit` newest when given)."""
-        agent, agent_params = _agent_clause(scope, "edge")
+        agent, agent_params = agent_clause(scope, "edge")
         current = " AND edge.invalid_at IS NULL" if current_only else ""
         rows = await self._rows(
             # The user filter sits in the innermost subqueries: outside, it made SQLite scan all
@@ -388,7 +377,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def user_node(self, scope: Scope) -> Entity | None:
         """The entity standing for the user (type `user`, the first made), if extraction has made one."""
-        agent, agent_params = _agent_clause(scope, "e")
+        agent, agent_params = agent_clause(scope, "e")
         rows = await self._rows(
             f"SELECT e.* FROM entities e WHERE e.user_id = ? AND e.type = ?{agent} ORDER BY e.seq LIMIT 1",
             [scope.user, USER_TYPE, *agent_params],
@@ -424,7 +413,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
         for alias, select, key, shape in _EXPORTS:
-            agent, agent_params = _agent_clause(scope, alias)
+            agent, agent_params = agent_clause(scope, alias)
             columns = ", ".join(f"{alias}.{k}" for k in key)
             base = f"{select} WHERE {alias}.user_id = ?{agent}"
             after: list[Any] = []
@@ -472,7 +461,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             if indexed_rows(conn, REASONING) == 0:
                 self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
                 return []
-            return search_reasoning_index(conn, self._reasoning_term_counts, scope, terms,
-                                          agent_clause=_per_agent_clause, limit=limit)
+            return search_reasoning_index(conn, self._reasoning_term_counts, scope, terms, limit=limit)
 
         return await self._read(search)

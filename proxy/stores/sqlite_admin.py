@@ -49,6 +49,7 @@ from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_rows import (
     CONTEXT_MESSAGES,
+    agent_clause,
     clean_text,
     context_terms,
     entity_terms,
@@ -84,12 +85,6 @@ def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[sql
     cursor = conn.cursor()
     cursor.row_factory = sqlite3.Row
     return cursor.execute(sql, params).fetchall()
-
-
-def _agent_clause(scope: Scope, alias: str) -> tuple[str, list[Any]]:
-    if scope.agent_isolated:
-        return f" AND {alias}.agent_id IS ?", [scope.agent]
-    return "", []
 
 
 def _past(columns: str, after: PageKey | None, *, newest_first: bool = False) -> tuple[str, list[Any]]:
@@ -139,7 +134,7 @@ class SQLiteAdmin:
     async def entity_page(self, scope: Scope, *, limit: int = 100,
                           after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """The user's entities as export records, oldest first, from just past `after`."""
-        agent, params = _agent_clause(scope, "e")
+        agent, params = agent_clause(scope, "e")
         past, past_params = _past("e.seq", after)
         rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent}{past} ORDER BY e.seq LIMIT ?",
                                 [scope.user, *params, *past_params, limit])
@@ -148,7 +143,7 @@ class SQLiteAdmin:
     async def conversation_page(self, scope: Scope, *, limit: int = 100,
                                 after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """The user's conversations, most recently active first, from just past `after`."""
-        agent, params = _agent_clause(scope, "c")
+        agent, params = agent_clause(scope, "c")
         past, past_params = _past("c.last_active_at, c.id", after, newest_first=True)
         rows = await self._rows(
             "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.user_id = c.user_id"
@@ -165,7 +160,7 @@ class SQLiteAdmin:
     async def message_page(self, scope: Scope, conversation_id: str, *, limit: int = 100,
                            after: PageKey | None = None) -> list[tuple[PageKey, StoredMessage]]:
         """Messages of one conversation, oldest first, from just past `after`."""
-        agent, params = _agent_clause(scope, "m")
+        agent, params = agent_clause(scope, "m")
         past, past_params = _past("m.created_at, m.seq", after)
         rows = await self._rows(
             f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.conversation_id = ?{agent}{past}"
@@ -176,21 +171,21 @@ class SQLiteAdmin:
 
     async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
         """One entity as an export record."""
-        agent, params = _agent_clause(scope, "e")
+        agent, params = agent_clause(scope, "e")
         rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ? AND e.id = ?{agent}",
                                 [scope.user, entity_id, *params])
         return export_entity(rows[0]) if rows else None
 
     async def message_record(self, scope: Scope, message_id: str) -> dict[str, Any] | None:
         """One message as an export record."""
-        agent, params = _agent_clause(scope, "m")
+        agent, params = agent_clause(scope, "m")
         rows = await self._rows(f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.id = ?{agent}",
                                 [scope.user, message_id, *params])
         return export_message(rows[0]) if rows else None
 
     async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
         """One conversation as an export record."""
-        agent, params = _agent_clause(scope, "c")
+        agent, params = agent_clause(scope, "c")
         rows = await self._rows(f"SELECT c.* FROM conversations c WHERE c.user_id = ? AND c.id = ?{agent}",
                                 [scope.user, conversation_id, *params])
         return export_conversation(rows[0]) if rows else None
@@ -198,7 +193,7 @@ class SQLiteAdmin:
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
                              after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """Reasoning traces as export records, newest first, from just past `after`."""
-        agent, params = _agent_clause(scope, "x")
+        agent, params = agent_clause(scope, "x")
         past, past_params = _past("x.created_at, x.seq", after, newest_first=True)
         rows = await self._rows(
             f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent}{past} ORDER BY x.created_at DESC, x.seq DESC"
@@ -299,7 +294,7 @@ def _fact(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
 
 def _interaction(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
     """The memory as an assistant message in the user's latest conversation (a new one if none)."""
-    agent, params = _agent_clause(op.scope, "c")
+    agent, params = agent_clause(op.scope, "c")
     latest = _rows(conn, f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
                    " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", [op.scope.user, *params])
     conversation = latest[0]["id"] if latest else new_id()

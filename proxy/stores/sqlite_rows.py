@@ -1,4 +1,5 @@
-"""SQLite rows and models: timestamps, stored text, index terms, rows to models and exports.
+"""SQLite rows and models: timestamps, stored text, index terms, rows to models and exports,
+and the agent condition every read of a scope's rows adds.
 
 Timestamps are stored as REAL unix seconds (UTC) and returned as aware datetimes; exports
 write ISO 8601 UTC.
@@ -13,8 +14,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, StoredMessage, Turn
+from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
 from proxy.terms import index_text
+
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Only this much of an item's text is indexed. Indexing costs ~2 µs a word of CPU on the
@@ -193,3 +195,11 @@ def export_reasoning(row: sqlite3.Row) -> dict[str, Any]:
     record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
               "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
     return _with_agent(record, row["agent_id"])
+
+
+def agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple[str, list[Any]]:
+    """Limit rows to the scope's agent under isolation (or always, for per-agent data such as
+    reasoning, whenever the scope names one); the postings' `Filter` says the same."""
+    if scope.agent_isolated or (per_agent and scope.agent is not None):
+        return f" AND {alias}.agent_id IS ?", [scope.agent]
+    return "", []

@@ -65,7 +65,12 @@ from proxy.stores.sqlite_message_index import (
 )
 from proxy.stores.sqlite_message_index import snapshot as message_snapshot
 from proxy.stores.sqlite_postings import FAST_TERM, Filter, rows_saying, totals
-from proxy.stores.sqlite_rows import entity_from_row, message_from_row, trace_from_row
+from proxy.stores.sqlite_rows import (
+    agent_clause,
+    entity_from_row,
+    message_from_row,
+    trace_from_row,
+)
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
 # share of the indexed rows holds...
@@ -116,7 +121,6 @@ ENTITY_WEIGHTS = tuple(float(w) for w in ENTITIES.weights.split(","))  # name, t
 # What trace_from_row reads: a hit is built from these alone, not from the index text
 # stored beside them (a trace's is as long as the trace).
 REASONING = FtsIndex("reasoning", "x", "1.0", "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
-AgentClause = Callable[[Scope, str], tuple[str, list[Any]]]
 _AS_INDEXED = re.compile(r"[a-z0-9_]+")  # a term the vocabulary holds as written (unicode61 folds the rest)
 
 
@@ -265,7 +269,7 @@ def search_messages(
         plan = Plan.of(wanted, own, seen.rows, whole_history=conversation_ids is None)
         postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
         if postings is None:
-            where, params = _isolated_agent(scope, MESSAGES.alias)
+            where, params = agent_clause(scope, MESSAGES.alias)
             if exclude_conversation_id is not None:
                 where += f" AND {MESSAGES.alias}.conversation_id != ?"
                 params.append(exclude_conversation_id)
@@ -308,7 +312,7 @@ def search_entities(
         plan = Plan.of(wanted, saying, seen.rows, whole_history=True)
         postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
         if postings is None:
-            where, params = _isolated_agent(scope, ENTITIES.alias)
+            where, params = agent_clause(scope, ENTITIES.alias)
             return [(entity_from_row(row), row["score"])
                     for row in _search(conn, ENTITIES, scope, plan, where, params, None, limit)]
         where = Filter(agent_isolated=scope.agent_isolated, agent=scope.agent)
@@ -318,10 +322,10 @@ def search_entities(
 
 
 def search_reasoning(
-    conn: sqlite3.Connection, counts: TermCounts, scope: Scope, terms: Sequence[str], *,
-    agent_clause: AgentClause, limit: int,
+    conn: sqlite3.Connection, counts: TermCounts, scope: Scope, terms: Sequence[str], *, limit: int,
 ) -> list[tuple[ReasoningTrace, float]]:
-    """BM25 over the user's reasoning traces (task, steps, answer), best first (run on a reader thread)."""
+    """BM25 over the user's reasoning traces (task, steps, answer), best first (run on a reader thread):
+    of the scope's agent whenever it names one (traces are per agent)."""
     wanted = searchable(terms)
     if not wanted:
         return []
@@ -329,7 +333,7 @@ def search_reasoning(
     wanted = _said(wanted, found_counts)
     if not wanted:
         return []
-    where, params = agent_clause(scope, REASONING.alias)
+    where, params = agent_clause(scope, REASONING.alias, per_agent=True)
     plan = Plan.of(wanted, found_counts, rows, whole_history=True)
     return [(trace_from_row(row), row["score"]) for row in _search(conn, REASONING, scope, plan, where, params,
                                                                     None, limit)]
@@ -345,11 +349,6 @@ def _said(terms: list[str], counts: dict[str, int]) -> list[str]:
 def _plain(terms: Sequence[str]) -> bool:
     """True when FTS5 keeps every term as one token: the postings can match them (a phrase is FTS5's)."""
     return all(FAST_TERM.fullmatch(t) for t in terms)
-
-
-def _isolated_agent(scope: Scope, alias: str) -> tuple[str, list[Any]]:
-    """Rows of the scope's agent only, under agent isolation (`Filter` says the same to the postings)."""
-    return (f" AND {alias}.agent_id IS ?", [scope.agent]) if scope.agent_isolated else ("", [])
 
 
 @contextmanager
