@@ -82,6 +82,9 @@ async def measure(args: argparse.Namespace, servers: dict[str, Server], mode: st
     try:
         for r in range(args.rounds):
             for name in SIDES if r % 2 == 0 else SIDES[::-1]:
+                # A side waits two bursts between its own at each change of order: past the
+                # server's keep-alive, and its first request would find the connection gone.
+                await loads[name].reopen_closed()
                 cpu = servers[name].cpu_seconds()
                 # A fixed count, not a duration: with memory on, the faster side would otherwise
                 # save more turns, and its later searches would have more to match.

@@ -228,6 +228,12 @@ class ClosedLoop:
         self.conns = [await connect(self.target) for _ in range(self.concurrency)]
         await asyncio.gather(*(c.request(self.warm(-1)) for c in self.conns))
 
+    async def reopen_closed(self) -> None:
+        """Reconnect what the server closed while this load sat idle (uvicorn's 5 s keep-alive)."""
+        for n, conn in enumerate(self.conns):
+            if conn.transport is None:
+                self.conns[n] = await connect(self.target)
+
     async def run(self, duration: float, min_requests: int = 1) -> Run:
         """One slice: no request starts after `duration`, and it lasts until the last one ends."""
         run = Run()
