@@ -21,6 +21,7 @@ from proxy.stores.sqlite_postings import (
     Totals,
     UserPostings,
     fts_tokens,
+    paced,
     rows_saying,
     totals,
 )
@@ -71,9 +72,9 @@ class EntityIndexes(PostingsCache):
     def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
         postings = UserPostings(user, self._weights, finding_column=None)
         postings.caught_up_to = entity_snapshot(conn).changed_to
-        for seq, _, agent, name, type_, description, docsize in conn.execute(
+        for seq, _, agent, name, type_, description, docsize in paced(conn.execute(
                 f"SELECT {_COLUMNS} FROM entities e CROSS JOIN entities_fts_docsize d ON d.id = e.seq"
-                " WHERE e.user_id = ? ORDER BY e.seq", (user,)):
+                " WHERE e.user_id = ? ORDER BY e.seq", (user,))):
             postings.add(seq, None, agent, (name, type_, description), docsize)
         return postings
 

@@ -18,6 +18,7 @@ from proxy.stores.sqlite_postings import (
     Totals,
     UserPostings,
     fts_tokens,
+    paced,
     rows_saying,
     totals,
 )
@@ -62,8 +63,8 @@ class MessageIndexes(PostingsCache):
         seen = snapshot(conn)
         postings = UserPostings(user, self._weights, finding_column=0)
         postings.caught_up_to = seen.visible_seq
-        for seq, conversation, agent, terms, context, docsize in conn.execute(
-                f"{_ROWS} WHERE m.user_id = ? ORDER BY m.seq", (user,)):
+        for seq, conversation, agent, terms, context, docsize in paced(conn.execute(
+                f"{_ROWS} WHERE m.user_id = ? ORDER BY m.seq", (user,))):
             postings.add(seq, conversation, agent, (terms, context), docsize)
         postings.epoch = seen.epoch
         return postings
