@@ -413,8 +413,8 @@ def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
     if any(counts.values()):
         for fts in FTS_TABLES:
             conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
-        # The entity texts changes replaced (schema v7) name no user: all go, the user's among
-        # them; the term counts kept in memory then read afresh.
+        # The log of texts that entity changes replaced (schema v7) names no user: all of it
+        # goes, the user's texts among them; the term counts in memory are then read afresh.
         conn.execute("DELETE FROM entity_text_changes")
     return counts
 
