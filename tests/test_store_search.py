@@ -17,15 +17,17 @@ from proxy.api.jsonl import parse_record
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite_postings import rows_saying
 from proxy.stores.sqlite_search import (
     CANDIDATE_MAX_ROWS,
     CANDIDATE_MIN_ROWS,
+    REASONING,
     SMALL_INDEX_ROWS,
-    TermCounts,
+    ReasoningTermCounts,
     candidate_budget,
     candidate_terms,
-    indexed_rows,
     prepare_reader,
+    reasoning_snapshot,
 )
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
@@ -337,65 +339,40 @@ def test_candidate_terms() -> None:
     assert candidate_terms(["a", "b"], {"a": 10, "b": 1_000}, SMALL_INDEX_ROWS) is None  # a small index: whole
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_term_counts_are_cached_briefly(tmp_path: Path) -> None:
+def test_reasoning_term_counts_stay_what_fts5_counts(tmp_path: Path) -> None:
+    # The reasoning search's counts (its candidate plan) are counted once, then kept by the
+    # traces appended since; a trace deleted moves `reasoning_epoch` (schema v7) and they
+    # start over. Each answer equals the vocabulary's in the same read transaction, and the
+    # row count follows the index at every search (a stale one kept a grown store unbounded).
     path = tmp_path / "m.db"
+    step = (ReasoningStep("lookup", "{}", "ok"),)
 
-    async def body() -> None:
+    async def traces(*tasks: tuple[int, str]) -> None:
         async with SQLiteStoreOpened(path) as store:
-            await store.apply([said(ALICE, n, f"quokka {n}", "a") for n in range(3)])
+            await store.apply([FinishTurn(ALICE, f"t{n}", "c1", "done", T0, task=task, steps=step) for n, task in tasks])
 
-    run(body())
-    clock = Clock()
-    counts = TermCounts(ttl=60, size=2, clock=clock)
-    with closing(sqlite3.connect(path)) as db:
+    run(traces((0, "deploy the quokka"), (1, "deploy again")))
+    terms = ["deploy", "quokka", "wombat", "absent"]
+    counts = ReasoningTermCounts()
+
+    def agree(db: sqlite3.Connection) -> tuple[dict[str, int], int]:
+        db.execute("BEGIN")
+        try:
+            seen = reasoning_snapshot(db)
+            kept = counts.lookup(db, terms, seen)
+            assert kept == rows_saying(db, REASONING.vocab, terms)
+            assert seen.rows == db.execute("SELECT count(*) FROM reasoning").fetchone()[0]
+            return kept, seen.rows
+        finally:
+            db.execute("COMMIT")
+
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
         prepare_reader(db)
-        assert counts.lookup(db, ["quokka", "absent"]) == ({"quokka": 3, "absent": 0}, 3)
-        db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
-                   " created_at) VALUES ('x', 'alice', 'a', 'user', 'quokka', '', 'quokka', 0)")
-        db.commit()
-        assert counts.lookup(db, ["quokka"]) == ({"quokka": 3}, 4)  # the term's count cached, the rows read afresh
-        clock.now = 61
-        assert counts.lookup(db, ["quokka"]) == ({"quokka": 4}, 4)  # expired: counted again
-        counts.lookup(db, ["0", "1"])  # holds two terms: "quokka" is the least recently used
-        db.execute("DELETE FROM messages WHERE id = 'x'")
-        db.commit()
-        assert counts.lookup(db, ["quokka"])[0] == {"quokka": 3}
-        assert indexed_rows(db) == 3 == db.execute("SELECT count(*) FROM messages").fetchone()[0]
-        # An absent term is not cached: said a moment later, it is counted at once.
-        assert counts.lookup(db, ["wombat"])[0] == {"wombat": 0}
-        db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
-                   " created_at) VALUES ('y', 'alice', 'a', 'user', 'wombat', '', 'wombat', 0)")
-        db.commit()
-        assert counts.lookup(db, ["wombat"])[0] == {"wombat": 1}
-
-
-def test_the_row_count_follows_a_growing_index_under_steady_searches(tmp_path: Path) -> None:
-    """It decides whether an index is searched whole: a stale figure kept a grown store unbounded."""
-    path = tmp_path / "m.db"
-
-    async def body() -> None:
-        async with SQLiteStoreOpened(path) as store:
-            await store.apply([said(ALICE, 0, "quokka 0", "a")])
-
-    run(body())
-    clock = Clock()
-    counts = TermCounts(ttl=60, clock=clock)
-    with closing(sqlite3.connect(path)) as db:
-        prepare_reader(db)
-        for n in range(1, 6):  # a lookup every 30 s, each within the TTL of the one before
-            assert counts.lookup(db, ["quokka"])[1] == n
-            db.execute("INSERT INTO messages (id, user_id, conversation_id, role, content, content_hash, terms,"
-                       " created_at) VALUES (?, 'alice', 'a', 'user', 'wombat', '', 'wombat', 0)", (f"x{n}",))
-            db.commit()
-            clock.now += 30
+        assert agree(db) == ({"deploy": 2, "quokka": 1, "wombat": 0, "absent": 0}, 2)
+        run(traces((2, "a wombat and a quokka"), (3, "deploy the wombat")))
+        assert agree(db) == ({"deploy": 3, "quokka": 2, "wombat": 2, "absent": 0}, 4)
+        db.execute("DELETE FROM reasoning WHERE task = 'deploy the quokka'")
+        assert agree(db) == ({"deploy": 2, "quokka": 1, "wombat": 2, "absent": 0}, 3)
 
 
 def test_a_term_said_after_a_search_missed_it_is_found_at_once(tmp_path: Path) -> None:

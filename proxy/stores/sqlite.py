@@ -59,7 +59,7 @@ from proxy.stores.sqlite_search import (
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
     REASONING,
-    TermCounts,
+    ReasoningTermCounts,
     indexed_rows,
     prepare_reader,
 )
@@ -140,7 +140,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._entity_counts = EntityTermCounts()
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
-        self._reasoning_term_counts = TermCounts(REASONING)
+        self._reasoning_term_counts = ReasoningTermCounts()
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property

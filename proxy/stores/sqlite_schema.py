@@ -304,7 +304,10 @@ END;
 """
 
 # v7: a message changed in any column moves `search_epoch` (v5 watched the indexed ones):
-# the in-memory message index keeps the messages its searches returned as they read.
+# the in-memory message index keeps the messages its searches returned as they read. A
+# trace deleted or changed moves `reasoning_epoch`: the in-memory counts of the reasoning
+# search (sqlite_search.ReasoningTermCounts) add the traces appended since, and start over
+# when it moves.
 # And the indexed text each entity change removed and added, by whichever process: the
 # in-memory entity term counts (sqlite_entity_index.EntityTermCounts) stay exact by
 # reading it, instead of walking FTS5's doclists on every search. A change that leaves the
@@ -315,6 +318,17 @@ _V7 = f"""
 DROP TRIGGER IF EXISTS messages_epoch_update;
 CREATE TRIGGER IF NOT EXISTS messages_epoch_changed AFTER UPDATE ON messages BEGIN
     UPDATE search_epoch SET epoch = epoch + 1 WHERE id = 1;
+END;
+CREATE TABLE IF NOT EXISTS reasoning_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL
+);
+INSERT INTO reasoning_epoch (id, epoch) VALUES (1, 0) ON CONFLICT DO NOTHING;
+CREATE TRIGGER IF NOT EXISTS reasoning_epoch_delete AFTER DELETE ON reasoning BEGIN
+    UPDATE reasoning_epoch SET epoch = epoch + 1 WHERE id = 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reasoning_epoch_update AFTER UPDATE ON reasoning BEGIN
+    UPDATE reasoning_epoch SET epoch = epoch + 1 WHERE id = 1;
 END;
 CREATE TABLE IF NOT EXISTS entity_text_changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

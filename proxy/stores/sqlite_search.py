@@ -43,10 +43,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -64,13 +61,20 @@ from proxy.stores.sqlite_message_index import (
     MessageTermCounts,
 )
 from proxy.stores.sqlite_message_index import snapshot as message_snapshot
-from proxy.stores.sqlite_postings import FAST_TERM, Filter, rows_saying, totals
+from proxy.stores.sqlite_postings import (
+    FAST_TERM,
+    Filter,
+    fts_tokens,
+    rows_saying,
+    totals,
+)
 from proxy.stores.sqlite_rows import (
     agent_clause,
     entity_from_row,
     message_from_row,
     trace_from_row,
 )
+from proxy.stores.sqlite_term_counts import LoggedTermCounts, LogPosition
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
 # share of the indexed rows holds...
@@ -81,9 +85,6 @@ CANDIDATE_MIN_ROWS = 200
 CANDIDATE_MAX_ROWS = 1000
 # An index this small is searched whole: it costs what the budget above would allow.
 SMALL_INDEX_ROWS = CANDIDATE_MAX_ROWS
-# Document counts change as rows arrive; a count a minute old still tells rare from common.
-COUNTS_TTL_S = 60.0
-COUNTS_CACHED_TERMS = 4096
 
 
 @dataclass(frozen=True)
@@ -154,48 +155,41 @@ def indexed_rows(conn: sqlite3.Connection, index: FtsIndex = MESSAGES) -> int:
     return totals(row[0] if row else None)[0]
 
 
-class TermCounts:
-    """How many indexed rows say each term (in the finding column), cached for COUNTS_TTL_S; thread-safe.
+@dataclass(frozen=True)
+class ReasoningSnapshot:
+    """What a read transaction sees of the traces: rows indexed, the newest rowid, `reasoning_epoch`."""
 
-    Only counts above zero are cached: a term nobody has said yet is counted again at every
-    lookup (a cheap probe of the index), so a search may drop it knowing it is still absent.
-    The number of indexed rows is read at every lookup (one row): it decides whether the
-    index is still small enough to search whole, and a cached figure once kept a store that
-    had grown past that size searched whole, every search scoring every match.
-    """
+    rows: int
+    newest: int
+    epoch: int
 
-    def __init__(self, index: FtsIndex = MESSAGES, *, ttl: float = COUNTS_TTL_S, size: int = COUNTS_CACHED_TERMS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._index = index
-        self._ttl = ttl
-        self._size = size
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._terms: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
-    def lookup(self, conn: sqlite3.Connection, terms: Sequence[str]) -> tuple[dict[str, int], int]:
-        """Document counts of `terms` and the number of indexed rows, from the cache or the index."""
-        now = self._clock()
-        known: dict[str, int] = {}
-        with self._lock:
-            for term in terms:
-                cached = self._terms.get(term)
-                if cached is not None and cached[1] > now:
-                    known[term] = cached[0]
-                    self._terms.move_to_end(term)
-        missing = [t for t in terms if t not in known]
-        # A common term is asked often enough to stay cached.
-        fetched = rows_saying(conn, self._index.vocab, missing, self._index.finding_column) if missing else {}
-        rows = indexed_rows(conn, self._index)
-        with self._lock:
-            expires = now + self._ttl
-            for term, count in fetched.items():
-                if count:
-                    self._terms[term] = (count, expires)
-                    self._terms.move_to_end(term)
-            while len(self._terms) > self._size:
-                self._terms.popitem(last=False)
-        return {**known, **fetched}, rows
+def reasoning_snapshot(conn: sqlite3.Connection) -> ReasoningSnapshot:
+    """One statement: the newest rowid, `reasoning_epoch` (schema v7), and FTS5's row count."""
+    newest, epoch, averages = conn.execute(
+        "SELECT (SELECT ifnull(max(seq), 0) FROM reasoning), (SELECT epoch FROM reasoning_epoch WHERE id = 1),"
+        f" (SELECT block FROM {REASONING.fts}_data WHERE id = 1)").fetchone()
+    return ReasoningSnapshot(totals(averages)[0], newest, epoch or 0)
+
+
+class ReasoningTermCounts(LoggedTermCounts):
+    """How many traces of the whole index say each term (a search's candidate plan), exact for
+    the search's snapshot. Traces are only appended, so the rows committed since the last
+    lookup are the log; `reasoning_epoch` moving (a trace deleted or changed) drops every count."""
+
+    def lookup(self, conn: sqlite3.Connection, terms: Sequence[str], seen: ReasoningSnapshot) -> dict[str, int]:
+        """Rows saying each term, in `seen`."""
+        found = self.exact(conn, terms, LogPosition(seen.newest, generation=seen.epoch))
+        return {term: counts[0] for term, counts in found.items()}
+
+    def _read(self, conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
+        return {term: [count] for term, count in rows_saying(conn, REASONING.vocab, terms).items()}
+
+    def _add_changes(self, conn: sqlite3.Connection, counts: dict[str, list[int]], after: int, upto: int) -> None:
+        for (terms,) in conn.execute("SELECT terms FROM reasoning WHERE seq > ? AND seq <= ?", (after, upto)):
+            for token in set(fts_tokens(terms)):
+                if (count := counts.get(token)) is not None:
+                    count[0] += 1
 
 
 def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> list[str] | None:
@@ -322,21 +316,23 @@ def search_entities(
 
 
 def search_reasoning(
-    conn: sqlite3.Connection, counts: TermCounts, scope: Scope, terms: Sequence[str], *, limit: int,
+    conn: sqlite3.Connection, counts: ReasoningTermCounts, scope: Scope, terms: Sequence[str], *, limit: int,
 ) -> list[tuple[ReasoningTrace, float]]:
     """BM25 over the user's reasoning traces (task, steps, answer), best first (run on a reader thread):
     of the scope's agent whenever it names one (traces are per agent)."""
     wanted = searchable(terms)
     if not wanted:
         return []
-    found_counts, rows = counts.lookup(conn, wanted)
-    wanted = _said(wanted, found_counts)
-    if not wanted:
-        return []
-    where, params = agent_clause(scope, REASONING.alias, per_agent=True)
-    plan = Plan.of(wanted, found_counts, rows, whole_history=True)
-    return [(trace_from_row(row), row["score"]) for row in _search(conn, REASONING, scope, plan, where, params,
-                                                                    None, limit)]
+    with _read_transaction(conn):
+        seen = reasoning_snapshot(conn)
+        saying = counts.lookup(conn, wanted, seen)
+        wanted = _said(wanted, saying)
+        if not wanted:
+            return []
+        where, params = agent_clause(scope, REASONING.alias, per_agent=True)
+        plan = Plan.of(wanted, saying, seen.rows, whole_history=True)
+        return [(trace_from_row(row), row["score"])
+                for row in _search(conn, REASONING, scope, plan, where, params, None, limit)]
 
 
 def _said(terms: list[str], counts: dict[str, int]) -> list[str]:
