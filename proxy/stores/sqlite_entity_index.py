@@ -22,6 +22,8 @@ from proxy.stores.sqlite_postings import (
     UserPostings,
     fts_tokens,
     paced,
+    read_transaction,
+    rows_by_seq,
     rows_saying,
     totals,
 )
@@ -70,12 +72,19 @@ class EntityIndexes(PostingsCache):
         self._weights = tuple(weights)
 
     def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
+        # The user's rowids in one snapshot, their rows in chunks after it: an entity changed
+        # or deleted meanwhile is in the change log past that snapshot, and the first
+        # search's catch-up reads it again.
+        with read_transaction(conn):
+            changed_to = entity_snapshot(conn).changed_to
+            seqs = [seq for (seq,) in conn.execute("SELECT seq FROM entities WHERE user_id = ? ORDER BY seq", (user,))]
         postings = UserPostings(user, self._weights, finding_column=None)
-        postings.caught_up_to = entity_snapshot(conn).changed_to
-        for seq, _, agent, name, type_, description, docsize in paced(conn.execute(
-                f"SELECT {_COLUMNS} FROM entities e CROSS JOIN entities_fts_docsize d ON d.id = e.seq"
-                " WHERE e.user_id = ? ORDER BY e.seq", (user,))):
-            postings.add(seq, None, agent, (name, type_, description), docsize)
+        postings.caught_up_to = changed_to
+        for seq, user_id, agent, name, type_, description, docsize in paced(rows_by_seq(
+                conn, f"SELECT {_COLUMNS} FROM json_each(?) j CROSS JOIN entities e ON e.seq = j.value"
+                " CROSS JOIN entities_fts_docsize d ON d.id = e.seq ORDER BY e.seq", seqs)):
+            if user_id == user:  # not moved to another user meanwhile (the log says so too)
+                postings.add(seq, None, agent, (name, type_, description), docsize)
         return postings
 
     def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:

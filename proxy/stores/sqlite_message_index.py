@@ -19,6 +19,8 @@ from proxy.stores.sqlite_postings import (
     UserPostings,
     fts_tokens,
     paced,
+    read_transaction,
+    rows_by_seq,
     rows_saying,
     totals,
 )
@@ -30,8 +32,10 @@ VOCAB_COLUMNS = "temp.messages_vocab"  # rows saying a term, per column
 VOCAB_ROWS = "temp.messages_vocab_rows"  # rows saying a term in any column
 OWN_COLUMN = "terms"  # a message's own words, which find it; `context` holds the words said before it
 # rowid, conversation, agent, own words, context, FTS5 docsize.
-_ROWS = ("SELECT m.seq, m.conversation_id, m.agent_id, m.terms, m.context, d.sz FROM messages m"
-         " CROSS JOIN messages_fts_docsize d ON d.id = m.seq")
+_COLUMNS = "m.seq, m.conversation_id, m.agent_id, m.terms, m.context, d.sz"
+_ROWS = f"SELECT {_COLUMNS} FROM messages m CROSS JOIN messages_fts_docsize d ON d.id = m.seq"
+_ROWS_OF = (f"SELECT {_COLUMNS} FROM json_each(?) j CROSS JOIN messages m ON m.seq = j.value"
+            " CROSS JOIN messages_fts_docsize d ON d.id = m.seq")
 
 
 @dataclass(frozen=True)
@@ -60,13 +64,18 @@ class MessageIndexes(PostingsCache):
         self._weights = tuple(weights)
 
     def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
-        seen = snapshot(conn)
+        # The user's rowids in one snapshot, their rows in chunks after it: a row deleted or
+        # changed meanwhile moved `search_epoch`, and the first search rebuilds.
+        with read_transaction(conn):
+            seen = snapshot(conn)
+            seqs = [seq for (seq,) in conn.execute("SELECT seq FROM messages WHERE user_id = ? AND seq <= ?"
+                                                   " ORDER BY seq", (user, seen.visible_seq))]
         postings = UserPostings(user, self._weights, finding_column=0)
         postings.caught_up_to = seen.visible_seq
-        for seq, conversation, agent, terms, context, docsize in paced(conn.execute(
-                f"{_ROWS} WHERE m.user_id = ? ORDER BY m.seq", (user,))):
-            postings.add(seq, conversation, agent, (terms, context), docsize)
         postings.epoch = seen.epoch
+        for seq, conversation, agent, terms, context, docsize in paced(rows_by_seq(
+                conn, f"{_ROWS_OF} ORDER BY m.seq", seqs)):
+            postings.add(seq, conversation, agent, (terms, context), docsize)
         return postings
 
     def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:

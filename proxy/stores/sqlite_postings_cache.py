@@ -60,7 +60,7 @@ class PostingsCache:
         return self.max_bytes > 0
 
     def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
-        """The user's postings, from one snapshot (on the builder's connection)."""
+        """The user's postings, read in chunks (on the builder's connection, in read transactions of its own)."""
         raise NotImplementedError
 
     def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:
@@ -142,11 +142,7 @@ class PostingsCache:
                 postings: UserPostings | None = None
                 try:
                     conn = conn or self._connect()
-                    conn.execute("BEGIN")
-                    try:
-                        postings = self.build(conn, user)
-                    finally:
-                        conn.execute("COMMIT")
+                    postings = self.build(conn, user)
                     postings.join()
                     self.builds += 1
                 except Exception as exc:  # the user's searches go on in FTS5; built again a minute later

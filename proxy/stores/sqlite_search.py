@@ -43,8 +43,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -65,6 +64,7 @@ from proxy.stores.sqlite_postings import (
     FAST_TERM,
     Filter,
     fts_tokens,
+    read_transaction,
     rows_saying,
     totals,
 )
@@ -257,7 +257,7 @@ def search_messages(
     wanted = searchable(terms)
     if not wanted or (conversation_ids is not None and not conversation_ids):
         return []
-    with _read_transaction(conn):
+    with read_transaction(conn):
         seen = message_snapshot(conn)
         own, anywhere = counts.lookup(conn, wanted, seen)
         plan = Plan.of(wanted, own, seen.rows, whole_history=conversation_ids is None)
@@ -297,7 +297,7 @@ def search_entities(
     wanted = searchable(terms)
     if not wanted:
         return []
-    with _read_transaction(conn):
+    with read_transaction(conn):
         seen = entity_snapshot(conn)
         saying = counts.lookup(conn, wanted, seen)
         wanted = _said(wanted, saying)
@@ -323,7 +323,7 @@ def search_reasoning(
     wanted = searchable(terms)
     if not wanted:
         return []
-    with _read_transaction(conn):
+    with read_transaction(conn):
         seen = reasoning_snapshot(conn)
         saying = counts.lookup(conn, wanted, seen)
         wanted = _said(wanted, saying)
@@ -345,18 +345,6 @@ def _said(terms: list[str], counts: dict[str, int]) -> list[str]:
 def _plain(terms: Sequence[str]) -> bool:
     """True when FTS5 keeps every term as one token: the postings can match them (a phrase is FTS5's)."""
     return all(FAST_TERM.fullmatch(t) for t in terms)
-
-
-@contextmanager
-def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """One snapshot for a search's reads: the counts, FTS5's statistics, the catch-up, the rows read back."""
-    if conn.in_transaction:  # left open by a read that failed half-way: nothing to keep
-        conn.rollback()
-    conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        conn.execute("COMMIT")
 
 
 def _read_back(conn: sqlite3.Connection, index: FtsIndex, scope: Scope, best: list[tuple[int, float]]
