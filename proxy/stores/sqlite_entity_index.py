@@ -67,10 +67,6 @@ class EntityIndexes(PostingsCache):
 
     name = "entity-index"
 
-    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int, weights: Sequence[float]) -> None:
-        super().__init__(path, pragmas, max_bytes)
-        self._weights = tuple(weights)
-
     def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
         # The user's rowids in one snapshot, their rows in chunks after it: an entity changed
         # or deleted meanwhile is in the change log past that snapshot, and the first

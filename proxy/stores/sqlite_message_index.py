@@ -59,10 +59,6 @@ class MessageIndexes(PostingsCache):
 
     name = "message-index"
 
-    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int, weights: Sequence[float]) -> None:
-        super().__init__(path, pragmas, max_bytes)
-        self._weights = tuple(weights)
-
     def build(self, conn: sqlite3.Connection, user: str) -> UserPostings:
         # The user's rowids in one snapshot, their rows in chunks after it: a row deleted or
         # changed meanwhile moved `search_epoch`, and the first search rebuilds.

@@ -40,9 +40,10 @@ class PostingsCache:
 
     name = "postings"
 
-    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int,
+    def __init__(self, path: str, pragmas: Sequence[str], max_bytes: int, weights: Sequence[float],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._path = path
+        self._weights = tuple(weights)  # bm25()'s column weights, as the table's FTS5 search gives them
         self._pragmas = tuple(pragmas)
         self.max_bytes = max_bytes
         self._clock = clock
