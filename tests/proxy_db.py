@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 
@@ -12,6 +13,17 @@ def rows(proxy: Any, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, 
     """The rows `sql` finds in the proxy's store (its own SQLite file, read beside it)."""
     with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
         return db.execute(sql, params).fetchall()
+
+
+def rows_together(proxy: Any, *queries: str) -> list[list[tuple[Any, ...]]]:
+    """Each query's rows, all read in one snapshot: a commit landing between two reads cannot
+    show the second a row whose parent the first did not see."""
+    with closing(sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):], isolation_level=None)) as db:
+        db.execute("BEGIN")
+        try:
+            return [db.execute(sql).fetchall() for sql in queries]
+        finally:
+            db.execute("COMMIT")
 
 
 def eventually(check: Callable[[], Any], timeout: float = 5.0) -> bool:

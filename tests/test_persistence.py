@@ -18,7 +18,7 @@ import pytest
 from proxy.logs import JsonFormatter
 from tests.extraction_helpers import extracted
 from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
-from tests.proxy_db import eventually, rows
+from tests.proxy_db import eventually, rows, rows_together
 
 CALLS = [{"id": "call_1", "name": "lookup", "arguments": '{"q": "weather"}'},
          {"id": "call_2", "name": "clock", "arguments": '{"tz": "UTC"}'}]
@@ -362,8 +362,11 @@ def test_locked_database_under_load_loses_nothing(make_proxy, fake):
     assert released.wait(10)
 
     def stored() -> dict[str, tuple[str, list[tuple[str, str]]]]:
-        turns = {key: (status, []) for key, status in rows(mem, "SELECT turn_key, status FROM turns")}
-        for key, role, content in rows(mem, "SELECT turn_key, role, content FROM messages ORDER BY seq"):
+        # One snapshot: the retried batches are committing while this polls.
+        turn_rows, message_rows = rows_together(
+            mem, "SELECT turn_key, status FROM turns", "SELECT turn_key, role, content FROM messages ORDER BY seq")
+        turns: dict[str, tuple[str, list[tuple[str, str]]]] = {key: (status, []) for key, status in turn_rows}
+        for key, role, content in message_rows:
             turns[key][1].append((role, content))
         return turns
 
