@@ -122,8 +122,8 @@ def message_from_row(row: sqlite3.Row) -> StoredMessage:
 
 def entity_from_row(row: sqlite3.Row) -> Entity:
     """An Entity from an entities row."""
-    # Positional, like the other row builders here: a search builds dozens per request, and
-    # keyword arguments cost a third more.
+    # Positional, as message_from_row and trace_from_row are: a search builds dozens of these a
+    # request, and keyword arguments cost a third more.
     return Entity(row["id"], row["name"], row["type"], row["description"], row["memory_type"], row["confidence"],
                   json_tuple(row["tags"]), json_tuple(row["aliases"]), json_tuple(row["provenance"]))
 
