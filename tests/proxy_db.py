@@ -9,16 +9,21 @@ from contextlib import closing
 from typing import Any
 
 
+def store_path(proxy: Any) -> str:
+    """The proxy's SQLite file."""
+    return str(proxy.settings.store.url[len("sqlite:///"):])
+
+
 def rows(proxy: Any, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """The rows `sql` finds in the proxy's store (its own SQLite file, read beside it)."""
-    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
+    with sqlite3.connect(store_path(proxy)) as db:
         return db.execute(sql, params).fetchall()
 
 
 def rows_together(proxy: Any, *queries: str) -> list[list[tuple[Any, ...]]]:
     """Each query's rows, all read in one snapshot: a commit landing between two reads cannot
     show the second a row whose parent the first did not see."""
-    with closing(sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):], isolation_level=None)) as db:
+    with closing(sqlite3.connect(store_path(proxy), isolation_level=None)) as db:
         db.execute("BEGIN")
         try:
             return [db.execute(sql).fetchall() for sql in queries]
