@@ -368,6 +368,15 @@ def _search(
     if query is None:
         return []
     fts, t = index.fts, index.alias
+    if conversation_ids is None and plan.newest is None and index.finding_column is None:
+        # A small index, searched whole: the rows saying a term are scored as they are found.
+        return conn.execute(
+            f"WITH best(seq, score) AS (SELECT {fts}.rowid, -bm25({fts}, {index.weights}) AS score FROM {fts}"
+            f" CROSS JOIN {index.table} {t} ON {t}.seq = {fts}.rowid WHERE {fts} MATCH ? AND {t}.user_id = ?{where}"
+            f" ORDER BY score DESC, {fts}.rowid DESC LIMIT ?) SELECT {index.columns}, best.score AS score FROM best"
+            f" CROSS JOIN {index.table} {t} ON {t}.seq = best.seq ORDER BY best.score DESC, {t}.seq DESC",
+            [query, scope.user, *params, limit],
+        ).fetchall()
     ctes: list[str] = []
     args: list[Any] = []
     # The rows the search may return (the user's, the agent's under isolation, outside a
