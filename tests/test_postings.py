@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from proxy.models import Scope
@@ -32,6 +33,7 @@ from proxy.stores.sqlite_postings import (
     BURST_S,
     FAST_TERM,
     REST_S,
+    _Growing,
     fts_tokens,
     paced,
     rows_saying,
@@ -454,6 +456,24 @@ def test_a_build_rests_after_each_burst_of_work_so_requests_get_the_gil() -> Non
 TEXTS = ["my therapi plan for tromso", "internal_hbr_2291_example HBR", "Crème Brûlée at Łódź", "l'été x–y a·b",
          "Ⅻ ① ٣ _x_", "ok\u200bgo x\u00a0y", "İstanbul ǅemal ĳssel ﬁsh", "Ελληνικά τόνος", "שָׁלוֹם עולם",
          "日本語テキスト", "emoji 😀 here", "Привет, мир", "a\u0301b Å"]
+
+
+def test_a_growing_array_holds_every_value_appended_and_keeps_what_was_read() -> None:
+    rng = random.Random(5)
+    growing, expected, reads = _Growing(np.int64), [], []
+    for _ in range(300):
+        for _ in range(rng.choice((0, 1, 2, 7, 40))):
+            expected.append(rng.randrange(-10**12, 10**12))
+            growing.append(expected[-1])
+        array = growing.array()
+        assert array.dtype == np.int64 and array.tolist() == expected
+        reads.append((array, list(expected)))
+    for array, then in reads:  # an array read earlier still reads as it did
+        assert array.tolist() == then
+    fresh = _Growing(np.bool_)
+    assert fresh.array().tolist() == []
+    fresh.append(True)
+    assert fresh.array().tolist() == [True]
 
 
 @pytest.mark.parametrize("text", TEXTS)
