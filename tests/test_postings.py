@@ -38,7 +38,12 @@ from proxy.stores.sqlite_postings import (
     paced,
     rows_saying,
 )
-from proxy.stores.sqlite_search import ENTITIES, MESSAGES, prepare_reader
+from proxy.stores.sqlite_search import (
+    ENTITIES,
+    MESSAGES,
+    SMALL_INDEX_ROWS,
+    prepare_reader,
+)
 from proxy.terms import index_text, query_terms
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -195,6 +200,39 @@ def test_every_search_mode_answers_as_fts5_does_to_the_bit(filled: Path, tmp_pat
     # and the postings answered them (a term FTS5 splits, or a term nobody says, goes to FTS5)
     assert served > compared * 3 // 4
     assert entities_served > 150 * 5 * 3 // 4
+
+
+def test_a_small_entity_index_searched_in_one_pass_answers_as_the_postings_do(tmp_path: Path) -> None:
+    # An index of at most SMALL_INDEX_ROWS rows is searched whole, FTS5 finding and scoring
+    # its rows in one MATCH (sqlite_search._search); the fixture above is past that size.
+    path = tmp_path / "small.db"
+    rng = random.Random(3)
+    scopes = [ALICE, Scope("alice", agent="a1", agent_isolated=True), Scope("bob")]
+
+    async def body() -> tuple[int, int]:
+        store = SQLiteStore(str(path), search_cache_mb=0)
+        await store.open()
+        try:
+            await store.apply(memories(ALICE, 300, rng) + memories(Scope("alice", agent="a1"), 60, rng)
+                              + memories(Scope("bob"), 100, rng))
+        finally:
+            await store.close()
+        async with fts_and_postings(path) as (fts, mem):
+            for scope in scopes:
+                await built(mem, scope)
+            found = 0
+            for terms in queries(rng, 150):
+                for scope in scopes:
+                    expected, got = await entities_both(fts, mem, scope, terms)
+                    assert got == expected, (scope, terms)
+                    found += bool(got)
+            return found, mem.entity_indexes.searches
+
+    found, served = run(body())
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT count(*) FROM entities").fetchone()[0] == 460 <= SMALL_INDEX_ROWS
+    assert found > 150 * 3 // 2
+    assert served > 150 * 3 * 3 // 4
 
 
 def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp_path: Path) -> None:
