@@ -207,46 +207,84 @@ class Filter:
     agent: str | None = None
 
 
+def _appended(view: np.ndarray, values: Sequence[object]) -> np.ndarray:
+    """`view` with `values` after it, written into spare room at its end: an array made here
+    views a buffer with room for half as many again, so each value is copied O(1) times
+    (a copy of the whole array per append cost 82 us an array at 130,000 rows)."""
+    length = len(view)
+    end = length + len(values)
+    buffer = view.base if view.base is not None else view
+    if end > len(buffer):
+        buffer = np.empty(max(end, length * 3 // 2), dtype=view.dtype)
+        buffer[:length] = view
+    buffer[length:end] = values
+    return buffer[:end]
+
+
 class _Growing:
     """A numpy array that values are appended to: appends wait in a list (a numpy item
-    assignment costs what a dozen list appends do) and are copied in when the array is next
-    read, into spare room kept at the end. Joining them to a copy of the whole array instead
-    cost a search 82 us per array at 130,000 rows after every commit, the GIL held."""
+    assignment costs what a dozen list appends do) and are copied in when the array is next read."""
 
-    __slots__ = ("_buffer", "_pending", "_view")
+    __slots__ = ("_pending", "_view")
 
     def __init__(self, dtype: type) -> None:
-        self._buffer = np.empty(0, dtype=dtype)
-        self._view = self._buffer
-        self._pending: list[object] = []
+        self._view = np.empty(0, dtype=dtype)
+        self._pending: list[object] | None = None
 
     def append(self, value: object) -> None:
+        if self._pending is None:
+            self._pending = []
         self._pending.append(value)
 
     def array(self) -> np.ndarray:
-        if self._pending:
-            length = len(self._view)
-            end = length + len(self._pending)
-            if end > len(self._buffer):  # room for half as many again: each value is copied O(1) times
-                grown = np.empty(max(end, len(self._buffer) * 3 // 2), dtype=self._buffer.dtype)
-                grown[:length] = self._view
-                self._buffer = grown
-            self._buffer[length:end] = self._pending
-            self._view = self._buffer[:end]
-            self._pending = []
+        if self._pending is not None:
+            self._view = _appended(self._view, self._pending)
+            self._pending = None
         return self._view
 
 
-class _Postings:
-    """One term's rows (positions in the user's postings, ascending), its weighted frequency in
-    each, and whether the row's finding column says it (when the index has one)."""
+class _Keyed:
+    """Per key (a term, a conversation), rows of a few columns appended in order, read as numpy
+    arrays. One dict of tuples, not objects per key: a tuple of arrays is no work for Python's
+    garbage collector, whose full collections walked seven objects a term (at
+    bench/retrieval.py's 100,000 messages a full collection took 49-55 ms, and 13-19 since)."""
 
-    __slots__ = ("docs", "finds", "freqs")
+    __slots__ = ("_arrays", "_dtypes", "_keys", "_pending")
 
-    def __init__(self) -> None:
-        self.docs = _Growing(np.int32)
-        self.freqs = _Growing(np.float64)
-        self.finds = _Growing(np.bool_)
+    def __init__(self, *dtypes: type) -> None:
+        self._dtypes = dtypes
+        self._arrays: dict[object, tuple[np.ndarray, ...]] = {}
+        self._pending: dict[object, list[object]] = {}  # rows not yet in the arrays, one flat list a key
+        self._keys = 0
+
+    def __len__(self) -> int:
+        return self._keys
+
+    def append(self, key: object, *row: object) -> None:
+        pending = self._pending.get(key)
+        if pending is None:
+            self._keys += key not in self._arrays
+            pending = self._pending[key] = []
+        pending.extend(row)
+
+    def get(self, key: object) -> tuple[np.ndarray, ...] | None:
+        """The key's columns, or None for a key never appended to."""
+        flat = self._pending.pop(key, None)
+        arrays = self._arrays.get(key)
+        if flat is None:
+            return arrays
+        width = len(self._dtypes)
+        columns = [flat[n::width] for n in range(width)]
+        if arrays is None:
+            arrays = tuple(np.array(column, dtype=dtype) for column, dtype in zip(columns, self._dtypes, strict=True))
+        else:
+            arrays = tuple(_appended(array, column) for array, column in zip(arrays, columns, strict=True))
+        self._arrays[key] = arrays
+        return arrays
+
+    def pending(self) -> list[object]:
+        """The keys with rows not yet in their arrays."""
+        return list(self._pending)
 
 
 class UserPostings:
@@ -271,9 +309,11 @@ class UserPostings:
         self._alive = _Growing(np.bool_)
         self._position: dict[int, int] = {}  # rowid: position of its live row
         self._conversation_codes: dict[str | None, int] = {}
-        self._by_conversation: dict[int, _Growing] = {}  # each conversation's positions
+        self._by_conversation = _Keyed(np.int32)  # each conversation's positions
         self._agent_codes: dict[str | None, int] = {}
-        self._postings: dict[str, _Postings] = {}
+        # Per term: the positions of the rows saying it (ascending), its weighted frequency in
+        # each, and whether the row's finding column says it (when the index has one).
+        self._postings = _Keyed(np.int32, np.float64, np.bool_)
         self._count = 0
         self._last_seq = 0
         self._dead = 0
@@ -322,16 +362,11 @@ class UserPostings:
             if column == self._finding_column:
                 finds.update(tokens)
         for token, freq in freqs.items():
-            postings = self._postings.get(token)
-            if postings is None:
-                postings = self._postings[token] = _Postings()
-            postings.docs.append(position)
-            postings.freqs.append(freq)
-            postings.finds.append(self._finding_column is None or token in finds)
+            self._postings.append(token, position, freq, self._finding_column is None or token in finds)
         self._seqs.append(seq)
         conversation = self._conversation_codes.setdefault(conversation_id, len(self._conversation_codes))
         self._conversations.append(conversation)
-        self._by_conversation.setdefault(conversation, _Growing(np.int32)).append(position)
+        self._by_conversation.append(conversation, position)
         self._agents.append(self._agent_codes.setdefault(agent_id, len(self._agent_codes)))
         self._tokens.append(float(sum(varints(docsize))))
         self._alive.append(True)
@@ -350,12 +385,11 @@ class UserPostings:
     def join(self) -> None:
         """Join every array's appends (built postings: their lists would hold them twice over);
         paced, on the builder's thread."""
-        growing = [self._seqs, self._conversations, self._agents, self._tokens, self._alive,
-                   *self._by_conversation.values()]
-        for postings in self._postings.values():
-            growing += (postings.docs, postings.freqs, postings.finds)
-        for array in paced(growing):
+        for array in paced((self._seqs, self._conversations, self._agents, self._tokens, self._alive)):
             array.array()
+        for keyed in (self._by_conversation, self._postings):
+            for key in paced(keyed.pending()):
+                keyed.get(key)
 
     def search(self, terms: Sequence[str], finding: Sequence[str], stats: Statistics, where: Filter,
                newest: int | None, limit: int, visible_seq: int | None = None) -> list[tuple[int, float]]:
@@ -369,7 +403,11 @@ class UserPostings:
         if where.conversations is not None:
             candidates = self._saying(self._in_conversations(where.conversations), finding)
         else:
-            found = [p.docs.array()[p.finds.array()] for t in finding if (p := self._postings.get(t)) is not None]
+            found = []
+            for term in finding:
+                if (postings := self._postings.get(term)) is not None:
+                    docs, _, finds = postings
+                    found.append(docs[finds])
             if not found:
                 return []
             # Each list is ascending and distinct already: only several need merging.
@@ -391,9 +429,9 @@ class UserPostings:
             postings = self._postings.get(term)
             if postings is None:
                 continue  # bm25() adds exactly 0.0 for a term the row does not say
-            docs = postings.docs.array()
+            docs, term_freqs, _ = postings
             at = np.minimum(np.searchsorted(docs, candidates), len(docs) - 1)
-            freqs = np.where(docs[at] == candidates, postings.freqs.array()[at], 0.0)
+            freqs = np.where(docs[at] == candidates, term_freqs[at], 0.0)
             scores += stats.idf(term) * ((freqs * (K1 + 1.0)) / (freqs + length_part))
         rowids = seqs[candidates]
         best = np.lexsort((-rowids, -scores))[:limit]
@@ -401,8 +439,11 @@ class UserPostings:
 
     def _in_conversations(self, conversation_ids: Sequence[str]) -> np.ndarray:
         """The positions of these conversations' rows, ascending."""
-        lists = [self._by_conversation[code].array() for c in conversation_ids
-                 if (code := self._conversation_codes.get(c)) is not None]
+        lists = []
+        for conversation_id in conversation_ids:
+            code = self._conversation_codes.get(conversation_id)
+            if code is not None and (positions := self._by_conversation.get(code)) is not None:
+                lists.append(positions[0])
         return np.unique(np.concatenate(lists)) if lists else np.empty(0, dtype=np.int32)
 
     def _saying(self, pool: np.ndarray, terms: Sequence[str]) -> np.ndarray:
@@ -412,9 +453,9 @@ class UserPostings:
             postings = self._postings.get(term)
             if postings is None or not len(pool):
                 continue
-            docs = postings.docs.array()
+            docs, _, finds = postings
             at = np.minimum(np.searchsorted(docs, pool), len(docs) - 1)
-            says |= (docs[at] == pool) & postings.finds.array()[at]
+            says |= (docs[at] == pool) & finds[at]
         return pool[says]
 
     def _allowed(self, candidates: np.ndarray, where: Filter) -> np.ndarray:
