@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load(args)
     logs.configure(settings.server.log_level)
-    app = create_app(settings)
+    app = create_app(settings, own_process=True)
     # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
     # under the handler it found at start: a no-op one makes a finished shutdown exit 0
     # (RELIABILITY 5.2 case 24) instead of dying of the signal (143) or a KeyboardInterrupt.

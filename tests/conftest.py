@@ -29,10 +29,10 @@ def free_port() -> int:
 class RunningProxy:
     """memproxy served by uvicorn in a thread, as `memproxy serve` runs it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, own_process: bool = False) -> None:
         self.settings = settings
         self.port = free_port()
-        self.app = create_app(settings)
+        self.app = create_app(settings, own_process=own_process)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None, access_log=False,
                                 server_header=False, date_header=False, lifespan="on",
                                 timeout_graceful_shutdown=2)
