@@ -419,6 +419,25 @@ def test_the_counts_read_the_vocabulary_the_readers_make() -> None:
     assert (ENTITIES.vocab, ENTITIES.finding_column) == (ENTITY_VOCAB, None)
 
 
+def test_the_word_counts_leave_the_garbage_collector_nothing_per_term(filled: Path, tmp_path: Path) -> None:
+    path = copy_of(filled, tmp_path)
+    counts = EntityTermCounts()
+    terms = [f"never{n}" for n in range(3000)] + [w.lower() for w in WORDS]
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        prepare_reader(db)
+        db.execute("BEGIN")
+        try:
+            gc.collect()
+            before = len(gc.get_objects())
+            found = counts.lookup(db, terms, entity_snapshot(db))
+            del found
+            gc.collect()
+            kept = len(gc.get_objects()) - before
+        finally:
+            db.execute("COMMIT")
+    assert len(counts._counts) == len(set(terms)) and kept < 100  # a list a term would be 3,000 or more
+
+
 def test_entity_term_counts_stay_what_fts5_counts_through_every_kind_of_change(filled: Path, tmp_path: Path) -> None:
     # Counted once from FTS5's vocabulary, then kept by the text change log (schema v7):
     # after entities are added, corrected, merged away, rewritten by raw SQL, deleted with

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 from proxy.stores.sqlite_postings import (
@@ -125,10 +125,11 @@ class EntityTermCounts(LoggedTermCounts):
     def _read(self, conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
         return {term: [count] for term, count in rows_saying(conn, VOCAB, terms).items()}
 
-    def _add_changes(self, conn: sqlite3.Connection, counts: dict[str, list[int]], after: int, upto: int) -> None:
+    def _add_changes(self, conn: sqlite3.Connection, counts: MutableMapping[str, tuple[int, ...]], after: int,
+                     upto: int) -> None:
         for removed, added in conn.execute("SELECT removed, added FROM entity_text_changes WHERE seq > ? AND seq <= ?",
                                            (after, upto)):
             for text, step in ((removed, -1), (added, 1)):
                 for token in set(fts_tokens(text or "")):
                     if (count := counts.get(token)) is not None:
-                        count[0] += step
+                        counts[token] = (count[0] + step,)

@@ -9,7 +9,7 @@ process) counts those, and postings built before the count moved are rebuilt.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 from proxy.stores.sqlite_postings import (
@@ -113,11 +113,11 @@ class MessageTermCounts(LoggedTermCounts):
         anywhere = rows_saying(conn, VOCAB_ROWS, terms)
         return {term: [own[term], anywhere[term]] for term in terms}
 
-    def _add_changes(self, conn: sqlite3.Connection, counts: dict[str, list[int]], after: int, upto: int) -> None:
+    def _add_changes(self, conn: sqlite3.Connection, counts: MutableMapping[str, tuple[int, ...]], after: int,
+                     upto: int) -> None:
         for terms, context in conn.execute("SELECT terms, context FROM messages WHERE seq > ? AND seq <= ?",
                                            (after, upto)):
             own = set(fts_tokens(terms))
             for token in own | set(fts_tokens(context)):
                 if (count := counts.get(token)) is not None:
-                    count[0] += token in own
-                    count[1] += 1
+                    counts[token] = (count[0] + (token in own), count[1] + 1)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -185,11 +185,12 @@ class ReasoningTermCounts(LoggedTermCounts):
     def _read(self, conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
         return {term: [count] for term, count in rows_saying(conn, REASONING.vocab, terms).items()}
 
-    def _add_changes(self, conn: sqlite3.Connection, counts: dict[str, list[int]], after: int, upto: int) -> None:
+    def _add_changes(self, conn: sqlite3.Connection, counts: MutableMapping[str, tuple[int, ...]], after: int,
+                     upto: int) -> None:
         for (terms,) in conn.execute("SELECT terms FROM reasoning WHERE seq > ? AND seq <= ?", (after, upto)):
             for token in set(fts_tokens(terms)):
                 if (count := counts.get(token)) is not None:
-                    count[0] += 1
+                    counts[token] = (count[0] + 1,)
 
 
 def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> list[str] | None:

@@ -19,7 +19,7 @@ import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 # Past this many log rows since the last lookup, the counts are dropped and read afresh
@@ -38,12 +38,17 @@ class LogPosition:
 
 
 class LoggedTermCounts(ABC):
-    """Per term, a list of counts (one per kind a table counts), exact at `_scanned`."""
+    """Per term, a tuple of counts (one per kind a table counts), exact at `_scanned`.
+
+    Tuples, replaced when a count changes, not lists changed in place: Python's garbage
+    collector stops tracking a tuple of ints, so 8,192 terms a table are 8,192 objects fewer
+    for each full collection to walk.
+    """
 
     def __init__(self, size: int = 8192) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._counts: OrderedDict[str, list[int]] = OrderedDict()
+        self._counts: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._scanned = 0  # the counts hold every change up to this log row
         self._generation = -1
 
@@ -62,7 +67,7 @@ class LoggedTermCounts(ABC):
                 self._scanned = seen.newest
             missing = [t for t in terms if t not in self._counts]
             if missing:
-                self._counts.update(self._read(conn, missing))
+                self._counts.update((term, tuple(counts)) for term, counts in self._read(conn, missing).items())
             found = {}
             for term in terms:
                 found[term] = list(self._counts[term])
@@ -76,5 +81,6 @@ class LoggedTermCounts(ABC):
         """The terms' counts from FTS5's vocabulary, in the caller's read transaction."""
 
     @abstractmethod
-    def _add_changes(self, conn: sqlite3.Connection, counts: dict[str, list[int]], after: int, upto: int) -> None:
+    def _add_changes(self, conn: sqlite3.Connection, counts: MutableMapping[str, tuple[int, ...]], after: int,
+                     upto: int) -> None:
         """Adjust the `counts` kept for the changes logged after row `after`, up to row `upto`."""
