@@ -1,0 +1,83 @@
+"""The documentation stays true to the code: every setting listed, every link alive."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted(DOCS.glob("*.md"))]
+
+# [text](target) outside code: the target up to a space or the closing parenthesis.
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+_CODE = re.compile(r"`[^`\n]*`")
+
+
+def settings_keys() -> list[tuple[str, str]]:
+    """(`section.key`, its environment variable) for every field of every settings section."""
+    keys = []
+    for section in dataclasses.fields(Settings):
+        section_type = type(getattr(Settings(), section.name))
+        for item in dataclasses.fields(section_type):
+            keys.append((f"{section.name}.{item.name}", f"MEMPROXY_{section.name}_{item.name}".upper()))
+    return keys
+
+
+def test_the_settings_walk_finds_every_section() -> None:
+    keys = dict(settings_keys())
+    assert {k.split(".")[0] for k in keys} == {f.name for f in dataclasses.fields(Settings)}
+    assert keys["store.url"] == "MEMPROXY_STORE_URL"
+    assert keys["memory_api.token"] == "MEMPROXY_MEMORY_API_TOKEN"
+
+
+@pytest.mark.parametrize(("key", "variable"), settings_keys(), ids=[k for k, _ in settings_keys()])
+def test_every_settings_key_is_in_the_configuration_page(key: str, variable: str) -> None:
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith(f"| `{key}` |")]
+    assert rows, f"docs/configuration.md has no row for {key}: add it with its default, variable and meaning"
+    assert f"`{variable}`" in rows[0], f"the row of {key} does not name {variable}"
+
+
+def links(page: Path) -> list[str]:
+    """The link targets of a Markdown page, code blocks and code spans left out."""
+    text = _CODE.sub("", _FENCE.sub("", page.read_text(encoding="utf-8")))
+    return _LINK.findall(text)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub makes of a page's headings."""
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", text, re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_relative_link_points_at_a_file_that_exists(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+            continue
+        path_part, _, fragment = target.partition("#")
+        linked = (page.parent / path_part).resolve() if path_part else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
+            broken.append(f"{target}: no heading makes #{fragment}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_link_check_sees_links_and_skips_code(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# A title\n[ok](#a-title) [gone](missing.md) `[code](nope.md)`\n"
+                    "```\n[fenced](nope.md)\n```\n[web](https://example.com)\n", encoding="utf-8")
+    assert links(page) == ["#a-title", "missing.md", "https://example.com"]
+    assert anchors(page) == {"a-title"}
