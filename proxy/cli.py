@@ -101,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load(args)
     logs.configure(settings.server.log_level)
+    _announce(settings)
     app = create_app(settings, own_process=True)
     # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
     # under the handler it found at start: a no-op one makes a finished shutdown exit 0
@@ -122,6 +123,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _announce(settings: Settings) -> None:
+    """One line at start-up: where memproxy listens, where it forwards, where memory lives."""
+    import logging
+
+    logging.getLogger("memproxy").info("memproxy starting", extra={
+        "listen": f"{settings.server.host}:{settings.server.port}",
+        "upstream": settings.upstream.base_url,
+        "store": settings.store.where(),
+    })
+
+
 def _export(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -132,17 +144,27 @@ def _export(args: argparse.Namespace) -> int:
 
     settings = load(args)
     scope = Scope(user=valid_id(args.user, "--user"))
+    sqlite_file = settings.store.sqlite_path
+    if sqlite_file is not None and not sqlite_file.is_file():
+        # Opening it would create an empty database, and the export would pass for one of a user with nothing.
+        print(f"memproxy: no database at {sqlite_file} (check --config or store.url)", file=sys.stderr)
+        return 1
 
-    async def run() -> None:
+    async def run() -> int:
         store = open_store(settings.store)
         await store.open()
+        written = 0
         try:
             async for record in store.export(scope):
                 sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+                written += 1
         finally:
             await store.close()
+        return written
 
-    asyncio.run(run())
+    if asyncio.run(run()) == 0:
+        print(f"memproxy: nothing stored for user {args.user!r} in {settings.store.where()}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -154,7 +176,7 @@ def _eval_locomo(args: argparse.Namespace) -> int:
     settings = load(args)
     try:
         samples = locomo.select(locomo.load(args.data), args.sample)
-        progress = report.ProgressBar() if not args.json or sys.stderr.isatty() else None
+        progress = report.progress_for(sys.stderr, args.json)
         summary = asyncio.run(runner.run(samples, settings, args.k, progress))
     except (locomo.DataError, runner.BenchmarkError) as exc:
         print(f"memproxy: {exc}", file=sys.stderr)

@@ -15,13 +15,16 @@ from typing import Any
 from proxy.memory.redact import redact_mapping
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# uvicorn passes its message again with terminal colour codes, for its own coloured formatter:
+# in JSON those are escape sequences (\u001b[1m...) that repeat `msg`.
+_NOT_LOGGED = _STANDARD | {"color_message"}
 
 
 class JsonFormatter(logging.Formatter):
     """Formats a record and its `extra` fields as compact JSON."""
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        extras = {k: v for k, v in vars(record).items() if k not in _NOT_LOGGED}
         extras["msg"] = record.getMessage()
         if record.exc_info:
             extras["exc"] = self.formatException(record.exc_info)

@@ -12,8 +12,10 @@ import math
 import os
 import types
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -29,6 +31,7 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
     return field(default=default, metadata={"help": text})
 
 
+SQLITE_PREFIX = "sqlite:///"
 MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
 
 
@@ -67,6 +70,26 @@ class StoreSettings:
         "SQLite: most memory active users' in-memory message postings take (MiB), and as much for entities; "
         "0 = search FTS5 only.", 256
     )
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file, absolute; None for PostgreSQL."""
+        if not self.url.startswith(SQLITE_PREFIX):
+            return None
+        return Path(self.url[len(SQLITE_PREFIX):]).absolute()
+
+    def where(self) -> str:
+        """The store for a log line or a message: the SQLite file, or PostgreSQL's host and database
+        (never the user or password)."""
+        if (path := self.sqlite_path) is not None:
+            return f"sqlite {path}"
+        parts = urllib.parse.urlsplit(self.url)
+        host = parts.hostname or "localhost"
+        try:
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError:  # not a number: asyncpg will say so when it connects
+            port = ""
+        return f"postgresql {host}{port}/{parts.path.lstrip('/') or '(default database)'}"
 
 
 @dataclass(frozen=True)
@@ -164,7 +187,7 @@ def load_settings(
     overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Build settings from a YAML file, the environment and `section.key` overrides."""
-    raw = _read_yaml(path) if path else {}
+    raw = _resolve_store_path(_read_yaml(path), path) if path else {}
     merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for section, values in raw.items():
         if section not in SECTIONS:
@@ -196,6 +219,23 @@ def _read_yaml(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections")
     return data
+
+
+def _resolve_store_path(raw: dict[str, Any], path: str) -> dict[str, Any]:
+    """A relative SQLite path in the file means beside the file, wherever memproxy is started.
+
+    A path from the environment or a flag stays relative to the current directory, as any
+    command-line path does.
+    """
+    store = raw.get("store")
+    url = store.get("url") if isinstance(store, dict) else None
+    if not isinstance(url, str) or not url.startswith(SQLITE_PREFIX):
+        return raw
+    file = url[len(SQLITE_PREFIX):]
+    if file.strip() in ("", ":memory:") or Path(file).is_absolute():
+        return raw  # nothing to resolve (an empty or in-memory path is refused by _check)
+    resolved = Path(path).resolve().parent / file
+    return {**raw, "store": {**store, "url": SQLITE_PREFIX + str(resolved)}}
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:

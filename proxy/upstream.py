@@ -204,13 +204,19 @@ class Upstream:
             if isinstance(exc, httpx.RemoteProtocolError):
                 log.warning("upstream broke the connection before its headers: %s", cause)
                 raise UpstreamProtocolError("the upstream closed or broke the connection before answering") from exc
-            log.warning("upstream unreachable: %s", cause)
+            # The client's 502 names no host; the operator's log line does, to tell a typo from an outage.
+            log.warning("upstream unreachable: %s (%s)", _host(request.url), cause)
             raise UpstreamUnavailable("the upstream could not be reached") from exc
         return UpstreamResponse(response, self.settings.idle_timeout_s, self.settings.max_stream_s)
 
     async def aclose(self) -> None:
         """Close the pool."""
         await self.transport.aclose()
+
+
+def _host(url: httpx.URL) -> str:
+    """host:port of a URL, without any user or password it may carry."""
+    return f"{url.host}:{url.port}" if url.port else url.host
 
 
 def _own_error(exc: BaseException) -> ProxyError | ClientGone | None:

@@ -28,6 +28,33 @@ class ProgressBar:
         self.stream.flush()
 
 
+class ProgressLines:
+    """`questions: 135/1347 (10%)`, one plain line at each tenth, for a log file or a pipe.
+
+    A redrawn bar would leave its `\r` frames in the file, hundreds of them on one line.
+    """
+
+    def __init__(self, stream: TextIO, label: str = "questions") -> None:
+        self.stream = stream
+        self.label = label
+        self._shown = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // total if total else 10
+        if tenth == self._shown:
+            return
+        self._shown = tenth
+        self.stream.write(f"{self.label}: {done}/{total} ({10 * tenth}%)\n")
+        self.stream.flush()
+
+
+def progress_for(stream: TextIO, json_output: bool) -> ProgressBar | ProgressLines | None:
+    """A bar on a terminal; plain lines elsewhere, or nothing when stdout carries JSON for a program."""
+    if stream.isatty():
+        return ProgressBar(stream)
+    return None if json_output else ProgressLines(stream)
+
+
 def table(figures: dict[str, Any]) -> str:
     """The figures as a readable table."""
     k = figures["k"]
