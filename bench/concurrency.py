@@ -1,4 +1,4 @@
-"""How many concurrent streams memproxy holds with zero errors (RELIABILITY 5.4), memory on.
+"""How many concurrent streams memproxy holds with zero errors, memory on.
 
 N clients each open one streaming chat completion at once: 20 s streams at 50 events/s
 from the mock upstream, through memproxy with memory on (each client one of 20 users, so

@@ -1,4 +1,4 @@
-"""kill -9 rounds: memproxy killed at a random moment while turns stream (RELIABILITY 5.2 case 23).
+"""kill -9 rounds: memproxy killed at a random moment while turns stream.
 
 Each round starts memproxy on one SQLite file, streams `--streams` turns through it at
 once, kills it with SIGKILL at a random moment, and checks the file with
@@ -72,7 +72,7 @@ def integrity(db: Path) -> str:
 
 
 def run(rounds: int, streams: int, seed: int) -> dict[str, object]:
-    """All rounds; the figures RELIABILITY 5.4 asks for."""
+    """All rounds; integrity and turns lost (docs/performance.md)."""
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="memproxy-faults-"))
     mock = start_mock(work, events=20, delay_ms=10)

@@ -1,14 +1,14 @@
-"""How far any choice of k message hits can get on LoCoMo under SPEC 4's per-conversation cap.
+"""How far any choice of k message hits can get on LoCoMo under the per-conversation cap of cross-session hits.
 
 Ingests each dev conversation exactly as `memproxy eval locomo` does (same writer, store,
 extraction), ranks every question's messages with the store's own BM25 search (the
 cross-session source's candidates, uncapped, 200 deep), then scores turn recall (categories
 1-4) for several selections of that one ranking: the top k with no cap, the top k with at
-most 3 per conversation (SPEC 4, each LoCoMo session being a conversation), and other ways
+most 3 per conversation (each LoCoMo session being a conversation), and other ways
 of spending the slots under the cap. Entity and relationship hits are left out: this is
 the ceiling of the message sources alone.
 
-    python bench/locomo_cap.py [--data ../shared/data/locomo/dev.json] [--json]
+    python bench/locomo_cap.py --data locomo-dev.json [--json]     # the data: docs/evaluation.md
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def recall(questions: list[tuple[int, tuple[str, ...], Ranked]], select: Select)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/locomo/dev.json")
+    p.add_argument("--data", type=Path, required=True, help="the LoCoMo JSON file (docs/evaluation.md)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     questions = asyncio.run(rankings(args.data))
     variants = {
         "top 10, no cap": top(10),
-        f"top 10, at most {PER_GROUP} per session (SPEC 4)": top(10, PER_GROUP),
+        f"top 10, at most {PER_GROUP} per session (memproxy)": top(10, PER_GROUP),
         f"top 12, at most {PER_GROUP} per session": top(12, PER_GROUP),
         f"top 15, at most {PER_GROUP} per session": top(15, PER_GROUP),
         f"top 20, at most {PER_GROUP} per session": top(20, PER_GROUP),

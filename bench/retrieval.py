@@ -1,4 +1,4 @@
-"""Retrieval latency and memory as one user's memory grows (SPEC 12, issue 4), and other streams meanwhile.
+"""Retrieval latency and memory as one user's memory grows, and other streams meanwhile.
 
 Fills one user's SQLite store with N messages (varied sentences, some holding
 identifiers) in conversations of about ten, plus entities, relationships and reasoning

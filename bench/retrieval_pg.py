@@ -1,4 +1,4 @@
-"""Retrieval latency on PostgreSQL beside SQLite, as one user's memory grows (SPEC 12, issue 8).
+"""Retrieval latency on PostgreSQL beside SQLite, as one user's memory grows.
 
 The same data as bench/retrieval.py (its generators, the same seed: N messages of one
 user in conversations of ten, entities and edges in proportion, other users beside it)

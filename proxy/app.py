@@ -89,7 +89,7 @@ class Parts:
         if not await self._open_store():
             # Memory fails open: the proxy serves without it, says so in /readyz, and keeps
             # trying, so a replica started before its database (a compose file's usual
-            # race) gets memory without a restart; writes queue meanwhile (RELIABILITY 22).
+            # race) gets memory without a restart; writes queue meanwhile.
             log.error("store unavailable at start-up, serving without memory until it answers")
             self._opening = asyncio.get_running_loop().create_task(self._open_when_reachable(),
                                                                    name="memproxy-store-open")
@@ -128,7 +128,7 @@ class Parts:
         await self.upstream.aclose()
 
     async def readiness(self) -> dict[str, Any]:
-        """Still 200 when memory is degraded (proxying goes on); `status` says how (RELIABILITY 5.2 case 21)."""
+        """Still 200 when memory is degraded (proxying goes on); `status` says how (kept in service)."""
         store_ok = self.store_open and await self.store.ping()
         problems = [name for name, bad in (("memory_store_unavailable", not store_ok),
                                            ("memory_writes_failing", self.writer.failing),

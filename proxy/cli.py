@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="run a retrieval benchmark")
     benchmarks = evaluate.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     locomo = benchmarks.add_parser("locomo", help="LoCoMo retrieval: turn recall@k through the whole memory path")
-    locomo.add_argument("--data", required=True, help="the LoCoMo JSON file (e.g. ../shared/data/locomo/dev.json)")
+    locomo.add_argument("--data", required=True, help="the LoCoMo JSON file, e.g. snap-research/locomo's"
+                        " data/locomo10.json (docs/evaluation.md)")
     locomo.add_argument("--k", type=int, default=10, help="memories per question, max_memories (1-12; default 10)")
     locomo.add_argument("--sample", action="append", metavar="ID",
                         help="only this conversation (sample_id, e.g. conv-30); repeat for more")
@@ -105,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(settings, own_process=True)
     # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
     # under the handler it found at start: a no-op one makes a finished shutdown exit 0
-    # (RELIABILITY 5.2 case 24) instead of dying of the signal (143) or a KeyboardInterrupt.
+    # (an orchestrator reads 0 as a clean stop) instead of dying of the signal (143) or a KeyboardInterrupt.
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda *_: None)
     uvicorn.run(

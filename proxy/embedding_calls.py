@@ -1,4 +1,4 @@
-"""Embeddings calls memproxy makes on its own account: background work, its own key (SPEC 6).
+"""Embeddings calls memproxy makes on its own account: background work, its own key (never a client's).
 
 `embeddings.api_key`, else `upstream.api_key`; a client's key is never kept to make them.
 With no model, or no key of memproxy's own, embeddings are off and start-up says so. The

@@ -1,8 +1,8 @@
 """One JSON object per log line; message text and credentials never reach it.
 
 Code logs ids, counts, timings and reasons, never message text; as a second wall every
-field of every line goes through the redaction pass the store uses (SPEC 9: "the same
-pass guards the logs"), and fields named like credentials lose their values whole.
+field of every line goes through the redaction pass the store uses (one pass guards
+the store and the logs), and fields named like credentials lose their values whole.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class _ExpectedAbort(logging.Filter):
     """uvicorn's ERROR for a response left unfinished is, from memproxy, a deliberate abort.
 
     memproxy leaves a response unfinished only when its body cannot be finished: the
-    provider's broke after its headers went out (the connection must close: RELIABILITY
-    1.6), or the server stopped at the end of its grace period. It has logged why at INFO;
+    provider's broke after its headers went out (the connection must close: a status
+    already sent cannot change), or the server stopped at the end of its grace period. It has logged why at INFO;
     this line stays, as INFO, and says so.
     """
 

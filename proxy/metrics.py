@@ -26,7 +26,7 @@ def route_label(path: str) -> str:
 
 
 class Metrics:
-    """The counters and histograms SPEC 8 lists."""
+    """The counters and histograms of /metrics (docs/operations.md)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

@@ -1,6 +1,6 @@
 """Calls memproxy makes to the provider on its own account: background work, its own key.
 
-A client's key is never kept to make them (SPEC 6): `extraction.api_key`, else
+A client's key is never kept to make them (it is the client's, for its own request): `extraction.api_key`, else
 `upstream.api_key`; with neither, `extraction.mode: llm` is off and start-up says so.
 The memory package gets these calls as plain callables, so it never imports httpx.
 """

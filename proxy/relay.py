@@ -15,7 +15,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 class ResponseAborted(Exception):
     """The provider's body broke after its headers went out: the client's response is cut off
-    (the connection closes; RELIABILITY 1.6), an expected event rather than a failure of memproxy's."""
+    (the connection closes: a sent status cannot change), an expected event rather than a failure of memproxy's."""
 
 
 class Sent:

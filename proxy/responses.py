@@ -45,7 +45,7 @@ PING = b": ping\n\n"
 class Heartbeat:
     """The body of an event stream, with a `: ping` comment while the provider is silent.
 
-    RELIABILITY 1.4: after a 200, comments every `every_s` keep the idle timers of load
+    After a 200, comments every `every_s` keep the idle timers of load
     balancers in front of the client from closing a stream whose model is still thinking;
     the SDK skips them. One goes out only between events (never inside a half-sent one),
     and never after the stream ended; sends are serialised with the relay's own.
@@ -234,7 +234,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
             answer.feed(event)
         if answer.done and not committed:
             committed = True
-            # SPEC 1.7: the answer is in the store before [DONE] reaches the client.
+            # The answer is in the store before [DONE] reaches the client: a turn it saw end survives a crash.
             if isinstance(answer, ChatStreamAccumulator) and answer.error is None and not answer.too_large:
                 await _commit(recall.answered(answer.message(0)), commit_timeout_s)
 
@@ -246,7 +246,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
         # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
         await take(decoder.feed(b"\n\n"))
     if isinstance(answer, ChatStreamAccumulator) and answer.malformed:
-        recall.bad_events(answer.malformed)  # RELIABILITY 5.2 case 10: counted, never fatal
+        recall.bad_events(answer.malformed)  # a bad data line is counted, never fatal
     if cut is not None and answer.done:
         log.info("upstream stream cut after [DONE]: ended as whole")  # the answer came complete
     elif cut is not None:
@@ -260,7 +260,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
         await _end_cut(send, response, recall, "upstream stream ended before completion", "stream_truncated", tail)
         return
     elif isinstance(answer, ChatStreamAccumulator) and answer.too_large:
-        recall.failed("too_large")  # RELIABILITY 1.2: an answer past the bound is not saved cut short
+        recall.failed("too_large")  # an answer past the bound is not saved cut short
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -279,7 +279,7 @@ async def _append_cut_event(send: Send, response: Any, tail: bytes, message: str
 
 
 async def end_interrupted(sent: Sent) -> None:
-    """End a response the server must stop (RELIABILITY case 24): a 503 the SDK retries if
+    """End a response the server must stop (its grace period is over): a 503 the SDK retries if
     nothing went out yet, an error event for a stream; a JSON body half sent is cut off."""
     message = "memproxy is shutting down and could not finish this response"
     if not sent.started:

@@ -47,7 +47,7 @@ class ProxyEndpoint:
         outcome = "ok"
         send = Sent(send)
         if path == CHAT_PATH:
-            send.error_headers = _status_header("off")  # SPEC 1: every chat response says the memory status
+            send.error_headers = _status_header("off")  # every chat response says the memory status
         try:
             if path is None:
                 raise NotFound("no such path")
@@ -69,7 +69,7 @@ class ProxyEndpoint:
             outcome = "upstream_cut"
         except asyncio.CancelledError:
             # Only uvicorn cancels a request (a client that leaves is DisconnectWatch's): the
-            # server's grace period is over and it still runs (RELIABILITY 5.2 case 24).
+            # server's grace period is over and it still runs (docs/how-it-works.md, SIGTERM).
             outcome = await _interrupted(send)
         finally:
             elapsed = time.perf_counter() - started
@@ -93,7 +93,7 @@ class ProxyEndpoint:
                        if has_body else None)
             response = await self._open(scope["method"], url, upstream_headers, content)
             try:
-                # SPEC 1: every response to the chat path says the memory status (a GET: off).
+                # Every response to the chat path says the memory status (a GET: off).
                 await relay_plain(send, response, extra_headers=_status_header("off") if path == CHAT_PATH else [],
                                   heartbeat_s=self.settings.server.heartbeat_s)
             finally:
@@ -158,7 +158,7 @@ class ProxyEndpoint:
 
     async def _retry_without_block(self, response: Any, url: Any, headers: Any, original: bytes,
                                    recall: Recall) -> Any:
-        """SPEC 1: memory never turns an accepted request into a context-length error."""
+        """Memory never turns an accepted request into a context-length error."""
         try:
             body = b"".join([chunk async for chunk in response.chunks()])
         except StreamCut as cut:  # nothing has gone to the client yet: answer as for no answer

@@ -227,7 +227,7 @@ class DuplicateAuthorization(ValueError):
 
 def bearer(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The token of the request's one `Authorization: Bearer` header, if any; two headers
-    raise DuplicateAuthorization (RELIABILITY B11)."""
+    raise DuplicateAuthorization (a proxy in front may read the other one)."""
     values = [value for name, value in raw if name.lower() == b"authorization"]
     if len(values) > 1:
         raise DuplicateAuthorization("Authorization appears more than once")

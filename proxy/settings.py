@@ -52,7 +52,7 @@ class UpstreamSettings:
     base_url: str = _help("Provider base URL including its version prefix.", "https://api.openai.com/v1")
     api_key: str | None = _help("memproxy's own provider key; when set, clients' keys are never forwarded.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
-    # RELIABILITY 1.4: below the SDK's own 600 s, so the client gets memproxy's 504 rather
+    # Below the SDK's own 600 s, so the client gets memproxy's 504 rather
     # than its own timeout; silence of two minutes inside a body is a stalled provider.
     first_byte_timeout_s: float = _help("Time from sending a request to the response headers.", 300.0)
     idle_timeout_s: float = _help("Longest silence between two chunks of a response body.", 120.0)
@@ -372,7 +372,7 @@ def _check(s: Settings) -> None:
     if not s.server.host.strip():
         raise ConfigError("server.host: must not be empty (it would listen on every interface)")
     if not s.memory.block_header.strip():
-        raise ConfigError("memory.block_header: must not be empty (SPEC 5's block starts with it)")
+        raise ConfigError("memory.block_header: must not be empty (the memory block starts with it)")
     _check_embeddings(s.embeddings)
     if not s.upstream.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"upstream.base_url: must start with http:// or https://, got {s.upstream.base_url!r}")

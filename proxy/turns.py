@@ -1,4 +1,4 @@
-"""Turn identity (SPEC 2-3): which conversation and turn a chat request belongs to.
+"""Turn identity (docs/scopes.md): which conversation and turn a chat request belongs to.
 
 A later step of a tool loop is recognised by the tool-call ids of the assistant messages
 after the last user message (memproxy stored them from the previous step's response); a
@@ -62,7 +62,7 @@ async def identify(
 
 
 async def conversation_for(store: Store, scope: Scope, request: ChatRequest, follow: str) -> str | None:
-    """The conversation a new turn belongs to (SPEC 2); None for a new one."""
+    """The conversation a new turn belongs to; None for a new one."""
     if scope.conversation is not None:
         return scope.conversation
     if follow == "latest":
@@ -88,7 +88,7 @@ def _new_ids(digest: str, now: datetime, retry_window_s: float) -> tuple[str, st
 
     They come from the history (which a tool loop's later steps and an SDK's retries
     repeat) and the stretch of `retry_window_s` the request falls in, so those are one
-    turn even when the store cannot be asked (SPEC 3: the user message saved once), as the
+    turn even when the store cannot be asked (a turn's user message is saved once), as the
     store's own retry check would make them. Without a retry window each request is new.
     """
     if retry_window_s <= 0:

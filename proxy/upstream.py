@@ -94,7 +94,7 @@ class UpstreamResponse:
 
         The idle timeout counts only time spent waiting on the provider: while a chunk is
         with the caller (a slow client, backpressure) the watchdog is paused. A body still
-        coming after `max_stream_s` is cut too (RELIABILITY 1.4: a hard cap, never a short one).
+        coming after `max_stream_s` is cut too (a hard cap against a stream that never ends).
         """
         iterator = self.response.aiter_raw().__aiter__()
         watchdog = _IdleWatchdog(self.idle_timeout_s, self.max_stream_s)

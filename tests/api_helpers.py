@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-# A user's memory as export records (SPEC 8), with fixed ids and times so answers are exact.
+# A user's memory as export records, with fixed ids and times so answers are exact.
 RECORDS: list[dict[str, Any]] = [
     {"kind": "conversation", "id": "conv-a", "created_at": "2026-01-01T10:00:00+00:00",
      "last_active_at": "2026-01-01T10:06:00+00:00"},

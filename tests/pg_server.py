@@ -30,7 +30,7 @@ import pytest
 SERVER_USER = "memproxy-pg"
 START_TIMEOUT_S = 30
 # A test server only: no OS crash to survive, so skip the fsyncs that make initdb and
-# every commit slow. Never use fsync=off for real data (RELIABILITY 2.2).
+# every commit slow. Never use fsync=off for real data: a crash can corrupt it.
 SERVER_SETTINGS = ("fsync=off", "full_page_writes=off", "max_connections=200", "log_min_messages=fatal")
 
 

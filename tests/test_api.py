@@ -1,4 +1,4 @@
-"""The memory API (SPEC 8): every endpoint against a real proxy and SQLite file, exact JSON."""
+"""The memory API (docs/memory-api.md): every endpoint against a real proxy and SQLite file, exact JSON."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_correcting_an_entity_with_a_description_changes_the_description(loaded:
 
 
 def test_a_correction_that_would_repeat_an_answer_of_its_turn_is_409(api: httpx.Client, fake: Any) -> None:
-    # A retried turn whose answer came out different keeps both answers (SPEC 3); making the
+    # A retried turn whose answer came out different keeps both answers; making the
     # second say what the first says breaks the turn's one-copy rule: a conflict, not a 503.
     fake.queue(JsonReply(completion("Blue.")), JsonReply(completion("Green.")))
     headers = {"X-Memory-User": USER, "X-Memory-Conversation": "colours"}
@@ -339,7 +339,7 @@ def test_a_bad_line_rejects_the_whole_import(api: httpx.Client, line: bytes, mes
 
 
 def test_imported_text_is_redacted_before_it_is_saved(api: httpx.Client) -> None:
-    # SPEC 9: the redaction pass runs before anything is saved, an import's records included.
+    # The redaction pass runs before anything is saved, an import's records included.
     key, aws, password = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234", "AKIAABCDEFGHIJKLMNOP", "password=Hunter2Secret!"
     records = [
         {"kind": "conversation", "id": "c1"},

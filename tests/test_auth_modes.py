@@ -1,4 +1,4 @@
-"""Who may claim a user (SPEC 9): trusted peers, proxy API keys, signed scope tokens.
+"""Who may claim a user (docs/auth.md): trusted peers, proxy API keys, signed scope tokens.
 
 End to end through a real proxy; the untrusted-peer cases drive the whole app through its
 ASGI interface with a non-loopback client address (this machine has no other address the
@@ -178,7 +178,7 @@ def test_missing_or_unknown_keys_get_401_on_every_path(keyed: Any, fake: Any, au
 @pytest.mark.parametrize("keys", [(ALICE_KEY, BOB_KEY), (BOB_KEY, ALICE_KEY), (ALICE_KEY, "mp-unknown"),
                                   (ALICE_KEY, ALICE_KEY)])
 def test_two_authorization_headers_are_400_on_every_path(keyed: Any, fake: Any, keys: tuple[str, str]) -> None:
-    # RELIABILITY B11: a proxy in front may read the other header than memproxy does.
+    # Two Authorization headers: a proxy in front may read the other header than memproxy does.
     headers = [("Authorization", f"Bearer {key}") for key in keys]
     payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
     with keyed.http() as client:
@@ -251,7 +251,7 @@ def _tampered() -> str:
     (lambda: _signed_raw(b'{"alg":"HS256"}', b"[" * 50000), "the scope token is malformed"),
     (lambda: _signed_raw(b'{"alg":"HS256"}', b'{"sub":"alice","exp":NaN}'),
      "the scope token needs an exp claim (a time in unix seconds)"),
-    # RELIABILITY B13: with no auth.token_audience, a token meant for some audience is not for memproxy.
+    # With no auth.token_audience, a token meant for some audience is not for memproxy.
     (lambda: token(aud="some-other-service"), "the scope token is meant for another audience (aud)"),
     (lambda: token(aud=["billing-api"]), "the scope token is meant for another audience (aud)"),
     (lambda: token(aud=7), "the scope token's aud claim must be a string or a list of strings"),
@@ -334,7 +334,7 @@ def test_verify_jwt_checks_expiry_against_the_given_clock() -> None:
 
 
 def test_identity_is_enforced_while_the_store_is_unavailable(make_proxy: Any, tmp_path: Any) -> None:
-    # RELIABILITY 5.2 case 22: memory fails open, identity does not.
+    # Memory fails open, identity does not.
     proxy = make_proxy(auth__mode="api-keys", auth__api_keys=API_KEYS, upstream__api_key=UPSTREAM_KEY,
                        store__url=f"sqlite:///{tmp_path}/missing-directory/memproxy.db", server__grace_period_s=1)
     with proxy.http() as client:

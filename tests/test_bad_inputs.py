@@ -1,4 +1,4 @@
-"""Bad inputs (RELIABILITY.md 5.3): forwarded untouched or a clear error, never a proxy 500."""
+"""Bad inputs: forwarded untouched or a clear error, never a proxy 500."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ UNPARSEABLE = [
     (b'{"model": "m", "messages": null}', "off"),
     (b'{"model": "m", "messages": "hi"}', "off"),
     (b'{"model": "m", "messages": [{"role": "user", "content": 5}], "stream": "true"}', "off"),
-    # RELIABILITY B3: wrong types the provider refuses; memory skips them and saves nothing.
+    # Wrong types the provider refuses; memory skips them and saves nothing.
     (b'{"messages": [{"role": "user", "content": "no model"}]}', "off"),
     (b'{"model": 7, "messages": [{"role": "user", "content": "model not a string"}]}', "off"),
     (b'{"model": "m", "messages": [{"role": "user", "content": {"weird": 1}}]}', "off"),
@@ -109,7 +109,7 @@ def _stored_messages(proxy) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_a_lone_surrogate_or_nul_is_stored_as_valid_utf8(make_proxy, fake, request, store):
-    # RELIABILITY B6: a lone surrogate is valid JSON (as a \u escape) but has no UTF-8 form;
+    # A lone surrogate is valid JSON (as a \u escape) but has no UTF-8 form;
     # NUL is valid UTF-8 but PostgreSQL text refuses it. Neither is a 500, both turns are
     # saved, and the store holds valid UTF-8: U+FFFD for the surrogate (and, on PostgreSQL,
     # for NUL), whether it came from the client, the provider's JSON or its stream.
@@ -173,7 +173,7 @@ QUESTION = "What does the harbour ferry timetable say?"
 
 @pytest.mark.parametrize("shape", ["one 5 MB message", "100,000 messages"])
 def test_giant_message_and_many_messages(make_proxy, fake, shape):
-    # RELIABILITY B7: a single 5 MB message, or 100,000 messages, is answered in bounded
+    # A single 5 MB message, or 100,000 messages, is answered in bounded
     # time; the recall still finds memories, and the block respects memory.max_tokens.
     max_tokens = 120
     proxy = make_proxy(memory__max_tokens=max_tokens, memory__commit_timeout_ms=5000, extraction__from_roles=[])
@@ -201,7 +201,7 @@ def test_giant_message_and_many_messages(make_proxy, fake, shape):
     block, _, rest = sent[-1]["content"].partition("\n\n")
     assert rest == messages[-1]["content"] and block.startswith(HEADER + "\n1. [")
     assert "harbour ferry" in block
-    assert -(-len(block) // 4) <= max_tokens  # SPEC 4: ceil(chars / 4), header included
+    assert -(-len(block) // 4) <= max_tokens  # the budget counts ceil(chars / 4), header included
     assert entry["log"]["budget_cut"] is True  # the cap is what shaped this block
 
 

@@ -1,4 +1,4 @@
-"""The memory block text (SPEC 5), byte for byte."""
+"""The memory block text, byte for byte."""
 
 from __future__ import annotations
 

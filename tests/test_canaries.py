@@ -1,4 +1,4 @@
-"""Isolation as a tested property (SPEC 2, RELIABILITY 4.4): the cross-user leak count is zero.
+"""Isolation as a tested property (docs/security.md): the cross-user leak count is zero.
 
 Three users hold the same kinds of memory, worded alike, each with unique canary tokens,
 in every retrieval source. Each asks the same questions. Every response, every request the

@@ -1,5 +1,5 @@
-"""A provider that compresses its answer although memproxy asked for `identity` (RELIABILITY 5.2
-case 15, with memory on): the client gets the bytes as they came, and the answer is still
+"""A provider that compresses its answer although memproxy asked for `identity` (gzip,
+with memory on): the client gets the bytes as they came, and the answer is still
 saved when it is gzip or deflate; an encoding memproxy cannot read is passed on unread."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Deleting a user (SPEC 8, RELIABILITY 4.4): complete, counted, and gone from the files.
+"""Deleting a user (docs/memory-api.md): complete, counted, and gone from the files.
 
 The deleted user's text holds unique canaries; after the delete not one of them can be
 found with a byte search of the database, its WAL and its shared-memory file, while the

@@ -1,4 +1,4 @@
-"""A full disk (RELIABILITY 5.2 case 21): SQLite answers SQLITE_FULL to every write that needs a
+"""A full disk: SQLite answers SQLITE_FULL to every write that needs a
 new page. Chats go on, /readyz says writes are failing, and once there is room again the
 turns written meanwhile land without a restart."""
 
@@ -67,7 +67,7 @@ def test_a_full_disk_fails_no_chat_and_loses_no_turn_once_there_is_room(make_pro
 
 
 def test_an_overflowing_write_queue_counts_and_logs_the_turns_it_dropped(make_proxy, fake, caplog):
-    # RELIABILITY 5.2 case 21: "the drop counter and log say exactly how many turns were dropped".
+    # No loss is silent: the drop counter and the log say exactly how many turns were dropped.
     proxy = make_proxy(memory__commit_timeout_ms=50, memory__write_queue_size=4)
     assert chat(proxy, "before the disk filled up").status_code == 200
     assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 2)

@@ -1,4 +1,5 @@
-"""The documentation stays true to the code: every setting listed, every link alive."""
+"""The documentation stays true to the code: every setting listed, every link alive, and
+nothing in the repository cites documents that are not in it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted(DOCS.glob("*.
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 _CODE = re.compile(r"`[^`\n]*`")
+# Planning documents kept outside the repository, by name or by a path beside the clone. The
+# brackets keep this file from matching itself.
+_OUTSIDE = re.compile(r"\b([S]PEC|[R]ELIABILITY)(\.md)?\b|\.\./shared/|[/]work[/]shared")
+SCANNED = ["proxy", "tests", "bench", "config", "docs", ".ci", "README.md", "Dockerfile", "pyproject.toml"]
 
 
 def settings_keys() -> list[tuple[str, str]]:
@@ -81,3 +86,28 @@ def test_the_link_check_sees_links_and_skips_code(tmp_path: Path) -> None:
                     "```\n[fenced](nope.md)\n```\n[web](https://example.com)\n", encoding="utf-8")
     assert links(page) == ["#a-title", "missing.md", "https://example.com"]
     assert anchors(page) == {"a-title"}
+
+
+def test_nothing_cites_documents_outside_the_repository() -> None:
+    found = []
+    for name in SCANNED:
+        top = ROOT / name
+        for path in sorted(top.rglob("*") if top.is_dir() else [top]):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            for number, line in enumerate(text.splitlines(), 1):
+                if _OUTSIDE.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, ("say the reason itself, or point to a page under docs/:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("line", ["# {s} 4: at most 3 hits", "({r} 5.2 case 21)", "see {s}.md section 5", "{r} B11",
+                                  "--data {up}/shared/data/locomo/dev.json", "{root}/shared/data/locomo"])
+def test_the_citation_check_catches_the_usual_forms(line: str) -> None:
+    # Spelt in pieces, so the scan of this file does not find them.
+    assert _OUTSIDE.search(line.format(s="SP" + "EC", r="RELI" + "ABILITY", up="..", root="/work"))
+    assert not _OUTSIDE.search("OPENAPI_SPEC = 1  # a spec of the API; reliability matters")

@@ -1,4 +1,4 @@
-"""Embeddings end to end (SPEC 4, 6): the real proxy under uvicorn, the openai client, the
+"""Embeddings end to end (docs/retrieval.md): the real proxy under uvicorn, the openai client, the
 fake upstream's deterministic /v1/embeddings (a hashed bag of stemmed words where
 synonyms share a dimension, so a paraphrase with no word in common is near).
 """

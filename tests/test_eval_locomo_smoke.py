@@ -1,23 +1,27 @@
 """Smoke test: `memproxy eval locomo` on one conversation of the LoCoMo dev split.
 
-The data (CC BY-NC 4.0, evaluation only) is never part of the repository: it sits beside
-the clone at ../shared/data/locomo/dev.json, as in CI. Elsewhere this test skips.
+The data (CC BY-NC 4.0, evaluation only) is never part of the repository: set
+MEMPROXY_LOCOMO_DATA to a LoCoMo file holding conv-30 (data/locomo10.json or its dev split,
+docs/evaluation.md). Without it the test looks where CI keeps the dev split, a `shared`
+directory beside the clone, and skips when the file is not there either.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
 
-DEV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo" / "dev.json"
+DEV = Path(os.environ.get("MEMPROXY_LOCOMO_DATA")
+           or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo" / "dev.json")
 SAMPLE = "conv-30"  # the smallest dev conversation: 19 sessions, 369 turns, 105 questions
 
 
-@pytest.mark.skipif(not DEV.is_file(), reason=f"LoCoMo dev data missing (expected at {DEV})")
+@pytest.mark.skipif(not DEV.is_file(), reason=f"no LoCoMo data at {DEV}: set MEMPROXY_LOCOMO_DATA (docs/evaluation.md)")
 def test_eval_locomo_on_one_dev_conversation(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "locomo", "--data", str(DEV), "--sample", SAMPLE, "--k", "10", "--json"]) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -1,5 +1,5 @@
-"""What a turn records when the upstream fails or the client leaves (RELIABILITY 5.2 cases 1,
-5, 6, 9, 12, 13 and 17, with memory on): the user's message once, no answer (so nothing
+"""What a turn records when the upstream fails or the client leaves (refused,
+cut, 500, malformed, reset, error event, gone during recall; memory on): the user's message once, no answer (so nothing
 of the failed step reaches extraction), and the turn's status saying what happened."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_an_unreachable_upstream_saves_the_question_and_marks_the_turn_failed(ma
     response = ask(proxy, "anyone there?", stream=False)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_unavailable"
-    assert response.headers["x-memory-proxy-error"] == "upstream_unavailable"  # RELIABILITY 1.6: memproxy's own
+    assert response.headers["x-memory-proxy-error"] == "upstream_unavailable"  # memproxy's own, not the provider's
     only_the_question_saved(proxy, "anyone there?", "upstream_failed")
 
 
@@ -126,7 +126,7 @@ def test_raw_reply_closing_before_headers_is_a_failed_turn(make_proxy, fake):
 
 
 def test_a_tool_loop_and_its_retry_while_memory_is_degraded_are_one_turn(make_proxy, fake):
-    # SPEC 3 while the store cannot be asked (here: no time for the turn lookup at all): the
+    # One turn, one copy, even while the store cannot be asked (here: no time for the turn lookup at all): the
     # steps and an SDK retry repeat the turn's history, so they are the same turn, and the
     # user's message and the answer are each saved once. (A long window: no test straddles it.)
     proxy = make_proxy(memory__retrieval_timeout_ms=0, memory__commit_timeout_ms=5000, memory__retry_window_s=3600,
@@ -182,7 +182,7 @@ def test_a_tool_loop_whose_next_step_finds_memory_degraded_stays_one_turn(make_p
 
 
 def test_a_stream_cut_mid_line_still_ends_with_an_error_the_sdk_reads(make_proxy, fake):
-    # RELIABILITY P6 / case 11: the error event must not join the half line the upstream left.
+    # A stream cut mid-line: the error event must not join the half line the upstream left.
     proxy = make_proxy(memory__commit_timeout_ms=5000)
     events = stream_events(pieces=3, done=False)[:3] + [b"da"]
     fake.queue(SSEReply(events, cut_after=len(events)))
@@ -211,7 +211,7 @@ def test_done_without_its_blank_line_is_a_complete_answer(make_proxy, fake):
 
 
 def test_an_answer_past_the_bound_is_not_saved_cut_short(make_proxy, fake):
-    # RELIABILITY 1.2: past DEFAULT_MAX_CHARS accumulation stops and the turn is too_large.
+    # Past DEFAULT_MAX_CHARS accumulation stops and the turn is too_large.
     proxy = make_proxy(memory__commit_timeout_ms=5000)
     piece = "lorem ipsum " * 10_000  # 120,000 characters
     events = [chunk({"role": "assistant", "content": ""})] + [chunk({"content": piece})] * 9 + [
@@ -225,7 +225,7 @@ def test_an_answer_past_the_bound_is_not_saved_cut_short(make_proxy, fake):
 
 
 def test_other_choices_never_crowd_out_choice_0(make_proxy, fake):
-    # SPEC 3: with n > 1 choice 0 is the answer; long other choices do not count against its bound.
+    # With n > 1 choice 0 is the answer; long other choices do not count against its bound.
     proxy = make_proxy(memory__commit_timeout_ms=5000)
 
     def choice(index: int, text: str) -> bytes:
@@ -246,7 +246,7 @@ def test_other_choices_never_crowd_out_choice_0(make_proxy, fake):
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models"])
 def test_a_json_body_cut_after_its_headers_closes_the_connection_quietly(make_proxy, fake, caplog, path):
-    # RELIABILITY 1.6: the status cannot change, so the connection closes (a short body); the
+    # A status already sent cannot change, so the connection closes (a short body); the
     # turn says truncated, and nothing is logged at ERROR: it is an expected event (case 12).
     caplog.set_level(logging.INFO)
     proxy = make_proxy(memory__commit_timeout_ms=5000)
@@ -265,7 +265,7 @@ def test_a_json_body_cut_after_its_headers_closes_the_connection_quietly(make_pr
 
 @pytest.mark.parametrize("headers", [{}, USER], ids=["memory off", "memory on"])
 def test_a_stream_reset_mid_way_is_logged_as_an_expected_event(make_proxy, fake, caplog, headers):
-    # RELIABILITY 5.2 case 12: a connection reset (RST) mid-stream ends with the truncation
+    # A connection reset (RST) mid-stream ends with the truncation
     # event, and it is an expected event: nothing at ERROR, no traceback, in any logger.
     caplog.set_level(logging.DEBUG)
     proxy = make_proxy(memory__commit_timeout_ms=5000)
@@ -284,7 +284,7 @@ def test_a_stream_reset_mid_way_is_logged_as_an_expected_event(make_proxy, fake,
 
 
 def test_a_silent_stream_gets_pings_between_events_and_the_answer_is_untouched(make_proxy, fake):
-    # RELIABILITY 1.4 and case 4: while the model is silent, `: ping` comments keep the
+    # While the model is silent, `: ping` comments keep the
     # connection's idle timers from firing; never inside an event, and the SDK skips them.
     proxy = make_proxy(memory__commit_timeout_ms=5000, server__heartbeat_s=0.1)
     events = stream_events(pieces=2)

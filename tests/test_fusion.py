@@ -1,4 +1,4 @@
-"""Rank fusion, the round-robin merge and the token budget (SPEC 4)."""
+"""Rank fusion, the round-robin merge and the token budget."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_budget_cuts_a_long_memory_to_a_snippet_and_says_so() -> None:
 @pytest.mark.parametrize("source, head", [("cross-session", "user (2026-11-02): "), ("conversation", "assistant (2026-11-02): "),
                                           ("long-term", "Deploy box — ")])
 def test_a_snippet_keeps_what_the_memory_is(source: str, head: str) -> None:
-    # SPEC 5: a message reads `role (YYYY-MM-DD): text`, so the model can answer "when"; an
+    # A message reads `role (YYYY-MM-DD): text`, so the model can answer "when"; an
     # entity line starts with its name. The cut is made in the rest.
     text = head + " ".join(f"filler{n}" for n in range(400)) + " the staging host is zebrahost"
     kept, cut = apply_budget([hit(source, "m", text)], 200, DEFAULT_HEADER, query_terms("which host is zebrahost?"))

@@ -1,4 +1,4 @@
-"""The keyword retry (SPEC 4)."""
+"""The keyword retry."""
 
 from __future__ import annotations
 

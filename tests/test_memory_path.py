@@ -1,4 +1,4 @@
-"""The memory side of the request path: block placement, caching, caps, degradation (SPEC 1, 4, 5)."""
+"""The memory side of the request path: block placement, caching, caps, degradation."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_a_long_message_is_never_injected_as_a_memory_of_itself(make_proxy, fake
 
 
 def test_an_image_alone_recalls_nothing(mem, fake):
-    # RELIABILITY B8: only text parts feed recall; the saved message still notes the image.
+    # Only text parts feed recall; the saved message still notes the image.
     teach(mem, "I need to resize the image for the file upload")
     image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
     raw = mem.client(**{"X-Memory-User": "alice"}).chat.completions.with_raw_response.create(
@@ -123,7 +123,7 @@ def test_tool_loop_steps_carry_identical_block_bytes(mem, fake):
 
 
 def test_a_retried_turn_carries_its_first_attempts_block(mem, fake):
-    """An SDK retry is the same turn (SPEC 3): its block is the saved one, not a new recall."""
+    """An SDK retry is the same turn: its block is the saved one, not a new recall."""
     teach(mem, "The billing service runs on Postgres 16.")
     question = {"model": "m", "messages": [{"role": "user", "content": "which database runs billing?"}]}
     headers = {"X-Memory-User": "alice"}
@@ -215,7 +215,7 @@ def test_a_failed_resend_without_the_block_is_memorys_own_error(mem, fake, resen
 
 
 def test_a_get_of_the_chat_path_says_memory_is_off(mem, fake):
-    # SPEC 1: every response to /v1/chat/completions carries X-Memory-Status (a GET lists stored completions).
+    # Every response to /v1/chat/completions carries X-Memory-Status (a GET lists stored completions).
     fake.queue(JsonReply({"object": "list", "data": []}))
     with mem.http() as http:
         response = http.get("/v1/chat/completions", headers={"x-memory-user": "alice"})
@@ -276,7 +276,7 @@ def test_store_unavailable_degrades_then_opens_circuit(make_proxy, fake, tmp_pat
 
 
 def test_with_memory_required_an_unavailable_store_is_a_503_and_nothing_goes_upstream(make_proxy, fake, tmp_path):
-    # RELIABILITY 5.2 case 22: "With memory.required: true the answer is 503 instead."
+    # With memory.required: true, memory that cannot be read makes the answer a 503.
     proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", memory__required=True)
     with proxy.http() as http:
         answers = [http.post("/v1/chat/completions", headers={"x-memory-user": "alice"},
@@ -293,7 +293,7 @@ def test_with_memory_required_an_unavailable_store_is_a_503_and_nothing_goes_ups
 
 
 def test_a_store_that_opens_after_start_up_gets_the_turns_queued_meanwhile(make_proxy, fake, tmp_path):
-    # RELIABILITY 5.2 case 22 at start-up: a replica that starts before its database keeps
+    # A database down at start-up: a replica that starts before its database keeps
     # trying, and writes queued meanwhile are drained once it answers; no restart.
     later = tmp_path / "not-yet"
     proxy = make_proxy(store__url=f"sqlite:///{later}/x.db", memory__commit_timeout_ms=50)
@@ -330,7 +330,7 @@ def test_retrieval_timeout_degrades(make_proxy, fake):
 
 
 def test_a_hanging_source_leaves_the_request_on_time_with_the_others_block(make_proxy, fake):
-    # RELIABILITY 5.2 case 27: a source that sleeps past the budget is cut at its deadline.
+    # Slow recall: a source that sleeps past the budget is cut at its deadline.
     proxy = make_proxy(memory__retrieval_timeout_ms=400, memory__commit_timeout_ms=5000, extraction__from_roles=[])
     teach(proxy, "The kayak rental opens at eight.")
 
@@ -380,7 +380,7 @@ def tables_locked(url: str, tables: tuple[str, ...]) -> Iterator[None]:
 
 
 def test_when_every_source_is_slow_the_request_goes_on_at_the_budget_without_memory(make_proxy, fake, pg_url):
-    # RELIABILITY 5.2 case 27 with nothing to wait for: every source's tables are locked by
+    # Slow recall with nothing to wait for: every source's tables are locked by
     # another PostgreSQL session, so no source can answer. The request still reaches the
     # upstream within the recall budget (plus a margin for a loaded machine, far below the
     # lock's length), without a block, and the client is told why.

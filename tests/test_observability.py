@@ -1,4 +1,4 @@
-"""Observability (SPEC 8): Prometheus metrics, and one structured log line per request that
+"""Observability (docs/operations.md): Prometheus metrics, and one structured log line per request that
 carries neither message text nor credentials."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_metrics_count_requests_latency_memory_and_queues(make_proxy: Any) -> No
 
 
 def test_answers_are_counted_by_ending_and_bad_stream_lines_counted(make_proxy: Any, fake: Any) -> None:
-    # RELIABILITY 5.2 cases 9 and 10: an unparseable 200 and a stream's bad data lines are counted.
+    # An unparseable 200 and a stream's bad data lines are counted.
     proxy = make_proxy(memory__commit_timeout_ms=5000)
     events = stream_events("fine answer", pieces=2)
     fake.queue(JsonReply(b"{not json at all", content_type="application/json"),

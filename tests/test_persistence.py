@@ -1,4 +1,4 @@
-"""Turns, tool loops and persistence through the real proxy onto a real SQLite file (SPEC 2-3)."""
+"""Turns, tool loops and persistence through the real proxy onto a real SQLite file (docs/scopes.md)."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_latest_conversation_mode(make_proxy, fake):
     assert len(rows(proxy, "SELECT id FROM conversations")) == 1
 
 
-@pytest.mark.parametrize("users", [10, 1])  # RELIABILITY 5.2 case 25: also all in one scope
+@pytest.mark.parametrize("users", [10, 1])  # concurrent turns: also all in one scope
 def test_fifty_concurrent_turns(mem, fake, users):
     async def one(i: int) -> None:
         client = openai.AsyncOpenAI(base_url=mem.url + "/v1", api_key="k", max_retries=0,
@@ -251,7 +251,7 @@ def _graph(proxy, user: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_fifty_concurrent_turns_of_one_user_build_the_graph_a_sequential_run_builds(make_proxy, fake, request, store):
-    # RELIABILITY 5.2 case 25, with SPEC 3's retry window: the same text is each time said in a
+    # Concurrent turns of one user, with the retry window: the same text is each time said in a
     # conversation of its own (in one conversation within memory.retry_window_s it would be a
     # retry of one turn). 50 turns at once in one scope make 50 `complete` turns, and the graph
     # equals the one the same turns make one after another (another user of the same store).
@@ -320,7 +320,7 @@ def _answer_by_question(request) -> SSEReply | JsonReply:
 
 
 def test_locked_database_under_load_loses_nothing(make_proxy, fake):
-    # RELIABILITY 5.2 case 20: another connection holds BEGIN EXCLUSIVE while 20 turns run at
+    # A locked SQLite file: another connection holds BEGIN EXCLUSIVE while 20 turns run at
     # once, longer than the store's busy_timeout. Every response completes meanwhile (WAL
     # readers work, no SQLITE_BUSY reaches a client); once the lock is gone every turn is
     # stored, `complete`, with its question and its whole answer (turns lost = 0).
@@ -395,7 +395,7 @@ def test_memory_headers_never_forwarded(mem, fake):
 
 
 def test_secrets_reach_neither_the_logs_nor_a_later_recall(make_proxy, fake, caplog):
-    # RELIABILITY 5.3 B16: every log line at debug level, as the JSON formatter writes it,
+    # Secrets in chats: every log line at debug level, as the JSON formatter writes it,
     # and the block a later question recalls hold only the redacted forms.
     proxy = make_proxy(memory__commit_timeout_ms=5000, server__log_level="debug")
     caplog.set_level(logging.DEBUG)

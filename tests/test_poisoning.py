@@ -1,4 +1,4 @@
-"""Memory poisoning (SPEC 5, RELIABILITY B15): stored text cannot forge the block.
+"""Memory poisoning (docs/security.md): stored text cannot forge the block.
 
 Text that imitates the block's header, its graph note or its numbered source labels, and
 invisible Unicode tag characters, reach the upstream neutralised: each test asserts on the

@@ -1,4 +1,4 @@
-"""Upstream and client faults (RELIABILITY.md 5.2), proxy side."""
+"""Upstream and client faults, proxy side."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_upstream_down_is_502_with_openai_error(make_proxy):
     proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{free_port()}/v1")
-    for stream in (False, True):  # RELIABILITY 5.2 case 1: streaming and not, the same answer
+    for stream in (False, True):  # upstream down: streaming and not, the same answer
         with pytest.raises(openai.InternalServerError) as caught:
             answer = proxy.client().chat.completions.create(**CHAT, stream=stream)
             list(answer)  # a stream that did open would be read (and must not have)
@@ -43,7 +43,7 @@ def test_upstream_down_is_502_with_openai_error(make_proxy):
 
 @pytest.mark.skipif(not raw_sockets_allowed(), reason="counting refused connects needs a raw socket (CAP_NET_RAW)")
 def test_sdk_retries_on_502_without_amplification(make_proxy):
-    # RELIABILITY 5.2 case 1: with max_retries=2 the upstream sees at most 3 refused attempts
+    # Upstream down: with max_retries=2 the upstream sees at most 3 refused attempts
     # (the SDK's three, memproxy adding none), counted as SYNs to a port where nothing listens.
     port = RefusingPort(free_port())
     proxy = make_proxy(upstream__base_url=f"http://127.0.0.1:{port.port}/v1")
@@ -62,7 +62,7 @@ def test_headers_never_come_is_504(make_proxy, fake):
         proxy.client().chat.completions.create(**CHAT)
     assert caught.value.status_code == 504
     assert caught.value.code == "upstream_timeout"
-    assert time.monotonic() - started < 0.5 + 1.0  # within the budget plus a second (RELIABILITY 5.2 case 3)
+    assert time.monotonic() - started < 0.5 + 1.0  # within the budget plus a second
     assert fake.wait_closed(5)  # the upstream connection was closed, not left hanging
 
 
@@ -81,7 +81,7 @@ def test_stall_mid_stream_ends_with_error_event(make_proxy, fake):
 
 
 def test_a_stream_past_max_stream_is_cut_with_an_error_event(make_proxy, fake):
-    # RELIABILITY 1.4: a hard cap on a stream's length (30 minutes by default), whatever the
+    # A hard cap on a stream's length (30 minutes by default), whatever the
     # pace: this one never falls silent for the idle timeout, yet it is cut at the cap.
     proxy = make_proxy(upstream__max_stream_s=0.6, upstream__idle_timeout_s=5)
     fake.queue(SSEReply(stream_events(pieces=20), delay=0.1))
@@ -143,7 +143,7 @@ def _end_to_end(headers: httpx.Headers) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("headers", [{}, {"x-memory-user": "alice"}], ids=["memory off", "memory on"])
 def test_upstream_500_passes_through_and_sdk_retries(proxy, fake, headers):
-    # RELIABILITY 5.2 case 6: status, body and headers byte-identical (the hop-by-hop ones
+    # Upstream 500: status, body and headers byte-identical (the hop-by-hop ones
     # excepted, RFC 9110 7.6.1), no proxy retry; the SDK's own two retries make 3 calls.
     mixed = [END_TO_END[0], HOP_BY_HOP[0], *END_TO_END[1:5], HOP_BY_HOP[1], *END_TO_END[5:], HOP_BY_HOP[2]]
     fake.queue(JsonReply(ERROR_500, status=500, headers=mixed))
@@ -194,7 +194,7 @@ def test_upstream_429_headers_and_body_unchanged(proxy, fake):
 
 
 def test_after_a_429_the_sdk_waits_what_retry_after_ms_says_and_the_proxy_adds_nothing(proxy, fake):
-    # RELIABILITY 5.2 case 7: retry-after-ms (1.5 s) wins over retry-after (2 s).
+    # Upstream 429: retry-after-ms (1.5 s) wins over retry-after (2 s).
     error = {"error": {"message": "Rate limit reached", "type": "requests", "param": None,
                        "code": "rate_limit_exceeded"}}
     fake.queue(JsonReply(error, status=429, headers=[("retry-after", "2"), ("retry-after-ms", "1500")]))
@@ -223,7 +223,7 @@ def test_sse_split_everywhere_is_forwarded_byte_identical(proxy, fake):
 
 @pytest.mark.parametrize("headers", [{}, {"x-memory-user": "alice"}], ids=["memory off", "memory on"])
 def test_each_event_reaches_the_client_before_the_upstream_writes_the_next(proxy, fake, headers):
-    # RELIABILITY 5.2 case 4: no chunk is held back. The mock writes an event every 150 ms
+    # A slow but live stream: no chunk is held back. The mock writes an event every 150 ms
     # and notes when; the client notes when each event is whole. An event that waited for
     # the next one (a buffer, a coalescing read) arrives after the mock wrote that next one.
     events = stream_events(pieces=5)
@@ -257,7 +257,7 @@ def test_client_disconnect_cancels_upstream(proxy, fake, caplog):
             closed_at = time.monotonic()
         assert fake.wait_closed(5)
         closes.append(fake.connections[-1].closed - closed_at)
-    assert max(closes) < 1.0, closes  # RELIABILITY 5.2 case 16: the upstream is closed within 1 s
+    assert max(closes) < 1.0, closes  # a client that leaves: the upstream is closed within 1 s
     # A client leaving is ordinary: nothing at ERROR or above, no traceback.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
@@ -321,7 +321,7 @@ def _leave_mid_stream(proxy, clients: int, first: int) -> None:
 
 
 def test_a_hundred_clients_leaving_mid_stream_leave_nothing_behind(proxy, fake, caplog):
-    # RELIABILITY 5.2 case 16: after 100 disconnects mid-stream, the upstream connections are
+    # After 100 disconnects mid-stream, the upstream connections are
     # closed and the process's file descriptors and the proxy's asyncio tasks are back at
     # their level before (a little slack for the store's and the pool's own bookkeeping).
     for _ in range(110):
@@ -352,7 +352,7 @@ def test_malformed_json_200_forwarded(proxy, fake):
 
 @pytest.mark.parametrize("reply", [b"", b"garbage, not HTTP\r\n\r\n"], ids=["closed", "garbage"])
 def test_upstream_closing_or_garbling_before_headers_is_a_502_protocol_error(proxy, fake, reply):
-    # RELIABILITY 1.6: reset or garbage before headers is 502 upstream_protocol_error, marked as memproxy's.
+    # Reset or garbage before headers is 502 upstream_protocol_error, marked as memproxy's.
     fake.queue(RawReply(reply))
     with proxy.http() as http:
         response = http.post("/v1/chat/completions", json=CHAT)
@@ -384,7 +384,7 @@ def test_client_disconnect_on_streamed_post_passthrough(proxy, fake):
 
 
 def test_a_503_with_an_http_date_retry_after_passes_through_unchanged(proxy, fake):
-    # RELIABILITY 5.2 case 8: the client's own retry logic reads the provider's header.
+    # A 503 with an HTTP-date Retry-After: the client's own retry logic reads the provider's header.
     when = "Wed, 21 Oct 2026 07:28:00 GMT"
     error = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}
     fake.queue(JsonReply(error, status=503, headers=[("retry-after", when), ("x-request-id", "req-503")]))
@@ -398,7 +398,7 @@ def test_a_503_with_an_http_date_retry_after_passes_through_unchanged(proxy, fak
 
 
 def test_an_unresolvable_upstream_is_a_502_that_names_no_host(make_proxy, caplog):
-    # RELIABILITY 5.2 case 2: the client gets a generic message; the details go to the log.
+    # DNS failure: the client gets a generic message; the details go to the log.
     proxy = make_proxy(upstream__base_url="http://upstream-host-that-does-not-exist.invalid/v1")
     with proxy.http(timeout=30) as http:
         response = http.post("/v1/chat/completions", json=CHAT)
@@ -410,7 +410,7 @@ def test_an_unresolvable_upstream_is_a_502_that_names_no_host(make_proxy, caplog
 
 
 def test_a_request_body_that_stops_arriving_gets_408_and_never_reaches_the_upstream(make_proxy, fake):
-    # RELIABILITY 5.2 case 19: a trickled or abandoned body past the body-read deadline.
+    # A slow request body: a trickled or abandoned body past the body-read deadline.
     proxy = make_proxy(server__body_timeout_s=0.5)
     body = json.dumps(CHAT).encode()
     for path in (b"/v1/chat/completions", b"/v1/embeddings"):  # read whole, and streamed to the upstream
@@ -435,7 +435,7 @@ TLS = Path(__file__).parent / "data" / "tls"  # a self-signed certificate no cli
 
 
 def test_a_tls_failure_is_a_502_that_names_no_host_or_certificate(make_proxy, caplog):
-    # RELIABILITY 5.2 case 2: the provider's certificate does not verify.
+    # TLS failure: the provider's certificate does not verify.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
     listener = socket.create_server(("127.0.0.1", 0))
@@ -469,7 +469,7 @@ def test_a_tls_failure_is_a_502_that_names_no_host_or_certificate(make_proxy, ca
 
 def test_a_stream_cut_after_done_ends_whole_and_its_turn_stays_complete(make_proxy, fake):
     # The provider closed after `data: [DONE]` without the chunked body's last chunk: the
-    # answer came whole, so no error event may follow [DONE] (SPEC 3).
+    # answer came whole, so no error event may follow [DONE].
     proxy = make_proxy(memory__commit_timeout_ms=5000)
     events = stream_events("hello there")
     fake.queue(SSEReply(events + [b"data: x\n\n"], cut_after=len(events)))

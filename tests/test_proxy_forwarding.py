@@ -1,4 +1,4 @@
-"""The transparent proxy: what reaches the provider and what comes back (SPEC 1)."""
+"""The transparent proxy: what reaches the provider and what comes back (docs/how-it-works.md)."""
 
 from __future__ import annotations
 

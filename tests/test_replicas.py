@@ -1,4 +1,4 @@
-"""Two proxy replicas on one PostgreSQL database (SPEC 3, 10): one memory, shared.
+"""Two proxy replicas on one PostgreSQL database: one memory, shared.
 
 Both replicas are real proxies (uvicorn, the official openai client) with the same
 store.url, a fresh schema on the session's PostgreSQL server, in front of one scripted

@@ -1,5 +1,5 @@
-"""Request options and roles through the proxy with memory on (RELIABILITY 5.2 case 14, 5.3 B9
-and B10): what is saved for `n: 3`, streamed with `include_usage`, and for a stream request
+"""Request options and roles through the proxy with memory on (roles,
+`n`, stream options): what is saved for `n: 3`, streamed with `include_usage`, and for a stream request
 answered with an error in JSON; every role passed untouched around the block."""
 
 from __future__ import annotations

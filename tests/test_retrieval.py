@@ -1,4 +1,4 @@
-"""Retrieval (SPEC 4, 5) against real SQLite files: sources, merge, budget, block and log."""
+"""Retrieval against real SQLite files: sources, merge, budget, block and log."""
 
 from __future__ import annotations
 

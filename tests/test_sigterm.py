@@ -1,4 +1,4 @@
-"""SIGTERM during streams (RELIABILITY 5.2 case 24), on `memproxy serve` in its own process:
+"""SIGTERM during streams, on `memproxy serve` in its own process:
 it stops accepting connections, lets the running streams finish with [DONE], commits their
 turns, and exits 0."""
 
@@ -86,7 +86,7 @@ def test_sigterm_with_nothing_running_exits_at_once(fake, tmp_path):
 
 
 def test_at_the_end_of_the_grace_period_a_stream_gets_an_error_event_and_a_waiting_request_a_503(fake, tmp_path):
-    # RELIABILITY 5.2 case 24: what still runs at the deadline is ended properly and its turn is interrupted.
+    # What still runs at the deadline is ended properly and its turn is interrupted.
     db, log = tmp_path / "grace.db", tmp_path / "grace.log"
     fake.queue(SSEReply(stream_events("slow " * 40, pieces=40), delay=0.15))  # about 6 s
     fake.queue(SlowHeaders(6.0, JsonReply(completion("too late"))))
@@ -143,7 +143,7 @@ def test_the_503_at_the_deadline_says_the_memory_status_and_turn(proxy, fake):
                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     stopper.join(15)
     assert (answer.status_code, answer.headers["x-memory-proxy-error"]) == (503, "server_shutting_down")
-    assert answer.headers["x-memory-status"] == "ok"  # SPEC 1: every chat response says it
+    assert answer.headers["x-memory-status"] == "ok"  # every chat response says it
     assert answer.headers["x-memory-turn"]
 
 

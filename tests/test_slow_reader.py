@@ -1,4 +1,4 @@
-"""A slow reader (RELIABILITY 5.2 case 18): while a client reads a 30 MB stream a little at a
+"""A slow reader: while a client reads a 30 MB stream a little at a
 time, memproxy holds back the upstream instead of buffering the stream, so its memory stays
 flat and the provider's writes wait."""
 

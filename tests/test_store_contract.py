@@ -1,7 +1,7 @@
 """The Store contract, run against both backends: a real SQLite file and a real PostgreSQL.
 
 Every test here takes `backend` and runs once per backend with the same assertions: the
-behaviour SPEC 10 promises is the same on both. Backend-specific checks (SQLite's locks
+behaviour memory relies on is the same on both. Backend-specific checks (SQLite's locks
 and FTS tombstones; PostgreSQL's advisory locks, recovery beside live replicas, outages)
 live in test_store_sqlite.py and test_store_postgres.py.
 """
@@ -140,7 +140,7 @@ def test_a_long_merge_key_stored_whole_before_is_re_keyed_and_merges_again(backe
 def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:
-            for write in range(5):  # the same fact, each time with ten more tags (SPEC 7: at most 10)
+            for write in range(5):  # the same fact, each time with ten more tags (a memory keeps at most 10)
                 tags = tuple(f"tag{write}-{n}" for n in range(10))
                 await store.apply([StoreMemory(ALICE, f"m{write}", "Alice likes tea", "fact", T0, tags=tags)])
         rows = await backend.sql("SELECT tags FROM entities")
@@ -151,7 +151,7 @@ def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) 
 
 def test_a_corrected_or_deleted_message_leaves_no_words_in_what_follows_it(backend: Backend) -> None:
     # Each message's index holds the words of the two said before it (its context): a correction
-    # or a delete (SPEC 8) must take the old words out of those too.
+    # or a delete must take the old words out of those too.
     async def body() -> None:
         async with backend.opened() as store:
             await store.apply([start(ALICE, "t1", "my locker combination is quokka77"),
@@ -336,7 +336,7 @@ def test_tool_call_lookup(backend: Backend) -> None:
 
 def test_a_call_id_a_later_turn_reuses_leads_to_that_turn(backend: Backend) -> None:
     # A provider numbering its calls per response (`call_0`) reuses ids across turns: the next
-    # step belongs to the turn whose response carried the id last (SPEC 3).
+    # step belongs to the turn whose response carried the id last.
     later = T0 + timedelta(hours=1)
 
     async def body() -> None:

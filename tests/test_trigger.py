@@ -1,4 +1,4 @@
-"""The identifier trigger (SPEC 4)."""
+"""The identifier trigger."""
 
 from __future__ import annotations
 

@@ -143,7 +143,7 @@ def test_an_unexpected_store_error_is_retried_and_the_writer_lives_on(tmp_path: 
 
 
 def test_a_forgotten_users_writes_never_land_when_the_store_comes_back(tmp_path: Path, monkeypatch: Any) -> None:
-    # A user deleted while the store is locked (SPEC 8): the user's writes, queued or in the
+    # A user deleted while the store is locked: the user's writes, queued or in the
     # batch being retried, are dropped; the other users' writes in that batch still land.
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 50)
     path = tmp_path / "m.db"

@@ -1,4 +1,4 @@
-"""Who may use the memory API (SPEC 9): the bearer of memory_api.token, else loopback only.
+"""Who may use the memory API (it reads any user's memory): the bearer of memory_api.token, else loopback only.
 
 The API reads and deletes any user's memory, so it is never open: with no token
 configured it answers only clients on the loopback interface (a sidecar's own pod), and

@@ -1,4 +1,4 @@
-"""Errors of the memory API, each one status and an OpenAI-style body (SPEC 8)."""
+"""Errors of the memory API, each one status and an OpenAI-style body, so one client handles both."""
 
 from __future__ import annotations
 

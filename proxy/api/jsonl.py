@@ -1,9 +1,9 @@
-"""SPEC 8's JSON Lines records, read for import: every line checked before anything is saved.
+"""The export's JSON Lines records, read for import: every line checked before anything is saved.
 
 An import is all or nothing: the first bad line is a 400 that names it and the field. Ids
 follow the id rule of the scope headers (so every item stays addressable in an API path),
 times are ISO 8601 (UTC when no offset is given, 1970 to 9999) and come out as unix
-seconds. Every text passes the redaction pass on its way in (SPEC 9: before anything is
+seconds. Every text passes the redaction pass on its way in (secrets never reach the store: before anything is
 saved), as a chat turn's does.
 """
 

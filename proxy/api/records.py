@@ -25,7 +25,7 @@ from proxy.scope import valid_id
 from proxy.stores.base import TAGS_MAX, PageKey
 
 MEMORY_TYPES = ("fact", "interaction", "pattern", "user_preference")
-CONTENT_MAX_CHARS = 2000  # SPEC 7: store_memory content is 1-2000 characters
+CONTENT_MAX_CHARS = 2000  # a memory's content is 1-2000 characters: a fact, not a document
 TAG_MAX_CHARS = 40
 QUERY_MAX_CHARS = 8000
 SEARCH_LIMIT_MAX = 12
@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class MemoryInput:
-    """POST /memories: what to store (SPEC 7's store_memory arguments)."""
+    """POST /memories: what to store (the store_memory tool's arguments)."""
 
     content: str
     type: str

@@ -1,4 +1,4 @@
-"""The memory API under /memory/v1 (SPEC 8): thin endpoints over the store and the retriever.
+"""The memory API under /memory/v1 (docs/memory-api.md): thin endpoints over the store and the retriever.
 
 `ApiApp` is the pure-ASGI shell around them: the access rule (auth.py), OpenAI-style
 error bodies for every failure, and one structured log line per request with the route's
@@ -91,7 +91,7 @@ class MemoryApi:
         self.writer = writer
 
     def routes(self) -> list[Route]:
-        """Every route of SPEC 8's table, relative to /memory/v1."""
+        """Every route of the memory API, relative to /memory/v1."""
         u = "/users/{user}"
         table: list[tuple[str, str, Endpoint]] = [
             ("/openapi.json", "GET", self.openapi),
@@ -244,7 +244,7 @@ class MemoryApi:
         await self.writer.flush(FLUSH_BEFORE_DELETE_S)
         self.writer.forget(scope.user)  # what could not commit by now (a locked store) never will
         deleted = await self.store.delete_user(scope)
-        self.retriever.forget(scope.user)  # and its vectors held in memory (SPEC 8: every cache)
+        self.retriever.forget(scope.user)  # and its vectors held in memory: a deletion empties every cache
         return answer({"user": scope.user, "deleted": deleted})
 
 

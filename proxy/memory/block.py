@@ -1,4 +1,4 @@
-"""The memory block: the text put in front of the last user message (SPEC 5).
+"""The memory block: the text put in front of the last user message (docs/retrieval.md).
 
 Every line of memory text passes through `neutralise`, so stored text can never forge the
 block's header, its graph note or an extra numbered memory line, and `strip_block` takes a
@@ -190,7 +190,7 @@ def _without_header(text: str, header: str) -> str:
 
 
 def estimate_tokens(text: str) -> int:
-    """The token cost SPEC 4 budgets with: ceil(chars / 4)."""
+    """The token cost the block's budget counts: ceil(chars / 4)."""
     return math.ceil(len(text) / 4)
 
 

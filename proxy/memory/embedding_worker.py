@@ -1,4 +1,4 @@
-"""Filling in vectors (SPEC 4): in the background after saving, and on `memproxy reindex`.
+"""Filling in vectors: in the background after saving, and on `memproxy reindex`.
 
 Nothing waits for a vector: a message is saved and answered first, and this task later
 finds the items (messages, entities, reasoning traces) that have no vector for the

@@ -1,4 +1,4 @@
-"""The extraction worker: drains the store's durable queue into the users' graphs (SPEC 6).
+"""The extraction worker: drains the store's durable queue into the users' graphs.
 
 Saving a message enqueues it in the same transaction; this task claims due items oldest
 first, extracts each (the rules in a thread, or the model through the LLM extractor) and

@@ -2,7 +2,7 @@
 
 `extraction.mode: llm` makes one model call per message, bounded in concurrency and time;
 on any failure — no answer, an error status, a timeout, text that is not the schema — the
-rules extractor's result stands (SPEC 6). The user's stated name always comes from the
+rules extractor's result stands. The user's stated name always comes from the
 rules ("my name is ..."), which the schema does not ask for. The call itself is passed in
 (proxy/model_calls.py), so memory never imports httpx.
 """

@@ -1,6 +1,6 @@
 """Combining ranked candidates: rank fusion within a source, the merge across sources, the budget.
 
-SPEC 4: streams of one source are fused by weighted reciprocal rank; sources take turns in
+Streams of one source are fused by weighted reciprocal rank; sources take turns in
 the merge; the rendered block, header and graph note included, fits `memory.max_tokens`.
 """
 
@@ -29,8 +29,8 @@ RRF_K = 60
 # Below the gap between ranks 1 and 3 of a lone stream (1 - 61/63 = 0.032), so finding a
 # candidate in two streams breaks near-ties instead of overruling rank.
 AGREEMENT_BONUS = 0.02
-HARD_CAP = 12  # SPEC 4: max_memories is capped at 12 whatever is configured
-PER_GROUP = 3  # SPEC 4: at most 3 cross-session hits from one conversation
+HARD_CAP = 12  # max_memories is capped at 12 whatever is configured: a block stays short
+PER_GROUP = 3  # at most 3 cross-session hits from one conversation, so one chat cannot fill the block
 PER_HIT_SHARE = 3  # no single memory may take more than a third of the budget
 MIN_SNIPPET_CHARS = 40  # a shorter piece of a memory says nothing useful
 _MAX_MATCHES = 200  # matches considered when choosing a snippet window
@@ -160,7 +160,7 @@ def _fit(text: str, room: int, wanted: frozenset[str], head: str = "") -> str:
 
 
 def _head(source: str, text: str) -> str:
-    """The part of a memory's line that says what it is (SPEC 5: `role (YYYY-MM-DD): `), or ''."""
+    """The part of a memory's line that says what it is (`role (YYYY-MM-DD): `), or ''."""
     mark = _HEADS.get(source)
     end = text.find(mark, 0, _HEAD_MAX_CHARS) if mark else -1
     return text[:end + len(mark)] if mark and end > 0 else ""

@@ -1,4 +1,4 @@
-"""The vector stream of a source and its fusion with the lexical one (SPEC 4).
+"""The vector stream of a source and its fusion with the lexical one (docs/retrieval.md).
 
 With embeddings configured, each request's query is embedded once (`Vectors.query`),
 within `embeddings.query_timeout_ms` of the start of retrieval; every lexical source then

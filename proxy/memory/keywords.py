@@ -1,4 +1,4 @@
-"""The keyword retry (SPEC 4) for when a whole question finds nothing.
+"""The keyword retry for when a whole question finds nothing (docs/retrieval.md).
 
 A question such as "where do I work?" rarely matches stored text as a whole, so
 `conversation` and `long-term` retry with its longest significant words, each as typed and

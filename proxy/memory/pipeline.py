@@ -110,7 +110,7 @@ class MemoryService:
                 status = self._degraded("retrieval error", exc)
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
         if status != "ok" and self.memory.required:
-            # RELIABILITY 5.2 case 22: memory is part of the answer here, so no answer without it.
+            # memory.required: memory is part of the answer here, so no answer without it.
             reason = status.removeprefix("degraded: ")
             error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {reason}")
             error.headers = {"x-memory-status": status}
@@ -150,7 +150,7 @@ class MemoryService:
 def user_text(request: ChatRequest, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:
     """The last user message's text as the user wrote it (any memory block removed).
 
-    `markers=False`: its text parts alone, what recall searches by (RELIABILITY B8); the
+    `markers=False`: its text parts alone, what recall searches by (only text feeds it); the
     saved message notes an image or a file where it was (`[image]`).
     """
     index = last_user_index(request.messages)

@@ -1,6 +1,6 @@
 """Secrets out before anything is saved or logged: each becomes `[REDACTED:<kind>]`.
 
-Best-effort defence in depth, not a security boundary (RELIABILITY.md 4.3): known key
+Best-effort defence in depth, not a security boundary (docs/security.md): known key
 formats are matched by shape, anything else only in a credential context (`password=`,
 `"api_key": ...`) and only when it looks like a secret. Bare UUIDs and git SHAs stay.
 """

@@ -1,4 +1,4 @@
-"""Retrieval (SPEC 4): five sources searched in parallel, merged by taking turns, within budget.
+"""Retrieval (docs/retrieval.md): five sources searched in parallel, merged by taking turns, within budget.
 
 `Retrieval.retrieve(scope, query)` is the pipeline's Retriever. Each source is timed and
 isolated: one that raises is logged and skipped while the others still answer; only when
@@ -97,7 +97,7 @@ class SourceRuns:
         try:
             async with asyncio.timeout_at(self.deadline):
                 return await work
-        except Exception as exc:  # a failing or hanging source is skipped; the others still answer (SPEC 4)
+        except Exception as exc:  # a failing or hanging source is skipped; the others still answer
             self.failures.append(exc)
             reason = str(exc) or ("no answer before the deadline" if isinstance(exc, TimeoutError) else "")
             self.errors[source] = f"{type(exc).__name__}: {redact(reason)[:ERROR_CHARS]}"
@@ -115,7 +115,7 @@ class SourceRuns:
 
 
 class Retrieval:
-    """The Retriever of SPEC 4 over one Store."""
+    """The retriever over one Store."""
 
     def __init__(self, store: Store, settings: MemorySettings, metrics: Metrics, vectors: Vectors | None = None
                  ) -> None:
@@ -178,7 +178,7 @@ class Retrieval:
 
 
 def injection_log(hits: list[Hit], runs: SourceRuns, *, budget_cut: bool) -> dict[str, Any]:
-    """SPEC 5's injection log entry: each hit's source, id, reason, score parts and token cost."""
+    """The injection log entry: each hit's source, id, reason, score parts and token cost."""
     return {
         "hits": [
             {"source": hit.source, "id": hit.id, "reason": hit.reason, "score": hit.parts,

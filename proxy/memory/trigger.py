@@ -1,4 +1,4 @@
-"""The identifier trigger (SPEC 4): concrete values the user names that the transcript doesn't show.
+"""The identifier trigger: concrete values the user names that the transcript doesn't show.
 
 Aider's repo-map idea: URLs, hostnames, paths, snake/SCREAMING_SNAKE, camelCase, long
 kebab-case, alphanumeric codes and hex in the user message are values a memory may hold;

@@ -32,7 +32,7 @@ from proxy.stores.base import EmbeddingKind, Store, StoredVector, Unembedded
 log = logging.getLogger("memproxy.vectors")
 
 MAX_MATRICES = 256
-# Past this many matrix cells a product runs in a thread, not on the event loop (RELIABILITY 28).
+# Past this many matrix cells a product runs in a thread, not on the event loop, so other streams keep flowing.
 INLINE_CELLS = 1_000_000
 COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder equals
 

@@ -9,7 +9,7 @@ COMMIT_DELAY_S for company; an urgent one (an answer the response waits for) com
 batch at once. A fast answer then commits with its turn's start in one transaction,
 instead of queueing behind that start's own commit.
 
-Deleting a user (SPEC 8) first `forget`s the user's writes not yet committed, queued or in
+Deleting a user first `forget`s the user's writes not yet committed, queued or in
 a batch being retried, so none of them lands after the delete and brings back what it
 removed. A write counts as done once its future is; a batch applies only the others.
 """
@@ -31,7 +31,7 @@ BATCH_MAX = 256
 COMMIT_DELAY_S = 0.005
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
-# Turns remembered as having lost a write, so each is counted once (RELIABILITY 5.2 case 21).
+# Turns remembered as having lost a write, so each is counted once: the log says exactly how many.
 DROPPED_TURNS_KEPT = 10_000
 
 
@@ -75,7 +75,7 @@ class Writer:
         return done
 
     def _dropped(self, op: WriteOp) -> None:
-        """Count and log a write the full queue refused, and its turn once (RELIABILITY 5.2 case 21)."""
+        """Count and log a write the full queue refused, and its turn once, so no loss is silent."""
         self.metrics.writes_dropped.inc()
         turn = getattr(op, "turn_key", None)
         if turn is None:  # not a turn's: an extraction result stays queued and is retried

@@ -86,7 +86,7 @@ class FinishTurn:
     task: str = ""
     steps: tuple[ReasoningStep, ...] = ()
     # text_hash of the answer as the client received it, before redaction: the client
-    # sends that text back, and the conversation is found by it (SPEC 2).
+    # sends that text back, and the conversation is found by it (docs/scopes.md).
     answer_hash: str | None = None
 
 
@@ -127,7 +127,7 @@ class RelationFact:
     """A relationship found in a message, between entity names of the same extraction.
 
     `single_valued` types (WORKS_AT, LIVES_IN, ...) invalidate the current edge of the same
-    from-entity and type when the target differs, instead of deleting it (SPEC 6).
+    from-entity and type when the target differs, instead of deleting it: the past stays known.
     """
 
     from_name: str
@@ -167,12 +167,12 @@ class ExtractionFailed:
     park: bool = False
 
 
-TAGS_MAX = 10  # SPEC 7: a memory holds at most this many tags, however many writes merged into it
+TAGS_MAX = 10  # a memory holds at most this many tags (the API's limit), however many writes merged into it
 
 
 @dataclass(frozen=True)
 class StoreMemory:
-    """A memory stored explicitly (memory API or the store_memory tool, SPEC 7-8).
+    """A memory stored explicitly (memory API or the store_memory tool).
 
     fact / pattern / user_preference become an entity of the user (found by long-term);
     interaction becomes an assistant message in the user's latest conversation.
@@ -191,7 +191,7 @@ WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock
                 StoreMemory]
 
 
-# --- embeddings (SPEC 4): filled in the background, searched through an in-process cache
+# --- embeddings: filled in the background, searched through an in-process cache
 
 EmbeddingKind = Literal["message", "entity", "reasoning"]
 EMBEDDING_KINDS: tuple[EmbeddingKind, ...] = ("message", "entity", "reasoning")
@@ -245,7 +245,7 @@ class QueuedMessage:
     attempts: int
 
 
-# --- the memory API's lists (SPEC 8), paged by key ---------------------------------------
+# --- the memory API's lists, paged by key ------------------------------------------------
 
 PageList = Literal["entities", "messages", "conversations", "reasoning"]
 # An item's place in its list: the parts it is sorted by, only numbers and ids, so a list
@@ -330,7 +330,7 @@ class Store(Protocol):
         """One turn by key."""
 
     def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
-        """Every exportable record of the user as SPEC 8's JSON Lines objects."""
+        """Every exportable record of the user as the export's JSON Lines objects."""
 
     async def entities(self, scope: Scope) -> list[Entity]:
         """The user's entities."""
@@ -399,7 +399,7 @@ class Store(Protocol):
         """Make the index terms of the next `limit` rows of `table` (every user's, or `user`'s) after the key
         `after` again with the current tokeniser, in one transaction; rows already current are not written."""
 
-    # the memory API (SPEC 8): pages of up to `limit` items, each with its PageKey, from just past `after`
+    # the memory API: pages of up to `limit` items, each with its PageKey, from just past `after`
     async def entity_page(self, scope: Scope, *, limit: int = 100,
                           after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """The user's entities as `entity` export records, oldest first."""

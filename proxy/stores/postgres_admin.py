@@ -209,7 +209,7 @@ class PostgresAdmin:
         return await self._locked([scope.user], lambda conn: delete_user(conn, scope.user))
 
     async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-        """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
+        """Add validated export records to the user, skipping ids it already has; counts per kind."""
         return await self._locked([scope.user], lambda conn: import_records(conn, scope, records))
 
     async def reindex_terms(self, table: TermsTable, *, after: tuple[Any, ...] | None = None,

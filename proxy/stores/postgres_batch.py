@@ -42,7 +42,7 @@ from proxy.stores.sqlite_facts import ERROR_MAX_CHARS
 from proxy.stores.postgres_schema import CONTEXT_SQL
 from proxy.stores.sqlite_rows import index_terms, reasoning_terms, steps_json
 
-INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
+INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns
 # A turn still pending this long after its last write died with the replica serving it.
 # Younger pending turns may be in flight on another replica, so recovery leaves them be.
 STALE_PENDING = timedelta(minutes=10)

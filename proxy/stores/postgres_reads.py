@@ -194,7 +194,7 @@ class PostgresReads:
         return entity_from_record(rows[0]) if rows else None
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
-        """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
+        """Every exportable record of the user as the export's JSON Lines objects, in import order."""
         for alias, select, key, shape in _EXPORTS:
             columns = ", ".join(f"{alias}.{k}" for k in key)
             after: list[Any] = []

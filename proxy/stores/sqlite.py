@@ -237,7 +237,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             raise StoreError(_reason(exc)) from exc
 
     async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-        """SQLiteAdmin's import (SPEC 8); a reasoning trace it brings is searched at once."""
+        """SQLiteAdmin's import; a reasoning trace it brings is searched at once."""
         counts = await super().import_records(scope, records)
         self._no_traces_until = 0.0
         return counts
@@ -411,7 +411,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         return {"pending": counts.get(False, 0), "parked": counts.get(True, 0)}
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
-        """Every exportable record of the user as SPEC 8's JSON Lines objects, in import order."""
+        """Every exportable record of the user as the export's JSON Lines objects, in import order."""
         for alias, select, key, shape in _EXPORTS:
             agent, agent_params = agent_clause(scope, alias)
             columns = ", ".join(f"{alias}.{k}" for k in key)

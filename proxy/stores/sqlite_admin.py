@@ -241,7 +241,7 @@ class SQLiteAdmin:
         return counts
 
     async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-        """Add validated SPEC 8 records to the user, skipping ids it already has; counts per kind."""
+        """Add validated export records to the user, skipping ids it already has; counts per kind."""
         return await self._on_writer(lambda conn: import_records(conn, scope, records))
 
     async def reindex_terms(self, table: TermsTable, *, after: tuple[Any, ...] | None = None,

@@ -1,7 +1,7 @@
 """The write ops of one `SQLiteStore.apply` batch, run synchronously on the writer thread.
 
 Each batch is one `BEGIN IMMEDIATE` transaction: a deferred transaction that reads before
-it writes gets SQLITE_BUSY at once, ignoring busy_timeout (RELIABILITY 2.1). The whole
+it writes gets SQLITE_BUSY at once, ignoring busy_timeout (SQLite's rule). The whole
 batch runs in one call on the writer thread, so a cancelled caller never leaves a
 transaction half-applied or open: it commits or rolls back as a unit.
 """
@@ -25,7 +25,7 @@ from proxy.stores.sqlite_rows import (
     CONTEXT_MESSAGES, clean_text, context_terms, index_terms, now_ts, reasoning_terms, steps_json, to_ts,
 )
 
-INJECTION_LOG_KEEP = 20  # SPEC 8: the injection log of the user's last 20 turns
+INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns
 
 
 def apply_batch(conn: sqlite3.Connection, ops: Sequence[WriteOp]) -> None:
@@ -184,7 +184,7 @@ class Batch:
 
         An id seen before points to the newest turn whose response carried it: a provider
         that numbers its calls per response (`call_0`) reuses ids across turns, and the
-        next step belongs to the turn that just made the call (SPEC 3).
+        next step belongs to the turn that just made the call.
         """
         at = to_ts(op.at)
         self._conn.executemany(

@@ -2,7 +2,7 @@
 
 By default SQLite checkpoints inside the commit that takes the WAL past 1,000 pages: that
 commit copies the pages into the database and syncs it, and the answer waiting on it
-(SPEC 1, step 7) goes out 5-10 ms later. Measured on the overhead benchmark's store, a
+(committed before the response's last byte) goes out 5-10 ms later. Measured on the overhead benchmark's store, a
 turn's answer commit took 7.4 ms at p99 with it and 0.74 ms without. So the writer's
 connection never checkpoints (`wal_autocheckpoint=0`) and this thread does, once a second
 while the WAL holds frames, PASSIVE: it neither waits for nor blocks the writer or readers.

@@ -10,7 +10,7 @@ that mentioned the entity is kept as provenance. The user's own node is the one 
 of type `user`; it keeps its id and edges when renamed to the user's stated name. A name
 the user asks to be called joins its aliases, or names it while it has no stated name.
 Relationships start at the message's time; a new fact of a single-valued type closes the
-current edge of the same subject and type (`invalid_at`) instead of deleting it (SPEC 6).
+current edge of the same subject and type (`invalid_at`) instead of deleting it, so the past stays known.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Import of SPEC 8 export records into one user, on the SQLite write connection.
+"""Import of export records into one user, on the SQLite write connection.
 
 Records arrive validated (proxy.api.jsonl: ids checked, timestamps as unix seconds). An id
 the user already has is skipped, so an import can be repeated; so is an entity whose

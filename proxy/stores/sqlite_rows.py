@@ -149,21 +149,21 @@ def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
 
 
 def export_conversation(row: sqlite3.Row) -> dict[str, Any]:
-    """SPEC 8 `conversation` record."""
+    """The export record `conversation` record."""
     record = {"kind": "conversation", "id": row["id"], "created_at": iso(row["created_at"]),
               "last_active_at": iso(row["last_active_at"])}
     return _with_agent(record, row["agent_id"])
 
 
 def export_message(row: sqlite3.Row) -> dict[str, Any]:
-    """SPEC 8 `message` record."""
+    """The export record `message` record."""
     record = {"kind": "message", "id": row["id"], "conversation_id": row["conversation_id"], "role": row["role"],
               "content": row["content"], "created_at": iso(row["created_at"])}
     return _with_agent(record, row["agent_id"])
 
 
 def export_entity(row: sqlite3.Row) -> dict[str, Any]:
-    """SPEC 8 `entity` record."""
+    """The export record `entity` record."""
     e = entity_from_row(row)
     record = {"kind": "entity", "id": e.id, "name": e.name, "type": e.type, "description": e.description,
               "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
@@ -173,7 +173,7 @@ def export_entity(row: sqlite3.Row) -> dict[str, Any]:
 
 
 def export_relationship(row: sqlite3.Row) -> dict[str, Any]:
-    """SPEC 8 `relationship` record (entity names and ids)."""
+    """The export record `relationship` record (entity names and ids)."""
     record = {"kind": "relationship", "id": row["id"], "from": row["from_name"], "type": row["type"],
               "to": row["to_name"], "from_id": row["from_id"], "to_id": row["to_id"],
               "valid_from": iso(row["valid_from"]), "invalid_at": iso(row["invalid_at"]),
@@ -182,7 +182,7 @@ def export_relationship(row: sqlite3.Row) -> dict[str, Any]:
 
 
 def export_reasoning(row: sqlite3.Row) -> dict[str, Any]:
-    """SPEC 8 `reasoning` record."""
+    """The export record `reasoning` record."""
     record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
               "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
     return _with_agent(record, row["agent_id"])

@@ -50,7 +50,7 @@ def parse_chat_request(body: bytes) -> ChatRequest | str:
 
 
 def _message_problem(message: Any) -> str | None:
-    """Why a message is not one the provider would take (RELIABILITY B3), or None.
+    """Why a message is not one the provider would take (then memory skips it), or None.
 
     Memory skips such a request whole: it goes upstream unchanged, the provider's own 400
     comes back, and nothing of it is saved.
@@ -148,7 +148,7 @@ def _role(message: dict[str, Any]) -> str:
 
 
 def insert_block(request: ChatRequest, block: str) -> bytes:
-    """A new body with `block` in front of the last user message (SPEC section 5).
+    """A new body with `block` in front of the last user message (docs/retrieval.md).
 
     Raises ValueError when the body is nested too deeply to serialise again here.
     """

@@ -18,7 +18,7 @@ from typing import Any
 from proxy.models import ToolCall
 
 DONE = "[DONE]"
-DEFAULT_MAX_CHARS = 1 << 20  # text kept per stream (RELIABILITY 1.2: the accumulator is capped)
+DEFAULT_MAX_CHARS = 1 << 20  # text kept per stream: a copy on the side must not grow without bound
 DEFAULT_MAX_EVENT_CHARS = 16 << 20  # one event's lines held while it is incomplete
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
@@ -205,7 +205,7 @@ def _int_or(value: Any, default: int) -> int:
 class ChatStreamAccumulator:
     """Rebuilds every choice's message from the chat.completion.chunk events of a stream.
 
-    `only_choice`: rebuild that choice alone (the proxy saves choice 0, SPEC 3), so the
+    `only_choice`: rebuild that choice alone (the proxy saves choice 0), so the
     other choices neither take memory nor count toward `max_chars`.
     """
 
@@ -368,6 +368,6 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
 
 
 def error_event(message: str, code: str, type_: str = "upstream_error") -> bytes:
-    """An SSE error event the SDK raises on (RELIABILITY 3.3: never fake a `[DONE]`)."""
+    """An SSE error event the SDK raises on (never a fake `[DONE]`: the SDK would keep a truncated answer)."""
     error = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(error, separators=(",", ":")).encode() + b"\n\n"

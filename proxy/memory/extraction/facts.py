@@ -1,4 +1,4 @@
-"""One extraction as the store's `RecordFacts`: the user's node named, noise dropped (SPEC 6).
+"""One extraction as the store's `RecordFacts`: the user's node named, noise dropped.
 
 Dropped: empty names, a name that is just its own type ("company", "person"), and an
 all-lowercase common noun ("meeting", "laptop") unless a relationship links it — "I prefer

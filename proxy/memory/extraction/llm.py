@@ -66,7 +66,7 @@ class InvalidOutput(ValueError):
     """The model's answer is not exactly the schema with sane values.
 
     Its message says what was wrong, never the values: they are the user's words, which
-    stay out of the log (SPEC 8).
+    stay out of the log.
     """
 
 

@@ -6,10 +6,10 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-USER_NODE = "User"  # the speaking user until their name is known (SPEC 4, "The user's own node")
+USER_NODE = "User"  # the speaking user until their name is known (docs/retrieval.md)
 USER_TYPE = "user"  # the type of the node that stands for the user (retrieval finds it by this type)
 
-# A new fact of one of these types replaces the old edge with the same subject (SPEC 6).
+# A new fact of one of these types replaces the old edge with the same subject (closed, not deleted).
 SINGLE_VALUED = frozenset(
     {
         "WORKS_AT",

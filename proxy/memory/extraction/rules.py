@@ -1,4 +1,4 @@
-"""`extraction.mode: rules` — deterministic patterns, no model call (SPEC 6).
+"""`extraction.mode: rules` — deterministic patterns, no model call.
 
 Per sentence: identifiers, first-person and named-subject facts, preferences, then the
 remaining capitalised names. Descriptions carry the sentence that stated the fact, so a

@@ -1,4 +1,4 @@
-"""The five retrieval sources (SPEC 4) and the lexical search they share.
+"""The five retrieval sources (docs/retrieval.md) and the lexical search they share.
 
 Each source is a small async function from a `SourceQuery` to ranked `Hit`s, best first.
 A lexical source asks the store's full-text index for a bounded number of candidates
@@ -185,7 +185,7 @@ async def _retry(
     q: SourceQuery, search: Search[T], key: Callable[[T], str], text: Callable[[T], str],
     keep: Callable[[T], bool], limit: int,
 ) -> list[Found[T]]:
-    """SPEC 4's keyword retry: each long word as typed and Title Case, ranked by shared words."""
+    """The keyword retry: each long word as typed and Title Case, ranked by shared words."""
     searches: dict[tuple[str, ...], None] = {}
     for word in retry_terms(q.text):
         for variant in variants(word):

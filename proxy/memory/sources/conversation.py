@@ -1,6 +1,6 @@
 """`conversation`: earlier messages of the current conversation the request does not show.
 
-SPEC 4: a message present in the request's own history is never injected again, and the
+A message present in the request's own history is never injected again, and the
 user's current message is not a memory of itself.
 """
 

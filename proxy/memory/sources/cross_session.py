@@ -1,6 +1,6 @@
 """`cross-session`: messages of the user's other conversations.
 
-SPEC 4: all of them by default, the N most recent with `cross_session_limit: N`, none with
+All of them by default, the N most recent with `cross_session_limit: N`, none with
 0; at most 3 hits from any one conversation, ties broken by conversation recency.
 """
 

@@ -1,6 +1,6 @@
 """`graph`: the current relationships of the best entity hits, as `(From)-[TYPE]->(To)`.
 
-SPEC 4 (after the NAMS provider): the `graph_expansion_limit` best entity hits are
+As in the NAMS provider, the `graph_expansion_limit` best entity hits are
 expanded, at most 5 edges each so one hub node cannot crowd out the rest; an edge whose
 target has no stored name is dropped rather than shown as a bare id; an entity that fails
 to expand is logged and skipped.

@@ -1,6 +1,6 @@
 """`long-term`: the user's entities (name, type, description), and the user's own node.
 
-SPEC 4: a question in the first person counts the node that stands for the user as an
+A question in the first person counts the node that stands for the user as an
 entity hit, so "where do I work?" reaches the user's own relationships through `graph`.
 """
 

@@ -1,6 +1,6 @@
 """`reasoning`: traces of earlier turns (the task, its tool calls, the answer).
 
-Per agent where an agent is set (the store scopes it). SPEC 4: no keyword retry here.
+Per agent where an agent is set (the store scopes it). No keyword retry here.
 """
 
 from __future__ import annotations
