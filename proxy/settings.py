@@ -228,7 +228,9 @@ def _resolve_store_path(raw: dict[str, Any], path: str) -> dict[str, Any]:
     command-line path does.
     """
     store = raw.get("store")
-    url = store.get("url") if isinstance(store, dict) else None
+    if not isinstance(store, dict):
+        return raw  # no store section, or a bad one that _build names
+    url = store.get("url")
     if not isinstance(url, str) or not url.startswith(SQLITE_PREFIX):
         return raw
     file = url[len(SQLITE_PREFIX):]
