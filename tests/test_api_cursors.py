@@ -172,7 +172,7 @@ def test_a_cursor_with_a_good_checksum_but_no_key_of_its_list_is_refused(api: ht
 
 def test_a_conversation_active_while_paging_moves_ahead_and_is_found_again_from_the_front(
         api: httpx.Client, fake: Any) -> None:
-    # README: every conversation without new activity is listed once; one that gets new
+    # docs/memory-api.md: every conversation without new activity is listed once; one that gets new
     # activity moves ahead of the cursor, and reading from the first page again, until
     # last_active_at is before the time paging started, finds it.
     load(api, CONVERSATIONS)

@@ -88,8 +88,9 @@ def test_the_link_check_sees_links_and_skips_code(tmp_path: Path) -> None:
     assert anchors(page) == {"a-title"}
 
 
-def test_nothing_cites_documents_outside_the_repository() -> None:
-    found = []
+def repository_lines() -> list[tuple[str, str]]:
+    """("path:line", text) of every text file in the scanned parts of the repository."""
+    lines = []
     for name in SCANNED:
         top = ROOT / name
         for path in sorted(top.rglob("*") if top.is_dir() else [top]):
@@ -99,10 +100,20 @@ def test_nothing_cites_documents_outside_the_repository() -> None:
                 text = path.read_text(encoding="utf-8")
             except UnicodeDecodeError:
                 continue
-            for number, line in enumerate(text.splitlines(), 1):
-                if _OUTSIDE.search(line):
-                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+            lines += [(f"{path.relative_to(ROOT)}:{n}", line) for n, line in enumerate(text.splitlines(), 1)]
+    return lines
+
+
+def test_nothing_cites_documents_outside_the_repository() -> None:
+    found = [f"{where}: {line.strip()}" for where, line in repository_lines() if _OUTSIDE.search(line)]
     assert not found, ("say the reason itself, or point to a page under docs/:\n" + "\n".join(found))
+
+
+def test_every_docs_page_the_code_names_exists() -> None:
+    named = {(where, page) for where, line in repository_lines() for page in re.findall(r"\bdocs/[\w-]+\.md", line)}
+    assert named, "the scan found no reference to docs/ at all"
+    missing = sorted(f"{where}: {page}" for where, page in named if not (ROOT / page).is_file())
+    assert not missing, "\n".join(missing)
 
 
 @pytest.mark.parametrize("line", ["# {s} 4: at most 3 hits", "({r} 5.2 case 21)", "see {s}.md section 5", "{r} B11",

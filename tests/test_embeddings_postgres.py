@@ -1,4 +1,4 @@
-"""Embeddings across two replicas on one PostgreSQL (README: "The vector cache").
+"""Embeddings across two replicas on one PostgreSQL (docs/retrieval.md: "The vector cache").
 
 Replica A saves the turns; replica B, whose cached matrix was loaded before their vectors
 existed, then finds the fact by meaning: at once when B's own worker saved the vectors,

@@ -1,4 +1,4 @@
-"""Ranking measured on LoCoMo (README, "Evaluation"): neighbouring-turn context, weak entity hits as fillers."""
+"""Ranking measured on LoCoMo (docs/evaluation.md): neighbouring-turn context, weak entity hits as fillers."""
 
 from __future__ import annotations
 
