@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
 from proxy.errors import BadScope, Forbidden, Unauthenticated
+from proxy.ids import SCOPE_ID_RULE, is_scope_id
 from proxy.models import Scope
 from proxy.settings import ConfigError, Settings
 
-_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 MAX_MEMORIES_CAP = 12
 _SCOPE_HEADERS = (b"x-memory-user", b"x-memory-conversation", b"x-memory-agent")
@@ -55,9 +55,8 @@ class RequestScope:
 
 def valid_id(value: str, header: str) -> str:
     """The id itself, or 400 naming the header it came in."""
-    # "." and ".." fit the character rule but read as paths in /memory/v1/users/{user} URLs.
-    if not _ID.fullmatch(value) or value in (".", ".."):
-        raise BadScope(f"{header} must be 1-256 characters of ASCII letters, digits and ._:@+-", param=header)
+    if not is_scope_id(value):
+        raise BadScope(f"{header} must be {SCOPE_ID_RULE}", param=header)
     return value
 
 
@@ -193,8 +192,7 @@ def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
             try:
                 found[key] = value.decode("ascii")
             except UnicodeDecodeError:
-                raise BadScope(f"{title} must be 1-256 characters of ASCII letters, digits and ._:@+-",
-                               param=title) from None
+                raise BadScope(f"{title} must be {SCOPE_ID_RULE}", param=title) from None
     return found
 
 

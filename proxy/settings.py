@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import yaml
 
+from proxy.ids import SCOPE_ID_RULE, is_scope_id
+
 
 class ConfigError(ValueError):
     """A setting is unknown or invalid; the message names it."""
@@ -375,6 +377,9 @@ def _check_auth(auth: AuthSettings) -> None:
     for i, entry in enumerate(auth.api_keys):
         if set(entry) != {"key", "user"} or not entry["key"] or not entry["user"]:
             raise ConfigError(f"auth.api_keys[{i}]: expected {{key, user}} with non-empty values")
+        if not is_scope_id(entry["user"]):
+            # Rows saved under a user the headers could never name could never be exported or deleted.
+            raise ConfigError(f"auth.api_keys[{i}].user: must be {SCOPE_ID_RULE}, got {entry['user']!r}")
     if auth.mode == "api-keys" and not auth.api_keys:
         raise ConfigError("auth.api_keys: auth.mode api-keys needs at least one {key, user}")
     if auth.mode == "signed" and not auth.signing_secret:
