@@ -31,6 +31,8 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
     return field(default=default, metadata={"help": text})
 
 
+# RFC 7518 3.2: an HS256 key must be at least as long as the hash's 256-bit output.
+MIN_SIGNING_SECRET_BYTES = 32
 MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
 
 
@@ -131,7 +133,8 @@ class AuthSettings:
     mode: Literal["trusted", "api-keys", "signed"] = _help("Who may claim a user id.", "trusted")
     api_keys: list[dict[str, str]] = _help("api-keys mode: [{key, user}]; key may be sha256:<hex>.", None,
                                            default_factory=list)
-    signing_secret: str | None = _help("signed mode: HS256 secret for X-Memory-Scope-Token.")
+    signing_secret: str | None = _help("signed mode: HS256 secret for X-Memory-Scope-Token "
+                                                "(at least 32 bytes).")
     token_audience: str | None = _help("signed mode: the `aud` a scope token must name; unset = a token "
                                        "naming any audience is refused.")
     trusted_networks: list[str] = _help("trusted mode: CIDRs besides loopback whose scope headers count.", None,
@@ -384,6 +387,9 @@ def _check_auth(auth: AuthSettings) -> None:
         raise ConfigError("auth.api_keys: auth.mode api-keys needs at least one {key, user}")
     if auth.mode == "signed" and not auth.signing_secret:
         raise ConfigError("auth.signing_secret: auth.mode signed needs a signing secret")
+    if auth.signing_secret is not None and len(auth.signing_secret.encode()) < MIN_SIGNING_SECRET_BYTES:
+        raise ConfigError(f"auth.signing_secret: must be at least {MIN_SIGNING_SECRET_BYTES} bytes "
+                          "(a shorter HS256 secret can be guessed offline from any token)")
     if auth.token_audience is not None and not auth.token_audience.strip():
         raise ConfigError("auth.token_audience: must not be empty (leave it unset to refuse tokens naming an aud)")
 
