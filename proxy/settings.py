@@ -43,6 +43,13 @@ class ServerSettings:
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
     body_timeout_s: float = _help("Longest pause while a client sends a request body; past it 408.", 30.0)
+    header_timeout_s: float = _help("Longest a client may take to send a request's line and headers, from "
+                                    "connecting or from the end of the previous response; past it the "
+                                    "connection is closed (408 if part of the head came).", 10.0)
+    max_connections: int | None = _help(
+        "Most client connections open at once; at the cap the one waiting longest for its request head is "
+        "closed to make room, and a new one is refused with 503 only when every open one has a request "
+        "running. Unset: half the open-file limit, less 64 kept for the store and logs.")
     heartbeat_s: float = _help("In a silent event stream, a `: ping` comment to the client this often (0: never).",
                                15.0)
     log_level: Literal["debug", "info", "warning", "error"] = _help("Log level.", "info")
@@ -309,7 +316,8 @@ def _check(s: Settings) -> None:
     """Cross-field and range rules, each naming its key."""
     positive = {
         "server.port": s.server.port, "server.max_body_bytes": s.server.max_body_bytes,
-        "server.body_timeout_s": s.server.body_timeout_s,
+        "server.body_timeout_s": s.server.body_timeout_s, "server.header_timeout_s": s.server.header_timeout_s,
+        "server.max_connections": 1 if s.server.max_connections is None else s.server.max_connections,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,
         "upstream.first_byte_timeout_s": s.upstream.first_byte_timeout_s,
         "upstream.idle_timeout_s": s.upstream.idle_timeout_s, "upstream.max_stream_s": s.upstream.max_stream_s,
