@@ -53,6 +53,8 @@ def test_precedence_flag_env_file_default(tmp_path):
     ("server:\n  prot: 1\n", "server.prot: unknown key"),
     ("server:\n  port: eighty\n", "server.port: expected an integer"),
     ("server:\n  port: 70000\n", "server.port: must be at most 65535"),
+    ("server:\n  header_timeout_s: 0\n", "server.header_timeout_s: must be greater than 0"),
+    ("server:\n  max_connections: 0\n", "server.max_connections: must be greater than 0"),
     ("memory:\n  max_tokens: 0\n", "memory.max_tokens: must be greater than 0"),
     ("memory:\n  persist_interactions: sometimes\n", "memory.persist_interactions: expected true or false"),
     ("scope:\n  conversation: newest\n", "scope.conversation: must be one of history, latest"),

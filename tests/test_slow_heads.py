@@ -8,6 +8,7 @@ loops, and asserts when and how the server closes them while a normal chat goes 
 
 from __future__ import annotations
 
+import resource
 import select
 import socket
 import threading
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
+from proxy.connections import max_client_connections
+from proxy.settings import load_settings
 from tests.fake_upstream import FakeUpstream, JsonReply, SlowHeaders, completion
 from tests.test_crash import start_server
 
@@ -202,3 +205,9 @@ def test_past_the_cap_with_every_connection_busy_a_new_one_gets_503(serve, fake:
     assert answers == ["Hello from upstream", "Hello from upstream"]
     assert chat(url) == "Hello from upstream"
     assert "new connections refused with 503 (all open ones busy): 1" in cap_lines(log)[0]
+
+
+def test_the_default_cap_leaves_room_for_the_provider_connections_and_the_store() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert max_client_connections(load_settings(environ={})) == (soft - 64) // 2
+    assert max_client_connections(load_settings(environ={}, overrides={"server.max_connections": 7})) == 7
