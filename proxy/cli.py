@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -99,11 +100,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     from proxy import logs
     from proxy.app import create_app
+    from proxy.connections import ConnectionGuard, GuardedHttpProtocol, max_client_connections
 
     settings = load(args)
     logs.configure(settings.server.log_level)
     _announce(settings)
     app = create_app(settings, own_process=True)
+    guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s)
     # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
     # under the handler it found at start: a no-op one makes a finished shutdown exit 0
     # (an orchestrator reads 0 as a clean stop) instead of dying of the signal (143) or a KeyboardInterrupt.
@@ -119,7 +122,8 @@ def _serve(args: argparse.Namespace) -> int:
         date_header=False,
         timeout_graceful_shutdown=settings.server.grace_period_s,  # type: ignore[arg-type]  # a float works
         loop="auto",
-        http="auto",
+        # uvicorn only calls it, as it would a protocol class: the guard rides in with it.
+        http=functools.partial(GuardedHttpProtocol, guard=guard),  # type: ignore[arg-type]
     )
     return 0
 

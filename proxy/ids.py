@@ -1,11 +1,15 @@
-"""Ids of what memproxy stores: opaque, unguessable, and in the order they were made."""
+"""Ids: the ones memproxy makes (opaque, unguessable, in the order they were made), and the
+one rule for the ids clients name (users, conversations, agents)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 
+_SCOPE_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
+SCOPE_ID_RULE = "1-256 characters of ASCII letters, digits and ._:@+-"
 _MS_BITS = 48
 _RANDOM_BYTES = 10  # 80 bits drawn, 74 used
 
@@ -31,3 +35,10 @@ def derived_id(material: str, at_ns: int) -> str:
     bits = int.from_bytes(hashlib.sha256(material.encode("utf-8", "surrogatepass")).digest()[:_RANDOM_BYTES], "big")
     value = (ms << 80) | (0x7 << 76) | ((bits >> 68) << 64) | (0b10 << 62) | (bits & ((1 << 62) - 1))
     return f"{value:032x}"
+
+
+def is_scope_id(value: object) -> bool:
+    """Whether `value` may name a user, conversation or agent (the one rule for headers,
+    tokens, config and the CLI)."""
+    # "." and ".." fit the character rule but read as paths in /memory/v1/users/{user} URLs.
+    return isinstance(value, str) and _SCOPE_ID.fullmatch(value) is not None and value not in (".", "..")

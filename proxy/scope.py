@@ -6,24 +6,20 @@ is 401, never a default user. Memory fails open elsewhere; identity never does.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import ipaddress
-import json
-import math
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, TypeGuard
+from typing import Any
 
 from proxy.errors import BadScope, Forbidden, Unauthenticated
+from proxy.ids import SCOPE_ID_RULE, is_scope_id
 from proxy.models import Scope
+from proxy.scope_token import verify_scope_token
 from proxy.settings import ConfigError, Settings
 
-_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
-_B64URL = re.compile(r"[A-Za-z0-9_-]*")
 MAX_MEMORIES_CAP = 12
 _SCOPE_HEADERS = (b"x-memory-user", b"x-memory-conversation", b"x-memory-agent")
 _ALL_HEADERS = _SCOPE_HEADERS + (b"x-memory-mode", b"x-memory-persist", b"x-memory-max", b"x-memory-scope-token")
@@ -55,9 +51,8 @@ class RequestScope:
 
 def valid_id(value: str, header: str) -> str:
     """The id itself, or 400 naming the header it came in."""
-    # "." and ".." fit the character rule but read as paths in /memory/v1/users/{user} URLs.
-    if not _ID.fullmatch(value) or value in (".", ".."):
-        raise BadScope(f"{header} must be 1-256 characters of ASCII letters, digits and ._:@+-", param=header)
+    if not is_scope_id(value):
+        raise BadScope(f"{header} must be {SCOPE_ID_RULE}", param=header)
     return value
 
 
@@ -157,21 +152,21 @@ class ScopeResolver:
         if token is None:
             raise Unauthenticated("X-Memory-Scope-Token is required")
         auth = self.settings.auth
-        claims = verify_jwt(token, (auth.signing_secret or "").encode(), audience=auth.token_audience)
-        user = claims.get("sub")
-        if not isinstance(user, str):
-            raise Unauthenticated("the scope token has no subject")
+        claims = verify_scope_token(token, (auth.signing_secret or "").encode(), audience=auth.token_audience)
         named: dict[str, str | None] = {}
         for claim, header in (("sub", "X-Memory-User"), ("conversation", "X-Memory-Conversation"),
                               ("agent", "X-Memory-Agent")):
             value, sent = claims.get(claim), headers.get(header.lower())
             if value is not None and not isinstance(value, str):
                 raise Unauthenticated(f"the scope token's {claim} claim must be a string")
+            if value is not None:
+                # A claim breaking the id rule is the token's fault, and named as its.
+                valid_id(value, f"X-Memory-Scope-Token {claim}")
             if value is not None and sent is not None and sent != value:
                 raise Forbidden(f"{header} disagrees with the scope token", param=header)
             # A claim the token leaves out may be named by its header: the token's user owns them all.
             named[claim] = value if value is not None else sent
-        return self._scope(valid_id(user, "X-Memory-Scope-Token sub"), named["conversation"], named["agent"])
+        return self._scope(claims["sub"], named["conversation"], named["agent"])
 
 
 def _valid_header(headers: dict[str, str], name: str) -> str | None:
@@ -193,8 +188,7 @@ def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
             try:
                 found[key] = value.decode("ascii")
             except UnicodeDecodeError:
-                raise BadScope(f"{title} must be 1-256 characters of ASCII letters, digits and ._:@+-",
-                               param=title) from None
+                raise BadScope(f"{title} must be {SCOPE_ID_RULE}", param=title) from None
     return found
 
 
@@ -243,58 +237,3 @@ def _key_digest(configured: str, index: int) -> bytes:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", hex_digest):
         raise ConfigError(f"auth.api_keys[{index}].key: sha256: must be followed by 64 hex digits")
     return bytes.fromhex(hex_digest)
-
-
-def _b64decode(segment: str) -> bytes:
-    """Strict base64url without padding: any other character makes the token malformed."""
-    if not _B64URL.fullmatch(segment):
-        raise ValueError("not base64url")
-    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-
-
-def _is_time(value: Any) -> TypeGuard[int | float]:
-    """A number of unix seconds: not a bool, NaN or an infinity (Python's JSON parser accepts those)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return isinstance(value, int) or math.isfinite(value)
-
-
-def verify_jwt(token: str, secret: bytes, now: float | None = None, audience: str | None = None) -> dict[str, Any]:
-    """Claims of an HS256 JWT signed with `secret`; 401 when forged, malformed, expired or
-    meant for another audience."""
-    try:
-        header_b64, payload_b64, signature_b64 = token.split(".")
-        signature = _b64decode(signature_b64)
-    except ValueError:
-        raise Unauthenticated("the scope token is malformed") from None
-    # The signature is checked before any JSON is parsed: unsigned input never reaches a parser.
-    expected = hmac.new(secret, f"{header_b64}.{payload_b64}".encode(), hashlib.sha256).digest()
-    if not hmac.compare_digest(expected, signature):
-        raise Unauthenticated("the scope token's signature is invalid")
-    try:
-        header = json.loads(_b64decode(header_b64))
-        claims = json.loads(_b64decode(payload_b64))
-    except (ValueError, RecursionError):
-        raise Unauthenticated("the scope token is malformed") from None
-    if not isinstance(header, dict) or header.get("alg") != "HS256" or not isinstance(claims, dict):
-        raise Unauthenticated("the scope token must be an HS256 JWT")
-    exp = claims.get("exp")
-    if not _is_time(exp):
-        raise Unauthenticated("the scope token needs an exp claim (a time in unix seconds)")
-    if exp < (time.time() if now is None else now):
-        raise Unauthenticated("the scope token has expired")
-    _check_audience(claims.get("aud"), audience)
-    return claims
-
-
-def _check_audience(aud: Any, audience: str | None) -> None:
-    """RFC 7519 4.1.3: a token naming an audience is refused unless memproxy is one of them."""
-    named = [aud] if isinstance(aud, str) else aud
-    if named is None or named == []:
-        if audience is not None:
-            raise Unauthenticated("the scope token needs an aud claim naming auth.token_audience")
-        return
-    if not isinstance(named, list) or not all(isinstance(value, str) for value in named):
-        raise Unauthenticated("the scope token's aud claim must be a string or a list of strings")
-    if audience not in named:
-        raise Unauthenticated("the scope token is meant for another audience (aud)")

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import yaml
 
+from proxy.ids import SCOPE_ID_RULE, is_scope_id
+
 
 class ConfigError(ValueError):
     """A setting is unknown or invalid; the message names it."""
@@ -32,6 +34,8 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
 
 
 SQLITE_PREFIX = "sqlite:///"
+# RFC 7518 3.2: an HS256 key must be at least as long as the hash's 256-bit output.
+MIN_SIGNING_SECRET_BYTES = 32
 MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
 
 
@@ -42,6 +46,13 @@ class ServerSettings:
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
     body_timeout_s: float = _help("Longest pause while a client sends a request body; past it 408.", 30.0)
+    header_timeout_s: float = _help("Longest a client may take to send a request's line and headers, from "
+                                    "connecting or from the end of the previous response; past it the "
+                                    "connection is closed (408 if part of the head came).", 10.0)
+    max_connections: int | None = _help(
+        "Most client connections open at once; at the cap the one waiting longest for its request head is "
+        "closed to make room, and a new one is refused with 503 only when every open one has a request "
+        "running. Unset: half the open-file limit, less 64 kept for the store and logs.")
     heartbeat_s: float = _help("In a silent event stream, a `: ping` comment to the client this often (0: never).",
                                15.0)
     log_level: Literal["debug", "info", "warning", "error"] = _help("Log level.", "info")
@@ -152,7 +163,8 @@ class AuthSettings:
     mode: Literal["trusted", "api-keys", "signed"] = _help("Who may claim a user id.", "trusted")
     api_keys: list[dict[str, str]] = _help("api-keys mode: [{key, user}]; key may be sha256:<hex>.", None,
                                            default_factory=list)
-    signing_secret: str | None = _help("signed mode: HS256 secret for X-Memory-Scope-Token.")
+    signing_secret: str | None = _help("signed mode: HS256 secret for X-Memory-Scope-Token "
+                                                "(at least 32 bytes).")
     token_audience: str | None = _help("signed mode: the `aud` a scope token must name; unset = a token "
                                        "naming any audience is refused.")
     trusted_networks: list[str] = _help("trusted mode: CIDRs besides loopback whose scope headers count.", None,
@@ -346,7 +358,8 @@ def _check(s: Settings) -> None:
     """Cross-field and range rules, each naming its key."""
     positive = {
         "server.port": s.server.port, "server.max_body_bytes": s.server.max_body_bytes,
-        "server.body_timeout_s": s.server.body_timeout_s,
+        "server.body_timeout_s": s.server.body_timeout_s, "server.header_timeout_s": s.server.header_timeout_s,
+        "server.max_connections": 1 if s.server.max_connections is None else s.server.max_connections,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,
         "upstream.first_byte_timeout_s": s.upstream.first_byte_timeout_s,
         "upstream.idle_timeout_s": s.upstream.idle_timeout_s, "upstream.max_stream_s": s.upstream.max_stream_s,
@@ -417,10 +430,16 @@ def _check_auth(auth: AuthSettings) -> None:
     for i, entry in enumerate(auth.api_keys):
         if set(entry) != {"key", "user"} or not entry["key"] or not entry["user"]:
             raise ConfigError(f"auth.api_keys[{i}]: expected {{key, user}} with non-empty values")
+        if not is_scope_id(entry["user"]):
+            # Rows saved under a user the headers could never name could never be exported or deleted.
+            raise ConfigError(f"auth.api_keys[{i}].user: must be {SCOPE_ID_RULE}, got {entry['user']!r}")
     if auth.mode == "api-keys" and not auth.api_keys:
         raise ConfigError("auth.api_keys: auth.mode api-keys needs at least one {key, user}")
     if auth.mode == "signed" and not auth.signing_secret:
         raise ConfigError("auth.signing_secret: auth.mode signed needs a signing secret")
+    if auth.signing_secret is not None and len(auth.signing_secret.encode()) < MIN_SIGNING_SECRET_BYTES:
+        raise ConfigError(f"auth.signing_secret: must be at least {MIN_SIGNING_SECRET_BYTES} bytes "
+                          "(a shorter HS256 secret can be guessed offline from any token)")
     if auth.token_audience is not None and not auth.token_audience.strip():
         raise ConfigError("auth.token_audience: must not be empty (leave it unset to refuse tokens naming an aud)")
 

@@ -22,11 +22,12 @@ import pytest
 
 from proxy.app import create_app
 from proxy.errors import BadScope, Forbidden, Unauthenticated
-from proxy.scope import ScopeResolver, verify_jwt
+from proxy.scope import ScopeResolver
+from proxy.scope_token import verify_scope_token
 from proxy.settings import ConfigError, load_settings
 from tests.api_helpers import api_url, chat, sign
 
-SECRET = "signing-secret-for-tests"
+SECRET = "signing-secret-for-tests-32-bytes-or-more"
 UPSTREAM_KEY = "sk-upstream-own-key-0001"
 ALICE_KEY = "mp-alice-key-7f3e9a"
 BOB_KEY = "mp-bob-key-c41d22"
@@ -235,26 +236,75 @@ def _tampered() -> str:
     return f"{head}.{_b64(json.dumps({'sub': 'bob', 'exp': int(time.time()) + 300}).encode())}.{mac}"
 
 
+def _signed_with(algorithm: str, claims: dict[str, Any] | None = None) -> str:
+    """A token whose header names `algorithm` but is signed as HS256 with the shared secret: what
+    an attacker who swaps the alg would send (RS256 with the secret taken for a public key)."""
+    payload = claims or {"sub": "alice", "exp": int(time.time()) + 300}
+    return _signed_raw(json.dumps({"alg": algorithm, "typ": "JWT"}).encode(), json.dumps(payload).encode())
+
+
+def _flip_signature(scope_token: str) -> str:
+    head, body, mac = scope_token.split(".")
+    return f"{head}.{body}.{'B' if mac[0] == 'A' else 'A'}{mac[1:]}"
+
+
+def _hs512() -> str:
+    head = _b64(json.dumps({"alg": "HS512", "typ": "JWT"}).encode())
+    body = _b64(json.dumps({"sub": "alice", "exp": int(time.time()) + 300}).encode())
+    mac = hmac.new(SECRET.encode(), f"{head}.{body}".encode(), hashlib.sha512).digest()
+    return f"{head}.{body}.{_b64(mac)}"
+
+
+def _unsigned() -> str:
+    head = _b64(b'{"alg":"none","typ":"JWT"}')
+    return f"{head}.{_b64(json.dumps({'sub': 'alice', 'exp': int(time.time()) + 300}).encode())}."
+
+
+NOW_PLUS = int(time.time()) + 3600
+MALFORMED = "the scope token is malformed"
+NOT_HS256 = "the scope token must be an HS256 JWT"
+BAD_SIGNATURE = "the scope token's signature is invalid"
+
+
 @pytest.mark.parametrize(("make_token", "message"), [
     (lambda: token(ttl=-5), "the scope token has expired"),
-    (lambda: sign({"sub": "alice", "exp": int(time.time()) + 300}, "another-secret"),
-     "the scope token's signature is invalid"),
-    (_tampered, "the scope token's signature is invalid"),
-    (lambda: token() + "!", "the scope token is malformed"),
-    (lambda: token().replace(".", "..", 1), "the scope token is malformed"),
-    (lambda: "not-a-jwt", "the scope token is malformed"),
-    (lambda: sign({"sub": "alice", "exp": int(time.time()) + 300}, SECRET, {"alg": "none"}),
-     "the scope token must be an HS256 JWT"),
+    (lambda: sign({"sub": "alice", "exp": int(time.time()) + 300}, "another-secret-also-32-bytes-long!!"),
+     BAD_SIGNATURE),
+    (_tampered, BAD_SIGNATURE),
+    (lambda: _flip_signature(token()), BAD_SIGNATURE),
+    (lambda: token()[:-2], MALFORMED),
+    (lambda: token() + "!", MALFORMED),
+    (lambda: token().replace(".", "..", 1), MALFORMED),
+    (lambda: token() + ".", MALFORMED),
+    (lambda: token().replace(".", " .", 1), MALFORMED),
+    (lambda: "not-a-jwt", MALFORMED),
+    (lambda: "a.b.c", MALFORMED),
+    (lambda: "..", MALFORMED),
+    (lambda: _signed_raw(b"not json", b'{"sub":"alice","exp":9999999999}'), MALFORMED),
+    (lambda: _signed_raw(b'["HS256"]', b'{"sub":"alice","exp":9999999999}'), MALFORMED),
+    (lambda: _signed_raw(b'{"alg":"HS256"}', b'["alice"]'), MALFORMED),
+    (lambda: _signed_raw(b"[" * 50000, b'{"sub":"alice","exp":9999999999}'), MALFORMED),
+    (lambda: _signed_raw(b'{"alg":"HS256"}', b"[" * 50000), MALFORMED),
+    (_unsigned, MALFORMED),
+    (lambda: _signed_with("none"), NOT_HS256),
+    (lambda: _signed_with("None"), NOT_HS256),
+    (lambda: _signed_with("RS256"), NOT_HS256),
+    (lambda: _signed_with("HS512"), NOT_HS256),
+    (_hs512, NOT_HS256),
     (lambda: sign({"sub": "alice"}, SECRET), "the scope token needs an exp claim (a time in unix seconds)"),
+    (lambda: _signed_raw(b'{"alg":"HS256"}', b'{"sub":"alice","exp":NaN}'), MALFORMED),
+    (lambda: _signed_raw(b'{"alg":"HS256"}', b'{"sub":"alice","exp":1e400}'), MALFORMED),
+    (lambda: sign({"sub": "alice", "exp": "tomorrow"}, SECRET), MALFORMED),
     (lambda: sign({"exp": int(time.time()) + 300}, SECRET), "the scope token has no subject"),
+    (lambda: token(sub=7), "the scope token's sub claim must be a string"),
+    (lambda: token(sub=["alice"]), "the scope token's sub claim must be a string"),
     (lambda: token(conversation=7), "the scope token's conversation claim must be a string"),
-    (lambda: _signed_raw(b'{"alg":"HS256"}', b"[" * 50000), "the scope token is malformed"),
-    (lambda: _signed_raw(b'{"alg":"HS256"}', b'{"sub":"alice","exp":NaN}'),
-     "the scope token needs an exp claim (a time in unix seconds)"),
+    (lambda: token(agent={"id": "a"}), "the scope token's agent claim must be a string"),
+    (lambda: token(nbf=NOW_PLUS), "the scope token is not valid yet (nbf or iat is in the future)"),
     # With no auth.token_audience, a token meant for some audience is not for memproxy.
     (lambda: token(aud="some-other-service"), "the scope token is meant for another audience (aud)"),
     (lambda: token(aud=["billing-api"]), "the scope token is meant for another audience (aud)"),
-    (lambda: token(aud=7), "the scope token's aud claim must be a string or a list of strings"),
+    (lambda: token(aud=7), "the scope token is meant for another audience (aud)"),
 ])
 def test_bad_scope_tokens_get_401(signed: Any, fake: Any, make_token: Any, message: str) -> None:
     with signed.http() as client:
@@ -316,6 +366,23 @@ def test_headers_may_name_what_the_token_leaves_open(signed: Any) -> None:
         assert sorted(c["id"] for c in client.get(api_url("alice", "conversations")).json()["data"]) == ["c1", "c9"]
 
 
+@pytest.mark.parametrize(("claims", "param"), [
+    ({"sub": "*"}, "X-Memory-Scope-Token sub"), ({"sub": ".."}, "X-Memory-Scope-Token sub"),
+    ({"sub": "a b/c"}, "X-Memory-Scope-Token sub"), ({"sub": "\u0430lice"}, "X-Memory-Scope-Token sub"),
+    ({"sub": ""}, "X-Memory-Scope-Token sub"), ({"sub": "x" * 257}, "X-Memory-Scope-Token sub"),
+    ({"conversation": "chat 7"}, "X-Memory-Scope-Token conversation"),
+    ({"agent": "*"}, "X-Memory-Scope-Token agent"),
+])
+def test_a_token_naming_an_id_the_headers_could_not_is_400(signed: Any, fake: Any, claims: dict[str, str],
+                                                            param: str) -> None:
+    with signed.http() as client:
+        response = chat(client, {"X-Memory-Scope-Token": token(**{"sub": "alice", **claims})}, "hello")
+        assert error_of(response, 400) == {
+            "message": f"{param} must be 1-256 characters of ASCII letters, digits and ._:@+-",
+            "type": "invalid_request_error", "param": param, "code": "invalid_memory_header"}
+    assert fake.received == []
+
+
 def test_a_malformed_subject_is_400() -> None:
     resolver = ScopeResolver(load_settings(environ={}, overrides={"auth.mode": "signed",
                                                                   "auth.signing_secret": SECRET}))
@@ -326,11 +393,18 @@ def test_a_malformed_subject_is_400() -> None:
         resolver.resolve({**asgi, "headers": [(b"x-memory-scope-token", token().encode()), (b"x-memory-user", b"x")]})
 
 
-def test_verify_jwt_checks_expiry_against_the_given_clock() -> None:
-    scope_token = sign({"sub": "alice", "exp": 1000}, SECRET)
-    assert verify_jwt(scope_token, SECRET.encode(), now=999.5)["sub"] == "alice"
-    with pytest.raises(Unauthenticated, match="expired"):
-        verify_jwt(scope_token, SECRET.encode(), now=1000.5)
+def test_a_token_expires_at_its_exp_second() -> None:
+    now = int(time.time())
+    assert verify_scope_token(sign({"sub": "alice", "exp": now + 5}, SECRET), SECRET.encode())["sub"] == "alice"
+    for exp in (now, now - 1):
+        with pytest.raises(Unauthenticated, match="expired"):
+            verify_scope_token(sign({"sub": "alice", "exp": exp}, SECRET), SECRET.encode())
+
+
+@pytest.mark.parametrize("secret", ["short", "x" * 31, "\u00e9" * 15])
+def test_a_signing_secret_under_32_bytes_stops_start_up(secret: str) -> None:
+    with pytest.raises(ConfigError, match=r"auth\.signing_secret: must be at least 32 bytes"):
+        load_settings(environ={}, overrides={"auth.mode": "signed", "auth.signing_secret": secret})
 
 
 def test_identity_is_enforced_while_the_store_is_unavailable(make_proxy: Any, tmp_path: Any) -> None:

@@ -23,7 +23,7 @@ from tests.api_helpers import api_url, chat, jsonl, sign
 
 USERS = ("ann", "ben", "cat")
 SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
-SECRET = "canary-signing-secret"
+SECRET = "canary-signing-secret-of-32-bytes-or-more"
 QUESTIONS = {
     "long-term": "What is my favourite tea blend?",
     "graph": "Where is the Falcon Lab research site located?",

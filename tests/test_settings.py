@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -55,6 +57,8 @@ def test_precedence_flag_env_file_default(tmp_path):
     ("server:\n  prot: 1\n", "server.prot: unknown key"),
     ("server:\n  port: eighty\n", "server.port: expected an integer"),
     ("server:\n  port: 70000\n", "server.port: must be at most 65535"),
+    ("server:\n  header_timeout_s: 0\n", "server.header_timeout_s: must be greater than 0"),
+    ("server:\n  max_connections: 0\n", "server.max_connections: must be greater than 0"),
     ("memory:\n  max_tokens: 0\n", "memory.max_tokens: must be greater than 0"),
     ("memory:\n  persist_interactions: sometimes\n", "memory.persist_interactions: expected true or false"),
     ("scope:\n  conversation: newest\n", "scope.conversation: must be one of history, latest"),
@@ -82,6 +86,34 @@ def test_bad_config_names_the_key(tmp_path, text, message):
     config.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_settings(str(config), environ={})
+
+
+@pytest.mark.parametrize("user", ["*", "..", ".", "a b/c", "\u0430lice", "", "x" * 257, "alice\n"])
+def test_an_api_key_user_the_headers_could_not_name_stops_start_up(tmp_path, user):
+    # Rows saved under such a user could never be exported or deleted through the API or CLI.
+    config = tmp_path / "keys.yaml"
+    config.write_text(json.dumps({"auth": {"mode": "api-keys", "api_keys": [
+        {"key": "k0", "user": "alice"}, {"key": "k1", "user": user}]}}))
+    expected = (r"auth\.api_keys\[1\]: expected \{key, user\} with non-empty values" if user == "" else
+                r"auth\.api_keys\[1\]\.user: must be 1-256 characters of ASCII letters, digits and \._:@\+-, got ")
+    with pytest.raises(ConfigError, match=expected):
+        load_settings(str(config), environ={})
+
+
+def test_an_invalid_api_key_user_from_the_environment_stops_serve(tmp_path):
+    env = {**os.environ, "MEMPROXY_AUTH_MODE": "api-keys",
+           "MEMPROXY_AUTH_API_KEYS": json.dumps([{"key": "k1", "user": "*"}]),
+           "MEMPROXY_STORE_URL": f"sqlite:///{tmp_path}/m.db"}
+    run = subprocess.run([sys.executable, "-m", "proxy", "serve"], capture_output=True, text=True, timeout=30,
+                         env=env)
+    assert run.returncode == 2
+    assert "auth.api_keys[0].user: must be 1-256 characters of ASCII letters, digits and ._:@+-, got '*'" in run.stderr
+
+
+def test_the_largest_valid_api_key_user_loads():
+    settings = load_settings(environ={}, overrides={"auth.mode": "api-keys", "auth.api_keys": [
+        {"key": "k1", "user": "A-z0.9_:@+" + "u" * 246}]})
+    assert len(settings.auth.api_keys[0]["user"]) == 256
 
 
 def test_bad_environment_value_names_the_key_nan_and_empty_host_too():

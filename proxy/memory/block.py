@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 
+from proxy.memory.confusables import BRAILLE_BLANK, INVISIBLE, reads_as, reads_as_mapped
 from proxy.models import Hit, ReasoningStep
 
 DEFAULT_HEADER = (
@@ -26,14 +27,6 @@ GRAPH_NOTE = "A [graph] line is a stored relationship, written (subject)-[RELATI
 SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
 ELLIPSIS = "…"
 
-# Unicode tag characters (U+E0000–E007F) spell hidden ASCII that models read; zero-width,
-# bidi and other format characters hide or reorder text; supplementary variation selectors
-# (U+E0100–E01EF) are used to smuggle bytes the same way.
-_INVISIBLE = re.compile(
-    "[\u00ad\u034f\u061c\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f"
-    "\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\U0001d173-\U0001d17a"
-    "\U000e0000-\U000e007f\U000e0100-\U000e01ef]"
-)
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _IMITATIONS = (
     re.compile(
@@ -122,23 +115,46 @@ def _neutralised(text: str) -> str:
 
 def _neutralise(text: str) -> str:
     if not (text.isascii() and text.isprintable()):  # the common case needs neither pass
-        text = _CONTROL.sub(" ", _INVISIBLE.sub("", text))
+        text = _CONTROL.sub(" ", INVISIBLE.sub("", text)).replace(BRAILLE_BLANK, " ")
+    # Imitations are looked for in the text as it reads (`［graph］`, `[long‐term]` with U+2010,
+    # a Cyrillic `е`), and cut from the text as written.
+    folded = reads_as(text)
     # Only the header imitations can match without a bracket; skipping the rest when there
     # is none keeps this cheap on the request path.
-    patterns = _IMITATIONS if "[" in text else _IMITATIONS[:2]
+    patterns = _IMITATIONS if "[" in folded else _IMITATIONS[:2]
     for _ in range(_MAX_PASSES):  # removing one imitation can join the halves of another
         removed = 0
         for pattern in patterns:
-            text, count = pattern.subn(" ", text)
+            text, folded, count = _cut_matches(text, folded, pattern)
             removed += count
         if not removed:
             return " ".join(text.split())
     # Imitations nested deeper than any honest text (`[graph[graph[...]]]`): one more pass per
     # level would make this quadratic; without brackets no source label can be formed.
-    text = text.replace("[", " ").replace("]", " ")
+    text = "".join(" " if char in "[]" or reads_as(char) in ("[", "]") else char for char in text)
+    folded = reads_as(text)
     for pattern in _IMITATIONS[:2]:
-        text = pattern.sub(" ", text)
+        text, folded, _ = _cut_matches(text, folded, pattern)
     return " ".join(text.split())
+
+
+def _cut_matches(text: str, folded: str, pattern: re.Pattern[str]) -> tuple[str, str, int]:
+    """`text` with a space for each part that reads as a match of `pattern`, how it then reads,
+    and how many parts were cut; `folded` is `reads_as(text)`."""
+    if not pattern.search(folded):  # the common case: no per-character map is built
+        return text, folded, 0
+    mapped, origins = reads_as_mapped(text)
+    parts: list[str] = []
+    at = cut = 0
+    for match in pattern.finditer(mapped):
+        start, end = origins[match.start()], origins[match.end() - 1] + 1
+        # One character can read as several (`⑴` as `(1)`): two matches may share it.
+        parts += [text[at:max(start, at)], " "]
+        at = max(at, end)
+        cut += 1
+    parts.append(text[at:])
+    text = "".join(parts)
+    return text, reads_as(text), cut
 
 
 @lru_cache(maxsize=8)
@@ -186,7 +202,8 @@ def render(hits: Sequence[Hit], header: str = DEFAULT_HEADER) -> str:
 def _without_header(text: str, header: str) -> str:
     if header == DEFAULT_HEADER or not header.strip():
         return text
-    return " ".join(_header_imitation(header).sub(" ", text).split())
+    cut, _, _ = _cut_matches(text, reads_as(text), _header_imitation(reads_as(header)))
+    return " ".join(cut.split())
 
 
 def estimate_tokens(text: str) -> int:

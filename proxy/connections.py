@@ -1,0 +1,170 @@
+"""Client connections of `memproxy serve`: a deadline on every request head, and a cap on
+how many connections are open at once.
+
+uvicorn keeps a connection that has not finished sending its request line and headers open
+for ever (its keep-alive timer only runs between requests, and `limit_concurrency` answers
+503 to new requests without closing idle sockets). 1,100 clients sending a header byte every
+5 s held 1,001 sockets, the process reached its open-file limit and a normal chat failed.
+So each connection here must finish its head within `server.header_timeout_s`, and past
+`server.max_connections` the connection that has waited longest for a head is closed to make
+room; only when every open connection has a request running is a new one refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from proxy.settings import Settings
+
+log = logging.getLogger("memproxy.connections")
+
+# Descriptors kept for the store, log files, embedding and extraction calls.
+RESERVED_FILES = 64
+CAP_LOG_INTERVAL_S = 10.0  # under a flood, one line this often, with counts, not one a connection
+
+
+def max_client_connections(settings: Settings) -> int:
+    """server.max_connections, or half the open files left after the reserve: each client
+    connection may hold one connection to the provider."""
+    if settings.server.max_connections is not None:
+        return settings.server.max_connections
+    try:
+        import resource
+    except ImportError:  # not on Windows; 512 is its C runtime's default limit of open files
+        return (512 - RESERVED_FILES) // 2
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 65_536
+    cap = max(1, (soft - RESERVED_FILES) // 2)
+    log.info("client connections capped at %d (server.max_connections unset; open-file limit %d)", cap, soft)
+    return cap
+
+
+class ConnectionGuard:
+    """One server's open connections, and the ones still waiting for a request head, oldest first."""
+
+    def __init__(self, max_connections: int, header_timeout_s: float) -> None:
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self._open: set[GuardedHttpProtocol] = set()
+        self._waiting: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()
+        self._closed_for_room = 0
+        self._refused = 0
+        self._next_log_at = 0.0
+
+    def admit(self, connection: GuardedHttpProtocol) -> bool:
+        """Count a new connection in; at the cap, close the one waiting longest for its head to
+        make room, or answer False when every open connection has a request running."""
+        if len(self._open) >= self.max_connections:
+            if not self._waiting:
+                self._refused += 1
+                self._log_cap()
+                return False
+            oldest, _ = self._waiting.popitem(last=False)
+            self._open.discard(oldest)  # its slot is the new one's now, though closing takes a moment
+            oldest.close_for_room()
+            self._closed_for_room += 1
+            self._log_cap()
+        self._open.add(connection)
+        return True
+
+    def waiting(self, connection: GuardedHttpProtocol) -> None:
+        self._waiting[connection] = None
+
+    def not_waiting(self, connection: GuardedHttpProtocol) -> None:
+        self._waiting.pop(connection, None)
+
+    def release(self, connection: GuardedHttpProtocol) -> None:
+        self._waiting.pop(connection, None)
+        self._open.discard(connection)
+
+    def _log_cap(self) -> None:
+        now = time.monotonic()
+        if now < self._next_log_at:
+            return
+        log.warning("server.max_connections (%d) reached; since the last such line, connections closed to make "
+                    "room (still sending a request head): %d, new connections refused with 503 (all open ones "
+                    "busy): %d", self.max_connections, self._closed_for_room, self._refused)
+        self._closed_for_room = self._refused = 0
+        self._next_log_at = now + CAP_LOG_INTERVAL_S
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline on each request head and a cap on connections."""
+
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard = guard
+        self._head_deadline: asyncio.TimerHandle | None = None
+        self._head_started = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if not self._guard.admit(self):
+            self._answer_and_close(503, "Too many open connections.")
+            return
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_deadline()
+        self._guard.release(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_deadline is not None:
+            self._head_started = True
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._stop_head_deadline()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        next_is_queued = bool(self.pipeline)  # a queued request's head has arrived already
+        super().on_response_complete()
+        if not next_is_queued and not self.transport.is_closing():
+            self._await_head()
+
+    def close_for_room(self) -> None:
+        """Closed by the guard to let a newer connection in."""
+        self._stop_head_deadline()
+        self.transport.close()
+
+    def _await_head(self) -> None:
+        self._stop_head_deadline()
+        self._head_started = False
+        self._head_deadline = self.loop.call_later(self._guard.header_timeout_s, self._head_timed_out)
+        self._guard.waiting(self)
+
+    def _stop_head_deadline(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+        self._guard.not_waiting(self)
+
+    def _head_timed_out(self) -> None:
+        self._head_deadline = None
+        self._guard.not_waiting(self)
+        if self.transport.is_closing():
+            return
+        if self._head_started:
+            self._answer_and_close(408, "Request head not received in time.")
+        else:
+            self.transport.close()
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        body = message.encode("ascii")
+        self.transport.write(b"".join([
+            STATUS_LINE[status],
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+            b"connection: close\r\n\r\n",
+            body,
+        ]))
+        self.transport.close()
