@@ -29,6 +29,24 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
     return field(default=default, metadata={"help": text})
 
 
+# Side requests of Claude Code and Codex: calls that carry the user's session but not the
+# user's words. To be refined from recorded sessions of both CLIs; /metrics counts what
+# each rule matched, so a rule that misses shows.
+DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
+    {"name": "count_tokens", "method": "POST", "path": "/messages/count_tokens"},
+    {"name": "responses_compact", "method": "POST", "path": "/responses/compact"},
+    {"name": "openai_subagent", "header:x-openai-subagent": ""},
+    {"name": "codex_not_a_turn", "header:x-codex-turn-metadata": r'"request_kind"\s*:\s*"(?!turn")'},
+    # Claude Code's quota probe asks for one token.
+    {"name": "claude_code_quota", "path": "/messages", "body:max_tokens": "^1$"},
+    # Sub-agent (Task) calls run under their own system prompt.
+    {"name": "claude_code_subagent", "path": "/messages", "body:system": "You are an agent for Claude Code"},
+    {"name": "claude_code_compaction", "path": "/messages",
+     "prompt": "^Your task is to create a detailed summary of the conversation"},
+    {"name": "claude_code_title", "path": "/messages",
+     "body:system": "(?i)(isNewTopic|write a \\d+-\\d+ word title|summarize this coding conversation)"},
+)
+
 MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
 
 
@@ -48,6 +66,11 @@ class ServerSettings:
 class UpstreamSettings:
     base_url: str = _help("Provider base URL including its version prefix.", "https://api.openai.com/v1")
     api_key: str | None = _help("memproxy's own provider key; when set, clients' keys are never forwarded.")
+    anthropic_base_url: str = _help("Anthropic upstream (the Messages wire, and any request carrying "
+                                    "anthropic-version), including its version prefix.",
+                                    "https://api.anthropic.com/v1")
+    anthropic_api_key: str | None = _help("memproxy's own Anthropic key: when set it replaces the client's "
+                                          "x-api-key and Authorization towards the Anthropic upstream.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
     # RELIABILITY 1.4: below the SDK's own 600 s, so the client gets memproxy's 504 rather
     # than its own timeout; silence of two minutes inside a body is a stalled provider.
@@ -76,6 +99,19 @@ class ScopeSettings:
         "Without X-Memory-Conversation: continue the chat the history shows, or the latest one.", "history"
     )
     isolation: Literal["user", "agent"] = _help("agent: every source limited to X-Memory-Agent.", "user")
+    session_headers: list[str] = _help(
+        "Without X-Memory-Conversation: headers a client sends its session id in, tried in order; the first "
+        "present names the conversation.", None,
+        default_factory=lambda: ["X-Claude-Code-Session-Id", "session-id", "session_id"])
+    context_tags: list[str] = _help(
+        "Tags of context a client adds in the user's role: a text block or message that is wholly one such "
+        "element is not the user's words (neither searched by nor saved).", None,
+        default_factory=lambda: ["system-reminder", "environment_context", "user_instructions"])
+    side_requests: list[dict[str, str]] = _help(
+        "Requests that carry the user's session but not the user's words: no block, nothing saved. Each rule "
+        "is {name, method?, path?, prompt?, header:NAME?, body:FIELD?}; every given condition must hold "
+        "(path and method match whole, the others are regular expressions searched in the value).", None,
+        default_factory=lambda: [dict(rule) for rule in DEFAULT_SIDE_REQUESTS])
 
 
 @dataclass(frozen=True)
@@ -334,8 +370,10 @@ def _check(s: Settings) -> None:
     if not s.memory.block_header.strip():
         raise ConfigError("memory.block_header: must not be empty (SPEC 5's block starts with it)")
     _check_embeddings(s.embeddings)
-    if not s.upstream.base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"upstream.base_url: must start with http:// or https://, got {s.upstream.base_url!r}")
+    for name, url in (("upstream.base_url", s.upstream.base_url),
+                      ("upstream.anthropic_base_url", s.upstream.anthropic_base_url)):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{name}: must start with http:// or https://, got {url!r}")
     if not s.store.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError(f"store.url: must be sqlite:///PATH or postgresql://..., got {s.store.url!r}")
     if s.store.search_cache_mb < 0:
