@@ -26,10 +26,7 @@ class _Rule:
     prompt: re.Pattern[str] | None
     headers: tuple[tuple[bytes, re.Pattern[str]], ...]
     fields: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...]
-
-    @property
-    def needs_body(self) -> bool:
-        return self.prompt is not None or bool(self.fields)
+    needs_body: bool  # it looks at the prompt or a body field
 
 
 @dataclass(frozen=True)
@@ -51,10 +48,19 @@ class SideRequests:
 
     def match(self, facts: RequestFacts) -> str | None:
         """The name of the first rule the request matches, or None."""
+        headers: dict[bytes, list[str]] | None = None  # lower-cased once, for the first rule that asks
         for rule in self._rules:
             if rule.needs_body and facts.body is None:
                 continue
-            if _matches(rule, facts):
+            if rule.method is not None and facts.method != rule.method:
+                continue
+            if rule.path is not None and facts.path.rstrip("/") != rule.path:
+                continue
+            if rule.headers and headers is None:
+                headers = {}
+                for name, value in facts.headers:
+                    headers.setdefault(name.lower(), []).append(value.decode("latin-1"))
+            if _matches(rule, facts, headers or {}):
                 return rule.name
         return None
 
@@ -79,7 +85,8 @@ def _compile(index: int, rule: dict[str, str]) -> _Rule:
             fields.append((tuple(target.split(".")), pattern))
     prompt = rule.get("prompt")
     return _Rule(name, rule.get("method", "").upper() or None, rule.get("path"),
-                 _pattern(f"{where}.prompt", prompt) if prompt is not None else None, tuple(headers), tuple(fields))
+                 _pattern(f"{where}.prompt", prompt) if prompt is not None else None, tuple(headers), tuple(fields),
+                 needs_body=prompt is not None or bool(fields))
 
 
 def _pattern(where: str, text: str) -> re.Pattern[str]:
@@ -89,16 +96,12 @@ def _pattern(where: str, text: str) -> re.Pattern[str]:
         raise ConfigError(f"{where}: invalid regular expression: {exc}") from exc
 
 
-def _matches(rule: _Rule, facts: RequestFacts) -> bool:
-    if rule.method is not None and facts.method != rule.method:
-        return False
-    if rule.path is not None and facts.path.rstrip("/") != rule.path:
-        return False
+def _matches(rule: _Rule, facts: RequestFacts, headers: dict[bytes, list[str]]) -> bool:
+    """The rule's prompt, header and body conditions (method and path are checked first)."""
     if rule.prompt is not None and not rule.prompt.search(facts.prompt or ""):
         return False
     for name, pattern in rule.headers:
-        values = [value.decode("latin-1") for key, value in facts.headers if key.lower() == name]
-        if not any(pattern.search(value) for value in values):
+        if not any(pattern.search(value) for value in headers.get(name, ())):
             return False
     return all(_field_matches(facts.body or {}, path, pattern) for path, pattern in rule.fields)
 

@@ -187,38 +187,52 @@ def is_context_length_error(status: int, body: bytes) -> bool:
 
 
 def transcript(request: ChatRequest) -> Transcript:
-    """What memory needs of the request: the prompt is the last `user` message."""
+    """What memory needs of the request, in one pass: the prompt is the last `user` message."""
     messages = request.messages
     index = last_user_index(messages)
+    shown: list[str] = []
+    history: list[tuple[str, str]] = []
+    answers: list[str] = []
+    calls: list[tuple[str, str, str]] = []
+    results: dict[str, str] = {}
+    for position, message in enumerate(messages):
+        role = message.get("role")
+        text = message_text(message.get("content"))
+        if position != index:
+            shown.append(text)
+        if role == "assistant" and text:
+            answers.append(text)
+        if index is not None and position <= index:
+            if role not in _NOT_HISTORY:
+                history.append((_role(message), text))
+        elif role == "assistant":
+            calls += _calls(message.get("tool_calls"))
+        elif role == "tool" and isinstance(message.get("tool_call_id"), str) and message["tool_call_id"]:
+            results[message["tool_call_id"]] = text
     prompt = messages[index].get("content") if index is not None else None
-    results = tool_results_after_last_user(messages)
     user = request.body.get("user")
     return Transcript(
-        prompt=message_text(prompt),
-        query=message_text(prompt, markers=False),
-        shown=tuple(message_text(m.get("content")) for i, m in enumerate(messages) if i != index),
-        tool_call_ids=tuple(tool_call_ids_after_last_user(messages)),
-        tool_steps=tuple(_tool_steps(messages[(index or -1) + 1:], results)),
-        history=tuple(history_material(messages)),
-        assistant_texts=tuple(assistant_texts(messages)),
+        prompt=message_text(prompt), query=message_text(prompt, markers=False), shown=tuple(shown),
+        tool_call_ids=tuple(dict.fromkeys(call_id for call_id, _, _ in calls if isinstance(call_id, str) and call_id)),
+        tool_steps=tuple(ToolStep(str(call_id), name, arguments, results.get(str(call_id), ""))
+                         for call_id, name, arguments in calls),
+        history=tuple(history), assistant_texts=tuple(answers),
         body_user=user if isinstance(user, str) else None,
     )
 
 
-def _tool_steps(after_prompt: list[dict[str, Any]], results: dict[str, str]) -> list[ToolStep]:
-    steps = []
-    for message in after_prompt:
-        if message.get("role") != "assistant":
+def _calls(tool_calls: Any) -> list[tuple[Any, str, str]]:
+    """(id as sent, name, arguments) of an assistant message's tool calls."""
+    if not isinstance(tool_calls, list):
+        return []
+    found = []
+    for call in tool_calls:
+        if not isinstance(call, dict):
             continue
-        for call in message.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            function = call.get("function")
-            function = function if isinstance(function, dict) else {}
-            call_id = str(call.get("id"))
-            steps.append(ToolStep(call_id, str(function.get("name", "")), str(function.get("arguments", "")),
-                                  results.get(call_id, "")))
-    return steps
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        found.append((call.get("id"), str(function.get("name", "")), str(function.get("arguments", ""))))
+    return found
 
 
 class OpenAIChat:
