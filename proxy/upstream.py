@@ -76,11 +76,11 @@ def request_headers(
 
 
 def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None) -> Provider:
-    """The upstream a request goes to: its wire's, else Anthropic for any request carrying
-    `anthropic-version` (Claude Code's `GET /v1/models`, say), else the OpenAI one."""
-    if wire_provider is not None:
-        return wire_provider
-    return "anthropic" if any(name.lower() == b"anthropic-version" for name, _ in headers) else "openai"
+    """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
+    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else OpenAI."""
+    if any(name.lower() == b"anthropic-version" for name, _ in headers):
+        return "anthropic"
+    return wire_provider or "openai"
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:

@@ -173,11 +173,13 @@ def test_top_level_cache_control_moves_onto_the_prompts_last_block(mem, fake):
                                               {"type": "text", "text": block_line() + "\n\n"}]
 
 
-def test_count_tokens_goes_upstream_untouched(mem, fake):
+def test_count_tokens_goes_upstream_untouched(make_proxy, fake):
+    # No anthropic-version header either: the path alone names the Messages wire's upstream.
+    mem = make_proxy(upstream__base_url="http://127.0.0.1:9/v1", upstream__anthropic_base_url=fake.url,
+                     memory__commit_timeout_ms=5000, extraction__from_roles=[])
     teach(mem)
     request = {"model": "claude-test", "messages": [{"role": "user", "content": QUESTION}]}
-    raw = httpx.post(mem.url + "/v1/messages/count_tokens", headers={"X-Memory-User": "alice",
-                                                                     "anthropic-version": "2023-06-01"},
+    raw = httpx.post(mem.url + "/v1/messages/count_tokens", headers={"X-Memory-User": "alice"},
                      content=json.dumps(request).encode())
     assert raw.json() == {"input_tokens": 42}
     assert fake.received[-1].target == "/v1/messages/count_tokens"
@@ -290,3 +292,15 @@ def test_anthropic_version_sends_any_path_to_the_anthropic_upstream(make_proxy, 
     assert response.status_code == 200 and fake.received[-1].target == "/v1/models"
     assert fake.received[-1].header("x-api-key") == "sk-ant-own"
     assert fake.received[-1].header("authorization") is None
+    # Without the header the same path goes to the OpenAI upstream (here unreachable: 502, OpenAI's shape).
+    elsewhere = httpx.get(proxy.url + "/v1/models")
+    assert elsewhere.status_code == 502 and elsewhere.json()["error"]["code"] == "upstream_unavailable"
+
+
+def test_without_an_anthropic_key_the_clients_own_credentials_go_through(make_proxy, fake):
+    proxy = make_proxy(upstream__anthropic_base_url=fake.url, upstream__api_key="sk-openai-own")
+    response = httpx.post(proxy.url + "/v1/messages", headers={"x-api-key": "sk-ant-client"},
+                          json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 200
+    assert fake.messages_requests()[-1].header("x-api-key") == "sk-ant-client"
+    assert fake.messages_requests()[-1].header("authorization") is None

@@ -61,7 +61,8 @@ class ProxyEndpoint:
         outcome = "ok"
         send = Sent(send)
         wire = self.wires.get(path) if path is not None else None
-        send.shape = wire or self.shapes[provider_for(scope["headers"], None)]
+        family = wire or self._family(path)
+        send.shape = family or self.shapes[provider_for(scope["headers"], None)]
         if wire is not None:
             send.error_headers = _status_header("off")  # every response to a chat path says the memory status
         try:
@@ -74,7 +75,7 @@ class ProxyEndpoint:
             if scope["method"] == "POST" and wire is not None:
                 outcome = await self._chat(scope, receive, send, path, wire)
             else:
-                outcome = await self._passthrough(scope, receive, send, path, wire is not None)
+                outcome = await self._passthrough(scope, receive, send, path, family, wire is not None)
         except ProxyError as error:
             outcome = error.code
             needs_status = wire is not None and "x-memory-status" not in error.headers
@@ -104,14 +105,20 @@ class ProxyEndpoint:
         return request_headers(headers, api_key=api_key, drop_authorization=resolved.uses_proxy_key,
                                provider=provider)
 
+    def _family(self, path: str | None) -> Wire | None:
+        """The wire whose chat path a path sits under (`/messages/count_tokens`), if any."""
+        if path is None:
+            return None
+        return next((wire for chat_path, wire in self.wires.items() if path.startswith(chat_path + "/")), None)
+
     async def _passthrough(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str,
-                           chat_path: bool) -> str:
+                           family: Wire | None, chat_path: bool) -> str:
         headers = scope["headers"]
         limit = self.settings.server.max_body_bytes
         length = declared_length(headers)
         identity = self.scopes.authenticate_passthrough(scope)
-        self._count_side_request(RequestFacts(scope["method"], path, headers))
-        provider = provider_for(headers, None)
+        self._count_side_request(RequestFacts(scope["method"], path, headers), family)
+        provider = provider_for(headers, family.provider if family is not None else None)
         upstream_headers = self._upstream_headers(headers, provider, identity)
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
@@ -130,12 +137,10 @@ class ProxyEndpoint:
                 await response.aclose()
         return "client_gone" if watch.gone else f"status_{response.status}"
 
-    def _count_side_request(self, facts: RequestFacts, wire: Wire | None = None) -> bool:
+    def _count_side_request(self, facts: RequestFacts, wire: Wire | None) -> bool:
         rule = self.side_requests.match(facts)
         if rule is None:
             return False
-        if wire is None:
-            wire = next((w for p, w in self.wires.items() if facts.path.startswith(p + "/")), None)
         self.metrics.side_requests.labels(rule, wire.name if wire is not None else "none").inc()
         return True
 
@@ -150,7 +155,8 @@ class ProxyEndpoint:
 
     async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire) -> str:
         resolved = self.scopes.resolve(scope)
-        upstream_headers = self._upstream_headers(scope["headers"], wire.provider, resolved)
+        provider = provider_for(scope["headers"], wire.provider)
+        upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         parsed: WireRequest | str | None = None
         if resolved.needs_body:
@@ -170,7 +176,7 @@ class ProxyEndpoint:
                     # We read a copy of the answer to save it: ask for it uncompressed.
                     upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
                     upstream_headers.append((b"accept-encoding", b"identity"))
-                url = self.upstream.url(path, scope["query_string"], wire.provider)
+                url = self.upstream.url(path, scope["query_string"], provider)
                 step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)
                 response = await step.run(out_body, body, recall)
                 try:
