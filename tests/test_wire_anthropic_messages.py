@@ -79,8 +79,11 @@ def test_streamed_turn_is_saved_at_message_stop_and_every_event_forwarded(mem, f
     assert received == b"".join(events)  # ping and thinking included, byte for byte
     assert sent(fake)["messages"][0]["content"] == [{"type": "text", "text": block_line() + "\n\n"},
                                                     {"type": "text", "text": QUESTION}]
-    # The answer is the text; thinking goes to no message.
+    # The answer is the text; thinking goes to the reasoning trace, never to a message.
     assert saved(mem)[2:] == [("user", QUESTION), ("assistant", "Use the internal host.")]
+    ((steps, answer),) = rows(mem, "SELECT steps, answer FROM reasoning")
+    assert json.loads(steps) == [{"name": "thinking", "arguments": "", "result": "the user asked about hosts"}]
+    assert answer == "Use the internal host."
 
 
 def test_sdk_stream_helper_reads_the_answer(mem, fake):

@@ -160,6 +160,13 @@ def reasoning_steps(request: Transcript) -> tuple[ReasoningStep, ...]:
                  for step in request.tool_steps)
 
 
+def thinking_step(message: AssistantMessage) -> tuple[ReasoningStep, ...]:
+    """The answer's thinking as a step of the trace (it is never saved as the answer)."""
+    if not message.reasoning.strip():
+        return ()
+    return (ReasoningStep("thinking", "", redact(message.reasoning)[:STEP_RESULT_CHARS]),)
+
+
 class TurnRecall(Recall):
     """A request with memory on: block in, turn saved once, answer saved from the last step."""
 
@@ -208,7 +215,7 @@ class TurnRecall(Recall):
         return self._submit(FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=redact(user_text(self._request, self._service.memory.block_header)),
-            steps=reasoning_steps(self._request),
+            steps=reasoning_steps(self._request) + thinking_step(message),
             answer_hash=text_hash(answer),
         ), urgent=True)
 
