@@ -307,3 +307,42 @@ def test_without_an_anthropic_key_the_clients_own_credentials_go_through(make_pr
     assert response.status_code == 200
     assert fake.messages_requests()[-1].header("x-api-key") == "sk-ant-client"
     assert fake.messages_requests()[-1].header("authorization") is None
+
+
+def test_the_providers_own_error_event_is_forwarded_as_it_came_and_nothing_is_appended(mem, fake):
+    overloaded = (b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", '
+                  b'"message": "Overloaded"}}\n\n')
+    events = stream("partial", end=False)[:3] + [overloaded]
+    fake.queue(SSEReply(events))
+    with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
+        with client(mem, **{"X-Memory-User": "alice"}).messages.stream(
+                model="claude-test", max_tokens=100, messages=[{"role": "user", "content": "hello"}]) as live:
+            live.get_final_message()
+    fake.queue(SSEReply(events))
+    with httpx.stream("POST", mem.url + "/v1/messages", headers={"X-Memory-User": "bob"},
+                      json={"model": "m", "max_tokens": 5, "stream": True,
+                            "messages": [{"role": "user", "content": "hello"}]}) as response:
+        assert response.read() == b"".join(events)
+    assert [r for r in saved(mem) + saved(mem, "bob") if r[0] == "assistant"] == []
+
+
+def test_a_retried_request_saves_its_user_message_once(mem, fake):
+    sdk = client(mem, **{"X-Memory-User": "alice"})
+    for _ in range(2):
+        sdk.messages.create(model="claude-test", max_tokens=100, messages=[{"role": "user", "content": "retry me"}])
+    assert saved(mem) == [("user", "retry me"), ("assistant", "Hello from Claude")]
+
+
+def test_the_history_names_the_conversation_without_any_header(mem, fake):
+    sdk = client(mem, **{"X-Memory-User": "alice"})
+    first = sdk.messages.create(model="claude-test", max_tokens=100,
+                                messages=[{"role": "user", "content": "first question"}])
+    fake.queue(JsonReply(message("Second answer")))
+    sdk.messages.create(model="claude-test", max_tokens=100, messages=[
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": "second question"}])
+    sdk.messages.create(model="claude-test", max_tokens=100, messages=[{"role": "user", "content": "other chat"}])
+    conversations = [c for (c,) in rows(mem, "SELECT conversation_id FROM messages ORDER BY seq")]
+    assert len(conversations) == 6
+    assert len(set(conversations[:4])) == 1 and conversations[4] != conversations[0]
