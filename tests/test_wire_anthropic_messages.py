@@ -285,6 +285,11 @@ def test_proxy_key_as_x_api_key_never_goes_upstream(make_proxy, fake):
                             ("user", "again"), ("assistant", "Hello from Claude")]
     unknown = httpx.post(keyed.url + "/v1/messages", headers={"x-api-key": "mp-nobody"}, json={})
     assert unknown.status_code == 401 and unknown.json()["error"]["type"] == "authentication_error"
+    # The same rule on the OpenAI wire: no upstream.api_key, so the proxy key has nothing to become.
+    chat = httpx.post(keyed.url + "/v1/chat/completions", headers={"authorization": "Bearer mp-alice"},
+                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 401 and "upstream.api_key is not configured" in chat.json()["error"]["message"]
+    assert chat.headers["x-memory-proxy-error"] == "invalid_memory_identity"
 
 
 def test_anthropic_version_sends_any_path_to_the_anthropic_upstream(make_proxy, fake):
