@@ -28,9 +28,10 @@ from proxy.memory.vectors import VectorIndex
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.model_calls import extractor_for
-from proxy.routes import ProxyEndpoint
+from proxy.endpoint.v1 import ProxyEndpoint
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
+from proxy.side_requests import SideRequests
 from proxy.stores.base import Store, StoreError
 from proxy.upstream import Upstream
 
@@ -65,7 +66,7 @@ class Parts:
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
         self.vectors, self.embedding = self._embeddings(settings)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
-        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics, self.scopes)
+        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics)
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
@@ -157,7 +158,8 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
     """
     parts = Parts(settings)
     logs.mark_expected_aborts()
-    proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics)
+    proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics,
+                          SideRequests(settings.scope.side_requests))
     memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer), ApiGuard(settings.memory_api.token),
                         parts.metrics)
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from proxy.models import AssistantMessage, Transcript
 from proxy.scope import RequestScope
-from proxy.wire.openai_chat import ChatRequest
-from proxy.wire.sse import AssistantMessage
 
 
 class Recall:
     """Memory's part in one request: the block to inject and what to do with the answer.
 
-    This base is memory switched off (no scope, X-Memory-Mode: off, unparseable body);
+    This base is memory switched off (no scope, X-Memory-Mode: off, unparseable body, a
+    side request);
     the turn logic (proxy.turns) subclasses it.
     """
 
@@ -56,13 +56,13 @@ class Recall:
 
 
 class ChatMemory(Protocol):
-    """Builds the Recall of a chat request."""
+    """Builds the Recall of a chat request, on any wire."""
 
-    async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall: ...
+    async def recall(self, resolved: RequestScope, transcript: Transcript | None) -> Recall: ...
 
 
 class NoMemory:
     """ChatMemory with memory off for every request."""
 
-    async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall:
+    async def recall(self, resolved: RequestScope, transcript: Transcript | None) -> Recall:
         return Recall("off")

@@ -11,7 +11,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 # item ids or made-up paths (from anyone, before authentication) adds no label value.
 _ROUTES = frozenset({
     "assistants", "audio", "batches", "chat", "completions", "containers", "conversations", "embeddings",
-    "evals", "files", "fine_tuning", "images", "models", "moderations", "organization", "realtime",
+    "evals", "files", "fine_tuning", "images", "messages", "models", "moderations", "organization", "realtime",
     "responses", "threads", "uploads", "vector_stores",
 })
 _OWN_LABELS = frozenset({"memory_api", "other"})
@@ -47,6 +47,8 @@ class Metrics:
         self.stream_bad_events = Counter("memproxy_stream_bad_events", "Data lines of streamed answers that were "
                                          "not JSON: forwarded as they came, left out of the saved answer",
                                          registry=r)
+        self.side_requests = Counter("memproxy_side_requests", "Requests matched by a scope.side_requests rule "
+                                     "(no block, nothing saved), by rule and wire", ["rule", "wire"], registry=r)
         self.degraded = Counter("memproxy_memory_degraded", "Requests sent without memory because of a fault",
                                 ["reason"], registry=r)
         self.write_failures = Counter("memproxy_persistence_failures", "Failed write batches", registry=r)

@@ -32,6 +32,45 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class AssistantMessage:
+    """The provider's answer of one step, as the client's SDK would rebuild it, on any wire."""
+
+    content: str = ""
+    refusal: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    reasoning: str = ""  # thinking text: kept for the reasoning trace, never saved as the answer
+    continues: bool = False  # the provider paused the turn (Messages `pause_turn`): no answer yet
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """A tool call after the turn's prompt, with its result's text where the request has it."""
+
+    call_id: str
+    name: str
+    arguments: str
+    result: str = ""
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """What memory needs of a chat request, whatever wire it came on.
+
+    Each wire builds one from its own request; nothing after it knows the wire's format.
+    """
+
+    prompt: str  # the turn's prompt as it is saved: the user's own words, other parts noted ([image])
+    query: str  # the prompt's text parts alone: what recall searches by
+    shown: tuple[str, ...]  # texts of the request's other messages (never injected again)
+    tool_call_ids: tuple[str, ...]  # calls after the prompt: a later step of a tool loop
+    tool_steps: tuple[ToolStep, ...]  # those calls with their results, for the reasoning trace
+    history: tuple[tuple[str, str], ...]  # (role, text) up to the prompt, system-level ones left out
+    assistant_texts: tuple[str, ...]  # every assistant message's text, in order
+    body_user: str | None = None  # the body's `user` field, where the wire has one
+
+
+@dataclass(frozen=True)
 class ReasoningStep:
     """A tool call of a turn with a short form of its result."""
 

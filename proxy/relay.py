@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Awaitable, Callable
 
 from proxy.errors import BodyTooLarge, ClientGone, ProxyError, RequestTimeout
+from proxy.wires.base import ErrorShape
+from proxy.wires.openai_chat import OpenAIChat
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -33,6 +35,7 @@ class Sent:
         self.ended = False
         self.tail = b"\n\n"  # the last bytes of the body: whether an event stream stands between events
         self.error_headers: list[tuple[bytes, bytes]] = []  # what memproxy's own error answer carries
+        self.shape: ErrorShape = OpenAIChat()  # the wire whose shape memproxy's own errors take
 
     async def __call__(self, message: Message) -> None:
         await self._send(message)
@@ -99,9 +102,11 @@ async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None], 
             return
 
 
-async def send_error(send: Send, error: ProxyError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    """Answer with memproxy's own OpenAI-style error (marked as memproxy's, not the provider's)."""
-    body = error.body()
+async def send_error(send: Send, error: ProxyError, headers: list[tuple[bytes, bytes]] | None = None,
+                     shape: ErrorShape | None = None) -> None:
+    """Answer with memproxy's own error in the wire's shape (OpenAI's by default), marked as
+    memproxy's, not the provider's."""
+    body = error.body() if shape is None else shape.error_body(error)
     all_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"x-memory-proxy-error", error.code.encode())]
     all_headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]

@@ -11,7 +11,8 @@ from typing import Any, Protocol, Self
 from proxy.errors import ShuttingDown
 from proxy.relay import ResponseAborted, Send, Sent, send_error
 from proxy.upstream import StreamCut, response_headers
-from proxy.wire.sse import ChatStreamAccumulator, SSEDecoder, StreamEnd, error_event, parse_completion
+from proxy.wires.base import ErrorShape, Wire
+from proxy.wires.sse import SSEDecoder
 
 log = logging.getLogger("memproxy.stream")
 
@@ -173,9 +174,9 @@ def _start(response: Any, extra: list[tuple[bytes, bytes]], sse: bool) -> dict[s
     return {"type": "http.response.start", "status": response.status, "headers": headers + extra}
 
 
-async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes, bytes]],
+async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes, bytes]], shape: ErrorShape,
                       heartbeat_s: float = 0.0) -> None:
-    """Forward any response unchanged; a cut event stream ends with an SSE error event."""
+    """Forward any response unchanged; a cut event stream ends with the wire's error event."""
     sse = _is_sse(response)
     await send(_start(response, extra_headers, sse))
     if not sse:
@@ -188,7 +189,7 @@ async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes
     else:
         cut, tail = await _forward_events(send, response, heartbeat_s)
         if cut is not None:
-            await _append_cut_event(send, response, tail, cut.message, cut.code)
+            await _append_cut_event(send, response, tail, shape.stream_error(cut.message, cut.code), cut.code)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -209,22 +210,22 @@ async def _forward_events(send: Send, response: Any, heartbeat_s: float,
     return None, stream.tail
 
 
-async def relay_chat(send: Send, response: Any, recall: Answerable, commit_timeout_s: float,
+async def relay_chat(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float,
                      heartbeat_s: float = 0.0) -> None:
-    """Forward a chat completion and hand its answer to memory before the last event."""
+    """Forward a chat answer on any wire and hand it to memory before the last event."""
     sse = _is_sse(response) and response.status == 200
     await send(_start(response, recall.headers(), sse))
     if sse:
-        await _relay_stream(send, response, recall, commit_timeout_s, heartbeat_s)
+        await _relay_stream(send, response, recall, wire, commit_timeout_s, heartbeat_s)
     else:
-        await _relay_json(send, response, recall, commit_timeout_s)
+        await _relay_json(send, response, recall, wire, commit_timeout_s)
 
 
-async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_timeout_s: float,
+async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float,
                         heartbeat_s: float) -> None:
     decoder = SSEDecoder()
     # Only an answer that will be saved is rebuilt; otherwise just watch how the stream ends.
-    answer: ChatStreamAccumulator | StreamEnd = ChatStreamAccumulator(only_choice=0) if recall.active else StreamEnd()
+    answer = wire.answer_reader(keep_answer=recall.active)
     read = _reader(response)
     committed = False
 
@@ -234,48 +235,50 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, commit_ti
             answer.feed(event)
         if answer.done and not committed:
             committed = True
-            # The answer is in the store before [DONE] reaches the client: a turn it saw end survives a crash.
-            if isinstance(answer, ChatStreamAccumulator) and answer.error is None and not answer.too_large:
-                await _commit(recall.answered(answer.message(0)), commit_timeout_s)
+            # The answer is in the store before the wire's end event reaches the client.
+            if recall.active and answer.error is None and not answer.too_large:
+                await _commit(recall.answered(answer.message()), commit_timeout_s)
 
     async def read_events(chunk: bytes) -> None:
         await take(decoder.feed(chunk if read is None else read(chunk)))
 
     cut, tail = await _forward_events(send, response, heartbeat_s, read_events)
     if cut is None and not answer.done:
-        # A provider that ends with `data: [DONE]` but not the blank line after it did finish.
+        # A provider that ends with its end event but not the blank line after it did finish.
         await take(decoder.feed(b"\n\n"))
-    if isinstance(answer, ChatStreamAccumulator) and answer.malformed:
+    if answer.malformed:
         recall.bad_events(answer.malformed)  # a bad data line is counted, never fatal
     if cut is not None and answer.done:
-        log.info("upstream stream cut after [DONE]: ended as whole")  # the answer came complete
+        log.info("upstream stream cut after its end event: ended as whole")  # the answer came complete
     elif cut is not None:
-        await _end_cut(send, response, recall, cut.message, cut.code, tail)
+        await _end_cut(send, response, recall, wire.stream_error(cut.message, cut.code), cut.code, tail)
         return
     if read is not None and read.failed:  # the stream came whole; memproxy could not read it
         recall.failed("unparseable")
     elif answer.error is not None:
         recall.failed("upstream_failed")
     elif not answer.done:
-        await _end_cut(send, response, recall, "upstream stream ended before completion", "stream_truncated", tail)
+        await _end_cut(send, response, recall,
+                       wire.stream_error("upstream stream ended before completion", "stream_truncated"),
+                       "stream_truncated", tail)
         return
-    elif isinstance(answer, ChatStreamAccumulator) and answer.too_large:
+    elif answer.too_large:
         recall.failed("too_large")  # an answer past the bound is not saved cut short
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _end_cut(send: Send, response: Any, recall: Answerable, message: str, code: str, tail: bytes) -> None:
+async def _end_cut(send: Send, response: Any, recall: Answerable, event: bytes, code: str, tail: bytes) -> None:
     recall.failed("truncated")
-    await _append_cut_event(send, response, tail, message, code)
+    await _append_cut_event(send, response, tail, event, code)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _append_cut_event(send: Send, response: Any, tail: bytes, message: str, code: str) -> None:
+async def _append_cut_event(send: Send, response: Any, tail: bytes, event: bytes, code: str) -> None:
     """The error event that tells the SDK a stream was cut; a compressed stream cannot take
     one (plain bytes inside gzip), so its connection is closed instead: the SDK raises either way."""
     if _compressed(response):
         raise ResponseAborted(code)
-    await send({"type": "http.response.body", "body": _cut_event(tail, message, code), "more_body": True})
+    await send({"type": "http.response.body", "body": _after_event(tail) + event, "more_body": True})
 
 
 async def end_interrupted(sent: Sent) -> None:
@@ -283,22 +286,22 @@ async def end_interrupted(sent: Sent) -> None:
     nothing went out yet, an error event for a stream; a JSON body half sent is cut off."""
     message = "memproxy is shutting down and could not finish this response"
     if not sent.started:
-        await send_error(sent, ShuttingDown(message), sent.error_headers)
+        await send_error(sent, ShuttingDown(message), sent.error_headers, sent.shape)
     elif sent.open_stream and not sent.ended:
-        await sent({"type": "http.response.body", "more_body": True,
-                    "body": _cut_event(sent.tail, message, ShuttingDown.code, ShuttingDown.type)})
+        event = sent.shape.stream_error(message, ShuttingDown.code, ShuttingDown.type)
+        await sent({"type": "http.response.body", "more_body": True, "body": _after_event(sent.tail) + event})
         await sent({"type": "http.response.body", "body": b"", "more_body": False})
     elif not sent.ended:
         raise ResponseAborted(ShuttingDown.code)
 
 
-def _cut_event(tail: bytes, message: str, code: str, type_: str = "upstream_error") -> bytes:
-    """The error event that ends a cut stream; cut mid-line, it would join that line and the
-    client would never read it, so a blank line ends the broken event first."""
-    return (b"" if tail.endswith(_EVENT_ENDS) else b"\n\n") + error_event(message, code, type_)
+def _after_event(tail: bytes) -> bytes:
+    """What goes before the error event that ends a cut stream; cut mid-line, it would join
+    that line and the client would never read it, so a blank line ends the broken event first."""
+    return b"" if tail.endswith(_EVENT_ENDS) else b"\n\n"
 
 
-async def _relay_json(send: Send, response: Any, recall: Answerable, commit_timeout_s: float) -> None:
+async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float) -> None:
     # One chunk is held back so the commit can happen before the body's last bytes go out.
     copy: list[bytes] = []
     held = b""
@@ -316,7 +319,7 @@ async def _relay_json(send: Send, response: Any, recall: Answerable, commit_time
         raise ResponseAborted(cut.code) from cut  # the connection closes: the client sees a short body
     if recall.active:
         if response.status == 200:
-            message = None if read is not None and read.failed else parse_completion(b"".join(copy))
+            message = None if read is not None and read.failed else wire.parse_answer(b"".join(copy))
             if message is None:
                 recall.failed("unparseable")
             else:

@@ -61,6 +61,7 @@ class ScopeResolver:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._session_headers = [name.lower().encode("latin-1") for name in settings.scope.session_headers]
         self._networks = [ipaddress.ip_network(n, strict=False) for n in settings.auth.trusted_networks]
         self._keys = [(_key_digest(entry["key"], i), entry["user"]) for i, entry in enumerate(settings.auth.api_keys)]
 
@@ -71,28 +72,52 @@ class ScopeResolver:
         mode = self.settings.auth.mode
         if mode == "api-keys":
             user = self._user_for_key(asgi_scope["headers"])
-            scope = self._scope(user, headers.get("x-memory-conversation"), headers.get("x-memory-agent"))
-            return RequestScope(scope, uses_proxy_key=True, **options)
+            keyed = self._scope(user, headers.get("x-memory-conversation"), headers.get("x-memory-agent"))
+            return self._in_session(RequestScope(keyed, uses_proxy_key=True, **options), asgi_scope)
         if mode == "signed":
-            return RequestScope(self._from_token(headers), **options)
+            return self._in_session(RequestScope(self._from_token(headers), **options), asgi_scope)
         trusted = self._is_trusted_peer(asgi_scope.get("client"))
         scope = self._trusted(trusted, headers)
         body_user = trusted and self.settings.scope.user_from_body
         if scope is None and body_user:
             named = (_valid_header(headers, "X-Memory-Conversation"), _valid_header(headers, "X-Memory-Agent"))
-            return RequestScope(None, body_user=True, body_named=named, **options)
-        return RequestScope(scope, body_user=body_user, **options)
+            return self._in_session(RequestScope(None, body_user=True, body_named=named, **options), asgi_scope)
+        return self._in_session(RequestScope(scope, body_user=body_user, **options), asgi_scope)
 
-    def with_body_user(self, resolved: RequestScope, body: dict[str, Any]) -> RequestScope:
+    def with_body_user(self, resolved: RequestScope, user: str | None) -> RequestScope:
         """scope.user_from_body: name the user by the body's `user` field (trusted mode, trusted peers)."""
-        user = body.get("user")
         if resolved.scope is not None or not resolved.body_user:
             # Any client may set `user` (providers use it for abuse tracking): from an untrusted
             # peer, or in another auth mode, it names no one.
             return resolved
-        if not isinstance(user, str):
+        if user is None:
             return resolved
         return replace(resolved, scope=self._scope(valid_id(user, "user"), *resolved.body_named))
+
+    def _in_session(self, resolved: RequestScope, asgi_scope: dict[str, Any]) -> RequestScope:
+        """Without X-Memory-Conversation, the session id a client sends names the conversation."""
+        scope = resolved.scope
+        named = scope.conversation if scope is not None else resolved.body_named[0]
+        if named is not None or not self._session_headers:
+            return resolved
+        session = self._session(asgi_scope["headers"])
+        if session is None:
+            return resolved
+        if scope is None:
+            return replace(resolved, body_named=(session, resolved.body_named[1]))
+        return replace(resolved, scope=replace(scope, conversation=session))
+
+    def _session(self, raw: list[tuple[bytes, bytes]]) -> str | None:
+        found = {name.lower(): value for name, value in raw if name.lower() in self._session_headers}
+        for name in self._session_headers:
+            value = found.get(name)
+            if value is None:
+                continue
+            text = value.decode("latin-1")
+            # Not memproxy's header: a value that is no valid id is passed over, never a 400.
+            if is_scope_id(text):
+                return text
+        return None
 
     def authenticate_passthrough(self, asgi_scope: dict[str, Any]) -> RequestScope:
         """Pass-through paths need an identity too in api-keys and signed modes (no open relay)."""
@@ -136,11 +161,11 @@ class ScopeResolver:
 
     def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> str:
         try:
-            token = bearer(raw_headers)
+            token = bearer(raw_headers) or _api_key_header(raw_headers)
         except DuplicateAuthorization as exc:
-            raise BadScope(str(exc), param="Authorization") from None
+            raise BadScope(str(exc), param=str(exc).split(" ", 1)[0]) from None
         if token is None:
-            raise Unauthenticated("a memproxy API key is required (Authorization: Bearer <key>)")
+            raise Unauthenticated("a memproxy API key is required (Authorization: Bearer <key>, or x-api-key)")
         digest = hashlib.sha256(token.encode()).digest()
         for expected, user in self._keys:
             if hmac.compare_digest(digest, expected):
@@ -227,6 +252,14 @@ def bearer(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
         raise DuplicateAuthorization("Authorization appears more than once")
     text = values[0].decode("latin-1") if values else ""
     return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
+
+
+def _api_key_header(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The Messages wire's `x-api-key`, where a client sends its proxy key the Anthropic way."""
+    values = [value for name, value in raw if name.lower() == b"x-api-key"]
+    if len(values) > 1:
+        raise DuplicateAuthorization("x-api-key appears more than once")
+    return values[0].decode("latin-1").strip() or None if values else None
 
 
 def _key_digest(configured: str, index: int) -> bytes:

@@ -36,6 +36,28 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
 SQLITE_PREFIX = "sqlite:///"
 # RFC 7518 3.2: an HS256 key must be at least as long as the hash's 256-bit output.
 MIN_SIGNING_SECRET_BYTES = 32
+
+# Side requests of Claude Code and Codex: calls that carry the user's session but not the
+# user's words. To be refined from recorded sessions of both CLIs; /metrics counts what
+# each rule matched, so a rule that misses shows.
+DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
+    {"name": "count_tokens", "method": "POST", "path": "/messages/count_tokens"},
+    {"name": "responses_compact", "method": "POST", "path": "/responses/compact"},
+    {"name": "openai_subagent", "header:x-openai-subagent": ""},
+    {"name": "codex_not_a_turn", "header:x-codex-turn-metadata": r'"request_kind"\s*:\s*"(?!turn")'},
+    # Claude Code's quota probe asks for one token.
+    {"name": "claude_code_quota", "path": "/messages", "body:max_tokens": "^1$"},
+    # Claude Code 2.1 names a sub-agent (Task) call's agent in a header; older versions only
+    # gave it a system prompt of its own.
+    {"name": "claude_code_subagent", "header:x-claude-code-agent-id": ""},
+    {"name": "claude_code_subagent_prompt", "path": "/messages", "body:system": "You are an agent for Claude Code"},
+    # /compact appends its instructions to the last user message, after the user's own text.
+    {"name": "claude_code_compaction", "path": "/messages",
+     "prompt": "Your task is to create a detailed summary of the conversation so far"},
+    {"name": "claude_code_title", "path": "/messages",
+     "body:system": "(?i)(isNewTopic|write a \\d+-\\d+ word title|summarize this coding conversation)"},
+)
+
 MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
 
 
@@ -62,6 +84,11 @@ class ServerSettings:
 class UpstreamSettings:
     base_url: str = _help("Provider base URL including its version prefix.", "https://api.openai.com/v1")
     api_key: str | None = _help("memproxy's own provider key; when set, clients' keys are never forwarded.")
+    anthropic_base_url: str = _help("Anthropic upstream (the Messages wire, and any request carrying "
+                                    "anthropic-version), including its version prefix.",
+                                    "https://api.anthropic.com/v1")
+    anthropic_api_key: str | None = _help("memproxy's own Anthropic key: when set it replaces the client's "
+                                          "x-api-key and Authorization towards the Anthropic upstream.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
     # Below the SDK's own 600 s, so the client gets memproxy's 504 rather
     # than its own timeout; silence of two minutes inside a body is a stalled provider.
@@ -110,6 +137,21 @@ class ScopeSettings:
         "Without X-Memory-Conversation: continue the chat the history shows, or the latest one.", "history"
     )
     isolation: Literal["user", "agent"] = _help("agent: every source limited to X-Memory-Agent.", "user")
+    session_headers: list[str] = _help(
+        "Without X-Memory-Conversation: headers a client sends its session id in, tried in order; the first "
+        "present names the conversation.", None,
+        default_factory=lambda: ["X-Claude-Code-Session-Id", "session-id", "session_id"])
+    context_tags: list[str] = _help(
+        "Tags of context a client adds in the user's role: a text block or message that is wholly one such "
+        "element is not the user's words (neither searched by nor saved).", None,
+        default_factory=lambda: ["system-reminder", "environment_context", "user_instructions",
+                                 "local-command-caveat", "command-name", "command-message", "command-args",
+                                 "local-command-stdout", "local-command-stderr"])
+    side_requests: list[dict[str, str]] = _help(
+        "Requests that carry the user's session but not the user's words: no block, nothing saved. Each rule "
+        "is {name, method?, path?, prompt?, header:NAME?, body:FIELD?}; every given condition must hold "
+        "(path and method match whole, the others are regular expressions searched in the value).", None,
+        default_factory=lambda: [dict(rule) for rule in DEFAULT_SIDE_REQUESTS])
 
 
 @dataclass(frozen=True)
@@ -389,8 +431,10 @@ def _check(s: Settings) -> None:
     if not s.memory.block_header.strip():
         raise ConfigError("memory.block_header: must not be empty (the memory block starts with it)")
     _check_embeddings(s.embeddings)
-    if not s.upstream.base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"upstream.base_url: must start with http:// or https://, got {s.upstream.base_url!r}")
+    for name, url in (("upstream.base_url", s.upstream.base_url),
+                      ("upstream.anthropic_base_url", s.upstream.anthropic_base_url)):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{name}: must start with http:// or https://, got {url!r}")
     if not s.store.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError(f"store.url: must be sqlite:///PATH or postgresql://..., got {s.store.url!r}")
     if s.store.search_cache_mb < 0:

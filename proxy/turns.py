@@ -1,7 +1,7 @@
 """Turn identity (docs/scopes.md): which conversation and turn a chat request belongs to.
 
-A later step of a tool loop is recognised by the tool-call ids of the assistant messages
-after the last user message (memproxy stored them from the previous step's response); a
+A later step of a tool loop is recognised by the tool-call ids of the assistant's calls
+after the turn's prompt (memproxy stored them from the previous step's response); a
 retry by the hash of its history within `memory.retry_window_s`; anything else is a new
 turn. The conversation is the X-Memory-Conversation header, else (scope.conversation:
 history) the stored conversation holding the newest assistant message the request
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from proxy.ids import derived_id, new_id
-from proxy.models import Scope, Turn
+from proxy.models import Scope, Transcript, Turn
 from proxy.stores.base import Store, text_hash
-from proxy.wire.openai_chat import ChatRequest, assistant_texts, history_material, tool_call_ids_after_last_user
 
 
 @dataclass(frozen=True)
@@ -36,49 +35,49 @@ class TurnIdentity:
         return self.existing is None
 
 
-def history_hash(scope: Scope, request: ChatRequest) -> str:
-    """Hash of the scope and every non-system message up to the last user message.
+def history_hash(scope: Scope, transcript: Transcript) -> str:
+    """Hash of the scope and every non-system message up to the turn's prompt.
 
     System prompts are left out so one that carries the time does not split a turn.
     """
-    material = [scope.user, scope.agent or "", scope.conversation or "", history_material(request.messages)]
+    material = [scope.user, scope.agent or "", scope.conversation or "", [list(pair) for pair in transcript.history]]
     return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 async def identify(
-    store: Store, scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float, follow: str
+    store: Store, scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float, follow: str
 ) -> TurnIdentity:
     """Find the request's turn and conversation in the store, or start new ones."""
-    digest = history_hash(scope, request)
-    call_ids = tool_call_ids_after_last_user(request.messages)
+    digest = history_hash(scope, transcript)
+    call_ids = list(transcript.tool_call_ids)
     existing = await store.turn_by_tool_calls(scope, call_ids) if call_ids else None
     if existing is None:
         existing = await store.turn_by_history(scope, digest, now - timedelta(seconds=retry_window_s))
     if existing is not None:
         return TurnIdentity(existing.key, existing.conversation_id, digest, existing)
-    conversation = await conversation_for(store, scope, request, follow)
+    conversation = await conversation_for(store, scope, transcript, follow)
     key, fresh = _new_ids(digest, now, retry_window_s)
     return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None)
 
 
-async def conversation_for(store: Store, scope: Scope, request: ChatRequest, follow: str) -> str | None:
+async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str) -> str | None:
     """The conversation a new turn belongs to; None for a new one."""
     if scope.conversation is not None:
         return scope.conversation
     if follow == "latest":
         return await store.latest_conversation(scope)
-    hashes = [text_hash(text) for text in reversed(assistant_texts(request.messages))]
+    hashes = [text_hash(text) for text in reversed(transcript.assistant_texts)]
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
 
-def fallback_identity(scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float) -> TurnIdentity:
+def fallback_identity(scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float) -> TurnIdentity:
     """A turn when the store could not be asked in time (memory degraded): saved later, never lost.
 
     Its ids are those `identify` gives a new turn, so a later step of a tool loop or an SDK
     retry is the same turn whether or not the store could be asked for it (the store keeps
     a turn in the conversation it began in).
     """
-    digest = history_hash(scope, request)
+    digest = history_hash(scope, transcript)
     key, fresh = _new_ids(digest, now, retry_window_s)
     return TurnIdentity(key, scope.conversation or fresh, digest, None)
 

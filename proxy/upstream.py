@@ -17,6 +17,7 @@ import httpx
 from proxy.errors import ClientGone, ProxyError, UpstreamConnectTimeout, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
 from proxy.transport import AiohttpTransport
+from proxy.wires.base import Provider
 
 log = logging.getLogger("memproxy.upstream")
 
@@ -37,27 +38,49 @@ class StreamCut(Exception):
         self.message = message
 
 
+_CREDENTIALS = (b"authorization", b"x-api-key")
+
+
 def request_headers(
-    raw: Iterable[tuple[bytes, bytes]], *, api_key: str | None, drop_authorization: bool = False
+    raw: Iterable[tuple[bytes, bytes]], *, api_key: str | None, drop_authorization: bool = False,
+    provider: Provider = "openai",
 ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the provider should see them.
 
     Hop-by-hop headers (and any the client's Connection header names) and memproxy's own
-    X-Memory-* headers are dropped; with our own key the client's Authorization never leaves.
+    X-Memory-* headers are dropped. With our own key for the provider the client's
+    credentials never leave (towards Anthropic both `x-api-key` and `Authorization`, our key
+    going as `x-api-key`); `drop_authorization` (the client sent memproxy's own proxy key)
+    drops them without a replacement.
     """
     pairs = list(raw)
     named = _named_by_connection(pairs)
+    dropped: tuple[bytes, ...] = ()
+    if drop_authorization:
+        dropped = _CREDENTIALS  # memproxy's own proxy key, in either header, never leaves
+    elif api_key:
+        dropped = _CREDENTIALS if provider == "anthropic" else (b"authorization",)
     out = []
     for name, value in pairs:
         lower = name.lower()
         if lower.decode("latin-1") in _NOT_FORWARDED or lower in named or lower.startswith(b"x-memory-"):
             continue
-        if lower == b"authorization" and (api_key or drop_authorization):
+        if lower in dropped:
             continue
         out.append((lower, value))
-    if api_key:
+    if api_key and provider == "anthropic":
+        out.append((b"x-api-key", api_key.encode()))
+    elif api_key:
         out.append((b"authorization", b"Bearer " + api_key.encode()))
     return out
+
+
+def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None) -> Provider:
+    """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
+    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else OpenAI."""
+    if any(name.lower() == b"anthropic-version" for name, _ in headers):
+        return "anthropic"
+    return wire_provider or "openai"
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
@@ -169,20 +192,27 @@ class _IdleWatchdog:
 
 
 class Upstream:
-    """The configured provider; no header or body field can point it elsewhere."""
+    """The configured providers; no header or body field can point a request elsewhere."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
         self.base_url = settings.base_url.rstrip("/")
+        self._base_urls: dict[str, str] = {"openai": self.base_url,
+                                           "anthropic": settings.anthropic_base_url.rstrip("/")}
+        self._keys: dict[str, str | None] = {"openai": settings.api_key, "anthropic": settings.anthropic_api_key}
         # The pooled transport is used without httpx.AsyncClient's layers: a proxy wants none
         # of them (redirects, auth flows, default headers) and must not keep a cookie jar,
         # since one pool serves every user. Skipping them is ~10% of a request's CPU.
         self.transport = AiohttpTransport(max_connections=settings.max_connections,
                                           connect_timeout_s=settings.connect_timeout_s)
 
-    def url(self, path: str, query: bytes) -> str:
+    def url(self, path: str, query: bytes, provider: Provider = "openai") -> str:
         """The provider URL for a path after memproxy's /v1, query kept byte for byte."""
-        return self.base_url + path + ("?" + query.decode("latin-1") if query else "")
+        return self._base_urls[provider] + path + ("?" + query.decode("latin-1") if query else "")
+
+    def api_key(self, provider: Provider) -> str | None:
+        """memproxy's own key for that provider, if configured."""
+        return self._keys[provider]
 
     async def open(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]],

@@ -252,6 +252,10 @@ class EmbeddingsReply(Reply):
 
 def default_reply(request: Received) -> Reply:
     """What the upstream answers when no script is queued."""
+    if "/messages" in request.target and request.method == "POST":
+        from tests.fake_anthropic import default_reply as anthropic_reply  # it builds on this module
+
+        return anthropic_reply(request)
     if request.target.endswith("/embeddings") and request.method == "POST":
         return EmbeddingsReply()
     if request.target.endswith("/chat/completions") and request.method == "POST":
@@ -299,6 +303,10 @@ class FakeUpstream:
 
     def chat_requests(self) -> list[Received]:
         return [r for r in self.received if r.target.endswith("/chat/completions")]
+
+    def messages_requests(self) -> list[Received]:
+        """Requests to the Anthropic Messages path (count_tokens left out)."""
+        return [r for r in self.received if r.target.split("?")[0].endswith("/messages")]
 
     def embedding_requests(self) -> list[Received]:
         return [r for r in self.received if r.target.endswith("/embeddings")]

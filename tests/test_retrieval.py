@@ -26,7 +26,7 @@ from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_rows import entity_terms
 from proxy.terms import terms as index_terms
 from proxy.turns import TurnIdentity, identify
-from proxy.wire.openai_chat import parse_chat_request
+from proxy.wires.openai_chat import OpenAIChat
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 ALICE = Scope("alice")
@@ -234,8 +234,10 @@ def test_identify_says_when_the_conversation_is_new(tmp_path: Path) -> None:
             await w.say("hi there", conv="c1", role="assistant")
 
             async def identity(messages: list[dict[str, str]], scope: Scope = ALICE) -> TurnIdentity:
-                return await identify(w.store, scope, parse_chat_request(json.dumps(
-                    {"model": "m", "messages": messages}).encode()), now=T0, retry_window_s=0, follow="history")
+                request = OpenAIChat().parse(json.dumps({"model": "m", "messages": messages}).encode())
+                assert not isinstance(request, str)
+                return await identify(w.store, scope, request.transcript, now=T0, retry_window_s=0,
+                                      follow="history")
 
             first = await identity([{"role": "user", "content": "a new chat"}])
             assert first.new_conversation and first.conversation_id != "c1"

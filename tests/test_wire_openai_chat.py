@@ -1,4 +1,4 @@
-"""proxy.wire.openai_chat: request parsing, turn shape, block insertion."""
+"""proxy.wires.openai_chat: request parsing, turn shape, block insertion."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.wire.openai_chat import (
+from proxy.wires.openai_chat import (
     ChatRequest,
     assistant_texts,
     history_material,

@@ -1,4 +1,4 @@
-"""proxy.wire.sse: the event-stream decoder, the chunk accumulator, completions, error events."""
+"""proxy.wires.sse and proxy.wires.openai_chat_answer: the event-stream decoder, the chunk accumulator, completions, error events."""
 
 from __future__ import annotations
 
@@ -11,18 +11,16 @@ import pytest
 from openai._streaming import SSEDecoder as SDKDecoder
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from proxy.models import ToolCall
-from proxy.wire.sse import (
+from proxy.models import AssistantMessage, ToolCall
+from proxy.wires.openai_chat_answer import (
     DONE,
-    AssistantMessage,
     ChatStreamAccumulator,
-    SSEDecoder,
-    SSEEvent,
     StreamEnd,
     error_event,
     is_done,
     parse_completion,
 )
+from proxy.wires.sse import SSEDecoder, SSEEvent
 
 
 def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

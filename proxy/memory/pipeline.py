@@ -21,17 +21,13 @@ from proxy.memory.breaker import CircuitBreaker
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
-from proxy.models import ReasoningStep, Scope
-from proxy.scope import RequestScope, ScopeResolver
+from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
+from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
     FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
 from proxy.turns import TurnIdentity, fallback_identity, identify
-from proxy.wire.openai_chat import (
-    ChatRequest, last_user_index, message_text, tool_results_after_last_user,
-)
-from proxy.wire.sse import AssistantMessage
 
 log = logging.getLogger("memproxy.memory")
 
@@ -71,20 +67,17 @@ class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""
 
     def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
-                 metrics: Metrics, scopes: ScopeResolver) -> None:
+                 metrics: Metrics) -> None:
         self.settings = settings
         self.memory: MemorySettings = settings.memory
         self.store = store
         self.writer = writer
         self.retriever = retriever
         self.metrics = metrics
-        self.scopes = scopes
         self.breaker = CircuitBreaker(metrics)
 
-    async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall:
-        """The Recall of one chat request."""
-        if request is not None:
-            resolved = self.scopes.with_body_user(resolved, request.body)
+    async def recall(self, resolved: RequestScope, request: Transcript | None) -> Recall:
+        """The Recall of one chat request (its identity already complete)."""
         if not resolved.memory_on or request is None or resolved.scope is None:
             return Recall("off")
         scope = resolved.scope
@@ -120,11 +113,11 @@ class MemoryService:
         recall.started(now)
         return recall
 
-    async def _identify(self, scope: Scope, request: ChatRequest, now: datetime) -> TurnIdentity:
+    async def _identify(self, scope: Scope, request: Transcript, now: datetime) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
                               follow=self.settings.scope.conversation)
 
-    async def _block(self, scope: Scope, request: ChatRequest, identity: TurnIdentity,
+    async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
                      resolved: RequestScope) -> Retrieved:
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
@@ -147,49 +140,37 @@ class MemoryService:
         return f"degraded: {reason}"
 
 
-def user_text(request: ChatRequest, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:
-    """The last user message's text as the user wrote it (any memory block removed).
+def user_text(request: Transcript, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:
+    """The turn's prompt as the user wrote it (any memory block removed).
 
     `markers=False`: its text parts alone, what recall searches by (only text feeds it); the
     saved message notes an image or a file where it was (`[image]`).
     """
-    index = last_user_index(request.messages)
-    if index is None:
-        return ""
-    return strip_block(message_text(request.messages[index].get("content"), markers=markers), header)
+    return strip_block(request.prompt if markers else request.query, header)
 
 
-def visible_texts(request: ChatRequest, header: str = DEFAULT_HEADER) -> tuple[str, ...]:
+def visible_texts(request: Transcript, header: str = DEFAULT_HEADER) -> tuple[str, ...]:
     """Texts of every other message the request shows (they are never injected again)."""
-    index = last_user_index(request.messages)
-    return tuple(
-        strip_block(message_text(m.get("content")), header)
-        for i, m in enumerate(request.messages) if i != index and isinstance(m, dict)
-    )
+    return tuple(strip_block(text, header) for text in request.shown)
 
 
-def reasoning_steps(request: ChatRequest) -> tuple[ReasoningStep, ...]:
-    """The tool calls after the last user message, each with a short form of its result."""
-    results = tool_results_after_last_user(request.messages)
-    index = last_user_index(request.messages)
-    steps = []
-    for message in request.messages[(index or -1) + 1:]:
-        if not isinstance(message, dict) or message.get("role") != "assistant":
-            continue
-        for call in message.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            result = redact(results.get(str(call.get("id")), ""))[:STEP_RESULT_CHARS]
-            steps.append(ReasoningStep(str(function.get("name", "")), redact(str(function.get("arguments", ""))),
-                                       result))
-    return tuple(steps)
+def reasoning_steps(request: Transcript) -> tuple[ReasoningStep, ...]:
+    """The tool calls after the turn's prompt, each with a short form of its result."""
+    return tuple(ReasoningStep(step.name, redact(step.arguments), redact(step.result)[:STEP_RESULT_CHARS])
+                 for step in request.tool_steps)
+
+
+def thinking_step(message: AssistantMessage) -> tuple[ReasoningStep, ...]:
+    """The answer's thinking as a step of the trace (it is never saved as the answer)."""
+    if not message.reasoning.strip():
+        return ()
+    return (ReasoningStep("thinking", "", redact(message.reasoning)[:STEP_RESULT_CHARS]),)
 
 
 class TurnRecall(Recall):
     """A request with memory on: block in, turn saved once, answer saved from the last step."""
 
-    def __init__(self, service: MemoryService, scope: Scope, request: ChatRequest, identity: TurnIdentity,
+    def __init__(self, service: MemoryService, scope: Scope, request: Transcript, identity: TurnIdentity,
                  persist: bool, status: str, retrieved: Retrieved) -> None:
         super().__init__(status)
         self._service = service
@@ -222,17 +203,19 @@ class TurnRecall(Recall):
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
-        self._ended("tool_calls" if message.tool_calls else "complete")
+        self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now), urgent=True)
+        if message.continues:
+            return None  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal
         if not answer.strip():
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now), urgent=True)
         return self._submit(FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=redact(user_text(self._request, self._service.memory.block_header)),
-            steps=reasoning_steps(self._request),
+            steps=reasoning_steps(self._request) + thinking_step(message),
             answer_hash=text_hash(answer),
         ), urgent=True)
 

@@ -1,4 +1,4 @@
-"""Chat Completions requests: parse, read the turn's shape, insert the memory block.
+"""The Chat Completions wire: parse, read the turn's shape, insert the memory block.
 
 Pure functions over the client's JSON. Unknown fields are kept everywhere, and the
 client's objects are never changed in place.
@@ -10,6 +10,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from proxy.errors import ProxyError
+from proxy.models import AssistantMessage, ToolStep, Transcript
+from proxy.wires import openai_chat_answer
+from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
 
 _PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
 _NOT_HISTORY = frozenset({"system", "developer"})
@@ -27,16 +32,9 @@ class ChatRequest:
 
 def parse_chat_request(body: bytes) -> ChatRequest | str:
     """The request, or a short reason (for the log) why memory must skip it."""
-    try:
-        doc = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        return "body is not UTF-8"
-    except RecursionError:
-        return "JSON nested too deeply"
-    except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
-        return f"invalid JSON: {getattr(exc, 'msg', 'bad number')}"
-    if not isinstance(doc, dict):
-        return "body is not a JSON object"
+    doc = load_json(body)
+    if isinstance(doc, str):
+        return doc
     messages = doc.get("messages")
     if not isinstance(messages, list):
         return "messages is not a list"
@@ -159,7 +157,7 @@ def insert_block(request: ChatRequest, block: str) -> bytes:
         # Copy only the path to the change; the rest is shared, never mutated.
         messages[index] = _with_block(messages[index], block)
         body["messages"] = messages
-    return _dump(body)
+    return dump_json(body)
 
 
 def _with_block(message: dict[str, Any], block: str) -> dict[str, Any]:
@@ -169,18 +167,6 @@ def _with_block(message: dict[str, Any], block: str) -> dict[str, Any]:
     if isinstance(content, list):
         return {**message, "content": [{"type": "text", "text": f"{block}\n\n"}, *content]}
     return message  # no text to put it in front of; leave the provider's answer unchanged
-
-
-def _dump(body: dict[str, Any]) -> bytes:
-    try:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    except RecursionError as exc:
-        raise ValueError("request nested too deeply to serialise") from exc
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate (valid as a JSON \\u escape) has no UTF-8 form: escape it again.
-        return json.dumps(body, separators=(",", ":")).encode("ascii")
 
 
 def text_hash(text: str) -> str:
@@ -198,3 +184,85 @@ def is_context_length_error(status: int, body: bytes) -> bool:
         return False
     error = doc.get("error") if isinstance(doc, dict) else None
     return isinstance(error, dict) and error.get("code") == "context_length_exceeded"
+
+
+def transcript(request: ChatRequest) -> Transcript:
+    """What memory needs of the request, in one pass: the prompt is the last `user` message."""
+    messages = request.messages
+    index = last_user_index(messages)
+    shown: list[str] = []
+    history: list[tuple[str, str]] = []
+    answers: list[str] = []
+    calls: list[tuple[str, str, str]] = []
+    results: dict[str, str] = {}
+    for position, message in enumerate(messages):
+        role = message.get("role")
+        text = message_text(message.get("content"))
+        if position != index:
+            shown.append(text)
+        if role == "assistant" and text:
+            answers.append(text)
+        if index is not None and position <= index:
+            if role not in _NOT_HISTORY:
+                history.append((_role(message), text))
+        elif role == "assistant":
+            calls += _calls(message.get("tool_calls"))
+        elif role == "tool" and isinstance(message.get("tool_call_id"), str) and message["tool_call_id"]:
+            results[message["tool_call_id"]] = text
+    prompt = messages[index].get("content") if index is not None else None
+    user = request.body.get("user")
+    return Transcript(
+        prompt=message_text(prompt), query=message_text(prompt, markers=False), shown=tuple(shown),
+        tool_call_ids=tuple(dict.fromkeys(call_id for call_id, _, _ in calls if isinstance(call_id, str) and call_id)),
+        tool_steps=tuple(ToolStep(str(call_id), name, arguments, results.get(str(call_id), ""))
+                         for call_id, name, arguments in calls),
+        history=tuple(history), assistant_texts=tuple(answers),
+        body_user=user if isinstance(user, str) else None,
+    )
+
+
+def _calls(tool_calls: Any) -> list[tuple[Any, str, str]]:
+    """(id as sent, name, arguments) of an assistant message's tool calls."""
+    if not isinstance(tool_calls, list):
+        return []
+    found = []
+    for call in tool_calls:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        found.append((call.get("id"), str(function.get("name", "")), str(function.get("arguments", ""))))
+    return found
+
+
+class OpenAIChat:
+    """The Chat Completions wire (`POST /v1/chat/completions`)."""
+
+    name = "openai_chat"
+    provider: Provider = "openai"
+
+    def parse(self, body: bytes) -> WireRequest | str:
+        request = parse_chat_request(body)
+        if isinstance(request, str):
+            return request
+        return WireRequest(request.body, request.stream, transcript(request), last_user_index(request.messages))
+
+    def insert_block(self, request: WireRequest, block: str) -> bytes:
+        return insert_block(ChatRequest(request.body, request.stream, request.body["messages"]), block)
+
+    def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
+        if keep_answer:
+            return openai_chat_answer.ChatStreamAccumulator(only_choice=0)
+        return openai_chat_answer.StreamEnd()
+
+    def parse_answer(self, body: bytes) -> AssistantMessage | None:
+        return openai_chat_answer.parse_completion(body)
+
+    def is_context_length_error(self, status: int, body: bytes) -> bool:
+        return is_context_length_error(status, body)
+
+    def error_body(self, error: ProxyError) -> bytes:
+        return error.body()
+
+    def stream_error(self, message: str, code: str, type_: str = "upstream_error") -> bytes:
+        return openai_chat_answer.error_event(message, code, type_)

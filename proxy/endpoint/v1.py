@@ -1,0 +1,234 @@
+"""The /v1 proxy endpoint: one chat endpoint for every wire, and the pass-through.
+
+A POST to a wire's chat path with a user scope gets memory (recall before, persistence
+after); every other /v1 path, and any request without a scope, is a transparent
+pass-through to the upstream its wire (or its `anthropic-version` header) names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from proxy.endpoint.steps import InjectStep, open_upstream
+from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
+from proxy.exchange import ChatMemory, Recall
+from proxy.metrics import Metrics
+from proxy.relay import (
+    DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
+    send_error,
+)
+from proxy.responses import end_interrupted, relay_chat, relay_plain
+from proxy.scope import RequestScope, ScopeResolver
+from proxy.settings import Settings
+from proxy.side_requests import RequestFacts, SideRequests
+from proxy.upstream import Upstream, provider_for, request_headers
+from proxy.wires.anthropic_messages import AnthropicMessages
+from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest
+from proxy.wires.openai_chat import OpenAIChat
+
+log = logging.getLogger("memproxy.request")
+
+_KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key"}
+
+
+class ProxyEndpoint:
+    """ASGI app for every path under /v1."""
+
+    def __init__(self, settings: Settings, upstream: Upstream, scopes: ScopeResolver, memory: ChatMemory,
+                 metrics: Metrics, side_requests: SideRequests) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.scopes = scopes
+        self.memory = memory
+        self.metrics = metrics
+        self.side_requests = side_requests
+        # Each wire's chat path (after /v1); adding a wire is one line here and its module.
+        self.wires: dict[str, Wire] = {
+            "/chat/completions": OpenAIChat(),
+            "/messages": AnthropicMessages(settings.scope.context_tags),
+        }
+        # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
+        self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
+                                                   "anthropic": self.wires["/messages"]}
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        path = _path_after_v1(scope)
+        outcome = "ok"
+        send = Sent(send)
+        wire = self.wires.get(path) if path is not None else None
+        family = wire or self._family(path)
+        send.shape = family or self.shapes[provider_for(scope["headers"], None)]
+        if wire is not None:
+            send.error_headers = _status_header("off")  # every response to a chat path says the memory status
+        try:
+            if path is None:
+                raise NotFound("no such path")
+            limit = self.settings.server.max_body_bytes
+            length = declared_length(scope["headers"])
+            if length is not None and length > limit:
+                raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
+            if scope["method"] == "POST" and wire is not None:
+                outcome = await self._chat(scope, receive, send, path, wire)
+            else:
+                outcome = await self._passthrough(scope, receive, send, path, family, wire is not None)
+        except ProxyError as error:
+            outcome = error.code
+            needs_status = wire is not None and "x-memory-status" not in error.headers
+            await send_error(send, error, _status_header("off") if needs_status else None, send.shape)
+        except ClientGone:
+            outcome = "client_gone"
+        except ResponseAborted:
+            outcome = "upstream_cut"
+        except asyncio.CancelledError:
+            # Only uvicorn cancels a request (a client that leaves is DisconnectWatch's): the
+            # server's grace period is over and it still runs.
+            outcome = await _interrupted(send)
+        finally:
+            elapsed = time.perf_counter() - started
+            self.metrics.request_done(path or "other", outcome, elapsed)
+            log.info("request", extra={"path": path, "method": scope["method"], "outcome": outcome,
+                                       "ms": round(elapsed * 1000, 2)})
+
+    def _upstream_headers(self, headers: list[tuple[bytes, bytes]], provider: Provider,
+                          resolved: RequestScope) -> list[tuple[bytes, bytes]]:
+        """The client's headers with the provider's credentials; in api-keys mode the client's
+        key is memproxy's own, so the provider's key must be configured."""
+        api_key = self.upstream.api_key(provider)
+        if resolved.uses_proxy_key and not api_key:
+            raise Unauthenticated(f"{_KEY_SETTING[provider]} is not configured: in api-keys mode the client's "
+                                  "key is memproxy's own and never goes upstream")
+        return request_headers(headers, api_key=api_key, drop_authorization=resolved.uses_proxy_key,
+                               provider=provider)
+
+    def _family(self, path: str | None) -> Wire | None:
+        """The wire whose chat path a path sits under (`/messages/count_tokens`), if any."""
+        if path is None:
+            return None
+        return next((wire for chat_path, wire in self.wires.items() if path.startswith(chat_path + "/")), None)
+
+    async def _passthrough(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str,
+                           family: Wire | None, chat_path: bool) -> str:
+        headers = scope["headers"]
+        limit = self.settings.server.max_body_bytes
+        length = declared_length(headers)
+        identity = self.scopes.authenticate_passthrough(scope)
+        self._count_side_request(RequestFacts(scope["method"], path, headers), family)
+        provider = provider_for(headers, family.provider if family is not None else None)
+        upstream_headers = self._upstream_headers(headers, provider, identity)
+        if length is not None:
+            upstream_headers.append((b"content-length", str(length).encode()))
+        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
+        url = self.upstream.url(path, scope["query_string"], provider)
+        async with DisconnectWatch(receive, armed=not has_body) as watch:
+            content = (body_stream(receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
+                       if has_body else None)
+            response = await open_upstream(self.upstream, self.metrics, scope["method"], url, upstream_headers,
+                                           content)
+            try:
+                # Every response to a chat path says the memory status (a GET: off).
+                await relay_plain(send, response, extra_headers=_status_header("off") if chat_path else [],
+                                  shape=send.shape, heartbeat_s=self.settings.server.heartbeat_s)
+            finally:
+                await response.aclose()
+        return "client_gone" if watch.gone else f"status_{response.status}"
+
+    def _count_side_request(self, facts: RequestFacts, wire: Wire | None) -> bool:
+        rule = self.side_requests.match(facts)
+        if rule is None:
+            return False
+        self.metrics.side_requests.labels(rule, wire.name if wire is not None else "none").inc()
+        return True
+
+    def _complete_identity(self, scope: dict[str, Any], path: str, resolved: RequestScope, wire: Wire,
+                           request: WireRequest) -> RequestScope:
+        """The request's identity, finished before memory runs: the body's user, a side request."""
+        resolved = self.scopes.with_body_user(resolved, request.transcript.body_user)
+        facts = RequestFacts(scope["method"], path, scope["headers"], request.body, request.transcript.prompt)
+        if resolved.memory_on and self._count_side_request(facts, wire):
+            return replace(resolved, mode="off")
+        return resolved
+
+    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire) -> str:
+        resolved = self.scopes.resolve(scope)
+        provider = provider_for(scope["headers"], wire.provider)
+        upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
+        body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
+        parsed: WireRequest | str | None = None
+        if resolved.needs_body:
+            parsed = wire.parse(body)
+            if isinstance(parsed, str):
+                log.info("memory skipped: %s", parsed)
+            else:
+                resolved = self._complete_identity(scope, path, resolved, wire, parsed)
+        request = parsed if isinstance(parsed, WireRequest) else None
+        recall: Recall | None = None  # None: the client left during the recall itself
+        try:
+            async with DisconnectWatch(receive) as watch:
+                recall = await self.memory.recall(resolved, request.transcript if request is not None else None)
+                send.error_headers = recall.headers()
+                out_body = _with_block(wire, request, recall, body)
+                if recall.active:
+                    # We read a copy of the answer to save it: ask for it uncompressed.
+                    upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
+                    upstream_headers.append((b"accept-encoding", b"identity"))
+                url = self.upstream.url(path, scope["query_string"], provider)
+                step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)
+                response = await step.run(out_body, body, recall)
+                try:
+                    await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
+                                     self.settings.server.heartbeat_s)
+                finally:
+                    await response.aclose()
+        except asyncio.CancelledError:
+            if recall is not None:
+                recall.failed("interrupted")  # a turn already complete stays complete
+            raise
+        if watch.gone:
+            if recall is not None:
+                recall.aborted()
+            return "client_gone"
+        return f"status_{response.status}"
+
+
+async def _interrupted(sent: Sent) -> str:
+    """End a response the server stops at the end of its grace period, and say so."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # handled here: the response is ended, the task finishes normally
+    log.info("response interrupted: the server's grace period is over")
+    try:
+        await end_interrupted(sent)
+    except ResponseAborted:
+        pass  # a JSON body half sent: the connection closes
+    return "interrupted"
+
+
+def _with_block(wire: Wire, request: WireRequest | None, recall: Recall, body: bytes) -> bytes:
+    if not recall.block or request is None:
+        return body
+    try:
+        return wire.insert_block(request, recall.block)
+    except ValueError:  # too deep to re-serialise here: send what the client sent
+        recall.dropped_block()
+        return body
+
+
+def _path_after_v1(scope: dict[str, Any]) -> str | None:
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.split(b"?", 1)[0].decode("latin-1")
+    if not path.startswith("/v1/"):
+        return None
+    rest = path[3:]
+    segments = rest.lower().replace("%2e", ".").split("/")
+    if any(segment in (".", "..") for segment in segments):
+        return None  # no path may climb out of the provider's /v1 prefix
+    return rest
+
+
+def _status_header(status: str) -> list[tuple[bytes, bytes]]:
+    return [(b"x-memory-status", status.encode())]

@@ -1,0 +1,115 @@
+"""The Wire protocol: what the request path asks of each wire's module, and nothing more.
+
+A wire is pure protocol code: it parses its request into a neutral Transcript, puts a
+memory block into the turn's prompt, reads its answer (a JSON body or a stream's events)
+into one AssistantMessage, tells its context-length error, and writes memproxy's own
+errors in its own shape. No sockets, no awaits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from proxy.errors import ProxyError
+from proxy.models import AssistantMessage, Transcript
+from proxy.wires.sse import SSEEvent
+
+Provider = Literal["openai", "anthropic"]
+
+
+@dataclass(frozen=True)
+class WireRequest:
+    """A parsed chat request: the client's JSON (never changed in place) and its transcript."""
+
+    body: dict[str, Any]
+    stream: bool
+    transcript: Transcript
+    prompt_index: int | None  # the turn's prompt message in the wire's message list
+
+
+class AnswerReader(Protocol):
+    """Reads a stream's events into the answer, or only watches how the stream ends."""
+
+    @property
+    def done(self) -> bool:
+        """True once the wire's end event arrived."""
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The provider's own error event, if the stream carried one."""
+
+    @property
+    def malformed(self) -> int:
+        """How many data payloads were not JSON objects (skipped)."""
+
+    @property
+    def too_large(self) -> bool:
+        """True when the answer passed the accumulator's bound and was not kept whole."""
+
+    def feed(self, event: SSEEvent) -> None:
+        """Take one event."""
+
+    def message(self) -> AssistantMessage:
+        """The answer so far (empty when only watching)."""
+
+
+class ErrorShape(Protocol):
+    """How a wire writes the errors memproxy makes itself."""
+
+    def error_body(self, error: ProxyError) -> bytes:
+        """The JSON body of an error answer."""
+
+    def stream_error(self, message: str, code: str, type_: str = "upstream_error") -> bytes:
+        """The event that ends a stream memproxy must cut, so the client's SDK raises."""
+
+
+class Wire(ErrorShape, Protocol):
+    """One provider API format."""
+
+    name: str
+    provider: Provider
+
+    def parse(self, body: bytes) -> WireRequest | str:
+        """The request, or a short reason (for the log) why memory must skip it."""
+
+    def insert_block(self, request: WireRequest, block: str) -> bytes:
+        """A new body with the block in the turn's prompt; ValueError when it cannot be written."""
+
+    def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
+        """A reader for one streamed answer (`keep_answer=False`: only how it ends)."""
+
+    def parse_answer(self, body: bytes) -> AssistantMessage | None:
+        """The answer of a JSON response body; None when it is not one."""
+
+    def is_context_length_error(self, status: int, body: bytes) -> bool:
+        """True when the provider refused the request as too long for the model's context."""
+
+
+def dump_json(body: dict[str, Any]) -> bytes:
+    """A request body serialised again (compact, UTF-8); ValueError when nested too deeply."""
+    try:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError as exc:
+        raise ValueError("request nested too deeply to serialise") from exc
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (valid as a JSON \\u escape) has no UTF-8 form: escape it again.
+        return json.dumps(body, separators=(",", ":")).encode("ascii")
+
+
+def load_json(body: bytes) -> dict[str, Any] | str:
+    """The body's JSON object, or a short reason why it is not one."""
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "body is not UTF-8"
+    except RecursionError:
+        return "JSON nested too deeply"
+    except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
+        return f"invalid JSON: {getattr(exc, 'msg', 'bad number')}"
+    if not isinstance(doc, dict):
+        return "body is not a JSON object"
+    return doc

@@ -1,0 +1,73 @@
+"""scope.side_requests: rules on method, path, prompt, headers and body fields; through the proxy."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.settings import ConfigError, load_settings
+from proxy.side_requests import RequestFacts, SideRequests
+from tests.proxy_db import rows
+
+DEFAULTS = SideRequests(load_settings(environ={}).scope.side_requests)
+
+
+def facts(path: str = "/messages", headers: dict[str, str] | None = None, body: dict | None = None,
+          prompt: str | None = None, method: str = "POST") -> RequestFacts:
+    raw = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    return RequestFacts(method, path, raw, body if body is not None else {}, prompt)
+
+
+@pytest.mark.parametrize("case, expected", [
+    (facts("/messages/count_tokens", body=None), "count_tokens"),
+    (facts("/messages/count_tokens", method="GET"), None),
+    (facts("/responses/compact"), "responses_compact"),
+    (facts("/responses", {"X-OpenAI-Subagent": "review"}), "openai_subagent"),
+    (facts("/responses", {"x-codex-turn-metadata": '{"request_kind": "compact"}'}), "codex_not_a_turn"),
+    (facts("/responses", {"x-codex-turn-metadata": '{"request_kind": "turn"}'}), None),
+    (facts(body={"max_tokens": 1, "messages": []}), "claude_code_quota"),
+    (facts(body={"max_tokens": 10}), None),
+    (facts(body={"system": [{"type": "text", "text": "You are an agent for Claude Code, Anthropic's CLI"}]}),
+     "claude_code_subagent_prompt"),
+    (facts(headers={"x-claude-code-agent-id": "a3acae7158befce4c"}), "claude_code_subagent"),
+    (facts(prompt="Your task is to create a detailed summary of the conversation so far"),
+     "claude_code_compaction"),
+    (facts(prompt="my cat is Tom\nCRITICAL: Respond with TEXT ONLY.\n\nYour task is to create a detailed summary "
+                  "of the conversation so far, paying close attention"), "claude_code_compaction"),
+    (facts("/chat/completions", body={"max_tokens": 1}), None),
+    (facts(prompt="what did we decide about the schema?"), None),
+])
+def test_default_rules(case, expected):
+    assert DEFAULTS.match(case) == expected
+
+
+def test_body_rules_need_the_body():
+    rules = SideRequests([{"name": "r", "body:metadata.kind": "^probe$"}])
+    assert rules.match(facts(body={"metadata": {"kind": "probe"}})) == "r"
+    assert rules.match(facts(body={"metadata": {"kind": "turn"}})) is None
+    assert rules.match(RequestFacts("POST", "/messages", [], None, None)) is None
+
+
+@pytest.mark.parametrize("rule, message", [
+    ({"path": "/x"}, r"scope\.side_requests\[0\]: every rule needs a name"),
+    ({"name": "r", "query": "x"}, r"scope\.side_requests\[0\]\.query: unknown condition"),
+    ({"name": "r", "header:x": "("}, r"scope\.side_requests\[0\]\.header:x: invalid regular expression"),
+])
+def test_bad_rules_stop_start_up(rule, message):
+    with pytest.raises(ConfigError, match=message):
+        SideRequests([rule])
+
+
+def test_a_side_request_gets_no_block_saves_nothing_and_is_counted(make_proxy, fake):
+    proxy = make_proxy(upstream__anthropic_base_url=fake.url, memory__commit_timeout_ms=5000)
+    user = {"X-Memory-User": "alice"}
+    with proxy.http() as http:
+        http.post("/v1/messages", headers=user, json={
+            "model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "My dog is called Rex"}]})
+        probe = http.post("/v1/messages", headers=user, json={
+            "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "what is my dog called"}]})
+        metrics = http.get("/metrics").text
+    assert probe.status_code == 200 and probe.headers["x-memory-status"] == "off"
+    assert fake.messages_requests()[-1].json()["messages"][0]["content"] == "what is my dog called"
+    assert rows(proxy, "SELECT content FROM messages ORDER BY seq") == [("My dog is called Rex",),
+                                                                         ("Hello from Claude",)]
+    assert 'memproxy_side_requests_total{rule="claude_code_quota",wire="anthropic_messages"} 1.0' in metrics
