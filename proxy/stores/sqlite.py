@@ -8,10 +8,11 @@ own thread (sqlite_readers.py), so a long write never queues a read and retrieva
 sources search side by side. Schema: sqlite_schema.py; rows to models: sqlite_rows.py;
 the write ops: sqlite_batch.py; message search: sqlite_search.py.
 
-A file deleted or replaced under the store (sqlite_file.py) is found before and after each
-commit, and by `ping`: from then on the store is unavailable (reads and writes raise
-StoreError, so the writer keeps its queued writes and retries them) while it closes every
-connection and opens the path again, on a new file with a new schema when none is there.
+A file deleted or replaced under the store (sqlite_file.py) is found after each commit
+(which then counts as failed, to be applied again to the new file) and by `ping`. From then
+on the store is unavailable (reads and writes raise StoreError, so the writer keeps its
+queued writes and retries them) while it closes every connection and opens the path again,
+on a new file with a new schema when none is there.
 """
 
 from __future__ import annotations
@@ -298,14 +299,15 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             raise StoreError(f"store unavailable: {exc}") from exc
 
     def _checked(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """On the write thread: `work` between two looks at the files."""
+        """On the write thread: `work`, then a look at the files before it counts as done."""
         writer, files = self._writer, self._files
         if writer is None or files is None:
             raise StoreError("store is not open")
-        files.check()
         result = work(writer)
-        # Deleted while `work` ran, the file took its commit along: the error has the caller
-        # apply it again, to the file the path holds once opened again.
+        # Gone before or while `work` ran, the file took its commit along: the error has the
+        # caller apply it again, to the file the path holds once opened again. One look
+        # after, not one before as well: the answer's commit, which a response waits for,
+        # pays for each (a few stat calls).
         files.check()
         return result
 

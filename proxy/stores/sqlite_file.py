@@ -5,7 +5,7 @@ connections keep reading and committing into the unlinked inode, every write rep
 success, and all of it vanishes when the process stops. Renaming another database over
 the path does the same. So the store records the device and inode of the database, its
 WAL and its shared-memory file when it opens them, and compares them with what the path
-holds now: a few `stat` calls, a few microseconds, cheap enough to run around every commit.
+holds now: three `stat` calls, a few microseconds, cheap enough to run after every commit.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ class OpenedFiles:
                 if suffix in self._opened and _identity(self._path + suffix) == self._opened[suffix]:
                     os.remove(self._path + suffix)
                     removed.append(os.path.basename(self._path) + suffix)
-            except (_Unknown, FileNotFoundError):
-                pass  # not there, or nothing can be said: the open that follows says what is wrong
+            except (_Unknown, OSError):
+                pass  # gone meanwhile, or nothing can be said: the open that follows says what is wrong
         return removed
 
     def check(self) -> None:
