@@ -54,9 +54,9 @@ def metric(http: httpx.Client, name: str) -> float:
 
 
 def settled(http: httpx.Client) -> bool:
-    """Every write committed, and the store and writes reported healthy."""
+    """Every write committed, nothing left to extract (no write pending either), and all reported healthy."""
     ready = http.get("/readyz").json()
-    return (ready["status"] == "ready" and ready["writes"] == "ok"
+    return (ready["status"] == "ready" and ready["writes"] == "ok" and ready["extraction_queue"]["pending"] == 0
             and metric(http, 'memproxy_queue_depth{queue="writes"}') == 0)
 
 

@@ -275,7 +275,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             try:
                 await self._connect()
                 break
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 if _reason(exc) != failure:  # logged once per reason, not once per attempt
                     failure = _reason(exc)
                     log.error("store %s: cannot open it again (%s); retrying, every %.0f s at most",
