@@ -164,3 +164,23 @@ def test_a_backup_renamed_over_the_file_becomes_the_store(fake, tmp_path):
         messages, statuses_saved = saved(db)
     assert messages == conversation(["kept in the backup", *[f"turn {n} after the restore" for n in range(3)]])
     assert statuses_saved == [("complete", 4)]
+
+
+def test_a_deleted_wal_is_found_and_nothing_committed_is_lost(fake, tmp_path):
+    # SQLite fails new connections and checkpoints with I/O errors once its WAL is deleted,
+    # while the open write connection goes on committing into the deleted one. Closing every
+    # connection copies that WAL into the database, which stayed, before the path is opened again.
+    db = tmp_path / "memproxy.db"
+    texts = ["before the WAL was deleted", *[f"turn {n} after the WAL was deleted" for n in range(3)]]
+    with serving(db, fake.url) as http:
+        chat(http, texts[0])
+        assert eventually(lambda: settled(http))
+        os.remove(f"{db}-wal")
+        statuses = [chat(http, text).headers["x-memory-status"] for text in texts[1:]]
+        assert STATUSES.fullmatch("".join(SHORT[status] + " " for status in statuses)), statuses
+        assert metric(http, "memproxy_persistence_failures_total") >= 1
+        assert eventually(lambda: settled(http), timeout=15)
+    with serving(db, fake.url):
+        messages, statuses_saved = saved(db)
+    assert messages == conversation(texts)
+    assert statuses_saved == [("complete", 4)]

@@ -303,11 +303,15 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         writer, files = self._writer, self._files
         if writer is None or files is None:
             raise StoreError("store is not open")
-        result = work(writer)
+        try:
+            result = work(writer)
+        except sqlite3.Error:
+            files.check()  # the error may be the deletion's doing (I/O errors on a deleted WAL)
+            raise
         # Gone before or while `work` ran, the file took its commit along: the error has the
         # caller apply it again, to the file the path holds once opened again. One look
         # after, not one before as well: the answer's commit, which a response waits for,
-        # pays for each (a few stat calls).
+        # pays for each (three stat calls).
         files.check()
         return result
 
@@ -364,6 +368,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         except RuntimeError as exc:  # the pool shut down under us: closed meanwhile
             raise StoreError("store is not open") from exc
         except sqlite3.Error as exc:
+            # SQLite answers a read of a deleted WAL with I/O errors: then the file is lost.
+            if self._files is not None and (change := self._files.change()) is not None:
+                self._file_lost(change)
             raise StoreError(_reason(exc)) from exc
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
