@@ -13,6 +13,7 @@ import re
 import shutil
 import sqlite3
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from pathlib import Path
 
@@ -100,6 +101,25 @@ def test_files_deleted_while_running_are_made_again_and_keep_every_turn_sent_sin
     with serving(db, fake.url):  # a restart: the turns are in the file, not in a deleted inode
         messages, statuses_saved = saved(db)
     assert messages == conversation(after)
+    assert statuses_saved == [("complete", 10)]
+
+
+def test_turns_sent_at_once_while_the_files_go_all_land_in_the_new_file(fake, tmp_path):
+    # Ten at once: their writes share batches, some queued behind the one that finds the loss.
+    db = tmp_path / "memproxy.db"
+    after = [f"turn {n} sent at once" for n in range(10)]
+    with serving(db, fake.url) as http:
+        chat(http, "before the files were deleted")
+        assert eventually(lambda: settled(http))
+        remove_files(db)
+        with ThreadPoolExecutor(len(after)) as pool:
+            statuses = list(pool.map(lambda text: chat(http, text).headers["x-memory-status"], after))
+        assert set(statuses) <= set(SHORT), statuses
+        assert metric(http, "memproxy_persistence_failures_total") >= 1
+        assert eventually(lambda: settled(http), timeout=15)
+    with serving(db, fake.url):
+        messages, statuses_saved = saved(db)
+    assert sorted(messages) == sorted(conversation(after))
     assert statuses_saved == [("complete", 10)]
 
 
