@@ -286,7 +286,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         log.warning("store %s: open again, memory on", self._path)
 
     async def _on_write_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """`work(write connection)` on the write thread, never committing into a file gone from the path."""
+        """`work(write connection)` on the write thread; a commit into a file gone from the path is a failure."""
         if self._lost is not None:
             raise StoreError(f"store unavailable: {self._lost}")
         thread = self._write_thread
