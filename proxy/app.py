@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -42,13 +42,13 @@ REOPEN_FIRST_S = 0.5
 REOPEN_MAX_S = 30.0
 
 
-def open_store(settings: StoreSettings) -> Store:
-    """The Store named by store.url."""
+def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None) -> Store:
+    """The Store named by store.url; `on_file_lost`: called when a SQLite file is deleted under it."""
     if settings.url.startswith("sqlite:///"):
         from proxy.stores.sqlite import SQLiteStore
 
         return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper(),
-                           search_cache_mb=settings.search_cache_mb)
+                           search_cache_mb=settings.search_cache_mb, on_file_lost=on_file_lost)
     from proxy.stores.postgres import PostgresStore  # type: ignore[import-not-found]
 
     return PostgresStore(settings.url)  # type: ignore[no-any-return]
@@ -62,7 +62,8 @@ class Parts:
         self.metrics = Metrics()
         self.upstream = Upstream(settings.upstream)
         self.scopes = ScopeResolver(settings)
-        self.store = open_store(settings.store)
+        # A database file deleted under the store lost what it held: a persistence failure.
+        self.store = open_store(settings.store, on_file_lost=self.metrics.write_failures.inc)
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
         self.vectors, self.embedding = self._embeddings(settings)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)

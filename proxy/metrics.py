@@ -51,7 +51,8 @@ class Metrics:
                                      "(no block, nothing saved), by rule and wire", ["rule", "wire"], registry=r)
         self.degraded = Counter("memproxy_memory_degraded", "Requests sent without memory because of a fault",
                                 ["reason"], registry=r)
-        self.write_failures = Counter("memproxy_persistence_failures", "Failed write batches", registry=r)
+        self.write_failures = Counter("memproxy_persistence_failures", "Failed write batches, and database files "
+                                      "found deleted or replaced under the store", registry=r)
         self.writes_dropped = Counter("memproxy_writes_dropped", "Writes dropped because the queue was full",
                                       registry=r)
         self.turns_dropped = Counter("memproxy_turns_dropped", "Turns that lost at least one write to a full "

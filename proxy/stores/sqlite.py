@@ -7,12 +7,19 @@ thread, not one per statement. Reads use READERS connections of their own, each 
 own thread (sqlite_readers.py), so a long write never queues a read and retrieval's
 sources search side by side. Schema: sqlite_schema.py; rows to models: sqlite_rows.py;
 the write ops: sqlite_batch.py; message search: sqlite_search.py.
+
+A file deleted or replaced under the store (sqlite_file.py) is found after each commit
+(which then counts as failed, to be applied again to the new file) and by `ping`. From then
+on the store is unavailable (reads and writes raise StoreError, so the writer keeps its
+queued writes and retries them) while it closes every connection and opens the path again,
+on a new file with a new schema when none is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -38,6 +45,7 @@ from proxy.stores.sqlite_checkpoint import (
 )
 from proxy.stores.sqlite_entity_index import EntityIndexes, EntityTermCounts
 from proxy.stores.sqlite_facts import USER_TYPE
+from proxy.stores.sqlite_file import FileChanged, OpenedFiles
 from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
@@ -70,6 +78,8 @@ from proxy.stores.sqlite_vectors import SQLiteVectors
 
 T = TypeVar("T")
 
+log = logging.getLogger("memproxy.store")
+
 BUSY_TIMEOUT_MS = 5000
 # Per connection. SQLite's default 2 MiB makes index inserts miss the cache once a user
 # holds ~100k messages, which tripled the cost of a write batch.
@@ -84,6 +94,10 @@ READERS = 2
 # saved by another process is found within it.
 NO_TRACES_RECHECK_S = 1.0
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+# Once the file was found deleted or replaced, the path is opened again at once, then after
+# this long, doubling up to REOPEN_MAX_S: its directory may be gone until someone makes it again.
+REOPEN_FIRST_S = 0.05
+REOPEN_MAX_S = 5.0
 
 
 # Errors no retry can fix: the write itself is wrong. Locked, full or I/O errors are
@@ -124,7 +138,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     matches_any_term = True
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL", search_cache_mb: int = 256,
-                 checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES) -> None:
+                 checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES,
+                 on_file_lost: Callable[[], None] | None = None) -> None:
+        """`on_file_lost` is called each time the file is found deleted or replaced under the store."""
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
         self._path = path
@@ -132,14 +148,23 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                          "secure_delete=ON", f"cache_size=-{CACHE_KIB}")
         self._write_thread: ThreadPoolExecutor | None = None
         self._writer: sqlite3.Connection | None = None  # used on the write thread only
+        self._files: OpenedFiles | None = None  # what the connections have open, set on the write thread
         self._readers: ReadPool | None = None
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
+        self._search_cache_bytes = search_cache_mb << 20
+        self._on_file_lost = on_file_lost
+        self._lost: str | None = None  # why the store is unavailable while it opens its path again
+        self._reopening: asyncio.Task[None] | None = None
+        self._fresh_search_state()
+
+    def _fresh_search_state(self) -> None:
+        """Counts and postings built from the file's rows: none of it holds for another file."""
         self._message_counts = MessageTermCounts()
         self._entity_counts = EntityTermCounts()
-        self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
-        self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
+        self._message_indexes = MessageIndexes(self._path, self._pragmas, self._search_cache_bytes, MESSAGE_WEIGHTS)
+        self._entity_indexes = EntityIndexes(self._path, self._pragmas, self._search_cache_bytes, ENTITY_WEIGHTS)
         self._reasoning_term_counts = ReasoningTermCounts()
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
@@ -161,18 +186,22 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             return
         self._write_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memproxy-sqlite-writer")
         try:
-            self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
-            self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
-            await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
-            self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
-                                              self._wal_truncate_bytes)
-            self._checkpointer.start()
+            await self._connect()
         except sqlite3.Error as exc:
             await self.close()
             raise StoreError(f"cannot open {self._path}: {_reason(exc)}") from exc
 
+    async def _connect(self) -> None:
+        """Open the write connection, the readers and the checkpointer on the path."""
+        self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
+        self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
+        await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
+        self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
+                                          self._wal_truncate_bytes)
+        self._checkpointer.start()
+
     def _open_writer(self) -> sqlite3.Connection:
-        """The write connection, on the write thread: WAL, schema, crash recovery."""
+        """The write connection, on the write thread: WAL, schema, crash recovery, the files' identity."""
         conn = sqlite3.connect(self._path, isolation_level=None)
         try:
             for pragma in self._pragmas:
@@ -181,6 +210,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             migrate(conn)
             transaction(conn, lambda: recover(conn))
+            self._files = OpenedFiles(self._path)  # once WAL mode has made the WAL and its index
         except BaseException:
             conn.close()
             raise
@@ -188,26 +218,110 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def close(self) -> None:
         """Finish queued reads and writes and release every connection."""
-        readers, writer, thread = self._readers, self._writer, self._write_thread
-        self._readers, self._writer, self._write_thread = None, None, None
-        checkpointer, self._checkpointer = self._checkpointer, None
+        reopening, self._reopening = self._reopening, None
+        if reopening is not None:
+            reopening.cancel()
+            await asyncio.gather(reopening, return_exceptions=True)
+        self._lost = None
+        await self._release()
+        thread, self._write_thread = self._write_thread, None
+        if thread is not None:
+            thread.shutdown(wait=False)
+
+    async def _release(self) -> None:
+        """Close every connection, after the reads and writes queued on them (the write thread stays)."""
+        loop = asyncio.get_running_loop()
+        readers, writer, checkpointer = self._readers, self._writer, self._checkpointer
+        self._readers, self._writer, self._checkpointer, self._files = None, None, None, None
         if checkpointer is not None:
-            await asyncio.get_running_loop().run_in_executor(None, checkpointer.stop)
+            await loop.run_in_executor(None, checkpointer.stop)
         if readers is not None:
             try:
                 await readers.close()
             except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
-            for indexes in (self._message_indexes, self._entity_indexes):
-                await asyncio.get_running_loop().run_in_executor(None, indexes.close)
-        if thread is not None:
-            if writer is not None:
-                # Queued behind any batch still running, so that batch commits first.
-                await asyncio.get_running_loop().run_in_executor(thread, writer.close)
-            thread.shutdown(wait=False)
+        for indexes in (self._message_indexes, self._entity_indexes):
+            await loop.run_in_executor(None, indexes.close)
+        if writer is not None and self._write_thread is not None:
+            # Queued behind any batch still running, so that batch commits first.
+            await loop.run_in_executor(self._write_thread, writer.close)
+
+    # --- the file deleted or replaced under the store
+
+    def _file_lost(self, why: str) -> None:
+        """Stop using connections to a file gone from the path, and open the path again."""
+        if self._lost is not None:
+            return
+        self._lost = why
+        log.error("store %s: %s while open; opening the path again (a new, empty database when no file is"
+                  " there). Writes not yet committed wait and land there; what the old file held is gone",
+                  self._path, why)
+        if self._on_file_lost is not None:
+            self._on_file_lost()
+        self._reopening = asyncio.get_running_loop().create_task(self._reopen(), name="memproxy-sqlite-reopen")
+
+    async def _reopen(self) -> None:
+        # Every connection to the old file is closed before the path is opened: the last one
+        # to close removes the WAL and its index by name, which must not be the new file's.
+        delay, failure, files = REOPEN_FIRST_S, "", self._files
+        while True:
+            await self._release()
+            if files is not None:
+                if removed := files.remove_left_behind():
+                    log.warning("store %s: removed %s, left behind by the file that is gone", self._path,
+                                " and ".join(removed))
+                files = None
+            self._fresh_search_state()
+            try:
+                await self._connect()
+                break
+            except (sqlite3.Error, OSError) as exc:
+                if _reason(exc) != failure:  # logged once per reason, not once per attempt
+                    failure = _reason(exc)
+                    log.error("store %s: cannot open it again (%s); retrying, every %.0f s at most",
+                              self._path, failure, REOPEN_MAX_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REOPEN_MAX_S)
+        self._lost = None
+        log.warning("store %s: open again, memory on", self._path)
+
+    async def _on_write_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """`work(write connection)` on the write thread; a commit into a file gone from the path is a failure."""
+        if self._lost is not None:
+            raise StoreError(f"store unavailable: {self._lost}")
+        thread = self._write_thread
+        if thread is None or self._writer is None:
+            raise StoreError("store is not open")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(thread, self._checked, work)
+        except FileChanged as exc:
+            self._file_lost(str(exc))
+            raise StoreError(f"store unavailable: {exc}") from exc
+
+    def _checked(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """On the write thread: `work`, then a look at the files before it counts as done."""
+        writer, files = self._writer, self._files
+        if writer is None or files is None:
+            raise StoreError("store is not open")
+        try:
+            result = work(writer)
+        except sqlite3.Error:
+            files.check()  # the error may be the deletion's doing (I/O errors on a deleted WAL)
+            raise
+        # Gone before or while `work` ran, the file took its commit along: the error has the
+        # caller apply it again, to the file the path holds once opened again. One look
+        # after, not one before as well: the answer's commit, which a response waits for,
+        # pays for each (three stat calls).
+        files.check()
+        return result
 
     async def ping(self) -> bool:
-        """True when the database answers a trivial query."""
+        """True when the database answers a trivial query from the file at its path."""
+        if self._lost is not None:
+            return False
+        if self._files is not None and (change := self._files.change()) is not None:
+            self._file_lost(change)  # found here when no write came since
+            return False
         try:
             rows = await self._rows("SELECT 1", [])
             return bool(rows[0][0] == 1)
@@ -224,11 +338,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """
         if not ops:
             return
-        writer, thread = self._writer, self._write_thread
-        if writer is None or thread is None:
-            raise StoreError("store is not open")
+        batch = list(ops)
         try:
-            await asyncio.get_running_loop().run_in_executor(thread, apply_batch, writer, list(ops))
+            await self._on_write_thread(lambda conn: apply_batch(conn, batch))
             if any(isinstance(op, FinishTurn) and op.steps for op in ops):
                 self._no_traces_until = 0.0  # a trace is in the store now
         except _INVALID_WRITE as exc:
@@ -247,6 +359,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """`work(connection)` on a read connection; StoreError when SQLite fails or the store is closed."""
         readers = self._readers
+        if self._lost is not None:
+            raise StoreError(f"store unavailable: {self._lost}")
         if readers is None:
             raise StoreError("store is not open")
         try:
@@ -254,6 +368,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         except RuntimeError as exc:  # the pool shut down under us: closed meanwhile
             raise StoreError("store is not open") from exc
         except sqlite3.Error as exc:
+            # SQLite answers a read of a deleted WAL with I/O errors: then the file is lost.
+            if self._files is not None and (change := self._files.change()) is not None:
+                self._file_lost(change)
             raise StoreError(_reason(exc)) from exc
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:

@@ -106,13 +106,13 @@ class SQLiteAdmin:
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:  # provided by SQLiteStore
         raise NotImplementedError
 
+    async def _on_write_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteStore
+        raise NotImplementedError
+
     async def _on_writer(self, body: Callable[[sqlite3.Connection], T]) -> T:
         """Run `body` in one IMMEDIATE transaction on the write thread."""
-        writer, thread = self._writer, self._write_thread
-        if writer is None or thread is None:
-            raise StoreError("store is not open")
 
-        def run() -> T:
+        def run(writer: sqlite3.Connection) -> T:
             writer.execute("BEGIN IMMEDIATE")
             try:
                 result = body(writer)
@@ -123,7 +123,7 @@ class SQLiteAdmin:
             return result
 
         try:
-            return await asyncio.get_running_loop().run_in_executor(thread, run)
+            return await self._on_write_thread(run)
         except _INVALID_WRITE as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}", transient=False) from exc
         except sqlite3.Error as exc:
