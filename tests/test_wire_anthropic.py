@@ -136,7 +136,22 @@ def test_top_level_cache_control_stays_when_the_conversation_goes_on_after_the_p
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}]}]
     out = inserted(parsed(messages, cache_control=mark))
     assert out["cache_control"] == mark
-    assert out["messages"][0]["content"] == f"{BLOCK}\n\nhi"
+    # Where the first step put memory (after the prompt), so the prefix it cached is read again.
+    assert out["messages"][0]["content"] == [{"type": "text", "text": "hi"}, {"type": "text", "text": BLOCK + "\n\n"}]
+
+
+def test_a_later_step_keeps_memory_after_the_prompt_when_the_client_moved_its_breakpoint():
+    mark = {"type": "ephemeral"}
+    prompt = [REMINDER, {"type": "text", "text": "run it"}]
+    first = inserted(parsed([{"role": "user", "content": [prompt[0], {**prompt[1], "cache_control": mark}]}]))
+    later = inserted(parsed([
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "n", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r", "cache_control": mark}]},
+    ]))
+    memory = {"type": "text", "text": BLOCK + "\n\n"}
+    assert first["messages"][0]["content"] == [prompt[0], {**prompt[1], "cache_control": mark}, memory]
+    assert later["messages"][0]["content"] == [*prompt, memory]
 
 
 def events(chunks: list[bytes]) -> MessagesStreamReader:

@@ -72,14 +72,17 @@ class AnthropicMessages:
         message = messages[index]
         content = message["content"]
         automatic = body.get("cache_control")
-        if automatic is not None and not _conversation_after(messages, index):
-            # The automatic breakpoint would land on the block memory adds: pin it where it was.
-            del body["cache_control"]
-            parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-            if "cache_control" not in parts[-1]:
-                parts[-1] = {**parts[-1], "cache_control": automatic}
-            content = parts
-        messages[index] = {**message, "content": _with_block(content, block)}
+        later_step = _conversation_after(messages, index)
+        if automatic is not None:
+            # The automatic breakpoint sits on the last block: on the first step that would be
+            # the block memory adds, so it is pinned to the prompt's own last block, and every
+            # step keeps memory after the prompt, where the first step cached it.
+            content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+            if not later_step:
+                del body["cache_control"]
+                if "cache_control" not in content[-1]:
+                    content[-1] = {**content[-1], "cache_control": automatic}
+        messages[index] = {**message, "content": _with_block(content, block, later_step or automatic is not None)}
         body["messages"] = messages
         return dump_json(body)
 
@@ -189,12 +192,20 @@ def _conversation_after(messages: list[dict[str, Any]], index: int) -> bool:
     return any(m["role"] in _CONVERSATION_ROLES for m in messages[index + 1:])
 
 
-def _with_block(content: Any, block: str) -> Any:
+def _with_block(content: Any, block: str, after_prompt: bool) -> Any:
     if isinstance(content, str):
         return f"{block}\n\n{content}"
     memory = {"type": "text", "text": f"{block}\n\n"}
     marked = [i for i, part in enumerate(content) if "cache_control" in part]
-    at = marked[-1] + 1 if marked else 0
+    if marked:
+        at = marked[-1] + 1
+    elif after_prompt:
+        # A client that marks its prompt (Claude Code) moves the breakpoint to the newest
+        # message on a tool loop's later steps; memory stays where the first step put it,
+        # after the prompt's blocks, so the prefix that step cached is read again.
+        at = len(content)
+    else:
+        at = 0
     return [*content[:at], memory, *content[at:]]
 
 
