@@ -17,6 +17,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,7 +29,8 @@ from proxy.models import (
     StoredMessage,
     Turn,
 )
-from proxy.stores.base import FinishTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import FinishTurn, FoundTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.generations import generation_key
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
 from proxy.stores.sqlite_checkpoint import (
@@ -113,6 +115,12 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[st
     ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
     ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
 )
+
+
+def _current_turn(row: sqlite3.Row) -> Turn:
+    """A found turn, its cached block left out when a deletion came after it was computed."""
+    turn = turn_from_row(row)
+    return turn if row["block_current"] else replace(turn, block=None, injected=0)
 
 
 class SQLiteStore(SQLiteAdmin, SQLiteVectors):
@@ -262,29 +270,34 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     # --- turn and conversation identity
 
-    async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
-        """The turn whose earlier step's response carried one of these tool-call ids."""
-        if not call_ids:
-            return None
-        agent, agent_params = agent_clause(scope, "t")
-        rows = await self._rows(
-            f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
-            " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
-            f" WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?)){agent}"
-            " ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-            [scope.user, json.dumps(list(call_ids)), *agent_params],
-        )
-        return turn_from_row(rows[0]) if rows else None
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
+                        ) -> FoundTurn:
+        """The user's generation, then the turn the request belongs to, in one call on a read connection.
 
-    async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
-        """The latest turn started at or after `since` whose history hashed the same."""
+        The generation is read first: a deletion between the two reads then leaves a new turn
+        that carries the older generation (saving nothing), never an old turn carrying the newer.
+        """
         agent, agent_params = agent_clause(scope, "t")
-        rows = await self._rows(
-            f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = ? AND t.history_hash = ? AND t.created_at >= ?"
-            f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-            [scope.user, history_hash, to_ts(since), *agent_params],
-        )
-        return turn_from_row(rows[0]) if rows else None
+
+        def find(conn: sqlite3.Connection) -> FoundTurn:
+            row = conn.execute("SELECT generation FROM generations WHERE id = ?",
+                               (generation_key(scope.user),)).fetchone()
+            generation = int(row[0]) if row else 0
+            columns = f"{_TURN_COLUMNS}, t.block_generation >= ? AS block_current"
+            rows = conn.execute(
+                f"SELECT {columns} FROM turn_tool_calls c JOIN turns t ON t.user_id = c.user_id"
+                " AND t.turn_key = c.turn_key WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?))"
+                f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+                [generation, scope.user, json.dumps(list(call_ids)), *agent_params],
+            ).fetchall() if call_ids else []
+            rows = rows or conn.execute(
+                f"SELECT {columns} FROM turns t WHERE t.user_id = ? AND t.history_hash = ? AND t.created_at >= ?"
+                f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+                [generation, scope.user, history_hash, to_ts(since), *agent_params],
+            ).fetchall()
+            return FoundTurn(_current_turn(rows[0]) if rows else None, generation)
+
+        return await self._read(find)
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""
