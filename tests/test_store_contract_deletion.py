@@ -17,7 +17,9 @@ from typing import Any
 
 from proxy.memory.extraction.model import bounded_key
 from proxy.models import Scope
-from proxy.stores.base import FinishTurn, FoundTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store
+from proxy.stores.base import (
+    EntityFact, FinishTurn, FoundTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store,
+)
 from proxy.stores.generations import Generation
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_schema import MIGRATIONS, statements
@@ -125,6 +127,24 @@ def test_a_cached_block_is_left_out_after_a_deletion_until_a_new_one_replaces_it
             # The turn's other writes still land: only a deletion of its user or conversation ends them.
             await store.apply(turn_writes(ALICE, "t1", "c1", 0)[4:])
             assert [m.content for m in await store.messages(ALICE, "c1")] == ["question t1", "answer t1"]
+
+    run(body())
+
+
+def test_the_extraction_of_a_deleted_message_is_never_applied_to_a_later_one(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply(turn_writes(ALICE, "t1", "c1", 0)[:1])
+            [item] = await store.claim_extraction(10, T0 + timedelta(days=1))
+            await store.delete_user(ALICE)
+            await store.apply(turn_writes(ALICE, "t2", "c1", 1)[:1])
+            if backend.name == "sqlite":  # the later message's item takes the deleted one's queue id
+                assert [q.queue_id for q in await store.claim_extraction(10, T0 + timedelta(days=1))] == [item.queue_id]
+            # The extraction of the deleted message, finishing now, is dropped.
+            await store.apply([RecordFacts(ALICE, item.queue_id, item.message.id, (EntityFact("Zed", "person"),), (),
+                                           T0)])
+            assert await store.entities(ALICE) == []
+            assert await backend.sql("SELECT count(*) FROM extraction_queue") == [(1,)]
 
     run(body())
 
