@@ -272,30 +272,31 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
                         ) -> FoundTurn:
-        """The user's generation, then the turn the request belongs to, in one call on a read connection.
-
-        The generation is read first: a deletion between the two reads then leaves a new turn
-        that carries the older generation (saving nothing), never an old turn carrying the newer.
-        """
+        """The user's generation and the turn the request belongs to, each lookup one statement (one snapshot)."""
         agent, agent_params = agent_clause(scope, "t")
+        lookups: list[tuple[str, list[Any]]] = []
+        if call_ids:
+            lookups.append((
+                f"SELECT {_TURN_COLUMNS}, t.block_generation FROM turn_tool_calls c JOIN turns t"
+                " ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
+                f" WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?)){agent}"
+                " ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+                [scope.user, json.dumps(list(call_ids)), *agent_params]))
+        lookups.append((
+            f"SELECT {_TURN_COLUMNS}, t.block_generation FROM turns t WHERE t.user_id = ? AND t.history_hash = ?"
+            f" AND t.created_at >= ?{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            [scope.user, history_hash, to_ts(since), *agent_params]))
+        key = generation_key(scope.user)
 
         def find(conn: sqlite3.Connection) -> FoundTurn:
-            row = conn.execute("SELECT generation FROM generations WHERE id = ?",
-                               (generation_key(scope.user),)).fetchone()
-            generation = int(row[0]) if row else 0
-            columns = f"{_TURN_COLUMNS}, t.block_generation >= ? AS block_current"
-            rows = conn.execute(
-                f"SELECT {columns} FROM turn_tool_calls c JOIN turns t ON t.user_id = c.user_id"
-                " AND t.turn_key = c.turn_key WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?))"
-                f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-                [generation, scope.user, json.dumps(list(call_ids)), *agent_params],
-            ).fetchall() if call_ids else []
-            rows = rows or conn.execute(
-                f"SELECT {columns} FROM turns t WHERE t.user_id = ? AND t.history_hash = ? AND t.created_at >= ?"
-                f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-                [generation, scope.user, history_hash, to_ts(since), *agent_params],
-            ).fetchall()
-            return FoundTurn(_current_turn(rows[0]) if rows else None, generation)
+            for lookup, params in lookups:
+                row = conn.execute(
+                    "SELECT g.generation, t.*, t.block_generation >= g.generation AS block_current FROM"
+                    " (SELECT ifnull((SELECT generation FROM generations WHERE id = ?), 0) AS generation) g"
+                    f" LEFT JOIN ({lookup}) t ON 1", [key, *params]).fetchone()
+                if row["turn_key"] is not None:
+                    return FoundTurn(_current_turn(row), row["generation"])
+            return FoundTurn(None, row["generation"])
 
         return await self._read(find)
 
