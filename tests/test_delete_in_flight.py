@@ -55,7 +55,7 @@ def slow_answers(fake: FakeUpstream, texts: list[str]) -> None:
     fake.queue(*(SSEReply(stream_events(text), delay=CHUNK_EVERY_S) for text in texts))
 
 
-def run_streams(streams: list[Stream], during: Callable[[], None]) -> float:
+def run_streams(streams: list[Stream], during: Callable[[], object]) -> float:
     """Start the streams, call `during` DELETE_AFTER_S later, wait for the streams; when `during` was called."""
     for stream in streams:
         stream.start()
@@ -156,7 +156,7 @@ def test_a_tool_loops_next_step_after_a_deletion_gets_a_block_without_the_delete
         chat(http, {**user, "X-Memory-Conversation": "notes"},
              "The deploy token rotation runs every Monday.").raise_for_status()
     client = proxy.client(**user, **{"X-Memory-Conversation": "loop"})
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "where does the deploy token live?"}]
+    messages: Any = [{"role": "user", "content": "where does the deploy token live?"}]
     blocks = []
     for step in range(3):
         fake.queue(JsonReply(completion(None, tool_calls=[{"id": f"call_{step}", "name": "vault", "arguments": "{}"}])))
