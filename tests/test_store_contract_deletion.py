@@ -98,7 +98,8 @@ def test_deleting_a_conversation_ends_only_its_turns_in_flight(backend: Backend)
             assert await store.delete_item(ALICE, "conversation", "c1") is not None
             assert (await lookup(store, ALICE)).generation == 1
             await store.apply(turn_writes(ALICE, "t1", "c1", 0)[1:] + turn_writes(ALICE, "t2", "c2", 0)[1:])
-            assert await backend.sql("SELECT turn_key, conversation_id, status FROM turns") == [("t2", "c2", "complete")]
+            turns = await backend.sql("SELECT turn_key, conversation_id, status FROM turns")
+            assert turns == [("t2", "c2", "complete")]
             assert [m.content for m in await store.messages(ALICE, "c2")] == ["question t2", "answer t2"]
             assert await store.messages(ALICE, "c1") == []
             await store.apply(turn_writes(ALICE, "t3", "c1", 1))  # the id is free again for a later turn

@@ -245,8 +245,8 @@ class TurnRecall(Recall):
 
     def failed(self, status: str) -> None:
         self._ended(status)
-        self._submit(SetTurnStatus(self._scope, self.turn_key, status, datetime.now(timezone.utc),  # type: ignore[arg-type]
-                                   self._generation))
+        at = datetime.now(timezone.utc)
+        self._submit(SetTurnStatus(self._scope, self.turn_key, status, at, self._generation))  # type: ignore[arg-type]
 
     def aborted(self) -> None:
         self.failed("client_aborted")

@@ -226,8 +226,8 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         """The user's generation and the turn the request belongs to, in one statement (one snapshot)."""
         args = Args()
         user = args(scope.user)
-        generation = (f"(SELECT coalesce((SELECT generation FROM generations WHERE id = {args(generation_key(scope.user))}),"
-                      " 0) AS generation)")
+        key = args(generation_key(scope.user))
+        generation = f"(SELECT coalesce((SELECT generation FROM generations WHERE id = {key}), 0) AS generation)"
         columns = f"{_TURN_COLUMNS}, t.block_generation"
         # Cleaned as they were saved: a NUL or lone surrogate from the client failed the read,
         # and five such requests opened the circuit breaker for every user of the replica.
