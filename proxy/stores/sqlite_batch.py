@@ -69,6 +69,8 @@ class Batch:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._users: set[str] = set()
+        # Whether a deletion came after a turn's generation: fixed for the transaction, so asked once per turn.
+        self._deleted: dict[tuple[str, str, int], bool] = {}
 
     def _run(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._conn.execute(sql, params).fetchall()
@@ -100,9 +102,12 @@ class Batch:
         """True when the op's user or conversation was deleted at a later generation than the turn's."""
         if op.generation is None:
             return False
-        keys = deleted_keys(op.scope.user, op.generation.conversation_id)
-        return bool(self._run("SELECT 1 FROM generations WHERE id IN (?, ?) AND generation > ? LIMIT 1",
-                              (*keys, op.generation.number)))
+        key = (op.scope.user, op.generation.conversation_id, op.generation.number)
+        if key not in self._deleted:
+            rows = deleted_keys(op.scope.user, op.generation.conversation_id)
+            self._deleted[key] = bool(self._run(
+                "SELECT 1 FROM generations WHERE id IN (?, ?) AND generation > ? LIMIT 1", (*rows, key[2])))
+        return self._deleted[key]
 
     def _user(self, user: str, at: float) -> None:
         if user not in self._users:
