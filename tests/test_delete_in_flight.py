@@ -26,12 +26,18 @@ DELETE_AFTER_S = 0.7  # the streams' turns are started and saved; their answers 
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def proxy(request: pytest.FixtureRequest, make_proxy: Callable[..., RunningProxy]) -> RunningProxy:
-    """A proxy on each store in turn; no fact extraction, so a user's export is its turns alone."""
+def replica(request: pytest.FixtureRequest, make_proxy: Callable[..., RunningProxy]) -> Callable[[], RunningProxy]:
+    """Starts proxies sharing one store, on each store in turn; no fact extraction, so a user's
+    export is its turns alone."""
     overrides: dict[str, Any] = {"memory__commit_timeout_ms": 5000, "extraction__from_roles": []}
     if request.param == "postgres":
         overrides["store__url"] = request.getfixturevalue("pg_url")
-    return make_proxy(**overrides)
+    return lambda: make_proxy(**overrides)
+
+
+@pytest.fixture
+def proxy(replica: Callable[[], RunningProxy]) -> RunningProxy:
+    return replica()
 
 
 class Stream(threading.Thread):
@@ -102,6 +108,18 @@ def test_a_user_deleted_while_its_turns_stream_does_not_come_back(proxy: Running
     assert kinds(records) == [("conversation", conversation[0], "", ""),
                               ("message", conversation[0], "assistant", "later answer"),
                               ("message", conversation[0], "user", "a later question")]
+
+
+def test_a_user_deleted_through_another_replica_does_not_come_back(
+        replica: Callable[[], RunningProxy], fake: FakeUpstream) -> None:
+    serving, deleting = replica(), replica()
+    slow_answers(fake, [f"slow answer {n}" for n in range(2)])
+    streams = [Stream(serving, {"X-Memory-User": "victim"}, f"streamed question {n}") for n in range(2)]
+    with deleting.http() as http:
+        asked = run_streams(streams, lambda: http.delete(api_url("victim")).raise_for_status())
+    assert sorted(stream.text for stream in streams) == ["slow answer 0", "slow answer 1"]
+    assert all(stream.ended > asked for stream in streams)
+    assert export(serving, "victim") == export(deleting, "victim") == []
 
 
 def test_an_import_after_a_deletion_with_turns_in_flight_restores_the_records(
