@@ -29,6 +29,9 @@ class TurnIdentity:
     history_hash: str
     existing: Turn | None  # the stored turn for a later step or a retry
     new_conversation: bool = False  # a conversation the store has nothing of yet
+    # The user's deletion generation when the turn began (stores/generations.py): its writes
+    # are skipped once its user or conversation is deleted. None when the store was not asked.
+    generation: int | None = None
 
     @property
     def is_new(self) -> bool:
@@ -50,14 +53,14 @@ async def identify(
     """Find the request's turn and conversation in the store, or start new ones."""
     digest = history_hash(scope, transcript)
     call_ids = list(transcript.tool_call_ids)
-    existing = await store.turn_by_tool_calls(scope, call_ids) if call_ids else None
-    if existing is None:
-        existing = await store.turn_by_history(scope, digest, now - timedelta(seconds=retry_window_s))
+    found = await store.find_turn(scope, call_ids, digest, now - timedelta(seconds=retry_window_s))
+    existing = found.turn
     if existing is not None:
-        return TurnIdentity(existing.key, existing.conversation_id, digest, existing)
+        return TurnIdentity(existing.key, existing.conversation_id, digest, existing, generation=found.generation)
     conversation = await conversation_for(store, scope, transcript, follow)
     key, fresh = _new_ids(digest, now, retry_window_s)
-    return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None)
+    return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None,
+                        generation=found.generation)
 
 
 async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str) -> str | None:

@@ -40,5 +40,10 @@ from tests.test_api import (  # noqa: F401  (collected here again, against Postg
 
 @pytest.fixture
 def proxy(pg_url: str, make_proxy: Any) -> RunningProxy:
-    """The proxy of test_api.py, its store on PostgreSQL."""
-    return make_proxy(store__url=pg_url)
+    """The proxy of test_api.py, its store on PostgreSQL.
+
+    The answer waits for its commit: a fresh connection's first write batch plans the write
+    statement, which on a loaded machine took longer than the default 100 ms, and the
+    injection log was read before its row landed (a flaky test_the_injection_log_of_a_turn).
+    """
+    return make_proxy(store__url=pg_url, memory__commit_timeout_ms=5000)

@@ -128,6 +128,11 @@ def test_the_command_line_imports_exports_and_deletes(tmp_path: Path) -> None:
         "reasoning": 0, "relationships": 0, "turn_tool_calls": 0, "turns": 0, "users": 1}}
     assert memproxy(["export", "--user", "u1"], db).stdout == b""
     assert grep(db, [token]) == {}
+    # A deleted user's records can be imported again (the record of the deletion blocks only
+    # turns that were in flight then).
+    restored = memproxy(["import", str(source), "--user", "u1"], db)
+    assert json.loads(restored.stdout) == {"imported": {"conversation": 1, "message": 1}, "skipped": {}}
+    assert lines(memproxy(["export", "--user", "u1"], db).stdout) == records
 
 
 def test_the_command_line_rejects_a_bad_file(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from proxy.models import ReasoningStep, Scope
+from proxy.models import ReasoningStep, Scope, Turn
 from proxy.stores.base import (
     FinishTurn,
     RecordToolCalls,
@@ -53,6 +53,16 @@ def start(scope: Scope, key: str, text: str | None = "hello", *, conv: str = "c1
 def finish(scope: Scope, key: str, answer: str, *, conv: str = "c1", at: datetime = T0,
            task: str = "", steps: tuple[ReasoningStep, ...] = ()) -> FinishTurn:
     return FinishTurn(scope, key, conv, answer, at + timedelta(seconds=1), task, steps)
+
+
+async def by_calls(store: Store, scope: Scope, call_ids: list[str]) -> Turn | None:
+    """The turn `find_turn` finds by tool-call ids alone (no history matches)."""
+    return (await store.find_turn(scope, call_ids, "no such history", T0 + timedelta(days=3650))).turn
+
+
+async def by_history(store: Store, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
+    """The turn `find_turn` finds by history alone (no tool-call ids)."""
+    return (await store.find_turn(scope, [], history_hash, since)).turn
 
 
 # --- writes ----------------------------------------------------------------------------
@@ -324,11 +334,11 @@ def test_tool_call_lookup(backend: Backend) -> None:
             await store.apply([start(ALICE, "t1"), RecordToolCalls(ALICE, "t1", calls, T0)])
             await store.apply([RecordToolCalls(ALICE, "t1", calls, T0)])  # a retried step
             await store.apply([RecordToolCalls(ALICE, "no-such-turn", (("call_9", "x", "{}"),), T0)])
-            turn = await store.turn_by_tool_calls(ALICE, ["call_unknown", "call_2"])
+            turn = await by_calls(store, ALICE, ["call_unknown", "call_2"])
             assert turn is not None and turn.key == "t1"
-            assert await store.turn_by_tool_calls(ALICE, ["call_9"]) is None
-            assert await store.turn_by_tool_calls(ALICE, []) is None
-            assert await store.turn_by_tool_calls(BOB, ["call_1"]) is None
+            assert await by_calls(store, ALICE, ["call_9"]) is None
+            assert await by_calls(store, ALICE, []) is None
+            assert await by_calls(store, BOB, ["call_1"]) is None
         assert await backend.sql("SELECT count(*) FROM turn_tool_calls") == [(2,)]
 
     run(body())
@@ -345,7 +355,7 @@ def test_a_call_id_a_later_turn_reuses_leads_to_that_turn(backend: Backend) -> N
             await store.apply([start(ALICE, "k2", at=later),
                                RecordToolCalls(ALICE, "k2", (("call_0", "fetch", '{"n": 2}'), ("call_0", "fetch", "{}")),
                                                later)])
-            turn = await store.turn_by_tool_calls(ALICE, ["call_0"])
+            turn = await by_calls(store, ALICE, ["call_0"])
             assert turn is not None and turn.key == "k2"
         assert await backend.sql("SELECT turn_key, name, arguments FROM turn_tool_calls") == [("k2", "fetch", "{}")]
 
@@ -358,13 +368,13 @@ def test_history_lookup_respects_since(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:
             await store.apply([start(ALICE, "t1", history="H"), start(ALICE, "t2", history="H", at=later)])
-            found = await store.turn_by_history(ALICE, "H", T0 - timedelta(seconds=30))
+            found = await by_history(store, ALICE, "H", T0 - timedelta(seconds=30))
             assert found is not None and found.key == "t2"  # the latest
-            found = await store.turn_by_history(ALICE, "H", later)  # at or after
+            found = await by_history(store, ALICE, "H", later)  # at or after
             assert found is not None and found.key == "t2"
-            assert await store.turn_by_history(ALICE, "H", later + timedelta(seconds=1)) is None
-            assert await store.turn_by_history(ALICE, "other", T0 - timedelta(days=1)) is None
-            assert await store.turn_by_history(BOB, "H", T0 - timedelta(days=1)) is None
+            assert await by_history(store, ALICE, "H", later + timedelta(seconds=1)) is None
+            assert await by_history(store, ALICE, "other", T0 - timedelta(days=1)) is None
+            assert await by_history(store, BOB, "H", T0 - timedelta(days=1)) is None
 
     run(body())
 
@@ -555,8 +565,8 @@ async def everything_visible_to(store: Store, scope: Scope, ids: dict[str, str])
         await store.search_reasoning(scope, terms),
         await store.recent_conversations(scope, None),
         await store.latest_conversation(scope),
-        await store.turn_by_tool_calls(scope, ["call_alice"]),
-        await store.turn_by_history(scope, "h-t-alice", T0 - timedelta(days=1)),
+        await by_calls(store, scope, ["call_alice"]),
+        await by_history(store, scope, "h-t-alice", T0 - timedelta(days=1)),
         await store.conversation_by_assistant_hashes(scope, [text_hash(f"answer {CANARY}")]),
         [record async for record in store.export(scope)],
     ]

@@ -27,6 +27,7 @@ from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
     FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
+from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, identify
 
 log = logging.getLogger("memproxy.memory")
@@ -179,6 +180,8 @@ class TurnRecall(Recall):
         self._identity = identity
         self._persist = persist
         self.turn_key = identity.key
+        self._generation = (None if identity.generation is None
+                            else Generation(identity.generation, identity.conversation_id))
         self.block = retrieved.block or None
         self.injected = retrieved.injected if self.block else 0
         self._log = retrieved.log
@@ -197,31 +200,36 @@ class TurnRecall(Recall):
         if self._identity.is_new:
             text = redact(user_text(self._request, self._service.memory.block_header))
             self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                                   self._identity.history_hash, now, text, self._persist))
+                                   self._identity.history_hash, now, text, self._persist, self._generation))
         if not self._log.get("cache") and self.status == "ok":
-            self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now))
+            self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
+                                   self._generation))
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
-            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now), urgent=True)
+            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation),
+                                urgent=True)
         if message.continues:
             return None  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal
         if not answer.strip():
-            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now), urgent=True)
+            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self._generation),
+                                urgent=True)
         return self._submit(FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=redact(user_text(self._request, self._service.memory.block_header)),
             steps=reasoning_steps(self._request) + thinking_step(message),
             answer_hash=text_hash(answer),
+            generation=self._generation,
         ), urgent=True)
 
     def failed(self, status: str) -> None:
         self._ended(status)
-        self._submit(SetTurnStatus(self._scope, self.turn_key, status, datetime.now(timezone.utc)))  # type: ignore[arg-type]
+        at = datetime.now(timezone.utc)
+        self._submit(SetTurnStatus(self._scope, self.turn_key, status, at, self._generation))  # type: ignore[arg-type]
 
     def aborted(self) -> None:
         self.failed("client_aborted")

@@ -25,6 +25,7 @@ from proxy.models import (
     Turn,
     TurnStatus,
 )
+from proxy.stores.generations import Generation
 
 
 class StoreError(Exception):
@@ -62,6 +63,7 @@ class StartTurn:
     at: datetime
     user_text: str | None
     persist: bool = True
+    generation: Generation | None = None  # None: not checked (the store could not be asked)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class RecordToolCalls:
     turn_key: str
     calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments)
     at: datetime
+    generation: Generation | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class FinishTurn:
     # text_hash of the answer as the client received it, before redaction: the client
     # sends that text back, and the conversation is found by it (docs/scopes.md).
     answer_hash: str | None = None
+    generation: Generation | None = None
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,15 @@ class SetTurnStatus:
     turn_key: str
     status: TurnStatus
     at: datetime
+    generation: Generation | None = None
 
 
 @dataclass(frozen=True)
 class SaveBlock:
-    """Cache the turn's memory block (reused byte for byte by its later steps) and log it."""
+    """Cache the turn's memory block (reused byte for byte by its later steps) and log it.
+
+    A block computed at a later generation replaces one cached before a deletion.
+    """
 
     scope: Scope
     turn_key: str
@@ -110,6 +118,7 @@ class SaveBlock:
     injected: int
     log: dict[str, Any] = field(default_factory=dict)
     at: datetime | None = None
+    generation: Generation | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,20 @@ class StoreMemory:
 
 WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
                 StoreMemory]
+# The writes of a turn: each carries the generation the turn began at (stores/generations.py).
+TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock]
+TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock)
+
+
+@dataclass(frozen=True)
+class FoundTurn:
+    """What a request's turn lookup found: the stored turn, if any, and the user's generation now.
+
+    The turn's cached block is left out (None) when a deletion came after it was computed.
+    """
+
+    turn: Turn | None
+    generation: int
 
 
 # --- embeddings: filled in the background, searched through an in-process cache
@@ -304,11 +327,13 @@ class Store(Protocol):
         """Apply a batch of writes in one transaction; raise StoreError on failure."""
 
     # turn and conversation identity
-    async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
-        """The turn whose earlier step's response carried one of these tool-call ids."""
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
+                        ) -> FoundTurn:
+        """The user's generation, and the turn a request belongs to, in one read.
 
-    async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
-        """The latest turn started at or after `since` whose history hashed the same."""
+        The turn is the newest whose earlier step's response carried one of `call_ids`, else
+        the latest started at or after `since` whose history hashed the same, else None.
+        """
 
     async def conversation_by_assistant_hashes(self, scope: Scope, hashes: Sequence[str]) -> str | None:
         """The conversation holding the first of `hashes` (newest first) that was saved.

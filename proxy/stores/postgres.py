@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,7 +30,8 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.models import Scope, Turn
-from proxy.stores.base import QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import FoundTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.generations import generation_key
 from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
 from proxy.stores.postgres_queue import claim
@@ -219,32 +221,35 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
 
     # --- turn and conversation identity
 
-    async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
-        """The turn whose earlier step's response carried one of these tool-call ids."""
-        if not call_ids:
-            return None
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
+                        ) -> FoundTurn:
+        """The user's generation and the turn the request belongs to, in one statement (one snapshot)."""
         args = Args()
+        user = args(scope.user)
+        key = args(generation_key(scope.user))
+        generation = f"(SELECT coalesce((SELECT generation FROM generations WHERE id = {key}), 0) AS generation)"
+        columns = f"{_TURN_COLUMNS}, t.block_generation"
         # Cleaned as they were saved: a NUL or lone surrogate from the client failed the read,
         # and five such requests opened the circuit breaker for every user of the replica.
+        by_calls = (f"SELECT 0 AS rank, {columns} FROM turn_tool_calls c"
+                    " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
+                    f" WHERE c.user_id = {user} AND c.call_id = ANY({args([clean_text(i) for i in call_ids])}::text[])"
+                    f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1")
+        by_history = (f"SELECT 1 AS rank, {columns} FROM turns t WHERE t.user_id = {user}"
+                      f" AND t.history_hash = {args(history_hash)} AND t.created_at >= {args(utc(since))}"
+                      f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1")
         rows = await self._fetch(
-            f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
-            " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
-            f" WHERE c.user_id = {args(scope.user)} AND c.call_id = ANY({args([clean_text(i) for i in call_ids])}::text[])"
-            f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            f"SELECT g.generation, f.* FROM {generation} g LEFT JOIN"
+            f" (SELECT * FROM (({by_calls}) UNION ALL ({by_history})) found ORDER BY rank LIMIT 1) f ON true",
             args,
         )
-        return turn_from_record(rows[0]) if rows else None
-
-    async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
-        """The latest turn started at or after `since` whose history hashed the same."""
-        args = Args()
-        rows = await self._fetch(
-            f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = {args(scope.user)}"
-            f" AND t.history_hash = {args(history_hash)} AND t.created_at >= {args(utc(since))}"
-            f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-            args,
-        )
-        return turn_from_record(rows[0]) if rows else None
+        row = rows[0]
+        if row["turn_key"] is None:
+            return FoundTurn(None, row["generation"])
+        turn = turn_from_record(row)
+        if row["block_generation"] < row["generation"]:  # a deletion came after the block was computed
+            turn = replace(turn, block=None, injected=0)
+        return FoundTurn(turn, row["generation"])
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""

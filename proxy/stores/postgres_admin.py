@@ -33,6 +33,7 @@ from proxy.stores.base import (
     TermsTable,
     text_hash,
 )
+from proxy.stores.generations import BUMP_SQL, MARK_SQL, conversation_deleted_key, generation_key, user_deleted_key
 from proxy.stores.postgres_import import import_records
 from proxy.stores.postgres_reads import Args
 from proxy.stores.postgres_rows import (
@@ -412,13 +413,27 @@ async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, it
             deleted = await conn.fetchval(f"DELETE FROM {table} WHERE user_id = $1 AND id = $2 RETURNING id",
                                           scope.user, item_id)
         if deleted is not None:
+            ended = [conversation_deleted_key(scope.user, item_id)] if each == "conversation" else []
+            await _deleted(conn, scope.user, ended)
             after = await _counts(conn, scope.user, tables)
             return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
     return None
 
 
+async def _deleted(conn: asyncpg.Connection, user: str, ended: Sequence[str]) -> None:
+    """Move the user's generation on (cached blocks go stale) and record it for each of the `ended`
+    keys (a user or conversation deleted: its turns in flight save nothing more), generations.py."""
+    generation = await conn.fetchval(BUMP_SQL.format("$1"), generation_key(user))
+    for key in ended:
+        await conn.execute(MARK_SQL.format("$1", "$2"), key, generation)
+
+
 async def delete_user(conn: asyncpg.Connection, user: str) -> dict[str, int]:
-    """Every row of the user, counted then deleted."""
+    """Every row of the user, counted then deleted.
+
+    The user's generation moves on even when it had no rows: its first turn may be in flight.
+    """
+    await _deleted(conn, user, [user_deleted_key(user)])
     tables = await user_tables(conn)
     counts = await _counts(conn, user, tables)
     counts["users"] = int((await conn.execute("DELETE FROM users WHERE id = $1", user)).split()[-1])

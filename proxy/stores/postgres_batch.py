@@ -24,6 +24,7 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.stores.base import (
+    TURN_OPS,
     ExtractionFailed,
     FinishTurn,
     RecordFacts,
@@ -35,6 +36,7 @@ from proxy.stores.base import (
     WriteOp,
     text_hash,
 )
+from proxy.stores.generations import deleted_keys
 from proxy.stores.postgres_admin import store_memory
 from proxy.stores.postgres_facts import record_facts
 from proxy.stores.postgres_rows import clean_text, utc
@@ -59,41 +61,47 @@ _PARAMETERS = (
     "status",  # status
     "block", "injected", "log", "keep",  # block
     "queue_id", "error", "park",  # extraction failed
+    "deleted_keys", "generation",  # a turn's op: skipped once its user or conversation was deleted since it began
 )
 _APPLY_TEMPLATE = """
-WITH u AS (INSERT INTO users (id, created_at) SELECT {user}, {at} WHERE {kind} IN ('start', 'finish')
+WITH live AS (SELECT NOT EXISTS (SELECT 1 FROM generations WHERE id = ANY({deleted_keys}::text[])
+    AND generation > {generation}) AS ok),
+u AS (INSERT INTO users (id, created_at) SELECT {user}, {at} WHERE {kind} IN ('start', 'finish') AND {live}
     ON CONFLICT DO NOTHING),
 c AS (INSERT INTO conversations AS c (user_id, id, agent_id, created_at, last_active_at)
-    SELECT {user}, {conversation}, {agent}, {at}, {at} WHERE {kind} IN ('start', 'finish')
+    SELECT {user}, {conversation}, {agent}, {at}, {at} WHERE {kind} IN ('start', 'finish') AND {live}
     ON CONFLICT (user_id, id) DO UPDATE SET last_active_at = GREATEST(c.last_active_at, excluded.last_active_at)),
 started AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,
     updated_at) SELECT {user}, {turn_key}, {conversation}, {agent}, {history}, 'pending', {at}, {at}
-    WHERE {kind} = 'start' ON CONFLICT DO NOTHING),
+    WHERE {kind} = 'start' AND {live} ON CONFLICT DO NOTHING),
 -- An upsert: the start's batch may have been lost, the answer is still worth keeping.
 finished AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, history_hash, status, created_at,
     updated_at) SELECT {user}, {turn_key}, {conversation}, {agent}, '', 'complete', {at}, {at}
-    WHERE {kind} = 'finish'
+    WHERE {kind} = 'finish' AND {live}
     ON CONFLICT (user_id, turn_key) DO UPDATE SET status = 'complete', updated_at = excluded.updated_at),
 trace AS (INSERT INTO reasoning (id, user_id, agent_id, conversation_id, turn_key, task, steps, answer, terms,
     created_at) SELECT {trace_id}, {user}, {agent}, {conversation}, {turn_key}, {task}, {steps}, {content},
-    {trace_terms}, {at} WHERE {kind} = 'finish' AND {has_steps} ON CONFLICT DO NOTHING),
+    {trace_terms}, {at} WHERE {kind} = 'finish' AND {has_steps} AND {live} ON CONFLICT DO NOTHING),
 calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at)
     SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}
     FROM unnest({call_ids}::text[], {call_names}::text[], {call_args}::text[]) AS c(id, name, arguments)
-    WHERE {kind} = 'calls' AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
+    WHERE {kind} = 'calls' AND {live} AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
     ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,
         arguments = excluded.arguments, created_at = excluded.created_at),
 -- A turn that completed stays complete.
 status AS (UPDATE turns SET status = {status}, updated_at = {at}
-    WHERE {kind} = 'status' AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
--- The first block wins, so every step of a tool loop carries the same bytes; it is logged and
--- the log trimmed. The DELETE cannot see the row its own statement inserts, so it keeps one
--- old row fewer when a row went in.
-block AS (UPDATE turns SET block = {block}, injected = {injected}, updated_at = coalesce({at}, now())
-    WHERE {kind} = 'block' AND user_id = {user} AND turn_key = {turn_key} AND block IS NULL
+    WHERE {kind} = 'status' AND {live} AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
+-- The first block wins, so every step of a tool loop carries the same bytes, unless it was
+-- computed before a deletion; it is logged and the log trimmed. The DELETE cannot see the
+-- row its own statement inserts, so it keeps one old row fewer when a row went in.
+block AS (UPDATE turns SET block = {block}, injected = {injected}, block_generation = {generation},
+    updated_at = coalesce({at}, now())
+    WHERE {kind} = 'block' AND {live} AND user_id = {user} AND turn_key = {turn_key}
+    AND (block IS NULL OR block_generation < {generation})
     RETURNING user_id, turn_key, updated_at),
 logged AS (INSERT INTO injections (user_id, turn_key, log, created_at)
-    SELECT user_id, turn_key, {log}, updated_at FROM block ON CONFLICT DO NOTHING RETURNING seq),
+    SELECT user_id, turn_key, {log}, updated_at FROM block
+    ON CONFLICT (user_id, turn_key) DO UPDATE SET log = excluded.log RETURNING seq),
 trimmed AS (DELETE FROM injections WHERE user_id = {user} AND EXISTS (SELECT 1 FROM logged)
     AND seq NOT IN (SELECT seq FROM injections WHERE user_id = {user} ORDER BY seq DESC LIMIT {keep} - 1)),
 -- An extraction attempt failed: count it; the item waits until {at}, or is parked.
@@ -104,7 +112,7 @@ failed AS (UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at 
 m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash, terms,
     context, created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
     {terms}, {context}, {at}
-    WHERE {kind} IN ('start', 'finish') AND {save}
+    WHERE {kind} IN ('start', 'finish') AND {save} AND {live}
     ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)
 INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
     SELECT user_id, id, created_at, created_at FROM m ON CONFLICT DO NOTHING
@@ -114,7 +122,8 @@ _NUMBERED = {name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)}
 # identified while the store could not be asked) goes to the turn's own (sqlite_batch.py).
 _TURNS_CONVERSATION = (f"coalesce((SELECT t.conversation_id FROM turns t WHERE t.user_id = {_NUMBERED['user']}"
                        f" AND t.turn_key = {_NUMBERED['turn_key']}), {_NUMBERED['conversation']}::text)")
-APPLY = _APPLY_TEMPLATE.format(**{**_NUMBERED, "conversation": _TURNS_CONVERSATION},
+APPLY = _APPLY_TEMPLATE.format(**{**_NUMBERED, "conversation": _TURNS_CONVERSATION,
+                                   "live": "(SELECT ok FROM live)"},
                                context=CONTEXT_SQL.format(_NUMBERED["user"], _TURNS_CONVERSATION, _NUMBERED["at"]))
 
 
@@ -150,7 +159,10 @@ async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
 
 def arguments(op: WriteOp) -> tuple[Any, ...]:
     """The APPLY arguments of an op (all but RecordFacts and StoreMemory), in _PARAMETERS order."""
-    values: dict[str, Any] = {"user": op.scope.user, "agent": op.scope.agent}
+    values: dict[str, Any] = {"user": op.scope.user, "agent": op.scope.agent, "deleted_keys": [], "generation": 0}
+    if isinstance(op, TURN_OPS) and op.generation is not None:
+        values.update(deleted_keys=deleted_keys(op.scope.user, op.generation.conversation_id),
+                      generation=op.generation.number)
     if isinstance(op, StartTurn):
         save = op.user_text is not None and op.persist
         values.update(kind="start", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,

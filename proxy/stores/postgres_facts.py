@@ -36,8 +36,8 @@ from proxy.stores.sqlite_rows import entity_terms
 
 async def record_facts(conn: asyncpg.Connection, op: RecordFacts) -> None:
     """Dequeue the message and merge its entities and relationships into the user's graph."""
-    taken = await conn.fetchval("DELETE FROM extraction_queue WHERE id = $1 AND user_id = $2 RETURNING id",
-                                op.queue_id, op.scope.user)
+    taken = await conn.fetchval("DELETE FROM extraction_queue WHERE id = $1 AND user_id = $2 AND message_id = $3"
+                                " RETURNING id", op.queue_id, op.scope.user, op.message_id)
     if taken is None:
         return
     graph = Graph(conn, op)

@@ -417,8 +417,19 @@ UPDATE entities SET canonical_name = left(canonical_name, {KEY_MAX_CHARS}) || '#
     WHERE length(canonical_name) > {KEY_MAX_CHARS};
 """
 
+# v5: deletion is final for turns in flight (generations.py), as SQLite's v8: each user's
+# generation and the generations users and conversations were deleted at, keyed by hashes,
+# and the generation each turn's cached block was computed at.
+_V5 = f"""
+CREATE TABLE IF NOT EXISTS generations (
+    id text {_C} PRIMARY KEY,
+    generation bigint NOT NULL
+);
+ALTER TABLE turns ADD COLUMN IF NOT EXISTS block_generation bigint NOT NULL DEFAULT 0;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

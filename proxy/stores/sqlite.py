@@ -24,6 +24,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -35,7 +36,8 @@ from proxy.models import (
     StoredMessage,
     Turn,
 )
-from proxy.stores.base import FinishTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import FinishTurn, FoundTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.generations import generation_key
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
 from proxy.stores.sqlite_checkpoint import (
@@ -127,6 +129,12 @@ _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[st
     ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
     ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
 )
+
+
+def _current_turn(row: sqlite3.Row) -> Turn:
+    """A found turn, its cached block left out when a deletion came after it was computed."""
+    turn = turn_from_row(row)
+    return turn if row["block_current"] else replace(turn, block=None, injected=0)
 
 
 class SQLiteStore(SQLiteAdmin, SQLiteVectors):
@@ -379,29 +387,35 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     # --- turn and conversation identity
 
-    async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
-        """The turn whose earlier step's response carried one of these tool-call ids."""
-        if not call_ids:
-            return None
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
+                        ) -> FoundTurn:
+        """The user's generation and the turn the request belongs to, each lookup one statement (one snapshot)."""
         agent, agent_params = agent_clause(scope, "t")
-        rows = await self._rows(
-            f"SELECT {_TURN_COLUMNS} FROM turn_tool_calls c"
-            " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
-            f" WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?)){agent}"
-            " ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-            [scope.user, json.dumps(list(call_ids)), *agent_params],
-        )
-        return turn_from_row(rows[0]) if rows else None
+        lookups: list[tuple[str, list[Any]]] = []
+        if call_ids:
+            lookups.append((
+                f"SELECT {_TURN_COLUMNS}, t.block_generation FROM turn_tool_calls c JOIN turns t"
+                " ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
+                f" WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?)){agent}"
+                " ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+                [scope.user, json.dumps(list(call_ids)), *agent_params]))
+        lookups.append((
+            f"SELECT {_TURN_COLUMNS}, t.block_generation FROM turns t WHERE t.user_id = ? AND t.history_hash = ?"
+            f" AND t.created_at >= ?{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
+            [scope.user, history_hash, to_ts(since), *agent_params]))
+        key = generation_key(scope.user)
 
-    async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
-        """The latest turn started at or after `since` whose history hashed the same."""
-        agent, agent_params = agent_clause(scope, "t")
-        rows = await self._rows(
-            f"SELECT {_TURN_COLUMNS} FROM turns t WHERE t.user_id = ? AND t.history_hash = ? AND t.created_at >= ?"
-            f"{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-            [scope.user, history_hash, to_ts(since), *agent_params],
-        )
-        return turn_from_row(rows[0]) if rows else None
+        def find(conn: sqlite3.Connection) -> FoundTurn:
+            for lookup, params in lookups:
+                row = conn.execute(
+                    "SELECT g.generation, t.*, t.block_generation >= g.generation AS block_current FROM"
+                    " (SELECT ifnull((SELECT generation FROM generations WHERE id = ?), 0) AS generation) g"
+                    f" LEFT JOIN ({lookup}) t ON 1", [key, *params]).fetchone()
+                if row["turn_key"] is not None:
+                    return FoundTurn(_current_turn(row), row["generation"])
+            return FoundTurn(None, row["generation"])
+
+        return await self._read(find)
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""

@@ -35,6 +35,13 @@ from proxy.stores.base import (
     TermsTable,
     text_hash,
 )
+from proxy.stores.generations import (
+    BUMP_SQL,
+    MARK_SQL,
+    conversation_deleted_key,
+    generation_key,
+    user_deleted_key,
+)
 from proxy.stores.reindex_terms import (
     REINDEX_BATCH,
     TERMS_COLUMNS,
@@ -398,13 +405,26 @@ def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id:
         else:
             gone = conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND id = ?", (scope.user, item_id)).rowcount
         if gone:
+            ended = [conversation_deleted_key(scope.user, item_id)] if each == "conversation" else []
+            _deleted(conn, scope.user, ended)
             after = _counts(conn, scope.user, tables)
             return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
     return None
 
 
+def _deleted(conn: sqlite3.Connection, user: str, ended: Sequence[str]) -> None:
+    """Move the user's generation on (cached blocks go stale) and record it for each of the `ended`
+    keys (a user or conversation deleted: its turns in flight save nothing more), generations.py."""
+    generation = conn.execute(BUMP_SQL.format("?"), (generation_key(user),)).fetchone()[0]
+    conn.executemany(MARK_SQL.format("?", "?"), [(key, generation) for key in ended])
+
+
 def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
-    """Every row of the user, counted then deleted; the full-text indexes merged after."""
+    """Every row of the user, counted then deleted; the full-text indexes merged after.
+
+    The user's generation moves on even when it had no rows: its first turn may be in flight.
+    """
+    _deleted(conn, user, [user_deleted_key(user)])
     tables = user_tables(conn)
     counts = _counts(conn, user, tables)
     counts["users"] = conn.execute("DELETE FROM users WHERE id = ?", (user,)).rowcount

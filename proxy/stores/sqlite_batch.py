@@ -16,9 +16,10 @@ from typing import Any
 from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
-    ExtractionFailed, FinishTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp,
-    text_hash,
+    TURN_OPS, ExtractionFailed, FinishTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn,
+    StoreMemory, TurnOp, WriteOp, text_hash,
 )
+from proxy.stores.generations import deleted_keys
 from proxy.stores.sqlite_admin import store_memory
 from proxy.stores.sqlite_facts import record_facts, record_failure
 from proxy.stores.sqlite_rows import (
@@ -68,12 +69,16 @@ class Batch:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._users: set[str] = set()
+        # Whether a deletion came after a turn's generation: fixed for the transaction, so asked once per turn.
+        self._deleted: dict[tuple[str, str, int], bool] = {}
 
     def _run(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._conn.execute(sql, params).fetchall()
 
     def run(self, op: WriteOp) -> None:
-        """Apply one op."""
+        """Apply one op; a turn's op is skipped when its user or conversation was deleted since the turn began."""
+        if isinstance(op, TURN_OPS) and self._deleted_since(op):
+            return
         if isinstance(op, StartTurn):
             self.start_turn(op)
         elif isinstance(op, FinishTurn):
@@ -92,6 +97,17 @@ class Batch:
             record_failure(self._conn, op)
         else:
             raise TypeError(f"unknown write op {type(op).__name__}")
+
+    def _deleted_since(self, op: TurnOp) -> bool:
+        """True when the op's user or conversation was deleted at a later generation than the turn's."""
+        if op.generation is None:
+            return False
+        key = (op.scope.user, op.generation.conversation_id, op.generation.number)
+        if key not in self._deleted:
+            rows = deleted_keys(op.scope.user, op.generation.conversation_id)
+            self._deleted[key] = bool(self._run(
+                "SELECT 1 FROM generations WHERE id IN (?, ?) AND generation > ? LIMIT 1", (*rows, key[2])))
+        return self._deleted[key]
 
     def _user(self, user: str, at: float) -> None:
         if user not in self._users:
@@ -204,18 +220,23 @@ class Batch:
         )
 
     def save_block(self, op: SaveBlock) -> None:
-        """First block wins, so every step of a tool loop carries the same bytes; log it."""
+        """First block wins, so every step of a tool loop carries the same bytes; log it.
+
+        A block computed after a deletion replaces one cached before it (and its log entry).
+        """
         at = to_ts(op.at) if op.at else now_ts()
         user = op.scope.user
+        generation = op.generation.number if op.generation else 0
         saved = self._run(
-            "UPDATE turns SET block = ?, injected = ?, updated_at = ? WHERE user_id = ? AND turn_key = ?"
-            " AND block IS NULL RETURNING seq",
-            (clean_text(op.block), op.injected, at, user, op.turn_key),
+            "UPDATE turns SET block = ?, injected = ?, block_generation = ?, updated_at = ? WHERE user_id = ?"
+            " AND turn_key = ? AND (block IS NULL OR block_generation < ?) RETURNING seq",
+            (clean_text(op.block), op.injected, generation, at, user, op.turn_key, generation),
         )
         if not saved:
             return
         self._run(
-            "INSERT INTO injections (user_id, turn_key, log, created_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "INSERT INTO injections (user_id, turn_key, log, created_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (user_id, turn_key) DO UPDATE SET log = excluded.log",
             (user, op.turn_key, json.dumps(op.log, default=str), at),
         )
         self._run(

@@ -62,8 +62,9 @@ def record_failure(conn: sqlite3.Connection, op: ExtractionFailed) -> None:
 def record_facts(conn: sqlite3.Connection, op: RecordFacts) -> None:
     """Dequeue the message and merge its entities and relationships into the user's graph."""
     run = runner(conn)
-    taken = run("DELETE FROM extraction_queue WHERE id = ? AND user_id = ? RETURNING id",
-                (op.queue_id, op.scope.user))
+    # The message id too: SQLite hands a deleted item's queue id to the next item queued.
+    taken = run("DELETE FROM extraction_queue WHERE id = ? AND user_id = ? AND message_id = ? RETURNING id",
+                (op.queue_id, op.scope.user, op.message_id))
     if not taken:
         return
     graph = Graph(run, op)

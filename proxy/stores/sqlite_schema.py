@@ -15,6 +15,7 @@ Conventions (the PostgreSQL schema mirrors them):
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 
@@ -351,8 +352,20 @@ CREATE TRIGGER IF NOT EXISTS entities_text_delete AFTER DELETE ON entities BEGIN
 END;
 """
 
+# v8: deletion is final for turns in flight (generations.py): each user's generation and
+# the generations users and conversations were deleted at, keyed by hashes (no user_id
+# column: a user's deletion keeps its record), and the generation each turn's cached block
+# was computed at (0 for blocks cached before v8, as every user's generation starts at 0).
+_V8 = """
+CREATE TABLE IF NOT EXISTS generations (
+    id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE turns ADD COLUMN block_generation INTEGER NOT NULL DEFAULT 0;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
@@ -371,6 +384,17 @@ def statements(script: str) -> list[str]:
     return out
 
 
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", re.IGNORECASE)
+
+
+def _adds_existing_column(conn: sqlite3.Connection, statement: str) -> bool:
+    """True for an ADD COLUMN of a column the table has: SQLite has no ADD COLUMN IF NOT EXISTS,
+    and a script applied again (a schema_version row lost) must not fail on it."""
+    added = _ADD_COLUMN.match(statement)
+    return added is not None and any(
+        column[1] == added[2] for column in conn.execute(f'PRAGMA table_info("{added[1]}")'))
+
+
 def migrate(conn: sqlite3.Connection) -> int:
     """Bring the schema up to date in one IMMEDIATE transaction; return its version."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
@@ -383,7 +407,8 @@ def migrate(conn: sqlite3.Connection) -> int:
             raise sqlite3.DatabaseError(f"schema version {current} is newer than this memproxy knows")
         for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
             for statement in statements(script):
-                conn.execute(statement)
+                if not _adds_existing_column(conn, statement):
+                    conn.execute(statement)
             conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
         conn.execute("COMMIT")
     except BaseException:
