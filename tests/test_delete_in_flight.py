@@ -64,8 +64,8 @@ def slow_answers(fake: FakeUpstream, texts: list[str]) -> None:
 def answers_by_question(fake: FakeUpstream, answers: dict[str, str]) -> None:
     """Slow answers chosen by the question each request asks, whatever order they arrive in."""
     def reply(request: Received) -> SSEReply:
-        asked = json.dumps(request.json()["messages"][-1]["content"])
-        text = next(answer for question, answer in answers.items() if question in asked)
+        asked = request.json()["messages"][-1]["content"]  # a memory block may stand before the question
+        text = next(answer for question, answer in answers.items() if asked.endswith(question))
         return SSEReply(stream_events(text), delay=CHUNK_EVERY_S)
     fake.queue(*(reply for _ in answers))
 
