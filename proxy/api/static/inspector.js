@@ -339,7 +339,7 @@ function hitItem(hit) {
 }
 
 function scoreText(score) {
-  const parts = Object.entries(score || {}).map(([k, v]) => k + " " + (typeof v === "number" ? +v.toFixed(3) : v));
+  const parts = Object.entries(score || {}).map(([k, v]) => k + " " + (typeof v === "number" ? +v.toPrecision(3) : v));
   return parts.length ? parts.join(", ") : "—";
 }
 
@@ -356,8 +356,10 @@ async function memoriesView(user) {
 function memoryItem(user, memory, reload) {
   const text = el("p", { class: "text" }, memory.content);
   const item = el("li", { class: "memory", "data-memory": memory.id },
-    el("div", { class: "message-head" }, el("strong", {}, memory.name || memory.type),
-      el("span", { class: "meta" }, memory.type + (memory.entity_type ? ", " + memory.entity_type : "") + ", " + when(memory.updated_at || memory.created_at))),
+    el("div", { class: "message-head" },
+      memory.name && memory.name !== memory.content ? el("strong", {}, memory.name) : null,
+      el("span", { class: "meta" }, [...new Set([memory.type, memory.entity_type].filter(Boolean))].join(", ") +
+        ", " + when(memory.updated_at || memory.created_at))),
     text);
   const edit = el("button", { type: "button", class: "small", onclick: () => {
     const area = el("textarea", { rows: 3, "aria-label": "Corrected text of memory " + memory.id });
@@ -401,23 +403,25 @@ function legend() {
     el("span", { class: "key current" }, "current"), " ", el("span", { class: "key superseded" }, "superseded (dashed)"));
 }
 
+// The user's node in the middle, the others on a ring; the picture is wider than the ring so
+// names written beside the nodes on the left and right still fit.
 function layout(nodes, selfId) {
-  const size = 640;
-  const centre = size / 2;
+  const width = 900, height = 640;
+  const centre = [width / 2, height / 2];
   const others = nodes.filter((n) => n.id !== selfId);
   const places = new Map();
-  if (selfId && nodes.some((n) => n.id === selfId)) places.set(selfId, [centre, centre]);
-  const radius = size * 0.36;
+  if (selfId && nodes.some((n) => n.id === selfId)) places.set(selfId, centre);
+  const radius = height * 0.36;
   others.forEach((n, i) => {
     const angle = (2 * Math.PI * i) / Math.max(others.length, 1) - Math.PI / 2;
-    places.set(n.id, [centre + radius * Math.cos(angle), centre + radius * Math.sin(angle)]);
+    places.set(n.id, [centre[0] + radius * Math.cos(angle), centre[1] + radius * Math.sin(angle)]);
   });
-  return { size, places };
+  return { width, height, centre, places };
 }
 
 function drawGraph(nodes, edges, selfId, choose) {
-  const { size, places } = layout(nodes, selfId);
-  const picture = svg("svg", { viewBox: `0 0 ${size} ${size}`, role: "group", "aria-label": "Entities and relationships", id: "graph-svg" },
+  const { width, height, centre, places } = layout(nodes, selfId);
+  const picture = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "Entities and relationships", id: "graph-svg" },
     svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 24, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
       svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrow" }))));
   for (const edge of edges) {
@@ -439,10 +443,21 @@ function drawGraph(nodes, edges, selfId, choose) {
       onkeydown: (event) => { if (event.key === "Enter" || event.key === " ") { event.preventDefault(); choose(node.id); } } },
     svg("title", {}, node.name + (node.description ? " — " + node.description : "")),
     svg("circle", { cx: x, cy: y, r: self ? 22 : 16 }),
-    svg("text", { x, y: y + (self ? 38 : 32), "text-anchor": "middle" }, short(node.name, 28) + (self ? " (user)" : "")));
+    labelOf(node, x, y, centre, self));
     picture.append(group);
   }
   return el("div", { class: "graph-box" }, picture);
+}
+
+// A node's name sits on the far side of the node from the centre, clear of the edges that reach it.
+function labelOf(node, x, y, centre, self) {
+  const dx = x - centre[0], dy = y - centre[1];
+  const away = Math.hypot(dx, dy);
+  const [ux, uy] = away ? [dx / away, dy / away] : [0, 1];
+  const anchor = Math.abs(ux) < 0.35 ? "middle" : ux > 0 ? "start" : "end";
+  const gap = self ? 30 : 24;
+  return svg("text", { x: x + ux * gap, y: y + uy * gap + 5, "text-anchor": anchor },
+    short(node.name, 28) + (self ? " (user)" : ""));
 }
 
 function short(text, limit) {
