@@ -88,7 +88,7 @@ def texts(driver: Chrome, selector: str) -> list[str]:
 
 
 def shot(driver: Chrome, folder: Path, name: str) -> None:
-    height = driver.execute_script("return document.documentElement.scrollHeight")
+    height = driver.execute_script("return Math.ceil(document.body.getBoundingClientRect().height)")
     width = driver.get_window_size()["width"]
     driver.set_window_size(width, min(max(height + 140, 600), 4000))
     driver.execute_script("window.scrollTo(0, 0)")
@@ -223,7 +223,8 @@ def test_hostile_memory_text_shows_as_text_and_runs_nothing(page, served, artifa
             page.switch_to.alert.text  # noqa: B018
 
 
-def test_deleting_a_memory_takes_it_off_the_page_and_out_of_the_next_block(page, served, upstream):  # noqa: F811
+def test_deleting_a_memory_takes_it_off_the_page_and_out_of_the_next_block(page, served, upstream,  # noqa: F811
+                                                                             artifacts):  # noqa: F811
     proxy, seeded = served
     locker = seeded.memories[LOCKER]
     assert f"[long-term] {LOCKER}" in seeded.sent[LAST_QUESTION]
@@ -231,6 +232,7 @@ def test_deleting_a_memory_takes_it_off_the_page_and_out_of_the_next_block(page,
     page.find_element(By.CSS_SELECTOR, f'[data-memory="{locker}"] [data-delete="memory"]').click()
     dialog = wait(page).until(EC.visibility_of_element_located((By.ID, "confirm")))
     assert dialog.find_element(By.ID, "confirm-text").text == f'Memory {locker}: "{LOCKER}"'
+    page.save_screenshot(str(artifacts / "inspector-confirm.png"))
     page.find_element(By.ID, "confirm-cancel").click()  # cancelling deletes nothing
     assert any(m["id"] == locker for m in api(proxy, "GET", "memories")["data"])
     page.find_element(By.CSS_SELECTOR, f'[data-memory="{locker}"] [data-delete="memory"]').click()
@@ -285,3 +287,21 @@ def test_the_api_says_which_injected_items_changed_since(served):
     # The turn that said "I now work at Globex." was given the Acme edge, which that turn superseded.
     assert move["log"]["hits"][0]["now"] == "changed"
     assert all("content" not in h for e in entries for h in e["log"]["hits"])
+
+
+def test_deleting_the_user_names_what_goes_and_leaves_nothing(page, served):  # noqa: F811
+    proxy, _ = served
+    stats = api(proxy, "GET")
+    open_view(page, proxy, f"view=users&user={USER}", (By.ID, "user-stats"))
+    page.find_element(By.CSS_SELECTOR, '[data-delete="user"]').click()
+    dialog = wait(page).until(EC.visibility_of_element_located((By.ID, "confirm")))
+    assert dialog.find_element(By.ID, "confirm-title").text == "Delete user?"
+    assert dialog.find_element(By.ID, "confirm-text").text.startswith(
+        f"Everything memproxy holds for user {USER}: {stats['conversations']} conversations, {stats['messages']} messages, "
+        f"{stats['entities']} entities,")
+    page.find_element(By.ID, "confirm-ok").click()
+    empty = wait(page).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "#users p.empty")))
+    assert empty.text == f"memproxy holds nothing for user {USER}"
+    with proxy.http(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        assert http.get(api_url(USER)).status_code == 404
+        assert http.get(api_url(USER, "export")).text == ""

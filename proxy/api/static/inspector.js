@@ -223,7 +223,7 @@ function deleteButton(user, kind, path, id, text, after) {
       if (!result) return;
       say("Deleted " + kind + " " + id + ": " + counts(result.deleted), "ok");
       await after();
-    } }, "Delete");
+    } }, kind === "user" ? "Delete user " + id + "…" : "Delete");
 }
 
 function counts(deleted) {
@@ -406,7 +406,7 @@ function legend() {
 // The user's node in the middle, the others on a ring; the picture is wider than the ring so
 // names written beside the nodes on the left and right still fit.
 function layout(nodes, selfId) {
-  const width = 900, height = 640;
+  const width = 1000, height = 640;
   const centre = [width / 2, height / 2];
   const others = nodes.filter((n) => n.id !== selfId);
   const places = new Map();
@@ -453,11 +453,11 @@ function drawGraph(nodes, edges, selfId, choose) {
 function labelOf(node, x, y, centre, self) {
   const dx = x - centre[0], dy = y - centre[1];
   const away = Math.hypot(dx, dy);
-  const [ux, uy] = away ? [dx / away, dy / away] : [0, 1];
+  const [ux, uy] = away ? [dx / away, dy / away] : [-1, 0];  // the centre's name to its left
   const anchor = Math.abs(ux) < 0.35 ? "middle" : ux > 0 ? "start" : "end";
   const gap = self ? 30 : 24;
   return svg("text", { x: x + ux * gap, y: y + uy * gap + 5, "text-anchor": anchor },
-    short(node.name, 28) + (self ? " (user)" : ""));
+    short(node.name, 24) + (self ? " (user)" : ""));
 }
 
 function short(text, limit) {
