@@ -76,10 +76,13 @@ def api(proxy: RunningProxy, method: str, *parts: str, **kwargs: Any) -> Any:
 
 def open_view(driver: Chrome, proxy: RunningProxy, fragment: str, ready: tuple[str, str]) -> None:
     """Load the page at a view; sign in again when the tab has lost its token (a test signed out)."""
+    # A new fragment on the same page is no new load: wait for this view's own mark, never
+    # for an element the previous view may have left.
     driver.get(f"{proxy.url}/memory/ui/#{fragment}")
-    wait(driver).until(EC.any_of(EC.presence_of_element_located(ready), EC.presence_of_element_located((By.ID, "token"))))
-    if driver.find_elements(By.ID, "token"):
+    loaded = "return document.getElementById('main').getAttribute('data-view')"
+    if wait(driver).until(lambda d: d.execute_script(loaded)) == "login":
         sign_in(driver, TOKEN)
+    wait(driver).until(lambda d: d.execute_script(loaded) == "#" + fragment)
     wait(driver).until(EC.presence_of_element_located(ready))
 
 
@@ -159,12 +162,14 @@ def test_each_turn_shows_the_lines_it_was_given(page, served, artifacts):  # noq
             # very lines the model was sent on that turn.
             assert lines == [f"[{h['source']}] {h['text']}" for h in entry["log"]["hits"]]
             assert lines == seeded.sent[said], said
-        shot(page, artifacts, f"conversation-{conversation}")
+        if conversation == "conv-move":
+            shot(page, artifacts, "conversation")
     open_view(page, proxy, f"view=conversation&user={USER}&id=conv-work", (By.CSS_SELECTOR, "details.trace"))
     trace = page.find_element(By.CSS_SELECTOR, "details.trace")
     assert trace.get_attribute("open") is None  # collapsed under its turn
     trace.find_element(By.TAG_NAME, "summary").send_keys(Keys.ENTER)  # opened with the keyboard
     assert trace.find_element(By.CSS_SELECTOR, "ol.steps").text == 'get_weather({"city": "Lisbon"}) → sunny, 24 C'
+    shot(page, artifacts, "tool-loop")
 
 
 def test_the_graph_tells_the_new_employer_from_the_old(page, served, artifacts):  # noqa: F811

@@ -6,7 +6,7 @@ it lets one caller discover the others. Counting walks the user's own pages.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from proxy.models import Scope
@@ -32,7 +32,7 @@ async def user_counts(store: Store, scope: Scope) -> dict[str, Any] | None:
             "entities": entities, "user_entity_id": None if node is None else node.id}
 
 
-async def _rows(fetch: Pager, scope: Scope) -> Any:
+async def _rows(fetch: Pager, scope: Scope) -> AsyncIterator[dict[str, Any]]:
     after = None
     while True:
         rows = await fetch(scope, limit=COUNT_PAGE, after=after)

@@ -133,7 +133,18 @@ function nav(user, current) {
     el("button", { type: "button", class: "quiet", onclick: () => signOut("Signed out.") }, "Sign out"));
 }
 
+// The view's fragment is written on <main> once the view has finished loading (tests wait for it).
 async function render() {
+  const main = document.getElementById("main");
+  main.removeAttribute("data-view");
+  try {
+    await renderView();
+  } finally {
+    main.setAttribute("data-view", token() === null ? "login" : location.hash);
+  }
+}
+
+async function renderView() {
   say("");
   if (token() === null) return login();
   const params = route();
@@ -223,7 +234,7 @@ function deleteButton(user, kind, path, id, text, after) {
       if (!result) return;
       say("Deleted " + kind + " " + id + ": " + counts(result.deleted), "ok");
       await after();
-    } }, kind === "user" ? "Delete user " + id + "…" : "Delete");
+    } }, kind === "user" ? "Delete user " + id + "…" : ["conversation", "entity"].includes(kind) ? "Delete " + kind : "Delete");
 }
 
 function counts(deleted) {
@@ -289,8 +300,11 @@ async function conversationView(user, id) {
     if (m) turns.get(m.id).traces.push(trace);
   }
   const reload = () => conversationView(user, id);
-  show(el("section", { id: "conversation" },
-    el("h2", {}, "Conversation " + id),
+  const head = el("div", { class: "message-head" }, el("h2", {}, "Conversation " + id),
+    deleteButton(user, "conversation", "conversations/" + id, id,
+      `Conversation ${id}: its ${messages.length} messages, turns, reasoning traces and injection log. ` +
+      "Entities extracted from it stay.", () => go({ view: "users", user })));
+  show(el("section", { id: "conversation" }, head,
     el("p", { class: "hint" }, "Each user turn shows the memory block it was given, resolved now from the injection log " +
       "(the log keeps only ids and scores; the last 20 turns of the user are kept)."),
     el("ol", { class: "messages" }, messages.map((m) => el("li", { class: "message " + m.role, "data-message": m.id },
@@ -306,7 +320,7 @@ function turnDetails(turn) {
   for (const entry of turn.entries) parts.push(injected(entry));
   if (!turn.entries.length) parts.push(el("p", { class: "meta" }, "No injection logged for this turn (nothing found, memory off, or older than the last 20 turns)."));
   for (const trace of turn.traces) {
-    parts.push(el("details", { class: "trace" }, el("summary", {}, "Tool loop: " + trace.steps.length + " steps, reasoning trace"),
+    parts.push(el("details", { class: "trace" }, el("summary", {}, "Tool loop: " + plural(trace.steps.length, "step") + " and the reasoning trace"),
       el("ol", { class: "steps" }, trace.steps.map((s) => el("li", {},
         el("code", {}, s.name + "(" + s.arguments + ")"), " → ", el("span", {}, s.result)))),
       el("p", {}, el("strong", {}, "Answer: "), trace.answer)));
@@ -318,7 +332,8 @@ function injected(entry) {
   const log = entry.log || {};
   const hits = log.hits || [];
   return el("div", { class: "injection", "data-turn": entry.turn_id },
-    el("p", { class: "meta" }, `Injected ${entry.injected} memories, ${when(entry.created_at)}` +
+    el("p", { class: "meta" }, (entry.injected ? `Injected ${plural(entry.injected, "memory", "memories")}` :
+      "Nothing injected") + ", " + when(entry.created_at) +
       (log.budget_cut ? " (token budget cut some)" : "") + (log.cache ? " (cached block)" : "")),
     el("ol", { class: "hits" }, hits.map(hitItem)),
     el("details", {}, el("summary", {}, "Retrieval details"),
@@ -336,6 +351,10 @@ function hitItem(hit) {
     state,
     el("span", { class: "why" }, " — " + hit.reason + "; score " + scoreText(hit.score) +
       (hit.tokens !== undefined && hit.tokens !== null ? "; " + hit.tokens + " tokens" : "")));
+}
+
+function plural(count, one, many) {
+  return count + " " + (count === 1 ? one : many || one + "s");
 }
 
 function scoreText(score) {
