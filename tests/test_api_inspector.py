@@ -24,9 +24,14 @@ QUESTION = "Is the staging host internal-hbr-2291.example up, and where does Ali
 
 
 @pytest.fixture
-def api(make_proxy: Any) -> Any:
-    proxy = make_proxy(memory__commit_timeout_ms=5000)
-    with proxy.http() as client:
+def inspected(make_proxy: Any) -> Any:
+    """The proxy, on SQLite here (test_api_inspector_postgres.py serves it from PostgreSQL)."""
+    return make_proxy(memory__commit_timeout_ms=5000)
+
+
+@pytest.fixture
+def api(inspected: Any) -> Any:
+    with inspected.http() as client:
         assert client.post(api_url(USER, "import"), content=jsonl(RECORDS)).status_code == 200
         yield client
 
