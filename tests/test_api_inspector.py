@@ -43,6 +43,7 @@ def test_a_user_is_counted_and_an_unknown_one_is_not_found(api: httpx.Client) ->
     assert missing.status_code == 404
     assert missing.json()["error"]["message"] == "memproxy holds nothing for user nobody"
     assert api.get(api_url("bad*id")).status_code == 400
+    assert api.get(api_url(USER), params={"limit": 5}).status_code == 400
 
 
 def test_one_memory_is_an_entity_or_a_message(api: httpx.Client) -> None:

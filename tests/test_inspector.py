@@ -226,6 +226,9 @@ def test_hostile_memory_text_shows_as_text_and_runs_nothing(page, served, artifa
         assert page.title == "memproxy inspector"
         with pytest.raises(NoAlertPresentException):
             page.switch_to.alert.text  # noqa: B018
+    # No script error and no request the policy had to refuse: the page never tried.
+    console = [entry["message"] for entry in page.get_log("browser")]
+    assert not [m for m in console if "Content Security Policy" in m or "Uncaught" in m], console
 
 
 def test_deleting_a_memory_takes_it_off_the_page_and_out_of_the_next_block(page, served, upstream,  # noqa: F811

@@ -220,6 +220,8 @@ class MemoryApi:
 
     async def user(self, request: Request) -> Response:
         scope = user_scope(request)
+        if request.query_params:
+            raise InvalidRequest("a user's counts take no query parameters")
         found = await user_counts(self.store, scope)
         if found is None:
             raise ItemNotFound(f"memproxy holds nothing for user {scope.user}")
