@@ -124,8 +124,8 @@ def test_a_wrong_token_is_refused_and_never_kept(browser, served):  # noqa: F811
     browser.execute_script("sessionStorage.clear()")
     browser.refresh()
     sign_in(browser, "wrong-token")
-    error = wait(browser).until(EC.visibility_of_element_located((By.ID, "login-error")))
-    assert error.text == "Refused: the memory API token is not valid"
+    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "login-error"), "Refused"))
+    assert browser.find_element(By.ID, "login-error").text == "Refused: the memory API token is not valid"
     assert browser.execute_script("return sessionStorage.length") == 0
     assert browser.find_element(By.ID, "nav").get_attribute("hidden") is not None
     assert browser.get_cookies() == []
@@ -189,8 +189,9 @@ def test_the_graph_tells_the_new_employer_from_the_old(page, served, artifacts):
     page.execute_script("arguments[0].focus()", acme)
     page.switch_to.active_element.send_keys(Keys.ENTER)
     facts = wait(page).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "#facts ul.facts")))
-    assert facts.text.startswith("User WORKS_AT Acme (superseded ")
-    assert texts(page, "#facts ul.provenance .text") == ["I work at Acme."]
+    assert texts(page, "#facts .fact")[0].startswith("User WORKS_AT Acme (superseded ")
+    # The entity, and its fact, each came from the message that said it.
+    assert texts(page, "#facts ul.provenance .text") == ["I work at Acme.", "I work at Acme."]
     shot(page, artifacts, "graph")
 
 
@@ -229,6 +230,22 @@ def test_hostile_memory_text_shows_as_text_and_runs_nothing(page, served, artifa
     # No script error and no request the policy had to refuse: the page never tried.
     console = [entry["message"] for entry in page.get_log("browser")]
     assert not [m for m in console if "Content Security Policy" in m or "Uncaught" in m], console
+
+
+def test_a_memory_is_corrected_from_the_page(page, served):  # noqa: F811
+    proxy, seeded = served
+    hostile = seeded.memories[HOSTILE]
+    open_view(page, proxy, f"view=memories&user={USER}", (By.ID, "memories"))
+    page.find_element(By.CSS_SELECTOR, f'[data-memory="{hostile}"] button.small').click()
+    area = wait(page).until(EC.element_to_be_clickable((By.CSS_SELECTOR, f'[data-memory="{hostile}"] textarea')))
+    assert area.get_attribute("value") == HOSTILE
+    area.clear()
+    area.send_keys("Dana keeps her notes in plain text")
+    page.find_element(By.CSS_SELECTOR, f'[data-memory="{hostile}"] form button[type="submit"]').click()
+    wait(page).until(EC.text_to_be_present_in_element((By.ID, "status"), f"Corrected memory {hostile}"))
+    shown = wait(page).until(EC.presence_of_element_located((By.CSS_SELECTOR, f'[data-memory="{hostile}"] p.text')))
+    assert shown.text == "Dana keeps her notes in plain text"
+    assert api(proxy, "GET", "memories", hostile)["content"] == "Dana keeps her notes in plain text"
 
 
 def test_deleting_a_memory_takes_it_off_the_page_and_out_of_the_next_block(page, served, upstream,  # noqa: F811

@@ -496,19 +496,27 @@ function edgeTable(user, edges, reload) {
     el("tbody", {}, rows)));
 }
 
+// The entity's facts (its relationships) and the messages each came from, the entity's own first.
 async function nodeFacts(user, entity, box, reload) {
-  const sources = await Promise.all(entity.provenance.map((id) => api("GET", userPath(user, "memories", id)).catch(() => null)));
-  box.replaceChildren(el("h3", {}, entity.name),
+  box.replaceChildren();
+  const ids = [...new Set([...entity.provenance, ...entity.relationships.flatMap((r) => r.provenance)])];
+  const found = new Map(await Promise.all(ids.map(async (id) =>
+    [id, await api("GET", userPath(user, "memories", id)).catch(() => null)])));
+  const saidIn = (provenance) => el("ul", { class: "list provenance" }, provenance.map((id) => el("li", {},
+    found.get(id) ? [el("span", { class: "text" }, found.get(id).content), " ",
+      link("conversation", { user, view: "conversation", id: found.get(id).conversation_id })]
+      : "message " + id + " (deleted)")));
+  fill(box, {}, [el("h3", {}, entity.name),
     el("p", { class: "meta" }, entity.type + (entity.aliases.length ? "; also " + entity.aliases.join(", ") : "")),
     entity.description ? el("p", { class: "text" }, entity.description) : null,
+    entity.provenance.length ? [el("h4", {}, "Said in"), saidIn(entity.provenance)] : null,
     el("h4", {}, "Facts"),
+    entity.relationships.length ? null : el("p", { class: "empty" }, "No relationships."),
     el("ul", { class: "list facts" }, entity.relationships.map((r) => el("li", { class: r.invalid_at ? "superseded" : "current" },
-      `${r.from} ${r.type} ${r.to}` + (r.invalid_at ? ` (superseded ${day(r.invalid_at)})` : ` (since ${day(r.valid_from)})`)))),
-    el("h4", {}, "Said in"),
-    el("ul", { class: "list provenance" }, sources.map((m, i) => el("li", {}, m ?
-      [el("span", { class: "text" }, m.content), " ", link("conversation", { user, view: "conversation", id: m.conversation_id })]
-      : "message " + entity.provenance[i] + " (deleted)"))),
-    el("p", {}, deleteButton(user, "entity", "entities/" + entity.id, entity.id, `Entity ${entity.name} (${entity.id}) and its relationships`, reload)));
+      el("span", { class: "fact" }, `${r.from} ${r.type} ${r.to}` +
+        (r.invalid_at ? ` (superseded ${day(r.invalid_at)})` : ` (since ${day(r.valid_from)})`)),
+      saidIn(r.provenance)))),
+    el("p", {}, deleteButton(user, "entity", "entities/" + entity.id, entity.id, `Entity ${entity.name} (${entity.id}) and its relationships`, reload))]);
   box.focus();
 }
 
