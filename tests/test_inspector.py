@@ -22,7 +22,6 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.wait import WebDriverWait
 
-from proxy.api.inspector import POLICY
 from proxy.settings import load_settings
 from tests.api_helpers import api_url
 from tests.browser import artifacts, browser  # noqa: F401  (fixtures)
@@ -31,6 +30,8 @@ from tests.fake_upstream import FakeUpstream
 from tests.inspector_seed import HOSTILE, LOCKER, TOKEN, USER, Seeded, chat, seed, sent_lines
 
 LAST_QUESTION = "Where do I work now, and what is my locker code?"
+POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
+          " object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,6 @@ def test_the_page_ships_with_a_strict_policy_and_no_inline_script(served):
             assert "set-cookie" not in response.headers
         html = http.get("/memory/ui/").text
         assert http.get("/memory/ui/secrets.json").status_code == 404
-    assert "default-src 'self'" in POLICY and "frame-ancestors 'none'" in POLICY and "unsafe" not in POLICY
     # Every script tag loads a file of ours; none carries code, and nothing names another origin.
     assert re.findall(r"<script[^>]*>", html) == ['<script src="inspector.js" defer>']
     assert not re.search(r"(src|href)=\"(https?:)?//", html)
