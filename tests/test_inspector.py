@@ -327,6 +327,7 @@ def test_deleting_the_user_names_what_goes_and_leaves_nothing(page, served):  # 
     page.find_element(By.ID, "confirm-ok").click()
     empty = wait(page).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "#users p.empty")))
     assert empty.text == f"memproxy holds nothing for user {USER}"
+    assert page.find_element(By.ID, "status").text.startswith(f"Deleted user {USER}: ")
     with proxy.http(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         assert http.get(api_url(USER)).status_code == 404
         assert http.get(api_url(USER, "export")).text == ""

@@ -145,7 +145,6 @@ async function render() {
 }
 
 async function renderView() {
-  say("");
   if (token() === null) return login();
   const params = route();
   const user = params.get("user") || "";
@@ -547,5 +546,9 @@ function searchResults(found) {
     el("details", {}, el("summary", {}, "The block as the model reads it"), el("pre", { class: "block" }, found.block)));
 }
 
-window.addEventListener("hashchange", render);
+// A message about the last action stays until the operator moves to another view.
+window.addEventListener("hashchange", () => {
+  say("");
+  render();
+});
 document.addEventListener("DOMContentLoaded", render);
