@@ -118,7 +118,7 @@ def test_the_page_ships_with_a_strict_policy_and_no_inline_script(served):
     assert not re.search(r"(src|href)=\"(https?:)?//", html)
 
 
-def test_a_wrong_token_is_refused_and_never_kept(browser, served):  # noqa: F811
+def test_a_wrong_token_is_refused_and_never_kept(browser, served, artifacts):  # noqa: F811
     proxy, _ = served
     browser.get(proxy.url + "/memory/ui/")
     browser.execute_script("sessionStorage.clear()")
@@ -129,6 +129,7 @@ def test_a_wrong_token_is_refused_and_never_kept(browser, served):  # noqa: F811
     assert browser.execute_script("return sessionStorage.length") == 0
     assert browser.find_element(By.ID, "nav").get_attribute("hidden") is not None
     assert browser.get_cookies() == []
+    shot(browser, artifacts, "sign-in")
 
 
 def test_the_users_view_counts_what_the_user_has(page, served, artifacts):  # noqa: F811
