@@ -53,7 +53,7 @@ class Lookup:
                     self.edges[edge.id] = edge
 
     async def all_edges(self) -> None:
-        """Every edge of the user: for a graph hit whose entity was not itself injected."""
+        """Every edge of the user: for a graph hit logged without the entity it came from."""
         async for record in self.store.export(self.scope):
             if record["kind"] == "relationship" and record["id"] not in self.edges:
                 self.edges[record["id"]] = Relationship(
@@ -87,15 +87,21 @@ def _hits(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def _fetch_structure(lookup: Lookup, rows: list[dict[str, Any]]) -> None:
-    """The edges and traces the hits name: edges through the entities injected with them first."""
+    """The edges and traces the hits name: an edge through the entity its graph hit expanded
+    (its score names it), then the user's own node, and only then every edge of the user."""
     graph_ids: set[str] = set()
     trace_ids: set[str] = set()
+    expanded: set[str] = set()
     for row in rows:
-        hits = _hits(row)
-        graph_ids |= {str(h.get("id")) for h in hits if h.get("source") == "graph"}
-        trace_ids |= {str(h.get("id")) for h in hits if h.get("source") == "reasoning"}
-        if any(h.get("source") == "graph" for h in hits):
-            await lookup.edges_of(str(h.get("id")) for h in hits if h.get("source") == "long-term")
+        for hit in _hits(row):
+            if hit.get("source") == "graph":
+                graph_ids.add(str(hit.get("id")))
+                score = hit.get("score")
+                if isinstance(score, dict) and isinstance(score.get("entity"), str):
+                    expanded.add(score["entity"])
+            elif hit.get("source") == "reasoning":
+                trace_ids.add(str(hit.get("id")))
+    await lookup.edges_of(sorted(expanded))
     if graph_ids - set(lookup.edges):
         user_node = await lookup.store.user_node(lookup.scope)
         if user_node is not None:
