@@ -16,6 +16,7 @@ from starlette.routing import Mount, Route
 
 from proxy import logs
 from proxy.api.auth import ApiGuard
+from proxy.api.inspector import Inspector
 from proxy.api.routes import ApiApp, MemoryApi
 from proxy.embedding_calls import embeddings_caller
 from proxy.errors import NotFound
@@ -196,6 +197,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/{path:path}", proxy),
         Mount("/memory/v1", app=memory_api),
+        Mount("/memory/ui", app=Inspector()),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.router.redirect_slashes = False  # a redirect would be a response the provider never gave

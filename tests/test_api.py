@@ -450,6 +450,7 @@ def test_the_openapi_document_lists_every_endpoint(api: httpx.Client) -> None:
         ("DELETE", "/users/{user}/memories/{id}"), ("DELETE", "/users/{user}/messages/{id}"),
         ("DELETE", "/users/{user}/entities/{id}"), ("DELETE", "/users/{user}/relationships/{id}"),
         ("DELETE", "/users/{user}/conversations/{id}"), ("DELETE", "/users/{user}"),
+        ("GET", "/users/{user}"), ("GET", "/users/{user}/memories/{id}"),
     }
 
 

@@ -55,7 +55,7 @@ def test_no_generated_request_gets_a_server_error(make_proxy: Any) -> None:
     with proxy.http(headers=auth) as client:
         schema = schemathesis.openapi.from_url(f"{proxy.url}/memory/v1/openapi.json")
         operations = [result.ok() for result in schema.get_all_operations()]
-        assert len(operations) == 18
+        assert len(operations) == 20
         for operation in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 # Data to find: ids the generator would never guess are swapped in for some cases.

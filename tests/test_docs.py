@@ -94,7 +94,7 @@ def repository_lines() -> list[tuple[str, str]]:
     for name in SCANNED:
         top = ROOT / name
         for path in sorted(top.rglob("*") if top.is_dir() else [top]):
-            if not path.is_file() or "__pycache__" in path.parts:
+            if not path.is_file() or {"__pycache__", "node_modules"} & set(path.parts):
                 continue
             try:
                 text = path.read_text(encoding="utf-8")

@@ -27,9 +27,11 @@ from proxy.api.cursors import Listing
 from proxy.api.errors import (
     Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable,
 )
+from proxy.api.injections import resolved
 from proxy.api.jsonl import parse_lines, to_line
 from proxy.api.schema import openapi
 from proxy.api.search import search
+from proxy.api.users import user_counts
 from proxy.errors import NotFound, ProxyError
 from proxy.ids import new_id
 from proxy.memory.pipeline import Retriever
@@ -95,10 +97,12 @@ class MemoryApi:
         u = "/users/{user}"
         table: list[tuple[str, str, Endpoint]] = [
             ("/openapi.json", "GET", self.openapi),
+            (u, "GET", self.user),
             (u, "DELETE", self.delete_user),
             (f"{u}/search", "POST", self.search),
             (f"{u}/memories", "GET", self.list_memories),
             (f"{u}/memories", "POST", self.store_memory),
+            (f"{u}/memories/{{id}}", "GET", self.memory),
             (f"{u}/memories/{{id}}", "PATCH", self.correct_memory),
             (f"{u}/conversations", "GET", self.conversations),
             (f"{u}/conversations/{{id}}/messages", "GET", self.messages),
@@ -140,6 +144,10 @@ class MemoryApi:
         if outcome == "conflict":
             raise Conflict("another memory of this user already has this text as its name")
         return answer(await self._memory(scope, memory_id))
+
+    async def memory(self, request: Request) -> Response:
+        scope = user_scope(request)
+        return answer(await self._memory(scope, records.path_id(request.path_params["id"], "id")))
 
     async def _memory(self, scope: Scope, memory_id: str) -> dict[str, Any]:
         entity = await self.store.entity_record(scope, memory_id)
@@ -207,8 +215,17 @@ class MemoryApi:
         scope = user_scope(request)
         if request.query_params:
             raise InvalidRequest("the injection log takes no query parameters (it holds the last 20 turns)")
-        rows = await self.store.injections(scope)
+        rows = await resolved(self.store, scope, await self.store.injections(scope))
         return answer({"object": "list", "data": [records.injection(row) for row in rows], "next_cursor": None})
+
+    async def user(self, request: Request) -> Response:
+        scope = user_scope(request)
+        if request.query_params:
+            raise InvalidRequest("a user's counts take no query parameters")
+        found = await user_counts(self.store, scope)
+        if found is None:
+            raise ItemNotFound(f"memproxy holds nothing for user {scope.user}")
+        return answer(found)
 
     async def export(self, request: Request) -> Response:
         scope = user_scope(request)

@@ -91,7 +91,20 @@ SCHEMAS: dict[str, Any] = {
                      ["id", "conversation_id", "task", "steps", "answer", "created_at"]),
     "Step": STEP,
     "Injection": obj({"turn_id": TEXT, "conversation_id": ID, "created_at": TIME, "injected": {"type": "integer"},
-                      "log": {"type": "object"}}),
+                      "log": obj({"hits": {"type": "array", "items": ref("InjectedHit")}}, [])}),
+    "InjectedHit": obj({
+        "source": {"type": "string", "enum": list(SOURCES)}, "id": TEXT, "reason": TEXT, "score": {"type": "object"},
+        "tokens": {"type": "integer", "nullable": True},
+        "text": {**NULLABLE_TEXT, "description": "The hit's block line as it reads now, looked up when the log is"
+                                                 " read (the log keeps no memory text); null when deleted."},
+        "now": {"type": "string", "enum": ["current", "changed", "deleted"],
+                "description": "What became of the item since the turn: `changed` when an entity was updated or a"
+                               " relationship superseded at or after the turn's time; a corrected message carries"
+                               " no time of correction, so it reads `current` with today's text."},
+    }, ["source", "id", "text", "now"]),
+    "User": obj({"object": {"type": "string", "enum": ["user"]}, "user": ID, "conversations": {"type": "integer"},
+                 "messages": {"type": "integer"}, "entities": {"type": "integer"},
+                 "user_entity_id": {**ID, "nullable": True}}),
     "Deleted": obj({"id": ID, "deleted": COUNTS}),
     "UserDeleted": obj({"user": ID, "deleted": COUNTS}),
     "Imported": obj({"imported": COUNTS, "skipped": COUNTS}),
@@ -152,6 +165,9 @@ def _deletes() -> dict[str, Any]:
 def _paths() -> dict[str, Any]:
     page = (LIMIT, CURSOR)
     paths = _deletes()
+    paths["/users/{user}/memories/{id}"]["get"] = operation(
+        "get_memory", "One memory: an entity, or a message as an `interaction` memory.", _json("Memory", "The memory."),
+        params=(ITEM,), item=True)
     paths["/users/{user}/memories/{id}"]["patch"] = operation(
         "correct_memory", "Correct a memory's text.", _json("Memory", "The corrected memory."), params=(ITEM,),
         body="MemoryCorrection", item=True)
@@ -164,8 +180,11 @@ def _paths() -> dict[str, Any]:
         "get_entity", "One entity with its relationships, past ones included.", _json("EntityDetail", "The entity."),
         params=(ITEM,), item=True)
     paths.update({
-        "/users/{user}": {"delete": operation(
-            "delete_user", "Delete everything of the user; rows deleted per table.", _json("UserDeleted", "Deleted."))},
+        "/users/{user}": {
+            "get": operation("get_user", "Counts of what memproxy holds for the user, and the user's own entity.",
+                             _json("User", "The counts."), item=True),
+            "delete": operation("delete_user", "Delete everything of the user; rows deleted per table.",
+                                _json("UserDeleted", "Deleted."))},
         "/users/{user}/search": {"post": operation(
             "search", "The hits the proxy would inject for this query, with the reason each ranked.",
             _json("SearchResult", "The hits, in merge order."), body="SearchInput")},
@@ -182,7 +201,8 @@ def _paths() -> dict[str, Any]:
         "/users/{user}/reasoning": {"get": operation(
             "list_reasoning", "Reasoning traces, newest first.", _json("ReasoningList", "A page."), params=page)},
         "/users/{user}/injections": {"get": operation(
-            "list_injections", "The injection log of the user's last 20 turns, newest first.",
+            "list_injections", "The injection log of the user's last 20 turns, newest first; each hit's text is"
+            " looked up now, and says whether the item has changed or gone since.",
             _json("InjectionList", "The log."))},
         "/users/{user}/export": {"get": operation(
             "export", "Every record of the user as JSON Lines.",
