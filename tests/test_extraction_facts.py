@@ -8,7 +8,7 @@ import pytest
 
 from proxy.memory.extraction import extract
 from proxy.memory.extraction.facts import skipped, to_record
-from proxy.memory.extraction.model import ExtractedEntity, ExtractedRelation, Extraction
+from proxy.extracted import ExtractedEntity, ExtractedRelation, Extraction
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import EntityFact, QueuedMessage, RecordFacts, RelationFact
 

@@ -17,7 +17,7 @@ import pytest
 
 from proxy.memory.extraction import extract
 from proxy.memory.extraction.llm import INSTRUCTIONS, RESPONSE_FORMAT, InvalidOutput, parse, prompt
-from proxy.memory.extraction.model import ExtractedEntity, ExtractedRelation, Extraction
+from proxy.extracted import ExtractedEntity, ExtractedRelation, Extraction
 from proxy.memory.extractors import LLMExtractor
 from proxy.model_calls import ModelCaller
 from proxy.settings import UpstreamSettings

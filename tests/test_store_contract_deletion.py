@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from proxy.memory.extraction.model import bounded_key
+from proxy.extracted import bounded_key
 from proxy.models import Scope
 from proxy.stores.base import (
     EntityFact, FinishTurn, FoundTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from proxy.memory.extraction.facts import no_facts, to_record
-from proxy.memory.extraction.model import Extraction
+from proxy.extracted import Extraction
 from proxy.memory.extractors import Extractor, RulesExtractor
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer

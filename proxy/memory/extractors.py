@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from proxy.memory.extraction.llm import RESPONSE_FORMAT, InvalidOutput, parse, prompt
-from proxy.memory.extraction.model import Extraction
+from proxy.extracted import Extraction
 from proxy.memory.extraction.rules import extract
 
 log = logging.getLogger("memproxy.extraction")

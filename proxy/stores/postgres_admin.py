@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 import asyncpg
 
 from proxy.ids import new_id
-from proxy.memory.extraction.model import canonical_name
+from proxy.extracted import canonical_name
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import (
     PAGE_KEY_PARTS,

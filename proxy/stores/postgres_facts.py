@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from proxy.ids import new_id
-from proxy.memory.extraction.model import USER_NODE, canonical_name
+from proxy.extracted import USER_NODE, canonical_name
 from proxy.stores.base import EntityFact, RecordFacts, RelationFact
 from proxy.stores.postgres_rows import clean_text, utc
 from proxy.stores.sqlite_facts import (

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from proxy.memory.extraction.model import canonical_name
+from proxy.extracted import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
 from proxy.stores.postgres_rows import clean_text

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from proxy.memory.extraction.model import KEY_MAX_CHARS
+from proxy.extracted import KEY_MAX_CHARS
 from proxy.stores.sqlite_rows import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
 
 # pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
@@ -408,7 +408,7 @@ CREATE OR REPLACE FUNCTION message_context(p_user text, p_conversation text, p_a
 $$;
 """
 
-# v4: a merge key past KEY_MAX_CHARS is its head and a hash (extraction/model.py
+# v4: a merge key past KEY_MAX_CHARS is its head and a hash (proxy/extracted.py
 # bounded_key, computed the same way here): keys stored whole before are re-keyed, or their
 # entities would never merge again.
 _V4 = f"""

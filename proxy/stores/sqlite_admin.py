@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from proxy.ids import new_id
-from proxy.memory.extraction.model import canonical_name
+from proxy.extracted import canonical_name
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import (
     TAGS_MAX,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.ids import new_id
-from proxy.memory.extraction.model import (  # the one merge key
+from proxy.extracted import (  # the one merge key
     USER_NODE,
     USER_TYPE,
     canonical_name,

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.memory.extraction.model import canonical_name
+from proxy.extracted import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
 from proxy.stores.sqlite_rows import (

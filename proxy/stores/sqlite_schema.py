@@ -19,7 +19,7 @@ import re
 import sqlite3
 import time
 
-from proxy.memory.extraction.model import KEY_MAX_CHARS, bounded_key
+from proxy.extracted import KEY_MAX_CHARS, bounded_key
 
 # `_` is a token character so identifier terms (`internal_hbr_2291_example`) stay whole.
 _TOKENIZE = "tokenize = \"unicode61 tokenchars '_'\""
@@ -252,7 +252,7 @@ _V3 = """
 CREATE INDEX entities_type ON entities(user_id, type);
 """
 
-# v4: a merge key past KEY_MAX_CHARS is its head and a hash (extraction/model.py
+# v4: a merge key past KEY_MAX_CHARS is its head and a hash (proxy/extracted.py
 # bounded_key): keys stored whole before are re-keyed, or their entities would never
 # merge again.
 _V4 = f"""

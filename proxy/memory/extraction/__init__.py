@@ -1,6 +1,6 @@
 """Entities and relationships out of saved messages: deterministic rules, or a model."""
 
-from proxy.memory.extraction.model import (
+from proxy.extracted import (
     SINGLE_VALUED,
     USER_NODE,
     ExtractedEntity,

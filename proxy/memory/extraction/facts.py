@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from proxy.memory.extraction.model import SINGLE_VALUED, USER_NODE, ExtractedEntity, Extraction, canonical_name
+from proxy.extracted import SINGLE_VALUED, USER_NODE, ExtractedEntity, Extraction, canonical_name
 from proxy.models import Scope
 from proxy.stores.base import EntityFact, QueuedMessage, RecordFacts, RelationFact
 

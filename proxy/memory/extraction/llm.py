@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from proxy.memory.extraction.model import (
+from proxy.extracted import (
     USER_NODE,
     USER_TYPE,
     ExtractedEntity,

@@ -24,7 +24,7 @@ from proxy.memory.extraction.lexicon import (
     TECH,
     TECH_ORGS,
 )
-from proxy.memory.extraction.model import canonical_name
+from proxy.extracted import canonical_name
 
 _TITLE = r"(?:Dr|Mr|Mrs|Ms|Mx|Prof|Sir|Dame|St|Saint)\.?\s+"
 # Two characters at least, so `I` and `A` never start a name; `I'm` is not one either.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from proxy.memory.extraction.clauses import clause_sentences, conjoined_sentences
 from proxy.memory.extraction.lexicon import EVENT_HEADS, MONTHS_AND_DAYS, STARTERS, TECH
-from proxy.memory.extraction.model import canonical_name
+from proxy.extracted import canonical_name
 from proxy.memory.extraction.names import NAME, is_plausible, name_type
 from proxy.memory.extraction.roles import PLURAL, PLURALS, SINGULAR, SPECIES, SPECIES_PLURAL, role_of
 

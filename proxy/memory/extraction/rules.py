@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 
 from proxy.memory.extraction.identifiers import identifier_spans
-from proxy.memory.extraction.model import (
+from proxy.extracted import (
     SINGLE_VALUED,
     USER_NODE,
     ExtractedEntity,
