@@ -50,9 +50,9 @@ def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | No
 
         return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper(),
                            search_cache_mb=settings.search_cache_mb, on_file_lost=on_file_lost)
-    from proxy.stores.postgres import PostgresStore  # type: ignore[import-not-found]
+    from proxy.stores.postgres import PostgresStore
 
-    return PostgresStore(settings.url)  # type: ignore[no-any-return]
+    return PostgresStore(settings.url)
 
 
 class Parts:

@@ -183,9 +183,9 @@ async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes
         try:
             async for chunk in response.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except StreamCut as cut:
-            log.info("upstream body cut: %s", cut.code)
-            raise ResponseAborted(cut.code) from cut  # a cut JSON body: the connection closes
+        except StreamCut as body_cut:
+            log.info("upstream body cut: %s", body_cut.code)
+            raise ResponseAborted(body_cut.code) from body_cut  # a cut JSON body: the connection closes
     else:
         cut, tail = await _forward_events(send, response, heartbeat_s)
         if cut is not None:

@@ -87,7 +87,8 @@ async def map_messages(store: Store, scope: Scope, sample: Sample) -> dict[str, 
     """Message id -> dia_id, matching each session's saved messages to its turns in order."""
     dia_ids: dict[str, str] = {}
     for session in sample.sessions:
-        messages, after = [], None
+        messages: list[Any] = []
+        after = None
         while len(messages) < len(session.turns):
             page = await store.message_page(scope, conversation_id(sample, session), limit=PAGE, after=after)
             if not page:

@@ -171,6 +171,8 @@ def thinking_step(message: AssistantMessage) -> tuple[ReasoningStep, ...]:
 class TurnRecall(Recall):
     """A request with memory on: block in, turn saved once, answer saved from the last step."""
 
+    turn_key: str  # a turn always has its key
+
     def __init__(self, service: MemoryService, scope: Scope, request: Transcript, identity: TurnIdentity,
                  persist: bool, status: str, retrieved: Retrieved) -> None:
         super().__init__(status)

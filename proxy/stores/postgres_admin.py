@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import asyncpg
 
@@ -93,7 +93,7 @@ def _past(listing: PageList, columns: str, after: PageKey | None, args: list[Any
     if after is None:
         return ""
     number = first + len(args)
-    args += [from_micros(part) if kind == "time" else part for kind, part in zip(PAGE_KEY_PARTS[listing], after)]
+    args += [from_micros(cast(float, part)) if kind == "time" else part for kind, part in zip(PAGE_KEY_PARTS[listing], after)]
     marks = ", ".join(f"${n}" for n in range(number, number + len(after)))
     return f" AND ({columns}) {'<' if newest_first else '>'} ({marks})"
 

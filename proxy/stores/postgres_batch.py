@@ -150,7 +150,10 @@ async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
         group = list(run)
         if graph:  # a merge reads the graph as it goes: one op at a time
             for op in group:
-                await (record_facts(conn, op) if isinstance(op, RecordFacts) else store_memory(conn, op))
+                if isinstance(op, RecordFacts):
+                    await record_facts(conn, op)
+                elif isinstance(op, StoreMemory):
+                    await store_memory(conn, op)
         elif len(group) == 1:
             await conn.execute(APPLY, *arguments(group[0]))
         else:

@@ -39,7 +39,8 @@ from proxy.stores.sqlite_rows import (
 
 # Rows per transaction: SQLite's writers (the proxy's too) wait for each one, ~50 ms at this size.
 REINDEX_BATCH = 500
-Row = Mapping[str, Any]
+# sqlite3.Row and asyncpg.Record both read by column name; neither is a typing Mapping.
+Row = Any
 Mark = Callable[[Any], str]  # a parameter's placeholder in the SQL being built (`?`, `$n`)
 
 
@@ -102,6 +103,7 @@ def rewrites(spec: TermsColumns, rows: Sequence[Row], said_before: Sequence[str]
 
     `said_before` is the text of the messages said just before the first row, oldest first.
     """
+    fresh: list[tuple[Any, ...]]
     if spec.table == "messages":
         fresh = _message_terms(rows, said_before)
     elif spec.table == "entities":

@@ -228,7 +228,7 @@ class _Growing:
     __slots__ = ("_pending", "_view")
 
     def __init__(self, dtype: type) -> None:
-        self._view = np.empty(0, dtype=dtype)
+        self._view: np.ndarray = np.empty(0, dtype=dtype)
         self._pending: list[object] | None = None
 
     def append(self, value: object) -> None:
