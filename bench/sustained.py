@@ -15,6 +15,7 @@ import resource
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from loadgen import Disconnect, Reply, Target, chat_payload, connect
 from processes import Server
@@ -36,6 +37,7 @@ class Sustained:
     server_threads: dict[str, float] = field(default_factory=dict)  # thread name -> cores
     mock_cpu: float = 0.0
     client_cpu: float = 0.0
+    sources_cut: int = 0  # retrieval sources skipped at their deadline (the block was built without them)
 
     @property
     def requests(self) -> int:
@@ -105,6 +107,7 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
                 level.errors += 1
                 conns[i] = await connect(target)
 
+    log_from = server.log.stat().st_size
     server_before, mock_before, client_before = server.cpu_seconds(), mock.cpu_seconds(), client_cpu_seconds()
     threads_before = thread_cpu(server.pid, thread_names)
     started = time.perf_counter()
@@ -120,17 +123,25 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
     threads_after = thread_cpu(server.pid, thread_names)
     level.server_threads = {name: (spent - threads_before.get(name, 0.0)) / level.seconds
                             for name, spent in threads_after.items()}
+    level.sources_cut = sources_cut(server.log, log_from)
     return level
 
 
+def sources_cut(log: Path, start: int) -> int:
+    """Retrieval sources memproxy logged as skipped (`retrieval: source ... failed`) past byte `start` of its log."""
+    with open(log, "rb") as handle:
+        handle.seek(start)
+        return handle.read().count(b"retrieval: source ")
+
+
 HEADER = (f"{'clients':>7} {'requests':>8} {'req/s':>6} {'ok':>7} {'errors':>6} {'first event p50/p99 ms':>22} "
-          f"{'memproxy CPU':>12} {'mock CPU':>8} {'client CPU':>10}  degraded")
+          f"{'memproxy CPU':>12} {'mock CPU':>8} {'client CPU':>10} {'sources cut':>11}  degraded")
 
 
 def sustained_row(level: Sustained) -> str:
     first = f"{percentile(level.first_event_ms, 50):.0f} / {percentile(level.first_event_ms, 99):.0f}"
     return (f"{level.clients:>7} {level.requests:>8} {level.rate:>6.1f} {level.ok_share:>7.1%} {level.errors:>6} "
-            f"{first:>22} {level.server_cpu:>12.2f} {level.mock_cpu:>8.2f} {level.client_cpu:>10.2f}  "
+            f"{first:>22} {level.server_cpu:>12.2f} {level.mock_cpu:>8.2f} {level.client_cpu:>10.2f} {level.sources_cut:>11}  "
             f"{level.degraded()}")
 
 
