@@ -1,16 +1,17 @@
-"""Admission of recalls: a few at a time, first come first served, none started too late.
+"""Admission of recalls: a few at a time, the newest first, none started too late.
 
 Every recall makes several reads, and a read is a hand-off to a reader thread and back.
 When all the recalls of a burst run at once, their reads queue behind each other and each
 recall waits for every other one's reads: all of them finish late together, and past
-`memory.retrieval_timeout_ms` all of them fail. Admitted a few at a time, the first ones
-finish in a few ms and the rest wait in order.
+`memory.retrieval_timeout_ms` all of them fail. Admitted a few at a time, each one runs
+alone with its reads and finishes in a few ms.
 
-A queue in arrival order has its own failure under load: once the wait nears the
-deadline, every recall that gets its turn has no time left to finish, and none succeeds
-until the queue drains. So a recall waits only until its `start_by`; past it, it gives up
-before reading anything (the request goes on without memory at once), and the turn goes to
-the next one, which still has time.
+A queue served in arrival order fails under sustained load: the wait grows to the
+deadline, every recall that gets its turn has no time left to finish, and none succeeds.
+So the turn goes to the newest recall waiting, which has its whole budget left, and a
+recall waits only until its `start_by`: past it, it gives up before reading anything (the
+request goes on without memory at once). Under load the recalls that fail are the ones
+that waited longest, and as many succeed as the store can serve.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from contextlib import asynccontextmanager
 
 
 class RecallGate:
-    """At most `running` recalls at once; the others wait for a turn, in arrival order."""
+    """At most `running` recalls at once; the others wait for a turn, the newest first."""
 
     def __init__(self, running: int) -> None:
         if running < 1:
@@ -66,8 +67,8 @@ class RecallGate:
 
     def _leave(self) -> None:
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter = self._waiters.pop()
             if not waiter.done():
-                waiter.set_result(None)  # the turn goes straight to the next in line
+                waiter.set_result(None)  # the turn goes straight to the newest recall waiting
                 return
         self._running -= 1

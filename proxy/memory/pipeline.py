@@ -41,6 +41,9 @@ STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's res
 # may wait for its turn: one that starts later has too little time left to finish.
 RECALLS_RUNNING = 4
 TURN_WAIT_SHARE = 0.6
+# A recall's timeout counts against the store only when the store answered nothing for this
+# many budgets (1 s by default): a garbage collection or a starved host can hold the event
+# loop for a few hundred ms while the store itself is fine (breaker.py).
 QUIET_BUDGETS = 4
 
 
@@ -117,7 +120,7 @@ class MemoryService:
                 self.breaker.succeeded()
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
-                    self.breaker.timed_out(budget_s * QUIET_BUDGETS)
+                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self._store_answered_at())
                 status = self._degraded("retrieval timeout")
             except StoreError as exc:
                 self.breaker.failed()
@@ -153,6 +156,10 @@ class MemoryService:
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
+
+    def _store_answered_at(self) -> float:
+        # Not in the Store protocol yet: SQLite's reader threads note when they answered a read.
+        return float(getattr(self.store, "answered_at", float("-inf")))
 
     def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
         self.metrics.degraded.labels(reason).inc()
