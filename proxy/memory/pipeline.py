@@ -38,9 +38,10 @@ log = logging.getLogger("memproxy.memory")
 
 STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's result
 # Recalls that read the store at once (admission.py), and the share of a recall's budget it
-# may wait for its turn: one that starts later has too little time left to finish.
+# may wait for its turn: one that starts later would reach its sources' deadline (retrieval's
+# SOURCE_SHARE) before they could answer.
 RECALLS_RUNNING = 4
-TURN_WAIT_SHARE = 0.6
+TURN_WAIT_SHARE = 0.8
 # A recall's timeout counts against the store only when the store answered nothing for this
 # many budgets (1 s by default): a garbage collection or a starved host can hold the event
 # loop for a few hundred ms while the store itself is fine (breaker.py).
