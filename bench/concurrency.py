@@ -14,6 +14,13 @@ every stream is recalled for, accumulated and saved as a turn). For each N it re
 The largest N with zero errors is the figure to report.
 
     python bench/concurrency.py [--levels 50,100,200,400] [--seconds 20] [--rate 50] [--no-direct]
+
+`--sustained` measures memory under load instead (bench/sustained.py): N clients stream one
+request after another for `--duration` seconds, as one user holding `--memory-items` memories;
+per level the share of requests whose memory worked, req/s, and memproxy's CPU (by thread, and
+with py-spy installed a sampled profile).
+
+    python bench/concurrency.py --sustained [--clients 64,128] [--duration 30] [--memory-items 10000]
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, run_client
-from processes import REPO, Server, start_memproxy, start_mock
-from scenarios import percentile
+import pyspy
+from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
+from processes import REPO, Server, source_version, start_memproxy, start_mock
+from scenarios import StreamShape, percentile
+from storm import memory_recovered, seed_memories
+from sustained import HEADER, MEMORY_USER, run_sustained, sustained_row, threads_row
 
 USERS = 20
 PROBE_EVERY_S = 0.05
@@ -166,19 +176,88 @@ async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -
     return lines
 
 
+async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Server, workdir: Path) -> list[str]:
+    """Seed, warm up, then every level of streaming clients, round after round."""
+    target = Target("memproxy", memproxy.port)
+    shape = StreamShape(args.stream_events, args.stream_gap_ms)
+    lines = []
+    if args.memory_items:
+        print(f"seeding {args.memory_items} memories for {MEMORY_USER} ...", file=sys.stderr)
+        seeded = await seed_memories(target, MEMORY_USER, args.memory_items)
+        lines.append(f"seeded {seeded['items']:.0f} memories in {seeded['seconds']:.1f} s, {seeded['errors']:.0f} errors")
+    warm = Target("memproxy", memproxy.port, {"x-memory-user": MEMORY_USER, "x-memory-persist": "false"})
+    for n in range(20):  # the user's postings are built by the first recall, not the measured ones
+        await one(warm, chat_payload(warm, stream=False)(n))
+    names = pyspy.thread_names(memproxy.pid) if pyspy.available() else {}
+    lines.append(HEADER)
+    first = 1_000_000
+    for r in range(args.rounds):
+        for clients in args.clients:
+            waited = await memory_recovered(target, MEMORY_USER)
+            print(f"round {r + 1}: {clients} streaming clients for {args.duration:g} s "
+                  f"(breaker closed after {waited:.1f} s) ...", file=sys.stderr)
+            profile = workdir / f"profile-r{r + 1}-c{clients}.raw"
+            sampler = pyspy.record(memproxy.pid, args.duration, profile) if args.profile else None
+            level = await run_sustained(target, memproxy, mock, clients, args.duration, shape.headers(),
+                                        shape.expected_events, first, names)
+            first += 1_000_000
+            lines += [sustained_row(level), threads_row(level)]
+            if sampler is not None:
+                await asyncio.to_thread(sampler.wait)
+                lines += [f"{'':>7} py-spy, {profile.name}:"] + pyspy.summary(profile)
+            print(sustained_row(level), file=sys.stderr)
+    return lines
+
+
+def sustained(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="memproxy-sustained-"))
+    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms)
+    servers = [mock]
+    try:
+        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info", args.memproxy_dir)
+        servers.append(memproxy)
+        started = time.perf_counter()
+        lines = run_client(sustained_async(args, mock, memproxy, workdir))
+        elapsed = time.perf_counter() - started
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"memproxy {source_version(args.memproxy_dir)}: streaming clients in a closed loop, {args.duration:g} s "
+          f"per level, streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
+          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s; logs in {workdir}")
+    print("CPU in cores (CPU seconds per wall second); 2 cores here are shared by memproxy, the mock and this client")
+    for line in lines:
+        print(line)
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="50,100,200,400", help="concurrent streams, one level after another")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each stream")
     parser.add_argument("--rate", type=float, default=50.0, help="events per second in each stream")
     parser.add_argument("--no-direct", action="store_true", help="skip the direct baseline of each level")
+    sustained_mode = parser.add_argument_group("--sustained: streaming clients in a closed loop, memory on")
+    sustained_mode.add_argument("--sustained", action="store_true", help="measure memory under load instead")
+    sustained_mode.add_argument("--clients", default="64,128", help="concurrent streaming clients per level")
+    sustained_mode.add_argument("--duration", type=float, default=30.0, help="seconds per level")
+    sustained_mode.add_argument("--rounds", type=int, default=1, help="times every level runs")
+    sustained_mode.add_argument("--stream-events", type=int, default=50, help="chunk events per stream")
+    sustained_mode.add_argument("--stream-gap-ms", type=float, default=20.0, help="time between two chunk events")
+    sustained_mode.add_argument("--memory-items", type=int, default=10_000, help="memories stored for the user first")
+    sustained_mode.add_argument("--profile", action="store_true", help="sample memproxy with py-spy at each level")
+    sustained_mode.add_argument("--memproxy-dir", type=Path, default=REPO, help="run memproxy from this checkout")
     args = parser.parse_args(argv)
     args.levels = [int(n) for n in args.levels.split(",") if n.strip()]
+    args.clients = [int(n) for n in args.clients.split(",") if n.strip()]
+    args.memproxy_dir = args.memproxy_dir.resolve()
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.sustained:
+        return sustained(args)
     workdir = Path(tempfile.mkdtemp(prefix="memproxy-concurrency-"))
     events = int(args.seconds * args.rate)
     mock = start_mock(workdir, events, 1000 / args.rate)

@@ -1,4 +1,13 @@
-"""A circuit breaker, so a broken store does not add its timeout to every request."""
+"""A circuit breaker, so a broken store does not add its timeout to every request.
+
+What counts as a failure: an error from the store or from retrieval, and a timeout while the
+store answers nobody. A recall that times out while the store answers other reads and
+recalls met a busy proxy, not a broken store: under load the store still answers, and the recalls
+time out because they queued behind each other for the event loop, the reader threads and
+the GIL. Opening the circuit then would switch memory off for everyone, for OPEN_FOR_S,
+just when most recalls still work. So such a timeout degrades its own request and leaves
+the count alone.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ class CircuitBreaker:
         self._open_for_s = open_for_s
         self._failures = 0
         self._opened_at: float | None = None
+        self._last_success = float("-inf")  # time.monotonic() of the last recall that succeeded
 
     @property
     def is_open(self) -> bool:
@@ -35,10 +45,18 @@ class CircuitBreaker:
         return False
 
     def succeeded(self) -> None:
+        self._last_success = time.monotonic()
         self._failures = 0
         if self._opened_at is not None:
             self._opened_at = None
             self._metrics.circuit_open.set(0)
+
+    def timed_out(self, quiet_s: float, store_answered_at: float = float("-inf")) -> None:
+        """A recall that read the store ran out of time: a failure only when the store answered
+        nothing for `quiet_s`, neither a recall nor (`store_answered_at`, time.monotonic(), where the
+        store tells) a single read. Otherwise the store answers, and this recall was late."""
+        if time.monotonic() - max(self._last_success, store_answered_at) > quiet_s:
+            self.failed()
 
     def failed(self) -> None:
         self._failures += 1

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from proxy.errors import MemoryUnavailable
 from proxy.exchange import Recall
+from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
 from proxy.memory.redact import redact
@@ -33,6 +34,15 @@ from proxy.turns import TurnIdentity, fallback_identity, identify
 log = logging.getLogger("memproxy.memory")
 
 STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's result
+# Recalls that read the store at once (admission.py), and the share of a recall's budget it
+# may wait for its turn: one that starts later would reach its sources' deadline (retrieval's
+# SOURCE_SHARE) before they could answer.
+RECALLS_RUNNING = 4
+TURN_WAIT_SHARE = 0.8
+# A recall's timeout counts against the store only when the store answered nothing for this
+# many budgets (1 s by default): a garbage collection or a starved host can hold the event
+# loop for a few hundred ms while the store itself is fine (breaker.py).
+QUIET_BUDGETS = 4
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class Query:
     visible: tuple[str, ...]  # texts of the request's other messages (never injected again)
     max_memories: int
     new_conversation: bool = False  # nothing of this conversation is stored yet
+    answer_by: float | None = None  # event-loop time by which the recall must have its block
 
 
 @dataclass
@@ -76,6 +87,7 @@ class MemoryService:
         self.retriever = retriever
         self.metrics = metrics
         self.breaker = CircuitBreaker(metrics)
+        self.gate = RecallGate(RECALLS_RUNNING)
 
     async def recall(self, resolved: RequestScope, request: Transcript | None) -> Recall:
         """The Recall of one chat request (its identity already complete)."""
@@ -91,16 +103,25 @@ class MemoryService:
             status = "degraded: circuit open"
         else:
             started = time.perf_counter()
+            budget_s = self.memory.retrieval_timeout_ms / 1000
+            start = asyncio.get_running_loop().time()
+            answer_by = start + budget_s
+            reading = False  # the recall's turn came (admission.py) and it asked the store
             try:
-                async with asyncio.timeout(self.memory.retrieval_timeout_ms / 1000):
+                async with asyncio.timeout_at(answer_by), self.gate.admitted(start + budget_s * TURN_WAIT_SHARE):
+                    reading = True
                     identity = await self._identify(scope, request, now)
-                    retrieved = await self._block(scope, request, identity, resolved)
+                    retrieved = await self._block(scope, request, identity, resolved, answer_by)
                 self.breaker.succeeded()
             except TimeoutError:
+                if reading:  # one that timed out waiting for its turn learnt nothing about the store
+                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self._store_answered_at())
                 status = self._degraded("retrieval timeout")
             except StoreError as exc:
+                self.breaker.failed()
                 status = self._degraded("store unavailable", exc)
             except Exception as exc:  # the outermost boundary: memory must never fail a request
+                self.breaker.failed()
                 status = self._degraded("retrieval error", exc)
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
         if status != "ok" and self.memory.required:
@@ -119,20 +140,23 @@ class MemoryService:
                               follow=self.settings.scope.conversation)
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
-                     resolved: RequestScope) -> Retrieved:
+                     resolved: RequestScope, answer_by: float) -> Retrieved:
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
         header = self.memory.block_header
         query = Query(user_text(request, header, markers=False), identity.conversation_id,
-                      visible_texts(request, header), min(limit, 12), identity.new_conversation)
+                      visible_texts(request, header), min(limit, 12), identity.new_conversation, answer_by)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
 
+    def _store_answered_at(self) -> float:
+        # Not in the Store protocol yet: SQLite's reader threads note when they answered a read.
+        return float(getattr(self.store, "answered_at", float("-inf")))
+
     def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
-        self.breaker.failed()
         self.metrics.degraded.labels(reason).inc()
         if exc is None:
             log.warning("memory degraded: %s", reason)

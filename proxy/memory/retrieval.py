@@ -133,8 +133,7 @@ class Retrieval:
         q = source_query(scope, query, self.settings, any_term_match=self.any_term_match)
         if self.vectors is not None:
             q = dataclasses.replace(q, vectors=self.vectors.query(scope, q.text))
-        budget_s = self.settings.retrieval_timeout_ms / 1000 * SOURCE_SHARE
-        runs = SourceRuns(self.metrics, asyncio.get_running_loop().time() + budget_s)
+        runs = SourceRuns(self.metrics, self._sources_deadline(query))
         await asyncio.gather(
             self._entities_and_graph(q, runs),
             self._source(runs, conversation.SOURCE, lambda: conversation.search(self.store, q)),
@@ -155,6 +154,16 @@ class Retrieval:
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return Retrieved(block, len(kept) if block else 0, entry)
+
+    def _sources_deadline(self, query: Query) -> float:
+        """When the sources must have answered: SOURCE_SHARE of the budget from now, and never so late
+        that the block could not be built by the recall's own deadline (`query.answer_by`), which
+        counts the turn lookup and the wait for the recall's turn before retrieval began."""
+        budget_s = self.settings.retrieval_timeout_ms / 1000
+        deadline = asyncio.get_running_loop().time() + budget_s * SOURCE_SHARE
+        if query.answer_by is not None:
+            deadline = min(deadline, query.answer_by - budget_s * (1 - SOURCE_SHARE))
+        return deadline
 
     def forget(self, user: str) -> None:
         """Drop what is cached of a deleted user (the vectors held in memory)."""

@@ -364,6 +364,13 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     # --- reads
 
+    @property
+    def answered_at(self) -> float:
+        """time.monotonic() of the last read the store answered: the circuit breaker tells by it a
+        store that answers nobody from a proxy too busy to take the answers in."""
+        readers = self._readers
+        return readers.answered_at if readers is not None else float("-inf")
+
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """`work(connection)` on a read connection; StoreError when SQLite fails or the store is closed."""
         readers = self._readers

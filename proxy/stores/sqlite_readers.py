@@ -18,6 +18,7 @@ import asyncio
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -38,6 +39,9 @@ class ReadPool:
         self._prepare = prepare
         self._reads: queue.SimpleQueue[_Read | None] = queue.SimpleQueue()
         self._closing = False
+        # time.monotonic() of the last read a thread completed, set on the thread: a busy event
+        # loop that has not yet taken the result in does not hold it back.
+        self.answered_at = float("-inf")
         self._threads = [threading.Thread(target=self._serve, name=f"memproxy-sqlite-reader-{n}", daemon=True)
                          for n in range(size)]
         for thread in self._threads:
@@ -75,6 +79,7 @@ class ReadPool:
                 try:
                     conn = conn or self._connect()
                     result, error = work(conn), None
+                    self.answered_at = time.monotonic()
                 except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
                     result, error = None, exc
                 try:

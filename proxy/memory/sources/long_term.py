@@ -54,11 +54,16 @@ async def find(store: Store, q: SourceQuery) -> EntityMatches:
     async def search(terms: Sequence[str], limit: int) -> list[tuple[Entity, float]]:
         return await store.search_entities(q.scope, terms, limit=limit)
 
-    entities = with_vectors(q, lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,), retry=True),
-                            "entity", key=_id, text=_text)
+    async def entities() -> list[Found[Entity]]:
+        # The lexical search is made inside the task gather runs it in: a recall cancelled before
+        # that task starts (its deadline passed while the event loop was busy) leaves no
+        # coroutine behind that was never awaited.
+        return await with_vectors(q, lexical(q, search, key=_id, text=_text, order=lambda e, score: (e.id,),
+                                             retry=True), "entity", key=_id, text=_text)
+
     if not q.first_person:
-        return by_strength(q, await entities)
-    ranked, user_node = await asyncio.gather(entities, store.user_node(q.scope))
+        return by_strength(q, await entities())
+    ranked, user_node = await asyncio.gather(entities(), store.user_node(q.scope))
     return by_strength(q, ranked, user_node)
 
 

@@ -1,0 +1,93 @@
+"""The circuit breaker opens for a store that answers nobody, never for a proxy that is merely busy.
+
+A recall that runs out of time while other recalls succeed met load (the event loop, the
+reader threads and the GIL were busy), not a broken store: it degrades its own request and
+leaves the breaker alone. Timeouts while no recall succeeds for a while still open it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from proxy.app import Parts
+from proxy.exchange import Recall
+from proxy.models import Scope, Transcript
+from proxy.scope import RequestScope
+from proxy.settings import load_settings
+from proxy.wires.openai_chat import OpenAIChat
+from tests.proxy_db import eventually
+from tests.test_memory_path import SOURCE_TABLES, tables_locked, teach
+
+BUDGET_MS = 200
+TIMEOUT = "degraded: retrieval timeout"
+OPEN = "degraded: circuit open"
+
+
+def chat(text: str) -> Transcript:
+    parsed = OpenAIChat().parse(json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode())
+    assert not isinstance(parsed, str)
+    return parsed.transcript
+
+
+def test_recalls_that_time_out_because_the_proxy_is_busy_leave_the_circuit_closed(tmp_path):
+    # The real memory service on a real SQLite store, in one event loop as the server runs it.
+    # Eight recalls start; then the event loop is kept busy past their budget, as a burst of
+    # stream events or a garbage collection keeps it under load. The reader threads answer
+    # meanwhile, but no recall gets back to its result in time: eight timeouts in a row. The
+    # store answered the recall just before, so that is load, and the next recall is served.
+    settings = load_settings(environ={}, overrides={
+        "store.url": f"sqlite:///{tmp_path}/memory.db", "memory.retrieval_timeout_ms": BUDGET_MS,
+        "extraction.from_roles": []})
+    alice = RequestScope(Scope("alice"))
+
+    async def scenario() -> tuple[str, list[str], bool, str]:
+        parts = Parts(settings)
+        await parts.start()
+        try:
+            memory = parts.memory
+            before = (await memory.recall(alice, chat("which editor do I use?"))).status
+            recalls = [asyncio.create_task(memory.recall(alice, chat(f"question {n} about my editor")))
+                       for n in range(8)]
+            for _ in range(3):
+                await asyncio.sleep(0)  # each recall takes its turn or queues, and asks the store
+            time.sleep(2 * BUDGET_MS / 1000)  # the event loop busy for twice the budget
+            statuses = [recall.status for recall in await asyncio.gather(*recalls)]
+            opened = memory.breaker.is_open
+            after: Recall = await memory.recall(alice, chat("and which editor again?"))
+            return before, statuses, opened, after.status
+        finally:
+            await parts.stop()
+
+    before, statuses, opened, after = asyncio.run(scenario())
+    assert before == "ok"
+    assert statuses == [TIMEOUT] * 8
+    assert not opened
+    assert after == "ok"
+
+
+def test_recalls_that_time_out_while_the_store_answers_nobody_open_the_circuit(make_proxy, fake, pg_url):
+    # Another session locks every table a recall reads (the turn lookup's and the sources'):
+    # the store takes every recall's question and answers none. Once no recall has succeeded for a while, the timeouts count
+    # against the store, and after five the circuit opens: requests stop waiting on it.
+    proxy = make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=BUDGET_MS, extraction__from_roles=[])
+    teach(proxy, "My editor is Helix.")
+    with proxy.http() as http:
+        assert eventually(lambda: len(http.get("/memory/v1/users/alice/conversations/teach-0/messages")
+                                       .json()["data"]) == 2)  # the fact and its answer are saved
+    client = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Persist": "false"})
+
+    def status(text: str) -> str:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": text}])
+        assert raw.status_code == 200
+        return raw.headers["x-memory-status"]
+
+    assert status("which editor do I use?") == "ok"
+    with tables_locked(pg_url, (*SOURCE_TABLES, "turns", "conversations")):
+        statuses = [status(f"question {n} about my editor") for n in range(16)]
+    assert OPEN in statuses
+    first_open = statuses.index(OPEN)
+    assert first_open >= 5  # five timeouts at least before it opened
+    assert statuses[:first_open] == [TIMEOUT] * first_open
+    assert statuses[first_open:] == [OPEN] * (16 - first_open)
