@@ -36,9 +36,9 @@ from proxy.stores.sqlite_checkpoint import (
     WAL_TRUNCATE_BYTES,
     Checkpointer,
 )
-from proxy.stores.sqlite_entity_index import EntityIndexes, EntityTermCounts
+from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_facts import USER_TYPE
-from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
+from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
     agent_clause,
@@ -59,7 +59,6 @@ from proxy.stores.sqlite_search import (
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
     REASONING,
-    ReasoningTermCounts,
     indexed_rows,
     prepare_reader,
 )
@@ -136,11 +135,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
-        self._message_counts = MessageTermCounts()
-        self._entity_counts = EntityTermCounts()
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
-        self._reasoning_term_counts = ReasoningTermCounts()
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
@@ -427,7 +423,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                     break
                 after = [rows[-1][k] for k in key]
 
-    # --- retrieval: BM25 from FTS5 over the whole corpus; score = -bm25, higher is better
+    # --- retrieval: BM25 over the user's own rows (FTS5 finds them); higher is better
 
     async def search_messages(
         self,
@@ -438,9 +434,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first (sqlite_search.py)."""
+        """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
-            conn, self._message_counts, self._message_indexes, scope, terms,
+            conn, self._message_indexes, scope, terms,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
 
     async def search_entities(
@@ -448,7 +444,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_entity_index(
-            conn, self._entity_counts, self._entity_indexes, scope, terms, limit=limit))
+            conn, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -461,6 +457,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             if indexed_rows(conn, REASONING) == 0:
                 self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
                 return []
-            return search_reasoning_index(conn, self._reasoning_term_counts, scope, terms, limit=limit)
+            return search_reasoning_index(conn, scope, terms, limit=limit)
 
         return await self._read(search)
