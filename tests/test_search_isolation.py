@@ -12,6 +12,7 @@ postings) and PostgreSQL, and through the memory API's search and the injection 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -104,7 +105,8 @@ def test_a_user_s_scores_are_the_same_from_fts5_and_from_the_postings_beside_ano
             await fts.apply(alice_memory())
             before = await alice_searches(fts)
             await fts.apply(bob_says_it_400_times())
-            while not (mem.message_indexes.holds("alice") and mem.entity_indexes.holds("alice")):
+            while not all(indexes.holds("alice") for indexes in (mem.message_indexes, mem.entity_indexes,
+                                                                   mem.reasoning_indexes)):
                 await alice_searches(mem)
                 await asyncio.sleep(0.02)
             return before, await alice_searches(fts), await alice_searches(mem)
@@ -161,8 +163,13 @@ def test_the_api_s_scores_and_the_injection_log_tell_nothing_of_another_user(ser
         """The API's search, then the injection log of a turn asking the same (the turn's
         conversation deleted after it, so alice's memory is again what it was)."""
         found = api.post(api_url("alice", "search"), json={"query": question}).json()["hits"]
-        assert chat(api, headers, question).status_code == 200
-        logged = api.get(api_url("alice", "injections")).json()["data"][0]["log"]["hits"]
+        turn = chat(api, headers, question).headers["x-memory-turn"]
+        deadline = time.monotonic() + 10
+        while not (entries := [e for e in api.get(api_url("alice", "injections")).json()["data"]
+                               if e["turn_id"] == turn]):  # the log is written after the answer
+            assert time.monotonic() < deadline, "the turn's injection log was never written"
+            time.sleep(0.02)
+        logged = entries[0]["log"]["hits"]
         assert api.delete(api_url("alice", "conversations", "conv-new")).status_code == 200
         return scored(found), [(h["source"], h["id"], h["reason"], h["score"]) for h in logged]
 

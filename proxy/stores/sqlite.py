@@ -40,6 +40,7 @@ from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
+from proxy.stores.sqlite_reasoning_index import ReasoningIndexes
 from proxy.stores.sqlite_rows import (
     agent_clause,
     entity_from_row,
@@ -58,13 +59,14 @@ from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import (
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
+    MESSAGES,
     REASONING,
     indexed_rows,
-    prepare_reader,
 )
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
+from proxy.stores.sqlite_user_stats import UserCounts
 from proxy.stores.sqlite_vectors import SQLiteVectors
 
 T = TypeVar("T")
@@ -135,8 +137,11 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
+        self._message_counts = UserCounts(MESSAGES)  # the user's own BM25 statistics, where no postings answer
+        self._reasoning_counts = UserCounts(REASONING)
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
+        self._reasoning_indexes = ReasoningIndexes(path, self._pragmas, search_cache_mb << 20, REASONING.weights)
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
@@ -149,6 +154,11 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """The in-memory postings that answer entity searches (sqlite_entity_index.py)."""
         return self._entity_indexes
 
+    @property
+    def reasoning_indexes(self) -> ReasoningIndexes:
+        """The in-memory postings that answer reasoning searches (sqlite_reasoning_index.py)."""
+        return self._reasoning_indexes
+
     # --- lifecycle
 
     async def open(self) -> None:
@@ -158,7 +168,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._write_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memproxy-sqlite-writer")
         try:
             self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
-            self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
+            self._readers = ReadPool(self._path, self._pragmas, READERS)
             await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
             self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
                                               self._wal_truncate_bytes)
@@ -194,7 +204,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                 await readers.close()
             except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
-            for indexes in (self._message_indexes, self._entity_indexes):
+            for indexes in (self._message_indexes, self._entity_indexes, self._reasoning_indexes):
                 await asyncio.get_running_loop().run_in_executor(None, indexes.close)
         if thread is not None:
             if writer is not None:
@@ -436,7 +446,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
-            conn, self._message_indexes, scope, terms,
+            conn, self._message_counts, self._message_indexes, scope, terms,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
 
     async def search_entities(
@@ -457,6 +467,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             if indexed_rows(conn, REASONING) == 0:
                 self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
                 return []
-            return search_reasoning_index(conn, scope, terms, limit=limit)
+            return search_reasoning_index(conn, self._reasoning_counts, self._reasoning_indexes, scope, terms,
+                                          limit=limit)
 
         return await self._read(search)

@@ -49,16 +49,18 @@ from proxy.stores.sqlite_postings import (
     fts_tokens,
     read_transaction,
     scores,
-    term_frequencies,
     totals,
     varints,
 )
+from proxy.stores.sqlite_reasoning_index import ReasoningIndexes, reasoning_snapshot
 from proxy.stores.sqlite_rows import (
     agent_clause,
     entity_from_row,
     message_from_row,
     trace_from_row,
 )
+from proxy.stores.sqlite_user_stats import FtsIndex, UserCounts, user_statistics
+from proxy.stores.sqlite_user_stats import quoted as fts_quoted
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
 # share of the user's rows holds...
@@ -69,28 +71,6 @@ CANDIDATE_MIN_ROWS = 200
 CANDIDATE_MAX_ROWS = 1000
 # A user's index this small is searched whole: it costs what the budget above would allow.
 SMALL_INDEX_ROWS = CANDIDATE_MAX_ROWS
-# The SQL function (made on each read connection) that reads an FTS5 docsize record: a row's tokens.
-DOCSIZE_TOKENS = "memproxy_docsize_tokens"
-
-
-@dataclass(frozen=True)
-class FtsIndex:
-    """An external-content FTS5 index over `indexed` of `table`, searched by BM25 with these column weights."""
-
-    table: str
-    alias: str
-    indexed: tuple[str, ...]  # the indexed columns, in the index's order
-    weights: tuple[float, ...]  # bm25()'s weight of each
-    columns: str  # what a hit is built from, read only for the best rows
-    finding_column: str | None = None  # a row is found by a term in this column only (None: any)
-
-    @property
-    def fts(self) -> str:
-        return f"{self.table}_fts"
-
-    def finding(self, query: str) -> str:
-        """The MATCH expression that finds candidates for `query`."""
-        return f"{self.finding_column} : ({query})" if self.finding_column else query
 
 
 # A message is found by its own words (`terms`); the words said before it (`context`) add
@@ -110,12 +90,8 @@ REASONING = FtsIndex("reasoning", "x", ("terms",), (1.0,),
 
 def match_query(terms: Sequence[str]) -> str | None:
     """An FTS5 query matching any of the terms, each quoted so no term is an operator."""
-    quoted = [_quoted(t) for t in searchable(terms)]
+    quoted = [fts_quoted(t) for t in searchable(terms)]
     return " OR ".join(quoted) or None
-
-
-def _quoted(term: str) -> str:
-    return '"' + term.replace('"', '""') + '"'
 
 
 def searchable(terms: Sequence[str]) -> list[str]:
@@ -123,13 +99,9 @@ def searchable(terms: Sequence[str]) -> list[str]:
     return [t for t in dict.fromkeys(terms) if any(c.isalnum() for c in t)]
 
 
-def prepare_reader(conn: sqlite3.Connection) -> None:
-    """Per read connection: the function that reads a row's tokens from FTS5's docsize record."""
-    conn.create_function(DOCSIZE_TOKENS, 1, _docsize_tokens, deterministic=True)
-
-
-def _docsize_tokens(docsize: bytes | None) -> int:
-    return sum(varints(docsize)) if docsize else 0
+def _tokens(docsize: bytes | None) -> float:
+    """A row's tokens, from its FTS5 docsize record."""
+    return float(sum(varints(docsize))) if docsize else 0.0
 
 
 def indexed_rows(conn: sqlite3.Connection, index: FtsIndex = MESSAGES) -> int:
@@ -139,24 +111,6 @@ def indexed_rows(conn: sqlite3.Connection, index: FtsIndex = MESSAGES) -> int:
     """
     row = conn.execute(f"SELECT block FROM {index.fts}_data WHERE id = 1").fetchone()
     return totals(row[0] if row else None)[0]
-
-
-def user_statistics(conn: sqlite3.Connection, index: FtsIndex, user: str, terms: Sequence[str]
-                    ) -> tuple[Statistics, dict[str, int]]:
-    """The user's own BM25 figures for `terms` in the caller's read transaction, and the rows
-    saying each term in the finding column (as UserPostings.statistics gives them)."""
-    fts, t = index.fts, index.alias
-    rows, tokens = conn.execute(
-        f"SELECT count(*), ifnull(sum({DOCSIZE_TOKENS}(d.sz)), 0) FROM {index.table} {t}"
-        f" CROSS JOIN {fts}_docsize d ON d.id = {t}.seq WHERE {t}.user_id = ?", [user]).fetchone()
-    count = (f"SELECT count(*) FROM {fts} CROSS JOIN {index.table} {t} ON {t}.seq = {fts}.rowid"
-             f" WHERE {fts} MATCH ? AND {t}.user_id = ?")
-    saying = {term: conn.execute(count, [_quoted(term), user]).fetchone()[0] for term in terms}
-    if index.finding_column is None:
-        return Statistics(rows, tokens, saying), saying
-    finding = {term: conn.execute(count, [index.finding(_quoted(term)), user]).fetchone()[0] if saying[term] else 0
-               for term in terms}
-    return Statistics(rows, tokens, saying), finding
 
 
 def candidate_terms(terms: Sequence[str], counts: dict[str, int], rows: int) -> list[str] | None:
@@ -206,6 +160,7 @@ class Plan:
 
 def search_messages(
     conn: sqlite3.Connection,
+    counts: UserCounts,
     indexes: MessageIndexes,
     scope: Scope,
     terms: Sequence[str],
@@ -230,7 +185,7 @@ def search_messages(
         seen = message_snapshot(conn)
         postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
         if postings is None:
-            stats, own = user_statistics(conn, MESSAGES, scope.user, wanted)
+            stats, own = counts.statistics(conn, scope.user, wanted, seen.visible_seq, seen.epoch)
             wanted = _said(wanted, stats)
             if not wanted:
                 return []
@@ -288,22 +243,34 @@ def search_entities(
 
 
 def search_reasoning(
-    conn: sqlite3.Connection, scope: Scope, terms: Sequence[str], *, limit: int,
+    conn: sqlite3.Connection, counts: UserCounts, indexes: ReasoningIndexes, scope: Scope, terms: Sequence[str],
+    *, limit: int,
 ) -> list[tuple[ReasoningTrace, float]]:
     """BM25 over the user's reasoning traces (task, steps, answer) with the user's statistics,
     best first (run on a reader thread): of the scope's agent whenever it names one (traces
-    are per agent)."""
+    are per agent). From the user's postings when they are built (sqlite_reasoning_index.py),
+    else FTS5 finds and `scores` ranks; the same either way."""
     wanted = searchable(terms)
     if not wanted:
         return []
+    per_agent = scope.agent_isolated or scope.agent is not None
     with read_transaction(conn):
-        stats, saying = user_statistics(conn, REASONING, scope.user, wanted)
-        wanted = _said(wanted, stats)
-        if not wanted:
-            return []
-        where, params = agent_clause(scope, REASONING.alias, per_agent=True)
-        plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
-        best = _search(conn, REASONING, scope, plan, stats, where, params, None, limit)
+        seen = reasoning_snapshot(conn)
+        postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
+        if postings is None:
+            stats, saying = counts.statistics(conn, scope.user, wanted, seen.visible_seq, seen.epoch)
+            wanted = _said(wanted, stats)
+            if not wanted:
+                return []
+            where, params = agent_clause(scope, REASONING.alias, per_agent=True)
+            plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
+            best = _search(conn, REASONING, scope, plan, stats, where, params, None, limit)
+        else:
+            with postings.lock:
+                stats, saying = postings.statistics(wanted, seen.visible_seq)
+                plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
+                best = postings.search(plan.terms, plan.finding, stats, Filter(agent_isolated=per_agent,
+                                       agent=scope.agent), plan.newest, limit, seen.visible_seq)
         return [(trace_from_row(row), score) for row, score in _read_back(conn, REASONING, scope, best)]
 
 
@@ -364,31 +331,32 @@ def _search(
     rows = conn.execute(
         f"WITH {found} SELECT {t}.seq, d.sz, {text} FROM found CROSS JOIN {index.table} {t} ON {t}.seq = found.seq"
         f" CROSS JOIN {fts}_docsize d ON d.id = {t}.seq", args).fetchall()
-    phrases = {term: tokens for term in plan.terms if (tokens := fts_tokens(term)) != [term]}
+    wanted = [(term, tokens) for term in plan.terms if (tokens := fts_tokens(term))]
     scored = scores(stats, plan.terms, (
-        (row[0], _frequencies(row[2:], index.weights, phrases), float(_docsize_tokens(row[1]))) for row in rows))
+        (row[0], _frequencies(row[2:], index.weights, wanted), _tokens(row[1])) for row in rows))
     scored.sort(key=lambda hit: (-hit[1], -hit[0]))
     return scored[:limit]
 
 
-def _frequencies(columns: Sequence[str], weights: Sequence[float], phrases: dict[str, list[str]]
+def _frequencies(columns: Sequence[str], weights: Sequence[float], terms: list[tuple[str, list[str]]]
                  ) -> dict[str, float]:
-    """A row's `term_frequencies`, and each query term FTS5 reads as other tokens (`phrases`:
-    `Zoë` is `zoe`, `北京` two characters) counted where those tokens stand in a row, in order."""
-    freqs = term_frequencies(columns, weights)[0]
-    for term, tokens in phrases.items():
-        if not tokens:
-            continue
-        if len(tokens) == 1:
-            if tokens[0] in freqs:
-                freqs[term] = freqs[tokens[0]]
-            continue
+    """A row's weighted frequency of each query term (given with the tokens FTS5 reads it as:
+    `Zoë` is `zoe`, `北京` two characters, a phrase): its instances' column weights added one
+    by one, column by column, as sqlite_postings.term_frequencies adds them."""
+    said = [fts_tokens(text) for text in columns]
+    freqs: dict[str, float] = {}
+    for term, tokens in terms:
         freq = 0.0
-        for text, weight in zip(columns, weights, strict=True):
-            said = fts_tokens(text)
-            for at in range(len(said) - len(tokens) + 1):
-                if said[at:at + len(tokens)] == tokens:
-                    freq += weight
+        for row_tokens, weight in zip(said, weights, strict=True):
+            for _ in range(_instances(row_tokens, tokens)):
+                freq += weight
         if freq:
             freqs[term] = freq
     return freqs
+
+
+def _instances(said: list[str], tokens: list[str]) -> int:
+    """How often `tokens` stand in `said`, in order."""
+    if len(tokens) == 1:
+        return said.count(tokens[0])
+    return sum(said[at:at + len(tokens)] == tokens for at in range(len(said) - len(tokens) + 1))
