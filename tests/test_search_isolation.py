@@ -145,10 +145,10 @@ def alice_records() -> list[dict[str, Any]]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def served(request: pytest.FixtureRequest, make_proxy: Any) -> Any:
-    """The proxy on each store in turn."""
-    if request.param == "sqlite":
-        return make_proxy()
-    return make_proxy(store__url=request.getfixturevalue("pg_url"))
+    """The proxy on each store in turn, making no facts of a turn (its memory is then only what
+    the test imports and the turn's conversation, which the test deletes)."""
+    store = {} if request.param == "sqlite" else {"store__url": request.getfixturevalue("pg_url")}
+    return make_proxy(extraction__from_roles=[], **store)
 
 
 def scored(hits: list[dict[str, Any]]) -> list[tuple[Any, ...]]:

@@ -7,12 +7,11 @@ word 400 times moved a user's score for it from 2e-06 to 5.9 (and the ranking wi
 FTS5 here only *finds* candidates, and Python scores them (sqlite_postings.scores), with
 exactly the arithmetic the in-memory postings use in numpy.
 
-Messages and entities of a user who has searched before are searched in memory
+Messages, entities and traces of a user who has searched before are searched in memory
 (sqlite_postings.py), their statistics counted from the same postings; FTS5 answers the
-rest, the statistics then counted in the search's read transaction (`user_statistics`):
-the user's rows and tokens through the user's index, each term's rows through its MATCH
-joined to the user's rows. The same rows with the same scores either way
-(tests/test_postings.py holds the two side by side).
+rest, the statistics then counted in the search's read transaction (sqlite_user_stats.py).
+The same rows with the same scores either way (tests/test_postings.py and
+tests/test_search_isolation.py hold the two side by side).
 
 A search costs about the number of rows holding *any* query term, so it is bounded:
 
