@@ -12,7 +12,9 @@ postings) and PostgreSQL, and through the memory API's search and the injection 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+from contextlib import closing
 from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +25,10 @@ import pytest
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, Store, StoreMemory, WriteOp
 from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite_message_index import snapshot as message_snapshot
+from proxy.stores.sqlite_postings import read_transaction
+from proxy.stores.sqlite_search import MESSAGES, SMALL_INDEX_ROWS
+from proxy.stores.sqlite_user_stats import UserCounts, user_statistics
 from proxy.terms import query_terms
 from tests.api_helpers import RECORDS, api_url, chat, jsonl
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
@@ -182,3 +188,40 @@ def test_the_api_s_scores_and_the_injection_log_tell_nothing_of_another_user(ser
     found, logged = before
     assert {("cross-session", "m1"), ("reasoning", "x1")} <= {(source, item) for _, source, item, _, _ in found}
     assert logged == [(source, item, reason, score) for _, source, item, reason, score in found]
+
+
+def test_the_kept_counts_stay_what_the_user_s_rows_say_through_appends_and_deletions(tmp_path: Any) -> None:
+    # UserCounts counts a user once, then adds the user's rows committed since (another
+    # user's never); past SMALL_INDEX_ROWS it counts the own-words rows too (the plan reads
+    # them); a deletion moves the epoch and it counts again. Each answer equals a fresh count
+    # in the same read transaction.
+    path = tmp_path / "m.db"
+    terms = ["stage", "garden", "invoic", "kayak", "nowher"]
+    counts = UserCounts(MESSAGES, SMALL_INDEX_ROWS)
+
+    def agree() -> tuple[int, dict[str, int]]:
+        with closing(sqlite3.connect(path, isolation_level=None)) as db, read_transaction(db):
+            seen = message_snapshot(db)
+            kept = counts.statistics(db, "alice", terms, seen.visible_seq, seen.epoch)
+            assert kept == user_statistics(db, MESSAGES, "alice", terms, SMALL_INDEX_ROWS)
+            return kept[0].rows, kept[1]
+
+    async def write(ops: list[WriteOp]) -> None:
+        store = SQLiteStore(str(path), search_cache_mb=0)
+        await store.open()
+        try:
+            await store.apply(ops)
+        finally:
+            await store.close()
+
+    run(write(alice_memory()[:600]))
+    assert agree()[0] == 600
+    run(write(bob_says_it_400_times()[:200] + alice_memory()[600:]))
+    assert agree()[0] == 700
+    run(write([StartTurn(ALICE, f"x{n}", "big", f"h-x{n}", T0 + timedelta(days=2, seconds=n), "kayak staging")
+               for n in range(400)]))
+    rows, finding = agree()
+    assert rows == 1100 and finding["kayak"] > 400
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM messages WHERE user_id = 'alice' AND seq % 3 = 0")
+    assert agree()[0] < 800

@@ -61,6 +61,7 @@ from proxy.stores.sqlite_search import (
     MESSAGE_WEIGHTS,
     MESSAGES,
     REASONING,
+    SMALL_INDEX_ROWS,
     indexed_rows,
 )
 from proxy.stores.sqlite_search import search_entities as search_entity_index
@@ -137,8 +138,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
-        self._message_counts = UserCounts(MESSAGES)  # the user's own BM25 statistics, where no postings answer
-        self._reasoning_counts = UserCounts(REASONING)
+        # The user's own BM25 statistics, where no postings answer.
+        self._message_counts = UserCounts(MESSAGES, SMALL_INDEX_ROWS)
+        self._reasoning_counts = UserCounts(REASONING, SMALL_INDEX_ROWS)
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
         self._reasoning_indexes = ReasoningIndexes(path, self._pragmas, search_cache_mb << 20, REASONING.weights)

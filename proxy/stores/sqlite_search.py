@@ -225,7 +225,7 @@ def search_entities(
         postings = (indexes.ready(conn, scope.user, entity_snapshot(conn)) if indexes.enabled and _plain(wanted)
                     else None)
         if postings is None:
-            stats, saying = user_statistics(conn, ENTITIES, scope.user, wanted)
+            stats, saying = user_statistics(conn, ENTITIES, scope.user, wanted, SMALL_INDEX_ROWS)
             wanted = _said(wanted, stats)
             if not wanted:
                 return []

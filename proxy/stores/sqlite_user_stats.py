@@ -80,23 +80,25 @@ def _varint_sum(data: bytes) -> int:
     return int(((codes & 0x7F).astype(np.int64) << (7 * later)).sum())
 
 
-def user_statistics(conn: sqlite3.Connection, index: FtsIndex, user: str, terms: Sequence[str]
+def user_statistics(conn: sqlite3.Connection, index: FtsIndex, user: str, terms: Sequence[str], planned_from: int
                     ) -> tuple[Statistics, dict[str, int]]:
     """The user's own BM25 figures for `terms` in the caller's read transaction, and the rows
-    saying each term in the finding column (as UserPostings.statistics gives them)."""
+    saying each term in the finding column (as UserPostings.statistics gives them; counted
+    only past `planned_from` rows, where a search's candidate plan reads them)."""
     rows, tokens = user_totals(conn, index, user)
-    saying, finding = _saying(conn, index, user, terms)
+    saying, finding = _saying(conn, index, user, terms, rows > planned_from)
     return Statistics(rows, tokens, saying), finding
 
 
-def _saying(conn: sqlite3.Connection, index: FtsIndex, user: str, terms: Sequence[str]
+def _saying(conn: sqlite3.Connection, index: FtsIndex, user: str, terms: Sequence[str], planned: bool
             ) -> tuple[dict[str, int], dict[str, int]]:
-    """The user's rows saying each term anywhere, and in the finding column, through FTS5."""
+    """The user's rows saying each term anywhere, and in the finding column (when `planned`;
+    else as anywhere), through FTS5."""
     fts, t = index.fts, index.alias
     count = (f"SELECT count(*) FROM {fts} CROSS JOIN {index.table} {t} ON {t}.seq = {fts}.rowid"
              f" WHERE {fts} MATCH ? AND {t}.user_id = ?")
     saying = {term: conn.execute(count, [quoted(term), user]).fetchone()[0] for term in terms}
-    if index.finding_column is None:
+    if index.finding_column is None or not planned:
         return saying, saying
     finding = {term: conn.execute(count, [index.finding(quoted(term)), user]).fetchone()[0] if saying[term] else 0
                for term in terms}
@@ -117,8 +119,9 @@ class _Counted:
 class UserCounts:
     """Each recently searched user's statistics of an append-only index, kept exact (thread-safe)."""
 
-    def __init__(self, index: FtsIndex) -> None:
+    def __init__(self, index: FtsIndex, planned_from: int) -> None:
         self._index = index
+        self._planned_from = planned_from  # past this many rows a search's plan reads the finding counts
         self._finding = index.indexed.index(index.finding_column) if index.finding_column else None
         self._lock = threading.Lock()
         self._users: OrderedDict[str, _Counted] = OrderedDict()
@@ -129,7 +132,7 @@ class UserCounts:
         with self._lock:
             counted = self._users.get(user)
             if counted is not None and counted.epoch == epoch and newest < counted.scanned:
-                return user_statistics(conn, self._index, user, terms)  # an older snapshot than the counts
+                return user_statistics(conn, self._index, user, terms, self._planned_from)  # older than the counts
             if counted is None or counted.epoch != epoch or newest - counted.scanned > SCAN_MAX:
                 counted = _Counted(epoch, newest, *user_totals(conn, self._index, user))
             elif newest > counted.scanned:
@@ -140,7 +143,7 @@ class UserCounts:
                 self._users.popitem(last=False)
             missing = [t for t in terms if t not in counted.terms]
             if missing:
-                saying, finding = _saying(conn, self._index, user, missing)
+                saying, finding = _saying(conn, self._index, user, missing, counted.rows > self._planned_from)
                 counted.terms.update((t, (saying[t], finding[t])) for t in missing if FAST_TERM.fullmatch(t))
             else:
                 saying, finding = {}, {}
@@ -155,6 +158,7 @@ class UserCounts:
     def _catch_up(self, conn: sqlite3.Connection, user: str, counted: _Counted, newest: int) -> None:
         """Add the user's rows committed after `counted.scanned`, up to `newest`."""
         rows, tokens = user_totals(conn, self._index, user, counted.scanned, newest)
+        planned = counted.rows > self._planned_from  # as `_saying` counted them
         if rows and counted.terms:
             t = self._index.alias
             text = ", ".join(f"{t}.{column}" for column in self._index.indexed)
@@ -162,10 +166,12 @@ class UserCounts:
                                         f" AND {t}.seq <= ? AND +{t}.user_id = ?", [counted.scanned, newest, user]):
                 said = [set(fts_tokens(column)) for column in columns]
                 anywhere = set().union(*said)
-                finds = anywhere if self._finding is None else said[self._finding]
+                finds = anywhere if self._finding is None or not planned else said[self._finding]
                 for term in anywhere.intersection(counted.terms):
                     saying, finding = counted.terms[term]
                     counted.terms[term] = (saying + 1, finding + (term in finds))
+        if counted.rows <= self._planned_from < counted.rows + rows:
+            counted.terms.clear()  # their finding counts were not counted: the plan reads them from now on
         counted.rows += rows
         counted.tokens += tokens
         counted.scanned = newest
