@@ -196,11 +196,11 @@ def search_messages(
                 params.append(exclude_conversation_id)
             best = _search(conn, MESSAGES, scope, plan, stats, where, params, conversation_ids, limit)
             return [(message_from_row(row), score) for row, score in _read_back(conn, MESSAGES, scope, best)]
-        where = Filter(conversation_ids, exclude_conversation_id, scope.agent_isolated, scope.agent)
+        allowed = Filter(conversation_ids, exclude_conversation_id, scope.agent_isolated, scope.agent)
         with postings.lock:
             stats, own = postings.statistics(wanted, seen.visible_seq)
             plan = Plan.of(wanted, own, stats.rows, whole_history=whole_history)
-            best = postings.search(plan.terms, plan.finding, stats, where, plan.newest, limit, seen.visible_seq)
+            best = postings.search(plan.terms, plan.finding, stats, allowed, plan.newest, limit, seen.visible_seq)
             kept = {seq: cast(StoredMessage, hit) for seq, _ in best if (hit := postings.hit(seq)) is not None}
         unread = [(seq, score) for seq, score in best if seq not in kept]
         read = {row["seq"]: message_from_row(row) for row, _ in _read_back(conn, MESSAGES, scope, unread)}

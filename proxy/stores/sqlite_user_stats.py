@@ -14,11 +14,12 @@ read transaction it is asked in, as the postings' (sqlite_postings.UserPostings.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-import sqlite3
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,8 @@ def user_totals(conn: sqlite3.Connection, index: FtsIndex, user: str, after: int
                 ) -> tuple[int, int]:
     """(rows, tokens) of the user's rows in the index (those with a rowid in (after, upto] when given)."""
     t = index.alias
-    where, args = f"{t}.user_id = ?", [user]
+    where = f"{t}.user_id = ?"
+    args: list[Any] = [user]
     if upto is not None:  # `+`: the rowid range drives, not the user's whole history
         where, args = f"{t}.seq > ? AND {t}.seq <= ? AND +{t}.user_id = ?", [after, upto, user]
     rows, sizes = conn.execute(
