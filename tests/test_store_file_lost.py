@@ -96,7 +96,8 @@ def test_files_deleted_while_running_are_made_again_and_keep_every_turn_sent_sin
         assert STATUSES.fullmatch("".join(SHORT[status] + " " for status in statuses)), statuses
         # The first commit after the deletion found it: counted, whatever else failed after.
         assert metric(http, "memproxy_persistence_failures_total") >= 1
-        assert eventually(lambda: settled(http), timeout=15)
+        # Five recalls in a row that found the store unavailable open the breaker for 15 s.
+        assert eventually(lambda: settled(http), timeout=30)
         assert db.exists()
     with serving(db, fake.url):  # a restart: the turns are in the file, not in a deleted inode
         messages, statuses_saved = saved(db)
@@ -116,7 +117,8 @@ def test_turns_sent_at_once_while_the_files_go_all_land_in_the_new_file(fake, tm
             statuses = list(pool.map(lambda text: chat(http, text).headers["x-memory-status"], after))
         assert set(statuses) <= set(SHORT), statuses
         assert metric(http, "memproxy_persistence_failures_total") >= 1
-        assert eventually(lambda: settled(http), timeout=15)
+        # Five recalls in a row that found the store unavailable open the breaker for 15 s.
+        assert eventually(lambda: settled(http), timeout=30)
     with serving(db, fake.url):
         messages, statuses_saved = saved(db)
     assert sorted(messages) == sorted(conversation(after))
@@ -179,7 +181,8 @@ def test_a_backup_renamed_over_the_file_becomes_the_store(fake, tmp_path):
         statuses = [chat(http, f"turn {n} after the restore").headers["x-memory-status"] for n in range(3)]
         assert STATUSES.fullmatch("".join(SHORT[status] + " " for status in statuses)), statuses
         assert metric(http, "memproxy_persistence_failures_total") >= 1
-        assert eventually(lambda: settled(http), timeout=15)
+        # Five recalls in a row that found the store unavailable open the breaker for 15 s.
+        assert eventually(lambda: settled(http), timeout=30)
     with serving(db, fake.url):
         messages, statuses_saved = saved(db)
     assert messages == conversation(["kept in the backup", *[f"turn {n} after the restore" for n in range(3)]])
@@ -199,7 +202,8 @@ def test_a_deleted_wal_is_found_and_nothing_committed_is_lost(fake, tmp_path):
         statuses = [chat(http, text).headers["x-memory-status"] for text in texts[1:]]
         assert STATUSES.fullmatch("".join(SHORT[status] + " " for status in statuses)), statuses
         assert metric(http, "memproxy_persistence_failures_total") >= 1
-        assert eventually(lambda: settled(http), timeout=15)
+        # Five recalls in a row that found the store unavailable open the breaker for 15 s.
+        assert eventually(lambda: settled(http), timeout=30)
     with serving(db, fake.url):
         messages, statuses_saved = saved(db)
     assert messages == conversation(texts)

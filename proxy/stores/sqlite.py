@@ -45,10 +45,10 @@ from proxy.stores.sqlite_checkpoint import (
     WAL_TRUNCATE_BYTES,
     Checkpointer,
 )
-from proxy.stores.sqlite_entity_index import EntityIndexes, EntityTermCounts
+from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_file import FileChanged, OpenedFiles
-from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
+from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
     agent_clause,
@@ -66,16 +66,18 @@ from proxy.stores.sqlite_rows import (
 )
 from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import (
+    ENTITIES,
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
+    MESSAGES,
     REASONING,
-    ReasoningTermCounts,
+    SMALL_INDEX_ROWS,
     indexed_rows,
-    prepare_reader,
 )
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
+from proxy.stores.sqlite_user_stats import UserCounts
 from proxy.stores.sqlite_vectors import SQLiteVectors
 
 T = TypeVar("T")
@@ -169,11 +171,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     def _fresh_search_state(self) -> None:
         """Counts and postings built from the file's rows: none of it holds for another file."""
-        self._message_counts = MessageTermCounts()
-        self._entity_counts = EntityTermCounts()
+        # The user's own BM25 statistics, where no postings answer.
+        self._message_counts = UserCounts(MESSAGES, SMALL_INDEX_ROWS)
+        self._entity_counts = UserCounts(ENTITIES, SMALL_INDEX_ROWS)
+        self._reasoning_counts = UserCounts(REASONING, SMALL_INDEX_ROWS)
         self._message_indexes = MessageIndexes(self._path, self._pragmas, self._search_cache_bytes, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(self._path, self._pragmas, self._search_cache_bytes, ENTITY_WEIGHTS)
-        self._reasoning_term_counts = ReasoningTermCounts()
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
@@ -202,7 +205,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def _connect(self) -> None:
         """Open the write connection, the readers and the checkpointer on the path."""
         self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
-        self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
+        self._readers = ReadPool(self._path, self._pragmas, READERS)
         await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
         self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
                                           self._wal_truncate_bytes)
@@ -565,7 +568,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                     break
                 after = [rows[-1][k] for k in key]
 
-    # --- retrieval: BM25 from FTS5 over the whole corpus; score = -bm25, higher is better
+    # --- retrieval: BM25 over the user's own rows (FTS5 finds them); higher is better
 
     async def search_messages(
         self,
@@ -576,7 +579,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first (sqlite_search.py)."""
+        """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
             conn, self._message_counts, self._message_indexes, scope, terms,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
@@ -599,6 +602,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             if indexed_rows(conn, REASONING) == 0:
                 self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
                 return []
-            return search_reasoning_index(conn, self._reasoning_term_counts, scope, terms, limit=limit)
+            return search_reasoning_index(conn, self._reasoning_counts, scope, terms, limit=limit)
 
         return await self._read(search)
