@@ -27,6 +27,9 @@ from proxy.wire.openai_chat import ChatRequest, insert_block, is_context_length_
 log = logging.getLogger("memproxy.request")
 
 CHAT_PATH = "/chat/completions"
+# A body longer than this gets its memory block in a thread: writing a 30 MB body again
+# would otherwise hold the event loop (and every other stream) for a large fraction of a second.
+BLOCK_INLINE_BYTES = 1 << 20
 
 
 class ProxyEndpoint:
@@ -121,7 +124,8 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, parsed if isinstance(parsed, ChatRequest) else None)
                 send.error_headers = recall.headers()
-                out_body = _with_block(parsed, recall, body)
+                out_body = (_with_block(parsed, recall, body) if len(body) <= BLOCK_INLINE_BYTES
+                            else await asyncio.to_thread(_with_block, parsed, recall, body))
                 response = await self._send_chat(scope, resolved, out_body, recall, body)
                 try:
                     await relay_chat(send, response, recall, self.settings.memory.commit_timeout_ms / 1000,

@@ -10,15 +10,24 @@ carries, else (latest) the user's most recent conversation, else a new one.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from proxy.ids import derived_id, new_id
 from proxy.models import Scope, Turn
 from proxy.stores.base import Store, text_hash
 from proxy.wire.openai_chat import ChatRequest, assistant_texts, history_material, tool_call_ids_after_last_user
+
+# Past this many chars of message text a request's history is hashed in a thread, so the
+# event loop serves other streams meanwhile.
+HASH_INLINE_CHARS = 65_536
+# A long text is JSON-encoded and hashed in pieces this long, each a short hold of the GIL.
+HASH_PIECE_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -39,17 +48,63 @@ class TurnIdentity:
 def history_hash(scope: Scope, request: ChatRequest) -> str:
     """Hash of the scope and every non-system message up to the last user message.
 
-    System prompts are left out so one that carries the time does not split a turn.
+    System prompts are left out so one that carries the time does not split a turn. The
+    hash is of `json.dumps([user, agent, conversation, [[role, text], ...]], ensure_ascii=False)`,
+    written in pieces so that a long message is never encoded in one call.
     """
-    material = [scope.user, scope.agent or "", scope.conversation or "", history_material(request.messages)]
-    return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+    material: list[Any] = [scope.user, scope.agent or "", scope.conversation or "", history_material(request.messages)]
+    digest = hashlib.sha256()
+    for piece in _json_pieces(material):
+        digest.update(piece.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _json_pieces(value: Any) -> Iterator[str]:
+    """`json.dumps(value, ensure_ascii=False)` in pieces, for strings, lists and tuples of them."""
+    if isinstance(value, str):
+        if len(value) <= HASH_PIECE_CHARS:
+            yield json.dumps(value, ensure_ascii=False)
+            return
+        # JSON escapes char by char, so a string's escaped pieces join into its escaped whole.
+        yield '"'
+        for start in range(0, len(value), HASH_PIECE_CHARS):
+            yield json.dumps(value[start:start + HASH_PIECE_CHARS], ensure_ascii=False)[1:-1]
+        yield '"'
+        return
+    yield "["
+    for n, item in enumerate(value):
+        if n:
+            yield ", "
+        yield from _json_pieces(item)
+    yield "]"
+
+
+async def history_digest(scope: Scope, request: ChatRequest) -> str:
+    """`history_hash`, in a thread for a request whose messages hold much text."""
+    if _text_chars(request) <= HASH_INLINE_CHARS:
+        return history_hash(scope, request)
+    return await asyncio.to_thread(history_hash, scope, request)
+
+
+def _text_chars(request: ChatRequest) -> int:
+    """About how much text the request's messages hold (their string contents and text parts)."""
+    total = 0
+    for message in request.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part["text"]) for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return total
 
 
 async def identify(
-    store: Store, scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float, follow: str
+    store: Store, scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float, follow: str,
+    digest: str | None = None,
 ) -> TurnIdentity:
-    """Find the request's turn and conversation in the store, or start new ones."""
-    digest = history_hash(scope, request)
+    """Find the request's turn and conversation in the store, or start new ones (`digest`: its history_hash)."""
+    digest = digest or await history_digest(scope, request)
     call_ids = tool_call_ids_after_last_user(request.messages)
     existing = await store.turn_by_tool_calls(scope, call_ids) if call_ids else None
     if existing is None:
@@ -71,14 +126,13 @@ async def conversation_for(store: Store, scope: Scope, request: ChatRequest, fol
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
 
-def fallback_identity(scope: Scope, request: ChatRequest, *, now: datetime, retry_window_s: float) -> TurnIdentity:
+def fallback_identity(scope: Scope, *, digest: str, now: datetime, retry_window_s: float) -> TurnIdentity:
     """A turn when the store could not be asked in time (memory degraded): saved later, never lost.
 
     Its ids are those `identify` gives a new turn, so a later step of a tool loop or an SDK
     retry is the same turn whether or not the store could be asked for it (the store keeps
     a turn in the conversation it began in).
     """
-    digest = history_hash(scope, request)
     key, fresh = _new_ids(digest, now, retry_window_s)
     return TurnIdentity(key, scope.conversation or fresh, digest, None)
 

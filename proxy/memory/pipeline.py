@@ -28,7 +28,7 @@ from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
     FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
-from proxy.turns import TurnIdentity, fallback_identity, identify
+from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
 from proxy.wire.openai_chat import (
     ChatRequest, last_user_index, message_text, tool_results_after_last_user,
 )
@@ -100,13 +100,14 @@ class MemoryService:
         status = "ok"
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
+        digest = await history_digest(scope, request)
         if not self.breaker.allow():
             status = "degraded: circuit open"
         else:
             started = time.perf_counter()
             try:
                 async with asyncio.timeout(self.memory.retrieval_timeout_ms / 1000):
-                    identity = await self._identify(scope, request, now)
+                    identity = await self._identify(scope, request, now, digest)
                     retrieved = await self._block(scope, request, identity, resolved)
                 self.breaker.succeeded()
             except TimeoutError:
@@ -122,15 +123,15 @@ class MemoryService:
             error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {reason}")
             error.headers = {"x-memory-status": status}
             raise error
-        identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
+        identity = identity or fallback_identity(scope, digest=digest, now=now, retry_window_s=self.memory.retry_window_s)
         parts = await saved(request, self.memory.block_header) if persist else Saved()
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts)
         recall.started(now)
         return recall
 
-    async def _identify(self, scope: Scope, request: ChatRequest, now: datetime) -> TurnIdentity:
+    async def _identify(self, scope: Scope, request: ChatRequest, now: datetime, digest: str) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
-                              follow=self.settings.scope.conversation)
+                              follow=self.settings.scope.conversation, digest=digest)
 
     async def _block(self, scope: Scope, request: ChatRequest, identity: TurnIdentity,
                      resolved: RequestScope) -> Retrieved:

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 _PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
 _NOT_HISTORY = frozenset({"system", "developer"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# A message text longer than this is JSON-encoded in pieces this long: a 30 MB prompt is
+# written again in short steps, each a brief hold of the interpreter, not one long call.
+LONG_TEXT_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -172,15 +177,66 @@ def _with_block(message: dict[str, Any], block: str) -> dict[str, Any]:
 
 
 def _dump(body: dict[str, Any]) -> bytes:
+    long: dict[str, str] = {}
+    skeleton = _long_texts_held_out(body, long)
     try:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(skeleton, ensure_ascii=False, separators=(",", ":"))
+        return b"".join(piece.encode("utf-8") for piece in _long_texts_put_back(text, long))
     except RecursionError as exc:
         raise ValueError("request nested too deeply to serialise") from exc
-    try:
-        return text.encode("utf-8")
     except UnicodeEncodeError:
         # A lone surrogate (valid as a JSON \\u escape) has no UTF-8 form: escape it again.
         return json.dumps(body, separators=(",", ":")).encode("ascii")
+
+
+def _long_texts_held_out(body: dict[str, Any], long: dict[str, str]) -> dict[str, Any]:
+    """The body with each long message text replaced by a unique stand-in (recorded in `long`)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not any(_has_long_text(m) for m in messages):
+        return body
+    token = secrets.token_hex(8)
+
+    def held(value: str) -> str:
+        stand_in = f"memproxy-long-text-{token}-{len(long)}"
+        long[json.dumps(stand_in)] = value
+        return stand_in
+
+    copied = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) and len(content) > LONG_TEXT_CHARS:
+            message = {**message, "content": held(content)}
+        elif isinstance(content, list) and _has_long_text(message):
+            message = {**message, "content": [
+                {**part, "text": held(part["text"])} if _long_part(part) else part for part in content]}
+        copied.append(message)
+    return {**body, "messages": copied}
+
+
+def _has_long_text(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return len(content) > LONG_TEXT_CHARS
+    return isinstance(content, list) and any(_long_part(part) for part in content)
+
+
+def _long_part(part: Any) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("text"), str) and len(part["text"]) > LONG_TEXT_CHARS
+
+
+def _long_texts_put_back(text: str, long: dict[str, str]) -> Iterator[str]:
+    """The JSON text with each stand-in replaced by its long string, encoded in pieces."""
+    position = 0
+    for quoted, value in long.items():
+        at = text.index(quoted, position)
+        yield text[position:at]
+        yield '"'
+        # JSON escapes char by char, so the escaped pieces join into the escaped whole.
+        for start in range(0, len(value), LONG_TEXT_CHARS):
+            yield json.dumps(value[start:start + LONG_TEXT_CHARS], ensure_ascii=False)[1:-1]
+        yield '"'
+        position = at + len(quoted)
+    yield text[position:]
 
 
 def text_hash(text: str) -> str:
