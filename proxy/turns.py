@@ -27,7 +27,7 @@ from proxy.wire.openai_chat import ChatRequest, assistant_texts, history_materia
 # event loop serves other streams meanwhile.
 HASH_INLINE_CHARS = 65_536
 # A long text is JSON-encoded and hashed in pieces this long, each a short hold of the GIL.
-HASH_PIECE_CHARS = 1 << 20
+HASH_PIECE_CHARS = 1 << 16
 
 
 @dataclass(frozen=True)

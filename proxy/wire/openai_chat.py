@@ -18,7 +18,7 @@ _NOT_HISTORY = frozenset({"system", "developer"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # A message text longer than this is JSON-encoded in pieces this long: a 30 MB prompt is
 # written again in short steps, each a brief hold of the interpreter, not one long call.
-LONG_TEXT_CHARS = 1 << 20
+LONG_TEXT_CHARS = 1 << 16
 
 
 @dataclass(frozen=True)
