@@ -71,7 +71,8 @@ KINDS = [
     ("DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=Q2xpZW50S2V5Rm9yQWN6dXJl+/U3RvcmFnZQ==;"
      "EndpointSuffix=core.windows.net",
      "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=[REDACTED:azure_key];EndpointSuffix=core.windows.net"),
-    ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA=",
+    ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;"
+     "SharedAccessKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA=",
      "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=[REDACTED:azure_key]"),
     ("use 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 now", "use [REDACTED:huggingface_token] now"),
     ("//registry.npmjs.org/:_authToken=npm_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",

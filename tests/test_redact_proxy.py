@@ -102,7 +102,8 @@ def test_an_8_mb_message_holds_up_no_other_request_and_is_saved_redacted(fake: A
         with httpx.Client(base_url=url, timeout=60, headers={"X-Memory-User": "alice"}) as client:
             # Memory that the big message's words recall, so retrieval and the block run too.
             for said in ("we talked about the deployment plan", "the staging deployment plan is ready"):
-                client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": said}]})
+                client.post("/v1/chat/completions",
+                            json={"model": "m", "messages": [{"role": "user", "content": said}]})
             filler = "We talked about the deployment plan and its rollout for a while. "
             middle = (filler * (MESSAGE_CHARS // len(filler) + 1))[:MESSAGE_CHARS]
             text = f"setup: password: Hx7pQ2mNz9Kw {middle} env: DB_PASSWORD=Zr5tY7uI9oP1 {middle[:1000]}"

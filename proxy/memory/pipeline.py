@@ -123,7 +123,8 @@ class MemoryService:
             error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {reason}")
             error.headers = {"x-memory-status": status}
             raise error
-        identity = identity or fallback_identity(scope, digest=digest, now=now, retry_window_s=self.memory.retry_window_s)
+        identity = identity or fallback_identity(scope, digest=digest, now=now,
+                                                 retry_window_s=self.memory.retry_window_s)
         parts = await saved(request, self.memory.block_header) if persist else Saved()
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts)
         recall.started(now)
@@ -214,7 +215,8 @@ async def saved(request: ChatRequest, header: str) -> Saved:
 
 def _redacted(text: str, steps: tuple[ReasoningStep, ...]) -> Saved:
     return Saved(redact(text), tuple(
-        ReasoningStep(step.name, redact(step.arguments), redact(step.result)[:STEP_RESULT_CHARS]) for step in steps))
+        ReasoningStep(step.name, redact(step.arguments), redact(step.result)[:STEP_RESULT_CHARS])
+        for step in steps))
 
 
 class TurnRecall(Recall):

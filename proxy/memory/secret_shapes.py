@@ -6,9 +6,10 @@ secret. Bare UUIDs and git SHAs stay.
 
 Every pattern starts with a literal (its `needle`, lower-case), so the regex engine jumps
 from one occurrence of it to the next instead of trying every position, and every repeat
-in it is bounded, so one match costs bounded work whatever text surrounds it: redaction
-is linear in the text on any input. Case-insensitive rules read a lower-cased copy of the
-text (same length, same offsets); what they find is then judged on the original.
+in it is bounded (and possessive where backtracking could not help), so one match costs
+bounded work whatever text surrounds it: redaction is linear in the text on any input.
+Case-insensitive rules read a lower-cased copy of the text (same length, same offsets);
+what they find is then judged on the original.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ _DIGIT = re.compile(r"[0-9]")
 _KEY_PART = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _CREDENTIAL_WORDS = frozenset("password passwd passphrase pwd pass secret token credential credentials apikey".split())
 _KEY_QUALIFIERS = ("api", "access", "secret", "private", "signing", "encryption", "master")
-
 
 
 def mark(kind: str) -> str:
@@ -199,13 +199,14 @@ def _credential_rules() -> tuple[Rule, ...]:
     # `password: token=abc123`) never hides an assignment inside it. Only these cheap
     # literal-led patterns scan the text; the name and the value are judged in Python for
     # the few places that have one of these words right before a `:` or `=`.
-    # `key` only after a qualifier (`api_key`, `secretkey`): checked after the `:` or `=`,
-    # so the many plain `key`s of prose fail at one character.
+    # `key` only after a qualifier (`api_key`, `secretkey`): the char before it, then the `:`
+    # or `=`, are tested before the qualifiers, so the many `key`s of prose fail at once.
     qualified = "|".join(f"(?<={q}{sep}key)" for q in _KEY_QUALIFIERS for sep in ("", "_", "-", "."))
-    before = "".join(sorted({q[-1] for q in _KEY_QUALIFIERS} | set("_.-")))  # one cheap test before them all
+    before = re.escape("".join(sorted({q[-1] for q in _KEY_QUALIFIERS} | set("_.-"))))
+    key = rf"key(?<=[{before}]key)(?=[\"' \t]{{0,32}}+[:=])(?:{qualified})"
     words = {"pass": r"pass[a-z]{0,6}+", "pwd": "pwd", "secret": "secret", "token": "token",
-             "credential": "credentials?+", "key": rf"key(?<=[{re.escape(before)}]key)(?=[\"' \t]*+[:=])(?:{qualified})"}
-    return tuple(Rule("secret", needle, re.compile(rf"(?P<word>{word})(?P<quote>[\"' \t]*+)[:=]"), lower=True,
+             "credential": "credentials?+", "key": key}
+    return tuple(Rule("secret", needle, re.compile(rf"(?P<word>{word})(?P<quote>[\"' \t]{{0,32}}+)[:=]"), lower=True,
                       check=_credential) for needle, word in words.items())
 
 
@@ -231,7 +232,8 @@ def _credential(text: str, m: re.Match[str], offset: int) -> Found | None:
     if value is None or is_placeholder(secret := value.group("secret")):
         return None
     if kind == "password":
-        strong = low[m.end() - 1] == "=" or "'" in m.group("quote") or '"' in m.group("quote") or bool(value.group("open"))
+        quoted = "'" in m.group("quote") or '"' in m.group("quote") or bool(value.group("open"))
+        strong = quoted or low[m.end() - 1] == "="
         if not (len(secret) >= 4 if strong else looks_secret(secret, 6)):
             return None
     elif not looks_secret(secret, 8):
