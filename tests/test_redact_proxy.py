@@ -90,9 +90,9 @@ while time.monotonic() < deadline:
     print(round((time.perf_counter() - started) * 1000, 1), response.status, flush=True)
     time.sleep(0.01)
 """
-# Generous: idle, the answers take a few ms, the slowest (while the 8 MB body is parsed,
-# which stays on the event loop) about 40 ms; on two cores shared by ten busy processes,
-# up to 280 ms. Before redaction and hashing left the event loop they took 2.6 s.
+# Generous: on two cores shared by ten busy processes the slowest answer (while the 8 MB
+# body is parsed, which stays on the event loop) took 100-280 ms; before redaction and
+# the history hash left the event loop it took 2.6 s.
 HEALTH_MS = 400
 MESSAGE_CHARS = 8_000_000
 
