@@ -27,7 +27,8 @@ async def search(retriever: Retriever, scope: Scope, request: SearchInput, defau
     # With `sources`, the merge is asked for every slot and the other sources' hits dropped.
     asked = HARD_CAP if request.sources else limit
     # Read as a chat's last user message is: by its first and last QUERY_EDGE_CHARS.
-    query = Query(text=edges(request.query, QUERY_EDGE_CHARS), conversation_id=request.conversation or "", visible=(), max_memories=asked)
+    query = Query(text=edges(request.query, QUERY_EDGE_CHARS), conversation_id=request.conversation or "",
+                  visible=(), max_memories=asked)
     retrieved = await retriever.retrieve(scope, query)
     hits = hits_of(retrieved, header)
     if request.sources:
