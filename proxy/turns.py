@@ -10,14 +10,21 @@ carries, else (latest) the user's most recent conversation, else a new one.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from proxy.ids import derived_id, new_id
 from proxy.models import Scope, Transcript, Turn
 from proxy.stores.base import Store, text_hash
+from proxy.wires.long_json import list_pieces
+
+# Past this many chars of history text a request's history is hashed in a thread, so the
+# event loop serves other streams meanwhile.
+HASH_INLINE_CHARS = 65_536
 
 
 @dataclass(frozen=True)
@@ -41,17 +48,36 @@ class TurnIdentity:
 def history_hash(scope: Scope, transcript: Transcript) -> str:
     """Hash of the scope and every non-system message up to the turn's prompt.
 
-    System prompts are left out so one that carries the time does not split a turn.
+    System prompts are left out so one that carries the time does not split a turn. The
+    hash is of `json.dumps([user, agent, conversation, [[role, text], ...]], ensure_ascii=False)`,
+    a long history written in pieces so that a long message is never encoded in one call.
     """
-    material = [scope.user, scope.agent or "", scope.conversation or "", [list(pair) for pair in transcript.history]]
-    return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+    material = [scope.user, scope.agent or "", scope.conversation or "", transcript.history]
+    pieces: Iterable[str] = (list_pieces(material) if _history_chars(transcript) > HASH_INLINE_CHARS
+                             else (json.dumps(material, ensure_ascii=False),))
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+async def history_digest(scope: Scope, transcript: Transcript) -> str:
+    """`history_hash`, in a thread for a request whose history holds much text."""
+    if _history_chars(transcript) <= HASH_INLINE_CHARS:
+        return history_hash(scope, transcript)
+    return await asyncio.to_thread(history_hash, scope, transcript)
+
+
+def _history_chars(transcript: Transcript) -> int:
+    return sum(len(text) for _, text in transcript.history)
 
 
 async def identify(
-    store: Store, scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float, follow: str
+    store: Store, scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float, follow: str,
+    digest: str | None = None,
 ) -> TurnIdentity:
-    """Find the request's turn and conversation in the store, or start new ones."""
-    digest = history_hash(scope, transcript)
+    """Find the request's turn and conversation in the store, or start new ones (`digest`: its history_hash)."""
+    digest = digest or await history_digest(scope, transcript)
     call_ids = list(transcript.tool_call_ids)
     found = await store.find_turn(scope, call_ids, digest, now - timedelta(seconds=retry_window_s))
     existing = found.turn
@@ -73,14 +99,13 @@ async def conversation_for(store: Store, scope: Scope, transcript: Transcript, f
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
 
-def fallback_identity(scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float) -> TurnIdentity:
+def fallback_identity(scope: Scope, *, digest: str, now: datetime, retry_window_s: float) -> TurnIdentity:
     """A turn when the store could not be asked in time (memory degraded): saved later, never lost.
 
     Its ids are those `identify` gives a new turn, so a later step of a tool loop or an SDK
     retry is the same turn whether or not the store could be asked for it (the store keeps
     a turn in the conversation it began in).
     """
-    digest = history_hash(scope, transcript)
     key, fresh = _new_ids(digest, now, retry_window_s)
     return TurnIdentity(key, scope.conversation or fresh, digest, None)
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from proxy.memory.redact import redact, redact_mapping
+from proxy.memory.redact import WINDOW_CHARS, redact, redact_mapping
 
 PEM = (
     "-----BEGIN RSA PRIVATE KEY-----\n"
@@ -54,6 +54,31 @@ KINDS = [
     ),
     ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "[REDACTED:stripe_key]"),
     ("AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "[REDACTED:google_api_key]"),
+    # an assignment wherever it sits on a line: a word and a colon before it hid it once
+    ("setup: password: Hx7pQ2mNz9Kw", "setup: password: [REDACTED:password]"),
+    ("Connection settings: password=Vb4n", "Connection settings: password=[REDACTED:password]"),
+    ("env: DB_PASSWORD=Zr5tY7uI9oP1", "env: DB_PASSWORD=[REDACTED:password]"),
+    ("note: DB_PASS=Qa3sD5fG7hJ9", "note: DB_PASS=[REDACTED:password]"),
+    ("prod:\n  password: Wm2nB4vC6xZ8\n  user: app", "prod:\n  password: [REDACTED:password]\n  user: app"),
+    ("Here: token=Tk9rE3wQ7yU5iO1p", "Here: token=[REDACTED:token]"),
+    ("password: password: Wm2nB4vC6xZ8", "password: password: [REDACTED:password]"),
+    ("a: b: c: apiKey: 7f3a9b2c1d4e5f60", "a: b: c: apiKey: [REDACTED:api_key]"),
+    ("PRIVATE_KEY=Zm9vYmFyYmF6cXV4eHl6", "PRIVATE_KEY=[REDACTED:private_key]"),
+    ("my AWS secret key is wJalrXUtnFEMI/K7MDENG/bPxRfiCYzQ8xK2mN4v.",
+     "my AWS secret key is [REDACTED:aws_secret_key]."),
+    ("AWS_SECRET_ACCESS_KEY: wJalrXUtnFEMI/K7MDENG/bPxRfiCYzQ8xK2mN4v",
+     "AWS_SECRET_ACCESS_KEY: [REDACTED:aws_secret_key]"),
+    ("DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=Q2xpZW50S2V5Rm9yQWN6dXJl+/U3RvcmFnZQ==;"
+     "EndpointSuffix=core.windows.net",
+     "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=[REDACTED:azure_key];EndpointSuffix=core.windows.net"),
+    ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;"
+     "SharedAccessKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA=",
+     "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=[REDACTED:azure_key]"),
+    ("use 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 now", "use [REDACTED:huggingface_token] now"),
+    ("//registry.npmjs.org/:_authToken=npm_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
+     "//registry.npmjs.org/:_authToken=[REDACTED:npm_token]"),
+    ("postgres://app:pa/ss#w0rd9@db.internal:5432/app", "postgres://app:[REDACTED:password]@db.internal:5432/app"),
+    ("mysql://root:p#ss/w@rd@10.0.0.5/db", "mysql://root:[REDACTED:password]@10.0.0.5/db"),
 ]
 
 
@@ -76,6 +101,14 @@ UNCHANGED = [
     "I keep my private key safe and my passport in a drawer",
     "Alice works at Acme; the monkey key: yes",
     "",
+    "the password policy is strict and token limits apply",
+    "Token limits: 4096 per request; password reset: via email",
+    "bypass: enabled, compass=north, passage: long, keyboard: qwerty",
+    "tokens: 1200, passwords: rotated, secrets: none",
+    "the AWS secret key is rotated monthly",
+    "https://example.com:443/users/@alice and http://localhost:8080/a@b",
+    "https://alice.example/page#section and ssh://git@github.com:22/org/repo",
+    "a hf_ prefix and npm_ scripts and AccountKey= empty",
 ]
 
 
@@ -172,3 +205,39 @@ def test_pathological_input_is_linear(text: str) -> None:
     start = time.perf_counter()
     redact(text)
     assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("shift", [-40, -13, -1, 0, 1, 7, 40])
+def test_a_secret_across_a_window_boundary_is_found_whole(shift: int) -> None:
+    pad = "x " * ((WINDOW_CHARS + shift) // 2)
+    for secret, expected in (("env: DB_PASSWORD=Zr5tY7uI9oP1", "env: DB_PASSWORD=[REDACTED:password]"),
+                             ("sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv", "[REDACTED:openai_key]"),
+                             (PEM, "[REDACTED:private_key]")):
+        assert redact(pad + secret + " end") == pad + expected + " end"
+
+
+def test_many_windows_keep_every_secret_and_every_other_char() -> None:
+    line = "note: DB_PASS=Qa3sD5fG7hJ9 and AKIAIOSFODNN7EXAMPLE in the plan\n"
+    text = line * (3 * WINDOW_CHARS // len(line))
+    assert redact(text) == "note: DB_PASS=[REDACTED:password] and [REDACTED:aws_access_key] in the plan\n" * (
+        3 * WINDOW_CHARS // len(line))
+
+
+ADVERSARIAL = {
+    "a": "a", "=": "=", ":": ":", "/": "/", "base64": "QWxhZGRpbjpvcGVuIHNlc2FtZQ+/", "key=": "key=",
+    "password: ": "password: ", "setup: ": "setup: ", "://u:": "://u:", "eyJ.": "eyJa.", "sk-": "sk-a",
+    "BEGIN": "-----BEGIN PRIVATE KEY-----", "bearer": "Bearer ", "@": "a:b@",
+}
+
+
+@pytest.mark.parametrize("unit", list(ADVERSARIAL.values()), ids=list(ADVERSARIAL))
+def test_adversarial_runs_cost_linear_time(unit: str) -> None:
+    # Four times the text takes about four times as long, not sixteen (a quadratic rule).
+    small, large = unit * (100_000 // len(unit)), unit * (400_000 // len(unit))
+    timings = []
+    for text in (small, large):
+        start = time.perf_counter()
+        redact(text)
+        timings.append(time.perf_counter() - start)
+    assert timings[1] < 2.0
+    assert timings[1] < 12 * timings[0] + 0.05

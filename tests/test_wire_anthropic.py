@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -221,3 +222,21 @@ def test_errors_have_the_anthropic_shape():
     assert json.loads(WIRE.error_body(UpstreamTimeout("slow")))["error"]["type"] == "timeout_error"
     assert WIRE.stream_error("cut", "stream_truncated") == (
         b'event: error\ndata: {"type": "error", "error": {"type": "api_error", "message": "cut"}}\n\n')
+
+
+# Every char JSON escapes or UTF-8 writes in more than one byte, spread so that the 64 KiB
+# pieces of a long text are cut next to each of them; repeated past LARGE_BODY_BYTES.
+AWKWARD = 'q"\\\n\t\x01é€😀 ' * 100_000
+
+
+def test_a_large_body_is_written_in_pieces_as_one_call_writes_it():
+    call = {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": AWKWARD[:70_000]}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": AWKWARD}]}
+    request = parsed([{"role": "user", "content": [{"type": "text", "text": AWKWARD}]},
+                      {"role": "assistant", "content": [call]}, {"role": "user", "content": [result]},
+                      {"role": "assistant", "content": "read"}, {"role": "user", "content": "and the plan?"}],
+                     system=AWKWARD, metadata={"note": "memproxy-long-text"})
+    assert request.large
+    written = WIRE.insert_block(request, BLOCK)
+    assert written == WIRE.insert_block(replace(request, size=0), BLOCK)  # one json.dumps call
+    assert json.loads(written)["messages"][-1]["content"] == f"{BLOCK}\n\nand the plan?"

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from proxy.wires.base import WireRequest
 from proxy.wires.openai_chat import (
     ChatRequest,
+    OpenAIChat,
     assistant_texts,
     history_material,
     insert_block,
@@ -376,3 +378,23 @@ CONTEXT_BODY = json.dumps(
 )
 def test_is_context_length_error(status: int, body: bytes, expected: bool) -> None:
     assert is_context_length_error(status, body) is expected
+
+
+# Every char JSON escapes or UTF-8 writes in more than one byte, spread so that the 64 KiB
+# pieces of a long text are cut next to each of them; repeated past LARGE_BODY_BYTES.
+AWKWARD = 'q"\\\n\t\x01é€😀 ' * 100_000
+
+
+@pytest.mark.parametrize("content", [AWKWARD, [{"type": "text", "text": AWKWARD}, {"type": "image_url"}]])
+def test_a_large_body_is_written_in_pieces_as_one_call_writes_it(content: Any) -> None:
+    body = {"model": "m", "z": "memproxy-long-text", "messages": [
+        {"role": "user", "content": AWKWARD[:100]}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": content, "name": "u"}]}
+    request = OpenAIChat().parse(json.dumps(body).encode())
+    assert isinstance(request, WireRequest) and request.large
+    with_block = copy.deepcopy(body)
+    last = with_block["messages"][-1]
+    last["content"] = ("BLOCK\n\n" + content if isinstance(content, str)
+                       else [{"type": "text", "text": "BLOCK\n\n"}, *content])
+    assert OpenAIChat().insert_block(request, "BLOCK") == json.dumps(with_block, ensure_ascii=False,
+                                                                     separators=(",", ":")).encode()

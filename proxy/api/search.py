@@ -13,7 +13,8 @@ from typing import Any
 
 from proxy.api.records import SearchInput
 from proxy.memory.fusion import HARD_CAP
-from proxy.memory.pipeline import Query, Retrieved, Retriever
+from proxy.memory.pipeline import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
+from proxy.memory.sources import edges
 from proxy.models import Scope
 
 _LINE = re.compile(r"(\d+)\. \[([a-z-]+)\] (.*)")
@@ -25,7 +26,9 @@ async def search(retriever: Retriever, scope: Scope, request: SearchInput, defau
     limit = min(default_limit if request.limit is None else request.limit, HARD_CAP)
     # With `sources`, the merge is asked for every slot and the other sources' hits dropped.
     asked = HARD_CAP if request.sources else limit
-    query = Query(text=request.query, conversation_id=request.conversation or "", visible=(), max_memories=asked)
+    # Read as a chat's last user message is: by its first and last QUERY_EDGE_CHARS.
+    query = Query(text=edges(request.query, QUERY_EDGE_CHARS), conversation_id=request.conversation or "",
+                  visible=(), max_memories=asked)
     retrieved = await retriever.retrieve(scope, query)
     hits = hits_of(retrieved, header)
     if request.sources:

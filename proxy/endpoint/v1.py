@@ -171,7 +171,8 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, request.transcript if request is not None else None)
                 send.error_headers = recall.headers()
-                out_body = _with_block(wire, request, recall, body)
+                out_body = (await asyncio.to_thread(_with_block, wire, request, recall, body)
+                            if request is not None and request.large else _with_block(wire, request, recall, body))
                 if recall.active:
                     # We read a copy of the answer to save it: ask for it uncompressed.
                     upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]

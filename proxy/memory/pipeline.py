@@ -19,7 +19,8 @@ from proxy.exchange import Recall
 from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
-from proxy.memory.redact import redact
+from proxy.memory.redact import INLINE_REDACT_CHARS, redact
+from proxy.memory.sources import edges
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
@@ -29,7 +30,7 @@ from proxy.stores.base import (
     FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
 from proxy.stores.generations import Generation
-from proxy.turns import TurnIdentity, fallback_identity, identify
+from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
 
 log = logging.getLogger("memproxy.memory")
 
@@ -43,6 +44,12 @@ TURN_WAIT_SHARE = 0.8
 # many budgets (1 s by default): a garbage collection or a starved host can hold the event
 # loop for a few hundred ms while the store itself is fine (breaker.py).
 QUIET_BUDGETS = 4
+# Recall reads a prompt by its first and last this many chars (each message the request
+# shows, too): a 30 MB paste costs the event loop what 8,000 chars cost.
+QUERY_EDGE_CHARS = 4000
+# A tool result is read this far, redacted, then cut to its short form: a secret that
+# begins within the short form ends within this.
+STEP_RESULT_READ_CHARS = STEP_RESULT_CHARS + 4096
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class MemoryService:
         status = "ok"
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
+        digest = await history_digest(scope, request)
         if not self.breaker.allow():
             status = "degraded: circuit open"
         else:
@@ -110,7 +118,7 @@ class MemoryService:
             try:
                 async with asyncio.timeout_at(answer_by), self.gate.admitted(start + budget_s * TURN_WAIT_SHARE):
                     reading = True
-                    identity = await self._identify(scope, request, now)
+                    identity = await self._identify(scope, request, now, digest)
                     retrieved = await self._block(scope, request, identity, resolved, answer_by)
                 self.breaker.succeeded()
             except TimeoutError:
@@ -130,14 +138,16 @@ class MemoryService:
             error = MemoryUnavailable(f"memory is required (memory.required) and unavailable: {reason}")
             error.headers = {"x-memory-status": status}
             raise error
-        identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
-        recall = TurnRecall(self, scope, request, identity, persist, status, retrieved)
+        identity = identity or fallback_identity(scope, digest=digest, now=now,
+                                                 retry_window_s=self.memory.retry_window_s)
+        parts = await saved(request, self.memory.block_header) if persist else Saved()
+        recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts)
         recall.started(now)
         return recall
 
-    async def _identify(self, scope: Scope, request: Transcript, now: datetime) -> TurnIdentity:
+    async def _identify(self, scope: Scope, request: Transcript, now: datetime, digest: str) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
-                              follow=self.settings.scope.conversation)
+                              follow=self.settings.scope.conversation, digest=digest)
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
                      resolved: RequestScope, answer_by: float) -> Retrieved:
@@ -146,8 +156,9 @@ class MemoryService:
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
         header = self.memory.block_header
-        query = Query(user_text(request, header, markers=False), identity.conversation_id,
-                      visible_texts(request, header), min(limit, 12), identity.new_conversation, answer_by)
+        query = Query(edges(user_text(request, header, markers=False), QUERY_EDGE_CHARS), identity.conversation_id,
+                      tuple(edges(text, QUERY_EDGE_CHARS) for text in visible_texts(request, header)), min(limit, 12),
+                      identity.new_conversation, answer_by)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
@@ -180,9 +191,31 @@ def visible_texts(request: Transcript, header: str = DEFAULT_HEADER) -> tuple[st
 
 
 def reasoning_steps(request: Transcript) -> tuple[ReasoningStep, ...]:
-    """The tool calls after the turn's prompt, each with a short form of its result."""
-    return tuple(ReasoningStep(step.name, redact(step.arguments), redact(step.result)[:STEP_RESULT_CHARS])
+    """The tool calls after the turn's prompt, each with the start of its result (not redacted)."""
+    return tuple(ReasoningStep(step.name, step.arguments, step.result[:STEP_RESULT_READ_CHARS])
                  for step in request.tool_steps)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a turn saves of its request, redacted: the user's message and the tool steps."""
+
+    said: str = ""
+    steps: tuple[ReasoningStep, ...] = ()
+
+
+async def saved(request: Transcript, header: str) -> Saved:
+    """The request's Saved; a large one's redacted in a thread, so the event loop serves other streams meanwhile."""
+    text, steps = user_text(request, header), reasoning_steps(request)
+    if len(text) + sum(len(step.arguments) + len(step.result) for step in steps) <= INLINE_REDACT_CHARS:
+        return _redacted(text, steps)
+    return await asyncio.to_thread(_redacted, text, steps)
+
+
+def _redacted(text: str, steps: tuple[ReasoningStep, ...]) -> Saved:
+    return Saved(redact(text), tuple(
+        ReasoningStep(step.name, redact(step.arguments), redact(step.result)[:STEP_RESULT_CHARS])
+        for step in steps))
 
 
 def thinking_step(message: AssistantMessage) -> tuple[ReasoningStep, ...]:
@@ -197,12 +230,12 @@ class TurnRecall(Recall):
 
     turn_key: str  # a turn always has its key
 
-    def __init__(self, service: MemoryService, scope: Scope, request: Transcript, identity: TurnIdentity,
-                 persist: bool, status: str, retrieved: Retrieved) -> None:
+    def __init__(self, service: MemoryService, scope: Scope, identity: TurnIdentity, persist: bool, status: str,
+                 retrieved: Retrieved, saved: Saved) -> None:
         super().__init__(status)
+        self._saved = saved
         self._service = service
         self._scope = scope
-        self._request = request
         self._identity = identity
         self._persist = persist
         self.turn_key = identity.key
@@ -224,9 +257,9 @@ class TurnRecall(Recall):
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
-            text = redact(user_text(self._request, self._service.memory.block_header))
             self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                                   self._identity.history_hash, now, text, self._persist, self._generation))
+                                   self._identity.history_hash, now, self._saved.said, self._persist,
+                                   self._generation))
         if not self._log.get("cache") and self.status == "ok":
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
                                    self._generation))
@@ -246,8 +279,8 @@ class TurnRecall(Recall):
                                 urgent=True)
         return self._submit(FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
-            task=redact(user_text(self._request, self._service.memory.block_header)),
-            steps=reasoning_steps(self._request) + thinking_step(message),
+            task=self._saved.said,
+            steps=self._saved.steps + thinking_step(message),
             answer_hash=text_hash(answer),
             generation=self._generation,
         ), urgent=True)

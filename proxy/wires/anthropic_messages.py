@@ -61,12 +61,12 @@ class AnthropicMessages:
         if problem is not None:
             return problem
         index = self._prompt_index(messages)
-        return WireRequest(doc, bool(stream), self._transcript(messages, index), index)
+        return WireRequest(doc, bool(stream), self._transcript(messages, index), index, len(body))
 
     def insert_block(self, request: WireRequest, block: str) -> bytes:
         index = request.prompt_index
         if index is None:
-            return dump_json(request.body)
+            return dump_json(request.body, in_pieces=request.large)
         body = dict(request.body)
         messages = list(body["messages"])
         message = messages[index]
@@ -84,7 +84,7 @@ class AnthropicMessages:
                     content[-1] = {**content[-1], "cache_control": automatic}
         messages[index] = {**message, "content": _with_block(content, block, later_step or automatic is not None)}
         body["messages"] = messages
-        return dump_json(body)
+        return dump_json(body, in_pieces=request.large)
 
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         return MessagesStreamReader(keep_answer=keep_answer)

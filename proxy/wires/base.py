@@ -14,7 +14,13 @@ from typing import Any, Literal, Protocol
 
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, Transcript
+from proxy.wires.long_json import dump_in_pieces
 from proxy.wires.sse import SSEEvent
+
+# A body longer than this gets its memory block in a thread, its long strings written in
+# pieces: writing a 30 MB body again in one call would hold the event loop (and every other
+# stream) for a large fraction of a second.
+LARGE_BODY_BYTES = 1 << 20
 
 Provider = Literal["openai", "anthropic"]
 
@@ -27,6 +33,12 @@ class WireRequest:
     stream: bool
     transcript: Transcript
     prompt_index: int | None  # the turn's prompt message in the wire's message list
+    size: int = 0  # the body's length in bytes, as the client sent it
+
+    @property
+    def large(self) -> bool:
+        """True for a body written again off the event loop and in pieces (LARGE_BODY_BYTES)."""
+        return self.size > LARGE_BODY_BYTES
 
 
 class AnswerReader(Protocol):
@@ -87,14 +99,17 @@ class Wire(ErrorShape, Protocol):
         """True when the provider refused the request as too long for the model's context."""
 
 
-def dump_json(body: dict[str, Any]) -> bytes:
-    """A request body serialised again (compact, UTF-8); ValueError when nested too deeply."""
+def dump_json(body: dict[str, Any], *, in_pieces: bool = False) -> bytes:
+    """A request body serialised again (compact, UTF-8); ValueError when nested too deeply.
+
+    `in_pieces`: long strings are written a piece at a time (for a large body, in a thread).
+    """
     try:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        if in_pieces:
+            return dump_in_pieces(body)
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except RecursionError as exc:
         raise ValueError("request nested too deeply to serialise") from exc
-    try:
-        return text.encode("utf-8")
     except UnicodeEncodeError:
         # A lone surrogate (valid as a JSON \\u escape) has no UTF-8 form: escape it again.
         return json.dumps(body, separators=(",", ":")).encode("ascii")

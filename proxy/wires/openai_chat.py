@@ -145,10 +145,11 @@ def _role(message: dict[str, Any]) -> str:
     return role if isinstance(role, str) else ""
 
 
-def insert_block(request: ChatRequest, block: str) -> bytes:
+def insert_block(request: ChatRequest, block: str, *, in_pieces: bool = False) -> bytes:
     """A new body with `block` in front of the last user message (docs/retrieval.md).
 
     Raises ValueError when the body is nested too deeply to serialise again here.
+    `in_pieces`: long strings are written a piece at a time (base.dump_json).
     """
     body = dict(request.body)
     messages = list(request.messages)
@@ -157,7 +158,7 @@ def insert_block(request: ChatRequest, block: str) -> bytes:
         # Copy only the path to the change; the rest is shared, never mutated.
         messages[index] = _with_block(messages[index], block)
         body["messages"] = messages
-    return dump_json(body)
+    return dump_json(body, in_pieces=in_pieces)
 
 
 def _with_block(message: dict[str, Any], block: str) -> dict[str, Any]:
@@ -245,10 +246,12 @@ class OpenAIChat:
         request = parse_chat_request(body)
         if isinstance(request, str):
             return request
-        return WireRequest(request.body, request.stream, transcript(request), last_user_index(request.messages))
+        return WireRequest(request.body, request.stream, transcript(request), last_user_index(request.messages),
+                           len(body))
 
     def insert_block(self, request: WireRequest, block: str) -> bytes:
-        return insert_block(ChatRequest(request.body, request.stream, request.body["messages"]), block)
+        chat = ChatRequest(request.body, request.stream, request.body["messages"])
+        return insert_block(chat, block, in_pieces=request.large)
 
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         if keep_answer:

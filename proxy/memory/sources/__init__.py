@@ -37,8 +37,12 @@ SPARE_HITS = 2  # hits a source builds beyond the merge's limit, for texts anoth
 RANK_REASON = "rank"
 RETRY_REASON = "keyword retry"
 FILLER = "filler"  # a Hit.parts flag: a weak hit, merged only into slots the others leave
+# A text counts as shown by the words of its first and last this many chars, so comparing a
+# long paste with what the request shows costs what 4,000 chars cost.
+SHOWN_EDGE_CHARS = 2000
 _PART = re.compile(r"[A-Za-z0-9]+")
 _REDACTED = "[REDACTED:"
+_MARK = re.compile(r"\[REDACTED:[a-z_]+\]")
 
 Search = Callable[[Sequence[str], int], Awaitable[list[tuple[T, float]]]]
 
@@ -51,6 +55,26 @@ def bm25(score: float) -> float:
 def normalised(text: str) -> str:
     """Text compared on words only: whitespace runs folded to one space, ends trimmed."""
     return " ".join(text.split())
+
+
+def edges(text: str, keep: int) -> str:
+    """The text's first and last `keep` chars; a text of up to twice that, whole."""
+    if len(text) <= 2 * keep:
+        return text
+    return f"{text[:keep]}\n…\n{text[-keep:]}"
+
+
+def shown_key(text: str) -> str:
+    """What a text is recognised by in the request: the words at its two ends."""
+    if len(text) > 2 * SHOWN_EDGE_CHARS:
+        text = f"{text[:SHOWN_EDGE_CHARS]} {text[-SHOWN_EDGE_CHARS:]}"
+    return normalised(text)
+
+
+def _unmarked_key(text: str) -> str:
+    # Redaction changes a text's length, so its ends are compared without secrets or marks:
+    # a stored (redacted) text is cut wider than its key, then its marks are taken out.
+    return shown_key(_MARK.sub("", edges(text, 2 * SHOWN_EDGE_CHARS)))
 
 
 def identifier_terms(identifiers: Sequence[str]) -> tuple[str, ...]:
@@ -95,17 +119,17 @@ class SourceQuery:
 
     @cached_property
     def _shown(self) -> frozenset[str]:
-        return frozenset(normalised(text) for text in (*self.visible, self.text, self.said))
+        return frozenset(shown_key(text) for text in (*self.visible, self.text, self.said))
 
     @cached_property
     def _shown_redacted(self) -> frozenset[str]:
-        # Stored text was redacted before it was saved; the request shows it unredacted.
-        return frozenset(normalised(redact(text)) for text in (*self.visible, self.text, self.said))
+        # Stored text was redacted before it was saved; the request shows it unredacted. The
+        # texts here are recall's cut of each message (pipeline.edges), so this is bounded.
+        return frozenset(_unmarked_key(redact(text)) for text in (*self.visible, self.text, self.said))
 
     def shows(self, text: str) -> bool:
         """True when the request already shows this stored text (or it is the query itself)."""
-        key = normalised(text)
-        return key in self._shown or (_REDACTED in text and key in self._shown_redacted)
+        return shown_key(text) in self._shown or (_REDACTED in text and _unmarked_key(text) in self._shown_redacted)
 
     def relevant(self, score: float) -> bool:
         """A lexical score that counts: some query term matched, and it clears the floor."""

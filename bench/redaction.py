@@ -1,0 +1,72 @@
+"""Redaction throughput: MB/s of `proxy.memory.redact.redact` on ordinary and adversarial text.
+
+Each text is built to the given size (1 MB and 8 MB by default) and redacted a few times;
+the figure is the best run's MB/s (the least disturbed by other work on the machine).
+
+    python bench/redaction.py [--sizes 1,8] [--repeat 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy.memory.redact import redact  # noqa: E402
+
+MB = 1_000_000
+
+TEXTS: dict[str, Callable[[int], str]] = {
+    "prose": lambda n: _fill("We talked about the deployment plan and the password policy for a while. ", n),
+    "prose+secrets": lambda n: _fill("the db is postgres://app:s3cr3tPw@db:5432/x and token=Zm9vYmFyYmF6cXV4 ok. ", n),
+    "a" * 3: lambda n: "a" * n,
+    "=" * 3: lambda n: "=" * n,
+    ":" * 3: lambda n: ":" * n,
+    "/" * 3: lambda n: "/" * n,
+    "key=key=": lambda n: _fill("key=", n),
+    "password: ": lambda n: _fill("password: ", n),
+    "base64": lambda n: _fill("QWxhZGRpbjpvcGVuIHNlc2FtZQ+/", n),
+    "base64 lines": lambda n: _fill("TWFueSBoYW5kcyBtYWtlIGxpZ2h0IHdvcmsu/+AbCdEfGhIjKlMnOpQrStUvWxYz012\n", n),
+    "url://u:": lambda n: "postgres://" + _fill("u:", n),
+    "word: word:": lambda n: _fill("setup: ", n),
+    "a.b.c": lambda n: _fill("a.", n) + "://",
+}
+
+
+def _fill(unit: str, size: int) -> str:
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def measure(make: Callable[[int], str], size: int, repeat: int) -> float:
+    text = make(size)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        redact(text)
+        best = min(best, time.perf_counter() - started)
+    return size / MB / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,8", help="sizes in MB, comma separated")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
+    args = parser.parse_args()
+    sizes = [float(s) for s in args.sizes.split(",")]
+    figures: dict[str, dict[str, float]] = {}
+    print(f"{'text':<16}" + "".join(f"{f'{s:g} MB':>12}" for s in sizes) + "   (MB/s)")
+    for name, make in TEXTS.items():
+        figures[name] = {f"{s:g}": measure(make, int(s * MB), args.repeat) for s in sizes}
+        print(f"{name:<16}" + "".join(f"{figures[name][f'{s:g}']:>12.1f}" for s in sizes), flush=True)
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
