@@ -89,11 +89,12 @@ def wire_criteria(s: Summary) -> list[Criterion]:
     on = "memproxy-on"
     if on in _pairs(s):
         if "latency_c1" in s.results:
-            chat, messages = (statistics.median(added_series(s, "latency_c1", t, "p50_ms")) for t in (on, on + SUFFIX))
+            chat_p50, messages_p50 = (statistics.median(added_series(s, "latency_c1", t, "p50_ms"))
+                                      for t in (on, on + SUFFIX))
             out.append(Criterion(f"memory on: Messages added p50 at c=1 <= {1 + MEMORY_ON_SHARE:g} x Chat Completions",
-                                 messages <= (1 + MEMORY_ON_SHARE) * chat,
-                                 f"{messages:.3f} vs {chat:.3f} ms ({messages / chat:.3f}x)" if chat else "-",
-                                 informational=True))
+                                 messages_p50 <= (1 + MEMORY_ON_SHARE) * chat_p50,
+                                 f"{messages_p50:.3f} vs {chat_p50:.3f} ms ({messages_p50 / chat_p50:.3f}x)"
+                                 if chat_p50 else "-", informational=True))
         if "throughput_c32" in s.results:
             ratio = _ratio(s.series("throughput_c32", on, "rate"), s.series("throughput_c32", on + SUFFIX, "rate"))
             if ratio is not None:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadgen import ClosedLoop, Target, run_client, wire_payload
+from loadgen import ClosedLoop, MakeRequest, Target, run_client, wire_payload
 from processes import REPO, Server, source_version, start_memproxy, start_mock
 from storm import seed_memories
 
@@ -28,14 +28,19 @@ WIRES = ("chat", "messages")
 NUMBERS_PER_LOAD = 10**8
 
 
+def numbered_from(make: MakeRequest, offset: int) -> MakeRequest:
+    """`make`'s requests, numbered from `offset`."""
+    return lambda i: make(offset + i)
+
+
 async def measure(mock: Server, memproxy: Server, headers: dict[str, str], first: int, args: argparse.Namespace) -> str:
     """One mode's alternating bursts; its line of the report."""
     loads = {}
     for n, (wire, side) in enumerate((w, s) for w in WIRES for s in ("direct", "proxy")):
         server = memproxy if side == "proxy" else mock
         target = Target(f"{side}-{wire}", server.port, headers if side == "proxy" else {}, wire=wire)
-        numbered, offset = wire_payload(target, stream=False), first + n * NUMBERS_PER_LOAD
-        loads[wire, side] = ClosedLoop(target, lambda i, numbered=numbered, offset=offset: numbered(offset + i), 1)
+        loads[wire, side] = ClosedLoop(target, numbered_from(wire_payload(target, stream=False),
+                                                             first + n * NUMBERS_PER_LOAD), 1)
         await loads[wire, side].open()
     p50: dict[tuple[str, str], list[float]] = {key: [] for key in loads}
     cpu: dict[str, list[float]] = {wire: [] for wire in WIRES}
