@@ -50,6 +50,7 @@ class Target:
     port: int
     headers: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
+    wire: str = "chat"  # "chat": POST /v1/chat/completions; "messages": Anthropic's POST /v1/messages
 
 
 class Disconnect(Exception):
@@ -172,6 +173,29 @@ def chat_payload(target: Target, *, stream: bool, extra: dict[str, str] | None =
         return b"POST /v1/chat/completions HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
 
     return make
+
+
+def messages_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
+                     questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
+    """The same requests as chat_payload's on Anthropic's Messages wire."""
+    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
+               "x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", **target.headers, **(extra or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    flag = b"true" if stream else b"false"
+    templates = [b'{"model":"bench-model","max_tokens":256,"stream":%s,"messages":[{"role":"user","content":"%s"}]}'
+                 % (flag, q.encode()) for q in questions]
+
+    def make(n: int) -> bytes:
+        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
+        return b"POST /v1/messages HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
+
+    return make
+
+
+def wire_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None) -> MakeRequest:
+    """The request factory of the target's wire."""
+    factory = messages_payload if target.wire == "messages" else chat_payload
+    return factory(target, stream=stream, extra=extra)
 
 
 def request_payload(target: Target, method: str, path: str, body: bytes = b"",

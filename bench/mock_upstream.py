@@ -1,8 +1,10 @@
-"""A fast mock OpenAI upstream for the benchmark: raw asyncio and httptools, no framework.
+"""A fast mock OpenAI and Anthropic upstream for the benchmark: raw asyncio and httptools, no framework.
 
 POST /v1/chat/completions answers a fixed completion, or, with `"stream": true`, an SSE
 stream of `--events` chunk events plus `data: [DONE]`, each event its own chunked write,
-`--delay-ms` apart (the headers X-Mock-Events and X-Mock-Delay-Ms override both per
+`--delay-ms` apart. POST /v1/messages answers the same in Anthropic's Messages shape: a
+`message`, or a stream of message_start, content_block_start, `--events` text_delta
+events, content_block_stop, message_delta and message_stop, each its own write (the headers X-Mock-Events and X-Mock-Delay-Ms override both per
 request); `--answer-ms` holds every chat completion back that long first, as a model's time
 to its first byte would. GET /_stats reports connection and stream counters, for leak checks. Any other
 path answers a small JSON object. It does so little per request that it is never the
@@ -28,6 +30,15 @@ COMPLETION = json.dumps({
                  "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15},
 }, separators=(",", ":")).encode()
+MESSAGE = json.dumps({
+    "id": "msg_bench", "type": "message", "role": "assistant", "model": "bench-model",
+    "content": [{"type": "text", "text": "Hello from the mock upstream."}],
+    "stop_reason": "end_turn", "stop_sequence": None,
+    "usage": {"input_tokens": 9, "output_tokens": 6, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+}, separators=(",", ":")).encode()
+# Events a Messages stream has besides its text deltas: message_start, content_block_start,
+# content_block_stop, message_delta, message_stop.
+MESSAGES_FRAMING_EVENTS = 5
 SMALL = b'{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"}]}'
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}
 
@@ -67,6 +78,25 @@ def sse_frames(events: int) -> list[bytes]:
     return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
 
 
+def messages_sse_frames(events: int) -> list[bytes]:
+    """A streamed Messages answer with `events` text_delta events, each framed as one HTTP chunk."""
+    def event(kind: str, payload: dict[str, Any]) -> bytes:
+        data = json.dumps({"type": kind, **payload}, separators=(",", ":"))
+        return f"event: {kind}\ndata: {data}\n\n".encode()
+
+    start = {**json.loads(MESSAGE), "content": [], "stop_reason": None,
+             "usage": {"input_tokens": 9, "output_tokens": 1}}
+    frames = [event("message_start", {"message": start}),
+              event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
+    frames += [event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"tok{i} "}})
+               for i in range(events)]
+    frames += [event("content_block_stop", {"index": 0}),
+               event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                       "usage": {"output_tokens": events}}),
+               event("message_stop", {})]
+    return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
+
+
 def head(status: int, content_type: bytes, length: int | None) -> bytes:
     """A response head; without a length the body is chunked."""
     framing = b"content-length: %d" % length if length is not None else b"transfer-encoding: chunked"
@@ -82,13 +112,14 @@ class MockServer:
         self.default = StreamPlan(events, delay_ms / 1000)
         self.answer_s = answer_ms / 1000
         self.counters = Counters()
-        self._frames: dict[int, list[bytes]] = {}
+        self._frames: dict[tuple[bool, int], list[bytes]] = {}
 
-    def frames(self, events: int) -> list[bytes]:
-        """Cached SSE frames for a stream of `events` chunks."""
-        if events not in self._frames:
-            self._frames[events] = sse_frames(events)
-        return self._frames[events]
+    def frames(self, events: int, messages: bool = False) -> list[bytes]:
+        """Cached SSE frames for a stream of `events` chunks (Chat Completions or Messages)."""
+        key = (messages, events)
+        if key not in self._frames:
+            self._frames[key] = messages_sse_frames(events) if messages else sse_frames(events)
+        return self._frames[key]
 
     def plan(self, headers: dict[bytes, bytes]) -> StreamPlan:
         """The stream's pacing: the defaults unless the request's X-Mock-* headers say otherwise."""
@@ -144,12 +175,16 @@ class MockConnection(asyncio.Protocol):
         keep_alive = self.parser.should_keep_alive()
         body, headers = b"".join(self.body), self.headers
         self._reset()
-        if method == b"POST" and path.endswith(b"/chat/completions"):
+        messages = path.endswith(b"/messages")
+        if method == b"POST" and (messages or path.endswith(b"/chat/completions")):
             if _wants_stream(body):
                 self.transport.pause_reading()  # type: ignore[union-attr]
-                asyncio.get_running_loop().create_task(self._stream(self.server.plan(headers), keep_alive))
+                plan = self.server.plan(headers)
+                frames = self.server.frames(plan.events, messages)
+                asyncio.get_running_loop().create_task(self._stream(plan, frames, keep_alive))
                 return
-            answer = head(200, b"application/json", len(COMPLETION)) + COMPLETION
+            document = MESSAGE if messages else COMPLETION
+            answer = head(200, b"application/json", len(document)) + document
             if self.server.answer_s:
                 asyncio.get_running_loop().call_later(self.server.answer_s, self._answer, answer, keep_alive)
             else:
@@ -168,7 +203,7 @@ class MockConnection(asyncio.Protocol):
         if not keep_alive:
             self.transport.close()
 
-    async def _stream(self, plan: StreamPlan, keep_alive: bool) -> None:
+    async def _stream(self, plan: StreamPlan, frames: list[bytes], keep_alive: bool) -> None:
         """Write each event as its own chunk, paced on an absolute timeline (no drift)."""
         assert self.transport is not None
         counters = self.server.counters
@@ -178,7 +213,7 @@ class MockConnection(asyncio.Protocol):
                 await asyncio.sleep(self.server.answer_s)
             self.transport.write(head(200, b"text/event-stream", None))
             started = time.perf_counter()
-            for i, frame in enumerate(self.server.frames(plan.events)):
+            for i, frame in enumerate(frames):
                 if i and plan.delay_s:
                     await asyncio.sleep(max(0.0, started + i * plan.delay_s - time.perf_counter()))
                 if self.closed:

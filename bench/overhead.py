@@ -31,6 +31,7 @@ from processes import (
 from scenarios import Figures, Measured, StreamShape, Subject, warm_up
 from storm import disconnect_storm, memory_recovered, seed_memories
 from summary import MEMPROXY, Results, Summary, criteria, ratio_table, table
+from wire_summary import wire_criteria, wire_json, wire_table
 from summary import as_json as summary_json
 
 MEMORY_USER = "bench-user"
@@ -39,6 +40,10 @@ MEMORY_USER = "bench-user"
 MEMORY_ON = ("memproxy-on", "memproxy-on-ro")
 TARGETS = ("direct", "reference", "memproxy-off", "memproxy-on")
 KNOWN_TARGETS = TARGETS + ("memproxy-on-ro", "reference-httpx", "memproxy-quiet")
+# With --wires chat,messages each of these targets gets a twin on the Messages wire, named with
+# this suffix: the same server and headers, the same questions sent as POST /v1/messages.
+MESSAGES_SUFFIX = "-messages"
+WIRE_TWINS = ("direct", "memproxy-off", "memproxy-on", "memproxy-on-ro")
 # Request numbers each load owns (see run_rounds): more requests than a load ever sends, and a
 # multiple of 8, so request n still asks question n % 8.
 NUMBERS_PER_LOAD = 10**7
@@ -72,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated, from {', '.join(KNOWN_TARGETS)} (memproxy-on-ro: memory on, "
                         "X-Memory-Persist: false; reference-httpx: httpx's own transport; "
                         "memproxy-quiet: a second memproxy, memory off, log level warning)")
+    p.add_argument("--wires", default="chat",
+                   help="chat, messages or chat,messages: with messages, direct and every memproxy-off/on "
+                        "target also run on Anthropic's Messages wire (target name + '-messages'), in the same rounds")
     p.add_argument("--steps", default=",".join(step.name for step in STEPS),
                    help="comma-separated subset of the steps to run (default: all)")
     p.add_argument("--stream-events", type=int, default=50, help="chunk events per measured stream (plus [DONE])")
@@ -92,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.targets) - set(KNOWN_TARGETS)
     if unknown or "direct" not in args.targets:
         p.error(f"--targets must include direct and only name {', '.join(KNOWN_TARGETS)}")
+    wires = {w.strip() for w in args.wires.split(",") if w.strip()}
+    if not wires or wires - {"chat", "messages"}:
+        p.error("--wires must be chat, messages or chat,messages")
+    if "messages" in wires:
+        twins = [t + MESSAGES_SUFFIX for t in args.targets if t in WIRE_TWINS]
+        args.targets = (args.targets if "chat" in wires else ["direct"]) + twins
     names = {name.strip() for name in args.steps.split(",") if name.strip()}
     args.steps = [step for step in STEPS if step.name in names]
     if not args.steps or names - {step.name for step in STEPS}:
@@ -104,15 +118,16 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, Server]:
     mock = start_mock(workdir, args.stream_events, args.stream_gap_ms, args.upstream_ms)
     servers = {"direct": mock}
     upstream = f"http://127.0.0.1:{mock.port}/v1"
+    wanted = {base_target(name)[0] for name in args.targets}
     try:
-        if "reference" in args.targets:
+        if "reference" in wanted:
             servers["reference"] = start_reference(workdir, upstream, "aiohttp", "reference")
-        if "reference-httpx" in args.targets:
+        if "reference-httpx" in wanted:
             servers["reference-httpx"] = start_reference(workdir, upstream, "httpx", "reference-httpx")
-        if {"memproxy-off", *MEMORY_ON} & set(args.targets):
+        if {"memproxy-off", *MEMORY_ON} & wanted:
             memproxy = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir)
             servers.update(dict.fromkeys(("memproxy-off", *MEMORY_ON), memproxy))
-        if "memproxy-quiet" in args.targets:
+        if "memproxy-quiet" in wanted:
             servers["memproxy-quiet"] = start_memproxy(workdir, upstream, "warning", args.memproxy_dir,
                                                        name="memproxy-quiet")
     except RuntimeError:
@@ -131,11 +146,19 @@ def subjects(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, 
     """Each target with its port, headers and serving process."""
     out = {}
     for name in args.targets:
-        headers = {"x-memory-user": MEMORY_USER} if name in MEMORY_ON else {}
-        if name == "memproxy-on-ro":
+        base, wire = base_target(name)
+        headers = {"x-memory-user": MEMORY_USER} if base in MEMORY_ON else {}
+        if base == "memproxy-on-ro":
             headers["x-memory-persist"] = "false"
-        out[name] = Subject(Target(name, servers[name].port, headers), servers[name], servers["direct"])
+        out[name] = Subject(Target(name, servers[base].port, headers, wire=wire), servers[base], servers["direct"])
     return out
+
+
+def base_target(name: str) -> tuple[str, str]:
+    """The target a name runs (its server and headers) and the wire it speaks."""
+    if name.endswith(MESSAGES_SUFFIX):
+        return name[:-len(MESSAGES_SUFFIX)], "messages"
+    return name, "chat"
 
 
 async def run_step(step: Step, targets: dict[str, Subject], order: list[str], args: argparse.Namespace,
@@ -165,7 +188,7 @@ async def memory_closed(targets: dict[str, Subject], waits: Figures) -> None:
     A step at 32 or 64 connections can time retrieval out and open the breaker for 15 s; the
     steps after it would then measure memory-on requests that skipped memory.
     """
-    subject = next((targets[name] for name in MEMORY_ON if name in targets), None)
+    subject = next((subject for name, subject in targets.items() if base_target(name)[0] in MEMORY_ON), None)
     if subject is None:
         return
     waited = await memory_recovered(subject.target, MEMORY_USER)
@@ -204,14 +227,14 @@ async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> t
 
 def memory_sizes(servers: dict[str, Server], targets: list[str]) -> dict[str, float]:
     """Resident memory of each target's serving process, MiB."""
-    return {name: servers[name].rss_mb() for name in targets}
+    return {name: servers[base_target(name)[0]].rss_mb() for name in targets}
 
 
 async def bench(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, Any]:
     """Seed, warm up, measure the rounds, then the storm; everything the report needs."""
     targets = subjects(args, servers)
     report: dict[str, Any] = {}
-    memory_on = [targets[name] for name in MEMORY_ON if name in targets]
+    memory_on = [subject for name, subject in targets.items() if base_target(name)[0] in MEMORY_ON]
     if args.memory_items and memory_on:
         print(f"seeding {args.memory_items} memories for {MEMORY_USER} ...", file=sys.stderr)
         report["seed"] = await seed_memories(memory_on[0].target, MEMORY_USER, args.memory_items)
@@ -219,7 +242,8 @@ async def bench(args: argparse.Namespace, servers: dict[str, Server]) -> dict[st
     print("warming up ...", file=sys.stderr)
     for name, subject in targets.items():
         # memory-on shares memproxy-off's process and pool; 64 recalls at once would only trip its breaker
-        await warm_up(subject, StreamShape(args.stream_events, args.stream_gap_ms), 4 if name in MEMORY_ON else 64)
+        memory_on_target = base_target(name)[0] in MEMORY_ON
+        await warm_up(subject, StreamShape(args.stream_events, args.stream_gap_ms), 4 if memory_on_target else 64)
     report["rss_mb_start"] = memory_sizes(servers, args.targets)
     print(f"measuring {args.rounds} rounds of {args.duration} s per step and target ...", file=sys.stderr)
     report["results"], waits = await run_rounds(args, targets)
@@ -243,14 +267,18 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
     print(table(summary, {"RSS MiB after warm-up": report["rss_mb_start"], "RSS MiB at end": report["rss_mb_end"]}))
     print()
     print(ratio_table(summary))
-    for name in (name for name in MEMORY_ON if name in args.targets):
+    wires = wire_table(summary)
+    if wires:
+        print()
+        print(wires)
+    for name in (name for name in args.targets if base_target(name)[0] in MEMORY_ON):
         sent = sum(f["requests"] for step in report["results"].values() for f in step[name])
-        saved = "none saved (X-Memory-Persist: false)" if name == "memproxy-on-ro" else "each saved as a turn"
+        saved = "none saved (X-Memory-Persist: false)" if "-ro" in name else "each saved as a turn"
         print(f"\n{name}: {sent:,.0f} measured requests for {MEMORY_USER}, {saved}.")
     for key in ("seed", "memory", "storm"):
         if key in report:
             print(f"\n{key}: " + ", ".join(f"{k} {v:g}" for k, v in report[key].items()))
-    checks = criteria(summary, args.memory_items)
+    checks = criteria(summary, args.memory_items) + wire_criteria(summary)
     print()
     for check in checks:
         verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[check.passed]
@@ -258,7 +286,7 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
     if args.json:
         settings = {**vars(args), "memproxy_dir": str(args.memproxy_dir), "steps": [s.name for s in args.steps]}
         out = {"memproxy": version, "settings": settings,
-               **summary_json(summary), "rss_mb_start": report["rss_mb_start"], "rss_mb_end": report["rss_mb_end"],
+               **summary_json(summary), "wires": wire_json(summary), "rss_mb_start": report["rss_mb_start"], "rss_mb_end": report["rss_mb_end"],
                "seed": report.get("seed"), "memory": report.get("memory"), "storm": report.get("storm"),
                "criteria": [{"name": c.name, "pass": c.passed, "detail": c.detail,
                              "informational": c.informational} for c in checks]}

@@ -122,7 +122,9 @@ def start_memproxy(workdir: Path, upstream: str, log_level: str, source: Path = 
     port = free_port()
     config = workdir / f"{name}.yaml"
     store = (store_path or workdir / f"{name}.db").resolve()
-    config.write_text(f"server:\n  log_level: {log_level}\nstore:\n  url: sqlite:///{store}\n")
+    # The mock serves both wires, so the Messages wire's upstream is the same server.
+    config.write_text(f"server:\n  log_level: {log_level}\nstore:\n  url: sqlite:///{store}\n"
+                      f"upstream:\n  anthropic_base_url: {upstream}\n")
     argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
             "--upstream", upstream]
     return start(name, argv, port, workdir, source)

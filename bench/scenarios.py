@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import ClosedLoop, Run, Target, chat_payload, closed_loop, get_payload, one
+from loadgen import ClosedLoop, Run, Target, closed_loop, get_payload, one, wire_payload
+from mock_upstream import MESSAGES_FRAMING_EVENTS
 from processes import Server
 
 Figures = dict[str, float]
@@ -32,9 +33,9 @@ class StreamShape:
     def headers(self) -> dict[str, str]:
         return {"x-mock-events": str(self.events), "x-mock-delay-ms": str(self.gap_ms)}
 
-    @property
-    def expected_events(self) -> int:
-        return self.events + 1  # and [DONE]
+    def expected_events(self, wire: str = "chat") -> int:
+        """SSE events a complete stream brings: the chunks and [DONE], or a Messages stream's framing."""
+        return self.events + (MESSAGES_FRAMING_EVENTS if wire == "messages" else 1)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -53,13 +54,13 @@ class Measured:
 
     def __init__(self, subject: Subject, concurrency: int, stream: StreamShape | None, first: int = 0) -> None:
         target = subject.target
-        numbered = chat_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
+        numbered = wire_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
 
         def make(n: int) -> bytes:
             return numbered(first + n)
 
         # Warm each connection with a plain request: a whole stream per connection would only cost time.
-        self.load = ClosedLoop(target, make, concurrency, warm=chat_payload(target, stream=False))
+        self.load = ClosedLoop(target, make, concurrency, warm=wire_payload(target, stream=False))
         self.subject = subject
         self.stream = stream
         self.cpu = [0.0, 0.0, 0.0]  # server, mock, this client
@@ -89,7 +90,9 @@ class Measured:
             "cpu_ms_per_request": 1000 * self.cpu[0] / max(1, len(run.replies)),
             "memory_ok": sum(r.memory_status == b"ok" for r in run.replies) / max(1, len(run.replies)),
         }
-        return {**common, **(_stream_figures(run, self.stream, common) if self.stream else _latency_figures(run))}
+        if self.stream is None:
+            return {**common, **_latency_figures(run)}
+        return {**common, **_stream_figures(run, self.stream.expected_events(self.subject.target.wire), common)}
 
 
 def _latency_figures(run: Run) -> Figures:
@@ -97,18 +100,18 @@ def _latency_figures(run: Run) -> Figures:
     return {"p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99)}
 
 
-def _stream_figures(run: Run, shape: StreamShape, common: Figures) -> Figures:
+def _stream_figures(run: Run, expected_events: int, common: Figures) -> Figures:
     """Time to first event and to the end, events per read (1.0: no coalescing), CPU per event."""
     first = [((r.first or r.ended) - r.sent) * 1000 for r in run.replies]
     end = [r.latency * 1000 for r in run.replies]
     events = sum(r.events for r in run.replies)
-    incomplete = sum(1 for r in run.replies if r.events != shape.expected_events)
+    incomplete = sum(1 for r in run.replies if r.events != expected_events)
     return {
         "ttfc_p50_ms": percentile(first, 50), "ttfc_p99_ms": percentile(first, 99),
         "end_p50_ms": percentile(end, 50), "end_p99_ms": percentile(end, 99),
         "events_per_read": events / max(1, sum(r.event_reads for r in run.replies)),
         "incomplete": float(incomplete), "errors": common["errors"] + incomplete,
-        "cpu_us_per_event": 1000 * common["cpu_ms_per_request"] / shape.expected_events,
+        "cpu_us_per_event": 1000 * common["cpu_ms_per_request"] / expected_events,
     }
 
 
@@ -121,5 +124,5 @@ async def fetch_json(target: Target, path: str) -> dict[str, Any]:
 async def warm_up(subject: Subject, shape: StreamShape, concurrency: int) -> None:
     """Fill the proxies' upstream pools and run each code path once before anything is measured."""
     target = subject.target
-    await closed_loop(target, chat_payload(target, stream=False), concurrency, 0.2)
-    await closed_loop(target, chat_payload(target, stream=True, extra=shape.headers()), 4, 0.0)
+    await closed_loop(target, wire_payload(target, stream=False), concurrency, 0.2)
+    await closed_loop(target, wire_payload(target, stream=True, extra=shape.headers()), 4, 0.0)

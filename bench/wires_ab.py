@@ -1,0 +1,101 @@
+"""Paired: the Messages wire against Chat Completions on one memproxy, in alternating bursts.
+
+`overhead.py --wires chat,messages` runs the two wires in the same rounds, but its absolute
+figures drift by ±0.5 ms on a shared host. Here a single keep-alive connection per wire and
+side (through memproxy, and to the mock directly) sends bursts in turn, the order reversed
+every other round, so both wires live through the same noise; the median of the per-round
+differences of their added p50s is the figure. Memory off, then on (seeded user).
+
+    python bench/wires_ab.py [--rounds 30] [--burst 200] [--memory-items 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from loadgen import ClosedLoop, MakeRequest, Target, run_client, wire_payload
+from processes import REPO, Server, source_version, start_memproxy, start_mock
+from storm import seed_memories
+
+MEMORY_USER = "bench-user"
+WIRES = ("chat", "messages")
+# Each load numbers its requests in a range of its own: no request repeats an earlier one,
+# which memproxy would take for a retry (as in overhead.py).
+NUMBERS_PER_LOAD = 10**8
+
+
+def numbered_from(make: MakeRequest, offset: int) -> MakeRequest:
+    """`make`'s requests, numbered from `offset`."""
+    return lambda i: make(offset + i)
+
+
+async def measure(mock: Server, memproxy: Server, headers: dict[str, str], first: int, args: argparse.Namespace) -> str:
+    """One mode's alternating bursts; its line of the report."""
+    loads = {}
+    for n, (wire, side) in enumerate((w, s) for w in WIRES for s in ("direct", "proxy")):
+        server = memproxy if side == "proxy" else mock
+        target = Target(f"{side}-{wire}", server.port, headers if side == "proxy" else {}, wire=wire)
+        loads[wire, side] = ClosedLoop(target, numbered_from(wire_payload(target, stream=False),
+                                                             first + n * NUMBERS_PER_LOAD), 1)
+        await loads[wire, side].open()
+    p50: dict[tuple[str, str], list[float]] = {key: [] for key in loads}
+    cpu: dict[str, list[float]] = {wire: [] for wire in WIRES}
+    try:
+        for r in range(args.rounds):
+            for key in list(loads) if r % 2 == 0 else list(loads)[::-1]:
+                await loads[key].reopen_closed()
+                before = memproxy.cpu_seconds()
+                run = await loads[key].run(0.0, min_requests=args.burst)
+                p50[key].append(statistics.median(reply.latency * 1000 for reply in run.replies))
+                if key[1] == "proxy":
+                    cpu[key[0]].append((memproxy.cpu_seconds() - before) * 1000 / len(run.replies))
+    finally:
+        for load in loads.values():
+            load.close()
+    added = {w: [p - d for p, d in zip(p50[w, "proxy"], p50[w, "direct"])] for w in WIRES}
+    diffs = [m - c for c, m in zip(added["chat"], added["messages"])]
+    med = statistics.median
+    return (f"added p50 chat {med(added['chat']):.3f} messages {med(added['messages']):.3f} ms, messages - chat "
+            f"{med(diffs):+.3f} ms (per round {min(diffs):+.2f} to {max(diffs):+.2f}, messages faster in "
+            f"{sum(d < 0 for d in diffs)}/{len(diffs)}); server CPU per request chat {med(cpu['chat']):.3f} "
+            f"messages {med(cpu['messages']):.3f} ms")
+
+
+async def run(args: argparse.Namespace, mock: Server, memproxy: Server) -> list[str]:
+    if args.memory_items:
+        print(f"seeding {args.memory_items} memories ...", file=sys.stderr)
+        await seed_memories(Target("memproxy", memproxy.port), MEMORY_USER, args.memory_items)
+    lines = []
+    for n, (mode, headers) in enumerate((("off", {}), ("on", {"x-memory-user": MEMORY_USER}))):
+        print(f"memory {mode}: {args.rounds} rounds of {args.burst} requests a load ...", file=sys.stderr)
+        lines.append(f"memory {mode}: " + await measure(mock, memproxy, headers, n * 10 * NUMBERS_PER_LOAD, args))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--burst", type=int, default=200, help="requests each load sends per round")
+    parser.add_argument("--memory-items", type=int, default=10_000, help="memories seeded for the memory-on user")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="memproxy-wires-ab-"))
+    mock = start_mock(workdir, 50, 5.0)
+    try:
+        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info")
+        try:
+            lines = run_client(run(args, mock, memproxy))
+        finally:
+            memproxy.stop()
+    finally:
+        mock.stop()
+    print(f"memproxy {source_version(REPO)}; {args.memory_items} memories; server logs in {workdir}")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
