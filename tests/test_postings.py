@@ -27,9 +27,6 @@ from proxy.models import Scope
 from proxy.settings import ConfigError, load_settings
 from proxy.stores.base import FinishTurn, StartTurn, StoreMemory, WriteOp
 from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_entity_index import VOCAB as ENTITY_VOCAB
-from proxy.stores.sqlite_entity_index import EntityTermCounts, entity_snapshot
-from proxy.stores.sqlite_message_index import OWN_COLUMN, VOCAB_COLUMNS
 from proxy.stores.sqlite_postings import (
     BURST_S,
     FAST_TERM,
@@ -39,14 +36,8 @@ from proxy.stores.sqlite_postings import (
     _Keyed,
     fts_tokens,
     paced,
-    rows_saying,
 )
-from proxy.stores.sqlite_search import (
-    ENTITIES,
-    MESSAGES,
-    SMALL_INDEX_ROWS,
-    prepare_reader,
-)
+from proxy.stores.sqlite_search import SMALL_INDEX_ROWS
 from proxy.terms import index_text, query_terms
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -206,8 +197,8 @@ def test_every_search_mode_answers_as_fts5_does_to_the_bit(filled: Path, tmp_pat
 
 
 def test_a_small_entity_index_searched_in_one_pass_answers_as_the_postings_do(tmp_path: Path) -> None:
-    # An index of at most SMALL_INDEX_ROWS rows is searched whole, FTS5 finding and scoring
-    # its rows in one MATCH (sqlite_search._search); the fixture above is past that size.
+    # A user's index of at most SMALL_INDEX_ROWS rows is searched whole, every row saying a
+    # term scored (sqlite_search._search); the fixture's alice is past that size.
     path = tmp_path / "small.db"
     rng = random.Random(3)
     scopes = [ALICE, Scope("alice", agent="a1", agent_isolated=True), Scope("bob")]
@@ -412,92 +403,6 @@ def test_the_least_recently_searched_user_is_dropped_to_make_room(filled: Path, 
             return held
 
     assert run(body()) == [(True, True), (True, False)]
-
-
-def test_the_counts_read_the_vocabulary_the_readers_make() -> None:
-    assert (MESSAGES.vocab, MESSAGES.finding_column) == (VOCAB_COLUMNS, OWN_COLUMN)
-    assert (ENTITIES.vocab, ENTITIES.finding_column) == (ENTITY_VOCAB, None)
-
-
-def test_the_word_counts_leave_the_garbage_collector_nothing_per_term(filled: Path, tmp_path: Path) -> None:
-    path = copy_of(filled, tmp_path)
-    counts = EntityTermCounts()
-    terms = [f"never{n}" for n in range(3000)] + [w.lower() for w in WORDS]
-    with closing(sqlite3.connect(path, isolation_level=None)) as db:
-        prepare_reader(db)
-        db.execute("BEGIN")
-        try:
-            gc.collect()
-            before = len(gc.get_objects())
-            found = counts.lookup(db, terms, entity_snapshot(db))
-            del found
-            gc.collect()
-            kept = len(gc.get_objects()) - before
-        finally:
-            db.execute("COMMIT")
-    assert len(counts._counts) == len(set(terms)) and kept < 100  # a list a term would be 3,000 or more
-
-
-def test_entity_term_counts_stay_what_fts5_counts_through_every_kind_of_change(filled: Path, tmp_path: Path) -> None:
-    # Counted once from FTS5's vocabulary, then kept by the text change log (schema v7):
-    # after entities are added, corrected, merged away, rewritten by raw SQL, deleted with
-    # their user, and after the log was trimmed past what the counts had read, every count
-    # is still the vocabulary's, in the same read transaction.
-    path = copy_of(filled, tmp_path)
-    terms = sorted({t for q in queries(random.Random(5), 80) for t in q if FAST_TERM.fullmatch(t)} | {"zeppelin"})
-    counts = EntityTermCounts()
-
-    def agree(db: sqlite3.Connection) -> dict[str, int]:
-        db.execute("BEGIN")
-        try:
-            kept = counts.lookup(db, terms, entity_snapshot(db))
-            assert kept == rows_saying(db, ENTITY_VOCAB, terms)
-            return kept
-        finally:
-            db.execute("COMMIT")
-
-    async def change(step: int) -> None:
-        store = SQLiteStore(str(path), search_cache_mb=0)
-        await store.open()
-        try:
-            rng = random.Random(step)
-            if step == 0:
-                await store.apply([StoreMemory(ALICE, "zep", "the zeppelin hangar lease", "fact", T0),
-                                   *memories(Scope("dave"), 30, rng)])
-            elif step == 1:
-                assert await store.update_memory(ALICE, "zep", "the airship hangar budget") is not None
-            elif step == 2:
-                await store.delete_user(Scope("dave"))  # empties the log of replaced texts
-        finally:
-            await store.close()
-
-    with closing(sqlite3.connect(path, isolation_level=None)) as db:
-        prepare_reader(db)
-        before = agree(db)
-        for step in range(3):
-            run(change(step))
-            agree(db)
-        assert db.execute("SELECT count(*) FROM entity_text_changes").fetchone()[0] == 0
-        with db:
-            db.execute("BEGIN")
-            db.execute("UPDATE entities SET description_terms = description_terms || ' zeppelin plan'"
-                       " WHERE user_id = 'bob'")
-            db.execute("UPDATE entities SET name_terms = name_terms WHERE user_id = 'carol'")  # the same text
-            db.execute("DELETE FROM entities WHERE user_id = 'alice' AND seq % 7 = 0")
-            db.execute("COMMIT")
-        after = agree(db)
-        assert after["zeppelin"] == before["zeppelin"] + 300 and after != before
-        for word in ("plan", "budget", "lease", "kayak", "thesis", "recipe", "vaccine"):
-            # About 1,400 changes each: more than the counts read row by row, and past the
-            # log's 4,096 rows, trimmed.
-            db.execute("UPDATE entities SET description_terms = description_terms || ' ' || ?", (word,))
-        assert db.execute("SELECT min(seq) FROM entity_text_changes").fetchone()[0] > 1
-        assert agree(db) != after
-        # A few changes, and the log emptied past them (by hand: it never trims so close):
-        # what the counts missed is gone from it, and they are read afresh.
-        db.execute("UPDATE entities SET description_terms = description_terms || ' zeppelin' WHERE seq % 500 = 1")
-        db.execute("DELETE FROM entity_text_changes WHERE seq < (SELECT max(seq) FROM entity_text_changes)")
-        agree(db)
 
 
 def test_a_build_rests_after_each_burst_of_work_so_requests_get_the_gil() -> None:

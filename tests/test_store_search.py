@@ -1,5 +1,5 @@
-"""Search cost bounds (conversation filter and term counts on SQLite; common terms on both
-backends), the user's node and bounded edge reads on both backends, and the read pool."""
+"""Search cost bounds (conversation filter on SQLite; common terms on both backends), the
+user's node and bounded edge reads on both backends, and the read pool."""
 
 from __future__ import annotations
 
@@ -17,17 +17,12 @@ from proxy.api.jsonl import parse_record
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_postings import rows_saying
 from proxy.stores.sqlite_search import (
     CANDIDATE_MAX_ROWS,
     CANDIDATE_MIN_ROWS,
-    REASONING,
     SMALL_INDEX_ROWS,
-    ReasoningTermCounts,
     candidate_budget,
     candidate_terms,
-    prepare_reader,
-    reasoning_snapshot,
 )
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
@@ -60,10 +55,16 @@ def said(scope: Scope, n: int, text: str, conv: str) -> StartTurn:
 
 
 def full_search(path: Path, user: str, terms: list[str], *, not_in: str | None = None) -> list[tuple[str, float]]:
-    """The unbounded search: every row holding a term in its own words, scored by FTS5 over all terms."""
+    """The unbounded search: every row holding a term in its own words, scored over all terms
+    by FTS5's bm25() in a copy of the store holding the user's messages alone (so with the
+    user's own statistics)."""
     match = " OR ".join(f'"{t}"' for t in terms)
     own = f"terms : ({match})"
-    with closing(sqlite3.connect(path)) as db:
+    alone = path.with_name(f"{path.stem}-{user}-alone.db")
+    with closing(sqlite3.connect(path)) as source, closing(sqlite3.connect(alone)) as db:
+        source.backup(db)
+        with db:
+            db.execute("DELETE FROM messages WHERE user_id != ?", (user,))
         rows = db.execute(
             "SELECT m.content, -bm25(messages_fts, 1.0, 0.3) AS score FROM messages_fts"
             " JOIN messages m ON m.seq = messages_fts.rowid WHERE messages_fts MATCH ? AND m.user_id = ?"
@@ -337,42 +338,6 @@ def test_candidate_terms() -> None:
     assert candidate_terms(["a", "b"], {"a": 1, "b": CANDIDATE_MIN_ROWS - 1}, big) is None
     assert candidate_budget(10_000_000) == CANDIDATE_MAX_ROWS  # the ceiling
     assert candidate_terms(["a", "b"], {"a": 10, "b": 1_000}, SMALL_INDEX_ROWS) is None  # a small index: whole
-
-
-def test_reasoning_term_counts_stay_what_fts5_counts(tmp_path: Path) -> None:
-    # The reasoning search's counts (its candidate plan) are counted once, then kept by the
-    # traces appended since; a trace deleted moves `reasoning_epoch` (schema v7) and they
-    # start over. Each answer equals the vocabulary's in the same read transaction, and the
-    # row count follows the index at every search (a stale one kept a grown store unbounded).
-    path = tmp_path / "m.db"
-    step = (ReasoningStep("lookup", "{}", "ok"),)
-
-    async def traces(*tasks: tuple[int, str]) -> None:
-        async with SQLiteStoreOpened(path) as store:
-            await store.apply([FinishTurn(ALICE, f"t{n}", "c1", "done", T0, task=task, steps=step) for n, task in tasks])
-
-    run(traces((0, "deploy the quokka"), (1, "deploy again")))
-    terms = ["deploy", "quokka", "wombat", "absent"]
-    counts = ReasoningTermCounts()
-
-    def agree(db: sqlite3.Connection) -> tuple[dict[str, int], int]:
-        db.execute("BEGIN")
-        try:
-            seen = reasoning_snapshot(db)
-            kept = counts.lookup(db, terms, seen)
-            assert kept == rows_saying(db, REASONING.vocab, terms)
-            assert seen.rows == db.execute("SELECT count(*) FROM reasoning").fetchone()[0]
-            return kept, seen.rows
-        finally:
-            db.execute("COMMIT")
-
-    with closing(sqlite3.connect(path, isolation_level=None)) as db:
-        prepare_reader(db)
-        assert agree(db) == ({"deploy": 2, "quokka": 1, "wombat": 0, "absent": 0}, 2)
-        run(traces((2, "a wombat and a quokka"), (3, "deploy the wombat")))
-        assert agree(db) == ({"deploy": 3, "quokka": 2, "wombat": 2, "absent": 0}, 4)
-        db.execute("DELETE FROM reasoning WHERE task = 'deploy the quokka'")
-        assert agree(db) == ({"deploy": 2, "quokka": 1, "wombat": 2, "absent": 0}, 3)
 
 
 def test_a_term_said_after_a_search_missed_it_is_found_at_once(tmp_path: Path) -> None:

@@ -364,7 +364,7 @@ class Store(Protocol):
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first."""
+        """BM25 over the user's messages (the user's own statistics), best first."""
 
     async def search_entities(self, scope: Scope, terms: Sequence[str], *, limit: int = 20) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first."""

@@ -223,7 +223,7 @@ class PostgresReads:
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first.
+        """BM25 over the user's messages (the user's own statistics), best first.
 
         As sqlite_search.py: a message is found by its own words (the words before it only
         add to its score); a whole-history search holding a common term finds only messages

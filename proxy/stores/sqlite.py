@@ -36,10 +36,11 @@ from proxy.stores.sqlite_checkpoint import (
     WAL_TRUNCATE_BYTES,
     Checkpointer,
 )
-from proxy.stores.sqlite_entity_index import EntityIndexes, EntityTermCounts
+from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_facts import USER_TYPE
-from proxy.stores.sqlite_message_index import MessageIndexes, MessageTermCounts
+from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
+from proxy.stores.sqlite_reasoning_index import ReasoningIndexes
 from proxy.stores.sqlite_rows import (
     agent_clause,
     entity_from_row,
@@ -58,14 +59,15 @@ from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import (
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
+    MESSAGES,
     REASONING,
-    ReasoningTermCounts,
+    SMALL_INDEX_ROWS,
     indexed_rows,
-    prepare_reader,
 )
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
+from proxy.stores.sqlite_user_stats import UserCounts
 from proxy.stores.sqlite_vectors import SQLiteVectors
 
 T = TypeVar("T")
@@ -136,11 +138,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
-        self._message_counts = MessageTermCounts()
-        self._entity_counts = EntityTermCounts()
+        # The user's own BM25 statistics, where no postings answer.
+        self._message_counts = UserCounts(MESSAGES, SMALL_INDEX_ROWS)
+        self._reasoning_counts = UserCounts(REASONING, SMALL_INDEX_ROWS)
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
-        self._reasoning_term_counts = ReasoningTermCounts()
+        self._reasoning_indexes = ReasoningIndexes(path, self._pragmas, search_cache_mb << 20, REASONING.weights)
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
@@ -153,6 +156,11 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """The in-memory postings that answer entity searches (sqlite_entity_index.py)."""
         return self._entity_indexes
 
+    @property
+    def reasoning_indexes(self) -> ReasoningIndexes:
+        """The in-memory postings that answer reasoning searches (sqlite_reasoning_index.py)."""
+        return self._reasoning_indexes
+
     # --- lifecycle
 
     async def open(self) -> None:
@@ -162,7 +170,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._write_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memproxy-sqlite-writer")
         try:
             self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
-            self._readers = ReadPool(self._path, self._pragmas, READERS, prepare_reader)
+            self._readers = ReadPool(self._path, self._pragmas, READERS)
             await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
             self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
                                               self._wal_truncate_bytes)
@@ -198,7 +206,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                 await readers.close()
             except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
-            for indexes in (self._message_indexes, self._entity_indexes):
+            for indexes in (self._message_indexes, self._entity_indexes, self._reasoning_indexes):
                 await asyncio.get_running_loop().run_in_executor(None, indexes.close)
         if thread is not None:
             if writer is not None:
@@ -427,7 +435,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                     break
                 after = [rows[-1][k] for k in key]
 
-    # --- retrieval: BM25 from FTS5 over the whole corpus; score = -bm25, higher is better
+    # --- retrieval: BM25 over the user's own rows (FTS5 finds them); higher is better
 
     async def search_messages(
         self,
@@ -438,7 +446,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         exclude_conversation_id: str | None = None,
         limit: int = 20,
     ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (whole-corpus statistics), best first (sqlite_search.py)."""
+        """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
             conn, self._message_counts, self._message_indexes, scope, terms,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
@@ -448,7 +456,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_entity_index(
-            conn, self._entity_counts, self._entity_indexes, scope, terms, limit=limit))
+            conn, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -461,6 +469,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             if indexed_rows(conn, REASONING) == 0:
                 self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
                 return []
-            return search_reasoning_index(conn, self._reasoning_term_counts, scope, terms, limit=limit)
+            return search_reasoning_index(conn, self._reasoning_counts, self._reasoning_indexes, scope, terms,
+                                          limit=limit)
 
         return await self._read(search)

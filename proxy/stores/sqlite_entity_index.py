@@ -12,27 +12,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 from proxy.stores.sqlite_postings import (
     CATCH_UP_MAX,
     SCAN_MAX,
-    Totals,
     UserPostings,
-    fts_tokens,
     paced,
     read_transaction,
     rows_by_seq,
-    rows_saying,
-    totals,
 )
 from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
-from proxy.stores.sqlite_term_counts import LoggedTermCounts, LogPosition
 
-# fts5vocab table of entities_fts (rows saying a term in any column), made on each read
-# connection (sqlite_search.prepare_reader).
-VOCAB = "temp.entities_vocab"
 # A user's postings with more than this share of rows superseded are built again.
 DEAD_SHARE_MAX = 0.5
 # rowid, user, agent, name, type and description terms, FTS5 docsize.
@@ -40,26 +31,19 @@ _COLUMNS = "e.seq, e.user_id, e.agent_id, e.name_terms, e.type_terms, e.descript
 
 
 @dataclass(frozen=True)
-class EntitySnapshot(Totals):
-    """What a read transaction sees of the entities: FTS5's totals, the change log's newest and
-    oldest rows, and where it sees the text change log (schema v7)."""
+class EntitySnapshot:
+    """What a read transaction sees of the entity change log: its newest and oldest rows."""
 
     changed_to: int
     oldest_change: int
-    texts: LogPosition
 
 
 def entity_snapshot(conn: sqlite3.Connection) -> EntitySnapshot:
-    """One statement: the change logs' bounds and FTS5's averages record."""
-    changed_to, oldest, texts_to, oldest_text, averages = conn.execute(
-        "SELECT (SELECT ifnull(max(seq), 0) FROM entity_changes), (SELECT ifnull(min(seq), 0) FROM entity_changes),"
-        " (SELECT ifnull(max(seq), 0) FROM sqlite_sequence WHERE name = 'entity_text_changes'),"
-        " (SELECT min(seq) FROM entity_text_changes),"
-        " (SELECT block FROM entities_fts_data WHERE id = 1)").fetchone()
-    # The text log's newest row is AUTOINCREMENT's: a log emptied by a user's deletion still
-    # says how far it went, and that nothing of it is left to read.
-    texts = LogPosition(texts_to, texts_to + 1 if oldest_text is None else oldest_text)
-    return EntitySnapshot(*totals(averages), changed_to=changed_to, oldest_change=oldest, texts=texts)
+    """One statement: the change log's bounds."""
+    changed_to, oldest = conn.execute(
+        "SELECT (SELECT ifnull(max(seq), 0) FROM entity_changes), (SELECT ifnull(min(seq), 0) FROM entity_changes)"
+    ).fetchone()
+    return EntitySnapshot(changed_to, oldest)
 
 
 class EntityIndexes(PostingsCache):
@@ -112,24 +96,3 @@ class EntityIndexes(PostingsCache):
             return CatchUp.REBUILD
         postings.caught_up_to = seen.changed_to
         return CatchUp.READY
-
-
-class EntityTermCounts(LoggedTermCounts):
-    """How many entities of the whole index say each term (in any column: bm25()'s IDF and a
-    search's candidate plan alike), kept exact by the text change log of schema v7."""
-
-    def lookup(self, conn: sqlite3.Connection, terms: Sequence[str], seen: EntitySnapshot) -> dict[str, int]:
-        """Rows saying each term, in `seen`."""
-        return {term: counts[0] for term, counts in self.exact(conn, terms, seen.texts).items()}
-
-    def _read(self, conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
-        return {term: [count] for term, count in rows_saying(conn, VOCAB, terms).items()}
-
-    def _add_changes(self, conn: sqlite3.Connection, counts: MutableMapping[str, tuple[int, ...]], after: int,
-                     upto: int) -> None:
-        for removed, added in conn.execute("SELECT removed, added FROM entity_text_changes WHERE seq > ? AND seq <= ?",
-                                           (after, upto)):
-            for text, step in ((removed, -1), (added, 1)):
-                for token in set(fts_tokens(text or "")):
-                    if (count := counts.get(token)) is not None:
-                        counts[token] = (count[0] + step,)

@@ -9,27 +9,18 @@ process) counts those, and postings built before the count moved are rebuilt.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 from proxy.stores.sqlite_postings import (
     CATCH_UP_MAX,
     SCAN_MAX,
-    Totals,
     UserPostings,
-    fts_tokens,
     paced,
     read_transaction,
     rows_by_seq,
-    rows_saying,
-    totals,
 )
 from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
-from proxy.stores.sqlite_term_counts import LoggedTermCounts, LogPosition
 
-# fts5vocab tables of messages_fts, made on each read connection (sqlite_search.prepare_reader).
-VOCAB_COLUMNS = "temp.messages_vocab"  # rows saying a term, per column
-VOCAB_ROWS = "temp.messages_vocab_rows"  # rows saying a term in any column
 OWN_COLUMN = "terms"  # a message's own words, which find it; `context` holds the words said before it
 # rowid, conversation, agent, own words, context, FTS5 docsize.
 _COLUMNS = "m.seq, m.conversation_id, m.agent_id, m.terms, m.context, d.sz"
@@ -39,19 +30,18 @@ _ROWS_OF = (f"SELECT {_COLUMNS} FROM json_each(?) j CROSS JOIN messages m ON m.s
 
 
 @dataclass(frozen=True)
-class Snapshot(Totals):
-    """What a read transaction sees of the messages: FTS5's totals, the newest rowid, `search_epoch`."""
+class Snapshot:
+    """What a read transaction sees of the messages: the newest rowid, `search_epoch`."""
 
     visible_seq: int
     epoch: int
 
 
 def snapshot(conn: sqlite3.Connection) -> Snapshot:
-    """One statement: the newest rowid, `search_epoch`, and FTS5's averages record."""
-    visible, epoch, averages = conn.execute(
-        "SELECT (SELECT ifnull(max(seq), 0) FROM messages), (SELECT epoch FROM search_epoch WHERE id = 1),"
-        " (SELECT block FROM messages_fts_data WHERE id = 1)").fetchone()
-    return Snapshot(*totals(averages), visible_seq=visible, epoch=epoch or 0)
+    """One statement: the newest rowid and `search_epoch`."""
+    visible, epoch = conn.execute(
+        "SELECT (SELECT ifnull(max(seq), 0) FROM messages), (SELECT epoch FROM search_epoch WHERE id = 1)").fetchone()
+    return Snapshot(visible, epoch or 0)
 
 
 class MessageIndexes(PostingsCache):
@@ -92,32 +82,3 @@ class MessageIndexes(PostingsCache):
             postings.add(seq, conversation, agent, (terms, context), docsize)
         postings.caught_up_to = seen.visible_seq
         return CatchUp.READY
-
-
-class MessageTermCounts(LoggedTermCounts):
-    """How many rows of the whole message index say each term: in their own words (the
-    finding column, which sets a whole-history search's candidate budget) and in any column
-    (bm25()'s IDF). Messages are only appended, so the rows committed since the last lookup
-    (any user's, a few a turn) are the log; `search_epoch` moving (a row deleted or
-    re-indexed) drops every count.
-    """
-
-    def lookup(self, conn: sqlite3.Connection, terms: Sequence[str], seen: Snapshot
-               ) -> tuple[dict[str, int], dict[str, int]]:
-        """(rows saying each term in their own words, rows saying it anywhere), in `seen`."""
-        found = self.exact(conn, terms, LogPosition(seen.visible_seq, generation=seen.epoch))
-        return {t: c[0] for t, c in found.items()}, {t: c[1] for t, c in found.items()}
-
-    def _read(self, conn: sqlite3.Connection, terms: Sequence[str]) -> dict[str, list[int]]:
-        own = rows_saying(conn, VOCAB_COLUMNS, terms, OWN_COLUMN)
-        anywhere = rows_saying(conn, VOCAB_ROWS, terms)
-        return {term: [own[term], anywhere[term]] for term in terms}
-
-    def _add_changes(self, conn: sqlite3.Connection, counts: MutableMapping[str, tuple[int, ...]], after: int,
-                     upto: int) -> None:
-        for terms, context in conn.execute("SELECT terms, context FROM messages WHERE seq > ? AND seq <= ?",
-                                           (after, upto)):
-            own = set(fts_tokens(terms))
-            for token in own | set(fts_tokens(context)):
-                if (count := counts.get(token)) is not None:
-                    counts[token] = (count[0] + (token in own), count[1] + 1)

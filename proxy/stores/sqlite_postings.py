@@ -99,6 +99,22 @@ def fts_tokens(text: str) -> list[str]:
     return _TOKEN.findall(folded)
 
 
+def term_frequencies(columns: Sequence[str], weights: Sequence[float], finding_column: int | None = None
+                     ) -> tuple[dict[str, float], set[str]]:
+    """A row's weighted frequency of each term (its instances' column weights added one by one,
+    column by column, as fts5_aux.c adds them), and the terms its finding column says (all of
+    them when it has none)."""
+    freqs: dict[str, float] = {}
+    finds: set[str] = set()
+    for column, (text, weight) in enumerate(zip(columns, weights, strict=True)):
+        tokens = fts_tokens(text)
+        for token in tokens:
+            freqs[token] = freqs.get(token, 0.0) + weight
+        if finding_column is None or column == finding_column:
+            finds.update(tokens)
+    return freqs, finds
+
+
 def paced(items: Iterable[T], clock: Callable[[], float] = time.perf_counter,
           rest: Callable[[float], None] = time.sleep) -> Iterator[T]:
     """`items`, the caller resting REST_S after every BURST_S it spends on them (off the request
@@ -156,20 +172,9 @@ def totals(averages: bytes | None) -> tuple[int, int]:
     return counts[0], sum(counts[1:])
 
 
-def rows_saying(conn: sqlite3.Connection, vocab: str, terms: Sequence[str], column: str | None = None
-                ) -> dict[str, int]:
-    """How many rows say each term (0 for none), from an fts5vocab table: of kind `col` in that
-    `column`, else of kind `row`. FTS5 counts a term by walking its doclist, as long as the term is common."""
-    where, params = (" col = ? AND", [column]) if column else ("", [])
-    counts = dict.fromkeys(terms, 0)
-    counts.update(conn.execute(f"SELECT term, doc FROM {vocab} WHERE{where} term IN (SELECT value FROM json_each(?))",
-                               [*params, json.dumps(list(terms))]))
-    return counts
-
-
 @dataclass(frozen=True)
 class Statistics:
-    """What bm25() reads of the whole index for one query: its rows, mean row length, rows per term."""
+    """What BM25 reads of one user's rows for one query: their count, mean length, rows saying each term."""
 
     rows: int
     tokens: int
@@ -185,16 +190,21 @@ class Statistics:
         return idf if idf > 0.0 else MIN_IDF
 
 
-@dataclass(frozen=True)
-class Totals:
-    """FTS5's averages record as a search's read transaction sees it: rows, and tokens in every column."""
-
-    rows: int
-    tokens: int
-
-    def statistics(self, saying: dict[str, int]) -> Statistics:
-        """bm25()'s figures for a query whose terms `saying` rows say."""
-        return Statistics(self.rows, self.tokens, saying)
+def scores(stats: Statistics, terms: Sequence[str], rows: Iterable[tuple[int, dict[str, float], float]]
+           ) -> list[tuple[int, float]]:
+    """(rowid, score) of each row given as (rowid, its `term_frequencies`, its tokens): bm25()
+    over `terms` with `stats`, each operation as `UserPostings.search` does it in numpy, so
+    either way a row scores the same to the bit."""
+    idfs = [(term, stats.idf(term)) for term in terms]
+    out = []
+    for seq, freqs, tokens in rows:
+        length_part = K1 * ((1 - B) + B * tokens / stats.mean_tokens)
+        score = 0.0
+        for term, idf in idfs:
+            if freq := freqs.get(term, 0.0):
+                score += idf * ((freq * (K1 + 1.0)) / (freq + length_part))
+        out.append((seq, score))
+    return out
 
 
 @dataclass(frozen=True)
@@ -318,6 +328,7 @@ class UserPostings:
         self._last_seq = 0
         self._dead = 0
         self._posting_count = 0
+        self._live_tokens = 0  # FTS5 tokens of the live rows: the user's total for bm25's mean length
         self._hits: OrderedDict[int, object] = OrderedDict()
 
     @property
@@ -346,33 +357,27 @@ class UserPostings:
 
     def add(self, seq: int, conversation_id: str | None, agent_id: str | None, columns: Sequence[str],
             docsize: bytes) -> None:
-        """The row's current version: bm25()'s frequency of each term is its instances' column
-        weights added one by one, column by column, as fts5_aux.c adds them."""
+        """The row's current version (`term_frequencies`)."""
         self.remove(seq)
         if seq < self._last_seq:
             self.ordered = False
         self._last_seq = seq
         position = self._count
-        freqs: dict[str, float] = {}
-        finds: set[str] = set()
-        for column, (text, weight) in enumerate(zip(columns, self._weights, strict=True)):
-            tokens = fts_tokens(text)
-            for token in tokens:
-                freqs[token] = freqs.get(token, 0.0) + weight
-            if column == self._finding_column:
-                finds.update(tokens)
+        freqs, finds = term_frequencies(columns, self._weights, self._finding_column)
         for token, freq in freqs.items():
-            self._postings.append(token, position, freq, self._finding_column is None or token in finds)
+            self._postings.append(token, position, freq, token in finds)
         self._seqs.append(seq)
         conversation = self._conversation_codes.setdefault(conversation_id, len(self._conversation_codes))
         self._conversations.append(conversation)
         self._by_conversation.append(conversation, position)
         self._agents.append(self._agent_codes.setdefault(agent_id, len(self._agent_codes)))
-        self._tokens.append(float(sum(varints(docsize))))
+        tokens = sum(varints(docsize))
+        self._tokens.append(float(tokens))
         self._alive.append(True)
         self._position[seq] = position
         self._count += 1
         self._posting_count += len(freqs)
+        self._live_tokens += tokens
 
     def remove(self, seq: int) -> None:
         """Forget the row (deleted, or about to be added again as it now reads)."""
@@ -381,6 +386,36 @@ class UserPostings:
         if position is not None:
             self._alive.array()[position] = False
             self._dead += 1
+            self._live_tokens -= int(self._tokens.array()[position])
+
+    def statistics(self, terms: Sequence[str], visible_seq: int | None = None) -> tuple[Statistics, dict[str, int]]:
+        """The user's own BM25 figures for `terms` (rows, tokens, rows saying each term in any
+        column), and the rows saying each in the finding column: of the live rows committed by
+        `visible_seq` (all when None)."""
+        end = self._count
+        if visible_seq is not None and visible_seq < self._last_seq:
+            end = int(np.searchsorted(self._seqs.array(), visible_seq, side="right")) if self.ordered else -1
+        if end == self._count and not self._dead:
+            rows, tokens, visible = self._count, self._live_tokens, None
+        else:
+            visible = self._alive.array().copy()
+            if end != self._count:
+                visible &= (self._seqs.array() <= visible_seq) if end < 0 else (np.arange(self._count) < end)
+            rows, tokens = int(np.count_nonzero(visible)), int(self._tokens.array()[visible].sum())
+        saying: dict[str, int] = {}
+        finding: dict[str, int] = {}
+        for term in terms:
+            postings = self._postings.get(term)
+            if postings is None:
+                saying[term] = finding[term] = 0
+                continue
+            docs, _, finds = postings
+            if visible is not None:
+                live = visible[docs]
+                saying[term], finding[term] = int(np.count_nonzero(live)), int(np.count_nonzero(finds & live))
+            else:
+                saying[term], finding[term] = len(docs), int(np.count_nonzero(finds))
+        return Statistics(rows, tokens, saying), finding
 
     def join(self) -> None:
         """Join every array's appends (built postings: their lists would hold them twice over);
