@@ -289,7 +289,8 @@ def test_the_same_words_in_two_conversations_are_one_memory(tmp_path: Path) -> N
 # --- cross-session ------------------------------------------------------------------------
 
 
-def test_cross_session_takes_at_most_three_per_conversation(tmp_path: Path) -> None:
+def test_cross_session_takes_every_relevant_message_of_one_conversation(tmp_path: Path) -> None:
+    # No cap per conversation: an answer often sits in a few neighbouring turns of one chat.
     async def body() -> None:
         async with world(tmp_path) as w:
             for n in range(5):
@@ -299,9 +300,9 @@ def test_cross_session_takes_at_most_three_per_conversation(tmp_path: Path) -> N
             result = await w.recall("the budget spreadsheet", conv="new", limit=12)
             hits = result.log["hits"]
             assert all(hit["source"] == "cross-session" for hit in hits)
-            assert len(hits) == 5
+            assert len(hits) == 7
             by_conversation = [line.rsplit(" ", 2)[-2] for line in lines(result.block)]
-            assert by_conversation.count("row") == 3 and by_conversation.count("note") == 2
+            assert by_conversation.count("row") == 5 and by_conversation.count("note") == 2
 
     run(body())
 
