@@ -50,7 +50,7 @@ def test_a_new_job_replaces_the_old_edge_which_export_keeps(make_proxy, fake):
         "2. [graph] (User)-[WORKS_AT]->(Northwind Traders)",
     ]
     said = said_on(proxy, "I work at Northwind Traders.")
-    assert f"[cross-session] user ({said}): I work at Northwind Traders." in hits(sent)
+    assert f"[cross-session] user ({said}): I work at Northwind Traders. | assistant: Hello from upstream" in hits(sent)
     assert lines[-1] == GRAPH_NOTE and graph_lines(sent) == ["(User)-[WORKS_AT]->(Northwind Traders)"]
 
     say(proxy, fake, "I now work at Contoso Pharma.", "c3")

@@ -307,6 +307,33 @@ def test_cross_session_takes_every_relevant_message_of_one_conversation(tmp_path
     run(body())
 
 
+def test_a_message_hit_carries_its_exchange_within_the_budget(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("which hiking trail should I try this weekend?", conv="c0", at=T0)
+            await w.say("Try the Eagle Ridge loop: the views are the best around.", conv="c0", role="assistant",
+                        at=T0 + timedelta(seconds=1))
+            result = await w.recall("hiking trail", conv="c1")
+            assert lines(result.block) == [
+                "1. [cross-session] user (2026-11-02): which hiking trail should I try this weekend? | assistant:"
+                " Try the Eagle Ridge loop: the views are the best around."]
+            answer = w.sql("SELECT id FROM messages WHERE role = 'assistant'")[0][0]
+            assert result.log["hits"][0]["exchange"] == [answer]
+            assert result.log["hits"][0]["tokens"] == 39  # the whole line, exchange included
+            # The answer does not fit a budget that holds the question alone: the line is the question's.
+            tight = await w.recall("hiking trail", conv="c1", max_tokens=60)
+            assert lines(tight.block) == ["1. [cross-session] user (2026-11-02): which hiking trail should I try"
+                                          " this weekend?"]
+            assert "exchange" not in tight.log["hits"][0]
+            # An answer the request already shows is not carried again.
+            shown = await w.recall("hiking trail", conv="c1",
+                                   visible=["Try the Eagle Ridge loop: the views are the best around."])
+            assert lines(shown.block) == ["1. [cross-session] user (2026-11-02): which hiking trail should I try"
+                                          " this weekend?"]
+
+    run(body())
+
+
 @pytest.mark.parametrize("limit", [None, 5])
 def test_cross_session_ties_go_to_the_most_recent_conversation(tmp_path: Path, limit: int | None) -> None:
     async def body() -> None:
@@ -509,7 +536,10 @@ def test_keyword_retry_fires_only_when_the_full_query_finds_nothing(tmp_path: Pa
                 direct = await w.recall("Peruvian restaurant", store=store, cross_session_limit=0,
                                         graph_expansion_limit=0)
                 assert {h["reason"] for h in direct.log["hits"]} == {"rank"}
-                assert "closes at nine" not in direct.block
+                # Only what it found is a hit; the next turn rides along as its exchange.
+                assert [line for line in lines(direct.block) if "[conversation]" in line] == [
+                    "2. [conversation] user (2026-11-02): Lunch at the Peruvian restaurant was great"
+                    " | user: the restaurant near the office closes at nine"]
                 assert store.searches.count(("messages", ("peruvian", "restaur"))) == 1
                 assert ("messages", ("peruvian",)) not in store.searches
             finally:
@@ -710,8 +740,9 @@ def test_relevance_floor_drops_weak_matches(tmp_path: Path) -> None:
             loose = await w.recall("weather antenna cable", conv="c1", limit=12)
             strict = await w.recall("weather antenna cable", conv="c1", limit=12, relevance_floor=1.0)
             assert len(loose.log["hits"]) > 1
-            assert lines(strict.block) == ["1. [cross-session] user (2026-11-02): the weather station antenna needs a"
-                                           " new cable"]
+            # One hit, carrying the turn said just before it.
+            assert lines(strict.block) == ["1. [cross-session] user (2026-11-02): note 29 about the weather | user:"
+                                           " the weather station antenna needs a new cable"]
 
     run(body())
 
