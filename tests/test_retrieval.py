@@ -307,6 +307,25 @@ def test_cross_session_takes_every_relevant_message_of_one_conversation(tmp_path
     run(body())
 
 
+def test_a_non_answer_and_a_bare_question_only_fill_what_a_fact_leaves(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("what's my daughter's name?", conv="asked", at=day(-2))
+            await w.say("I'm sorry, I don't know your daughter's name. You haven't told me.", conv="asked",
+                        role="assistant", at=day(-2) + timedelta(seconds=1))
+            await w.say("By the way, my daughter is Lena and she is seven.", conv="told", at=day(-1))
+            result = await w.recall("what is my daughter's name?", conv="now", limit=1)
+            assert lines(result.block) == [
+                "1. [cross-session] user (2026-11-01): By the way, my daughter is Lena and she is seven."]
+            # With room to spare the question fills a slot after the fact, carrying no non-answer.
+            both = await w.recall("what is my daughter's name?", conv="now", limit=6)
+            assert lines(both.block) == [
+                "1. [cross-session] user (2026-11-01): By the way, my daughter is Lena and she is seven.",
+                "2. [cross-session] user (2026-10-31): what's my daughter's name?"]
+
+    run(body())
+
+
 def test_a_message_hit_carries_its_exchange_within_the_budget(tmp_path: Path) -> None:
     async def body() -> None:
         async with world(tmp_path) as w:

@@ -4,9 +4,9 @@ An answer often sits one turn from the words that found it: "did you go?" finds 
 question, "yes, last Tuesday" answers it. So once the block's hits are chosen and fit the
 budget, each message hit (best first) takes its neighbours in its conversation, whole,
 while the block stays within `memory.max_tokens` and the line within its share of it. A
-neighbour is never one the block already holds, nor one the request already shows. The
-line reads in the order the turns were said: `user (2026-11-02): question | assistant:
-answer`.
+neighbour is never one the block already holds, nor one the request already shows, nor an
+assistant's non-answer. The line reads in the order the turns were said: `user
+(2026-11-02): question | assistant: answer`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from proxy.memory.block import DATE_END, message_line, neutralise, render
 from proxy.memory.fusion import PER_HIT_SHARE
+from proxy.memory.sources.no_memory import non_answer
 from proxy.models import Hit, StoredMessage
 
 MESSAGE_SOURCES = frozenset({"conversation", "cross-session"})
@@ -44,6 +45,7 @@ def carry(hits: Sequence[Hit], neighbours: Neighbours, max_tokens: int, header: 
         line, ids = hit.content, []
         for side, message in (("before", before), ("after", after)):
             if (message is None or message.id in held or _words(message.content) in said
+                    or (message.role == "assistant" and non_answer(message.content))
                     or shown(message.content) or DATE_END not in line):
                 continue
             longer = _joined(line, message, side)

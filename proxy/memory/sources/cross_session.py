@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import SourceQuery, lexical, to_hits
-from proxy.memory.sources.conversation import candidate_limit, message_hit, message_id, message_text
+from proxy.memory.sources.conversation import (
+    candidate_limit, message_hit, message_id, message_text, says_something,
+)
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
 
@@ -42,7 +44,7 @@ async def search(store: Store, q: SourceQuery, conversations: int | None) -> lis
         return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
 
     def unseen(m: StoredMessage) -> bool:
-        return not q.shows(m.content)
+        return not q.shows(m.content) and says_something(m)
 
     found = await with_vectors(
         q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=order,
