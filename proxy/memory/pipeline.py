@@ -18,6 +18,7 @@ from proxy.errors import MemoryUnavailable
 from proxy.exchange import Recall
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
+from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
@@ -36,6 +37,9 @@ from proxy.wire.sse import AssistantMessage
 log = logging.getLogger("memproxy.memory")
 
 STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's result
+# The longest a request waits for its user's pending rules facts, as a share of
+# memory.retrieval_timeout_ms: the retrieval after it still has the rest.
+FACTS_WAIT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""
 
     def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
-                 metrics: Metrics, scopes: ScopeResolver) -> None:
+                 metrics: Metrics, scopes: ScopeResolver, pending: PendingFacts | None = None) -> None:
         self.settings = settings
         self.memory: MemorySettings = settings.memory
         self.store = store
@@ -79,6 +83,9 @@ class MemoryService:
         self.retriever = retriever
         self.metrics = metrics
         self.scopes = scopes
+        # Rules facts are stored within milliseconds: a user's next request waits for them.
+        rules = settings.extraction.mode == "rules" and "user" in settings.extraction.from_roles
+        self.pending = pending if rules else None
         self.breaker = CircuitBreaker(metrics)
 
     async def recall(self, resolved: RequestScope, request: ChatRequest | None) -> Recall:
@@ -100,6 +107,9 @@ class MemoryService:
             try:
                 async with asyncio.timeout(self.memory.retrieval_timeout_ms / 1000):
                     identity = await self._identify(scope, request, now)
+                    if self.pending is not None:
+                        await self.pending.settled(scope.user,
+                                                   self.memory.retrieval_timeout_ms / 1000 * FACTS_WAIT_SHARE)
                     retrieved = await self._block(scope, request, identity, resolved)
                 self.breaker.succeeded()
             except TimeoutError:
@@ -215,8 +225,10 @@ class TurnRecall(Recall):
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
             text = redact(user_text(self._request, self._service.memory.block_header))
-            self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                                   self._identity.history_hash, now, text, self._persist))
+            saved = self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
+                                           self._identity.history_hash, now, text, self._persist))
+            if saved is not None and self._service.pending is not None:
+                self._service.pending.saving(self._scope.user, saved)
         if not self._log.get("cache") and self.status == "ok":
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now))
 
