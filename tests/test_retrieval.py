@@ -443,8 +443,9 @@ def test_first_person_question_reaches_the_users_own_node(tmp_path: Path) -> Non
             w.edge(me, "WORKS_AT", acme)
             w.edge(me, "LIVES_IN", w.entity("Lisbon", "place"))
             result = await w.recall("where do I work?")
-            assert lines(result.block)[0] == "1. [graph] (Alice Chen)-[WORKS_AT]->(Acme)"
-            assert lines(result.block)[1] == "2. [graph] (Alice Chen)-[LIVES_IN]->(Lisbon)"
+            # Only the relationship asked about: where Alice lives answers nothing here.
+            assert lines(result.block) == ["1. [graph] (Alice Chen)-[WORKS_AT]->(Acme)", GRAPH_NOTE]
+            assert lines((await w.recall("where do I live?")).block)[0] == "1. [graph] (Alice Chen)-[LIVES_IN]->(Lisbon)"
             assert "[long-term]" not in result.block  # the node itself matched nothing
             # Not in the first person: the node is nobody's hit.
             assert (await w.recall("where does the team work?")).block == ""
