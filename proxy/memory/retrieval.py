@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from proxy.memory import exchange
 from proxy.memory.block import estimate_tokens, render
 from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin
+from proxy.memory.keywords import question_terms
 from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.memory.redact import redact
@@ -67,7 +68,7 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
     return SourceQuery(
         scope=scope,
         text=text,
-        terms=tuple(query_terms(text)[:MAX_QUERY_TERMS]),
+        terms=tuple(question_terms(text)[:MAX_QUERY_TERMS]),
         conversation_id=query.conversation_id,
         visible=query.visible,
         identifiers=tuple(unseen),
