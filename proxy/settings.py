@@ -78,8 +78,7 @@ class StoreSettings:
         "SQLite durability: normal survives process crashes; full also power loss.", "normal"
     )
     search_cache_mb: int = _help(
-        "SQLite: most memory active users' in-memory message postings take (MiB), and as much for entities "
-        "and for reasoning traces; "
+        "SQLite: most memory active users' in-memory message postings take (MiB), and as much for entities; "
         "0 = search FTS5 only.", 256
     )
 

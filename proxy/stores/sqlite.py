@@ -40,7 +40,6 @@ from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
-from proxy.stores.sqlite_reasoning_index import ReasoningIndexes
 from proxy.stores.sqlite_rows import (
     agent_clause,
     entity_from_row,
@@ -57,6 +56,7 @@ from proxy.stores.sqlite_rows import (
 )
 from proxy.stores.sqlite_schema import migrate
 from proxy.stores.sqlite_search import (
+    ENTITIES,
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
     MESSAGES,
@@ -140,10 +140,10 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._wal_truncate_bytes = wal_truncate_bytes
         # The user's own BM25 statistics, where no postings answer.
         self._message_counts = UserCounts(MESSAGES, SMALL_INDEX_ROWS)
+        self._entity_counts = UserCounts(ENTITIES, SMALL_INDEX_ROWS)
         self._reasoning_counts = UserCounts(REASONING, SMALL_INDEX_ROWS)
         self._message_indexes = MessageIndexes(path, self._pragmas, search_cache_mb << 20, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(path, self._pragmas, search_cache_mb << 20, ENTITY_WEIGHTS)
-        self._reasoning_indexes = ReasoningIndexes(path, self._pragmas, search_cache_mb << 20, REASONING.weights)
         self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
@@ -155,11 +155,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     def entity_indexes(self) -> EntityIndexes:
         """The in-memory postings that answer entity searches (sqlite_entity_index.py)."""
         return self._entity_indexes
-
-    @property
-    def reasoning_indexes(self) -> ReasoningIndexes:
-        """The in-memory postings that answer reasoning searches (sqlite_reasoning_index.py)."""
-        return self._reasoning_indexes
 
     # --- lifecycle
 
@@ -206,7 +201,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                 await readers.close()
             except sqlite3.Error:
                 pass  # closing a broken connection: nothing left to flush
-            for indexes in (self._message_indexes, self._entity_indexes, self._reasoning_indexes):
+            for indexes in (self._message_indexes, self._entity_indexes):
                 await asyncio.get_running_loop().run_in_executor(None, indexes.close)
         if thread is not None:
             if writer is not None:
@@ -456,7 +451,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     ) -> list[tuple[Entity, float]]:
         """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_entity_index(
-            conn, self._entity_indexes, scope, terms, limit=limit))
+            conn, self._entity_counts, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
@@ -469,7 +464,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             if indexed_rows(conn, REASONING) == 0:
                 self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
                 return []
-            return search_reasoning_index(conn, self._reasoning_counts, self._reasoning_indexes, scope, terms,
-                                          limit=limit)
+            return search_reasoning_index(conn, self._reasoning_counts, scope, terms, limit=limit)
 
         return await self._read(search)

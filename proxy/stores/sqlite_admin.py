@@ -47,7 +47,6 @@ from proxy.stores.reindex_terms import (
 from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_message_index import MessageIndexes
-from proxy.stores.sqlite_reasoning_index import ReasoningIndexes
 from proxy.stores.sqlite_rows import (
     CONTEXT_MESSAGES,
     agent_clause,
@@ -103,7 +102,6 @@ class SQLiteAdmin:
     _writer: sqlite3.Connection | None
     _message_indexes: MessageIndexes
     _entity_indexes: EntityIndexes
-    _reasoning_indexes: ReasoningIndexes
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:  # provided by SQLiteStore
         raise NotImplementedError
@@ -262,7 +260,6 @@ class SQLiteAdmin:
         counts = await self._on_writer(lambda conn: delete_user(conn, scope.user))
         self._message_indexes.forget(scope.user)
         self._entity_indexes.forget(scope.user)
-        self._reasoning_indexes.forget(scope.user)
         writer, thread = self._writer, self._write_thread
         if writer is not None and thread is not None:
             await asyncio.get_running_loop().run_in_executor(thread, checkpoint, writer)

@@ -7,7 +7,7 @@ word 400 times moved a user's score for it from 2e-06 to 5.9 (and the ranking wi
 FTS5 here only *finds* candidates, and Python scores them (sqlite_postings.scores), with
 exactly the arithmetic the in-memory postings use in numpy.
 
-Messages, entities and traces of a user who has searched before are searched in memory
+Messages and entities of a user who has searched before are searched in memory
 (sqlite_postings.py), their statistics counted from the same postings; FTS5 answers the
 rest, the statistics then counted in the search's read transaction (sqlite_user_stats.py).
 The same rows with the same scores either way (tests/test_postings.py and
@@ -52,14 +52,13 @@ from proxy.stores.sqlite_postings import (
     totals,
     varints,
 )
-from proxy.stores.sqlite_reasoning_index import ReasoningIndexes, reasoning_snapshot
 from proxy.stores.sqlite_rows import (
     agent_clause,
     entity_from_row,
     message_from_row,
     trace_from_row,
 )
-from proxy.stores.sqlite_user_stats import FtsIndex, UserCounts, user_statistics
+from proxy.stores.sqlite_user_stats import FtsIndex, UserCounts
 from proxy.stores.sqlite_user_stats import quoted as fts_quoted
 
 # A whole-history search scores the rows saying its rarest terms, as many terms as this
@@ -213,7 +212,8 @@ def search_messages(
 
 
 def search_entities(
-    conn: sqlite3.Connection, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *, limit: int,
+    conn: sqlite3.Connection, counts: UserCounts, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *,
+    limit: int,
 ) -> list[tuple[Entity, float]]:
     """BM25 over the user's entities (name, type, description) with the user's statistics, best
     first (run on a reader thread): from the user's postings when they are built
@@ -225,7 +225,11 @@ def search_entities(
         postings = (indexes.ready(conn, scope.user, entity_snapshot(conn)) if indexes.enabled and _plain(wanted)
                     else None)
         if postings is None:
-            stats, saying = user_statistics(conn, ENTITIES, scope.user, wanted, SMALL_INDEX_ROWS)
+            # Entities change in place, logged without their text: the counts are kept until
+            # any entity changes (the change log's AUTOINCREMENT never goes back).
+            changes = conn.execute("SELECT ifnull((SELECT seq FROM sqlite_sequence WHERE name = 'entity_changes'),"
+                                   " 0)").fetchone()[0]
+            stats, saying = counts.statistics(conn, scope.user, wanted, 0, changes)
             wanted = _said(wanted, stats)
             if not wanted:
                 return []
@@ -243,34 +247,25 @@ def search_entities(
 
 
 def search_reasoning(
-    conn: sqlite3.Connection, counts: UserCounts, indexes: ReasoningIndexes, scope: Scope, terms: Sequence[str],
-    *, limit: int,
+    conn: sqlite3.Connection, counts: UserCounts, scope: Scope, terms: Sequence[str], *, limit: int,
 ) -> list[tuple[ReasoningTrace, float]]:
     """BM25 over the user's reasoning traces (task, steps, answer) with the user's statistics,
     best first (run on a reader thread): of the scope's agent whenever it names one (traces
-    are per agent). From the user's postings when they are built (sqlite_reasoning_index.py),
-    else FTS5 finds and `scores` ranks; the same either way."""
+    are per agent). FTS5 finds, `scores` ranks: a user's traces are few, and a third postings
+    builder beside the messages' and entities' took the GIL from the first searches."""
     wanted = searchable(terms)
     if not wanted:
         return []
-    per_agent = scope.agent_isolated or scope.agent is not None
     with read_transaction(conn):
-        seen = reasoning_snapshot(conn)
-        postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
-        if postings is None:
-            stats, saying = counts.statistics(conn, scope.user, wanted, seen.visible_seq, seen.epoch)
-            wanted = _said(wanted, stats)
-            if not wanted:
-                return []
-            where, params = agent_clause(scope, REASONING.alias, per_agent=True)
-            plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
-            best = _search(conn, REASONING, scope, plan, stats, where, params, None, limit)
-        else:
-            with postings.lock:
-                stats, saying = postings.statistics(wanted, seen.visible_seq)
-                plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
-                best = postings.search(plan.terms, plan.finding, stats, Filter(agent_isolated=per_agent,
-                                       agent=scope.agent), plan.newest, limit, seen.visible_seq)
+        newest, epoch = conn.execute("SELECT (SELECT ifnull(max(seq), 0) FROM reasoning),"
+                                     " (SELECT epoch FROM reasoning_epoch WHERE id = 1)").fetchone()
+        stats, saying = counts.statistics(conn, scope.user, wanted, newest, epoch or 0)
+        wanted = _said(wanted, stats)
+        if not wanted:
+            return []
+        where, params = agent_clause(scope, REASONING.alias, per_agent=True)
+        plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
+        best = _search(conn, REASONING, scope, plan, stats, where, params, None, limit)
         return [(trace_from_row(row), score) for row, score in _read_back(conn, REASONING, scope, best)]
 
 

@@ -119,7 +119,11 @@ class _Counted:
 
 
 class UserCounts:
-    """Each recently searched user's statistics of an append-only index, kept exact (thread-safe)."""
+    """Each recently searched user's statistics of an append-only index, kept exact (thread-safe).
+
+    A table changed in place with no log of what (entities) passes the count of its changes
+    as the epoch and 0 as the newest rowid: any change has the user counted again.
+    """
 
     def __init__(self, index: FtsIndex, planned_from: int) -> None:
         self._index = index
