@@ -42,7 +42,7 @@ def carry(hits: Sequence[Hit], neighbours: Neighbours, max_tokens: int, header: 
     carried: list[Hit] = []
     for hit in hits:
         before, after = neighbours.get(hit.id, (None, None)) if hit.source in MESSAGE_SOURCES else (None, None)
-        line, ids = hit.content, []
+        line, ids = hit.content, list[str]()
         for side, message in (("before", before), ("after", after)):
             if (message is None or message.id in held or _words(message.content) in said
                     or (message.role == "assistant" and non_answer(message.content))

@@ -179,7 +179,8 @@ class SQLiteAdmin:
         marks = ", ".join("?" * len(message_ids))
         # Each side is one step of the (user, conversation, created_at) index, seq breaking ties.
         side = ("SELECT p.seq FROM messages p WHERE p.user_id = h.user_id AND p.conversation_id = h.conversation_id"
-                "{agent} AND (p.created_at {op} h.created_at OR (p.created_at = h.created_at AND p.seq {op} h.seq))"
+                "{agent} AND p.created_at {op}= h.created_at"
+                " AND (p.created_at {op} h.created_at OR p.seq {op} h.seq)"
                 " ORDER BY p.created_at {order}, p.seq {order} LIMIT 1")
         rows = await self._rows(
             f"WITH h AS (SELECT m.* FROM messages m WHERE m.user_id = ? AND m.id IN ({marks}){agent})"
