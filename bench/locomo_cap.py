@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from proxy.evaluation import locomo, runner
 from proxy.evaluation.locomo import session_of
 from proxy.evaluation.scoring import Summary
-from proxy.memory.fusion import PER_GROUP
 from proxy.settings import Settings
 from proxy.stores.sqlite import SQLiteStore
 from proxy.terms import query_terms
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 DEPTH = 200
+PER_GROUP = 3  # the per-conversation cap cross-session hits had before it was removed
 
 Ranked = list[str]  # dia_ids, best first
 Select = Callable[[Ranked], Sequence[str]]

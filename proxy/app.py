@@ -22,6 +22,7 @@ from proxy.embedding_calls import embeddings_caller
 from proxy.errors import NotFound
 from proxy.memory.embedding_worker import EmbeddingWorker, Filler
 from proxy.memory.extraction_worker import ExtractionWorker
+from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
@@ -68,12 +69,15 @@ class Parts:
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
         self.vectors, self.embedding = self._embeddings(settings)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
-        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics)
+        self.pending_facts = PendingFacts()
+        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics,
+                                    self.pending_facts)
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
                                            extractor=extractor_for(settings, self.upstream,
-                                                                   self.metrics.extraction_fallbacks.inc))
+                                                                   self.metrics.extraction_fallbacks.inc),
+                                           pending=self.pending_facts)
         self.store_open = False
         self._opening: asyncio.Task[None] | None = None  # retrying a store that did not open at start-up
 

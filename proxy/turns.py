@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from proxy.ids import derived_id, new_id
 from proxy.models import Scope, Transcript, Turn
 from proxy.stores.base import Store, text_hash
-from proxy.wires.long_json import list_pieces
+from proxy.long_json import list_pieces
 
 # Past this many chars of history text a request's history is hashed in a thread, so the
 # event loop serves other streams meanwhile.

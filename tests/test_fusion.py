@@ -8,7 +8,7 @@ import random
 import pytest
 
 from proxy.memory.block import DEFAULT_HEADER, GRAPH_NOTE, estimate_tokens, render
-from proxy.memory.fusion import HARD_CAP, apply_budget, cap_per_group, round_robin, rrf, snippet
+from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin, rrf, snippet
 from proxy.models import Hit
 from proxy.terms import query_terms
 
@@ -108,13 +108,6 @@ def test_round_robin_skips_memories_that_are_empty_once_neutralised() -> None:
     blank = hit("long-term", "blank", "\u200b\n")
     real = hit("long-term", "real", "real")
     assert round_robin({"long-term": [blank, real]}, limit=6) == [real]
-
-
-def test_cap_per_group() -> None:
-    hits = [hit("cross-session", str(n), conversation_id="c1" if n % 4 else "c2") for n in range(8)]
-    kept = cap_per_group(hits, key=lambda h: h.conversation_id)
-    assert [h.id for h in kept] == ["0", "1", "2", "3", "4"]
-    assert [h.id for h in cap_per_group(hits, key=lambda h: h.conversation_id, max_per_group=1)] == ["0", "1"]
 
 
 # --- budget ----------------------------------------------------------------------------------

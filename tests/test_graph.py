@@ -50,7 +50,7 @@ def test_a_new_job_replaces_the_old_edge_which_export_keeps(make_proxy, fake):
         "2. [graph] (User)-[WORKS_AT]->(Northwind Traders)",
     ]
     said = said_on(proxy, "I work at Northwind Traders.")
-    assert f"[cross-session] user ({said}): I work at Northwind Traders." in hits(sent)
+    assert f"[cross-session] user ({said}): I work at Northwind Traders. | assistant: Hello from upstream" in hits(sent)
     assert lines[-1] == GRAPH_NOTE and graph_lines(sent) == ["(User)-[WORKS_AT]->(Northwind Traders)"]
 
     say(proxy, fake, "I now work at Contoso Pharma.", "c3")
@@ -78,8 +78,8 @@ def test_the_stated_name_renames_the_users_node_and_keeps_its_edges(make_proxy, 
     assert graph_lines(say(proxy, fake, QUESTION, "c3")) == ["(Dana Reyes)-[WORKS_AT]->(Northwind Traders)"]
     say(proxy, fake, "I live in Lisbon.", "c4")
     extracted(proxy)
-    assert graph_lines(say(proxy, fake, "Where do I live?", "c5")) == [
-        "(Dana Reyes)-[LIVES_IN]->(Lisbon)", "(Dana Reyes)-[WORKS_AT]->(Northwind Traders)"]
+    # Only the relationship the question asks about: where Dana works is no answer to it.
+    assert graph_lines(say(proxy, fake, "Where do I live?", "c5")) == ["(Dana Reyes)-[LIVES_IN]->(Lisbon)"]
     nodes = [(r["name"], r["type"]) for r in export(proxy) if r["kind"] == "entity" and r["type"] == "user"]
     assert nodes == [("Dana Reyes", "user")]
 

@@ -1,10 +1,10 @@
-"""The keyword retry."""
+"""The keyword retry, and the terms a question is searched by."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.memory.keywords import rank_by_shared_words, retry_terms, variants
+from proxy.memory.keywords import question_terms, rank_by_shared_words, retry_terms, variants
 
 
 @pytest.mark.parametrize(
@@ -50,3 +50,14 @@ def test_rank_by_shared_words_is_stable_and_dedupes() -> None:
     ]
     assert rank_by_shared_words(candidates, "Where does Alice's sister work these days?") == ["m2", "m4", "m3", "m1"]
     assert rank_by_shared_words([], "anything") == []
+
+
+def test_question_terms_leave_out_the_words_that_only_shape_the_question() -> None:
+    assert question_terms("Would Caroline likely pursue writing as a career option?") == [
+        "carolin", "pursu", "write", "career", "option"]
+    assert question_terms("Remind me of my tax reference number.") == ["tax", "refer", "number"]
+    # Whole words only: "like" names what is asked; an identifier keeps every part.
+    assert question_terms("which seat do I like on trains?") == ["seat", "like", "train"]
+    assert question_terms("What is the MAX_TYPE flag?") == ["max_type", "max", "type", "flag"]
+    # A question of nothing else keeps its words.
+    assert question_terms("What do you remember?") == ["rememb"]

@@ -1,4 +1,4 @@
-"""proxy.wires.long_json: long strings written in pieces, byte for byte what one json.dumps call writes."""
+"""proxy.long_json: long strings written in pieces, byte for byte what one json.dumps call writes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.wires.base import dump_json
-from proxy.wires.long_json import PIECE_CHARS, list_pieces
+from proxy.long_json import PIECE_CHARS, list_pieces
 
 # Every char JSON escapes or UTF-8 writes in more than one byte, cut next to each of them.
 AWKWARD = ('q"\\\n\t\x01é€😀 ' * (3 * PIECE_CHARS // 10 + 7))

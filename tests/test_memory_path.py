@@ -51,8 +51,10 @@ def test_block_goes_in_front_of_the_last_user_message(mem, fake):
     assert sent[:3] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"},
                         {"role": "assistant", "content": "hi"}]
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    # The hit carries the reply it got (its exchange): here the fake upstream's.
     assert sent[3]["content"] == (f"{HEADER}\n1. [cross-session] user ({date}): The staging host is "
-                                  "internal-hbr-2291.example\n\nwhich staging host do we use?")
+                                  "internal-hbr-2291.example | assistant: Hello from upstream"
+                                  "\n\nwhich staging host do we use?")
 
 
 def test_block_as_a_new_text_part(mem, fake):
@@ -65,7 +67,7 @@ def test_block_as_a_new_text_part(mem, fake):
     assert sent[1:] == parts
     assert sent[0]["type"] == "text"
     assert sent[0]["text"].startswith(HEADER + "\n1. [cross-session] user (")
-    assert sent[0]["text"].endswith("My favourite editor is Helix.\n\n")
+    assert sent[0]["text"].endswith("My favourite editor is Helix. | assistant: Hello from upstream\n\n")
 
 
 def test_a_long_message_is_never_injected_as_a_memory_of_itself(make_proxy, fake):

@@ -94,7 +94,8 @@ def test_a_block_pasted_into_a_chat_is_not_saved_and_tags_never_come_back(make_p
         question = "What do you know about the billing cluster?"
         day = saved["created_at"][:10]
         assert ask(client, fake, question, {"X-Memory-Max": "1"}) == expected_body(
-            [f"[cross-session] user ({day}): The billing cluster is kestrel"], question)
+            [f"[cross-session] user ({day}): The billing cluster is kestrel | assistant: Hello from upstream"],
+            question)
 
 
 def test_imported_text_is_neutralised_in_every_source(proxy: Any, fake: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.memory.block import GRAPH_NOTE
 from tests.fake_upstream import DONE, JsonReply, SSEReply
 from tests.proxy_db import rows, settled_turns
 
@@ -66,7 +67,9 @@ def test_every_role_passes_untouched_and_the_block_goes_to_the_last_user_message
         {"role": "user", "content": "what is my favourite colour?"},
     ]
     raw = client.chat.completions.with_raw_response.create(model="m", messages=messages)
-    assert (raw.headers["x-memory-status"], raw.headers["x-memory-injected"]) == ("ok", "1")
+    # The fact of the turn before is already extracted: its entity and graph line come too.
+    assert (raw.headers["x-memory-status"], raw.headers["x-memory-injected"]) == ("ok", "3")
     sent = fake.chat_requests()[-1].json()["messages"]
     assert sent[:-1] == messages[:-1]
-    assert sent[-1]["content"].endswith("teal\n\nwhat is my favourite colour?")
+    assert "\n2. [graph] (User)-[PREFERS]->(teal)\n" in sent[-1]["content"]
+    assert sent[-1]["content"].endswith(f"{GRAPH_NOTE}\n\nwhat is my favourite colour?")

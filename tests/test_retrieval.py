@@ -291,7 +291,8 @@ def test_the_same_words_in_two_conversations_are_one_memory(tmp_path: Path) -> N
 # --- cross-session ------------------------------------------------------------------------
 
 
-def test_cross_session_takes_at_most_three_per_conversation(tmp_path: Path) -> None:
+def test_cross_session_takes_every_relevant_message_of_one_conversation(tmp_path: Path) -> None:
+    # No cap per conversation: an answer often sits in a few neighbouring turns of one chat.
     async def body() -> None:
         async with world(tmp_path) as w:
             for n in range(5):
@@ -301,9 +302,55 @@ def test_cross_session_takes_at_most_three_per_conversation(tmp_path: Path) -> N
             result = await w.recall("the budget spreadsheet", conv="new", limit=12)
             hits = result.log["hits"]
             assert all(hit["source"] == "cross-session" for hit in hits)
-            assert len(hits) == 5
+            assert len(hits) == 7
             by_conversation = [line.rsplit(" ", 2)[-2] for line in lines(result.block)]
-            assert by_conversation.count("row") == 3 and by_conversation.count("note") == 2
+            assert by_conversation.count("row") == 5 and by_conversation.count("note") == 2
+
+    run(body())
+
+
+def test_a_non_answer_and_a_bare_question_only_fill_what_a_fact_leaves(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("what's my daughter's name?", conv="asked", at=day(-2))
+            await w.say("I'm sorry, I don't know your daughter's name. You haven't told me.", conv="asked",
+                        role="assistant", at=day(-2) + timedelta(seconds=1))
+            await w.say("By the way, my daughter is Lena and she is seven.", conv="told", at=day(-1))
+            result = await w.recall("what is my daughter's name?", conv="now", limit=1)
+            assert lines(result.block) == [
+                "1. [cross-session] user (2026-11-01): By the way, my daughter is Lena and she is seven."]
+            # With room to spare the question fills a slot after the fact, carrying no non-answer.
+            both = await w.recall("what is my daughter's name?", conv="now", limit=6)
+            assert lines(both.block) == [
+                "1. [cross-session] user (2026-11-01): By the way, my daughter is Lena and she is seven.",
+                "2. [cross-session] user (2026-10-31): what's my daughter's name?"]
+
+    run(body())
+
+
+def test_a_message_hit_carries_its_exchange_within_the_budget(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("which hiking trail should I try this weekend?", conv="c0", at=T0)
+            await w.say("Try the Eagle Ridge loop: the views are the best around.", conv="c0", role="assistant",
+                        at=T0 + timedelta(seconds=1))
+            result = await w.recall("hiking trail", conv="c1")
+            assert lines(result.block) == [
+                "1. [cross-session] user (2026-11-02): which hiking trail should I try this weekend? | assistant:"
+                " Try the Eagle Ridge loop: the views are the best around."]
+            answer = w.sql("SELECT id FROM messages WHERE role = 'assistant'")[0][0]
+            assert result.log["hits"][0]["exchange"] == [answer]
+            assert result.log["hits"][0]["tokens"] == 39  # the whole line, exchange included
+            # The answer does not fit a budget that holds the question alone: the line is the question's.
+            tight = await w.recall("hiking trail", conv="c1", max_tokens=60)
+            assert lines(tight.block) == ["1. [cross-session] user (2026-11-02): which hiking trail should I try"
+                                          " this weekend?"]
+            assert "exchange" not in tight.log["hits"][0]
+            # An answer the request already shows is not carried again.
+            shown = await w.recall("hiking trail", conv="c1",
+                                   visible=["Try the Eagle Ridge loop: the views are the best around."])
+            assert lines(shown.block) == ["1. [cross-session] user (2026-11-02): which hiking trail should I try"
+                                          " this weekend?"]
 
     run(body())
 
@@ -398,8 +445,9 @@ def test_first_person_question_reaches_the_users_own_node(tmp_path: Path) -> Non
             w.edge(me, "WORKS_AT", acme)
             w.edge(me, "LIVES_IN", w.entity("Lisbon", "place"))
             result = await w.recall("where do I work?")
-            assert lines(result.block)[0] == "1. [graph] (Alice Chen)-[WORKS_AT]->(Acme)"
-            assert lines(result.block)[1] == "2. [graph] (Alice Chen)-[LIVES_IN]->(Lisbon)"
+            # Only the relationship asked about: where Alice lives answers nothing here.
+            assert lines(result.block) == ["1. [graph] (Alice Chen)-[WORKS_AT]->(Acme)", GRAPH_NOTE]
+            assert lines((await w.recall("where do I live?")).block)[0] == "1. [graph] (Alice Chen)-[LIVES_IN]->(Lisbon)"
             assert "[long-term]" not in result.block  # the node itself matched nothing
             # Not in the first person: the node is nobody's hit.
             assert (await w.recall("where does the team work?")).block == ""
@@ -510,7 +558,10 @@ def test_keyword_retry_fires_only_when_the_full_query_finds_nothing(tmp_path: Pa
                 direct = await w.recall("Peruvian restaurant", store=store, cross_session_limit=0,
                                         graph_expansion_limit=0)
                 assert {h["reason"] for h in direct.log["hits"]} == {"rank"}
-                assert "closes at nine" not in direct.block
+                # Only what it found is a hit; the next turn rides along as its exchange.
+                assert [line for line in lines(direct.block) if "[conversation]" in line] == [
+                    "2. [conversation] user (2026-11-02): Lunch at the Peruvian restaurant was great"
+                    " | user: the restaurant near the office closes at nine"]
                 assert store.searches.count(("messages", ("peruvian", "restaur"))) == 1
                 assert ("messages", ("peruvian",)) not in store.searches
             finally:
@@ -711,8 +762,9 @@ def test_relevance_floor_drops_weak_matches(tmp_path: Path) -> None:
             loose = await w.recall("weather antenna cable", conv="c1", limit=12)
             strict = await w.recall("weather antenna cable", conv="c1", limit=12, relevance_floor=1.0)
             assert len(loose.log["hits"]) > 1
-            assert lines(strict.block) == ["1. [cross-session] user (2026-11-02): the weather station antenna needs a"
-                                           " new cable"]
+            # One hit, carrying the turn said just before it.
+            assert lines(strict.block) == ["1. [cross-session] user (2026-11-02): note 29 about the weather | user:"
+                                           " the weather station antenna needs a new cable"]
 
     run(body())
 

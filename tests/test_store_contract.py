@@ -465,6 +465,26 @@ def test_lists_page_with_cursors(backend: Backend) -> None:
     run(body())
 
 
+def test_neighbours_are_the_messages_just_before_and_after_in_the_same_conversation(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            for i in range(3):
+                at = T0 + timedelta(minutes=i)
+                await store.apply([start(ALICE, f"t{i}", f"q{i}", conv="main", at=at),
+                                   finish(ALICE, f"t{i}", f"a{i}", conv="main", at=at),
+                                   start(BOB, f"b{i}", f"bob{i}", conv="main", at=at)])
+            await store.apply([start(ALICE, "other", "elsewhere", conv="other", at=T0)])
+            ids = {m.content: m.id for _, m in await store.message_page(ALICE, "main")}
+            alone = (await store.message_page(ALICE, "other"))[0][1].id
+            found = await store.neighbours(ALICE, [ids["q0"], ids["a1"], ids["a2"], alone, "no-such-id"])
+            assert {hit: tuple(m.content if m else None for m in pair) for hit, pair in found.items()} == {
+                ids["q0"]: (None, "a0"), ids["a1"]: ("q1", "q2"), ids["a2"]: ("q2", None)}
+            assert await store.neighbours(BOB, [ids["q1"]]) == {}  # another user's message: not found
+            assert await store.neighbours(ALICE, []) == {}
+
+    run(body())
+
+
 def test_a_page_goes_on_after_a_key_whose_item_is_deleted(backend: Backend) -> None:  # noqa: F811
     """A key is a place in the list's order: deleting its item (and the next) moves no other item."""
     async def body() -> None:

@@ -145,9 +145,12 @@ async def ingest(store: Store, settings: Settings, sample: Sample, summary: Summ
 
 
 def covered(memory: Memory, log: Mapping[str, Any]) -> tuple[tuple[str | None, ...], tuple[str, ...]]:
-    """The turn each injected hit covers, and each hit's source."""
+    """The turns the block carries (each hit's own, and the turns a message hit's line carries
+    around it), and each hit's source."""
     hits = log.get("hits", [])
-    return tuple(memory.covers(h["source"], h["id"]) for h in hits), tuple(h["source"] for h in hits)
+    turns = [memory.covers(h["source"], h["id"]) for h in hits]
+    turns += [memory.dia_ids.get(m) for h in hits for m in h.get("exchange", ())]
+    return tuple(turns), tuple(h["source"] for h in hits)
 
 
 async def ask(retrieval: Retrieval, memory: Memory, sample: Sample, k: int, summary: Summary,

@@ -1,9 +1,10 @@
 """Scoring a retrieval benchmark: pure functions over what each question's hits cover.
 
-A hit covers at most one turn (a message hit its own turn; an entity or relationship hit
-the message it was most recently extracted from), so a name mentioned everywhere cannot
-cover everything. Turn recall is the fraction of a question's evidence turns covered;
-session recall the fraction of its evidence sessions that any hit comes from.
+A hit covers the turns whose text the block carries (a message hit its own turn and the
+turns its line carries around it; an entity or relationship hit only the message it was
+most recently extracted from), so a name mentioned everywhere cannot cover everything.
+Turn recall is the fraction of a question's evidence turns covered; session recall the
+fraction of its evidence sessions that any hit comes from.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from proxy.evaluation.locomo import CATEGORIES, SCORED_CATEGORIES, session_of
 
 @dataclass(frozen=True)
 class Answer:
-    """What retrieval returned for one question: the turn each hit covers (None: no turn)."""
+    """What retrieval returned for one question: the turns its block covers (None: a hit covering no turn)."""
 
     category: int
     evidence: tuple[str, ...]

@@ -11,6 +11,7 @@ with exponential backoff, then parked with its error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -21,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from proxy.memory.extraction.facts import no_facts, to_record
 from proxy.extracted import Extraction
 from proxy.memory.extractors import Extractor, RulesExtractor
+from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
@@ -76,7 +78,7 @@ class ExtractionWorker:
 
     def __init__(self, store: Store, writer: Writer, metrics: Metrics, *, from_roles: Sequence[str],
                  isolate_agents: bool, extractor: Extractor | None = None,
-                 limits: WorkerLimits = WorkerLimits()) -> None:
+                 limits: WorkerLimits = WorkerLimits(), pending: PendingFacts | None = None) -> None:
         self.store = store
         self.writer = writer
         self.metrics = metrics
@@ -84,6 +86,7 @@ class ExtractionWorker:
         self.isolate_agents = isolate_agents
         self.extractor = extractor or RulesExtractor()
         self.limits = limits
+        self.pending = pending  # told of each pass, so a user's next request can wait for its facts
         self._task: asyncio.Task[None] | None = None
         self._depth_at = 0.0
 
@@ -101,6 +104,7 @@ class ExtractionWorker:
     async def _run(self) -> None:
         pause = self.limits.idle_poll_s
         while True:
+            number = self.pending.begin() if self.pending is not None else 0
             try:
                 done = await self.drain_once()
                 pause = self.limits.idle_poll_s
@@ -110,11 +114,21 @@ class ExtractionWorker:
             except Exception:  # the task's outermost boundary: a bug must not end extraction for good
                 log.exception("extraction: unexpected error; retrying in %.1fs", pause)
                 done, pause = 0, min(pause * 2, self.limits.error_pause_max_s)
+            if self.pending is not None:
+                await self.pending.end(number)
             if done < self.limits.batch:
                 # The queue is drained: let the next messages gather before claiming again,
                 # so a steady stream of turns costs a claim and a commit per poll, not per
                 # message (measured at c=1 with an instant upstream: 0.34 ms p50 a request).
-                await asyncio.sleep(pause)
+                # A request waiting for its user's facts cuts the wait short.
+                await self._idle(pause)
+
+    async def _idle(self, pause: float) -> None:
+        if self.pending is None:
+            await asyncio.sleep(pause)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.pending.wake.wait(), pause)
 
     async def drain_once(self) -> int:
         """Claim one batch of due items and record each; return how many were recorded."""

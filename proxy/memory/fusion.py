@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -30,7 +29,6 @@ RRF_K = 60
 # candidate in two streams breaks near-ties instead of overruling rank.
 AGREEMENT_BONUS = 0.02
 HARD_CAP = 12  # max_memories is capped at 12 whatever is configured: a block stays short
-PER_GROUP = 3  # at most 3 cross-session hits from one conversation, so one chat cannot fill the block
 PER_HIT_SHARE = 3  # no single memory may take more than a third of the budget
 MIN_SNIPPET_CHARS = 40  # a shorter piece of a memory says nothing useful
 _MAX_MATCHES = 200  # matches considered when choosing a snippet window
@@ -108,20 +106,6 @@ def _next_unseen(queue: Iterator[Hit], seen: set[str]) -> Hit | None:
             seen.add(key)
             return hit
     return None
-
-
-def cap_per_group(
-    hits: Iterable[Hit], key: Callable[[Hit], Hashable], max_per_group: int = PER_GROUP
-) -> list[Hit]:
-    """The hits in order, with at most `max_per_group` sharing one key."""
-    counts: Counter[Hashable] = Counter()
-    kept = []
-    for hit in hits:
-        group = key(hit)
-        if counts[group] < max_per_group:
-            counts[group] += 1
-            kept.append(hit)
-    return kept
 
 
 def apply_budget(

@@ -1,8 +1,9 @@
-"""The keyword retry for when a whole question finds nothing (docs/retrieval.md).
+"""The terms a question is searched by, and the keyword retry for when they find nothing (docs/retrieval.md).
 
 A question such as "where do I work?" rarely matches stored text as a whole, so
 `conversation` and `long-term` retry with its longest significant words, each as typed and
-in Title Case, and rank what comes back by how many of the query's words it shares.
+in Title Case, and rank what comes back by how many of the query's words it shares. Every
+search leaves out the words that only shape a question ("likely", "remind me").
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from collections.abc import Iterable
 
 from proxy.terms import STOP_WORDS, query_terms, terms
 
+# Words that shape a question rather than name what it asks about ("would she likely ...",
+# "remind me of ..."): a memory holding them is no closer to the answer. Matched as whole
+# words, before stemming ("likely" stems to "like", which does name what is asked).
+_QUESTION_WORDS = re.compile(
+    r"\b(?:likely|unlikely|might|maybe|perhaps|probably|possibly|kind|sort|type|think|remember|remind"
+    r"|recall|tell|know)\b", re.IGNORECASE)
 MAX_RETRY_WORDS = 4
 MIN_WORD_CHARS = 3
 
@@ -48,3 +55,9 @@ def rank_by_shared_words(candidates: Iterable[tuple[str, str]], query: str) -> l
         if candidate_id not in shared:
             shared[candidate_id] = len(wanted.intersection(terms(text)))
     return sorted(shared, key=lambda candidate_id: -shared[candidate_id])
+
+
+def question_terms(text: str) -> list[str]:
+    """The query's terms without the words that only shape the question; all of them when
+    nothing else is left ("what do you remember?")."""
+    return query_terms(_QUESTION_WORDS.sub(" ", text)) or query_terms(text)

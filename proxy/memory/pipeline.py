@@ -19,6 +19,7 @@ from proxy.exchange import Recall
 from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
+from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact
 from proxy.memory.sources import edges
 from proxy.memory.writer import Writer
@@ -50,6 +51,9 @@ QUERY_EDGE_CHARS = 4000
 # A tool result is read this far, redacted, then cut to its short form: a secret that
 # begins within the short form ends within this.
 STEP_RESULT_READ_CHARS = STEP_RESULT_CHARS + 4096
+# The longest a request waits for its user's pending rules facts, as a share of
+# memory.retrieval_timeout_ms: the retrieval after it still has the rest.
+FACTS_WAIT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -86,13 +90,16 @@ class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""
 
     def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, pending: PendingFacts | None = None) -> None:
         self.settings = settings
         self.memory: MemorySettings = settings.memory
         self.store = store
         self.writer = writer
         self.retriever = retriever
         self.metrics = metrics
+        # Rules facts are stored within milliseconds: a user's next request waits for them.
+        rules = settings.extraction.mode == "rules" and "user" in settings.extraction.from_roles
+        self.pending = pending if rules else None
         self.breaker = CircuitBreaker(metrics)
         self.gate = RecallGate(RECALLS_RUNNING)
 
@@ -119,6 +126,8 @@ class MemoryService:
                 async with asyncio.timeout_at(answer_by), self.gate.admitted(start + budget_s * TURN_WAIT_SHARE):
                     reading = True
                     identity = await self._identify(scope, request, now, digest)
+                    if self.pending is not None:
+                        await self.pending.settled(scope.user, budget_s * FACTS_WAIT_SHARE)
                     retrieved = await self._block(scope, request, identity, resolved, answer_by)
                 self.breaker.succeeded()
             except TimeoutError:
@@ -257,9 +266,11 @@ class TurnRecall(Recall):
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
-            self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                                   self._identity.history_hash, now, self._saved.said, self._persist,
-                                   self._generation))
+            saved = self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
+                                           self._identity.history_hash, now, self._saved.said, self._persist,
+                                           self._generation))
+            if saved is not None and self._service.pending is not None:
+                self._service.pending.saving(self._scope.user, saved)
         if not self._log.get("cache") and self.status == "ok":
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
                                    self._generation))

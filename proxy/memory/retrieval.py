@@ -17,8 +17,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from proxy.memory import exchange
 from proxy.memory.block import estimate_tokens, render
 from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin
+from proxy.memory.keywords import question_terms
 from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.memory.redact import redact
@@ -66,7 +68,7 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
     return SourceQuery(
         scope=scope,
         text=text,
-        terms=tuple(query_terms(text)[:MAX_QUERY_TERMS]),
+        terms=tuple(question_terms(text)[:MAX_QUERY_TERMS]),
         conversation_id=query.conversation_id,
         visible=query.visible,
         identifiers=tuple(unseen),
@@ -150,6 +152,7 @@ class Retrieval:
             full[source], fillers[source] = split_fillers(hits)
         merged = round_robin(full, min(query.max_memories, HARD_CAP), fillers=fillers)
         kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)
+        kept = await self._with_exchanges(q, kept, runs)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
@@ -175,6 +178,22 @@ class Retrieval:
         # runs leaves no coroutine behind that was never awaited.
         runs.hits[source] = await runs.run(source, work()) or []
 
+    async def _with_exchanges(self, q: SourceQuery, hits: list[Hit], runs: SourceRuns) -> list[Hit]:
+        """The hits, message hits carrying the turns around them that fit the budget (exchange.py).
+
+        Without them, when the store fails or the deadline passes: the block is still whole.
+        """
+        ids = exchange.message_hits(hits)
+        if not ids:
+            return hits
+        try:
+            async with asyncio.timeout_at(runs.deadline):
+                neighbours = await self.store.neighbours(q.scope, ids)
+        except Exception as exc:  # the hits alone still make a block
+            log.warning("retrieval: exchanges not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
+            return hits
+        return exchange.carry(hits, neighbours, self.settings.max_tokens, self.settings.block_header, q.shows)
+
     async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
         """`long-term`, then `graph` from its entity hits (the user's node first)."""
         matches = await runs.run(long_term.SOURCE, long_term.find(self.store, q))
@@ -187,16 +206,25 @@ class Retrieval:
 
 
 def injection_log(hits: list[Hit], runs: SourceRuns, *, budget_cut: bool) -> dict[str, Any]:
-    """The injection log entry: each hit's source, id, reason, score parts and token cost."""
+    """The injection log entry: each hit's source, id, reason, score parts and token cost.
+
+    A message hit that carries the turns around it names them under `exchange`.
+    """
     return {
-        "hits": [
-            {"source": hit.source, "id": hit.id, "reason": hit.reason, "score": hit.parts,
-             "tokens": estimate_tokens(f"{n}. [{hit.source}] {hit.content}")}
-            for n, hit in enumerate(hits, start=1)
-        ],
+        "hits": [log_hit(n, hit) for n, hit in enumerate(hits, start=1)],
         "budget_cut": budget_cut,
         "candidates": {source: len(found) for source, found in sorted(runs.hits.items())},
         "sources_ms": dict(sorted(runs.ms.items())),
         "errors": dict(sorted(runs.errors.items())),
         "cache": False,
     }
+
+
+def log_hit(n: int, hit: Hit) -> dict[str, Any]:
+    """One hit of the injection log, the `n`th line of the block."""
+    score = {part: value for part, value in hit.parts.items() if part != exchange.EXCHANGE}
+    entry = {"source": hit.source, "id": hit.id, "reason": hit.reason, "score": score,
+             "tokens": estimate_tokens(f"{n}. [{hit.source}] {hit.content}")}
+    if hit.parts.get(exchange.EXCHANGE):
+        entry["exchange"] = hit.parts[exchange.EXCHANGE]
+    return entry

@@ -438,6 +438,11 @@ class Store(Protocol):
                            after: PageKey | None = None) -> list[tuple[PageKey, StoredMessage]]:
         """Messages of one conversation, oldest first."""
 
+    async def neighbours(self, scope: Scope, message_ids: Sequence[str]
+                         ) -> dict[str, tuple[StoredMessage | None, StoredMessage | None]]:
+        """For each of these messages that has one, the message just before it and the one just after it
+        in its conversation (None for a side it has not)."""
+
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
                              after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """Reasoning traces as `reasoning` export records, newest first."""

@@ -143,6 +143,29 @@ class PostgresAdmin:
             " ORDER BY m.created_at, m.seq LIMIT $3", [scope.user, conversation_id, limit, *args])
         return [((micros(row["created_at"]), row["seq"]), message_from_record(row)) for row in rows]
 
+    async def neighbours(self, scope: Scope, message_ids: Sequence[str]
+                         ) -> dict[str, tuple[StoredMessage | None, StoredMessage | None]]:
+        """For each of these messages that has one, the message just before it and the one just after it."""
+        if not message_ids:
+            return {}
+        agent, args = _agent(scope, "m", 3)
+        near_agent = agent.replace("m.agent_id", "p.agent_id")
+        # Each side is one step of the (user, conversation, created_at) index, seq breaking ties.
+        side = ("SELECT p.seq FROM messages p WHERE p.user_id = h.user_id AND p.conversation_id = h.conversation_id"
+                "{agent} AND (p.created_at, p.seq) {op} (h.created_at, h.seq)"
+                " ORDER BY p.created_at {order}, p.seq {order} LIMIT 1")
+        rows = await self._fetch(
+            f"WITH h AS (SELECT m.* FROM messages m WHERE m.user_id = $1 AND m.id = ANY($2::text[]){agent})"
+            f" SELECT h.id AS hit_id, -1 AS side, n.* FROM h JOIN messages n"
+            f" ON n.seq = ({side.format(agent=near_agent, op='<', order='DESC')})"
+            f" UNION ALL SELECT h.id AS hit_id, 1 AS side, n.* FROM h JOIN messages n"
+            f" ON n.seq = ({side.format(agent=near_agent, op='>', order='ASC')})",
+            [scope.user, list(message_ids), *args])
+        found: dict[str, list[StoredMessage | None]] = {}
+        for row in rows:
+            found.setdefault(row["hit_id"], [None, None])[0 if row["side"] < 0 else 1] = message_from_record(row)
+        return {hit: (before, after) for hit, (before, after) in found.items()}
+
     async def _record(self, scope: Scope, table: str, alias: str, item_id: str) -> asyncpg.Record | None:
         agent, args = _agent(scope, alias, 3)
         rows = await self._fetch(f"SELECT {alias}.* FROM {table} {alias} WHERE {alias}.user_id = $1"

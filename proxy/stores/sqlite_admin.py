@@ -176,6 +176,32 @@ class SQLiteAdmin:
         )
         return [((row["created_at"], row["seq"]), message_from_row(row)) for row in rows]
 
+    async def neighbours(self, scope: Scope, message_ids: Sequence[str]
+                         ) -> dict[str, tuple[StoredMessage | None, StoredMessage | None]]:
+        """For each of these messages that has one, the message just before it and the one just after it."""
+        if not message_ids:
+            return {}
+        agent, params = agent_clause(scope, "m")
+        near_agent, near_params = agent_clause(scope, "p")
+        marks = ", ".join("?" * len(message_ids))
+        # Each side is one step of the (user, conversation, created_at) index, seq breaking ties.
+        side = ("SELECT p.seq FROM messages p WHERE p.user_id = h.user_id AND p.conversation_id = h.conversation_id"
+                "{agent} AND p.created_at {op}= h.created_at"
+                " AND (p.created_at {op} h.created_at OR p.seq {op} h.seq)"
+                " ORDER BY p.created_at {order}, p.seq {order} LIMIT 1")
+        rows = await self._rows(
+            f"WITH h AS (SELECT m.* FROM messages m WHERE m.user_id = ? AND m.id IN ({marks}){agent})"
+            f" SELECT h.id AS hit_id, -1 AS side, n.* FROM h JOIN messages n"
+            f" ON n.seq = ({side.format(agent=near_agent, op='<', order='DESC')})"
+            f" UNION ALL SELECT h.id AS hit_id, 1 AS side, n.* FROM h JOIN messages n"
+            f" ON n.seq = ({side.format(agent=near_agent, op='>', order='ASC')})",
+            [scope.user, *message_ids, *params, *near_params, *near_params],
+        )
+        found: dict[str, list[StoredMessage | None]] = {}
+        for row in rows:
+            found.setdefault(row["hit_id"], [None, None])[0 if row["side"] < 0 else 1] = message_from_row(row)
+        return {hit: (before, after) for hit, (before, after) in found.items()}
+
     async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
         """One entity as an export record."""
         agent, params = agent_clause(scope, "e")

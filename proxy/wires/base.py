@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, Transcript
-from proxy.wires.long_json import dump_in_pieces
+from proxy.long_json import dump_in_pieces
 from proxy.wires.sse import SSEEvent
 
 # A body longer than this gets its memory block in a thread, its long strings written in

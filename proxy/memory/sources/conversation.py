@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from proxy.memory.block import message_line
 from proxy.memory.hybrid import with_vectors
-from proxy.memory.sources import Found, SourceQuery, lexical, normalised, to_hits
+from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, normalised, to_hits
+from proxy.memory.sources.no_memory import carries_memory, non_answer
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
 
@@ -34,7 +35,7 @@ async def search(store: Store, q: SourceQuery) -> list[Hit]:
         return await store.search_messages(q.scope, terms, conversation_ids=[q.conversation_id], limit=limit)
 
     def unseen(m: StoredMessage) -> bool:
-        return not q.shows(m.content)
+        return not q.shows(m.content) and says_something(m)
 
     found = await with_vectors(
         q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=newest_first, retry=True,
@@ -44,10 +45,11 @@ async def search(store: Store, q: SourceQuery) -> list[Hit]:
 
 
 def message_hit(source: str, found: Found[StoredMessage]) -> Hit:
-    """A message as `role (YYYY-MM-DD): text`."""
+    """A message as `role (YYYY-MM-DD): text`; one that carries no memory only fills what is left."""
     m = found.item
+    parts = dict(found.parts) if carries_memory(m.role, m.content) else {**found.parts, FILLER: True}
     return Hit(source, m.id, message_line(m.role, m.created_at, m.content), found.score, found.reason,
-               m.created_at, m.conversation_id, dict(found.parts))
+               m.created_at, m.conversation_id, parts)
 
 
 def said(hit: Hit) -> str:
@@ -73,6 +75,11 @@ def one_copy_each(conversation: list[Hit], cross_session: list[Hit]) -> tuple[li
 def newest_first(m: StoredMessage, score: float) -> tuple[object, ...]:
     """Tie-break of equal scores: the newer message, then the id."""
     return (-m.created_at.timestamp(), m.id)
+
+
+def says_something(m: StoredMessage) -> bool:
+    """False for an assistant's non-answer ("I don't know your daughter's name"): never a memory."""
+    return not (m.role == "assistant" and non_answer(m.content))
 
 
 def message_id(m: StoredMessage) -> str:

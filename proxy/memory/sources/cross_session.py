@@ -1,18 +1,19 @@
 """`cross-session`: messages of the user's other conversations.
 
 All of them by default, the N most recent with `cross_session_limit: N`, none with
-0; at most 3 hits from any one conversation, ties broken by conversation recency.
+0; ranked by relevance alone, ties broken by conversation recency. No cap on hits from
+one conversation: an answer often sits in a few neighbouring turns of one earlier chat.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
-from proxy.memory.fusion import PER_GROUP, cap_per_group
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import SourceQuery, lexical, to_hits
-from proxy.memory.sources.conversation import candidate_limit, message_hit, message_id, message_text
+from proxy.memory.sources.conversation import (
+    candidate_limit, message_hit, message_id, message_text, says_something,
+)
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import Store
 
@@ -20,7 +21,7 @@ SOURCE = "cross-session"
 
 
 async def search(store: Store, q: SourceQuery, conversations: int | None) -> list[Hit]:
-    """Matching messages of other conversations, at most 3 from each."""
+    """Matching messages of other conversations, best first."""
     if conversations == 0:
         return []
     recency: dict[str, int] = {}
@@ -43,20 +44,11 @@ async def search(store: Store, q: SourceQuery, conversations: int | None) -> lis
         return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
 
     def unseen(m: StoredMessage) -> bool:
-        return not q.shows(m.content)
+        return not q.shows(m.content) and says_something(m)
 
     found = await with_vectors(
         q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=order,
                    limit=candidate_limit(q) + q.candidates),
         "message", key=message_id, text=message_text, keep=unseen, exclude=q.conversation_id,
         within=frozenset(recency) if recency else None)
-    # Capped before the hits are built (only those are worth building) and after (the
-    # identifier trigger may reorder them).
-    taken: Counter[str] = Counter()
-    capped = []
-    for f in found:
-        taken[f.item.conversation_id] += 1
-        if taken[f.item.conversation_id] <= PER_GROUP:
-            capped.append(f)
-    hits = to_hits(q, capped, lambda f: message_hit(SOURCE, f))
-    return cap_per_group(hits, key=lambda hit: hit.conversation_id)
+    return to_hits(q, found, lambda f: message_hit(SOURCE, f))

@@ -3,15 +3,19 @@
 As in the NAMS provider, the `graph_expansion_limit` best entity hits are
 expanded, at most 5 edges each so one hub node cannot crowd out the rest; an edge whose
 target has no stored name is dropped rather than shown as a bare id; an entity that fails
-to expand is logged and skipped.
+to expand is logged and skipped. The user's own node, expanded for any first-person
+question, shows only the relationships the question asks about: one whose type, subject or
+object shares a word with it, or whose type a role noun of it names ("my dog": HAS_PET).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from proxy.memory.block import triple_line
+from proxy.memory.extraction.roles import PLURALS, ROLES
 from proxy.memory.redact import redact
 from proxy.memory.sources import FILLER, SourceQuery
 from proxy.memory.sources.long_term import EntityMatches
@@ -27,6 +31,7 @@ EDGES_PER_ENTITY = 5
 # Edges read per entity, the newest: the EDGES_PER_ENTITY shown are the ones sharing most
 # query terms among these, so a hub node with thousands of edges costs what fifty do.
 EDGES_READ = 50
+_WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 
 
 async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: int) -> list[Hit]:
@@ -37,6 +42,7 @@ async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: in
         return_exceptions=True,
     )
     shared_terms = SharedTerms(frozenset(q.terms))
+    asked = asked_relationships(q.text)
     chosen: dict[str, tuple[Relationship, Entity, int]] = {}
     for entity, edges in zip(entities, results):
         if isinstance(edges, asyncio.CancelledError):
@@ -46,6 +52,10 @@ async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: in
                         redact(str(edges))[:200])
             continue
         shown = [(edge, shared_terms.of(edge)) for edge in edges if _shown(edge)]
+        if matches.user_node is not None and entity.id == matches.user_node.id:
+            # A first-person question reaches every fact of the user: only those it asks
+            # about are lines ("my dog's name" asks for HAS_PET, not PREFERS Python).
+            shown = [(edge, shared) for edge, shared in shown if shared or edge.type in asked]
         for edge, shared in sorted(shown, key=_rank)[:EDGES_PER_ENTITY]:
             chosen.setdefault(edge.id, (edge, entity, shared))
     # An edge of a weak entity hit is weak too: it fills only the slots the others leave.
@@ -58,6 +68,18 @@ async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: in
                                     **({FILLER: True} if edge.id in weak else {})})
         for n, (edge, shared) in enumerate(ranked[:q.hits_wanted], start=1)
     ]
+
+
+def asked_relationships(text: str) -> frozenset[str]:
+    """The relationship types the role nouns of a question name: "my dog" HAS_PET, "my boss" HAS_MANAGER."""
+    words = [word.casefold() for word in _WORD.findall(text)]
+    found = set()
+    for n, word in enumerate(words):
+        for noun in (f"{word} {words[n + 1]}" if n + 1 < len(words) else "", word):
+            role = PLURALS.get(noun, noun)
+            if role in ROLES:
+                found.add(ROLES[role][0])
+    return frozenset(found)
 
 
 def _shown(edge: Relationship) -> bool:

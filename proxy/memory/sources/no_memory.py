@@ -1,0 +1,49 @@
+"""Messages that carry no memory: an assistant's non-answer, a user's bare question.
+
+"I'm sorry, I don't know your daughter's name" shares every word with the next question
+about her and says nothing: it is never a memory. The question the user asked before says
+nothing either, but what answered it may: it is a weak match, filling only the slots no
+fact takes.
+"""
+
+from __future__ import annotations
+
+import re
+
+# An assistant saying it does not know, or was not told.
+_NON_ANSWER = re.compile(
+    r"\b(?:i\s+(?:do\s+not|don['’]t|cannot|can['’]t|could\s+not|couldn['’]t)\s+"
+    r"(?:know|recall|remember|find|see|tell|access)"
+    r"|i\s+(?:have\s+no|don['’]t\s+have|do\s+not\s+have)\s+(?:\w+\s+){0,2}"
+    r"(?:information|record|memory|memories|idea|access|way\s+of\s+knowing)"
+    r"|i['’]m\s+not\s+sure|i\s+am\s+not\s+sure"
+    r"|you\s+(?:haven['’]t|have\s+not|never|didn['’]t|did\s+not)\s+(?:\w+\s+){0,2}(?:told|mentioned|said|shared)"
+    r"|i\s+(?:was|wasn['’]t|have\s+not\s+been|haven['’]t\s+been)\s+(?:never\s+)?told)\b",
+    re.IGNORECASE,
+)
+# A non-answer is short: a long reply that says "I'm not sure" once may still hold facts.
+NON_ANSWER_MAX_CHARS = 300
+BARE_QUESTION_MAX_CHARS = 200
+_SENTENCE_END = re.compile(r"[.!?]+(?:\s+|$)")
+
+
+def carries_memory(role: str, text: str) -> bool:
+    """False for an assistant's short non-answer and for a user's message that only asks."""
+    if role == "assistant":
+        return not non_answer(text)
+    if role == "user":
+        text = text.strip()
+        return not (len(text) <= BARE_QUESTION_MAX_CHARS and _only_asks(text))
+    return True
+
+
+def non_answer(text: str) -> bool:
+    """True for a short reply saying it does not know or was not told."""
+    text = text.strip()
+    return len(text) <= NON_ANSWER_MAX_CHARS and _NON_ANSWER.search(text) is not None
+
+
+def _only_asks(text: str) -> bool:
+    """Every sentence of the text is a question."""
+    ends = [match.group().strip() for match in _SENTENCE_END.finditer(text)]
+    return bool(ends) and text.endswith("?") and all("?" in end for end in ends)

@@ -1,0 +1,57 @@
+"""A user's next request finds the rules facts of the turn just saved, however the worker idles.
+
+Real SQLite store, writer and extraction worker; the worker idles 60 s between passes, so
+only the wait for the user's pending facts (which wakes it) can make the fact findable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+from proxy.memory.pending_facts import PendingFacts
+from proxy.memory.pipeline import Query
+from proxy.memory.retrieval import Retrieval
+from proxy.memory.writer import Writer
+from proxy.metrics import Metrics
+from proxy.models import Scope
+from proxy.settings import MemorySettings
+from proxy.stores.base import StartTurn
+from proxy.stores.sqlite import SQLiteStore
+
+ALICE = Scope("alice")
+
+
+def test_the_next_request_waits_for_the_users_pending_facts_and_finds_them(tmp_path: Path) -> None:
+    async def body() -> tuple[list[str], float, bool, bool]:
+        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
+                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
+        writer.start()
+        worker.start()
+        try:
+            await asyncio.sleep(0.1)  # the worker's first pass found nothing: it idles for a minute
+            saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
+                                            "I live in Porto and my manager is Dana."))
+            pending.saving(ALICE.user, saved)
+            bob_free = not pending.pending("bob")  # another user has nothing to wait for
+            started = time.perf_counter()
+            settled = await pending.settled(ALICE.user, 5.0)
+            waited = time.perf_counter() - started
+            retrieved = await Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics).retrieve(
+                ALICE, Query("Who is my manager?", "c2", (), 6, new_conversation=True))
+            return retrieved.block.splitlines(), waited, settled, bob_free
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    lines, waited, settled, bob_free = asyncio.run(body())
+    assert settled and bob_free
+    assert waited < 2.0  # the wait woke the worker: it did not sleep out its minute
+    assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)
