@@ -5,7 +5,8 @@ after the turn's prompt (memproxy stored them from the previous step's response)
 retry by the hash of its history within `memory.retry_window_s`; anything else is a new
 turn. The conversation is the X-Memory-Conversation header, else (scope.conversation:
 history) the stored conversation holding the newest assistant message the request
-carries, else (latest) the user's most recent conversation, else a new one.
+carries, else (latest) the user's most recent conversation, else a new one. On the Responses
+wire a known `previous_response_id` (or the `conversation` parameter) comes before the history.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 
 from proxy.ids import derived_id, new_id
 from proxy.models import Scope, Transcript, Turn
-from proxy.stores.base import Store, text_hash
+from proxy.stores.base import ResponseChain, Store, text_hash
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class TurnIdentity:
     history_hash: str
     existing: Turn | None  # the stored turn for a later step or a retry
     new_conversation: bool = False  # a conversation the store has nothing of yet
+    shown: tuple[str, ...] = ()  # saved messages of the previous_response_id chain: the model has them
 
     @property
     def is_new(self) -> bool:
@@ -40,7 +42,10 @@ def history_hash(scope: Scope, transcript: Transcript) -> str:
 
     System prompts are left out so one that carries the time does not split a turn.
     """
-    material = [scope.user, scope.agent or "", scope.conversation or "", [list(pair) for pair in transcript.history]]
+    material: list[object] = [scope.user, scope.agent or "", scope.conversation or "",
+                              [list(pair) for pair in transcript.history]]
+    if transcript.previous_response is not None:  # the same new items after another response are another turn
+        material.append(transcript.previous_response)
     return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -50,20 +55,28 @@ async def identify(
     """Find the request's turn and conversation in the store, or start new ones."""
     digest = history_hash(scope, transcript)
     call_ids = list(transcript.tool_call_ids)
+    chain = await store.response_chain(scope, transcript.previous_response) if transcript.previous_response else None
+    shown = chain.shown if chain is not None else ()
     existing = await store.turn_by_tool_calls(scope, call_ids) if call_ids else None
     if existing is None:
         existing = await store.turn_by_history(scope, digest, now - timedelta(seconds=retry_window_s))
     if existing is not None:
-        return TurnIdentity(existing.key, existing.conversation_id, digest, existing)
-    conversation = await conversation_for(store, scope, transcript, follow)
+        return TurnIdentity(existing.key, existing.conversation_id, digest, existing, shown=shown)
+    conversation = await conversation_for(store, scope, transcript, follow, chain)
     key, fresh = _new_ids(digest, now, retry_window_s)
-    return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None)
+    return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None,
+                        shown=shown)
 
 
-async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str) -> str | None:
+async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str,
+                           chain: ResponseChain | None = None) -> str | None:
     """The conversation a new turn belongs to; None for a new one."""
     if scope.conversation is not None:
         return scope.conversation
+    if chain is not None:
+        return chain.conversation_id
+    if transcript.conversation_ref is not None:
+        return transcript.conversation_ref
     if follow == "latest":
         return await store.latest_conversation(scope)
     hashes = [text_hash(text) for text in reversed(transcript.assistant_texts)]

@@ -58,7 +58,7 @@ def test_two_stores_writing_the_same_turns_at_once_save_each_once(pg_url: str) -
             assert await backend.sql("SELECT count(*), count(DISTINCT turn_key) FROM reasoning") == [(30, 30)]
             assert await backend.sql("SELECT count(*) FROM injections") == [(30,)]
             assert await backend.sql("SELECT count(*) FROM turn_tool_calls") == [(30,)]
-            assert await backend.sql("SELECT version FROM schema_version ORDER BY version") == [(1,), (2,), (3,), (4,)]
+            assert await backend.sql("SELECT version FROM schema_version ORDER BY version") == [(1,), (2,), (3,), (4,), (5,)]
             turn = await two.turn_by_tool_calls(Scope("u1"), ["call-t4"])
             assert turn is not None and (turn.key, turn.block, turn.status) == ("t4", "block of t4", "complete")
         finally:

@@ -193,7 +193,7 @@ def test_a_stream_the_provider_ends_is_forwarded_as_is_and_saves_no_answer(mem, 
                       json={"model": "gpt-test", "stream": True, "input": "tell me"}) as reply:
         received = b"".join(reply.iter_bytes())
     assert received == b"".join(events)
-    assert saved(mem) == [("user", "tell me")]
+    assert eventually(lambda: saved(mem) == [("user", "tell me")])
     assert eventually(lambda: rows(mem, "SELECT status FROM turns") == [("upstream_failed",)])
 
 
@@ -206,7 +206,7 @@ def test_the_providers_own_error_event_passes_as_it_came(mem, fake):
                       json={"model": "gpt-test", "stream": True, "input": "tell me"}) as reply:
         received = b"".join(reply.iter_bytes())
     assert received == b"".join(events)
-    assert saved(mem) == [("user", "tell me")]
+    assert eventually(lambda: saved(mem) == [("user", "tell me")])
 
 
 def test_users_are_isolated(mem, fake):
@@ -263,3 +263,110 @@ def test_get_and_delete_a_response_pass_through(mem, fake):
         ("GET", "/v1/responses/resp_9"), ("DELETE", "/v1/responses/resp_9"),
         ("GET", "/v1/responses/resp_9/input_items")]
     assert saved(mem) == []
+
+
+FACT2 = "The deploy day is Thursday"
+
+
+def recorded(proxy) -> list[tuple[str, str | None]]:
+    return rows(proxy, "SELECT response_id, parent_id FROM responses ORDER BY created_at, response_id")
+
+
+def turn(proxy, text: str, response_id: str, previous: str | None = None, user: str = "alice") -> dict[str, Any]:
+    """One request with `previous_response_id`; what the upstream got."""
+    proxy.fake.queue(JsonReply(response(output(f"noted {response_id}"), response_id)))
+    extra = {"previous_response_id": previous} if previous is not None else {}
+    client(proxy, user).responses.create(model="gpt-test", input=text, **extra)
+    return sent(proxy.fake)
+
+
+@pytest.fixture
+def chained(mem, fake):
+    mem.fake = fake
+    return mem
+
+
+def conversations_of(proxy, *texts: str) -> set[str]:
+    found = rows(proxy, "SELECT conversation_id FROM messages WHERE content IN (%s)" % ",".join("?" * len(texts)),
+                 texts)
+    return {conversation for (conversation,) in found}
+
+
+def test_previous_response_id_continues_the_conversation_and_its_chain_counts_as_shown(chained):
+    turn(chained, FACT, "resp_a")
+    # The fact is in the chain the provider holds: it is not injected again.
+    assert turn(chained, QUESTION, "resp_b", "resp_a")["input"] == QUESTION
+    turn(chained, FACT2, "resp_c", "resp_b")
+    assert len(conversations_of(chained, FACT, QUESTION, FACT2)) == 1
+    assert recorded(chained) == [("resp_a", None), ("resp_b", "resp_a"), ("resp_c", "resp_b")]
+
+
+def test_a_fork_from_an_older_id_does_not_see_later_turns(chained):
+    turn(chained, FACT, "resp_a")
+    turn(chained, "remember this for later", "resp_b", "resp_a")
+    turn(chained, FACT2, "resp_c", "resp_b")
+    forked = turn(chained, "which staging host and which deploy day do we use?", "resp_d", "resp_b")["input"]
+    # The deploy day came after resp_b: the fork has not seen it, so memory brings it; the
+    # staging host is in the fork's chain, so it is not repeated.
+    assert FACT2 in forked and FACT not in forked
+    assert forked.endswith("\n\nwhich staging host and which deploy day do we use?")
+    assert len(conversations_of(chained, FACT, FACT2, "which staging host and which deploy day do we use?")) == 1
+    assert ("resp_d", "resp_b") in recorded(chained)
+
+
+def test_an_unknown_previous_response_id_follows_the_other_conversation_rules(chained):
+    turn(chained, FACT, "resp_a")
+    body = turn(chained, QUESTION, "resp_x", "resp_never_seen")
+    assert body["input"] == f"{block_line()}\n\n{QUESTION}"  # nothing shown: the fact is recalled
+    assert body["previous_response_id"] == "resp_never_seen"
+    assert len(conversations_of(chained, FACT, QUESTION)) == 2
+    # Another user cannot continue alice's chain by naming her id.
+    turn(chained, "hello", "resp_bob", "resp_a", user="bob")
+    assert conversations_of(chained, "hello").isdisjoint(conversations_of(chained, FACT))
+
+
+def test_the_previous_response_id_is_part_of_the_retry_hash(chained):
+    turn(chained, "first", "resp_a")
+    turn(chained, "go on", "resp_b", "resp_a")
+    turn(chained, "go on", "resp_b", "resp_a")  # an SDK retry: the same turn
+    turn(chained, "go on", "resp_c", "resp_b")  # the same words after another response: a new turn
+    assert [text for _, text in saved(chained)] == ["first", "noted resp_a", "go on", "noted resp_b", "go on",
+                                                   "noted resp_c"]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_tool_loop_over_previous_response_id_is_one_turn(chained, fake, streamed):
+    teach(chained)
+    sdk = client(chained)
+    steps = [response(output(None, calls=["call_0"]), "resp_1"), response(output(None, calls=["call_1"]), "resp_2"),
+             response(output("The host is internal-hbr-2291."), "resp_3")]
+    previous = None
+    request: Any = codex_input(QUESTION)
+    for step, body in enumerate(steps):
+        fake.queue(SSEReply(stream(body["output"], body["id"])) if streamed else JsonReply(body))
+        extra = {"previous_response_id": previous} if previous else {}
+        if streamed:
+            with sdk.responses.stream(model="gpt-test", input=request, **extra) as live:
+                answer = live.get_final_response()
+        else:
+            answer = sdk.responses.create(model="gpt-test", input=request, **extra)
+        previous = answer.id
+        request = [{"type": "function_call_output", "call_id": f"call_{step}", "output": f"result {step}"}]
+    bodies = [r.json() for r in fake.responses_requests()[-3:]]
+    assert bodies[0]["input"][3]["content"][0] == {"type": "input_text", "text": block_line() + "\n\n"}
+    assert [b["input"] for b in bodies[1:]] == [[{"type": "function_call_output", "call_id": f"call_{i}",
+                                                   "output": f"result {i}"}] for i in range(2)]
+    assert saved(chained)[2:] == [("user", QUESTION), ("assistant", "The host is internal-hbr-2291.")]
+    assert recorded(chained) == [("resp_1", None), ("resp_2", "resp_1"), ("resp_3", "resp_2")]
+
+
+def test_deleting_a_conversation_or_the_user_deletes_its_response_ids(chained):
+    turn(chained, "first", "resp_a")
+    turn(chained, "second", "resp_b", "resp_a")
+    turn(chained, "other chat", "resp_z")
+    (conversation,) = conversations_of(chained, "first")
+    with chained.http() as api:
+        assert api.delete(f"/memory/v1/users/alice/conversations/{conversation}").status_code == 200
+        assert recorded(chained) == [("resp_z", None)]
+        assert api.delete("/memory/v1/users/alice").status_code == 200
+    assert recorded(chained) == []

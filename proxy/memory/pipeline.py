@@ -25,7 +25,7 @@ from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
 from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
-    FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
+    FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
 from proxy.turns import TurnIdentity, fallback_identity, identify
 
@@ -125,7 +125,7 @@ class MemoryService:
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
         header = self.memory.block_header
         query = Query(user_text(request, header, markers=False), identity.conversation_id,
-                      visible_texts(request, header), min(limit, 12), identity.new_conversation)
+                      visible_texts(request, header) + identity.shown, min(limit, 12), identity.new_conversation)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
@@ -204,6 +204,9 @@ class TurnRecall(Recall):
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
+        if message.response_id:
+            self._submit(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
+                                        self._request.previous_response, now), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now), urgent=True)

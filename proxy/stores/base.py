@@ -75,6 +75,19 @@ class RecordToolCalls:
 
 
 @dataclass(frozen=True)
+class RecordResponse:
+    """A response id relayed on the Responses wire, with its turn, conversation and parent:
+    a later request naming it in `previous_response_id` continues that chain."""
+
+    scope: Scope
+    response_id: str
+    turn_key: str
+    conversation_id: str
+    parent_id: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
 class FinishTurn:
     """The step with the final answer: save it (once per answer text) and the trace."""
 
@@ -188,7 +201,17 @@ class StoreMemory:
 
 
 WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
-                StoreMemory]
+                StoreMemory, RecordResponse]
+
+RESPONSE_CHAIN_MAX = 500  # responses followed back from a named one (a chain is one per step)
+
+
+@dataclass(frozen=True)
+class ResponseChain:
+    """A recorded response id: its conversation and the saved messages of the chain up to it."""
+
+    conversation_id: str
+    shown: tuple[str, ...]
 
 
 # --- embeddings: filled in the background, searched through an in-process cache
@@ -306,6 +329,9 @@ class Store(Protocol):
     # turn and conversation identity
     async def turn_by_tool_calls(self, scope: Scope, call_ids: Sequence[str]) -> Turn | None:
         """The turn whose earlier step's response carried one of these tool-call ids."""
+
+    async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
+        """The conversation of a recorded response id and its chain's messages; None if unknown."""
 
     async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
         """The latest turn started at or after `since` whose history hashed the same."""

@@ -29,7 +29,7 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.models import Scope, Turn
-from proxy.stores.base import QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import RESPONSE_CHAIN_MAX, QueuedMessage, ResponseChain, StoreError, WriteOp
 from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
 from proxy.stores.postgres_queue import claim
@@ -234,6 +234,26 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
             args,
         )
         return turn_from_record(rows[0]) if rows else None
+
+    async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
+        """The conversation of a recorded response id and the messages of its chain's turns."""
+        args = Args()
+        user = args(scope.user)
+        rows = await self._fetch(
+            "WITH RECURSIVE chain(response_id, parent_id, turn_key, conversation_id, depth) AS ("
+            " SELECT response_id, parent_id, turn_key, conversation_id, 0 FROM responses"
+            f" WHERE user_id = {user} AND response_id = {args(clean_text(response_id))}"
+            " UNION ALL SELECT r.response_id, r.parent_id, r.turn_key, r.conversation_id, c.depth + 1"
+            f" FROM responses r JOIN chain c ON r.user_id = {user} AND r.response_id = c.parent_id"
+            f" WHERE c.depth < {args(RESPONSE_CHAIN_MAX)})"
+            " SELECT c.depth, c.conversation_id, m.content FROM chain c"
+            f" LEFT JOIN messages m ON m.user_id = {user} AND m.turn_key = c.turn_key ORDER BY c.depth DESC, m.seq",
+            args,
+        )
+        if not rows:
+            return None
+        conversation = next(str(row[1]) for row in rows if row[0] == 0)
+        return ResponseChain(conversation, tuple(dict.fromkeys(str(row[2]) for row in rows if row[2] is not None)))
 
     async def turn_by_history(self, scope: Scope, history_hash: str, since: datetime) -> Turn | None:
         """The latest turn started at or after `since` whose history hashed the same."""

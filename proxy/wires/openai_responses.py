@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from proxy.errors import ProxyError
+from proxy.ids import is_scope_id
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
@@ -105,7 +106,8 @@ class OpenAIResponses:
     def _own_parts(self, content: Any) -> list[Any]:
         """The parts of a user message that are the user's own (context elements left out)."""
         parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
-        return [p for p in parts if not (p.get("type") == "input_text" and self._context.is_context(_str(p.get("text"))))]
+        return [p for p in parts
+                if not (p.get("type") == "input_text" and self._context.is_context(_str(p.get("text"))))]
 
     def _prompt_index(self, items: list[dict[str, Any]]) -> int | None:
         for index in range(len(items) - 1, -1, -1):
@@ -126,6 +128,8 @@ class OpenAIResponses:
         steps += [ToolStep(call_id, "", "", result) for call_id, result in outputs.items() if call_id not in called]
         upto = items[: index + 1] if index is not None else []
         user = body.get("user")
+        conversation = body.get("conversation")
+        conversation = conversation.get("id") if isinstance(conversation, dict) else conversation
         return Transcript(
             prompt=_text(own),
             query=_text(own, markers=False),
@@ -136,6 +140,8 @@ class OpenAIResponses:
                           if _is_message(m) and m["role"] in _CONVERSATION_ROLES),
             assistant_texts=_assistant_texts(items),
             body_user=user if isinstance(user, str) else None,
+            previous_response=body.get("previous_response_id") or None,
+            conversation_ref=conversation if is_scope_id(conversation) else None,
         )
 
 

@@ -51,7 +51,7 @@ def call_name(item: dict[str, Any]) -> str:
     return name if isinstance(name, str) and name else str(item.get("type", ""))
 
 
-def answer_from_output(items: list[Any]) -> AssistantMessage:
+def answer_from_output(items: list[Any], response_id: str | None = None) -> AssistantMessage:
     """The answer of a completed response's `output`: its text, the calls the client runs,
     its reasoning summaries. Calls the provider ran itself are part of the answer."""
     calls = tuple(ToolCall(_str(item.get("call_id")), call_name(item), call_arguments(item))
@@ -65,15 +65,16 @@ def answer_from_output(items: list[Any]) -> AssistantMessage:
     return AssistantMessage(
         content=output_text(items), refusal="\n".join(r for r in refusals if isinstance(r, str) and r),
         tool_calls=calls, finish_reason="tool_calls" if calls else "stop",
-        reasoning="\n".join(s for s in summaries if isinstance(s, str) and s),
+        reasoning="\n".join(s for s in summaries if isinstance(s, str) and s), response_id=response_id,
     )
 
 
 def parse_response(body: dict[str, Any]) -> AssistantMessage | None:
     """The answer of a JSON `response` body; None when it is not a completed response."""
-    if body.get("object") != "response" or body.get("status") != "completed" or not isinstance(body.get("output"), list):
+    if body.get("object") != "response" or body.get("status") != "completed":
         return None
-    return answer_from_output(body["output"])
+    output = body.get("output")
+    return answer_from_output(output, _id(body)) if isinstance(output, list) else None
 
 
 class ResponsesStreamReader:
@@ -86,6 +87,7 @@ class ResponsesStreamReader:
         self._final: list[Any] | None = None  # response.completed's output
         self._items: dict[int, Any] = {}  # output items seen done, by output_index
         self._deltas: dict[int, list[str]] = {}  # output text deltas, by output_index
+        self._response_id: str | None = None
         self.done = False
         self.error: dict[str, Any] | None = None
         self.malformed = 0
@@ -106,6 +108,7 @@ class ResponsesStreamReader:
             self.done = True
             response = payload.get("response")
             response = response if isinstance(response, dict) else {}
+            self._response_id = _id(response) or self._response_id
             if _ENDS[kind] is not None:  # failed or incomplete: the provider ended it, no answer
                 error = response.get("error") or response.get("incomplete_details")
                 self.error = error if isinstance(error, dict) else {"message": kind}
@@ -122,14 +125,16 @@ class ResponsesStreamReader:
     def message(self) -> AssistantMessage:
         """The answer: the completed response's output, else what the events showed."""
         if self._final is not None:
-            return answer_from_output(self._final)
+            return answer_from_output(self._final, self._response_id)
         items = [self._items[i] for i in sorted(self._items)]
         pending = [{"type": "message", "role": "assistant",
                     "content": [{"type": "output_text", "text": "".join(self._deltas[i])}]}
                    for i in sorted(self._deltas) if i not in self._items]
-        return answer_from_output(items + pending)
+        return answer_from_output(items + pending, self._response_id)
 
     def _answer_event(self, kind: Any, payload: dict[str, Any]) -> None:
+        if kind == "response.created" and isinstance(payload.get("response"), dict):
+            self._response_id = _id(payload["response"])
         index = payload.get("output_index")
         if not isinstance(index, int):
             return
@@ -144,6 +149,11 @@ class ResponsesStreamReader:
         self._chars += len(text)
         if self._chars > self._max_chars:
             self.too_large = True
+
+
+def _id(response: dict[str, Any]) -> str | None:
+    value = response.get("id")
+    return value if isinstance(value, str) and value else None
 
 
 def _str(value: Any) -> str:
