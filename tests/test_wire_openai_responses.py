@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fake_responses import call_item, error, output, response, stream
+from tests.fake_responses import error, failed_early, output, response, stream, too_long
 from tests.fake_upstream import JsonReply, SSEReply
 from tests.proxy_db import eventually, rows
 
@@ -370,3 +370,53 @@ def test_deleting_a_conversation_or_the_user_deletes_its_response_ids(chained):
         assert recorded(chained) == [("resp_z", None)]
         assert api.delete("/memory/v1/users/alice").status_code == 200
     assert recorded(chained) == []
+
+
+def test_a_context_length_error_is_resent_once_without_the_block(mem, fake):
+    teach(mem)
+    fake.queue(too_long(), JsonReply(response(output("Answered without memory"))))
+    raw = client(mem).responses.with_raw_response.create(model="gpt-test", input=QUESTION)
+    assert raw.parse().output_text == "Answered without memory"
+    assert [r.json()["input"] for r in fake.responses_requests()[-2:]] == [f"{block_line()}\n\n{QUESTION}", QUESTION]
+    assert raw.headers["x-memory-injected"] == "0"
+    assert saved(mem)[2:] == [("user", QUESTION), ("assistant", "Answered without memory")]
+
+
+def test_a_stream_failing_as_too_long_before_any_output_is_resent_without_the_block(mem, fake):
+    teach(mem)
+    retried = stream(output("Answered without memory"), "resp_2")
+    fake.queue(SSEReply(failed_early()), SSEReply(retried))
+    with httpx.stream("POST", mem.url + "/v1/responses", headers={"X-Memory-User": "alice"},
+                      json={"model": "gpt-test", "stream": True, "input": QUESTION}) as reply:
+        received = b"".join(reply.iter_bytes())
+    assert received == b"".join(retried)  # the held opening of the failed stream never went out
+    assert [r.json()["input"] for r in fake.responses_requests()[-2:]] == [f"{block_line()}\n\n{QUESTION}", QUESTION]
+    assert saved(mem)[2:] == [("user", QUESTION), ("assistant", "Answered without memory")]
+    with client(mem).responses.stream(model="gpt-test", input=QUESTION) as live:  # the SDK sees one answer
+        fake.queue(SSEReply(failed_early()), SSEReply(retried))
+        assert live.get_final_response().output_text == "Hello from Responses"
+
+
+@pytest.mark.parametrize("events", [
+    failed_early("server_error"),  # another failure: the provider's, forwarded as it came
+    stream(output("Some output first"), end="failed", error={"code": "context_length_exceeded", "message": "x"}),
+])
+def test_a_failure_that_is_not_a_resendable_context_length_error_is_forwarded_as_is(mem, fake, events):
+    teach(mem)
+    before = len(fake.responses_requests())
+    fake.queue(SSEReply(events))
+    with httpx.stream("POST", mem.url + "/v1/responses", headers={"X-Memory-User": "alice"},
+                      json={"model": "gpt-test", "stream": True, "input": QUESTION}) as reply:
+        received = b"".join(reply.iter_bytes())
+    assert received == b"".join(events)
+    assert len(fake.responses_requests()) == before + 1
+
+
+def test_a_stream_cut_while_its_opening_is_held_ends_with_the_error_event(mem, fake):
+    teach(mem)
+    fake.queue(SSEReply(stream(output("never")), cut_after=2))
+    with pytest.raises(openai.APIError, match="upstream stream ended before completion"):
+        with client(mem).responses.stream(model="gpt-test", input=QUESTION) as live:
+            live.get_final_response()
+    assert eventually(lambda: rows(mem, "SELECT status FROM turns ORDER BY created_at DESC LIMIT 1")
+                      == [("truncated",)])

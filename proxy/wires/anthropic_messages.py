@@ -23,8 +23,9 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.anthropic_answer import MessagesStreamReader, answer_from_blocks, blocks_text
-from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
+from proxy.wires.sse import SSEEvent
 
 _MARKERS = {"image": "[image]", "document": "[file]"}
 _CONVERSATION_ROLES = frozenset({"user", "assistant"})
@@ -98,6 +99,9 @@ class AnthropicMessages:
             return False
         message = error.get("message")
         return isinstance(message, str) and _CONTEXT_LENGTH.search(message) is not None
+
+    def opening(self, event: SSEEvent | None) -> Opening:
+        return "send"  # the context-length error comes as a 400 before any stream
 
     def error_body(self, error: ProxyError) -> bytes:
         kind = _ERROR_TYPES.get(error.status, "api_error")

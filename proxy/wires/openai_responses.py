@@ -20,15 +20,17 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.ids import is_scope_id
 from proxy.models import AssistantMessage, ToolStep, Transcript
-from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
 from proxy.wires.openai_responses_answer import (
     CLIENT_CALLS, ResponsesStreamReader, call_arguments, call_name, parse_response,
 )
+from proxy.wires.sse import SSEEvent, json_object
 
 _MARKERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 _CONVERSATION_ROLES = frozenset({"user", "assistant"})
+_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})  # no output yet
 
 
 class OpenAIResponses:
@@ -93,6 +95,18 @@ class OpenAIResponses:
         error = doc.get("error") if isinstance(doc, dict) else None
         return isinstance(error, dict) and error.get("code") == "context_length_exceeded"
 
+    def opening(self, event: SSEEvent | None) -> Opening:
+        # A context-length failure comes as `response.failed` after `response.created`.
+        if event is None:
+            return "hold"
+        payload = json_object(event.data)
+        kind = payload.get("type", event.event) if payload is not None else event.event
+        if kind in _OPENING:
+            return "hold"
+        if kind == "response.failed" and payload is not None and _error_code(payload) == "context_length_exceeded":
+            return "too_long"
+        return "send"
+
     def error_body(self, error: ProxyError) -> bytes:
         return error.body()
 
@@ -143,6 +157,12 @@ class OpenAIResponses:
             previous_response=body.get("previous_response_id") or None,
             conversation_ref=conversation if is_scope_id(conversation) else None,
         )
+
+
+def _error_code(payload: dict[str, Any]) -> Any:
+    response = payload.get("response")
+    error = response.get("error") if isinstance(response, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _is_message(item: dict[str, Any]) -> bool:
