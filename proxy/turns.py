@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from proxy.ids import derived_id, new_id
 from proxy.models import Scope, Transcript, Turn
-from proxy.stores.base import ResponseChain, Store, text_hash
+from proxy.stores.base import RESPONSE_CHAIN_MAX, ResponseChain, Store, text_hash
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ def history_hash(scope: Scope, transcript: Transcript) -> str:
     """
     material: list[object] = [scope.user, scope.agent or "", scope.conversation or "",
                               [list(pair) for pair in transcript.history]]
-    if transcript.previous_response is not None:  # the same new items after another response are another turn
-        material.append(transcript.previous_response)
+    # The same new items after another response, or in another provider-side conversation, are another turn.
+    if transcript.previous_response is not None or transcript.conversation_ref is not None:
+        material += [transcript.previous_response or "", transcript.conversation_ref or ""]
     return hashlib.sha256(json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -56,7 +57,7 @@ async def identify(
     digest = history_hash(scope, transcript)
     call_ids = list(transcript.tool_call_ids)
     chain = await store.response_chain(scope, transcript.previous_response) if transcript.previous_response else None
-    shown = chain.shown if chain is not None else ()
+    shown = chain.shown if chain is not None else await _conversation_shown(store, scope, transcript)
     existing = await store.turn_by_tool_calls(scope, call_ids) if call_ids else None
     if existing is None:
         existing = await store.turn_by_history(scope, digest, now - timedelta(seconds=retry_window_s))
@@ -81,6 +82,15 @@ async def conversation_for(store: Store, scope: Scope, transcript: Transcript, f
         return await store.latest_conversation(scope)
     hashes = [text_hash(text) for text in reversed(transcript.assistant_texts)]
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
+
+
+async def _conversation_shown(store: Store, scope: Scope, transcript: Transcript) -> tuple[str, ...]:
+    """The saved messages of the conversation the `conversation` parameter names: the provider
+    holds its items and shows them to the model."""
+    if transcript.conversation_ref is None:
+        return ()
+    messages = await store.messages(scope, transcript.conversation_ref, limit=RESPONSE_CHAIN_MAX)
+    return tuple(message.content for message in messages)
 
 
 def fallback_identity(scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float) -> TurnIdentity:

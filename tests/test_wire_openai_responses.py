@@ -420,3 +420,14 @@ def test_a_stream_cut_while_its_opening_is_held_ends_with_the_error_event(mem, f
             live.get_final_response()
     assert eventually(lambda: rows(mem, "SELECT status FROM turns ORDER BY created_at DESC LIMIT 1")
                       == [("truncated",)])
+
+
+def test_the_conversation_parameter_names_the_conversation_and_its_items_count_as_shown(mem, fake):
+    sdk = client(mem)
+    sdk.responses.create(model="gpt-test", input=FACT, conversation="conv_abc")
+    sdk.responses.create(model="gpt-test", input=QUESTION, conversation="conv_abc")
+    assert sent(fake)["input"] == QUESTION  # the provider shows the conversation's items already
+    assert sent(fake)["conversation"] == "conv_abc"
+    assert set(rows(mem, "SELECT conversation_id FROM messages")) == {("conv_abc",)}
+    sdk.responses.create(model="gpt-test", input=QUESTION, conversation={"id": "conv_other"})
+    assert sent(fake)["input"] == f"{block_line()}\n\n{QUESTION}"
