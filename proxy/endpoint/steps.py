@@ -73,7 +73,6 @@ class InjectStep:
         recall.dropped_block()
         return await open_upstream(self.upstream, self.metrics, "POST", self.url, self.headers, original)
 
-
     def _may_fail_late(self, response: UpstreamResponse) -> bool:
         """True for a stream whose wire may still refuse the request as too long inside it."""
         return response.status == 200 and is_plain_sse(response) and self.wire.opening(None) == "hold"
