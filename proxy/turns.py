@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from proxy.ids import derived_id, new_id
+from proxy.ids import derived_id, is_scope_id, new_id
 from proxy.models import Scope, Transcript, Turn
 from proxy.stores.base import RESPONSE_CHAIN_MAX, ResponseChain, Store, text_hash
 
@@ -76,8 +76,9 @@ async def conversation_for(store: Store, scope: Scope, transcript: Transcript, f
         return scope.conversation
     if chain is not None:
         return chain.conversation_id
-    if transcript.conversation_ref is not None:
-        return transcript.conversation_ref
+    named = _named_conversation(transcript)
+    if named is not None:
+        return named
     if follow == "latest":
         return await store.latest_conversation(scope)
     hashes = [text_hash(text) for text in reversed(transcript.assistant_texts)]
@@ -87,10 +88,16 @@ async def conversation_for(store: Store, scope: Scope, transcript: Transcript, f
 async def _conversation_shown(store: Store, scope: Scope, transcript: Transcript) -> tuple[str, ...]:
     """The saved messages of the conversation the `conversation` parameter names: the provider
     holds its items and shows them to the model."""
-    if transcript.conversation_ref is None:
+    named = _named_conversation(transcript)
+    if named is None:
         return ()
-    messages = await store.messages(scope, transcript.conversation_ref, limit=RESPONSE_CHAIN_MAX)
+    messages = await store.messages(scope, named, limit=RESPONSE_CHAIN_MAX)
     return tuple(message.content for message in messages)
+
+
+def _named_conversation(transcript: Transcript) -> str | None:
+    """The `conversation` parameter's id where it is one memproxy can use as a conversation id."""
+    return transcript.conversation_ref if is_scope_id(transcript.conversation_ref) else None
 
 
 def fallback_identity(scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float) -> TurnIdentity:

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from proxy.errors import ProxyError
-from proxy.ids import is_scope_id
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
@@ -155,7 +154,7 @@ class OpenAIResponses:
             assistant_texts=_assistant_texts(items),
             body_user=user if isinstance(user, str) else None,
             previous_response=body.get("previous_response_id") or None,
-            conversation_ref=conversation if is_scope_id(conversation) else None,
+            conversation_ref=conversation if isinstance(conversation, str) else None,
         )
 
 
