@@ -431,3 +431,15 @@ def test_the_conversation_parameter_names_the_conversation_and_its_items_count_a
     assert set(rows(mem, "SELECT conversation_id FROM messages")) == {("conv_abc",)}
     sdk.responses.create(model="gpt-test", input=QUESTION, conversation={"id": "conv_other"})
     assert sent(fake)["input"] == f"{block_line()}\n\n{QUESTION}"
+
+
+def test_a_completed_event_without_output_falls_back_to_the_events(mem, fake):
+    events = stream(output("Read from the deltas"))
+    last = json.loads(events[-1].split(b"data: ", 1)[1])
+    last["response"]["output"] = []
+    events[-1] = f"event: response.completed\ndata: {json.dumps(last)}\n\n".encode()
+    fake.queue(SSEReply(events))
+    with httpx.stream("POST", mem.url + "/v1/responses", headers={"X-Memory-User": "alice"},
+                      json={"model": "gpt-test", "stream": True, "input": "tell me"}) as reply:
+        assert b"".join(reply.iter_bytes()) == b"".join(events)
+    assert saved(mem) == [("user", "tell me"), ("assistant", "Read from the deltas")]
