@@ -41,6 +41,7 @@ class AssistantMessage:
     finish_reason: str | None = None
     reasoning: str = ""  # thinking text: kept for the reasoning trace, never saved as the answer
     continues: bool = False  # the provider paused the turn (Messages `pause_turn`): no answer yet
+    response_id: str | None = None  # the Responses wire's id: a later `previous_response_id` names it
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Transcript:
     history: tuple[tuple[str, str], ...]  # (role, text) up to the prompt, system-level ones left out
     assistant_texts: tuple[str, ...]  # every assistant message's text, in order
     body_user: str | None = None  # the body's `user` field, where the wire has one
+    # Responses wire: the request carries only new items after the response it names, or
+    # after the items of a provider-side conversation (whose id names memproxy's).
+    previous_response: str | None = None
+    conversation_ref: str | None = None
 
 
 @dataclass(frozen=True)

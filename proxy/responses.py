@@ -162,6 +162,11 @@ def readable_body(response: Any, body: bytes) -> bytes:
     return b"" if read.failed else inflated
 
 
+def is_plain_sse(response: Any) -> bool:
+    """An event stream memproxy can read as it comes (not compressed)."""
+    return _is_sse(response) and not _compressed(response)
+
+
 def _is_sse(response: Any) -> bool:
     return response.content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
 

@@ -5,7 +5,8 @@ after the turn's prompt (memproxy stored them from the previous step's response)
 retry by the hash of its history within `memory.retry_window_s`; anything else is a new
 turn. The conversation is the X-Memory-Conversation header, else (scope.conversation:
 history) the stored conversation holding the newest assistant message the request
-carries, else (latest) the user's most recent conversation, else a new one.
+carries, else (latest) the user's most recent conversation, else a new one. On the Responses
+wire a known `previous_response_id` (or the `conversation` parameter) comes before the history.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from proxy.ids import derived_id, new_id
+from proxy.ids import derived_id, is_scope_id, new_id
 from proxy.models import Scope, Transcript, Turn
-from proxy.stores.base import Store, text_hash
+from proxy.stores.base import RESPONSE_CHAIN_MAX, ResponseChain, Store, text_hash
 from proxy.long_json import list_pieces
 
 # Past this many chars of history text a request's history is hashed in a thread, so the
@@ -39,6 +40,7 @@ class TurnIdentity:
     # The user's deletion generation when the turn began (stores/generations.py): its writes
     # are skipped once its user or conversation is deleted. None when the store was not asked.
     generation: int | None = None
+    shown: tuple[str, ...] = ()  # saved messages of the previous_response_id chain: the model has them
 
     @property
     def is_new(self) -> bool:
@@ -52,7 +54,10 @@ def history_hash(scope: Scope, transcript: Transcript) -> str:
     hash is of `json.dumps([user, agent, conversation, [[role, text], ...]], ensure_ascii=False)`,
     a long history written in pieces so that a long message is never encoded in one call.
     """
-    material = [scope.user, scope.agent or "", scope.conversation or "", transcript.history]
+    material: list[object] = [scope.user, scope.agent or "", scope.conversation or "", transcript.history]
+    # The same new items after another response, or in another provider-side conversation, are another turn.
+    if transcript.previous_response is not None or transcript.conversation_ref is not None:
+        material += [transcript.previous_response or "", transcript.conversation_ref or ""]
     pieces: Iterable[str] = (list_pieces(material) if _history_chars(transcript) > HASH_INLINE_CHARS
                              else (json.dumps(material, ensure_ascii=False),))
     digest = hashlib.sha256()
@@ -79,24 +84,48 @@ async def identify(
     """Find the request's turn and conversation in the store, or start new ones (`digest`: its history_hash)."""
     digest = digest or await history_digest(scope, transcript)
     call_ids = list(transcript.tool_call_ids)
+    chain = await store.response_chain(scope, transcript.previous_response) if transcript.previous_response else None
+    shown = chain.shown if chain is not None else await _conversation_shown(store, scope, transcript)
     found = await store.find_turn(scope, call_ids, digest, now - timedelta(seconds=retry_window_s))
     existing = found.turn
     if existing is not None:
-        return TurnIdentity(existing.key, existing.conversation_id, digest, existing, generation=found.generation)
-    conversation = await conversation_for(store, scope, transcript, follow)
+        return TurnIdentity(existing.key, existing.conversation_id, digest, existing, generation=found.generation,
+                            shown=shown)
+    conversation = await conversation_for(store, scope, transcript, follow, chain)
     key, fresh = _new_ids(digest, now, retry_window_s)
     return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None,
-                        generation=found.generation)
+                        generation=found.generation, shown=shown)
 
 
-async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str) -> str | None:
+async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str,
+                           chain: ResponseChain | None = None) -> str | None:
     """The conversation a new turn belongs to; None for a new one."""
     if scope.conversation is not None:
         return scope.conversation
+    if chain is not None:
+        return chain.conversation_id
+    named = _named_conversation(transcript)
+    if named is not None:
+        return named
     if follow == "latest":
         return await store.latest_conversation(scope)
     hashes = [text_hash(text) for text in reversed(transcript.assistant_texts)]
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
+
+
+async def _conversation_shown(store: Store, scope: Scope, transcript: Transcript) -> tuple[str, ...]:
+    """The saved messages of the conversation the `conversation` parameter names: the provider
+    holds its items and shows them to the model."""
+    named = _named_conversation(transcript)
+    if named is None:
+        return ()
+    messages = await store.messages(scope, named, limit=RESPONSE_CHAIN_MAX)
+    return tuple(message.content for message in messages)
+
+
+def _named_conversation(transcript: Transcript) -> str | None:
+    """The `conversation` parameter's id where it is one memproxy can use as a conversation id."""
+    return transcript.conversation_ref if is_scope_id(transcript.conversation_ref) else None
 
 
 def fallback_identity(scope: Scope, *, digest: str, now: datetime, retry_window_s: float) -> TurnIdentity:

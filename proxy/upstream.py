@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -112,7 +112,7 @@ class UpstreamResponse:
     def content_type(self) -> str:
         return self.response.headers.get("content-type", "")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """Raw body bytes as they arrive; raises StreamCut when the body ends badly.
 
         The idle timeout counts only time spent waiting on the provider: while a chunk is

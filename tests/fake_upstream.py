@@ -256,6 +256,10 @@ def default_reply(request: Received) -> Reply:
         from tests.fake_anthropic import default_reply as anthropic_reply  # it builds on this module
 
         return anthropic_reply(request)
+    if request.target.endswith("/responses") and request.method == "POST":
+        from tests.fake_responses import default_reply as responses_reply  # it builds on this module
+
+        return responses_reply(request)
     if request.target.endswith("/embeddings") and request.method == "POST":
         return EmbeddingsReply()
     if request.target.endswith("/chat/completions") and request.method == "POST":
@@ -307,6 +311,10 @@ class FakeUpstream:
     def messages_requests(self) -> list[Received]:
         """Requests to the Anthropic Messages path (count_tokens left out)."""
         return [r for r in self.received if r.target.split("?")[0].endswith("/messages")]
+
+    def responses_requests(self) -> list[Received]:
+        """Requests to POST /responses (compact and the GET paths left out)."""
+        return [r for r in self.received if r.target.split("?")[0].endswith("/responses") and r.method == "POST"]
 
     def embedding_requests(self) -> list[Received]:
         return [r for r in self.received if r.target.endswith("/embeddings")]

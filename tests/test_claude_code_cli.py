@@ -73,7 +73,9 @@ def test_a_fact_told_in_one_session_reaches_the_provider_in_the_next(claude, mem
     reminder, question, memory = prompt_blocks(second)
     assert reminder["text"].startswith("<system-reminder>") and "cache_control" not in reminder
     assert question["text"] == QUESTION and "cache_control" in question
-    assert memory == {"type": "text", "text": f"{HEADER}\n1. [cross-session] user ({today}): {FACT}\n\n"}
+    # The message hit carries the answer that followed it.
+    line = f"1. [cross-session] user ({today}): {FACT} | assistant: {ANSWER}"
+    assert memory == {"type": "text", "text": f"{HEADER}\n{line}\n\n"}
     assert second.target == "/v1/messages?beta=true"
     assert eventually(lambda: saved(mem) == [("user", FACT), ("assistant", ANSWER), ("user", QUESTION),
                                              ("assistant", ANSWER)])

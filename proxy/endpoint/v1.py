@@ -29,6 +29,7 @@ from proxy.upstream import Upstream, provider_for, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest
 from proxy.wires.openai_chat import OpenAIChat
+from proxy.wires.openai_responses import OpenAIResponses
 
 log = logging.getLogger("memproxy.request")
 
@@ -50,6 +51,7 @@ class ProxyEndpoint:
         self.wires: dict[str, Wire] = {
             "/chat/completions": OpenAIChat(),
             "/messages": AnthropicMessages(settings.scope.context_tags),
+            "/responses": OpenAIResponses(settings.scope.context_tags),
         }
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],

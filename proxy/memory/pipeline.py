@@ -28,7 +28,7 @@ from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
 from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
-    FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
+    FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
 from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
@@ -150,7 +150,7 @@ class MemoryService:
         identity = identity or fallback_identity(scope, digest=digest, now=now,
                                                  retry_window_s=self.memory.retry_window_s)
         parts = await saved(request, self.memory.block_header) if persist else Saved()
-        recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts)
+        recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response)
         recall.started(now)
         return recall
 
@@ -166,8 +166,8 @@ class MemoryService:
         limit = self.memory.max_memories if resolved.max_memories is None else resolved.max_memories
         header = self.memory.block_header
         query = Query(edges(user_text(request, header, markers=False), QUERY_EDGE_CHARS), identity.conversation_id,
-                      tuple(edges(text, QUERY_EDGE_CHARS) for text in visible_texts(request, header)), min(limit, 12),
-                      identity.new_conversation, answer_by)
+                      tuple(edges(text, QUERY_EDGE_CHARS) for text in visible_texts(request, header) + identity.shown),
+                      min(limit, 12), identity.new_conversation, answer_by)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
@@ -240,9 +240,10 @@ class TurnRecall(Recall):
     turn_key: str  # a turn always has its key
 
     def __init__(self, service: MemoryService, scope: Scope, identity: TurnIdentity, persist: bool, status: str,
-                 retrieved: Retrieved, saved: Saved) -> None:
+                 retrieved: Retrieved, saved: Saved, previous_response: str | None = None) -> None:
         super().__init__(status)
         self._saved = saved
+        self._previous_response = previous_response  # the parent of the response this turn relays
         self._service = service
         self._scope = scope
         self._identity = identity
@@ -278,6 +279,9 @@ class TurnRecall(Recall):
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
+        if message.response_id:
+            self._submit(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
+                                        self._previous_response, now), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation),

@@ -78,6 +78,19 @@ class RecordToolCalls:
 
 
 @dataclass(frozen=True)
+class RecordResponse:
+    """A response id relayed on the Responses wire, with its turn, conversation and parent:
+    a later request naming it in `previous_response_id` continues that chain."""
+
+    scope: Scope
+    response_id: str
+    turn_key: str
+    conversation_id: str
+    parent_id: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
 class FinishTurn:
     """The step with the final answer: save it (once per answer text) and the trace."""
 
@@ -197,7 +210,7 @@ class StoreMemory:
 
 
 WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
-                StoreMemory]
+                StoreMemory, RecordResponse]
 # The writes of a turn: each carries the generation the turn began at (stores/generations.py).
 TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock]
 TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock)
@@ -212,6 +225,16 @@ class FoundTurn:
 
     turn: Turn | None
     generation: int
+
+RESPONSE_CHAIN_MAX = 500  # responses followed back from a named one (a chain is one per step)
+
+
+@dataclass(frozen=True)
+class ResponseChain:
+    """A recorded response id: its conversation and the saved messages of the chain up to it."""
+
+    conversation_id: str
+    shown: tuple[str, ...]
 
 
 # --- embeddings: filled in the background, searched through an in-process cache
@@ -334,6 +357,9 @@ class Store(Protocol):
         The turn is the newest whose earlier step's response carried one of `call_ids`, else
         the latest started at or after `since` whose history hashed the same, else None.
         """
+
+    async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
+        """The conversation of a recorded response id and its chain's messages; None if unknown."""
 
     async def conversation_by_assistant_hashes(self, scope: Scope, hashes: Sequence[str]) -> str | None:
         """The conversation holding the first of `hashes` (newest first) that was saved.

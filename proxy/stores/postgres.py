@@ -30,7 +30,7 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.models import Scope, Turn
-from proxy.stores.base import FoundTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import RESPONSE_CHAIN_MAX, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp
 from proxy.stores.generations import generation_key
 from proxy.stores.postgres_admin import PostgresAdmin
 from proxy.stores.postgres_batch import apply_ops, recover
@@ -250,6 +250,26 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         if row["block_generation"] < row["generation"]:  # a deletion came after the block was computed
             turn = replace(turn, block=None, injected=0)
         return FoundTurn(turn, row["generation"])
+
+    async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
+        """The conversation of a recorded response id and the messages of its chain's turns."""
+        args = Args()
+        user = args(scope.user)
+        rows = await self._fetch(
+            "WITH RECURSIVE chain(response_id, parent_id, turn_key, conversation_id, depth) AS ("
+            " SELECT response_id, parent_id, turn_key, conversation_id, 0 FROM responses"
+            f" WHERE user_id = {user} AND response_id = {args(clean_text(response_id))}"
+            " UNION ALL SELECT r.response_id, r.parent_id, r.turn_key, r.conversation_id, c.depth + 1"
+            f" FROM responses r JOIN chain c ON r.user_id = {user} AND r.response_id = c.parent_id"
+            f" WHERE c.depth < {args(RESPONSE_CHAIN_MAX)})"
+            " SELECT c.depth, c.conversation_id, m.content FROM chain c"
+            f" LEFT JOIN messages m ON m.user_id = {user} AND m.turn_key = c.turn_key ORDER BY c.depth DESC, m.seq",
+            args,
+        )
+        if not rows:
+            return None
+        conversation = next(str(row[1]) for row in rows if row[0] == 0)
+        return ResponseChain(conversation, tuple(dict.fromkeys(str(row[2]) for row in rows if row[2] is not None)))
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""

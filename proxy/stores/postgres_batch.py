@@ -28,6 +28,7 @@ from proxy.stores.base import (
     ExtractionFailed,
     FinishTurn,
     RecordFacts,
+    RecordResponse,
     RecordToolCalls,
     SaveBlock,
     SetTurnStatus,
@@ -146,11 +147,13 @@ async def recover(conn: asyncpg.Connection) -> None:
 
 async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
     """Apply `ops` in order on a connection inside a transaction."""
-    for graph, run in groupby(ops, key=lambda op: isinstance(op, (RecordFacts, StoreMemory))):
+    for alone, run in groupby(ops, key=lambda op: isinstance(op, (RecordFacts, StoreMemory, RecordResponse))):
         group = list(run)
-        if graph:  # a merge reads the graph as it goes: one op at a time
+        if alone:  # a merge reads the graph as it goes, and a response id is rare: one op at a time
             for op in group:
-                if isinstance(op, RecordFacts):
+                if isinstance(op, RecordResponse):
+                    await record_response(conn, op)
+                elif isinstance(op, RecordFacts):
                     await record_facts(conn, op)
                 elif isinstance(op, StoreMemory):
                     await store_memory(conn, op)
@@ -158,6 +161,16 @@ async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
             await conn.execute(APPLY, *arguments(group[0]))
         else:
             await conn.executemany(APPLY, [arguments(op) for op in group])
+
+
+async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
+    """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
+    await conn.execute(
+        "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at)"
+        " SELECT user_id, $1, turn_key, conversation_id, $2, $3 FROM turns WHERE user_id = $4 AND turn_key = $5"
+        " ON CONFLICT DO NOTHING",
+        clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), utc(op.at), op.scope.user, op.turn_key,
+    )
 
 
 def arguments(op: WriteOp) -> tuple[Any, ...]:

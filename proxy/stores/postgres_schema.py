@@ -428,8 +428,25 @@ CREATE TABLE IF NOT EXISTS generations (
 ALTER TABLE turns ADD COLUMN IF NOT EXISTS block_generation bigint NOT NULL DEFAULT 0;
 """
 
+# v6: the response ids relayed on the Responses wire, so a request naming one in
+# `previous_response_id` continues its conversation on any replica; a deleted conversation
+# (or user) takes its ids along.
+_V6 = f"""
+CREATE TABLE IF NOT EXISTS responses (
+    user_id text {_C} NOT NULL,
+    response_id text {_C} NOT NULL,
+    turn_key text {_C} NOT NULL,
+    conversation_id text {_C} NOT NULL,
+    parent_id text {_C},
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (user_id, response_id),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS responses_conversation ON responses(user_id, conversation_id);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

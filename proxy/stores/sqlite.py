@@ -36,7 +36,9 @@ from proxy.models import (
     StoredMessage,
     Turn,
 )
-from proxy.stores.base import FinishTurn, FoundTurn, QueuedMessage, StoreError, WriteOp
+from proxy.stores.base import (
+    RESPONSE_CHAIN_MAX, FinishTurn, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
+)
 from proxy.stores.generations import generation_key
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
@@ -52,6 +54,7 @@ from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
     agent_clause,
+    clean_text,
     entity_from_row,
     export_conversation,
     export_entity,
@@ -426,6 +429,23 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             return FoundTurn(None, row["generation"])
 
         return await self._read(find)
+
+    async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
+        """The conversation of a recorded response id and the messages of its chain's turns."""
+        rows = await self._rows(
+            "WITH RECURSIVE chain(response_id, parent_id, turn_key, conversation_id, depth) AS ("
+            " SELECT response_id, parent_id, turn_key, conversation_id, 0 FROM responses"
+            " WHERE user_id = ? AND response_id = ?"
+            " UNION ALL SELECT r.response_id, r.parent_id, r.turn_key, r.conversation_id, c.depth + 1"
+            " FROM responses r JOIN chain c ON r.user_id = ? AND r.response_id = c.parent_id WHERE c.depth < ?)"
+            " SELECT c.depth, c.conversation_id, m.content FROM chain c"
+            " LEFT JOIN messages m ON m.user_id = ? AND m.turn_key = c.turn_key ORDER BY c.depth DESC, m.seq",
+            [scope.user, clean_text(response_id), scope.user, RESPONSE_CHAIN_MAX, scope.user],
+        )
+        if not rows:
+            return None
+        conversation = next(str(row[1]) for row in rows if row[0] == 0)
+        return ResponseChain(conversation, tuple(dict.fromkeys(str(row[2]) for row in rows if row[2] is not None)))
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""

@@ -16,8 +16,8 @@ from typing import Any
 from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
-    TURN_OPS, ExtractionFailed, FinishTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn,
-    StoreMemory, TurnOp, WriteOp, text_hash,
+    TURN_OPS, ExtractionFailed, FinishTurn, RecordFacts, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus,
+    StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
 )
 from proxy.stores.generations import deleted_keys
 from proxy.stores.sqlite_admin import store_memory
@@ -95,6 +95,8 @@ class Batch:
             record_facts(self._conn, op)
         elif isinstance(op, ExtractionFailed):
             record_failure(self._conn, op)
+        elif isinstance(op, RecordResponse):
+            self.record_response(op)
         else:
             raise TypeError(f"unknown write op {type(op).__name__}")
 
@@ -210,6 +212,16 @@ class Batch:
             " arguments = excluded.arguments, created_at = excluded.created_at",
             [(op.scope.user, cid, op.turn_key, clean_text(name), clean_text(args), at, op.scope.user, op.turn_key)
              for cid, name, args in op.calls],
+        )
+
+    def record_response(self, op: RecordResponse) -> None:
+        """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
+        self._run(
+            "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at)"
+            " SELECT user_id, ?, turn_key, conversation_id, ?, ? FROM turns WHERE user_id = ? AND turn_key = ?"
+            " ON CONFLICT DO NOTHING",
+            (clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), to_ts(op.at), op.scope.user,
+             op.turn_key),
         )
 
     def set_turn_status(self, op: SetTurnStatus) -> None:

@@ -364,8 +364,25 @@ CREATE TABLE IF NOT EXISTS generations (
 ALTER TABLE turns ADD COLUMN block_generation INTEGER NOT NULL DEFAULT 0;
 """
 
+# v9: the response ids relayed on the Responses wire, so a request naming one in
+# `previous_response_id` continues its conversation on any replica; a deleted conversation
+# (or user) takes its ids along.
+_V9 = """
+CREATE TABLE IF NOT EXISTS responses (
+    user_id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    turn_key TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    parent_id TEXT,  -- the previous_response_id the request named; NULL for a chain's first
+    created_at REAL NOT NULL,
+    PRIMARY KEY (user_id, response_id),
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS responses_conversation ON responses(user_id, conversation_id);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -23,7 +23,9 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.anthropic_answer import MessagesStreamReader, answer_from_blocks, blocks_text
-from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
+from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
+from proxy.wires.sse import SSEEvent
 
 _MARKERS = {"image": "[image]", "document": "[file]"}
 _CONVERSATION_ROLES = frozenset({"user", "assistant"})
@@ -39,11 +41,8 @@ class AnthropicMessages:
     name = "anthropic_messages"
     provider: Provider = "anthropic"
 
-    def __init__(self, context_tags: Iterable[str] = ("system-reminder", "environment_context",
-                                                      "user_instructions")) -> None:
-        tags = "|".join(re.escape(tag) for tag in context_tags)
-        # One element at the start of the text: <tag ...> ... </tag>, the same tag closing it.
-        self._element = re.compile(rf"\s*<({tags})(?:\s[^>]*)?>.*?</\1>\s*", re.DOTALL) if tags else None
+    def __init__(self, context_tags: Iterable[str] = DEFAULT_TAGS) -> None:
+        self._context = ContextTags(context_tags)
 
     def parse(self, body: bytes) -> WireRequest | str:
         doc = load_json(body)
@@ -104,6 +103,9 @@ class AnthropicMessages:
         message = error.get("message")
         return isinstance(message, str) and _CONTEXT_LENGTH.search(message) is not None
 
+    def opening(self, event: SSEEvent | None) -> Opening:
+        return "send"  # the context-length error comes as a 400 before any stream
+
     def error_body(self, error: ProxyError) -> bytes:
         kind = _ERROR_TYPES.get(error.status, "api_error")
         return json.dumps({"type": "error", "error": {"type": kind, "message": error.message}}).encode()
@@ -113,22 +115,10 @@ class AnthropicMessages:
         payload = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
 
-    def _is_context(self, text: str) -> bool:
-        """True for text that is wholly elements of context tags (and is not empty)."""
-        if self._element is None or "<" not in text:
-            return False
-        position, end = 0, len(text)
-        while position < end:
-            found = self._element.match(text, position)
-            if found is None:
-                return False
-            position = found.end()
-        return position > 0
-
     def _own_blocks(self, content: Any) -> list[Any]:
         """The blocks of a user message that are the user's own (context elements left out)."""
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        return [b for b in blocks if not (b.get("type") == "text" and self._is_context(_str(b.get("text"))))]
+        return [b for b in blocks if not (b.get("type") == "text" and self._context.is_context(_str(b.get("text"))))]
 
     def _prompt_index(self, messages: list[dict[str, Any]]) -> int | None:
         for index in range(len(messages) - 1, -1, -1):

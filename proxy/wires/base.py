@@ -23,6 +23,9 @@ from proxy.wires.sse import SSEEvent
 LARGE_BODY_BYTES = 1 << 20
 
 Provider = Literal["openai", "anthropic"]
+# What a wire says of a stream's opening event while a request with a block waits on it:
+# hold it back, send it (and all before it), or resend without the block (too long).
+Opening = Literal["hold", "send", "too_long"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,11 @@ class Wire(ErrorShape, Protocol):
 
     def is_context_length_error(self, status: int, body: bytes) -> bool:
         """True when the provider refused the request as too long for the model's context."""
+
+    def opening(self, event: SSEEvent | None) -> Opening:
+        """A streamed answer's event before any output (None: before the first): whether a
+        context-length failure may still follow it (`hold`), or the stream is the answer
+        (`send`), or it is that failure (`too_long`)."""
 
 
 def dump_json(body: dict[str, Any], *, in_pieces: bool = False) -> bytes:

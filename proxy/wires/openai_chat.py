@@ -14,7 +14,8 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires import openai_chat_answer
-from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
+from proxy.wires.sse import SSEEvent
 
 _PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
 _NOT_HISTORY = frozenset({"system", "developer"})
@@ -263,6 +264,9 @@ class OpenAIChat:
 
     def is_context_length_error(self, status: int, body: bytes) -> bool:
         return is_context_length_error(status, body)
+
+    def opening(self, event: SSEEvent | None) -> Opening:
+        return "send"  # the context-length error comes as a 400 before any stream
 
     def error_body(self, error: ProxyError) -> bytes:
         return error.body()

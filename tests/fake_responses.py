@@ -1,0 +1,131 @@
+"""OpenAI Responses payloads for the scripted upstream (tests/fake_upstream.py).
+
+JSON `response` objects and SSE streams with the real event sequence (as Codex CLI
+receives it): response.created, response.in_progress, per output item
+response.output_item.added, its parts and deltas (output_text, function-call arguments,
+reasoning summary), response.output_item.done, then response.completed with usage, or
+response.failed / response.incomplete. Errors in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.fake_upstream import JsonReply, Received, Reply, SSEReply
+
+USAGE = {"input_tokens": 40, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 9,
+         "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 49}
+
+
+def message_item(text: str, n: int = 0) -> dict[str, Any]:
+    return {"type": "message", "id": f"msg_{n}", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def call_item(call_id: str, name: str = "lookup", arguments: str = '{"q": "host"}') -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": "completed"}
+
+
+def reasoning_item(summary: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": "rs_0", "summary": [{"type": "summary_text", "text": summary}]}
+
+
+def response(output: list[dict[str, Any]], response_id: str = "resp_1", status: str = "completed",
+             **extra: Any) -> dict[str, Any]:
+    return {"id": response_id, "object": "response", "created_at": 1700000000, "status": status, "model": "gpt-test",
+            "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
+            "incomplete_details": None, "usage": USAGE if status == "completed" else None, **extra}
+
+
+def output(text: str | None = "Hello from Responses", calls: list[str] | None = None,
+           summary: str | None = None) -> list[dict[str, Any]]:
+    """Output items: an optional reasoning summary, the text, then function calls by call_id."""
+    items = [reasoning_item(summary)] if summary is not None else []
+    if text is not None:
+        items.append(message_item(text, len(items)))
+    return items + [call_item(call_id) for call_id in calls or []]
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+
+    def add(self, kind: str, **payload: Any) -> None:
+        data = {"type": kind, "sequence_number": len(self.events), **payload}
+        self.events.append(f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+
+
+def stream(items: list[dict[str, Any]] | None = None, response_id: str = "resp_1", end: str = "completed",
+           pieces: int = 3, error: dict[str, Any] | None = None) -> list[bytes]:
+    """The events of a streamed response; `end` is completed, failed, incomplete or none."""
+    items = output() if items is None else items
+    out = _Events()
+    out.add("response.created", response=response([], response_id, "in_progress"))
+    out.add("response.in_progress", response=response([], response_id, "in_progress"))
+    for index, item in enumerate(items):
+        base = {"output_index": index, "item_id": item["id"]}
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            out.add("response.output_item.added", output_index=index, item={**item, "content": [],
+                                                                            "status": "in_progress"})
+            out.add("response.content_part.added", **base, content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []})
+            size = max(1, -(-len(text) // pieces))
+            for i in range(0, len(text), size):
+                out.add("response.output_text.delta", **base, content_index=0, delta=text[i:i + size], logprobs=[])
+            out.add("response.output_text.done", **base, content_index=0, text=text, logprobs=[])
+            out.add("response.content_part.done", **base, content_index=0, part=item["content"][0])
+        elif item["type"] == "function_call":
+            out.add("response.output_item.added", output_index=index, item={**item, "arguments": "",
+                                                                            "status": "in_progress"})
+            half = len(item["arguments"]) // 2
+            for part in (item["arguments"][:half], item["arguments"][half:]):
+                out.add("response.function_call_arguments.delta", **base, delta=part)
+            out.add("response.function_call_arguments.done", **base, arguments=item["arguments"])
+        elif item["type"] == "reasoning":
+            text = item["summary"][0]["text"]
+            out.add("response.output_item.added", output_index=index, item={**item, "summary": []})
+            out.add("response.reasoning_summary_part.added", **base, summary_index=0,
+                    part={"type": "summary_text", "text": ""})
+            out.add("response.reasoning_summary_text.delta", **base, summary_index=0, delta=text)
+            out.add("response.reasoning_summary_text.done", **base, summary_index=0, text=text)
+            out.add("response.reasoning_summary_part.done", **base, summary_index=0,
+                    part={"type": "summary_text", "text": text})
+        out.add("response.output_item.done", output_index=index, item=item)
+    if end == "completed":
+        out.add("response.completed", response=response(items, response_id))
+    elif end in ("failed", "incomplete"):
+        failure = error or {"code": "server_error", "message": "The model failed"}
+        out.add(f"response.{end}", response=response(items, response_id, end, error=failure if end == "failed"
+                                                      else None))
+    return out.events
+
+
+def failed_early(code: str = "context_length_exceeded", response_id: str = "resp_f") -> list[bytes]:
+    """A stream that fails before any output item (as a context-length failure comes)."""
+    out = _Events()
+    out.add("response.created", response=response([], response_id, "in_progress"))
+    out.add("response.in_progress", response=response([], response_id, "in_progress"))
+    out.add("response.failed", response=response([], response_id, "failed",
+                                                 error={"code": code, "message": "Your input exceeds the context "
+                                                        "window of this model."}))
+    return out.events
+
+
+def error(status: int, code: str | None, text: str, kind: str = "invalid_request_error") -> JsonReply:
+    return JsonReply({"error": {"message": text, "type": kind, "param": None, "code": code}}, status=status)
+
+
+def too_long() -> JsonReply:
+    return error(400, "context_length_exceeded", "Your input exceeds the context window of this model.")
+
+
+def default_reply(request: Received) -> Reply:
+    """What the upstream answers on POST /responses when no script is queued."""
+    try:
+        streamed = bool(json.loads(request.body).get("stream"))
+    except (ValueError, AttributeError, RecursionError):
+        return error(400, None, "bad json")
+    return SSEReply(stream()) if streamed else JsonReply(response(output()))
