@@ -41,9 +41,10 @@ def sent(fake, n: int = -1) -> dict[str, Any]:
     return fake.messages_requests()[n].json()
 
 
-def block_line() -> str:
+def block_line(answer: str = "Hello from Claude") -> str:
+    """The block recalling the taught fact; a message hit carries the answer that followed it."""
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    return f"{HEADER}\n1. [cross-session] user ({date}): {FACT}"
+    return f"{HEADER}\n1. [cross-session] user ({date}): {FACT} | assistant: {answer}"
 
 
 def teach(proxy, user: str = "alice") -> None:

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from proxy.memory.block import entity_line, message_line, reasoning_line, triple_line
+from proxy.memory.block import DATE_END, entity_line, message_line, reasoning_line, triple_line
+from proxy.memory.exchange import SEPARATOR
 from proxy.models import ReasoningStep, Relationship, Scope
 from proxy.stores.base import Store
 
@@ -123,7 +124,7 @@ async def _hit(lookup: Lookup, hit: dict[str, Any], turn_at: datetime) -> dict[s
     elif source in MESSAGE_SOURCES:
         message = await lookup.message(item_id)
         if message is not None:
-            text = message_line(message["role"], _time(message["created_at"]), message["content"])
+            text, changed = await _exchange_line(lookup, message, hit.get("exchange"))
     elif source == "graph":
         edge = lookup.edges.get(item_id)
         if edge is not None:
@@ -136,6 +137,25 @@ async def _hit(lookup: Lookup, hit: dict[str, Any], turn_at: datetime) -> dict[s
             text = reasoning_line(trace["task"], steps, trace["answer"])
     now = "deleted" if text is None else "changed" if changed else "current"
     return {**hit, "text": text, "now": now}
+
+
+async def _exchange_line(lookup: Lookup, message: dict[str, Any], carried: Any) -> tuple[str, bool]:
+    """A message hit's line with the neighbours it carried (in the order said, under the hit's
+    date), as the block wrote it; changed when a neighbour has since been deleted."""
+    ids = [str(i) for i in carried] if isinstance(carried, list) else []
+    found = [await lookup.message(i) for i in ids]
+    neighbours = [m for m in found if m is not None]
+    said = sorted([message, *neighbours], key=lambda m: (_time(m["created_at"]), m["id"] != message["id"]))
+    head, _, _ = message_line(message["role"], _time(message["created_at"]), "").partition(DATE_END)
+    date = head.rpartition(" (")[2]
+    pieces = []
+    for item in said:
+        role_and_date, _, text = message_line(item["role"], _time(item["created_at"]), item["content"]).partition(DATE_END)
+        pieces.append((role_and_date.rsplit(" (", 1)[0], text))
+    first_role, first_text = pieces[0]
+    line = f"{first_role} ({date}{DATE_END}{first_text}"
+    line += "".join(f"{SEPARATOR}{role}: {text}" for role, text in pieces[1:])
+    return line, len(neighbours) < len(ids)
 
 
 def _time(text: str) -> datetime:

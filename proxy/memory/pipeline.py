@@ -123,12 +123,15 @@ class MemoryService:
             answer_by = start + budget_s
             reading = False  # the recall's turn came (admission.py) and it asked the store
             try:
-                async with asyncio.timeout_at(answer_by), self.gate.admitted(start + budget_s * TURN_WAIT_SHARE):
-                    reading = True
-                    identity = await self._identify(scope, request, now, digest)
+                async with asyncio.timeout_at(answer_by):
                     if self.pending is not None:
+                        # Waited for before a turn to read is taken: a store that cannot commit
+                        # (locked) must not hold the admission slots of other recalls meanwhile.
                         await self.pending.settled(scope.user, budget_s * FACTS_WAIT_SHARE)
-                    retrieved = await self._block(scope, request, identity, resolved, answer_by)
+                    async with self.gate.admitted(start + budget_s * TURN_WAIT_SHARE):
+                        reading = True
+                        identity = await self._identify(scope, request, now, digest)
+                        retrieved = await self._block(scope, request, identity, resolved, answer_by)
                 self.breaker.succeeded()
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
