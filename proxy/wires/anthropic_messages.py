@@ -23,7 +23,9 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.anthropic_answer import MessagesStreamReader, answer_from_blocks, blocks_text
-from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import (
+    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem,
+)
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
 from proxy.wires.sse import SSEEvent
 
@@ -51,11 +53,10 @@ class AnthropicMessages:
         messages = doc.get("messages")
         if not isinstance(messages, list):
             return "messages is not a list"
-        if not isinstance(doc.get("model"), str):
-            return "model is missing or not a string"
+        problem = model_and_stream_problem(doc)
+        if problem is not None:
+            return problem
         stream = doc.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            return "stream is not a boolean"
         problem = next(filter(None, map(_message_problem, messages)), None)
         if problem is not None:
             return problem

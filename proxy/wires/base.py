@@ -123,6 +123,16 @@ def dump_json(body: dict[str, Any], *, in_pieces: bool = False) -> bytes:
         return json.dumps(body, separators=(",", ":")).encode("ascii")
 
 
+def model_and_stream_problem(doc: dict[str, Any]) -> str | None:
+    """Why the body's `model` or `stream` is not what every wire's chat request holds, or None."""
+    if not isinstance(doc.get("model"), str):
+        return "model is missing or not a string"
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        return "stream is not a boolean"
+    return None
+
+
 def load_json(body: bytes) -> dict[str, Any] | str:
     """The body's JSON object, or a short reason why it is not one."""
     try:

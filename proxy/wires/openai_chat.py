@@ -14,7 +14,9 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires import openai_chat_answer
-from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import (
+    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem,
+)
 from proxy.wires.sse import SSEEvent
 
 _PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
@@ -39,11 +41,10 @@ def parse_chat_request(body: bytes) -> ChatRequest | str:
     messages = doc.get("messages")
     if not isinstance(messages, list):
         return "messages is not a list"
-    if not isinstance(doc.get("model"), str):
-        return "model is missing or not a string"
+    problem = model_and_stream_problem(doc)
+    if problem is not None:
+        return problem
     stream = doc.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        return "stream is not a boolean"
     return next(filter(None, map(_message_problem, messages)), None) or ChatRequest(
         body=doc, stream=bool(stream), messages=messages)
 

@@ -19,7 +19,9 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
-from proxy.wires.base import AnswerReader, Opening, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import (
+    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem,
+)
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
 from proxy.wires.openai_responses_answer import (
     CLIENT_CALLS, ResponsesStreamReader, call_arguments, call_name, parse_response,
@@ -50,11 +52,10 @@ class OpenAIResponses:
             items = [{"role": "user", "content": items}]
         if not isinstance(items, list):
             return "input is neither text nor a list of items"
-        if not isinstance(doc.get("model"), str):
-            return "model is missing or not a string"
+        problem = model_and_stream_problem(doc)
+        if problem is not None:
+            return problem
         stream = doc.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            return "stream is not a boolean"
         for name in ("previous_response_id", "user"):
             if doc.get(name) is not None and not isinstance(doc[name], str):
                 return f"{name} is not a string"
