@@ -199,7 +199,7 @@ async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Serv
             profile = workdir / f"profile-r{r + 1}-c{clients}.raw"
             sampler = pyspy.record(memproxy.pid, args.duration, profile) if args.profile else None
             level = await run_sustained(target, memproxy, mock, clients, args.duration, shape.headers(),
-                                        shape.expected_events, first, names)
+                                        shape.expected_events(), first, names)
             first += 1_000_000
             lines += [sustained_row(level), threads_row(level)]
             if sampler is not None:
