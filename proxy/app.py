@@ -19,8 +19,10 @@ from proxy.api.auth import ApiGuard
 from proxy.api.routes import ApiApp, MemoryApi
 from proxy.embedding_calls import embeddings_caller
 from proxy.errors import NotFound
+from proxy.hook_http import HookPoster
 from proxy.memory.embedding_worker import EmbeddingWorker, Filler
 from proxy.memory.extraction_worker import ExtractionWorker
+from proxy.memory.hooks import load_hooks
 from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
@@ -67,7 +69,9 @@ class Parts:
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
         self.vectors, self.embedding = self._embeddings(settings)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
-        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics)
+        self.hook_poster = HookPoster() if any(spec.kind == "url" for spec in settings.hooks) else None
+        hooks = load_hooks(settings.hooks, self.hook_poster, self.metrics)
+        self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics, hooks)
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
@@ -128,6 +132,8 @@ class Parts:
         await self.writer.close(self.settings.server.grace_period_s)
         await self.store.close()
         await self.upstream.aclose()
+        if self.hook_poster is not None:
+            await self.hook_poster.aclose()
 
     async def readiness(self) -> dict[str, Any]:
         """Still 200 when memory is degraded (proxying goes on); `status` says how (kept in service)."""

@@ -27,7 +27,7 @@ from proxy.settings import Settings
 from proxy.side_requests import RequestFacts, SideRequests
 from proxy.upstream import Upstream, provider_for, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
-from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest
+from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.openai_chat import OpenAIChat
 
 log = logging.getLogger("memproxy.request")
@@ -169,8 +169,12 @@ class ProxyEndpoint:
         recall: Recall | None = None  # None: the client left during the recall itself
         try:
             async with DisconnectWatch(receive) as watch:
-                recall = await self.memory.recall(resolved, request.transcript if request is not None else None)
+                recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
+                                                  wire.name)
                 send.error_headers = recall.headers()
+                if recall.prompt is not None and request is not None:
+                    request = wire.with_prompt(request, recall.prompt)
+                    body = _serialised(request, body)
                 out_body = _with_block(wire, request, recall, body)
                 if recall.active:
                     # We read a copy of the answer to save it: ask for it uncompressed.
@@ -215,6 +219,14 @@ def _with_block(wire: Wire, request: WireRequest | None, recall: Recall, body: b
         return wire.insert_block(request, recall.block)
     except ValueError:  # too deep to re-serialise here: send what the client sent
         recall.dropped_block()
+        return body
+
+
+def _serialised(request: WireRequest, body: bytes) -> bytes:
+    """The body a hook's rewritten prompt makes (also what goes when the block must come out)."""
+    try:
+        return dump_json(request.body)
+    except ValueError:  # too deep to re-serialise here: the client's own words go
         return body
 
 

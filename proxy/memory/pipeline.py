@@ -14,18 +14,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from proxy.errors import MemoryUnavailable
+from proxy.errors import MemoryUnavailable, PolicyBlocked
 from proxy.exchange import Recall
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
+from proxy.memory import turn_hooks
+from proxy.memory.hooks import Hooks
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
-from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
+from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
 from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
-    FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
+    DropHookContext, FinishTurn, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
 )
 from proxy.turns import TurnIdentity, fallback_identity, identify
 
@@ -52,6 +54,7 @@ class Retrieved:
     block: str = ""
     injected: int = 0
     log: dict[str, Any] = field(default_factory=dict)
+    hits: tuple[Hit, ...] = ()  # those the block shows, in its order (a post_retrieval hook picks from them)
 
 
 class Retriever(Protocol):
@@ -67,7 +70,7 @@ class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""
 
     def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, hooks: Hooks | None = None) -> None:
         self.settings = settings
         self.memory: MemorySettings = settings.memory
         self.store = store
@@ -75,8 +78,10 @@ class MemoryService:
         self.retriever = retriever
         self.metrics = metrics
         self.breaker = CircuitBreaker(metrics)
+        self.hooks = hooks  # None: no hooks configured, and the request path does nothing for them
+        self.hook_saves: set[asyncio.Task[None]] = set()  # saves waiting on a pre_memory_write hook
 
-    async def recall(self, resolved: RequestScope, request: Transcript | None) -> Recall:
+    async def recall(self, resolved: RequestScope, request: Transcript | None, wire: str = "") -> Recall:
         """The Recall of one chat request (its identity already complete)."""
         if not resolved.memory_on or request is None or resolved.scope is None:
             return Recall("off")
@@ -86,15 +91,21 @@ class MemoryService:
         status = "ok"
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
+        start = turn_hooks.TurnStart()
         if not self.breaker.allow():
             status = "degraded: circuit open"
         else:
             started = time.perf_counter()
             try:
-                async with asyncio.timeout(self.memory.retrieval_timeout_ms / 1000):
+                async with asyncio.timeout(self.memory.retrieval_timeout_ms / 1000) as budget:
                     identity = await self._identify(scope, request, now)
-                    retrieved = await self._block(scope, request, identity, resolved)
+                    if self.hooks is not None:
+                        start = await self._hooked(budget, scope, request, identity, wire)
+                        request = turn_hooks.with_prompt(request, start.prompt)
+                    retrieved = await self._block(scope, request, identity, resolved, wire)
                 self.breaker.succeeded()
+            except PolicyBlocked:
+                raise  # a policy's refusal, not a memory fault: the client gets it
             except TimeoutError:
                 status = self._degraded("retrieval timeout")
             except StoreError as exc:
@@ -109,7 +120,9 @@ class MemoryService:
             error.headers = {"x-memory-status": status}
             raise error
         identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
-        recall = TurnRecall(self, scope, request, identity, persist, status, retrieved)
+        if start.context:
+            retrieved.block = turn_hooks.with_context(retrieved.block, start.context, self.memory.max_tokens)
+        recall = TurnRecall(self, scope, request, identity, persist, status, retrieved, wire, start)
         recall.started(now)
         return recall
 
@@ -117,8 +130,24 @@ class MemoryService:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
                               follow=self.settings.scope.conversation)
 
+    async def _hooked(self, budget: asyncio.Timeout, scope: Scope, request: Transcript, identity: TurnIdentity,
+                      wire: str) -> turn_hooks.TurnStart:
+        """A new turn's start hooks, on their own timeouts (retrieval's budget waits meanwhile);
+        a later step or a retry gets the prompt the turn's hooks gave it."""
+        if identity.existing is not None:
+            return turn_hooks.TurnStart(identity.existing.prompt)
+        assert self.hooks is not None
+        queued = await self.store.hook_context(scope, identity.conversation_id) if self.hooks.has("stop") else []
+        left = (budget.when() or 0) - asyncio.get_running_loop().time()
+        budget.reschedule(None)
+        context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+        start = await turn_hooks.start_turn(self.hooks, context, user_text(request, self.memory.block_header),
+                                            identity.new_conversation, queued)
+        budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
+        return start
+
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
-                     resolved: RequestScope) -> Retrieved:
+                     resolved: RequestScope, wire: str) -> Retrieved:
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
@@ -128,7 +157,11 @@ class MemoryService:
                       visible_texts(request, header), min(limit, 12), identity.new_conversation)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
-        return await self.retriever.retrieve(scope, query)
+        retrieved = await self.retriever.retrieve(scope, query)
+        if self.hooks is not None and self.hooks.has("post_retrieval") and retrieved.hits:
+            context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+            return await turn_hooks.kept_hits(self.hooks, context, retrieved, header)
+        return retrieved
 
     def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
         self.breaker.failed()
@@ -171,7 +204,8 @@ class TurnRecall(Recall):
     """A request with memory on: block in, turn saved once, answer saved from the last step."""
 
     def __init__(self, service: MemoryService, scope: Scope, request: Transcript, identity: TurnIdentity,
-                 persist: bool, status: str, retrieved: Retrieved) -> None:
+                 persist: bool, status: str, retrieved: Retrieved, wire: str = "",
+                 start: turn_hooks.TurnStart = turn_hooks.TurnStart()) -> None:
         super().__init__(status)
         self._service = service
         self._scope = scope
@@ -183,6 +217,22 @@ class TurnRecall(Recall):
         self.injected = retrieved.injected if self.block else 0
         self._log = retrieved.log
         self._ending: str | None = None
+        self._start = start
+        self.prompt = start.prompt
+        self._saves = self._hooked_saves(wire)
+
+    def _hooked_saves(self, wire: str) -> turn_hooks.HookedSaves | None:
+        hooks = self._service.hooks
+        if hooks is None or not self._persist or not (hooks.has("pre_memory_write") or hooks.has("stop")):
+            return None
+        context = turn_hooks.hook_context(self._scope, self._identity.conversation_id, self.turn_key, wire)
+        return turn_hooks.HookedSaves(hooks, context, lambda op, urgent: self._submit(op, urgent=urgent),
+                                      self._service.hook_saves)
+
+    def _prompt_text(self) -> str:
+        """The prompt as saved: the user's words (or a hook's rewrite), no block, no hook context."""
+        return redact(turn_hooks.without_context(user_text(self._request, self._service.memory.block_header),
+                                                 self._start.context))
 
     @property
     def active(self) -> bool:
@@ -195,11 +245,17 @@ class TurnRecall(Recall):
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
-            text = redact(user_text(self._request, self._service.memory.block_header))
-            self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                                   self._identity.history_hash, now, text, self._persist))
+            start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
+                              self._identity.history_hash, now, self._prompt_text(), self._persist)
+            if self._saves is not None:
+                self._saves.start(start)
+            else:
+                self._submit(start)
         if not self._log.get("cache") and self.status == "ok":
-            self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now))
+            self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
+                                   self._start.prompt))
+        if self._start.queued_upto is not None:
+            self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
@@ -212,12 +268,12 @@ class TurnRecall(Recall):
         answer = message.content or message.refusal
         if not answer.strip():
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now), urgent=True)
-        return self._submit(FinishTurn(
+        finish = FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
-            task=redact(user_text(self._request, self._service.memory.block_header)),
-            steps=reasoning_steps(self._request) + thinking_step(message),
+            task=self._prompt_text(), steps=reasoning_steps(self._request) + thinking_step(message),
             answer_hash=text_hash(answer),
-        ), urgent=True)
+        )
+        return self._saves.finish(finish) if self._saves is not None else self._submit(finish, urgent=True)
 
     def failed(self, status: str) -> None:
         self._ended(status)

@@ -154,7 +154,7 @@ class Retrieval:
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        return Retrieved(block, len(kept) if block else 0, entry)
+        return Retrieved(block, len(kept) if block else 0, entry, tuple(kept) if block else ())
 
     def forget(self, user: str) -> None:
         """Drop what is cached of a deleted user (the vectors held in memory)."""

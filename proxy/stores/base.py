@@ -110,6 +110,7 @@ class SaveBlock:
     injected: int
     log: dict[str, Any] = field(default_factory=dict)
     at: datetime | None = None
+    prompt: str | None = None  # a hook's updated_prompt, cached with the block
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,29 @@ class StoreMemory:
     tags: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class QueueHookContext:
+    """Context a `stop` hook left for the conversation's next turn (the oldest go past HOOK_CONTEXT_KEEP)."""
+
+    scope: Scope
+    conversation_id: str
+    text: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class DropHookContext:
+    """The conversation's queued hook context up to `upto_seq` was given to a turn: it goes."""
+
+    scope: Scope
+    conversation_id: str
+    upto_seq: int
+
+
+HOOK_CONTEXT_KEEP = 20  # queued hook context per conversation; the oldest go first
+
 WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
-                StoreMemory]
+                StoreMemory, QueueHookContext, DropHookContext]
 
 
 # --- embeddings: filled in the background, searched through an in-process cache
@@ -315,6 +337,9 @@ class Store(Protocol):
 
         When several conversations hold that text, the most recently active one wins.
         """
+
+    async def hook_context(self, scope: Scope, conversation_id: str) -> list[tuple[int, str]]:
+        """The conversation's queued hook context, oldest first, as (seq, text)."""
 
     async def latest_conversation(self, scope: Scope) -> str | None:
         """The user's most recently active conversation."""

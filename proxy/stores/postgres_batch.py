@@ -24,8 +24,11 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.stores.base import (
+    HOOK_CONTEXT_KEEP,
+    DropHookContext,
     ExtractionFailed,
     FinishTurn,
+    QueueHookContext,
     RecordFacts,
     RecordToolCalls,
     SaveBlock,
@@ -57,7 +60,7 @@ _PARAMETERS = (
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
     "call_ids", "call_names", "call_args",  # tool calls
     "status",  # status
-    "block", "injected", "log", "keep",  # block
+    "block", "injected", "log", "keep", "prompt",  # block
     "queue_id", "error", "park",  # extraction failed
 )
 _APPLY_TEMPLATE = """
@@ -89,7 +92,7 @@ status AS (UPDATE turns SET status = {status}, updated_at = {at}
 -- The first block wins, so every step of a tool loop carries the same bytes; it is logged and
 -- the log trimmed. The DELETE cannot see the row its own statement inserts, so it keeps one
 -- old row fewer when a row went in.
-block AS (UPDATE turns SET block = {block}, injected = {injected}, updated_at = coalesce({at}, now())
+block AS (UPDATE turns SET block = {block}, injected = {injected}, prompt = {prompt}, updated_at = coalesce({at}, now())
     WHERE {kind} = 'block' AND user_id = {user} AND turn_key = {turn_key} AND block IS NULL
     RETURNING user_id, turn_key, updated_at),
 logged AS (INSERT INTO injections (user_id, turn_key, log, created_at)
@@ -137,15 +140,36 @@ async def recover(conn: asyncpg.Connection) -> None:
 
 async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
     """Apply `ops` in order on a connection inside a transaction."""
-    for graph, run in groupby(ops, key=lambda op: isinstance(op, (RecordFacts, StoreMemory))):
+    for graph, run in groupby(ops, key=lambda op: isinstance(op, _ONE_AT_A_TIME)):
         group = list(run)
         if graph:  # a merge reads the graph as it goes: one op at a time
             for op in group:
-                await (record_facts(conn, op) if isinstance(op, RecordFacts) else store_memory(conn, op))
+                await _apply_one(conn, op)
         elif len(group) == 1:
             await conn.execute(APPLY, *arguments(group[0]))
         else:
             await conn.executemany(APPLY, [arguments(op) for op in group])
+
+
+_ONE_AT_A_TIME = (RecordFacts, StoreMemory, QueueHookContext, DropHookContext)
+
+
+async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
+    if isinstance(op, RecordFacts):
+        await record_facts(conn, op)
+    elif isinstance(op, StoreMemory):
+        await store_memory(conn, op)
+    elif isinstance(op, QueueHookContext):
+        # Queued for the conversation's next turn; past HOOK_CONTEXT_KEEP the oldest go.
+        await conn.execute("INSERT INTO hook_context (user_id, conversation_id, text, created_at)"
+                           " VALUES ($1, $2, $3, $4)", op.scope.user, op.conversation_id, clean_text(op.text),
+                           utc(op.at))
+        await conn.execute("DELETE FROM hook_context WHERE user_id = $1 AND conversation_id = $2 AND seq NOT IN"
+                           " (SELECT seq FROM hook_context WHERE user_id = $1 AND conversation_id = $2"
+                           " ORDER BY seq DESC LIMIT $3)", op.scope.user, op.conversation_id, HOOK_CONTEXT_KEEP)
+    elif isinstance(op, DropHookContext):
+        await conn.execute("DELETE FROM hook_context WHERE user_id = $1 AND conversation_id = $2 AND seq <= $3",
+                           op.scope.user, op.conversation_id, op.upto_seq)
 
 
 def arguments(op: WriteOp) -> tuple[Any, ...]:
@@ -168,7 +192,7 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
     elif isinstance(op, SaveBlock):
         values.update(kind="block", at=utc(op.at) if op.at else None, turn_key=op.turn_key,
                       block=clean_text(op.block), injected=op.injected, log=json.dumps(op.log, default=str),
-                      keep=INJECTION_LOG_KEEP)
+                      keep=INJECTION_LOG_KEEP, prompt=clean_text(op.prompt) if op.prompt is not None else None)
     elif isinstance(op, ExtractionFailed):
         values.update(kind="failed", at=utc(op.retry_at), queue_id=op.queue_id,
                       error=clean_text(op.error)[:ERROR_MAX_CHARS], park=op.park)

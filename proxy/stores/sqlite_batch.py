@@ -16,7 +16,7 @@ from typing import Any
 from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
-    ExtractionFailed, FinishTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp,
+    HOOK_CONTEXT_KEEP, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp,
     text_hash,
 )
 from proxy.stores.sqlite_admin import store_memory
@@ -86,6 +86,11 @@ class Batch:
             self.save_block(op)
         elif isinstance(op, StoreMemory):
             store_memory(self._conn, op)
+        elif isinstance(op, QueueHookContext):
+            self.queue_hook_context(op)
+        elif isinstance(op, DropHookContext):
+            self._run("DELETE FROM hook_context WHERE user_id = ? AND conversation_id = ? AND seq <= ?",
+                      (op.scope.user, op.conversation_id, op.upto_seq))
         elif isinstance(op, RecordFacts):
             record_facts(self._conn, op)
         elif isinstance(op, ExtractionFailed):
@@ -203,14 +208,23 @@ class Batch:
             (op.status, to_ts(op.at), op.scope.user, op.turn_key),
         )
 
+    def queue_hook_context(self, op: QueueHookContext) -> None:
+        """Queued for the conversation's next turn; past HOOK_CONTEXT_KEEP the oldest go."""
+        self._run("INSERT INTO hook_context (user_id, conversation_id, text, created_at) VALUES (?, ?, ?, ?)",
+                  (op.scope.user, op.conversation_id, clean_text(op.text), to_ts(op.at)))
+        self._run("DELETE FROM hook_context WHERE user_id = ? AND conversation_id = ? AND seq NOT IN"
+                  " (SELECT seq FROM hook_context WHERE user_id = ? AND conversation_id = ? ORDER BY seq DESC LIMIT ?)",
+                  (op.scope.user, op.conversation_id, op.scope.user, op.conversation_id, HOOK_CONTEXT_KEEP))
+
     def save_block(self, op: SaveBlock) -> None:
         """First block wins, so every step of a tool loop carries the same bytes; log it."""
         at = to_ts(op.at) if op.at else now_ts()
         user = op.scope.user
         saved = self._run(
-            "UPDATE turns SET block = ?, injected = ?, updated_at = ? WHERE user_id = ? AND turn_key = ?"
+            "UPDATE turns SET block = ?, injected = ?, prompt = ?, updated_at = ? WHERE user_id = ? AND turn_key = ?"
             " AND block IS NULL RETURNING seq",
-            (clean_text(op.block), op.injected, at, user, op.turn_key),
+            (clean_text(op.block), op.injected, clean_text(op.prompt) if op.prompt is not None else None, at, user,
+             op.turn_key),
         )
         if not saved:
             return

@@ -351,8 +351,24 @@ CREATE TRIGGER IF NOT EXISTS entities_text_delete AFTER DELETE ON entities BEGIN
 END;
 """
 
+# v8: hooks (docs/hooks.md). A turn keeps the prompt a user_prompt_submit hook rewrote, for
+# its later steps; the context a stop hook leaves for a conversation's next turn waits in
+# hook_context, and goes with its conversation.
+_V8 = """
+ALTER TABLE turns ADD COLUMN prompt TEXT;
+CREATE TABLE hook_context (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    user_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX hook_context_conversation ON hook_context(user_id, conversation_id, seq);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -23,7 +23,7 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.anthropic_answer import MessagesStreamReader, answer_from_blocks, blocks_text
-from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json, with_words
 
 _MARKERS = {"image": "[image]", "document": "[file]"}
 _CONVERSATION_ROLES = frozenset({"user", "assistant"})
@@ -82,6 +82,14 @@ class AnthropicMessages:
         messages[index] = {**message, "content": _with_block(content, block)}
         body["messages"] = messages
         return dump_json(body)
+
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        if request.prompt_index is None:
+            return request
+        message = request.body["messages"][request.prompt_index]
+        words = with_words(message["content"], text,
+                           lambda block: _is_words(block) and not self._is_context(_str(block.get("text"))))
+        return request.with_message({**message, "content": words})
 
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         return MessagesStreamReader(keep_answer=keep_answer)

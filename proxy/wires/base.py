@@ -9,7 +9,8 @@ errors in its own shape. No sockets, no awaits.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from proxy.errors import ProxyError
@@ -27,6 +28,14 @@ class WireRequest:
     stream: bool
     transcript: Transcript
     prompt_index: int | None  # the turn's prompt message in the wire's message list
+
+    def with_message(self, message: dict[str, Any]) -> WireRequest:
+        """A copy whose prompt message is `message` (the client's body is never changed in place)."""
+        if self.prompt_index is None:
+            return self
+        messages = list(self.body["messages"])
+        messages[self.prompt_index] = message
+        return replace(self, body={**self.body, "messages": messages})
 
 
 class AnswerReader(Protocol):
@@ -77,6 +86,9 @@ class Wire(ErrorShape, Protocol):
     def insert_block(self, request: WireRequest, block: str) -> bytes:
         """A new body with the block in the turn's prompt; ValueError when it cannot be written."""
 
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        """The request with its prompt's words replaced by `text` (a hook's updated_prompt)."""
+
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         """A reader for one streamed answer (`keep_answer=False`: only how it ends)."""
 
@@ -85,6 +97,22 @@ class Wire(ErrorShape, Protocol):
 
     def is_context_length_error(self, status: int, body: bytes) -> bool:
         """True when the provider refused the request as too long for the model's context."""
+
+
+def with_words(content: Any, text: str, is_words: Callable[[dict[str, Any]], bool]) -> Any:
+    """A prompt's content with its words replaced by `text`: the first text part takes it, the
+    other text parts go, every other part (an image, a client's context) stays in place."""
+    if not isinstance(content, list):
+        return text
+    parts: list[Any] = []
+    placed = False
+    for part in content:
+        if not (isinstance(part, dict) and is_words(part)):
+            parts.append(part)
+        elif not placed:
+            parts.append({**part, "text": text})
+            placed = True
+    return parts if placed else [{"type": "text", "text": text}, *parts]
 
 
 def dump_json(body: dict[str, Any]) -> bytes:

@@ -14,7 +14,7 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires import openai_chat_answer
-from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json
+from proxy.wires.base import AnswerReader, Provider, WireRequest, dump_json, load_json, with_words
 
 _PART_MARKERS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
 _NOT_HISTORY = frozenset({"system", "developer"})
@@ -249,6 +249,13 @@ class OpenAIChat:
 
     def insert_block(self, request: WireRequest, block: str) -> bytes:
         return insert_block(ChatRequest(request.body, request.stream, request.body["messages"]), block)
+
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        if request.prompt_index is None:
+            return request
+        message = request.body["messages"][request.prompt_index]
+        words = with_words(message.get("content"), text, lambda part: part.get("type") == "text")
+        return request.with_message({**message, "content": words})
 
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         if keep_answer:
