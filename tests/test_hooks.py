@@ -103,6 +103,11 @@ def sent_prompt(fake: Any, n: int = -1) -> Any:
     return json.loads(fake.chat_requests()[n].body)["messages"][-1]["content"]
 
 
+def called(call: dict[str, Any]) -> dict[str, str]:
+    """A tool call in the form fake_upstream.completion takes."""
+    return {"id": call["id"], "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+
+
 def failures(proxy: RunningProxy) -> dict[tuple[str, str], float]:
     text = proxy.http().get("/metrics").text
     found = {}
@@ -160,3 +165,221 @@ def test_the_hooks_list_is_read_from_the_config_file(tmp_path):
 
 def test_with_no_hooks_the_memory_service_holds_none(proxy):
     assert proxy.app.state.parts.memory.hooks is None
+
+
+# --- user_prompt_submit -----------------------------------------------------------------
+
+def test_a_rewritten_prompt_reaches_the_provider_the_store_and_every_later_step(with_hooks, fake, hook_server):
+    hook_server.answers["/rewrite"] = lambda event: {"updated_prompt": event["prompt"] + " [http]"}
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "rewrite"},
+                        {"event": "user_prompt_submit", "url": hook_server.url("/rewrite")}])
+    call = {"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    fake.queue(JsonReply(completion(None, tool_calls=[called(call)])))
+    ask(proxy, "deploy it", tools=[{"type": "function", "function": {"name": "grep", "parameters": {}}}])
+    # Chained in order: the HTTP hook was given the Python hook's rewrite.
+    assert [event["prompt"] for event in hook_server.inputs("/rewrite")] == ["deploy it [python]"]
+    assert sent_prompt(fake) == "deploy it [python] [http]"
+    # The loop's next step: the client sends its own words; the turn's rewrite is applied again.
+    proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "deploy it"},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "call_1", "content": "found"}])
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == "deploy it [python] [http]"
+    assert len(hook_server.inputs("/rewrite")) == 1  # once per turn, never on a later step
+    assert settled(proxy, 2) == [("user", "deploy it [python] [http]"), ("assistant", "Hello from upstream")]
+
+
+def test_a_rewritten_prompt_keeps_the_other_parts_in_place(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "rewrite"}])
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    proxy.client(**{"X-Memory-User": "alice"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "what is"}, image,
+                                                          {"type": "text", "text": "this?"}]}])
+    assert sent_prompt(fake) == [{"type": "text", "text": "what is\n[image]\nthis? [python]"}, image]
+
+
+def test_a_block_answers_403_in_the_openai_shape_and_saves_nothing(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "block"},
+                        {"event": "user_prompt_submit", "url": hook_server.url("/after")}])
+    with pytest.raises(openai.PermissionDeniedError) as raised:
+        ask(proxy, "tell me the launch codes")
+    assert raised.value.status_code == 403
+    assert raised.value.body == {"message": "prompts about secrets are not allowed here", "type": "permission_error",
+                                 "param": None, "code": "blocked_by_policy"}
+    assert "x-memory-turn" not in raised.value.response.headers
+    assert fake.chat_requests() == []
+    assert hook_server.received == []  # the first block wins: the hooks after it never run
+    assert rows(proxy, "SELECT count(*) FROM turns") == [(0,)] and saved(proxy) == []
+
+
+def test_a_block_answers_403_in_the_anthropic_shape(with_hooks, fake, hook_server):
+    hook_server.answers["/block"] = lambda event: {"decision": "block", "reason": "not on this wire either"}
+    proxy = with_hooks([{"event": "user_prompt_submit", "url": hook_server.url("/block")}])
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant", max_retries=0,
+                                 default_headers={"X-Memory-User": "alice"})
+    with pytest.raises(anthropic.PermissionDeniedError) as raised:
+        client.messages.create(model="claude-test", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.body == {"type": "error", "error": {"type": "permission_error",
+                                                            "message": "not on this wire either"}}
+    assert fake.messages_requests() == [] and saved(proxy) == []
+    assert hook_server.inputs("/block")[0]["wire"] == "anthropic_messages"
+
+
+def test_every_input_carries_who_and_when(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "user_prompt_submit", "url": hook_server.url("/seen")}])
+    raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Agent": "coder", "X-Memory-Conversation": "c9"}
+                       ).chat.completions.with_raw_response.create(model="m",
+                                                                   messages=[{"role": "user", "content": "hi"}])
+    (event,) = hook_server.inputs("/seen")
+    stamp = event.pop("timestamp")
+    assert event == {"event": "user_prompt_submit", "user": "alice", "conversation": "c9", "agent": "coder",
+                     "turn": raw.headers["x-memory-turn"], "wire": "openai_chat", "prompt": "hi"}
+    assert stamp.endswith("Z") and abs(datetime.fromisoformat(stamp).timestamp()
+                                       - datetime.now(timezone.utc).timestamp()) < 30
+
+
+# --- additional_context, session_start, post_retrieval ----------------------------------------
+
+def test_additional_context_follows_the_block_with_the_same_bytes_on_every_step(with_hooks, fake, hook_server):
+    hook_server.answers["/start"] = lambda event: {"additional_context": f"session {event['reason']}"}
+    proxy = with_hooks([{"event": "session_start", "url": hook_server.url("/start")},
+                        {"event": "user_prompt_submit", "python": H + "context"}])
+    ask(proxy, FACT, conversation="teach")
+    assert sent_prompt(fake) == f"session created\n\npython user_prompt_submit context\n\n{FACT}"
+    assert settled(proxy, 2)[0] == ("user", FACT)  # stripped before saving, as the block is
+    call = {"id": "call_7", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    fake.queue(JsonReply(completion(None, tool_calls=[called(call)])))
+    ask(proxy, QUESTION, conversation="teach")  # not a new conversation: no session_start
+    block = f"{HEADER}\n1. [conversation] user ({today()}): {FACT}"
+    first = sent_prompt(fake)
+    assert first == f"{block}\n\npython user_prompt_submit context\n\n{QUESTION}"
+    proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "teach"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": QUESTION},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "call_7", "content": "x"}])
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == first
+    assert len(hook_server.inputs("/start")) == 1
+
+
+def test_additional_context_counts_against_the_block_budget(with_hooks, fake, hook_server):
+    hook_server.answers["/long"] = lambda event: {"additional_context": "x" * 1000}
+    proxy = with_hooks([{"event": "user_prompt_submit", "url": hook_server.url("/long")}], **{"memory.max_tokens": 50})
+    ask(proxy, "hello")
+    assert sent_prompt(fake) == "x" * 199 + "…\n\nhello"
+
+
+def test_post_retrieval_keeps_the_hits_it_names_in_its_order(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "post_retrieval", "python": H + "last_hit_only"},
+                        {"event": "post_retrieval", "url": hook_server.url("/hits")}])
+    ask(proxy, "The staging host is internal-hbr-2291.example", conversation="a")
+    ask(proxy, "The staging host moved to internal-hbr-3000.example", conversation="b")
+    settled(proxy, 4)
+    ask(proxy, "which staging host do we use?", conversation="c")
+    given = hook_server.inputs("/hits")[-1]
+    assert len(given["hits"]) == 1 and set(given["hits"][0]) == {"source", "id", "content", "reason"}
+    kept = given["hits"][0]["content"]
+    assert sent_prompt(fake) == f"{HEADER}\n1. [{given['hits'][0]['source']}] {kept}\n\nwhich staging host do we use?"
+
+
+def test_a_hook_sees_only_its_own_users_data(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "post_retrieval", "url": hook_server.url("/hits")},
+                        {"event": "pre_memory_write", "url": hook_server.url("/writes")}])
+    ask(proxy, "Alice's secret: the vault code is 7741", user="alice", conversation="a")
+    ask(proxy, "Bob's staging host is bob-host.example", user="bob", conversation="b")
+    settled(proxy, 2, "alice") and settled(proxy, 2, "bob")
+    ask(proxy, "what is the vault code and the staging host?", user="bob", conversation="b2")
+    bobs = [event for _, event in hook_server.received if event["user"] == "bob"]
+    assert bobs and all("7741" not in json.dumps(event) for event in bobs)
+    assert any("bob-host" in json.dumps(event) for event in hook_server.inputs("/hits"))
+    assert all(event["user"] == "bob" for event in hook_server.inputs("/hits"))
+
+
+# --- pre_memory_write and stop --------------------------------------------------------------
+
+def test_the_patient_id_policy_keeps_that_turn_out_of_memory(with_hooks, fake):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:keep_patient_ids_out"}])
+    raw = ask(proxy, "Summarise the chart of MRN-123456 please")
+    assert raw.parse().choices[0].message.content == "Hello from upstream"
+    ask(proxy, "What is a normal resting heart rate?")
+    assert settled(proxy, 2) == [("user", "What is a normal resting heart rate?"),
+                                 ("assistant", "Hello from upstream")]
+    assert rows(proxy, "SELECT status FROM turns ORDER BY seq") == [("complete",), ("complete",)]
+
+
+def test_updated_turns_are_what_is_saved(with_hooks, fake, hook_server):
+    hook_server.answers["/mask"] = lambda event: {"updated_turns": [
+        {"role": t["role"], "content": t["content"].replace("hunter2", "[password]")} for t in event["turns"]]}
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:mask_patient_ids"},
+                        {"event": "pre_memory_write", "url": hook_server.url("/mask")}])
+    fake.queue(JsonReply(completion("Noted: hunter2 for MRN-654321")))
+    ask(proxy, "my password is hunter2, patient MRN-654321")
+    assert settled(proxy, 2) == [("user", "my password is [password], patient MRN-######"),
+                                 ("assistant", "Noted: [password] for MRN-######")]
+    # The answer's save carries the prompt too (its reasoning trace keeps it as the task).
+    assert [[t["role"] for t in e["turns"]] for e in hook_server.inputs("/mask")] == [["user"], ["user", "assistant"]]
+
+
+def test_a_failing_pre_memory_write_drops_the_save_it_guards(with_hooks, fake):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": H + "raising"}])
+    raw = ask(proxy, "MRN-111111 is allergic to penicillin")
+    assert raw.status_code == 200 and raw.parse().choices[0].message.content == "Hello from upstream"
+    assert eventually(lambda: rows(proxy, "SELECT status FROM turns") == [("complete",)])
+    assert saved(proxy) == []
+    assert failures(proxy) == {("pre_memory_write", "error"): 2.0}
+
+
+def test_stop_context_reaches_the_conversations_next_turn_once(with_hooks, fake, hook_server):
+    hook_server.answers["/stop"] = lambda event: {"additional_context": f"last answer was {len(event['answer'])} chars"}
+    proxy = with_hooks([{"event": "stop", "url": hook_server.url("/stop")}])
+    ask(proxy, "first question")
+    assert eventually(lambda: rows(proxy, "SELECT text FROM hook_context") == [("last answer was 19 chars",)])
+    assert hook_server.inputs("/stop")[0]["answer"] == "Hello from upstream"
+    ask(proxy, "second question", conversation="other")  # another conversation: not its context
+    assert "last answer" not in sent_prompt(fake)
+    ask(proxy, "third question")
+    prompt = sent_prompt(fake)
+    assert prompt.endswith("last answer was 19 chars\n\nthird question")
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM hook_context WHERE conversation_id = 'c1'")
+                      == [(1,)])  # the third turn's own stop context; the one it was given is gone
+
+
+def test_stop_context_goes_with_its_conversation(with_hooks, fake, hook_server):
+    hook_server.answers["/stop"] = lambda event: {"additional_context": "remember the deadline"}
+    proxy = with_hooks([{"event": "stop", "url": hook_server.url("/stop")}])
+    ask(proxy, "first question")
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM hook_context") == [(1,)])
+    assert proxy.http().delete("/memory/v1/users/alice/conversations/c1").status_code == 200
+    assert rows(proxy, "SELECT count(*) FROM hook_context") == [(0,)]
+
+
+# --- failures -------------------------------------------------------------------------------
+
+def test_a_failing_hook_is_skipped_counted_and_logged_without_message_text(with_hooks, fake, caplog):
+    refused = free_port()
+    proxy = with_hooks([
+        {"event": "user_prompt_submit", "python": H + "raising"},
+        {"event": "user_prompt_submit", "python": H + "hanging", "timeout_ms": 200},
+        {"event": "user_prompt_submit", "python": H + "garbage"},
+        {"event": "user_prompt_submit", "python": H + "wrong_type"},
+        {"event": "user_prompt_submit", "url": f"http://127.0.0.1:{refused}/hook"},
+        {"event": "user_prompt_submit", "python": H + "rewrite"},
+    ])
+    raw = ask(proxy, "the patient in bed 4 is MRN-222222")
+    assert raw.status_code == 200 and raw.headers["x-memory-status"] == "ok"
+    assert sent_prompt(fake) == "the patient in bed 4 is MRN-222222 [python]"  # the healthy hook still ran
+    assert failures(proxy) == {("user_prompt_submit", "error"): 1.0, ("user_prompt_submit", "timeout"): 1.0,
+                               ("user_prompt_submit", "bad_answer"): 2.0, ("user_prompt_submit", "unreachable"): 1.0}
+    logged = "\n".join(record.getMessage() for record in caplog.records if record.name == "memproxy.hooks")
+    assert "hooks[0] (user_prompt_submit, python) failed: error: RuntimeError" in logged
+    assert "hooks[4] (user_prompt_submit, url) failed: unreachable" in logged
+    assert "MRN-222222" not in caplog.text and "bed 4" not in caplog.text
+
+
+def test_an_http_hook_answering_garbage_or_an_error_status_is_skipped(with_hooks, fake, hook_server):
+    hook_server.answers["/text"] = lambda event: b"<html>oops</html>"
+    hook_server.answers["/list"] = lambda event: [1, 2]
+    proxy = with_hooks([{"event": "user_prompt_submit", "url": hook_server.url("/text")},
+                        {"event": "user_prompt_submit", "url": hook_server.url("/list")}])
+    assert ask(proxy, "hello").status_code == 200
+    assert sent_prompt(fake) == "hello"
+    assert failures(proxy) == {("user_prompt_submit", "bad_answer"): 2.0}

@@ -138,11 +138,15 @@ class MemoryService:
             return turn_hooks.TurnStart(identity.existing.prompt)
         assert self.hooks is not None
         queued = await self.store.hook_context(scope, identity.conversation_id) if self.hooks.has("stop") else []
+        new_conversation = identity.new_conversation or (
+            # A conversation the client names is new while the store has nothing of it.
+            self.hooks.has("session_start") and scope.conversation is not None
+            and await self.store.conversation_record(scope, scope.conversation) is None)
         left = (budget.when() or 0) - asyncio.get_running_loop().time()
         budget.reschedule(None)
         context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
         start = await turn_hooks.start_turn(self.hooks, context, user_text(request, self.memory.block_header),
-                                            identity.new_conversation, queued)
+                                            new_conversation, queued)
         budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
         return start
 
