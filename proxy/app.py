@@ -167,7 +167,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
     logs.mark_expected_aborts()
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics,
                           SideRequests(settings.scope.side_requests))
-    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer), ApiGuard(settings.memory_api.token),
+    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks), ApiGuard(settings.memory_api.token),
                         parts.metrics)
 
     @contextlib.asynccontextmanager

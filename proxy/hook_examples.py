@@ -23,3 +23,8 @@ def mask_patient_ids(event: dict[str, Any]) -> dict[str, Any] | None:
     """pre_memory_write, the gentler policy: save the turn with each patient id masked."""
     turns = [{**turn, "content": PATIENT_ID.sub("MRN-######", turn["content"])} for turn in event["turns"]]
     return {"updated_turns": turns} if turns != event["turns"] else None
+
+
+async def no_opinion(event: dict[str, Any]) -> None:
+    """Any event: a hook with nothing to say (what `bench/overhead.py --hooks` measures the cost of)."""
+    return None

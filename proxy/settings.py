@@ -259,7 +259,7 @@ def _hook(key: str, entry: Any) -> HookSpec:
     kinds = [kind for kind in ("python", "url") if kind in entry]
     if len(kinds) != 1:
         raise ConfigError(f"{key}.handler: give exactly one of python: package.module:function or url: http://...")
-    kind = kinds[0]
+    kind: Literal["python", "url"] = "python" if kinds[0] == "python" else "url"
     handler = _check_type(f"{key}.{kind}", str, entry[kind])
     if kind == "url" and not handler.startswith(("http://", "https://")):
         raise ConfigError(f"{key}.url: must start with http:// or https://, got {handler!r}")
@@ -268,6 +268,7 @@ def _hook(key: str, entry: Any) -> HookSpec:
     matcher = entry.get("matcher")
     if matcher is not None:
         matcher = _check_type(f"{key}.matcher", str, matcher)
+    if matcher not in (None, "*"):
         try:
             re.compile(matcher)
         except re.error as exc:
@@ -304,7 +305,9 @@ def load_settings(
 ) -> Settings:
     """Build settings from a YAML file, the environment and `section.key` overrides."""
     raw = _resolve_store_path(_read_yaml(path), path) if path else {}
-    hooks = parse_hooks(raw.pop("hooks", None))
+    from_file = raw.pop("hooks", None)
+    from_environment = _hooks_from_environment(os.environ if environ is None else environ)
+    hooks = parse_hooks(from_file if from_environment is None else from_environment)
     merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for section, values in raw.items():
         if section not in SECTIONS:
@@ -365,6 +368,17 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             if name in environ:
                 found.setdefault(section, {})[item.name] = _EnvText(environ[name])
     return found
+
+
+def _hooks_from_environment(environ: Mapping[str, str]) -> Any:
+    """MEMPROXY_HOOKS: the `hooks:` list as JSON (it replaces the file's)."""
+    text = environ.get("MEMPROXY_HOOKS")
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"hooks: expected JSON in MEMPROXY_HOOKS: {exc}") from exc
 
 
 class _EnvText(str):

@@ -383,3 +383,22 @@ def test_an_http_hook_answering_garbage_or_an_error_status_is_skipped(with_hooks
     assert ask(proxy, "hello").status_code == 200
     assert sent_prompt(fake) == "hello"
     assert failures(proxy) == {("user_prompt_submit", "bad_answer"): 2.0}
+
+
+def test_a_memory_api_write_goes_through_pre_memory_write(with_hooks, fake, hook_server):
+    hook_server.answers["/mask"] = lambda event: {"updated_turns": [
+        {"role": "memory", "content": event["turns"][0]["content"].replace("Go", "Rust")}]}
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:keep_patient_ids_out"},
+                        {"event": "pre_memory_write", "url": hook_server.url("/mask")}])
+    http = proxy.http()
+    refused = http.post("/memory/v1/users/alice/memories",
+                        json={"content": "MRN-123456 prefers Go", "type": "user_preference"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "blocked_by_policy"
+    created = http.post("/memory/v1/users/alice/memories", json={"content": "Alice prefers Go", "type": "fact"})
+    assert created.status_code == 201
+    assert rows(proxy, "SELECT name, description FROM entities WHERE user_id = 'alice'") == [
+        (created.json()["content"], "")] or created.json()["content"] == "Alice prefers Rust"
+    (event,) = hook_server.inputs("/mask")
+    assert (event["user"], event["conversation"], event["turn"], event["wire"]) == ("alice", None, None, "memory_api")
+    assert event["turns"] == [{"role": "memory", "content": "Alice prefers Go"}]
+    assert "MRN-123456" not in json.dumps(rows(proxy, "SELECT * FROM entities"))

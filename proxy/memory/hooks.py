@@ -20,7 +20,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from proxy.metrics import Metrics
 from proxy.settings import ConfigError, HookSpec
@@ -51,9 +51,9 @@ class HookContext:
     """Whose turn a hook is called about: every input carries these fields."""
 
     user: str
-    conversation: str
+    conversation: str | None  # None outside a conversation (a memory written through the memory API)
     agent: str | None
-    turn: str
+    turn: str | None
     wire: str
 
     def payload(self, event: str, fields: Answer) -> Answer:
@@ -141,7 +141,7 @@ class Hooks:
         """The first turn of a new conversation: the hooks' additional context for it."""
         found = []
         async for spec, answer in self._answers("session_start", context, {"reason": "created"}):
-            if self._valid(spec, answer, {"additional_context": str}):
+            if self._valid(answer, spec, {"additional_context": str}):
                 found.append(answer.get("additional_context", ""))
         return _paragraphs(found)
 
@@ -151,7 +151,7 @@ class Hooks:
         updated: str | None = None
         found = []
         async for spec, answer in self._answers("user_prompt_submit", context, fields):
-            if not self._valid(spec, answer, {"updated_prompt": str, "additional_context": str, "reason": str},
+            if not self._valid(answer, spec, {"updated_prompt": str, "additional_context": str, "reason": str},
                                decision="block"):
                 continue
             if answer.get("decision") == "block":
@@ -166,7 +166,7 @@ class Hooks:
         fields: Answer = {"hits": hits}
         kept: list[str] | None = None
         async for spec, answer in self._answers("post_retrieval", context, fields):
-            if not self._valid(spec, answer, {"hits": list}) or "hits" not in answer:
+            if not self._valid(answer, spec, {"hits": list}) or "hits" not in answer:
                 continue
             given = {hit["id"]: hit for hit in fields["hits"]}
             ids = answer["hits"]
@@ -181,7 +181,7 @@ class Hooks:
         """Before a memory tool call: deny it (the model gets `reason` as the result) or rewrite its input."""
         fields: Answer = {"tool": tool, "input": tool_input}
         async for spec, answer in self._answers("pre_tool_use", context, fields, tool):
-            if not self._valid(spec, answer, {"updated_input": dict, "reason": str}, decision="deny"):
+            if not self._valid(answer, spec, {"updated_input": dict, "reason": str}, decision="deny"):
                 continue
             if answer.get("decision") == "deny":
                 return ToolDecision(tool_input, denied=answer.get("reason") or "denied by a memory policy")
@@ -193,7 +193,7 @@ class Hooks:
         """After a memory tool call: the output the model gets, rewritten by the hooks in turn."""
         fields: Answer = {"tool": tool, "input": tool_input, "output": output}
         async for spec, answer in self._answers("post_tool_use", context, fields, tool):
-            if self._valid(spec, answer, {"updated_output": str}) and "updated_output" in answer:
+            if self._valid(answer, spec, {"updated_output": str}) and "updated_output" in answer:
                 fields["output"] = answer["updated_output"]
         return str(fields["output"])
 
@@ -204,7 +204,7 @@ class Hooks:
         """
         fields: Answer = {"turns": [{"role": role, "content": text} for role, text in turns]}
         async for spec, answer in self._answers("pre_memory_write", context, fields):
-            if answer is None or not self._valid(spec, answer, {"updated_turns": list}, decision="block"):
+            if answer is None or not self._valid(answer, spec, {"updated_turns": list}, decision="block"):
                 log.warning("save dropped: hook %s failed and pre_memory_write fails closed", spec.key)
                 return None
             if answer.get("decision") == "block":
@@ -221,7 +221,7 @@ class Hooks:
         """After the answer is saved: context for the conversation's next turn."""
         found = []
         async for spec, answer in self._answers("stop", context, {"answer": answer_text}):
-            if self._valid(spec, answer, {"additional_context": str}):
+            if self._valid(answer, spec, {"additional_context": str}):
                 found.append(answer.get("additional_context", ""))
         return _paragraphs(found)
 
@@ -241,19 +241,22 @@ class Hooks:
             async with asyncio.timeout(hook.spec.timeout_ms / 1000):
                 answer = await hook.handler(payload)
         except TimeoutError:
-            return self.failed(hook.spec, "timeout")
+            reason, detail = "timeout", ""
         except HookFailure as failure:
-            return self.failed(hook.spec, failure.reason)
+            reason, detail = failure.reason, ""
         except Exception as exc:  # a deployment's code: whatever it raises must not fail the request
-            return self.failed(hook.spec, "error", type(exc).__name__)
-        if answer is None:
-            return {}
-        if not isinstance(answer, dict):
-            return self.failed(hook.spec, "bad_answer", f"answered {type(answer).__name__}, not an object")
-        return answer
+            reason, detail = "error", type(exc).__name__
+        else:
+            if answer is None:
+                return {}
+            if isinstance(answer, dict):
+                return answer
+            reason, detail = "bad_answer", f"answered {type(answer).__name__}, not an object"
+        self.failed(hook.spec, reason, detail)
+        return None
 
-    def _valid(self, spec: HookSpec, answer: Answer | None, types: dict[str, type],
-               decision: str | None = None) -> bool:
+    def _valid(self, answer: Answer | None, spec: HookSpec, types: dict[str, type],
+               decision: str | None = None) -> TypeGuard[Answer]:
         """True for an answer the event accepts; anything else is counted and skipped."""
         if answer is None:
             return False
@@ -298,7 +301,8 @@ def _same_turns(given: list[Answer], updated: list[Any]) -> list[Answer] | None:
         return None
     turns = []
     for before, after in zip(given, updated):
-        if not isinstance(after, dict) or after.get("role") != before["role"] or not isinstance(after.get("content"), str):
+        if not (isinstance(after, dict) and after.get("role") == before["role"]
+                and isinstance(after.get("content"), str)):
             return None
         turns.append({"role": before["role"], "content": after["content"]})
     return turns

@@ -229,7 +229,7 @@ class TurnRecall(Recall):
         hooks = self._service.hooks
         if hooks is None or not self._persist or not (hooks.has("pre_memory_write") or hooks.has("stop")):
             return None
-        context = turn_hooks.hook_context(self._scope, self._identity.conversation_id, self.turn_key, wire)
+        context = turn_hooks.hook_context(self._scope, self._identity.conversation_id, self._identity.key, wire)
         return turn_hooks.HookedSaves(hooks, context, lambda op, urgent: self._submit(op, urgent=urgent),
                                       self._service.hook_saves)
 

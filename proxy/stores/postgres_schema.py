@@ -421,8 +421,8 @@ UPDATE entities SET canonical_name = left(canonical_name, {KEY_MAX_CHARS}) || '#
 # its later steps; the context a stop hook leaves for a conversation's next turn waits in
 # hook_context, and goes with its conversation.
 _V5 = f"""
-ALTER TABLE turns ADD COLUMN prompt text;
-CREATE TABLE hook_context (
+ALTER TABLE turns ADD COLUMN IF NOT EXISTS prompt text;
+CREATE TABLE IF NOT EXISTS hook_context (
     seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     user_id text {_C} NOT NULL,
     conversation_id text {_C} NOT NULL,
@@ -430,7 +430,7 @@ CREATE TABLE hook_context (
     created_at timestamptz NOT NULL,
     FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
 );
-CREATE INDEX hook_context_conversation ON hook_context(user_id, conversation_id, seq);
+CREATE INDEX IF NOT EXISTS hook_context_conversation ON hook_context(user_id, conversation_id, seq);
 """
 
 # Append only: a released script never changes; a schema change is a new script.

@@ -16,8 +16,8 @@ from typing import Any
 from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
-    HOOK_CONTEXT_KEEP, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp,
-    text_hash,
+    HOOK_CONTEXT_KEEP, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts,
+    RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, WriteOp, text_hash,
 )
 from proxy.stores.sqlite_admin import store_memory
 from proxy.stores.sqlite_facts import record_facts, record_failure

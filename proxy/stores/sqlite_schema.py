@@ -15,6 +15,7 @@ Conventions (the PostgreSQL schema mirrors them):
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 
@@ -356,7 +357,7 @@ END;
 # hook_context, and goes with its conversation.
 _V8 = """
 ALTER TABLE turns ADD COLUMN prompt TEXT;
-CREATE TABLE hook_context (
+CREATE TABLE IF NOT EXISTS hook_context (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     user_id TEXT NOT NULL,
     conversation_id TEXT NOT NULL,
@@ -364,7 +365,7 @@ CREATE TABLE hook_context (
     created_at REAL NOT NULL,
     FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
 );
-CREATE INDEX hook_context_conversation ON hook_context(user_id, conversation_id, seq);
+CREATE INDEX IF NOT EXISTS hook_context_conversation ON hook_context(user_id, conversation_id, seq);
 """
 
 # Append only: a released script never changes; a schema change is a new script.
@@ -387,6 +388,19 @@ def statements(script: str) -> list[str]:
     return out
 
 
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", re.IGNORECASE)
+
+
+def _column_exists(conn: sqlite3.Connection, statement: str) -> bool:
+    """True for an ADD COLUMN whose column is there: SQLite has no IF NOT EXISTS for it, and a
+    script may run again over its own work (a version row removed by hand)."""
+    match = _ADD_COLUMN.match(statement)
+    if match is None:
+        return False
+    table, column = match.groups()
+    return any(row[1] == column for row in conn.execute(f'PRAGMA table_info("{table}")'))
+
+
 def migrate(conn: sqlite3.Connection) -> int:
     """Bring the schema up to date in one IMMEDIATE transaction; return its version."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
@@ -399,7 +413,8 @@ def migrate(conn: sqlite3.Connection) -> int:
             raise sqlite3.DatabaseError(f"schema version {current} is newer than this memproxy knows")
         for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
             for statement in statements(script):
-                conn.execute(statement)
+                if not _column_exists(conn, statement):
+                    conn.execute(statement)
             conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
         conn.execute("COMMIT")
     except BaseException:
