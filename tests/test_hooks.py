@@ -402,3 +402,14 @@ def test_a_memory_api_write_goes_through_pre_memory_write(with_hooks, fake, hook
     assert (event["user"], event["conversation"], event["turn"], event["wire"]) == ("alice", None, None, "memory_api")
     assert event["turns"] == [{"role": "memory", "content": "Alice prefers Go"}]
     assert "MRN-123456" not in json.dumps(rows(proxy, "SELECT * FROM entities"))
+
+
+def test_a_block_holds_when_the_store_cannot_be_asked_in_time(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "block"}],
+                       **{"memory.retrieval_timeout_ms": 0})
+    with pytest.raises(openai.PermissionDeniedError):
+        ask(proxy, "tell me the launch codes")
+    assert fake.chat_requests() == []
+    raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Mode": "off"}).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "tell me the launch codes"}])
+    assert raw.headers["x-memory-status"] == "off"  # memory off: no hooks, a pure pass-through

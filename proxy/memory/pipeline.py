@@ -91,7 +91,8 @@ class MemoryService:
         status = "ok"
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
-        start = turn_hooks.TurnStart()
+        start: turn_hooks.TurnStart | None = None  # None: no hooks, or they have not run yet
+        queued: asyncio.Future[list[tuple[int, str]]] | None = None
         if not self.breaker.allow():
             status = "degraded: circuit open"
         else:
@@ -102,7 +103,10 @@ class MemoryService:
                     if self.hooks is not None:
                         start = await self._hooked(budget, scope, request, identity, wire)
                         request = turn_hooks.with_prompt(request, start.prompt)
+                        queued = self._queued_context(scope, identity)  # read while retrieval runs
                     retrieved = await self._block(scope, request, identity, resolved, wire)
+                    if queued is not None:
+                        start = turn_hooks.with_queued(start or turn_hooks.TurnStart(), await queued)
                 self.breaker.succeeded()
             except PolicyBlocked:
                 raise  # a policy's refusal, not a memory fault: the client gets it
@@ -112,6 +116,9 @@ class MemoryService:
                 status = self._degraded("store unavailable", exc)
             except Exception as exc:  # the outermost boundary: memory must never fail a request
                 status = self._degraded("retrieval error", exc)
+            finally:
+                if queued is not None and queued.cancel() is False and not queued.cancelled():
+                    queued.exception()  # retrieval failed first: the turn goes without what was queued
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
         if status != "ok" and self.memory.required:
             # memory.required: memory is part of the answer here, so no answer without it.
@@ -120,6 +127,11 @@ class MemoryService:
             error.headers = {"x-memory-status": status}
             raise error
         identity = identity or fallback_identity(scope, request, now=now, retry_window_s=self.memory.retry_window_s)
+        if self.hooks is not None and start is None:
+            # The store could not be asked: a policy still sees (and may block) the prompt.
+            start = await self._start_hooks(scope, request, identity, wire)
+            request = turn_hooks.with_prompt(request, start.prompt)
+        start = start or turn_hooks.TurnStart()
         if start.context:
             retrieved.block = turn_hooks.with_context(retrieved.block, start.context, self.memory.max_tokens)
         recall = TurnRecall(self, scope, request, identity, persist, status, retrieved, wire, start)
@@ -137,18 +149,28 @@ class MemoryService:
         if identity.existing is not None:
             return turn_hooks.TurnStart(identity.existing.prompt)
         assert self.hooks is not None
-        queued = await self.store.hook_context(scope, identity.conversation_id) if self.hooks.has("stop") else []
         new_conversation = identity.new_conversation or (
             # A conversation the client names is new while the store has nothing of it.
             self.hooks.has("session_start") and scope.conversation is not None
             and await self.store.conversation_record(scope, scope.conversation) is None)
         left = (budget.when() or 0) - asyncio.get_running_loop().time()
         budget.reschedule(None)
-        context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
-        start = await turn_hooks.start_turn(self.hooks, context, user_text(request, self.memory.block_header),
-                                            new_conversation, queued)
+        start = await self._start_hooks(scope, request, identity, wire, new_conversation)
         budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
         return start
+
+    async def _start_hooks(self, scope: Scope, request: Transcript, identity: TurnIdentity, wire: str,
+                           new_conversation: bool = False) -> turn_hooks.TurnStart:
+        assert self.hooks is not None
+        context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+        return await turn_hooks.start_turn(self.hooks, context, user_text(request, self.memory.block_header),
+                                           new_conversation)
+
+    def _queued_context(self, scope: Scope, identity: TurnIdentity) -> asyncio.Future[list[tuple[int, str]]] | None:
+        """What `stop` hooks left for this conversation's next turn (a new turn only)."""
+        if self.hooks is None or not self.hooks.has("stop") or identity.existing is not None:
+            return None
+        return asyncio.ensure_future(self.store.hook_context(scope, identity.conversation_id))
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
                      resolved: RequestScope, wire: str) -> Retrieved:

@@ -37,21 +37,24 @@ def hook_context(scope: Scope, conversation: str, turn: str, wire: str) -> HookC
     return HookContext(scope.user, conversation, scope.agent, turn, wire)
 
 
-async def start_turn(hooks: Hooks, context: HookContext, prompt: str, new_conversation: bool,
-                     queued: list[tuple[int, str]]) -> TurnStart:
-    """session_start (a new conversation) and user_prompt_submit; PolicyBlocked when a hook refuses.
-
-    `queued`: context the `stop` hooks left for this conversation's next turn, which is this one.
-    """
-    found = [text for _, text in queued]
+async def start_turn(hooks: Hooks, context: HookContext, prompt: str, new_conversation: bool) -> TurnStart:
+    """session_start (a new conversation) and user_prompt_submit; PolicyBlocked when a hook refuses."""
+    found = []
     if new_conversation and hooks.has("session_start"):
         found.append(await hooks.session_start(context))
     decision = await hooks.user_prompt_submit(context, prompt)
     if decision.blocked is not None:
         raise PolicyBlocked(decision.blocked)
     found.append(decision.context)
-    return TurnStart(decision.prompt, "\n\n".join(text for text in found if text),
-                     max((seq for seq, _ in queued), default=None))
+    return TurnStart(decision.prompt, "\n\n".join(text for text in found if text))
+
+
+def with_queued(start: TurnStart, queued: list[tuple[int, str]]) -> TurnStart:
+    """The context the `stop` hooks left for this conversation's next turn (this one) goes first."""
+    if not queued:
+        return start
+    context = "\n\n".join([*(text for _, text in queued), *([start.context] if start.context else [])])
+    return dataclasses.replace(start, context=context, queued_upto=max(seq for seq, _ in queued))
 
 
 def with_prompt(request: Transcript, prompt: str | None) -> Transcript:
