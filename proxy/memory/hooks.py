@@ -58,9 +58,10 @@ class HookContext:
 
     def payload(self, event: str, fields: Answer) -> Answer:
         stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        # A deep copy for each hook: a handler that keeps or mutates its input changes nothing here.
+        # A copy for each hook: a handler that keeps or mutates its input changes nothing here.
         return {"event": event, "user": self.user, "conversation": self.conversation, "agent": self.agent,
-                "turn": self.turn, "wire": self.wire, "timestamp": stamp, **copy.deepcopy(fields)}
+                "turn": self.turn, "wire": self.wire, "timestamp": stamp,
+                **{key: value if isinstance(value, str) else copy.deepcopy(value) for key, value in fields.items()}}
 
 
 class Hook:

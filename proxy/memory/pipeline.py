@@ -170,6 +170,8 @@ class MemoryService:
         """What `stop` hooks left for this conversation's next turn (a new turn only)."""
         if self.hooks is None or not self.hooks.has("stop") or identity.existing is not None:
             return None
+        if identity.new_conversation:
+            return None  # nothing can be queued for a conversation the store does not have
         return asyncio.ensure_future(self.store.hook_context(scope, identity.conversation_id))
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,

@@ -139,6 +139,7 @@ class HookedSaves:
                 if not committed.done():
                     committed.set_result(None)
             if self._hooks.has("stop"):
+                await asyncio.sleep(0)  # the response, waiting on the commit, goes out first
                 context = await self._hooks.stop(self._context, op.answer)
                 if context:
                     self._submit(QueueHookContext(op.scope, op.conversation_id, context, op.at), False)
