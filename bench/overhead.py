@@ -37,13 +37,18 @@ from summary import as_json as summary_json
 MEMORY_USER = "bench-user"
 # memproxy with memory on for MEMORY_USER: memproxy-on saves every turn, memproxy-on-ro sends
 # X-Memory-Persist: false (recall and injection as usual, nothing saved). One process, one store.
-MEMORY_ON = ("memproxy-on", "memproxy-on-ro")
+MEMORY_ON = ("memproxy-on", "memproxy-on-ro", "memproxy-hooks")
 TARGETS = ("direct", "reference", "memproxy-off", "memproxy-on")
-KNOWN_TARGETS = TARGETS + ("memproxy-on-ro", "reference-httpx", "memproxy-quiet")
+KNOWN_TARGETS = TARGETS + ("memproxy-on-ro", "reference-httpx", "memproxy-quiet", "memproxy-hooks")
 # With --wires chat,messages each of these targets gets a twin on the Messages wire, named with
 # this suffix: the same server and headers, the same questions sent as POST /v1/messages.
 MESSAGES_SUFFIX = "-messages"
-WIRE_TWINS = ("direct", "memproxy-off", "memproxy-on", "memproxy-on-ro")
+WIRE_TWINS = ("direct", "memproxy-off", "memproxy-on", "memproxy-on-ro", "memproxy-hooks")
+# memproxy-hooks: memory on, with one no-op Python hook on every event (--hooks), beside memproxy-on.
+NO_OP_HOOKS = "hooks:\n" + "".join(
+    f"  - event: {event}\n    python: proxy.hook_examples:no_opinion\n"
+    for event in ("session_start", "user_prompt_submit", "post_retrieval", "pre_tool_use", "post_tool_use",
+                  "pre_memory_write", "stop"))
 # Request numbers each load owns (see run_rounds): more requests than a load ever sends, and a
 # multiple of 8, so request n still asks question n % 8.
 NUMBERS_PER_LOAD = 10**7
@@ -91,12 +96,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="memories to store for the memory-on user first (Memory API; chat turns, slowly, without it)")
     p.add_argument("--disconnect-storm", type=int, default=0, metavar="N",
                    help="afterwards, N streaming clients leave mid-stream under load; then leak checks on memproxy")
+    p.add_argument("--hooks", action="store_true",
+                   help="also measure memproxy-hooks: memory on with a no-op Python hook on every event")
     p.add_argument("--log-level", default="info", help="memproxy's server.log_level (its default: info)")
     p.add_argument("--memproxy-dir", type=Path, default=REPO, help="the memproxy checkout to run (default: this one)")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.slices = 2, 0.2, 2
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if args.hooks and "memproxy-hooks" not in args.targets:
+        args.targets.append("memproxy-hooks")
     unknown = set(args.targets) - set(KNOWN_TARGETS)
     if unknown or "direct" not in args.targets:
         p.error(f"--targets must include direct and only name {', '.join(KNOWN_TARGETS)}")
@@ -127,6 +136,9 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, Server]:
         if {"memproxy-off", *MEMORY_ON} & wanted:
             memproxy = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir)
             servers.update(dict.fromkeys(("memproxy-off", *MEMORY_ON), memproxy))
+        if "memproxy-hooks" in wanted:
+            servers["memproxy-hooks"] = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir,
+                                                       name="memproxy-hooks", hooks=NO_OP_HOOKS)
         if "memproxy-quiet" in wanted:
             servers["memproxy-quiet"] = start_memproxy(workdir, upstream, "warning", args.memproxy_dir,
                                                        name="memproxy-quiet")

@@ -20,9 +20,11 @@ from proxy.api.inspector import Inspector
 from proxy.api.routes import ApiApp, MemoryApi
 from proxy.embedding_calls import embeddings_caller
 from proxy.errors import NotFound
+from proxy.hook_http import HookPoster
 from proxy.memory.embedding_worker import EmbeddingWorker, Filler
 from proxy.memory.extraction_worker import ExtractionWorker
 from proxy.memory.pending_facts import PendingFacts
+from proxy.memory.hooks import load_hooks
 from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
@@ -70,8 +72,10 @@ class Parts:
         self.vectors, self.embedding = self._embeddings(settings)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
         self.pending_facts = PendingFacts()
+        self.hook_poster = HookPoster() if any(spec.kind == "url" for spec in settings.hooks) else None
+        hooks = load_hooks(settings.hooks, self.hook_poster, self.metrics)
         self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics,
-                                    self.pending_facts)
+                                    self.pending_facts, hooks)
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
@@ -133,6 +137,8 @@ class Parts:
         await self.writer.close(self.settings.server.grace_period_s)
         await self.store.close()
         await self.upstream.aclose()
+        if self.hook_poster is not None:
+            await self.hook_poster.aclose()
 
     async def readiness(self) -> dict[str, Any]:
         """Still 200 when memory is degraded (proxying goes on); `status` says how (kept in service)."""
@@ -166,7 +172,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
     logs.mark_expected_aborts()
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics,
                           SideRequests(settings.scope.side_requests))
-    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer), ApiGuard(settings.memory_api.token),
+    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks), ApiGuard(settings.memory_api.token),
                         parts.metrics)
 
     @contextlib.asynccontextmanager

@@ -46,6 +46,12 @@ class Forbidden(ProxyError):
     status, type, code = 403, "permission_error", "memory_scope_forbidden"
 
 
+class PolicyBlocked(ProxyError):
+    """A user_prompt_submit hook refused the turn (403): a deployment's policy, never a fault."""
+
+    status, type, code = 403, "permission_error", "blocked_by_policy"
+
+
 class NotFound(ProxyError):
     """A path memproxy does not serve (404)."""
 

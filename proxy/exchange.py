@@ -20,6 +20,7 @@ class Recall:
     block: str | None = None
     injected: int = 0
     turn_key: str | None = None
+    prompt: str | None = None  # the prompt's words as a hook rewrote them, for the model too
 
     def __init__(self, status: str = "off") -> None:
         self.status = status
@@ -58,11 +59,11 @@ class Recall:
 class ChatMemory(Protocol):
     """Builds the Recall of a chat request, on any wire."""
 
-    async def recall(self, resolved: RequestScope, transcript: Transcript | None) -> Recall: ...
+    async def recall(self, resolved: RequestScope, transcript: Transcript | None, wire: str = "") -> Recall: ...
 
 
 class NoMemory:
     """ChatMemory with memory off for every request."""
 
-    async def recall(self, resolved: RequestScope, transcript: Transcript | None) -> Recall:
+    async def recall(self, resolved: RequestScope, transcript: Transcript | None, wire: str = "") -> Recall:
         return Recall("off")

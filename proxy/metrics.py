@@ -66,6 +66,9 @@ class Metrics:
                                        "(background, query) and outcome (ok, failed, skipped)",
                                        ["purpose", "outcome"], registry=r)
         self.embedded = Counter("memproxy_embedded_items", "Vectors saved by the background worker", registry=r)
+        self.hook_failures = Counter("memproxy_hook_failures", "Hooks that raised, answered garbage, could not be "
+                                     "reached or timed out (skipped; a failed pre_memory_write drops its save), "
+                                     "by event and reason", ["event", "reason"], registry=r)
         self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r)
         self.circuit_open = Gauge("memproxy_circuit_open", "1 while the store circuit breaker is open",
                                   registry=r)

@@ -94,6 +94,7 @@ class Turn:
     created_at: datetime
     block: str | None = None  # the memory block computed on the turn's first step
     injected: int = 0
+    prompt: str | None = None  # a hook's updated_prompt, applied again on every later step
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import types
 import typing
 import urllib.parse
@@ -218,6 +219,66 @@ class MemoryApiSettings:
     token: str | None = _help("Bearer token for /memory/v1; unset = loopback clients only.")
 
 
+HOOK_EVENTS = ("session_start", "user_prompt_submit", "post_retrieval", "pre_tool_use", "post_tool_use",
+               "pre_memory_write", "stop")
+HOOK_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One configured hook (docs/hooks.md): when it fires, what it is tested against, who answers."""
+
+    key: str  # where it was configured, `hooks[2]`: every start-up error names it
+    event: str
+    handler: str  # `package.module:function` for `python`, a URL for `url`
+    kind: Literal["python", "url"]
+    matcher: str | None = None  # None: every tool (also `*`); else names separated by `|`, or a regex
+    timeout_ms: int = HOOK_TIMEOUT_MS
+
+
+_HOOK_KEYS = frozenset({"event", "matcher", "python", "url", "timeout_ms"})
+
+
+def parse_hooks(raw: Any) -> tuple[HookSpec, ...]:
+    """The `hooks:` list as typed specs; a bad entry is a ConfigError naming `hooks[i].key`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        _bad("hooks", "a list of {event, matcher?, python|url, timeout_ms?}", raw)
+    return tuple(_hook(f"hooks[{i}]", entry) for i, entry in enumerate(raw))
+
+
+def _hook(key: str, entry: Any) -> HookSpec:
+    if not isinstance(entry, dict):
+        _bad(key, "a mapping {event, matcher?, python|url, timeout_ms?}", entry)
+    if unknown := set(entry) - _HOOK_KEYS:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown key (known: {', '.join(sorted(_HOOK_KEYS))})")
+    event = entry.get("event")
+    if event not in HOOK_EVENTS:
+        raise ConfigError(f"{key}.event: must be one of {', '.join(HOOK_EVENTS)}, got {event!r}")
+    kinds = [kind for kind in ("python", "url") if kind in entry]
+    if len(kinds) != 1:
+        raise ConfigError(f"{key}.handler: give exactly one of python: package.module:function or url: http://...")
+    kind: Literal["python", "url"] = "python" if kinds[0] == "python" else "url"
+    handler = _check_type(f"{key}.{kind}", str, entry[kind])
+    if kind == "url" and not handler.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}.url: must start with http:// or https://, got {handler!r}")
+    if kind == "python" and not re.fullmatch(r"[\w.]+:[\w.]+", handler):
+        raise ConfigError(f"{key}.python: expected package.module:function, got {handler!r}")
+    matcher = entry.get("matcher")
+    if matcher is not None:
+        matcher = _check_type(f"{key}.matcher", str, matcher)
+    if matcher not in (None, "*"):
+        try:
+            re.compile(matcher)
+        except re.error as exc:
+            raise ConfigError(f"{key}.matcher: not a name, a|b list or regular expression: {exc}") from exc
+    timeout_ms = _check_type(f"{key}.timeout_ms", int, entry.get("timeout_ms", HOOK_TIMEOUT_MS))
+    if timeout_ms <= 0:
+        raise ConfigError(f"{key}.timeout_ms: must be greater than 0, got {timeout_ms}")
+    return HookSpec(key, event, handler, kind, None if matcher in (None, "*") else matcher, timeout_ms)
+
+
 @dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
@@ -229,9 +290,11 @@ class Settings:
     embeddings: EmbeddingsSettings = field(default_factory=EmbeddingsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     memory_api: MemoryApiSettings = field(default_factory=MemoryApiSettings)
+    hooks: tuple[HookSpec, ...] = ()  # a list, not a section of keys: parse_hooks
 
 
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)}  # type: ignore[misc]
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)  # type: ignore[misc]
+                             if f.name != "hooks"}
 
 
 def load_settings(
@@ -242,6 +305,9 @@ def load_settings(
 ) -> Settings:
     """Build settings from a YAML file, the environment and `section.key` overrides."""
     raw = _resolve_store_path(_read_yaml(path), path) if path else {}
+    from_file = raw.pop("hooks", None)
+    from_environment = _hooks_from_environment(os.environ if environ is None else environ)
+    hooks = parse_hooks(from_file if from_environment is None else from_environment)
     merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for section, values in raw.items():
         if section not in SECTIONS:
@@ -255,7 +321,7 @@ def load_settings(
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         merged[section][key] = value
-    settings = Settings(**{name: _build(name, cls, merged[name]) for name, cls in SECTIONS.items()})
+    settings = Settings(**{name: _build(name, cls, merged[name]) for name, cls in SECTIONS.items()}, hooks=hooks)
     _check(settings)
     return settings
 
@@ -302,6 +368,17 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             if name in environ:
                 found.setdefault(section, {})[item.name] = _EnvText(environ[name])
     return found
+
+
+def _hooks_from_environment(environ: Mapping[str, str]) -> Any:
+    """MEMPROXY_HOOKS: the `hooks:` list as JSON (it replaces the file's)."""
+    text = environ.get("MEMPROXY_HOOKS")
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"hooks: expected JSON in MEMPROXY_HOOKS: {exc}") from exc
 
 
 class _EnvText(str):

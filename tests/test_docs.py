@@ -26,10 +26,14 @@ SCANNED = ["proxy", "tests", "bench", "config", "docs", ".ci", "README.md", "Doc
 
 
 def settings_keys() -> list[tuple[str, str]]:
-    """(`section.key`, its environment variable) for every field of every settings section."""
+    """(`section.key`, its environment variable) for every field of every settings section, and
+    each top-level list (`hooks`) as itself."""
     keys = []
     for section in dataclasses.fields(Settings):
         section_type = type(getattr(Settings(), section.name))
+        if not dataclasses.is_dataclass(section_type):
+            keys.append((section.name, f"MEMPROXY_{section.name}".upper()))
+            continue
         for item in dataclasses.fields(section_type):
             keys.append((f"{section.name}.{item.name}", f"MEMPROXY_{section.name}_{item.name}".upper()))
     return keys
@@ -38,6 +42,7 @@ def settings_keys() -> list[tuple[str, str]]:
 def test_the_settings_walk_finds_every_section() -> None:
     keys = dict(settings_keys())
     assert {k.split(".")[0] for k in keys} == {f.name for f in dataclasses.fields(Settings)}
+    assert keys["hooks"] == "MEMPROXY_HOOKS"
     assert keys["store.url"] == "MEMPROXY_STORE_URL"
     assert keys["memory_api.token"] == "MEMPROXY_MEMORY_API_TOKEN"
 

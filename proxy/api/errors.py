@@ -23,6 +23,12 @@ class NotLoopback(ProxyError):
     status, type, code = 403, "permission_error", "memory_api_loopback_only"
 
 
+class WriteBlocked(ProxyError):
+    """A pre_memory_write hook kept a memory out (or failed, which keeps it out too) (403)."""
+
+    status, type, code = 403, "permission_error", "blocked_by_policy"
+
+
 class ItemNotFound(ProxyError):
     """The user has no such item (404)."""
 

@@ -25,7 +25,7 @@ from proxy.api import records
 from proxy.api.auth import ApiGuard
 from proxy.api.cursors import Listing
 from proxy.api.errors import (
-    Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable,
+    Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable, WriteBlocked,
 )
 from proxy.api.injections import resolved
 from proxy.api.jsonl import parse_lines, to_line
@@ -34,6 +34,7 @@ from proxy.api.search import search
 from proxy.api.users import user_counts
 from proxy.errors import NotFound, ProxyError
 from proxy.ids import new_id
+from proxy.memory.hooks import HookContext, Hooks
 from proxy.memory.pipeline import Retriever
 from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
@@ -86,11 +87,13 @@ def user_scope(request: Request) -> Scope:
 class MemoryApi:
     """The endpoints, over the app's store, retriever and writer."""
 
-    def __init__(self, settings: Settings, store: Store, retriever: Retriever, writer: Writer) -> None:
+    def __init__(self, settings: Settings, store: Store, retriever: Retriever, writer: Writer,
+                 hooks: Hooks | None = None) -> None:
         self.settings = settings
         self.store = store
         self.retriever = retriever
         self.writer = writer
+        self.hooks = hooks
 
     def routes(self) -> list[Route]:
         """Every route of the memory API, relative to /memory/v1."""
@@ -130,7 +133,16 @@ class MemoryApi:
     async def store_memory(self, request: Request) -> Response:
         scope = user_scope(request)
         memory = records.parse_memory(await read_json(request))
-        op = StoreMemory(scope, new_id(), redact(memory.content), memory.type, datetime.now(timezone.utc),
+        content = redact(memory.content)
+        if self.hooks is not None and self.hooks.has("pre_memory_write"):
+            # A memory written here is a store_memory write like the model's: the same policies
+            # keep data out of memory (docs/hooks.md), failing closed.
+            context = HookContext(scope.user, None, scope.agent, None, "memory_api")
+            texts = await self.hooks.pre_memory_write(context, [("memory", content)])
+            if texts is None:
+                raise WriteBlocked("a pre_memory_write hook did not let this memory be saved")
+            content = texts[0]
+        op = StoreMemory(scope, new_id(), content, memory.type, datetime.now(timezone.utc),
                          memory.confidence, tuple(redact(tag) for tag in memory.tags))
         return answer(await self._memory(scope, await self.store.store_memory(op)), 201)
 

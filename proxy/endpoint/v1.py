@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.endpoint.steps import InjectStep, open_upstream
 from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
@@ -27,11 +28,13 @@ from proxy.settings import Settings
 from proxy.side_requests import RequestFacts, SideRequests
 from proxy.upstream import Upstream, provider_for, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
-from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest
+from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_responses import OpenAIResponses
 
 log = logging.getLogger("memproxy.request")
+
+T = TypeVar("T")
 
 _KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key"}
 
@@ -171,10 +174,13 @@ class ProxyEndpoint:
         recall: Recall | None = None  # None: the client left during the recall itself
         try:
             async with DisconnectWatch(receive) as watch:
-                recall = await self.memory.recall(resolved, request.transcript if request is not None else None)
+                recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
+                                                  wire.name)
                 send.error_headers = recall.headers()
-                out_body = (await asyncio.to_thread(_with_block, wire, request, recall, body)
-                            if request is not None and request.large else _with_block(wire, request, recall, body))
+                if recall.prompt is not None and request is not None:
+                    request, body = await _off_loop_if(request.large, _with_prompt, wire, request, recall.prompt, body)
+                out_body = await _off_loop_if(request is not None and request.large,
+                                              _with_block, wire, request, recall, body)
                 if recall.active:
                     # We read a copy of the answer to save it: ask for it uncompressed.
                     upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
@@ -219,6 +225,22 @@ def _with_block(wire: Wire, request: WireRequest | None, recall: Recall, body: b
     except ValueError:  # too deep to re-serialise here: send what the client sent
         recall.dropped_block()
         return body
+
+
+def _with_prompt(wire: Wire, request: WireRequest, prompt: str, body: bytes) -> tuple[WireRequest, bytes]:
+    """The request with a hook's rewritten prompt, and its body (also what goes when the block must
+    come out)."""
+    rewritten = wire.with_prompt(request, prompt)
+    try:
+        return rewritten, dump_json(rewritten.body, in_pieces=rewritten.large)
+    except ValueError:  # too deep to re-serialise here: the client's own words go
+        return request, body
+
+
+async def _off_loop_if(large: bool, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)`, in a thread when the request is large enough that re-serialising it would
+    hold the event loop up."""
+    return await asyncio.to_thread(function, *args) if large else function(*args)
 
 
 def _path_after_v1(scope: dict[str, Any]) -> str | None:

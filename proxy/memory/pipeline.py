@@ -14,21 +14,24 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from proxy.errors import MemoryUnavailable
+from proxy.errors import MemoryUnavailable, PolicyBlocked
 from proxy.exchange import Recall
 from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
+from proxy.memory import turn_hooks
+from proxy.memory.hooks import Hooks
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact
 from proxy.memory.sources import edges
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
-from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
+from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
 from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
-    FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store, StoreError, text_hash,
+    DropHookContext, FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store,
+    StoreError, text_hash,
 )
 from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
@@ -75,6 +78,7 @@ class Retrieved:
     block: str = ""
     injected: int = 0
     log: dict[str, Any] = field(default_factory=dict)
+    hits: tuple[Hit, ...] = ()  # those the block shows, in its order (a post_retrieval hook picks from them)
 
 
 class Retriever(Protocol):
@@ -90,7 +94,7 @@ class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""
 
     def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
-                 metrics: Metrics, pending: PendingFacts | None = None) -> None:
+                 metrics: Metrics, pending: PendingFacts | None = None, hooks: Hooks | None = None) -> None:
         self.settings = settings
         self.memory: MemorySettings = settings.memory
         self.store = store
@@ -102,8 +106,10 @@ class MemoryService:
         self.pending = pending if rules else None
         self.breaker = CircuitBreaker(metrics)
         self.gate = RecallGate(RECALLS_RUNNING)
+        self.hooks = hooks  # None: no hooks configured, and the request path does nothing for them
+        self.hook_saves: set[asyncio.Task[None]] = set()  # saves waiting on a pre_memory_write hook
 
-    async def recall(self, resolved: RequestScope, request: Transcript | None) -> Recall:
+    async def recall(self, resolved: RequestScope, request: Transcript | None, wire: str = "") -> Recall:
         """The Recall of one chat request (its identity already complete)."""
         if not resolved.memory_on or request is None or resolved.scope is None:
             return Recall("off")
@@ -114,25 +120,40 @@ class MemoryService:
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
         digest = await history_digest(scope, request)
+        hooked: turn_hooks.TurnStart | None = None  # None: no hooks, or they have not run yet
+        queued: asyncio.Future[list[tuple[int, str]]] | None = None
         if not self.breaker.allow():
             status = "degraded: circuit open"
         else:
             started = time.perf_counter()
             budget_s = self.memory.retrieval_timeout_ms / 1000
-            start = asyncio.get_running_loop().time()
-            answer_by = start + budget_s
+            began = asyncio.get_running_loop().time()
+            answer_by = began + budget_s
             reading = False  # the recall's turn came (admission.py) and it asked the store
             try:
-                async with asyncio.timeout_at(answer_by):
+                async with asyncio.timeout_at(answer_by) as budget:
                     if self.pending is not None:
                         # Waited for before a turn to read is taken: a store that cannot commit
                         # (locked) must not hold the admission slots of other recalls meanwhile.
                         await self.pending.settled(scope.user, budget_s * FACTS_WAIT_SHARE)
-                    async with self.gate.admitted(start + budget_s * TURN_WAIT_SHARE):
+                    async with self.gate.admitted(began + budget_s * TURN_WAIT_SHARE):
                         reading = True
                         identity = await self._identify(scope, request, now, digest)
-                        retrieved = await self._block(scope, request, identity, resolved, answer_by)
+                        if self.hooks is None:
+                            retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
+                    if self.hooks is not None:
+                        # Outside the gate: a slow hook holds no other recall's turn to read.
+                        hooked = await self._hooked(budget, scope, request, identity, wire)
+                        answer_by = budget.when() or answer_by  # the budget waited while the hooks ran
+                        request = turn_hooks.with_prompt(request, hooked.prompt)
+                        queued = self._queued_context(scope, identity)  # read while retrieval runs
+                        async with self.gate.admitted(answer_by - budget_s * (1 - TURN_WAIT_SHARE)):
+                            retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
+                        if queued is not None:
+                            hooked = turn_hooks.with_queued(hooked, await queued)
                 self.breaker.succeeded()
+            except PolicyBlocked:
+                raise  # a policy's refusal, not a memory fault: the client gets it
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
                     self.breaker.timed_out(budget_s * QUIET_BUDGETS, self._store_answered_at())
@@ -143,6 +164,9 @@ class MemoryService:
             except Exception as exc:  # the outermost boundary: memory must never fail a request
                 self.breaker.failed()
                 status = self._degraded("retrieval error", exc)
+            finally:
+                if queued is not None and queued.cancel() is False and not queued.cancelled():
+                    queued.exception()  # retrieval failed first: the turn goes without what was queued
             retrieved.log["ms"] = round((time.perf_counter() - started) * 1000, 3)
         if status != "ok" and self.memory.required:
             # memory.required: memory is part of the answer here, so no answer without it.
@@ -152,8 +176,16 @@ class MemoryService:
             raise error
         identity = identity or fallback_identity(scope, digest=digest, now=now,
                                                  retry_window_s=self.memory.retry_window_s)
-        parts = await saved(request, self.memory.block_header) if persist else Saved()
-        recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response)
+        if self.hooks is not None and hooked is None:
+            # The store could not be asked: a policy still sees (and may block) the prompt.
+            hooked = await self._start_hooks(scope, request, identity, wire)
+            request = turn_hooks.with_prompt(request, hooked.prompt)
+        hooked = hooked or turn_hooks.TurnStart()
+        if hooked.context:
+            retrieved.block = turn_hooks.with_context(retrieved.block, hooked.context, self.memory.max_tokens)
+        parts = await saved(request, self.memory.block_header, hooked.context) if persist else Saved()
+        recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response,
+                            wire, hooked)
         recall.started(now)
         return recall
 
@@ -161,8 +193,40 @@ class MemoryService:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
                               follow=self.settings.scope.conversation, digest=digest)
 
+    async def _hooked(self, budget: asyncio.Timeout, scope: Scope, request: Transcript, identity: TurnIdentity,
+                      wire: str) -> turn_hooks.TurnStart:
+        """A new turn's start hooks, on their own timeouts (retrieval's budget waits meanwhile);
+        a later step or a retry gets the prompt the turn's hooks gave it."""
+        if identity.existing is not None:
+            return turn_hooks.TurnStart(identity.existing.prompt)
+        assert self.hooks is not None
+        new_conversation = identity.new_conversation or (
+            # A conversation the client names is new while the store has nothing of it.
+            self.hooks.has("session_start") and scope.conversation is not None
+            and await self.store.conversation_record(scope, scope.conversation) is None)
+        left = (budget.when() or 0) - asyncio.get_running_loop().time()
+        budget.reschedule(None)
+        start = await self._start_hooks(scope, request, identity, wire, new_conversation)
+        budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
+        return start
+
+    async def _start_hooks(self, scope: Scope, request: Transcript, identity: TurnIdentity, wire: str,
+                           new_conversation: bool = False) -> turn_hooks.TurnStart:
+        assert self.hooks is not None
+        context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+        return await turn_hooks.start_turn(self.hooks, context, user_text(request, self.memory.block_header),
+                                           new_conversation)
+
+    def _queued_context(self, scope: Scope, identity: TurnIdentity) -> asyncio.Future[list[tuple[int, str]]] | None:
+        """What `stop` hooks left for this conversation's next turn (a new turn only)."""
+        if self.hooks is None or not self.hooks.has("stop") or identity.existing is not None:
+            return None
+        if identity.new_conversation:
+            return None  # nothing can be queued for a conversation the store does not have
+        return asyncio.ensure_future(self.store.hook_context(scope, identity.conversation_id))
+
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
-                     resolved: RequestScope, answer_by: float) -> Retrieved:
+                     resolved: RequestScope, answer_by: float, wire: str) -> Retrieved:
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
@@ -173,7 +237,11 @@ class MemoryService:
                       min(limit, 12), identity.new_conversation, answer_by)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
-        return await self.retriever.retrieve(scope, query)
+        retrieved = await self.retriever.retrieve(scope, query)
+        if self.hooks is not None and self.hooks.has("post_retrieval") and retrieved.hits:
+            context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+            return await turn_hooks.kept_hits(self.hooks, context, retrieved, header)
+        return retrieved
 
     def _store_answered_at(self) -> float:
         # Not in the Store protocol yet: SQLite's reader threads note when they answered a read.
@@ -216,9 +284,11 @@ class Saved:
     steps: tuple[ReasoningStep, ...] = ()
 
 
-async def saved(request: Transcript, header: str) -> Saved:
-    """The request's Saved; a large one's redacted in a thread, so the event loop serves other streams meanwhile."""
-    text, steps = user_text(request, header), reasoning_steps(request)
+async def saved(request: Transcript, header: str, hook_context: str = "") -> Saved:
+    """The request's Saved (the prompt as a hook rewrote it, without the turn's `hook_context`); a
+    large one's redacted in a thread, so the event loop serves other streams meanwhile."""
+    text = turn_hooks.without_context(user_text(request, header), hook_context)
+    steps = reasoning_steps(request)
     if len(text) + sum(len(step.arguments) + len(step.result) for step in steps) <= INLINE_REDACT_CHARS:
         return _redacted(text, steps)
     return await asyncio.to_thread(_redacted, text, steps)
@@ -243,7 +313,8 @@ class TurnRecall(Recall):
     turn_key: str  # a turn always has its key
 
     def __init__(self, service: MemoryService, scope: Scope, identity: TurnIdentity, persist: bool, status: str,
-                 retrieved: Retrieved, saved: Saved, previous_response: str | None = None) -> None:
+                 retrieved: Retrieved, saved: Saved, previous_response: str | None = None, wire: str = "",
+                 start: turn_hooks.TurnStart = turn_hooks.TurnStart()) -> None:
         super().__init__(status)
         self._saved = saved
         self._previous_response = previous_response  # the parent of the response this turn relays
@@ -258,6 +329,17 @@ class TurnRecall(Recall):
         self.injected = retrieved.injected if self.block else 0
         self._log = retrieved.log
         self._ending: str | None = None
+        self._start = start
+        self.prompt = start.prompt
+        self._saves = self._hooked_saves(wire)
+
+    def _hooked_saves(self, wire: str) -> turn_hooks.HookedSaves | None:
+        hooks = self._service.hooks
+        if hooks is None or not self._persist or not (hooks.has("pre_memory_write") or hooks.has("stop")):
+            return None
+        context = turn_hooks.hook_context(self._scope, self._identity.conversation_id, self._identity.key, wire)
+        return turn_hooks.HookedSaves(hooks, context, lambda op, urgent: self._submit(op, urgent=urgent),
+                                      self._service.hook_saves)
 
     @property
     def active(self) -> bool:
@@ -270,14 +352,16 @@ class TurnRecall(Recall):
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
-            saved = self._submit(StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                                           self._identity.history_hash, now, self._saved.said, self._persist,
-                                           self._generation))
+            start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
+                              self._identity.history_hash, now, self._saved.said, self._persist, self._generation)
+            saved = self._saves.start(start) if self._saves is not None else self._submit(start)
             if saved is not None and self._service.pending is not None:
                 self._service.pending.saving(self._scope.user, saved)
         if not self._log.get("cache") and self.status == "ok":
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
-                                   self._generation))
+                                   generation=self._generation, prompt=self._start.prompt))
+        if self._start.queued_upto is not None:
+            self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
@@ -295,13 +379,14 @@ class TurnRecall(Recall):
         if not answer.strip():
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self._generation),
                                 urgent=True)
-        return self._submit(FinishTurn(
+        finish = FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=self._saved.said,
             steps=self._saved.steps + thinking_step(message),
             answer_hash=text_hash(answer),
             generation=self._generation,
-        ), urgent=True)
+        )
+        return self._saves.finish(finish) if self._saves is not None else self._submit(finish, urgent=True)
 
     def failed(self, status: str) -> None:
         self._ended(status)

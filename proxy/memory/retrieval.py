@@ -156,7 +156,7 @@ class Retrieval:
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        return Retrieved(block, len(kept) if block else 0, entry)
+        return Retrieved(block, len(kept) if block else 0, entry, tuple(kept) if block else ())
 
     def _sources_deadline(self, query: Query) -> float:
         """When the sources must have answered: SOURCE_SHARE of the budget from now, and never so late

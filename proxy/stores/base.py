@@ -132,6 +132,7 @@ class SaveBlock:
     log: dict[str, Any] = field(default_factory=dict)
     at: datetime | None = None
     generation: Generation | None = None
+    prompt: str | None = None  # a hook's updated_prompt, cached with the block
 
 
 @dataclass(frozen=True)
@@ -209,11 +210,37 @@ class StoreMemory:
     tags: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class QueueHookContext:
+    """Context a `stop` hook left for the conversation's next turn (the oldest go past HOOK_CONTEXT_KEEP).
+
+    Written by the turn, so it carries the turn's generation: a deletion after the turn began
+    takes it too.
+    """
+
+    scope: Scope
+    conversation_id: str
+    text: str
+    at: datetime
+    generation: Generation | None = None
+
+
+@dataclass(frozen=True)
+class DropHookContext:
+    """The conversation's queued hook context up to `upto_seq` was given to a turn: it goes."""
+
+    scope: Scope
+    conversation_id: str
+    upto_seq: int
+
+
+HOOK_CONTEXT_KEEP = 20  # queued hook context per conversation; the oldest go first
+
 WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
-                StoreMemory, RecordResponse]
+                StoreMemory, RecordResponse, QueueHookContext, DropHookContext]
 # The writes of a turn: each carries the generation the turn began at (stores/generations.py).
-TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock]
-TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock)
+TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, QueueHookContext]
+TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, QueueHookContext)
 
 
 @dataclass(frozen=True)
@@ -366,6 +393,9 @@ class Store(Protocol):
 
         When several conversations hold that text, the most recently active one wins.
         """
+
+    async def hook_context(self, scope: Scope, conversation_id: str) -> list[tuple[int, str]]:
+        """The conversation's queued hook context, oldest first, as (seq, text)."""
 
     async def latest_conversation(self, scope: Scope) -> str | None:
         """The user's most recently active conversation."""

@@ -86,7 +86,7 @@ def user_lock_key(user: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
+_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt"
 class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
     """The Store protocol on a PostgreSQL database shared by any number of replicas.
 
@@ -298,6 +298,12 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
             args,
         )
         return str(rows[0]["conversation_id"]) if rows else None
+
+    async def hook_context(self, scope: Scope, conversation_id: str) -> list[tuple[int, str]]:
+        """The conversation's queued hook context, oldest first, as (seq, text)."""
+        rows = await self._fetch("SELECT seq, text FROM hook_context WHERE user_id = $1 AND conversation_id = $2"
+                                 " ORDER BY seq", [scope.user, conversation_id])
+        return [(row["seq"], row["text"]) for row in rows]
 
     async def latest_conversation(self, scope: Scope) -> str | None:
         """The user's most recently active conversation."""

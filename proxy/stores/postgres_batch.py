@@ -24,9 +24,12 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.stores.base import (
+    HOOK_CONTEXT_KEEP,
     TURN_OPS,
+    DropHookContext,
     ExtractionFailed,
     FinishTurn,
+    QueueHookContext,
     RecordFacts,
     RecordResponse,
     RecordToolCalls,
@@ -60,7 +63,7 @@ _PARAMETERS = (
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
     "call_ids", "call_names", "call_args",  # tool calls
     "status",  # status
-    "block", "injected", "log", "keep",  # block
+    "block", "injected", "log", "keep", "prompt",  # block
     "queue_id", "error", "park",  # extraction failed
     "deleted_keys", "generation",  # a turn's op: skipped once its user or conversation was deleted since it began
 )
@@ -93,10 +96,11 @@ calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, argumen
 status AS (UPDATE turns SET status = {status}, updated_at = {at}
     WHERE {kind} = 'status' AND {live} AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
 -- The first block wins, so every step of a tool loop carries the same bytes, unless it was
--- computed before a deletion; it is logged and the log trimmed. The DELETE cannot see the
+-- computed before a deletion; it is logged and the log trimmed. A hook's rewritten prompt
+-- stays with the turn when a block computed again carries none. The DELETE cannot see the
 -- row its own statement inserts, so it keeps one old row fewer when a row went in.
 block AS (UPDATE turns SET block = {block}, injected = {injected}, block_generation = {generation},
-    updated_at = coalesce({at}, now())
+    prompt = coalesce({prompt}, prompt), updated_at = coalesce({at}, now())
     WHERE {kind} = 'block' AND {live} AND user_id = {user} AND turn_key = {turn_key}
     AND (block IS NULL OR block_generation < {generation})
     RETURNING user_id, turn_key, updated_at),
@@ -147,20 +151,33 @@ async def recover(conn: asyncpg.Connection) -> None:
 
 async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
     """Apply `ops` in order on a connection inside a transaction."""
-    for alone, run in groupby(ops, key=lambda op: isinstance(op, (RecordFacts, StoreMemory, RecordResponse))):
+    for alone, run in groupby(ops, key=lambda op: isinstance(op, _ONE_AT_A_TIME)):
         group = list(run)
         if alone:  # a merge reads the graph as it goes, and a response id is rare: one op at a time
             for op in group:
-                if isinstance(op, RecordResponse):
-                    await record_response(conn, op)
-                elif isinstance(op, RecordFacts):
-                    await record_facts(conn, op)
-                elif isinstance(op, StoreMemory):
-                    await store_memory(conn, op)
+                await _apply_one(conn, op)
         elif len(group) == 1:
             await conn.execute(APPLY, *arguments(group[0]))
         else:
             await conn.executemany(APPLY, [arguments(op) for op in group])
+
+
+# A graph merge reads the graph as it goes; a response id and hook context are rare: one op at a time.
+_ONE_AT_A_TIME = (RecordFacts, StoreMemory, RecordResponse, QueueHookContext, DropHookContext)
+
+
+async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
+    if isinstance(op, RecordResponse):
+        await record_response(conn, op)
+    elif isinstance(op, RecordFacts):
+        await record_facts(conn, op)
+    elif isinstance(op, StoreMemory):
+        await store_memory(conn, op)
+    elif isinstance(op, QueueHookContext):
+        await queue_hook_context(conn, op)
+    elif isinstance(op, DropHookContext):
+        await conn.execute("DELETE FROM hook_context WHERE user_id = $1 AND conversation_id = $2 AND seq <= $3",
+                           op.scope.user, op.conversation_id, op.upto_seq)
 
 
 async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
@@ -171,6 +188,25 @@ async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
         " ON CONFLICT DO NOTHING",
         clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), utc(op.at), op.scope.user, op.turn_key,
     )
+
+
+async def queue_hook_context(conn: asyncpg.Connection, op: QueueHookContext) -> None:
+    """Queue a stop hook's context for the conversation's next turn; past HOOK_CONTEXT_KEEP the oldest go.
+
+    Skipped when the conversation is gone, or its user or it was deleted after the turn began.
+    """
+    keys, generation = ((deleted_keys(op.scope.user, op.generation.conversation_id), op.generation.number)
+                        if op.generation is not None else ([], 0))
+    inserted = await conn.fetchval(
+        "INSERT INTO hook_context (user_id, conversation_id, text, created_at)"
+        " SELECT user_id, id, $3, $4 FROM conversations WHERE user_id = $1 AND id = $2"
+        " AND NOT EXISTS (SELECT 1 FROM generations WHERE id = ANY($5::text[]) AND generation > $6)"
+        " RETURNING seq",
+        op.scope.user, op.conversation_id, clean_text(op.text), utc(op.at), keys, generation)
+    if inserted is not None:
+        await conn.execute("DELETE FROM hook_context WHERE user_id = $1 AND conversation_id = $2 AND seq NOT IN"
+                           " (SELECT seq FROM hook_context WHERE user_id = $1 AND conversation_id = $2"
+                           " ORDER BY seq DESC LIMIT $3)", op.scope.user, op.conversation_id, HOOK_CONTEXT_KEEP)
 
 
 def arguments(op: WriteOp) -> tuple[Any, ...]:
@@ -196,7 +232,7 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
     elif isinstance(op, SaveBlock):
         values.update(kind="block", at=utc(op.at) if op.at else None, turn_key=op.turn_key,
                       block=clean_text(op.block), injected=op.injected, log=json.dumps(op.log, default=str),
-                      keep=INJECTION_LOG_KEEP)
+                      keep=INJECTION_LOG_KEEP, prompt=clean_text(op.prompt) if op.prompt is not None else None)
     elif isinstance(op, ExtractionFailed):
         values.update(kind="failed", at=utc(op.retry_at), queue_id=op.queue_id,
                       error=clean_text(op.error)[:ERROR_MAX_CHARS], park=op.park)

@@ -445,8 +445,24 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_conversation ON responses(user_id, conversation_id);
 """
 
+# v7: hooks (docs/hooks.md), as SQLite's v10. A turn keeps the prompt a user_prompt_submit
+# hook rewrote, for its later steps; the context a stop hook leaves for a conversation's next
+# turn waits in hook_context, and goes with its conversation.
+_V7 = f"""
+ALTER TABLE turns ADD COLUMN IF NOT EXISTS prompt text;
+CREATE TABLE IF NOT EXISTS hook_context (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id text {_C} NOT NULL,
+    conversation_id text {_C} NOT NULL,
+    text text NOT NULL,
+    created_at timestamptz NOT NULL,
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS hook_context_conversation ON hook_context(user_id, conversation_id, seq);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

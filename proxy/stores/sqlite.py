@@ -118,7 +118,7 @@ def _reason(exc: BaseException) -> str:
     return f"{code}: {exc}"
 
 
-_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
+_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt"
 _RELATIONSHIP_SELECT = (
     "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
     " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
@@ -473,6 +473,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             [json.dumps(list(hashes)), scope.user, *agent_params],
         )
         return rows[0]["conversation_id"] if rows else None
+
+    async def hook_context(self, scope: Scope, conversation_id: str) -> list[tuple[int, str]]:
+        """The conversation's queued hook context, oldest first, as (seq, text)."""
+        rows = await self._rows("SELECT seq, text FROM hook_context WHERE user_id = ? AND conversation_id = ?"
+                                " ORDER BY seq", [scope.user, conversation_id])
+        return [(row["seq"], row["text"]) for row in rows]
 
     async def latest_conversation(self, scope: Scope) -> str | None:
         """The user's most recently active conversation."""

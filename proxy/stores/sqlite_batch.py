@@ -16,8 +16,8 @@ from typing import Any
 from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
-    TURN_OPS, ExtractionFailed, FinishTurn, RecordFacts, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus,
-    StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
+    HOOK_CONTEXT_KEEP, TURN_OPS, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts,
+    RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
 )
 from proxy.stores.generations import deleted_keys
 from proxy.stores.sqlite_admin import store_memory
@@ -91,6 +91,11 @@ class Batch:
             self.save_block(op)
         elif isinstance(op, StoreMemory):
             store_memory(self._conn, op)
+        elif isinstance(op, QueueHookContext):
+            self.queue_hook_context(op)
+        elif isinstance(op, DropHookContext):
+            self._run("DELETE FROM hook_context WHERE user_id = ? AND conversation_id = ? AND seq <= ?",
+                      (op.scope.user, op.conversation_id, op.upto_seq))
         elif isinstance(op, RecordFacts):
             record_facts(self._conn, op)
         elif isinstance(op, ExtractionFailed):
@@ -231,6 +236,17 @@ class Batch:
             (op.status, to_ts(op.at), op.scope.user, op.turn_key),
         )
 
+    def queue_hook_context(self, op: QueueHookContext) -> None:
+        """Queued for the conversation's next turn; past HOOK_CONTEXT_KEEP the oldest go (none when
+        the conversation is gone)."""
+        if not self._run("INSERT INTO hook_context (user_id, conversation_id, text, created_at)"
+                         " SELECT user_id, id, ?, ? FROM conversations WHERE user_id = ? AND id = ? RETURNING seq",
+                         (clean_text(op.text), to_ts(op.at), op.scope.user, op.conversation_id)):
+            return
+        self._run("DELETE FROM hook_context WHERE user_id = ? AND conversation_id = ? AND seq NOT IN"
+                  " (SELECT seq FROM hook_context WHERE user_id = ? AND conversation_id = ? ORDER BY seq DESC LIMIT ?)",
+                  (op.scope.user, op.conversation_id, op.scope.user, op.conversation_id, HOOK_CONTEXT_KEEP))
+
     def save_block(self, op: SaveBlock) -> None:
         """First block wins, so every step of a tool loop carries the same bytes; log it.
 
@@ -240,9 +256,11 @@ class Batch:
         user = op.scope.user
         generation = op.generation.number if op.generation else 0
         saved = self._run(
-            "UPDATE turns SET block = ?, injected = ?, block_generation = ?, updated_at = ? WHERE user_id = ?"
-            " AND turn_key = ? AND (block IS NULL OR block_generation < ?) RETURNING seq",
-            (clean_text(op.block), op.injected, generation, at, user, op.turn_key, generation),
+            "UPDATE turns SET block = ?, injected = ?, block_generation = ?, prompt = coalesce(?, prompt),"
+            " updated_at = ? WHERE user_id = ? AND turn_key = ? AND (block IS NULL OR block_generation < ?)"
+            " RETURNING seq",
+            (clean_text(op.block), op.injected, generation, clean_text(op.prompt) if op.prompt is not None else None,
+             at, user, op.turn_key, generation),
         )
         if not saved:
             return

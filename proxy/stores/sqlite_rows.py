@@ -112,6 +112,7 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
         created_at=from_ts(row["created_at"]),
         block=row["block"],
         injected=row["injected"],
+        prompt=row["prompt"],
     )
 
 

@@ -381,8 +381,24 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_conversation ON responses(user_id, conversation_id);
 """
 
+# v10: hooks (docs/hooks.md). A turn keeps the prompt a user_prompt_submit hook rewrote, for
+# its later steps; the context a stop hook leaves for a conversation's next turn waits in
+# hook_context, and goes with its conversation.
+_V10 = """
+ALTER TABLE turns ADD COLUMN prompt TEXT;
+CREATE TABLE IF NOT EXISTS hook_context (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    user_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    FOREIGN KEY (user_id, conversation_id) REFERENCES conversations(user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS hook_context_conversation ON hook_context(user_id, conversation_id, seq);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -24,7 +24,7 @@ from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.anthropic_answer import MessagesStreamReader, answer_from_blocks, blocks_text
 from proxy.wires.base import (
-    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem,
+    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem, with_words,
 )
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
 from proxy.wires.sse import SSEEvent
@@ -85,6 +85,14 @@ class AnthropicMessages:
         messages[index] = {**message, "content": _with_block(content, block, later_step or automatic is not None)}
         body["messages"] = messages
         return dump_json(body, in_pieces=request.large)
+
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        if request.prompt_index is None:
+            return request
+        message = request.body["messages"][request.prompt_index]
+        words = with_words(message["content"], text,
+                           lambda block: _is_words(block) and not self._context.is_context(_str(block.get("text"))))
+        return request.with_message({**message, "content": words})
 
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         return MessagesStreamReader(keep_answer=keep_answer)

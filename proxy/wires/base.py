@@ -9,7 +9,8 @@ errors in its own shape. No sockets, no awaits.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from proxy.errors import ProxyError
@@ -42,6 +43,14 @@ class WireRequest:
     def large(self) -> bool:
         """True for a body written again off the event loop and in pieces (LARGE_BODY_BYTES)."""
         return self.size > LARGE_BODY_BYTES
+
+    def with_message(self, message: dict[str, Any]) -> WireRequest:
+        """A copy whose prompt message is `message` (the client's body is never changed in place)."""
+        if self.prompt_index is None:
+            return self
+        messages = list(self.body["messages"])
+        messages[self.prompt_index] = message
+        return replace(self, body={**self.body, "messages": messages})
 
 
 class AnswerReader(Protocol):
@@ -92,6 +101,9 @@ class Wire(ErrorShape, Protocol):
     def insert_block(self, request: WireRequest, block: str) -> bytes:
         """A new body with the block in the turn's prompt; ValueError when it cannot be written."""
 
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        """The request with its prompt's words replaced by `text` (a hook's updated_prompt)."""
+
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         """A reader for one streamed answer (`keep_answer=False`: only how it ends)."""
 
@@ -105,6 +117,23 @@ class Wire(ErrorShape, Protocol):
         """A streamed answer's event before any output (None: before the first): whether a
         context-length failure may still follow it (`hold`), or the stream is the answer
         (`send`), or it is that failure (`too_long`)."""
+
+
+def with_words(content: Any, text: str, is_words: Callable[[dict[str, Any]], bool], part_type: str = "text") -> Any:
+    """A prompt's content with its words replaced by `text`: the first text part takes it, the
+    other text parts go, every other part (an image, a client's context) stays in place; with no
+    text part, a new one of the wire's `part_type` comes first."""
+    if not isinstance(content, list):
+        return text
+    parts: list[Any] = []
+    placed = False
+    for part in content:
+        if not (isinstance(part, dict) and is_words(part)):
+            parts.append(part)
+        elif not placed:
+            parts.append({**part, "text": text})
+            placed = True
+    return parts if placed else [{"type": part_type, "text": text}, *parts]
 
 
 def dump_json(body: dict[str, Any], *, in_pieces: bool = False) -> bytes:

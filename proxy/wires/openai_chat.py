@@ -15,7 +15,7 @@ from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires import openai_chat_answer
 from proxy.wires.base import (
-    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem,
+    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem, with_words,
 )
 from proxy.wires.sse import SSEEvent
 
@@ -254,6 +254,13 @@ class OpenAIChat:
     def insert_block(self, request: WireRequest, block: str) -> bytes:
         chat = ChatRequest(request.body, request.stream, request.body["messages"])
         return insert_block(chat, block, in_pieces=request.large)
+
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        if request.prompt_index is None:
+            return request
+        message = request.body["messages"][request.prompt_index]
+        words = with_words(message.get("content"), text, lambda part: part.get("type") == "text")
+        return request.with_message({**message, "content": words})
 
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         if keep_answer:

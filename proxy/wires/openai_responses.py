@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.models import AssistantMessage, ToolStep, Transcript
 from proxy.wires.base import (
-    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem,
+    AnswerReader, Opening, Provider, WireRequest, dump_json, load_json, model_and_stream_problem, with_words,
 )
 from proxy.wires.context_tags import DEFAULT_TAGS, ContextTags
 from proxy.wires.openai_responses_answer import (
@@ -83,6 +84,17 @@ class OpenAIResponses:
         body["input"] = items
         return dump_json(body)
 
+    def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
+        index = request.prompt_index
+        if index is None:
+            return request
+        if isinstance(request.body["input"], str):
+            return replace(request, body={**request.body, "input": text})
+        items = list(request.body["input"])
+        words = with_words(items[index]["content"], text, self._is_own_text, part_type="input_text")
+        items[index] = {**items[index], "content": words}
+        return replace(request, body={**request.body, "input": items})
+
     def answer_reader(self, *, keep_answer: bool) -> AnswerReader:
         return ResponsesStreamReader(keep_answer=keep_answer)
 
@@ -122,6 +134,10 @@ class OpenAIResponses:
         parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
         return [p for p in parts
                 if not (p.get("type") == "input_text" and self._context.is_context(_str(p.get("text"))))]
+
+    def _is_own_text(self, part: dict[str, Any]) -> bool:
+        """True for a text part of the user's own words (not a client's context element)."""
+        return part.get("type") == "input_text" and not self._context.is_context(_str(part.get("text")))
 
     def _prompt_index(self, items: list[dict[str, Any]]) -> int | None:
         for index in range(len(items) - 1, -1, -1):

@@ -1,0 +1,56 @@
+"""Python hook handlers the hook tests configure (`python: tests.hook_handlers:...`).
+
+They keep no state: what a hook was given shows in what it answers (the tests' HTTP hook
+server records its inputs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+
+def rewrite(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_prompt": event["prompt"] + " [python]"}
+
+
+async def context(event: dict[str, Any]) -> dict[str, Any]:
+    return {"additional_context": f"python {event['event']} context"}
+
+
+def block(event: dict[str, Any]) -> dict[str, Any]:
+    return {"decision": "block", "reason": "prompts about secrets are not allowed here"}
+
+
+def last_hit_only(event: dict[str, Any]) -> dict[str, Any]:
+    return {"hits": [event["hits"][-1]["id"]]}
+
+
+def raising(event: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError(f"policy crashed on {event.get('prompt') or event.get('turns')}")
+
+
+async def hanging(event: dict[str, Any]) -> dict[str, Any]:
+    await asyncio.sleep(30)
+    return {}
+
+
+def blocking_sleep(event: dict[str, Any]) -> None:
+    time.sleep(0.3)  # a sync hook that blocks: it must run off the event loop
+
+
+def garbage(event: dict[str, Any]) -> Any:
+    return ["not", "an", "object"]
+
+
+def wrong_type(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_prompt": 42}
+
+
+def deny_writes(event: dict[str, Any]) -> dict[str, Any]:
+    return {"decision": "deny", "reason": f"{event['tool']} is read-only for {event['user']}"}
+
+
+def tag_input(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_input": {**event["input"], "tags": ["python"]}}
