@@ -142,6 +142,9 @@ COMPACTION_PROMPT = ("You are performing a CONTEXT CHECKPOINT COMPACTION. Create
 REVIEW_PROMPT = ("Review the current code changes (staged, unstaged, and untracked files) and provide prioritized "
                  "findings.")
 
+CONSOLIDATION_PROMPT = ("Consolidate the supplied rollout summaries into `memory_summary.md` so another agent "
+                        "understands the user, finds relevant prior work, and continues correctly.")
+
 
 @pytest.mark.parametrize("kind, extra, body, rule", [
     ("compaction", {}, codex_body(COMPACTION_PROMPT, history=[
@@ -150,10 +153,13 @@ REVIEW_PROMPT = ("Review the current code changes (staged, unstaged, and untrack
                                                               "annotations": []}]}]), "codex_not_a_turn"),
     ("turn", {"x-openai-subagent": "review", "x-codex-parent-thread-id": CODEX_SESSION},
      codex_body(REVIEW_PROMPT), "openai_subagent"),
-], ids=["compaction", "review"])
+    ("turn", {"x-openai-subagent": "memory_consolidation", "x-openai-memgen-request": "true"},
+     codex_body(CONSOLIDATION_PROMPT), "openai_subagent"),
+], ids=["compaction", "review", "memory-consolidation"])
 def test_codex_side_requests_as_recorded_get_no_block_and_save_nothing(make_proxy, fake, kind, extra, body, rule):
     # The shapes Codex CLI 0.169 sent to a recording upstream: `codex exec resume` past
-    # model_auto_compact_token_limit (a compaction), and `codex exec review --uncommitted`.
+    # model_auto_compact_token_limit (a compaction), `codex exec review --uncommitted`, and
+    # `codex exec --enable memories` consolidating earlier sessions.
     proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
     with proxy.http() as http:
         turn = http.post("/v1/responses", headers=codex_headers("turn"), json=codex_body("my dog is Rex"))
