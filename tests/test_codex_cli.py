@@ -185,3 +185,29 @@ def test_codex_review_gets_no_block_and_saves_nothing(mem, fake, tmp_path):
 def metrics(proxy: Any) -> str:
     with proxy.http() as http:
         return http.get("/metrics").text
+
+
+def test_a_codex_profile_gives_a_project_its_own_memory(make_proxy, fake, tmp_path):
+    # Codex ignores provider settings in a project's .codex/config.toml; a profile
+    # ($CODEX_HOME/<name>.config.toml, `codex -p <name>`) is how a project names its agent.
+    mem = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[], scope__isolation="agent")
+    env = codex_home(tmp_path, mem)
+    for project in ("billing", "web"):
+        (Path(env["CODEX_HOME"]) / f"{project}.config.toml").write_text(
+            "[model_providers.memproxy]\n"
+            f'http_headers = {{ "X-Memory-User" = "alice", "X-Memory-Agent" = "project-{project}" }}\n')
+    fake.queue(SSEReply(stream(output("Noted."), "resp_1")),
+               SSEReply(stream(output("I don't know."), "resp_2")),
+               SSEReply(stream(output("Your dog is Biscuit-7731."), "resp_3")))
+    question = "what is my dog's name?"
+    for args in (["-p", "billing", FACT], ["-p", "web", question], ["-p", "billing", question]):
+        done = subprocess.run([codex_binary(), "exec", "--skip-git-repo-check", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-2000:]
+    sent = [r.json() for r in fake.responses_requests()]
+    assert memory_blocks(sent[1]) == []  # the other project does not see the fact
+    assert FACT in memory_blocks(sent[2])[0]
+    assert eventually(lambda: rows(mem, "SELECT agent_id, content FROM messages ORDER BY seq") == [
+        ("project-billing", FACT), ("project-billing", "Noted."), ("project-web", question),
+        ("project-web", "I don't know."), ("project-billing", question),
+        ("project-billing", "Your dog is Biscuit-7731.")])
