@@ -50,7 +50,8 @@ class Target:
     port: int
     headers: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
-    wire: str = "chat"  # "chat": POST /v1/chat/completions; "messages": Anthropic's POST /v1/messages
+    wire: str = "chat"  # "chat": POST /v1/chat/completions; "messages": Anthropic's POST /v1/messages;
+    # "responses": OpenAI's POST /v1/responses
 
 
 class Disconnect(Exception):
@@ -192,9 +193,26 @@ def messages_payload(target: Target, *, stream: bool, extra: dict[str, str] | No
     return make
 
 
+def responses_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
+                      questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
+    """The same requests as chat_payload's on OpenAI's Responses wire, the question as one user item."""
+    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
+               "authorization": "Bearer sk-bench", **target.headers, **(extra or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    flag = b"true" if stream else b"false"
+    templates = [b'{"model":"bench-model","stream":%s,"store":false,"input":[{"role":"user","content":"%s"}]}'
+                 % (flag, q.encode()) for q in questions]
+
+    def make(n: int) -> bytes:
+        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
+        return b"POST /v1/responses HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
+
+    return make
+
+
 def wire_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None) -> MakeRequest:
     """The request factory of the target's wire."""
-    factory = messages_payload if target.wire == "messages" else chat_payload
+    factory = {"messages": messages_payload, "responses": responses_payload}.get(target.wire, chat_payload)
     return factory(target, stream=stream, extra=extra)
 
 

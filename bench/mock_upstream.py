@@ -4,10 +4,15 @@ POST /v1/chat/completions answers a fixed completion, or, with `"stream": true`,
 stream of `--events` chunk events plus `data: [DONE]`, each event its own chunked write,
 `--delay-ms` apart. POST /v1/messages answers the same in Anthropic's Messages shape: a
 `message`, or a stream of message_start, content_block_start, `--events` text_delta
-events, content_block_stop, message_delta and message_stop, each its own write (the headers X-Mock-Events and X-Mock-Delay-Ms override both per
-request); `--answer-ms` holds every chat completion back that long first, as a model's time
-to its first byte would. GET /_stats reports connection and stream counters, for leak checks. Any other
-path answers a small JSON object. It does so little per request that it is never the
+events, content_block_stop, message_delta and message_stop, each its own write. POST
+/v1/responses answers in the Responses shape: a `response`, or the stream Codex CLI gets
+(response.created, response.in_progress, output_item.added, content_part.added, `--events`
+output_text.delta events, output_text.done, content_part.done, output_item.done,
+response.completed), each its own write. The headers X-Mock-Events and X-Mock-Delay-Ms
+override the stream's length and pace per request; `--answer-ms` holds every chat answer
+back that long first, as a model's time to its first byte would. GET /_stats reports
+connection and stream counters, for leak checks. Any other path answers a small JSON
+object. It does so little per request that it is never the
 bottleneck of a run (bench/README.md).
 
     python bench/mock_upstream.py --port 9000 [--events 50] [--delay-ms 2]
@@ -39,6 +44,19 @@ MESSAGE = json.dumps({
 # Events a Messages stream has besides its text deltas: message_start, content_block_start,
 # content_block_stop, message_delta, message_stop.
 MESSAGES_FRAMING_EVENTS = 5
+_ANSWER_ITEM = {"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hello from the mock upstream.", "annotations": []}]}
+_USAGE = {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 6,
+          "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}
+RESPONSE = json.dumps({
+    "id": "resp_bench", "object": "response", "created_at": 1700000000, "status": "completed",
+    "model": "bench-model", "output": [_ANSWER_ITEM], "usage": _USAGE,
+}, separators=(",", ":")).encode()
+# Events a Responses stream has besides its text deltas: response.created, response.in_progress,
+# output_item.added, content_part.added, output_text.done, content_part.done, output_item.done,
+# response.completed.
+RESPONSES_FRAMING_EVENTS = 8
+WIRES = ("chat", "messages", "responses")
 SMALL = b'{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"}]}'
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}
 
@@ -97,6 +115,36 @@ def messages_sse_frames(events: int) -> list[bytes]:
     return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
 
 
+def responses_sse_frames(events: int) -> list[bytes]:
+    """A streamed Responses answer with `events` output_text.delta events, each framed as one HTTP chunk."""
+    frames: list[bytes] = []
+
+    def event(kind: str, **payload: Any) -> None:
+        data = json.dumps({"type": kind, "sequence_number": len(frames), **payload}, separators=(",", ":"))
+        frames.append(f"event: {kind}\ndata: {data}\n\n".encode())
+
+    text = "".join(f"tok{i} " for i in range(events))
+    item = {**_ANSWER_ITEM, "content": [{**_ANSWER_ITEM["content"][0], "text": text}]}
+    opening = {**json.loads(RESPONSE), "status": "in_progress", "output": [], "usage": None}
+    where = {"output_index": 0, "item_id": "msg_bench", "content_index": 0}
+    event("response.created", response=opening)
+    event("response.in_progress", response=opening)
+    event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "content": []})
+    event("response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []})
+    for i in range(events):
+        event("response.output_text.delta", **where, delta=f"tok{i} ")
+    event("response.output_text.done", **where, text=text)
+    event("response.content_part.done", **where, part=item["content"][0])
+    event("response.output_item.done", output_index=0, item=item)
+    event("response.completed", response={**json.loads(RESPONSE), "output": [item]})
+    return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
+
+
+_STREAMS = {"chat": sse_frames, "messages": messages_sse_frames, "responses": responses_sse_frames}
+_DOCUMENTS = {"chat": COMPLETION, "messages": MESSAGE, "responses": RESPONSE}
+_PATHS = {b"/chat/completions": "chat", b"/messages": "messages", b"/responses": "responses"}
+
+
 def head(status: int, content_type: bytes, length: int | None) -> bytes:
     """A response head; without a length the body is chunked."""
     framing = b"content-length: %d" % length if length is not None else b"transfer-encoding: chunked"
@@ -112,13 +160,13 @@ class MockServer:
         self.default = StreamPlan(events, delay_ms / 1000)
         self.answer_s = answer_ms / 1000
         self.counters = Counters()
-        self._frames: dict[tuple[bool, int], list[bytes]] = {}
+        self._frames: dict[tuple[str, int], list[bytes]] = {}
 
-    def frames(self, events: int, messages: bool = False) -> list[bytes]:
-        """Cached SSE frames for a stream of `events` chunks (Chat Completions or Messages)."""
-        key = (messages, events)
+    def frames(self, events: int, wire: str = "chat") -> list[bytes]:
+        """Cached SSE frames for a stream of `events` chunks on one of the WIRES."""
+        key = (wire, events)
         if key not in self._frames:
-            self._frames[key] = messages_sse_frames(events) if messages else sse_frames(events)
+            self._frames[key] = _STREAMS[wire](events)
         return self._frames[key]
 
     def plan(self, headers: dict[bytes, bytes]) -> StreamPlan:
@@ -175,15 +223,15 @@ class MockConnection(asyncio.Protocol):
         keep_alive = self.parser.should_keep_alive()
         body, headers = b"".join(self.body), self.headers
         self._reset()
-        messages = path.endswith(b"/messages")
-        if method == b"POST" and (messages or path.endswith(b"/chat/completions")):
+        wire = next((name for suffix, name in _PATHS.items() if path.endswith(suffix)), None)
+        if method == b"POST" and wire is not None:
             if _wants_stream(body):
                 self.transport.pause_reading()  # type: ignore[union-attr]
                 plan = self.server.plan(headers)
-                frames = self.server.frames(plan.events, messages)
+                frames = self.server.frames(plan.events, wire)
                 asyncio.get_running_loop().create_task(self._stream(plan, frames, keep_alive))
                 return
-            document = MESSAGE if messages else COMPLETION
+            document = _DOCUMENTS[wire]
             answer = head(200, b"application/json", len(document)) + document
             if self.server.answer_s:
                 asyncio.get_running_loop().call_later(self.server.answer_s, self._answer, answer, keep_alive)

@@ -40,9 +40,10 @@ MEMORY_USER = "bench-user"
 MEMORY_ON = ("memproxy-on", "memproxy-on-ro", "memproxy-hooks")
 TARGETS = ("direct", "reference", "memproxy-off", "memproxy-on")
 KNOWN_TARGETS = TARGETS + ("memproxy-on-ro", "reference-httpx", "memproxy-quiet", "memproxy-hooks")
-# With --wires chat,messages each of these targets gets a twin on the Messages wire, named with
-# this suffix: the same server and headers, the same questions sent as POST /v1/messages.
-MESSAGES_SUFFIX = "-messages"
+# With --wires naming messages or responses, each of these targets gets a twin on that wire, named
+# with the wire's suffix: the same server and headers, the same questions sent on the wire's path
+# (POST /v1/messages, POST /v1/responses).
+WIRE_SUFFIXES = {"messages": "-messages", "responses": "-responses"}
 WIRE_TWINS = ("direct", "memproxy-off", "memproxy-on", "memproxy-on-ro", "memproxy-hooks")
 # memproxy-hooks: memory on, with one no-op Python hook on every event (--hooks), beside memproxy-on.
 NO_OP_HOOKS = "hooks:\n" + "".join(
@@ -83,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "X-Memory-Persist: false; reference-httpx: httpx's own transport; "
                         "memproxy-quiet: a second memproxy, memory off, log level warning)")
     p.add_argument("--wires", default="chat",
-                   help="chat, messages or chat,messages: with messages, direct and every memproxy-off/on "
-                        "target also run on Anthropic's Messages wire (target name + '-messages'), in the same rounds")
+                   help="comma-separated, from chat, messages, responses: with messages (responses), direct and "
+                        "every memproxy-off/on target also run on Anthropic's Messages wire (OpenAI's Responses "
+                        "wire), named target + '-messages' ('-responses'), in the same rounds")
     p.add_argument("--steps", default=",".join(step.name for step in STEPS),
                    help="comma-separated subset of the steps to run (default: all)")
     p.add_argument("--stream-events", type=int, default=50, help="chunk events per measured stream (plus [DONE])")
@@ -110,10 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or "direct" not in args.targets:
         p.error(f"--targets must include direct and only name {', '.join(KNOWN_TARGETS)}")
     wires = {w.strip() for w in args.wires.split(",") if w.strip()}
-    if not wires or wires - {"chat", "messages"}:
-        p.error("--wires must be chat, messages or chat,messages")
-    if "messages" in wires:
-        twins = [t + MESSAGES_SUFFIX for t in args.targets if t in WIRE_TWINS]
+    if not wires or wires - {"chat", *WIRE_SUFFIXES}:
+        p.error("--wires must name some of chat, messages, responses")
+    twins = [t + suffix for wire, suffix in WIRE_SUFFIXES.items() if wire in wires
+             for t in args.targets if t in WIRE_TWINS]
+    if twins:
         args.targets = (args.targets if "chat" in wires else ["direct"]) + twins
     names = {name.strip() for name in args.steps.split(",") if name.strip()}
     args.steps = [step for step in STEPS if step.name in names]
@@ -168,8 +171,9 @@ def subjects(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, 
 
 def base_target(name: str) -> tuple[str, str]:
     """The target a name runs (its server and headers) and the wire it speaks."""
-    if name.endswith(MESSAGES_SUFFIX):
-        return name[:-len(MESSAGES_SUFFIX)], "messages"
+    for wire, suffix in WIRE_SUFFIXES.items():
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), wire
     return name, "chat"
 
 

@@ -1,7 +1,9 @@
-"""The two wires side by side: each Messages-wire target against its Chat Completions twin.
+"""The wires side by side: each Messages-wire and Responses-wire target against its Chat
+Completions twin.
 
-A Messages target's added latency is measured against `direct-messages` (the mock answering
-the Messages wire), a Chat Completions target's against `direct`, each round for itself.
+A target's added latency is measured against its own wire's direct target (`direct-messages`,
+`direct-responses`: the mock answering that wire), a Chat Completions target's against
+`direct`, each round for itself.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from typing import Any
 
 from summary import DIRECT, Criterion, Summary, _num
 
-SUFFIX = "-messages"
+# The wires compared with Chat Completions, by the suffix their targets' names carry.
+SUFFIXES = {"messages": "-messages", "responses": "-responses"}
+TITLES = {"messages": "Messages", "responses": "Responses"}
 PAIRS = ("memproxy-off", "memproxy-on", "memproxy-on-ro")
 # (label, step, metric, how): "added" is minus the wire's own direct, "value" the figure itself.
 ROWS: tuple[tuple[str, str, str, str], ...] = (
@@ -25,14 +29,15 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("streams/s, c=32", "stream_c32", "rate", "value"),
     ("X-Memory-Status ok, share, c=1", "latency_c1", "memory_ok", "value"),
 )
-# Targets for the Messages wire against Chat Completions: memory on within 10% on added p50
-# at c=1 and on requests/s at c=32; memory off within this many ms on added p50.
+# Targets for each wire against Chat Completions: memory on within 10% on added p50 at c=1
+# and on requests/s at c=32; memory off within this many ms on added p50.
 MEMORY_ON_SHARE = 0.10
 MEMORY_OFF_MS = 0.2
 
 
 def _direct(target: str) -> str:
-    return DIRECT + SUFFIX if target.endswith(SUFFIX) else DIRECT
+    suffix = next((suffix for suffix in SUFFIXES.values() if target.endswith(suffix)), "")
+    return DIRECT + suffix
 
 
 def added_series(s: Summary, step: str, target: str, metric: str) -> list[float]:
@@ -44,74 +49,89 @@ def _figure(s: Summary, step: str, target: str, metric: str, how: str) -> list[f
     return added_series(s, step, target, metric) if how == "added" else s.series(step, target, metric)
 
 
-def _pairs(s: Summary) -> list[str]:
-    return [t for t in PAIRS if t in s.targets and t + SUFFIX in s.targets]
+def _pairs(s: Summary, suffix: str) -> list[str]:
+    return [t for t in PAIRS if t in s.targets and t + suffix in s.targets]
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _ratio(chat: list[float], messages: list[float]) -> float | None:
-    """Median of the per-round ratios messages / chat."""
-    return _median([m / c for c, m in zip(chat, messages) if c])
+def _ratio(chat: list[float], other: list[float]) -> float | None:
+    """Median of the per-round ratios other / chat."""
+    return _median([o / c for c, o in zip(chat, other) if c])
 
 
 def wire_table(s: Summary) -> str:
-    """Per pair: chat, messages, messages - chat and messages / chat (medians over the rounds)."""
-    if not _pairs(s):
-        return ""
-    lines = [f"{'the two wires (medians over rounds)':44}{'chat':>10}{'messages':>10}{'m - c':>10}{'m / c':>10}"]
-    for base in _pairs(s):
-        lines.append(base)
-        for label, step, metric, how in ROWS:
-            if step not in s.results:
-                continue
-            chat, messages = _figure(s, step, base, metric, how), _figure(s, step, base + SUFFIX, metric, how)
-            diff = _median([m - c for c, m in zip(chat, messages)])
-            ratio = _ratio(chat, messages)
-            lines.append(f"  {label:42}{_num(_median(chat)):>10}{_num(_median(messages)):>10}{_num(diff):>10}"
-                         f"{_num(ratio) + 'x' if ratio is not None else '-':>10}")
-    return "\n".join(lines)
+    """Per wire and pair: chat, the wire, wire - chat and wire / chat (medians over the rounds)."""
+    tables = []
+    for wire, suffix in SUFFIXES.items():
+        if not _pairs(s, suffix):
+            continue
+        lines = [f"{f'{TITLES[wire]} against Chat Completions (medians over rounds)':56}{'chat':>10}{wire:>10}"
+                 f"{'w - c':>10}{'w / c':>10}"]
+        for base in _pairs(s, suffix):
+            lines.append(base)
+            for label, step, metric, how in ROWS:
+                if step not in s.results:
+                    continue
+                chat, other = _figure(s, step, base, metric, how), _figure(s, step, base + suffix, metric, how)
+                diff = _median([o - c for c, o in zip(chat, other)])
+                ratio = _ratio(chat, other)
+                lines.append(f"  {label:54}{_num(_median(chat)):>10}{_num(_median(other)):>10}{_num(diff):>10}"
+                             f"{_num(ratio) + 'x' if ratio is not None else '-':>10}")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def wire_criteria(s: Summary) -> list[Criterion]:
-    """The Messages wire against Chat Completions, informational (printed, not in the exit status)."""
+    """Each wire against Chat Completions, informational (printed, not in the exit status)."""
+    out = []
+    for wire, suffix in SUFFIXES.items():
+        out += _criteria(s, TITLES[wire], suffix)
+    return out
+
+
+def _criteria(s: Summary, title: str, suffix: str) -> list[Criterion]:
     out = []
     off = "memproxy-off"
-    if off in _pairs(s) and "latency_c1" in s.results:
-        chat, messages = (added_series(s, "latency_c1", t, "p50_ms") for t in (off, off + SUFFIX))
-        diff = statistics.median([m - c for c, m in zip(chat, messages)])
-        out.append(Criterion(f"memory off: Messages added p50 at c=1 within {MEMORY_OFF_MS} ms of Chat Completions",
+    if off in _pairs(s, suffix) and "latency_c1" in s.results:
+        chat, other = (added_series(s, "latency_c1", t, "p50_ms") for t in (off, off + suffix))
+        diff = statistics.median([o - c for c, o in zip(chat, other)])
+        out.append(Criterion(f"memory off: {title} added p50 at c=1 within {MEMORY_OFF_MS} ms of Chat Completions",
                              abs(diff) <= MEMORY_OFF_MS,
-                             f"{statistics.median(messages):.3f} vs {statistics.median(chat):.3f} ms, "
+                             f"{statistics.median(other):.3f} vs {statistics.median(chat):.3f} ms, "
                              f"difference {diff:+.3f} ms", informational=True))
     on = "memproxy-on"
-    if on in _pairs(s):
+    if on in _pairs(s, suffix):
         if "latency_c1" in s.results:
-            chat_p50, messages_p50 = (statistics.median(added_series(s, "latency_c1", t, "p50_ms"))
-                                      for t in (on, on + SUFFIX))
-            out.append(Criterion(f"memory on: Messages added p50 at c=1 <= {1 + MEMORY_ON_SHARE:g} x Chat Completions",
-                                 messages_p50 <= (1 + MEMORY_ON_SHARE) * chat_p50,
-                                 f"{messages_p50:.3f} vs {chat_p50:.3f} ms ({messages_p50 / chat_p50:.3f}x)"
+            chat_p50, other_p50 = (statistics.median(added_series(s, "latency_c1", t, "p50_ms"))
+                                   for t in (on, on + suffix))
+            out.append(Criterion(f"memory on: {title} added p50 at c=1 <= {1 + MEMORY_ON_SHARE:g} x Chat Completions",
+                                 other_p50 <= (1 + MEMORY_ON_SHARE) * chat_p50,
+                                 f"{other_p50:.3f} vs {chat_p50:.3f} ms ({other_p50 / chat_p50:.3f}x)"
                                  if chat_p50 else "-", informational=True))
         if "throughput_c32" in s.results:
-            ratio = _ratio(s.series("throughput_c32", on, "rate"), s.series("throughput_c32", on + SUFFIX, "rate"))
+            ratio = _ratio(s.series("throughput_c32", on, "rate"), s.series("throughput_c32", on + suffix, "rate"))
             if ratio is not None:
-                out.append(Criterion(f"memory on: Messages requests/s at c=32 >= {1 - MEMORY_ON_SHARE:g} x Chat "
+                out.append(Criterion(f"memory on: {title} requests/s at c=32 >= {1 - MEMORY_ON_SHARE:g} x Chat "
                                      "Completions", ratio >= 1 - MEMORY_ON_SHARE,
                                      f"{ratio:.3f}x (median of per-round ratios)", informational=True))
     return out
 
 
 def wire_json(s: Summary) -> dict[str, Any]:
-    """The wire table as JSON: pair -> label -> chat, messages, ratio."""
+    """The wire tables as JSON: wire -> pair -> label -> chat, the wire's figure, ratio."""
     out: dict[str, Any] = {}
-    for base in _pairs(s):
-        rows = {}
-        for label, step, metric, how in ROWS:
-            if step in s.results:
-                chat, messages = _figure(s, step, base, metric, how), _figure(s, step, base + SUFFIX, metric, how)
-                rows[label] = {"chat": _median(chat), "messages": _median(messages), "ratio": _ratio(chat, messages)}
-        out[base] = rows
+    for wire, suffix in SUFFIXES.items():
+        pairs = {}
+        for base in _pairs(s, suffix):
+            rows = {}
+            for label, step, metric, how in ROWS:
+                if step in s.results:
+                    chat, other = _figure(s, step, base, metric, how), _figure(s, step, base + suffix, metric, how)
+                    rows[label] = {"chat": _median(chat), wire: _median(other), "ratio": _ratio(chat, other)}
+            pairs[base] = rows
+        if pairs:
+            out[wire] = pairs
     return out

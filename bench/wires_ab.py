@@ -1,12 +1,12 @@
-"""Paired: the Messages wire against Chat Completions on one memproxy, in alternating bursts.
+"""Paired: the Messages or Responses wire against Chat Completions on one memproxy, in alternating bursts.
 
-`overhead.py --wires chat,messages` runs the two wires in the same rounds, but its absolute
+`overhead.py --wires chat,messages` runs the wires in the same rounds, but its absolute
 figures drift by ±0.5 ms on a shared host. Here a single keep-alive connection per wire and
 side (through memproxy, and to the mock directly) sends bursts in turn, the order reversed
 every other round, so both wires live through the same noise; the median of the per-round
 differences of their added p50s is the figure. Memory off, then on (seeded user).
 
-    python bench/wires_ab.py [--rounds 30] [--burst 200] [--memory-items 10000]
+    python bench/wires_ab.py [--wire messages|responses] [--rounds 30] [--burst 200] [--memory-items 10000]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from processes import REPO, Server, source_version, start_memproxy, start_mock
 from storm import seed_memories
 
 MEMORY_USER = "bench-user"
-WIRES = ("chat", "messages")
+OTHER_WIRES = ("messages", "responses")  # each compared with "chat"
 # Each load numbers its requests in a range of its own: no request repeats an earlier one,
 # which memproxy would take for a retry (as in overhead.py).
 NUMBERS_PER_LOAD = 10**8
@@ -35,15 +35,17 @@ def numbered_from(make: MakeRequest, offset: int) -> MakeRequest:
 
 async def measure(mock: Server, memproxy: Server, headers: dict[str, str], first: int, args: argparse.Namespace) -> str:
     """One mode's alternating bursts; its line of the report."""
+    other = args.wire
+    wires = ("chat", other)
     loads = {}
-    for n, (wire, side) in enumerate((w, s) for w in WIRES for s in ("direct", "proxy")):
+    for n, (wire, side) in enumerate((w, s) for w in wires for s in ("direct", "proxy")):
         server = memproxy if side == "proxy" else mock
         target = Target(f"{side}-{wire}", server.port, headers if side == "proxy" else {}, wire=wire)
         loads[wire, side] = ClosedLoop(target, numbered_from(wire_payload(target, stream=False),
                                                              first + n * NUMBERS_PER_LOAD), 1)
         await loads[wire, side].open()
     p50: dict[tuple[str, str], list[float]] = {key: [] for key in loads}
-    cpu: dict[str, list[float]] = {wire: [] for wire in WIRES}
+    cpu: dict[str, list[float]] = {wire: [] for wire in wires}
     try:
         for r in range(args.rounds):
             for key in list(loads) if r % 2 == 0 else list(loads)[::-1]:
@@ -56,13 +58,13 @@ async def measure(mock: Server, memproxy: Server, headers: dict[str, str], first
     finally:
         for load in loads.values():
             load.close()
-    added = {w: [p - d for p, d in zip(p50[w, "proxy"], p50[w, "direct"])] for w in WIRES}
-    diffs = [m - c for c, m in zip(added["chat"], added["messages"])]
+    added = {w: [p - d for p, d in zip(p50[w, "proxy"], p50[w, "direct"])] for w in wires}
+    diffs = [o - c for c, o in zip(added["chat"], added[other])]
     med = statistics.median
-    return (f"added p50 chat {med(added['chat']):.3f} messages {med(added['messages']):.3f} ms, messages - chat "
-            f"{med(diffs):+.3f} ms (per round {min(diffs):+.2f} to {max(diffs):+.2f}, messages faster in "
+    return (f"added p50 chat {med(added['chat']):.3f} {other} {med(added[other]):.3f} ms, {other} - chat "
+            f"{med(diffs):+.3f} ms (per round {min(diffs):+.2f} to {max(diffs):+.2f}, {other} faster in "
             f"{sum(d < 0 for d in diffs)}/{len(diffs)}); server CPU per request chat {med(cpu['chat']):.3f} "
-            f"messages {med(cpu['messages']):.3f} ms")
+            f"{other} {med(cpu[other]):.3f} ms")
 
 
 async def run(args: argparse.Namespace, mock: Server, memproxy: Server) -> list[str]:
@@ -78,6 +80,7 @@ async def run(args: argparse.Namespace, mock: Server, memproxy: Server) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--wire", choices=OTHER_WIRES, default="messages", help="the wire compared with chat")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--burst", type=int, default=200, help="requests each load sends per round")
     parser.add_argument("--memory-items", type=int, default=10_000, help="memories seeded for the memory-on user")

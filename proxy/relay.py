@@ -34,6 +34,7 @@ class Sent:
         self.open_stream = False  # an event stream memproxy may still append an event to
         self.ended = False
         self.tail = b"\n\n"  # the last bytes of the body: whether an event stream stands between events
+        self._recent: tuple[bytes, bytes] = (b"", b"")  # the last two body chunks (not copies)
         self.error_headers: list[tuple[bytes, bytes]] = []  # what memproxy's own error answer carries
         self.shape: ErrorShape = OpenAIChat()  # the wire whose shape memproxy's own errors take
 
@@ -43,8 +44,16 @@ class Sent:
             self.started = True
             self.open_stream = appendable_stream(message.get("headers", []))
         elif message["type"] == "http.response.body":
-            self.tail = (self.tail + message.get("body", b"")[-4:])[-4:]  # never a copy of a whole chunk
+            body = message.get("body", b"")
+            self.tail = (self.tail + body[-4:])[-4:]  # never a copy of a whole chunk
+            if body and not body.startswith(b":"):  # a ping (a comment) holds no event
+                self._recent = (self._recent[1], body)
             self.ended = not message.get("more_body", False)
+
+    @property
+    def recent(self) -> bytes:
+        """The last two body chunks sent: enough to hold the last event's start."""
+        return b"".join(self._recent)
 
 
 def appendable_stream(headers: list[tuple[bytes, bytes]]) -> bool:

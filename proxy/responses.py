@@ -57,6 +57,7 @@ class Heartbeat:
         self._every_s = every_s
         self._lock = asyncio.Lock()
         self._tail = b"\n\n"  # the stream starts between events
+        self._recent: tuple[bytes, bytes] = (b"", b"")  # the last two chunks sent (not copies)
         self._last = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -77,11 +78,17 @@ class Heartbeat:
         """The last bytes sent: whether the stream stands between events."""
         return self._tail
 
+    @property
+    def recent(self) -> bytes:
+        """The last two chunks sent: enough to hold the last event's start in a stream cut now."""
+        return b"".join(self._recent)
+
     async def body(self, chunk: bytes) -> None:
         """Send one chunk of the provider's stream."""
         async with self._lock:
             await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
             self._tail = (self._tail + chunk[-4:])[-4:]
+            self._recent = (self._recent[1], chunk)
             self._last = asyncio.get_running_loop().time()
 
     async def _beat(self) -> None:
@@ -192,17 +199,19 @@ async def relay_plain(send: Send, response: Any, extra_headers: list[tuple[bytes
             log.info("upstream body cut: %s", body_cut.code)
             raise ResponseAborted(body_cut.code) from body_cut  # a cut JSON body: the connection closes
     else:
-        cut, tail = await _forward_events(send, response, heartbeat_s)
+        cut, tail, recent = await _forward_events(send, response, heartbeat_s)
         if cut is not None:
-            await _append_cut_event(send, response, tail, shape.stream_error(cut.message, cut.code), cut.code)
+            await _append_cut_event(send, response, tail, shape.stream_error(cut.message, cut.code, after=recent),
+                                    cut.code)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _forward_events(send: Send, response: Any, heartbeat_s: float,
-                          each: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[StreamCut | None, bytes]:
+                          each: Callable[[bytes], Awaitable[None]] | None = None
+                          ) -> tuple[StreamCut | None, bytes, bytes]:
     """An event stream to the client chunk by chunk, with pings while it is silent (`each` sees
-    every chunk first); how it ended (None: whole) and its last bytes. A compressed stream gets
-    no pings: plain bytes inside gzip would break it."""
+    every chunk first); how it ended (None: whole), its last bytes and its last two chunks. A
+    compressed stream gets no pings: plain bytes inside gzip would break it."""
     async with Heartbeat(send, 0.0 if _compressed(response) else heartbeat_s) as stream:
         try:
             async for chunk in response.chunks():
@@ -211,8 +220,8 @@ async def _forward_events(send: Send, response: Any, heartbeat_s: float,
                 await stream.body(chunk)
         except StreamCut as cut:
             log.info("upstream stream cut: %s", cut.code)
-            return cut, stream.tail
-    return None, stream.tail
+            return cut, stream.tail, stream.recent
+    return None, stream.tail, stream.recent
 
 
 async def relay_chat(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float,
@@ -247,7 +256,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wir
     async def read_events(chunk: bytes) -> None:
         await take(decoder.feed(chunk if read is None else read(chunk)))
 
-    cut, tail = await _forward_events(send, response, heartbeat_s, read_events)
+    cut, tail, recent = await _forward_events(send, response, heartbeat_s, read_events)
     if cut is None and not answer.done:
         # A provider that ends with its end event but not the blank line after it did finish.
         await take(decoder.feed(b"\n\n"))
@@ -256,7 +265,8 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wir
     if cut is not None and answer.done:
         log.info("upstream stream cut after its end event: ended as whole")  # the answer came complete
     elif cut is not None:
-        await _end_cut(send, response, recall, wire.stream_error(cut.message, cut.code), cut.code, tail)
+        await _end_cut(send, response, recall, wire.stream_error(cut.message, cut.code, after=recent), cut.code,
+                       tail)
         return
     if read is not None and read.failed:  # the stream came whole; memproxy could not read it
         recall.failed("unparseable")
@@ -264,7 +274,8 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wir
         recall.failed("upstream_failed")
     elif not answer.done:
         await _end_cut(send, response, recall,
-                       wire.stream_error("upstream stream ended before completion", "stream_truncated"),
+                       wire.stream_error("upstream stream ended before completion", "stream_truncated",
+                                         after=recent),
                        "stream_truncated", tail)
         return
     elif answer.too_large:
@@ -293,7 +304,7 @@ async def end_interrupted(sent: Sent) -> None:
     if not sent.started:
         await send_error(sent, ShuttingDown(message), sent.error_headers, sent.shape)
     elif sent.open_stream and not sent.ended:
-        event = sent.shape.stream_error(message, ShuttingDown.code, ShuttingDown.type)
+        event = sent.shape.stream_error(message, ShuttingDown.code, ShuttingDown.type, after=sent.recent)
         await sent({"type": "http.response.body", "more_body": True, "body": _after_event(sent.tail) + event})
         await sent({"type": "http.response.body", "body": b"", "more_body": False})
     elif not sent.ended:

@@ -33,10 +33,10 @@ def reasoning_item(summary: str) -> dict[str, Any]:
 
 
 def response(output: list[dict[str, Any]], response_id: str = "resp_1", status: str = "completed",
-             **extra: Any) -> dict[str, Any]:
+             usage: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     return {"id": response_id, "object": "response", "created_at": 1700000000, "status": status, "model": "gpt-test",
             "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
-            "incomplete_details": None, "usage": USAGE if status == "completed" else None, **extra}
+            "incomplete_details": None, "usage": (usage or USAGE) if status == "completed" else None, **extra}
 
 
 def output(text: str | None = "Hello from Responses", calls: list[str] | None = None,
@@ -58,7 +58,8 @@ class _Events:
 
 
 def stream(items: list[dict[str, Any]] | None = None, response_id: str = "resp_1", end: str = "completed",
-           pieces: int = 3, error: dict[str, Any] | None = None) -> list[bytes]:
+           pieces: int = 3, error: dict[str, Any] | None = None,
+           usage: dict[str, Any] | None = None) -> list[bytes]:
     """The events of a streamed response; `end` is completed, failed, incomplete or none."""
     items = output() if items is None else items
     out = _Events()
@@ -95,7 +96,7 @@ def stream(items: list[dict[str, Any]] | None = None, response_id: str = "resp_1
                     part={"type": "summary_text", "text": text})
         out.add("response.output_item.done", output_index=index, item=item)
     if end == "completed":
-        out.add("response.completed", response=response(items, response_id))
+        out.add("response.completed", response=response(items, response_id, usage=usage))
     elif end in ("failed", "incomplete"):
         failure = error or {"code": "server_error", "message": "The model failed"}
         out.add(f"response.{end}", response=response(items, response_id, end, error=failure if end == "failed"

@@ -118,3 +118,96 @@ def test_a_run_where_codex_calls_a_tool_saves_one_turn(mem, fake, tmp_path):
         ("assistant", "The command printed tool-ran-42.")])
     ((trace,),) = rows(mem, "SELECT steps FROM reasoning")
     assert [step["name"] for step in json.loads(trace)] == ["exec_command"]
+
+
+def memory_blocks(body: dict[str, Any]) -> list[str]:
+    return [text for text in user_texts(body) if text.startswith("Relevant long-term memory")]
+
+
+def test_codex_compaction_gets_no_block_and_saves_nothing(mem, fake, tmp_path):
+    # Codex 0.169 compacts before a turn when the last response's usage passes
+    # model_auto_compact_token_limit; towards a custom provider it sends the compaction as a
+    # plain POST /responses whose x-codex-turn-metadata says request_kind "compaction".
+    env = codex_home(tmp_path, mem)
+    big = {"input_tokens": 50_000, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 10,
+           "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 50_010}
+    fake.queue(SSEReply(stream(output("Noted."), "resp_1", usage=big)),
+               SSEReply(stream(output("SUMMARY: the user has a dog."), "resp_2")),
+               SSEReply(stream(output("Your dog is Biscuit-7731."), "resp_3")))
+    first = codex_exec(env, tmp_path / "project", FACT)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = subprocess.run([codex_binary(), "exec", "--skip-git-repo-check", "-c",
+                             "model_auto_compact_token_limit=1000", "resume", "--last", "what is my dog's name?"],
+                            cwd=tmp_path / "project", env=env, capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert second.returncode == 0, second.stderr[-2000:]
+    sent = fake.responses_requests()
+    kinds = [json.loads(r.header("x-codex-turn-metadata"))["request_kind"] for r in sent]
+    assert kinds == ["turn", "compaction", "turn"]
+    compaction = sent[1].json()
+    assert user_texts(compaction)[-1].startswith("You are performing a CONTEXT CHECKPOINT COMPACTION")
+    assert memory_blocks(compaction) == []
+    # The turn after it carries the summary bridge and the earlier prompt in the user's role;
+    # its own prompt is still the last user message.
+    assert user_texts(sent[2].json())[-1] == "what is my dog's name?"
+    # The summary is not an answer: only the two turns are saved.
+    assert eventually(lambda: rows(mem, "SELECT role, content FROM messages ORDER BY seq") == [
+        ("user", FACT), ("assistant", "Noted."), ("user", "what is my dog's name?"),
+        ("assistant", "Your dog is Biscuit-7731.")])
+    assert 'memproxy_side_requests_total{rule="codex_not_a_turn",wire="openai_responses"} 1.0' in metrics(mem)
+
+
+def test_codex_review_gets_no_block_and_saves_nothing(mem, fake, tmp_path):
+    # `codex exec review` runs a review sub-agent: request_kind "turn", but x-openai-subagent: review.
+    env = codex_home(tmp_path, mem)
+    project = tmp_path / "project"
+    fake.queue(SSEReply(stream(output("Noted."), "resp_1")))
+    first = codex_exec(env, project, FACT)
+    assert first.returncode == 0, first.stderr[-2000:]
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    (project / "app.py").write_text("print(1)\n")
+    for args in (["init", "-q"], ["add", "app.py"], ["commit", "-qm", "init"]):
+        subprocess.run(git + args, cwd=project, check=True, env=env)
+    (project / "app.py").write_text("print(2)\n")
+    fake.queue(SSEReply(stream(output("No issues found."), "resp_2")))
+    review = subprocess.run([codex_binary(), "exec", "review", "--uncommitted"], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert review.returncode == 0, review.stderr[-2000:]
+    sent = fake.responses_requests()
+    assert len(sent) == 2 and sent[1].header("x-openai-subagent") == "review"
+    assert memory_blocks(sent[1].json()) == []
+    assert user_texts(sent[1].json())[-1].startswith("Review the current code changes")
+    assert eventually(lambda: rows(mem, "SELECT role, content FROM messages ORDER BY seq") == [
+        ("user", FACT), ("assistant", "Noted.")])
+    assert 'memproxy_side_requests_total{rule="openai_subagent",wire="openai_responses"} 1.0' in metrics(mem)
+
+
+def metrics(proxy: Any) -> str:
+    with proxy.http() as http:
+        return http.get("/metrics").text
+
+
+def test_a_codex_profile_gives_a_project_its_own_memory(make_proxy, fake, tmp_path):
+    # Codex ignores provider settings in a project's .codex/config.toml; a profile
+    # ($CODEX_HOME/<name>.config.toml, `codex -p <name>`) is how a project names its agent.
+    mem = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[], scope__isolation="agent")
+    env = codex_home(tmp_path, mem)
+    for project in ("billing", "web"):
+        (Path(env["CODEX_HOME"]) / f"{project}.config.toml").write_text(
+            "[model_providers.memproxy]\n"
+            f'http_headers = {{ "X-Memory-User" = "alice", "X-Memory-Agent" = "project-{project}" }}\n')
+    fake.queue(SSEReply(stream(output("Noted."), "resp_1")),
+               SSEReply(stream(output("I don't know."), "resp_2")),
+               SSEReply(stream(output("Your dog is Biscuit-7731."), "resp_3")))
+    question = "what is my dog's name?"
+    for args in (["-p", "billing", FACT], ["-p", "web", question], ["-p", "billing", question]):
+        done = subprocess.run([codex_binary(), "exec", "--skip-git-repo-check", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-2000:]
+    sent = [r.json() for r in fake.responses_requests()]
+    assert memory_blocks(sent[1]) == []  # the other project does not see the fact
+    assert FACT in memory_blocks(sent[2])[0]
+    assert eventually(lambda: rows(mem, "SELECT agent_id, content FROM messages ORDER BY seq") == [
+        ("project-billing", FACT), ("project-billing", "Noted."), ("project-web", question),
+        ("project-web", "I don't know."), ("project-billing", question),
+        ("project-billing", "Your dog is Biscuit-7731.")])

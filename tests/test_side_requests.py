@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from proxy.settings import ConfigError, load_settings
@@ -24,6 +26,11 @@ def facts(path: str = "/messages", headers: dict[str, str] | None = None, body: 
     (facts("/responses", {"X-OpenAI-Subagent": "review"}), "openai_subagent"),
     (facts("/responses", {"x-codex-turn-metadata": '{"request_kind": "compact"}'}), "codex_not_a_turn"),
     (facts("/responses", {"x-codex-turn-metadata": '{"request_kind": "turn"}'}), None),
+    # As Codex 0.169 sends them (compact JSON): a compaction, a review sub-agent's turn.
+    (facts("/responses", {"x-codex-turn-metadata": '{"turn_id":"t1","request_kind":"compaction"}'}),
+     "codex_not_a_turn"),
+    (facts("/responses", {"x-codex-turn-metadata": '{"request_kind":"turn","subagent_kind":"review"}',
+                          "x-openai-subagent": "review"}), "openai_subagent"),
     (facts(body={"max_tokens": 1, "messages": []}), "claude_code_quota"),
     (facts(body={"max_tokens": 10}), None),
     (facts(body={"system": [{"type": "text", "text": "You are an agent for Claude Code, Anthropic's CLI"}]}),
@@ -101,3 +108,67 @@ def test_claude_codes_compaction_request_as_recorded_gets_no_block_and_saves_not
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [("user", "my cat is Tom"),
                                                                              ("assistant", "Hello from Claude")]
     assert 'memproxy_side_requests_total{rule="claude_code_compaction",wire="anthropic_messages"} 1.0' in metrics
+
+
+CODEX_SESSION = "01a23c06-fee1-7af1-879a-a177bc555be4"
+CODEX_ENVIRONMENT = ("<environment_context>\n  <cwd>/tmp/project</cwd>\n  <shell>bash</shell>\n"
+                     "</environment_context>")
+
+
+def codex_headers(request_kind: str, **extra: str) -> dict[str, str]:
+    """The headers Codex CLI 0.169 sends to a custom provider (ids and workspace trimmed)."""
+    metadata = {"session_id": CODEX_SESSION, "thread_id": CODEX_SESSION, "turn_id": "01a23c07-011b",
+                "request_kind": request_kind, "thread_source": "user", "turn_trigger": "exec"}
+    return {"X-Memory-User": "alice", "session-id": CODEX_SESSION, "thread-id": CODEX_SESSION,
+            "originator": "codex_exec", "x-codex-beta-features": "remote_compaction_v2",
+            "x-codex-turn-metadata": json.dumps(metadata, separators=(",", ":")), **extra}
+
+
+def codex_body(*user_texts: str, history: list[dict] | None = None) -> dict:
+    """A Codex request body: developer instructions, the environment context, then the history and prompt."""
+    def message(role: str, kind: str, text: str) -> dict:
+        return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+    return {"model": "gpt-test", "stream": True, "store": False, "tool_choice": "auto", "parallel_tool_calls": False,
+            "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": CODEX_SESSION, "tools": [],
+            "input": [message("developer", "input_text", "You are a coding agent running in the Codex CLI."),
+                      message("user", "input_text", CODEX_ENVIRONMENT), *(history or []),
+                      *(message("user", "input_text", text) for text in user_texts)]}
+
+
+COMPACTION_PROMPT = ("You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another LLM "
+                     "that will resume the task.")
+REVIEW_PROMPT = ("Review the current code changes (staged, unstaged, and untracked files) and provide prioritized "
+                 "findings.")
+
+CONSOLIDATION_PROMPT = ("Consolidate the supplied rollout summaries into `memory_summary.md` so another agent "
+                        "understands the user, finds relevant prior work, and continues correctly.")
+
+
+@pytest.mark.parametrize("kind, extra, body, rule", [
+    ("compaction", {}, codex_body(COMPACTION_PROMPT, history=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "my dog is Rex"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello from Responses",
+                                                              "annotations": []}]}]), "codex_not_a_turn"),
+    ("turn", {"x-openai-subagent": "review", "x-codex-parent-thread-id": CODEX_SESSION},
+     codex_body(REVIEW_PROMPT), "openai_subagent"),
+    ("turn", {"x-openai-subagent": "memory_consolidation", "x-openai-memgen-request": "true"},
+     codex_body(CONSOLIDATION_PROMPT), "openai_subagent"),
+], ids=["compaction", "review", "memory-consolidation"])
+def test_codex_side_requests_as_recorded_get_no_block_and_save_nothing(make_proxy, fake, kind, extra, body, rule):
+    # The shapes Codex CLI 0.169 sent to a recording upstream: `codex exec resume` past
+    # model_auto_compact_token_limit (a compaction), `codex exec review --uncommitted`, and
+    # `codex exec --enable memories` consolidating earlier sessions.
+    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    with proxy.http() as http:
+        turn = http.post("/v1/responses", headers=codex_headers("turn"), json=codex_body("my dog is Rex"))
+        side = http.post("/v1/responses", headers=codex_headers(kind, **extra), json=body)
+        metrics = http.get("/metrics").text
+    assert turn.headers["x-memory-status"] == "ok"
+    assert side.status_code == 200 and side.headers["x-memory-status"] == "off"
+    assert "event: response.completed" in side.text
+    assert fake.responses_requests()[-1].json() == body  # forwarded as sent, no block
+    assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [("user", "my dog is Rex"),
+                                                                             ("assistant", "Hello from Responses")]
+    assert f'memproxy_side_requests_total{{rule="{rule}",wire="openai_responses"}} 1.0' in metrics

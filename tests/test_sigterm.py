@@ -27,6 +27,8 @@ from tests.fake_upstream import (
     completion,
     stream_events,
 )
+from tests.fake_responses import output
+from tests.fake_responses import stream as responses_stream
 from tests.test_crash import start_server
 
 pytestmark = pytest.mark.faults
@@ -198,3 +200,15 @@ def test_a_send_cancelled_while_it_waits_for_the_socket_counts_as_not_sent() -> 
         return sent.tail, sent.open_stream
 
     assert asyncio.run(body()) == (b"{}\n\n", True)  # the tail of what was written, not of the cancelled send
+
+
+def test_a_responses_stream_at_the_deadline_ends_with_the_next_sequence_number(proxy, fake):
+    fake.queue(SSEReply(responses_stream(output("slow " * 30), pieces=30), delay=0.2))  # about 8 s
+    stopper = _stop_later(proxy, 1.0)
+    with proxy.http(timeout=20) as http, http.stream(
+            "POST", "/v1/responses", json={"model": "m", "stream": True, "input": "hi"}) as response:
+        body = response.read()
+    stopper.join(15)
+    events = [json.loads(chunk.split(b"data: ", 1)[1]) for chunk in body.split(b"\n\n") if b"data: " in chunk]
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "server_shutting_down"
+    assert len(events) > 2 and [e["sequence_number"] for e in events] == list(range(len(events)))

@@ -177,13 +177,26 @@ def test_a_cut_stream_saves_no_answer_and_the_sdk_raises(mem, fake):
     tail = received.split(b"\n\n")[-2] + b"\n\n"
     assert received.startswith(b"".join(events[:5]))
     assert b"response.completed" not in received
+    # The error event continues the stream's numbering: the last forwarded event was number 4.
     assert json.loads(tail.split(b"data: ", 1)[1]) == {
         "type": "error", "code": "stream_truncated", "message": "upstream stream ended before completion",
-        "sequence_number": 0, "error": {"message": "upstream stream ended before completion",
+        "sequence_number": 5, "error": {"message": "upstream stream ended before completion",
                                         "type": "upstream_error", "code": "stream_truncated"}}
     assert tail.startswith(b"event: error\n")
     assert eventually(lambda: saved(mem, "bob") == [("user", "tell me")])
     assert saved(mem) == [("user", "tell me")]
+
+
+@pytest.mark.parametrize("method, path, headers, body", [
+    ("POST", "/v1/responses", {}, {"model": "gpt-test", "stream": True, "input": "tell me"}),  # memory off
+    ("GET", "/v1/responses/resp_1?stream=true", {"X-Memory-User": "alice"}, None),  # a pass-through
+], ids=["memory-off", "passthrough"])
+def test_a_cut_streams_error_event_continues_the_sequence_without_memory(mem, fake, method, path, headers, body):
+    fake.queue(SSEReply(stream(output("This answer is cut short")), cut_after=7))
+    with httpx.stream(method, mem.url + path, headers=headers, json=body) as reply:
+        received = b"".join(reply.iter_bytes())
+    last = json.loads(received.split(b"\n\n")[-2].split(b"data: ", 1)[1])
+    assert (last["type"], last["sequence_number"]) == ("error", 7)
 
 
 @pytest.mark.parametrize("end", ["failed", "incomplete"])

@@ -119,7 +119,7 @@ class AnthropicMessages:
         kind = _ERROR_TYPES.get(error.status, "api_error")
         return json.dumps({"type": "error", "error": {"type": kind, "message": error.message}}).encode()
 
-    def stream_error(self, message: str, code: str, type_: str = "upstream_error") -> bytes:
+    def stream_error(self, message: str, code: str, type_: str = "upstream_error", after: bytes = b"") -> bytes:
         # The SDK raises on the `event: error` line alone; never a `message_stop` after it.
         payload = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"

@@ -85,8 +85,9 @@ class ErrorShape(Protocol):
     def error_body(self, error: ProxyError) -> bytes:
         """The JSON body of an error answer."""
 
-    def stream_error(self, message: str, code: str, type_: str = "upstream_error") -> bytes:
-        """The event that ends a stream memproxy must cut, so the client's SDK raises."""
+    def stream_error(self, message: str, code: str, type_: str = "upstream_error", after: bytes = b"") -> bytes:
+        """The event that ends a stream memproxy must cut, so the client's SDK raises; `after`
+        holds the last bytes the client got (a wire that numbers its events continues from them)."""
 
 
 class Wire(ErrorShape, Protocol):

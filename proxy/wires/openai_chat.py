@@ -279,5 +279,5 @@ class OpenAIChat:
     def error_body(self, error: ProxyError) -> bytes:
         return error.body()
 
-    def stream_error(self, message: str, code: str, type_: str = "upstream_error") -> bytes:
+    def stream_error(self, message: str, code: str, type_: str = "upstream_error", after: bytes = b"") -> bytes:
         return openai_chat_answer.error_event(message, code, type_)

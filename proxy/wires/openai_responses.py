@@ -14,6 +14,7 @@ recognised by the `call_id`s of the client-run calls and outputs after the promp
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -32,6 +33,7 @@ from proxy.wires.sse import SSEEvent, json_object
 _MARKERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 _CONVERSATION_ROLES = frozenset({"user", "assistant"})
+_SEQUENCE_NUMBER = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})  # no output yet
 
 
@@ -64,16 +66,16 @@ class OpenAIResponses:
         if problem is not None:
             return problem
         index = self._prompt_index(items)
-        return WireRequest(doc, bool(stream), self._transcript(doc, items, index), index)
+        return WireRequest(doc, bool(stream), self._transcript(doc, items, index), index, len(body))
 
     def insert_block(self, request: WireRequest, block: str) -> bytes:
         index = request.prompt_index
         if index is None:
-            return dump_json(request.body)
+            return dump_json(request.body, in_pieces=request.large)
         body = dict(request.body)
         if isinstance(body["input"], str):
             body["input"] = f"{block}\n\n{body['input']}"
-            return dump_json(body)
+            return dump_json(body, in_pieces=request.large)
         items = list(body["input"])
         content = items[index]["content"]
         if isinstance(content, str):
@@ -82,7 +84,7 @@ class OpenAIResponses:
             content = [{"type": "input_text", "text": f"{block}\n\n"}, *content]
         items[index] = {**items[index], "content": content}
         body["input"] = items
-        return dump_json(body)
+        return dump_json(body, in_pieces=request.large)
 
     def with_prompt(self, request: WireRequest, text: str) -> WireRequest:
         index = request.prompt_index
@@ -122,10 +124,12 @@ class OpenAIResponses:
     def error_body(self, error: ProxyError) -> bytes:
         return error.body()
 
-    def stream_error(self, message: str, code: str, type_: str = "upstream_error") -> bytes:
+    def stream_error(self, message: str, code: str, type_: str = "upstream_error", after: bytes = b"") -> bytes:
         # The top-level `error` object is what makes the `openai` SDK raise; never a
-        # `response.completed` after it.
-        payload = {"type": "error", "code": code, "message": message, "sequence_number": 0,
+        # `response.completed` after it. Its number follows the last event's, as the provider's would.
+        numbers = _SEQUENCE_NUMBER.findall(after)
+        payload = {"type": "error", "code": code, "message": message,
+                   "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
                    "error": {"message": message, "type": type_, "code": code}}
         return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
 
