@@ -27,7 +27,7 @@ from proxy.cli import main
 from proxy.models import ReasoningStep, Scope
 from proxy.stores import sqlite_search
 from proxy.stores.base import FinishTurn, ReindexedPage, StartTurn, Store
-from proxy.stores.sqlite_rows import INDEX_MAX_CHARS, context_terms, entity_terms
+from proxy.stores.indexed_text import INDEX_MAX_CHARS, context_terms, entity_terms
 from proxy.terms import query_terms
 from tests import store_backends
 from tests.store_backends import Backend, PostgresBackend, SQLiteBackend

@@ -189,7 +189,11 @@ class ExtractionFailed:
     park: bool = False
 
 
+ERROR_MAX_CHARS = 1000  # a failed extraction's error is kept cut to this
+
+
 TAGS_MAX = 10  # a memory holds at most this many tags (the API's limit), however many writes merged into it
+MEMORY_TYPES = frozenset({"fact", "pattern", "user_preference", "interaction"})  # what a StoreMemory may be
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from proxy.ids import new_id
 from proxy.extracted import canonical_name
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import (
+    MEMORY_TYPES,
     PAGE_KEY_PARTS,
     TAGS_MAX,
     PageKey,
@@ -57,13 +58,7 @@ from proxy.stores.reindex_terms import (
     rewrites,
     said_before_query,
 )
-from proxy.stores.sqlite_admin import MEMORY_TYPES
-from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES,
-    context_terms,
-    entity_terms,
-    index_terms,
-)
+from proxy.stores.indexed_text import CONTEXT_MESSAGES, context_terms, entity_terms, index_terms
 
 T = TypeVar("T")
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]

@@ -6,7 +6,7 @@ frequency, N and the mean length; the query terms' postings, read through their 
 key, give each candidate's term frequency and length; all in the same statement (so the
 same snapshot), and no process keeps an index that could go stale.
 
-A whole-history search is bounded as on SQLite (sqlite_search.py): past SMALL_INDEX_ROWS
+A whole-history search is bounded as on SQLite (search_budget.py): past SMALL_INDEX_ROWS
 items of the user, only the rarer query terms find candidates (candidate_terms), and when
 even the rarest is said by more items than candidate_budget, only the newest budget's worth
 the search may return (newest_candidates, read newest first through the postings' key) are
@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from proxy.extracted import USER_TYPE
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
 from proxy.stores.postgres_rows import (
     entity_from_record,
@@ -33,12 +34,7 @@ from proxy.stores.postgres_rows import (
     relationship_from_record,
     trace_from_record,
 )
-from proxy.stores.sqlite_facts import USER_TYPE
-from proxy.stores.sqlite_search import (
-    SMALL_INDEX_ROWS,
-    candidate_budget,
-    candidate_terms,
-)
+from proxy.stores.search_budget import Plan
 
 EXPORT_PAGE = 500
 _TERM = re.compile(r"\w+")  # letters and digits of any script, and "_", as the index text splits
@@ -272,7 +268,7 @@ class PostgresReads:
         return sql, args
 
     async def _candidate_terms(self, scope: Scope, kind: str, terms: list[str]) -> tuple[list[str], int | None]:
-        """A whole-history search's finding terms (the rarer ones, as sqlite_search.candidate_terms keeps
+        """A whole-history search's finding terms (the rarer ones, as search_budget.candidate_terms keeps
         them) and its candidate budget: None while the user's index is small enough to search whole."""
         rows = await self._fetch(
             "SELECT s.docs, t.term, t.n FROM (SELECT coalesce(sum(docs), 0) AS docs FROM lexicon_stats"
@@ -282,8 +278,8 @@ class PostgresReads:
         )
         counts = {row["term"]: int(row["n"]) for row in rows if row["term"] is not None}
         docs = int(rows[0]["docs"]) if rows else 0
-        kept = candidate_terms(terms, counts, docs) or terms
-        return kept, (candidate_budget(docs) if docs > SMALL_INDEX_ROWS else None)
+        plan = Plan.of(terms, counts, docs, whole_history=True)
+        return plan.finding, plan.newest
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

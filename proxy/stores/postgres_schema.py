@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from proxy.extracted import KEY_MAX_CHARS
-from proxy.stores.sqlite_rows import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
+from proxy.stores.indexed_text import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
 
 # pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
 MIGRATION_LOCK = 0x6D656D70726F7879  # "memproxy"

@@ -28,6 +28,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
+from proxy.extracted import USER_TYPE
 from proxy.models import (
     Entity,
     ReasoningTrace,
@@ -48,7 +49,6 @@ from proxy.stores.sqlite_checkpoint import (
     Checkpointer,
 )
 from proxy.stores.sqlite_entity_index import EntityIndexes
-from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_file import FileChanged, OpenedFiles
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
@@ -74,9 +74,9 @@ from proxy.stores.sqlite_search import (
     MESSAGE_WEIGHTS,
     MESSAGES,
     REASONING,
-    SMALL_INDEX_ROWS,
     indexed_rows,
 )
+from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index

@@ -25,6 +25,7 @@ from proxy.ids import new_id
 from proxy.extracted import canonical_name
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import (
+    MEMORY_TYPES,
     TAGS_MAX,
     ItemKind,
     PageKey,
@@ -55,28 +56,24 @@ from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES,
     agent_clause,
     clean_text,
-    context_terms,
-    entity_terms,
     export_conversation,
     export_entity,
     export_message,
     export_reasoning,
     from_ts,
-    index_terms,
     message_from_row,
     now_ts,
     to_ts,
 )
+from proxy.stores.indexed_text import CONTEXT_MESSAGES, context_terms, entity_terms, index_terms
 from proxy.stores.sqlite_schema import FTS_TABLES
 
 log = logging.getLogger("memproxy.store")
 
 T = TypeVar("T")
 Corrected = Literal["entity", "message", "conflict"]
-MEMORY_TYPES = frozenset({"fact", "pattern", "user_preference", "interaction"})
 _INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError,
                   TypeError, ValueError)
 # The table each kind of item lives in.
