@@ -135,7 +135,7 @@ class MemoryService:
                 self.breaker.succeeded()
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
-                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self._store_answered_at())
+                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self.store.answered_at)
                 status = self._degraded("retrieval timeout")
             except StoreError as exc:
                 self.breaker.failed()
@@ -174,10 +174,6 @@ class MemoryService:
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
         return await self.retriever.retrieve(scope, query)
-
-    def _store_answered_at(self) -> float:
-        # Not in the Store protocol yet: SQLite's reader threads note when they answered a read.
-        return float(getattr(self.store, "answered_at", float("-inf")))
 
     def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
         self.metrics.degraded.labels(reason).inc()

@@ -132,6 +132,8 @@ class PostgresReads:
     """Reads and searches of one user's memory (the host provides `_fetch`)."""
 
     matches_any_term = True  # a row holding any one of the search terms matches (Store protocol)
+    # The pool does not note when a read was answered: the breaker goes by recalls alone.
+    answered_at = float("-inf")
 
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
         raise NotImplementedError
