@@ -24,12 +24,8 @@ import asyncpg
 from proxy.extracted import USER_TYPE
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
 from proxy.stores.postgres_rows import (
+    EXPORT,
     entity_from_record,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
-    export_relationship,
     message_from_record,
     relationship_from_record,
     trace_from_record,
@@ -120,11 +116,11 @@ _RELATIONSHIP_SELECT = (
 )
 # (alias, select, page key, record shape), in import order; each page is an index range.
 _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
-    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
-    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
+    ("c", "SELECT c.* FROM conversations c", ("id",), EXPORT.conversation),
+    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), EXPORT.message),
+    ("e", "SELECT e.* FROM entities e", ("id",), EXPORT.entity_record),
+    ("r", _RELATIONSHIP_SELECT, ("id",), EXPORT.relationship),
+    ("x", "SELECT x.* FROM reasoning x", ("id",), EXPORT.reasoning),
 )
 
 
@@ -212,15 +208,10 @@ class PostgresReads:
 
     # --- retrieval: BM25 over the user's whole corpus; higher is better
 
-    async def search_messages(
-        self,
-        scope: Scope,
-        terms: Sequence[str],
-        *,
-        conversation_ids: Sequence[str] | None = None,
-        exclude_conversation_id: str | None = None,
-        limit: int = 20,
-    ) -> list[tuple[StoredMessage, float]]:
+    async def search_messages(self, scope: Scope, terms: Sequence[str], *,
+                              conversation_ids: Sequence[str] | None = None,
+                              exclude_conversation_id: str | None = None,
+                              limit: int = 20) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (the user's own statistics), best first.
 
         As sqlite_search.py: a message is found by its own words (the words before it only

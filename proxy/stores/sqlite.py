@@ -53,14 +53,10 @@ from proxy.stores.sqlite_file import FileChanged, OpenedFiles
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
+    EXPORT,
     agent_clause,
     clean_text,
     entity_from_row,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
-    export_relationship,
     message_from_row,
     relationship_from_row,
     to_ts,
@@ -128,11 +124,11 @@ _RELATIONSHIP_SELECT = (
 # (alias, select, page key, record shape), in import order. Each page key is a prefix of an
 # index that starts with user_id, so every page is an index range, never a scan of the user.
 _EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
-    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
-    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
+    ("c", "SELECT c.* FROM conversations c", ("id",), EXPORT.conversation),
+    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), EXPORT.message),
+    ("e", "SELECT e.* FROM entities e", ("id",), EXPORT.entity_record),
+    ("r", _RELATIONSHIP_SELECT, ("id",), EXPORT.relationship),
+    ("x", "SELECT x.* FROM reasoning x", ("id",), EXPORT.reasoning),
 )
 
 
@@ -590,15 +586,10 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     # --- retrieval: BM25 over the user's own rows (FTS5 finds them); higher is better
 
-    async def search_messages(
-        self,
-        scope: Scope,
-        terms: Sequence[str],
-        *,
-        conversation_ids: Sequence[str] | None = None,
-        exclude_conversation_id: str | None = None,
-        limit: int = 20,
-    ) -> list[tuple[StoredMessage, float]]:
+    async def search_messages(self, scope: Scope, terms: Sequence[str], *,
+                              conversation_ids: Sequence[str] | None = None,
+                              exclude_conversation_id: str | None = None,
+                              limit: int = 20) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
             conn, self._message_counts, self._message_indexes, scope, terms,

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
+from proxy.stores.export_records import ExportRecords
 from proxy.stores.indexed_text import steps_from_json
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -91,50 +92,8 @@ def trace_from_row(row: sqlite3.Row) -> ReasoningTrace:
                           from_ts(row["created_at"]))
 
 
-def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
-    if agent is not None:
-        record["agent_id"] = agent
-    return record
-
-
-def export_conversation(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `conversation` record."""
-    record = {"kind": "conversation", "id": row["id"], "created_at": iso(row["created_at"]),
-              "last_active_at": iso(row["last_active_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_message(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `message` record."""
-    record = {"kind": "message", "id": row["id"], "conversation_id": row["conversation_id"], "role": row["role"],
-              "content": row["content"], "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_entity(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `entity` record."""
-    e = entity_from_row(row)
-    record = {"kind": "entity", "id": e.id, "name": e.name, "type": e.type, "description": e.description,
-              "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
-              "aliases": list(e.aliases), "provenance": list(e.provenance),
-              "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_relationship(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `relationship` record (entity names and ids)."""
-    record = {"kind": "relationship", "id": row["id"], "from": row["from_name"], "type": row["type"],
-              "to": row["to_name"], "from_id": row["from_id"], "to_id": row["to_id"],
-              "valid_from": iso(row["valid_from"]), "invalid_at": iso(row["invalid_at"]),
-              "provenance": json.loads(row["provenance"]), "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_reasoning(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `reasoning` record."""
-    record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
-              "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
+# The export's records of these rows.
+EXPORT = ExportRecords(iso, from_ts, entity_from_row)
 
 
 def agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple[str, list[Any]]:
