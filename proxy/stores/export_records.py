@@ -1,5 +1,6 @@
 """The export's records (and the memory API's, which are the same) from stored rows, the same
-on every backend: each backend says how it reads a stored time and a stored entity.
+on every backend: each backend says how it reads a stored time and a stored entity. The
+SELECTs here are SQL both backends run the same way; each adds its own WHERE.
 """
 
 from __future__ import annotations
@@ -11,6 +12,17 @@ from datetime import datetime
 from typing import Any
 
 from proxy.models import Entity
+
+RELATIONSHIP_SELECT = (
+    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
+    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
+    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
+)
+INJECTIONS_SELECT = (
+    "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
+    " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
+)
+Shape = Callable[[Any], dict[str, Any]]
 
 
 def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
@@ -27,6 +39,18 @@ class ExportRecords:
     iso: Callable[[Any], str | None]
     time: Callable[[Any], datetime]
     entity: Callable[[Any], Entity]
+
+    def tables(self) -> tuple[tuple[str, str, tuple[str, ...], Shape], ...]:
+        """What the export reads, in import order: (alias, select, page key, record shape). Each page
+        key is a prefix of an index that starts with user_id, so every page is an index range,
+        never a scan of the user."""
+        return (
+            ("c", "SELECT c.* FROM conversations c", ("id",), self.conversation),
+            ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), self.message),
+            ("e", "SELECT e.* FROM entities e", ("id",), self.entity_record),
+            ("r", RELATIONSHIP_SELECT, ("id",), self.relationship),
+            ("x", "SELECT x.* FROM reasoning x", ("id",), self.reasoning),
+        )
 
     def conversation(self, row: Any) -> dict[str, Any]:
         """The export record `conversation` record."""

@@ -34,6 +34,7 @@ from proxy.stores.base import (
     TermsTable,
     text_hash,
 )
+from proxy.stores.export_records import INJECTIONS_SELECT
 from proxy.stores.generations import BUMP_SQL, MARK_SQL, conversation_deleted_key, generation_key, user_deleted_key
 from proxy.stores.postgres_import import import_records
 from proxy.stores.postgres_reads import Args
@@ -198,10 +199,8 @@ class PostgresAdmin:
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first."""
-        rows = await self._fetch(
-            "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
-            " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
-            " WHERE i.user_id = $1 ORDER BY i.seq DESC LIMIT $2", [scope.user, limit])
+        rows = await self._fetch(f"{INJECTIONS_SELECT} WHERE i.user_id = $1 ORDER BY i.seq DESC LIMIT $2",
+                                 [scope.user, limit])
         return [EXPORT.injection(row) for row in rows]
 
     # --- writes

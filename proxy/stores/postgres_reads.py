@@ -16,13 +16,14 @@ scored, still by BM25 over every term with the user's statistics.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
 
 from proxy.extracted import USER_TYPE
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
+from proxy.stores.export_records import RELATIONSHIP_SELECT
 from proxy.stores.postgres_rows import (
     EXPORT,
     entity_from_record,
@@ -109,20 +110,6 @@ def newest_candidates(kind: str, table: str, args: Args, scope: Scope, kept: lis
             f" (SELECT f.doc FROM {kind}_postings f{owner} WHERE f.user_id = {user} AND f.term = k.term"
             f" AND f.finds{visible} ORDER BY f.doc DESC LIMIT {limit}) c ORDER BY c.doc DESC LIMIT {limit}")
 
-_RELATIONSHIP_SELECT = (
-    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
-    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
-    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
-)
-# (alias, select, page key, record shape), in import order; each page is an index range.
-_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), EXPORT.conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), EXPORT.message),
-    ("e", "SELECT e.* FROM entities e", ("id",), EXPORT.entity_record),
-    ("r", _RELATIONSHIP_SELECT, ("id",), EXPORT.relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), EXPORT.reasoning),
-)
-
 
 class PostgresReads:
     """Reads and searches of one user's memory (the host provides `_fetch`)."""
@@ -171,7 +158,7 @@ class PostgresReads:
         user, entity = args(scope.user), args(entity_id)
         current = " AND r.invalid_at IS NULL" if current_only else ""
         rows = await self._fetch(
-            f"{_RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
+            f"{RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
             f"{current}{agent_clause(scope, 'r', args)} ORDER BY r.valid_from DESC, r.seq DESC LIMIT {args(limit)}",
             args,
         )
@@ -189,7 +176,7 @@ class PostgresReads:
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as the export's JSON Lines objects, in import order."""
-        for alias, select, key, shape in _EXPORTS:
+        for alias, select, key, shape in EXPORT.tables():
             columns = ", ".join(f"{alias}.{k}" for k in key)
             after: list[Any] = []
             while True:

@@ -40,6 +40,7 @@ from proxy.models import (
 from proxy.stores.base import (
     RESPONSE_CHAIN_MAX, FinishTurn, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
 )
+from proxy.stores.export_records import RELATIONSHIP_SELECT
 from proxy.stores.generations import generation_key
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
@@ -115,21 +116,6 @@ def _reason(exc: BaseException) -> str:
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected"
-_RELATIONSHIP_SELECT = (
-    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
-    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
-    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
-)
-
-# (alias, select, page key, record shape), in import order. Each page key is a prefix of an
-# index that starts with user_id, so every page is an index range, never a scan of the user.
-_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), EXPORT.conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), EXPORT.message),
-    ("e", "SELECT e.* FROM entities e", ("id",), EXPORT.entity_record),
-    ("r", _RELATIONSHIP_SELECT, ("id",), EXPORT.relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), EXPORT.reasoning),
-)
 
 
 def _current_turn(row: sqlite3.Row) -> Turn:
@@ -523,7 +509,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             # The user filter sits in the innermost subqueries: outside, it made SQLite scan all
             # the user's edges. The newest are chosen before the names are joined, so a hub
             # node's edges are sorted in SQLite and only `limit` of them are built.
-            f"{_RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT edge.seq FROM relationships edge WHERE edge.seq IN"
+            f"{RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT edge.seq FROM relationships edge WHERE edge.seq IN"
             " (SELECT seq FROM relationships WHERE user_id = ? AND from_id = ?"
             " UNION ALL SELECT seq FROM relationships WHERE user_id = ? AND to_id = ?)"
             f"{current}{agent} ORDER BY edge.valid_from DESC, edge.seq DESC LIMIT ?)"
@@ -569,7 +555,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as the export's JSON Lines objects, in import order."""
-        for alias, select, key, shape in _EXPORTS:
+        for alias, select, key, shape in EXPORT.tables():
             agent, agent_params = agent_clause(scope, alias)
             columns = ", ".join(f"{alias}.{k}" for k in key)
             base = f"{select} WHERE {alias}.user_id = ?{agent}"

@@ -36,6 +36,7 @@ from proxy.stores.base import (
     TermsTable,
     text_hash,
 )
+from proxy.stores.export_records import INJECTIONS_SELECT
 from proxy.stores.generations import (
     BUMP_SQL,
     MARK_SQL,
@@ -235,10 +236,8 @@ class SQLiteAdmin:
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first."""
-        rows = await self._rows(
-            "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
-            " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
-            " WHERE i.user_id = ? ORDER BY i.seq DESC LIMIT ?", [scope.user, limit])
+        rows = await self._rows(f"{INJECTIONS_SELECT} WHERE i.user_id = ? ORDER BY i.seq DESC LIMIT ?",
+                                [scope.user, limit])
         return [EXPORT.injection(row) for row in rows]
 
     # --- writes
