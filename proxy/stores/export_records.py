@@ -6,7 +6,7 @@ SELECTs here are SQL both backends run the same way; each adds its own WHERE.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,6 +23,20 @@ INJECTIONS_SELECT = (
     " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
 )
 Shape = Callable[[Any], dict[str, Any]]
+EXPORT_PAGE = 500  # rows the export reads a statement
+
+
+async def pages(read: Callable[[list[Any]], Awaitable[Sequence[Any]]], key: Sequence[str]) -> AsyncIterator[Any]:
+    """Every row of a table, EXPORT_PAGE at a time: `read(after)` reads the page just past the
+    page key `after` (empty: the first page), ordered by the `key` columns."""
+    after: list[Any] = []
+    while True:
+        rows = await read(after)
+        for row in rows:
+            yield row
+        if len(rows) < EXPORT_PAGE:
+            return
+        after = [rows[-1][k] for k in key]
 
 
 def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:

@@ -16,14 +16,14 @@ scored, still by BM25 over every term with the user's statistics.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import asyncpg
 
 from proxy.extracted import USER_TYPE
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
-from proxy.stores.export_records import RELATIONSHIP_SELECT
+from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.postgres_rows import (
     EXPORT,
     entity_from_record,
@@ -33,7 +33,6 @@ from proxy.stores.postgres_rows import (
 )
 from proxy.stores.search_budget import Plan
 
-EXPORT_PAGE = 500
 _TERM = re.compile(r"\w+")  # letters and digits of any script, and "_", as the index text splits
 
 
@@ -178,20 +177,16 @@ class PostgresReads:
         """Every exportable record of the user as the export's JSON Lines objects, in import order."""
         for alias, select, key, shape in EXPORT.tables():
             columns = ", ".join(f"{alias}.{k}" for k in key)
-            after: list[Any] = []
-            while True:
+
+            def read(after: list[Any]) -> Awaitable[list[asyncpg.Record]]:
                 args = Args()
                 where = f"{alias}.user_id = {args(scope.user)}{agent_clause(scope, alias, args)}"
                 if after:
                     where += f" AND ({columns}) > ({', '.join(args(value) for value in after)})"
-                rows = await self._fetch(
-                    f"{select} WHERE {where} ORDER BY {columns} LIMIT {args(EXPORT_PAGE)}", args
-                )
-                for row in rows:
-                    yield shape(row)
-                if len(rows) < EXPORT_PAGE:
-                    break
-                after = [rows[-1][k] for k in key]
+                return self._fetch(f"{select} WHERE {where} ORDER BY {columns} LIMIT {args(EXPORT_PAGE)}", args)
+
+            async for row in pages(read, key):
+                yield shape(row)
 
     # --- retrieval: BM25 over the user's whole corpus; higher is better
 

@@ -22,7 +22,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
@@ -40,7 +40,7 @@ from proxy.models import (
 from proxy.stores.base import (
     RESPONSE_CHAIN_MAX, FinishTurn, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
 )
-from proxy.stores.export_records import RELATIONSHIP_SELECT
+from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.generations import generation_key
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
@@ -88,7 +88,6 @@ BUSY_TIMEOUT_MS = 5000
 # Per connection. SQLite's default 2 MiB makes index inserts miss the cache once a user
 # holds ~100k messages, which tripled the cost of a write batch.
 CACHE_KIB = 32768
-EXPORT_PAGE = 500
 # Read connections (and threads) for retrieval's sources. Measured on two cores at c=1
 # (10k memories, paired runs): two readers beat three by 0.35-0.45 ms p50 and one by 0.7 ms.
 # A thread more than the cores can run only adds contention for the GIL.
@@ -559,16 +558,14 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             agent, agent_params = agent_clause(scope, alias)
             columns = ", ".join(f"{alias}.{k}" for k in key)
             base = f"{select} WHERE {alias}.user_id = ?{agent}"
-            after: list[Any] = []
-            while True:
+
+            def read(after: list[Any]) -> Awaitable[list[sqlite3.Row]]:
                 where = f" AND ({columns}) > ({', '.join('?' * len(key))})" if after else ""
-                rows = await self._rows(f"{base}{where} ORDER BY {columns} LIMIT ?",
-                                        [scope.user, *agent_params, *after, EXPORT_PAGE])
-                for row in rows:
-                    yield shape(row)
-                if len(rows) < EXPORT_PAGE:
-                    break
-                after = [rows[-1][k] for k in key]
+                return self._rows(f"{base}{where} ORDER BY {columns} LIMIT ?",
+                                  [scope.user, *agent_params, *after, EXPORT_PAGE])
+
+            async for row in pages(read, key):
+                yield shape(row)
 
     # --- retrieval: BM25 over the user's own rows (FTS5 finds them); higher is better
 
