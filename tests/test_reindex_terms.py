@@ -56,7 +56,7 @@ def _old_is_identifier(token: str) -> bool:
 
 
 def old_index_terms(text: str) -> str:
-    """sqlite_rows.index_terms as it was: the old index_text of the text's first INDEX_MAX_CHARS."""
+    """indexed_text.index_terms as it was: the old index_text of the text's first INDEX_MAX_CHARS."""
     out: list[str] = []
     for token in _OLD_TOKEN.findall(text[:INDEX_MAX_CHARS]):
         parts = _OLD_PART.findall(token)
