@@ -43,7 +43,7 @@ from proxy.models import ReasoningStep, Scope  # noqa: E402
 from proxy.settings import MemorySettings  # noqa: E402
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
 from proxy.stores.sqlite import SQLiteStore  # noqa: E402
-from proxy.stores.sqlite_rows import entity_terms  # noqa: E402
+from proxy.stores.indexed_text import entity_terms  # noqa: E402
 from retrieval_streams import Ask, StreamLoad, no_batching, stream_batching, streams_table  # noqa: E402
 from summary import Criterion  # noqa: E402
 

@@ -39,7 +39,7 @@ from proxy.settings import MemorySettings  # noqa: E402
 from proxy.stores.base import Store  # noqa: E402
 from proxy.stores.postgres import PostgresStore  # noqa: E402
 from proxy.stores.sqlite import SQLiteStore  # noqa: E402
-from proxy.stores.sqlite_rows import entity_terms  # noqa: E402
+from proxy.stores.indexed_text import entity_terms  # noqa: E402
 from tests.pg_server import PostgresServer, find_binaries  # noqa: E402
 
 WARM_QUERIES = 20

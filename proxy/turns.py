@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from proxy.ids import derived_id, is_scope_id, new_id
 from proxy.models import Scope, Transcript, Turn
-from proxy.stores.base import RESPONSE_CHAIN_MAX, ResponseChain, Store, text_hash
+from proxy.stores.base import RESPONSE_CHAIN_MAX, ResponseChain, TurnReads, text_hash
 from proxy.long_json import list_pieces
 
 # Past this many chars of history text a request's history is hashed in a thread, so the
@@ -78,7 +78,7 @@ def _history_chars(transcript: Transcript) -> int:
 
 
 async def identify(
-    store: Store, scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float, follow: str,
+    store: TurnReads, scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float, follow: str,
     digest: str | None = None,
 ) -> TurnIdentity:
     """Find the request's turn and conversation in the store, or start new ones (`digest`: its history_hash)."""
@@ -97,7 +97,7 @@ async def identify(
                         generation=found.generation, shown=shown)
 
 
-async def conversation_for(store: Store, scope: Scope, transcript: Transcript, follow: str,
+async def conversation_for(store: TurnReads, scope: Scope, transcript: Transcript, follow: str,
                            chain: ResponseChain | None = None) -> str | None:
     """The conversation a new turn belongs to; None for a new one."""
     if scope.conversation is not None:
@@ -113,7 +113,7 @@ async def conversation_for(store: Store, scope: Scope, transcript: Transcript, f
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
 
-async def _conversation_shown(store: Store, scope: Scope, transcript: Transcript) -> tuple[str, ...]:
+async def _conversation_shown(store: TurnReads, scope: Scope, transcript: Transcript) -> tuple[str, ...]:
     """The saved messages of the conversation the `conversation` parameter names: the provider
     holds its items and shows them to the model."""
     named = _named_conversation(transcript)

@@ -23,7 +23,7 @@ import pytest
 from proxy.stores.base import Store
 from proxy.stores.postgres import PostgresStore
 from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_rows import entity_terms
+from proxy.stores.indexed_text import entity_terms
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

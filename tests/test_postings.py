@@ -37,7 +37,7 @@ from proxy.stores.sqlite_postings import (
     fts_tokens,
     paced,
 )
-from proxy.stores.sqlite_search import SMALL_INDEX_ROWS
+from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.terms import index_text, query_terms
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from proxy.models import Hit, Scope
 from proxy.settings import MemorySettings
 from proxy.stores.base import FinishTurn, StartTurn
 from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_rows import CONTEXT_CHARS_PER_MESSAGE, context_terms, entity_terms
+from proxy.stores.indexed_text import CONTEXT_CHARS_PER_MESSAGE, context_terms, entity_terms
 from proxy.stores.sqlite_schema import MIGRATIONS, statements
 from proxy.terms import query_terms
 

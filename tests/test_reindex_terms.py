@@ -27,7 +27,7 @@ from proxy.cli import main
 from proxy.models import ReasoningStep, Scope
 from proxy.stores import sqlite_search
 from proxy.stores.base import FinishTurn, ReindexedPage, StartTurn, Store
-from proxy.stores.sqlite_rows import INDEX_MAX_CHARS, context_terms, entity_terms
+from proxy.stores.indexed_text import INDEX_MAX_CHARS, context_terms, entity_terms
 from proxy.terms import query_terms
 from tests import store_backends
 from tests.store_backends import Backend, PostgresBackend, SQLiteBackend
@@ -56,7 +56,7 @@ def _old_is_identifier(token: str) -> bool:
 
 
 def old_index_terms(text: str) -> str:
-    """sqlite_rows.index_terms as it was: the old index_text of the text's first INDEX_MAX_CHARS."""
+    """indexed_text.index_terms as it was: the old index_text of the text's first INDEX_MAX_CHARS."""
     out: list[str] = []
     for token in _OLD_TOKEN.findall(text[:INDEX_MAX_CHARS]):
         parts = _OLD_PART.findall(token)

@@ -23,7 +23,7 @@ from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, Sc
 from proxy.settings import MemorySettings
 from proxy.stores.base import FinishTurn, StartTurn, StoreError
 from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_rows import entity_terms
+from proxy.stores.indexed_text import entity_terms
 from proxy.terms import terms as index_terms
 from proxy.turns import TurnIdentity, identify
 from proxy.wires.openai_chat import OpenAIChat

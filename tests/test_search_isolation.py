@@ -27,7 +27,8 @@ from proxy.stores.base import FinishTurn, StartTurn, Store, StoreMemory, WriteOp
 from proxy.stores.sqlite import SQLiteStore
 from proxy.stores.sqlite_message_index import snapshot as message_snapshot
 from proxy.stores.sqlite_postings import read_transaction
-from proxy.stores.sqlite_search import MESSAGES, SMALL_INDEX_ROWS
+from proxy.stores.sqlite_search import MESSAGES
+from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.stores.sqlite_user_stats import UserCounts, user_statistics
 from proxy.terms import query_terms
 from tests.api_helpers import RECORDS, api_url, chat, jsonl

@@ -17,7 +17,7 @@ from proxy.api.jsonl import parse_record
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
 from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_search import (
+from proxy.stores.search_budget import (
     CANDIDATE_MAX_ROWS,
     CANDIDATE_MIN_ROWS,
     SMALL_INDEX_ROWS,

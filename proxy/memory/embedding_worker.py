@@ -25,8 +25,8 @@ from proxy.metrics import Metrics
 from proxy.stores.base import (
     EMBEDDING_KINDS,
     EmbeddingKind,
+    EmbeddingQueue,
     NewEmbedding,
-    Store,
     StoreError,
     Unembedded,
 )
@@ -59,7 +59,7 @@ class FillCounts:
 class Filler:
     """Embeds one page of one kind's unembedded items and saves the vectors."""
 
-    def __init__(self, store: Store, embed: Embed, model: str, *, batch: int, timeout_s: float,
+    def __init__(self, store: EmbeddingQueue, embed: Embed, model: str, *, batch: int, timeout_s: float,
                  on_saved: OnSaved | None = None) -> None:
         self.store = store
         self.embed = embed

@@ -27,7 +27,7 @@ from proxy.memory.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.stores.base import ExtractionFailed, QueuedMessage, RecordFacts, Store, StoreError, WriteOp
+from proxy.stores.base import ExtractionFailed, ExtractionQueue, QueuedMessage, RecordFacts, StoreError, WriteOp
 
 log = logging.getLogger("memproxy.extraction")
 
@@ -76,7 +76,7 @@ def speaker_of(role: str) -> str | None:
 class ExtractionWorker:
     """Owns the background extraction task of one app."""
 
-    def __init__(self, store: Store, writer: Writer, metrics: Metrics, *, from_roles: Sequence[str],
+    def __init__(self, store: ExtractionQueue, writer: Writer, metrics: Metrics, *, from_roles: Sequence[str],
                  isolate_agents: bool, extractor: Extractor | None = None,
                  limits: WorkerLimits = WorkerLimits(), pending: PendingFacts | None = None) -> None:
         self.store = store

@@ -156,7 +156,7 @@ class MemoryService:
                 raise  # a policy's refusal, not a memory fault: the client gets it
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
-                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self._store_answered_at())
+                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self.store.answered_at)
                 status = self._degraded("retrieval timeout")
             except StoreError as exc:
                 self.breaker.failed()
@@ -242,10 +242,6 @@ class MemoryService:
             context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
             return await turn_hooks.kept_hits(self.hooks, context, retrieved, header)
         return retrieved
-
-    def _store_answered_at(self) -> float:
-        # Not in the Store protocol yet: SQLite's reader threads note when they answered a read.
-        return float(getattr(self.store, "answered_at", float("-inf")))
 
     def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
         self.metrics.degraded.labels(reason).inc()

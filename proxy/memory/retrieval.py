@@ -31,7 +31,7 @@ from proxy.memory.trigger import unseen_identifiers
 from proxy.metrics import Metrics
 from proxy.models import Hit, Scope
 from proxy.settings import MemorySettings
-from proxy.stores.base import Store, StoreError
+from proxy.stores.base import RecallReads, StoreError
 from proxy.terms import query_terms
 
 log = logging.getLogger("memproxy.retrieval")
@@ -119,15 +119,15 @@ class SourceRuns:
 class Retrieval:
     """The retriever over one Store."""
 
-    def __init__(self, store: Store, settings: MemorySettings, metrics: Metrics, vectors: Vectors | None = None
+    def __init__(self, store: RecallReads, settings: MemorySettings, metrics: Metrics, vectors: Vectors | None = None
                  ) -> None:
         self.store = store
         self.settings = settings
         self.metrics = metrics
         self.vectors = vectors  # None: lexical retrieval only (no embeddings configured)
-        # Not in the Store protocol yet: a store says its text search ORs the terms (SQLite's
-        # does), which lets a keyword retry that cannot find anything new be skipped.
-        self.any_term_match = bool(getattr(store, "matches_any_term", False))
+        # A store whose text search ORs the terms says so: a keyword retry that cannot find
+        # anything new is then skipped.
+        self.any_term_match = store.matches_any_term
 
     async def retrieve(self, scope: Scope, query: Query) -> Retrieved:
         """The memory block for this query and the injection log entry that explains it."""

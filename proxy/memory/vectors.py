@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxy.models import Scope
-from proxy.stores.base import EmbeddingKind, Store, StoredVector, Unembedded
+from proxy.stores.base import EmbeddingKind, RecallReads, StoredVector, Unembedded
 
 log = logging.getLogger("memproxy.vectors")
 
@@ -167,7 +167,7 @@ class _Entry:
 class VectorIndex:
     """The cached matrices of one model, loaded from the store and kept current (see the module doc)."""
 
-    def __init__(self, store: Store, model: str, ttl_s: float, *, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, store: RecallReads, model: str, ttl_s: float, *, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.store = store
         self.model = model
         self.ttl_s = ttl_s

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from proxy.metrics import Metrics
-from proxy.stores.base import Store, StoreError, WriteOp
+from proxy.stores.base import StoreError, WriteOp, Writes
 
 log = logging.getLogger("memproxy.writer")
 
@@ -38,7 +38,7 @@ DROPPED_TURNS_KEPT = 10_000
 class Writer:
     """Owns every write to the store."""
 
-    def __init__(self, store: Store, metrics: Metrics, max_queue: int, *,
+    def __init__(self, store: Writes, metrics: Metrics, max_queue: int, *,
                  commit_delay_s: float = COMMIT_DELAY_S) -> None:
         self.store = store
         self.commit_delay_s = commit_delay_s

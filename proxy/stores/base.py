@@ -190,7 +190,11 @@ class ExtractionFailed:
     park: bool = False
 
 
+ERROR_MAX_CHARS = 1000  # a failed extraction's error is kept cut to this
+
+
 TAGS_MAX = 10  # a memory holds at most this many tags (the API's limit), however many writes merged into it
+MEMORY_TYPES = frozenset({"fact", "pattern", "user_preference", "interaction"})  # what a StoreMemory may be
 
 
 @dataclass(frozen=True)
@@ -351,18 +355,13 @@ class ReindexedPage:
     after: tuple[Any, ...] | None
 
 
-# --- the protocol ------------------------------------------------------------------
+# --- the protocols, one a role: a caller names the one it needs -----------------------
 
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]  # what the memory API deletes
 
 
-class Store(Protocol):
-    """A user-scoped memory database (SQLite or PostgreSQL)."""
-
-    # True when a text search matches a row holding any one of its terms (they are OR'ed):
-    # then a keyword retry with some of the query's words cannot find what the full query
-    # did not, and retrieval skips it. Read with getattr: a store may leave it out (False).
-    matches_any_term: bool
+class Lifecycle(Protocol):
+    """Opening and closing the database, and the health check."""
 
     async def open(self) -> None:
         """Connect, migrate the schema, mark turns left pending by a crash as interrupted."""
@@ -373,10 +372,17 @@ class Store(Protocol):
     async def ping(self) -> bool:
         """True when the database answers a trivial query."""
 
+
+class Writes(Protocol):
+    """Every write: plain data applied in batches (the writer task, memory/writer.py)."""
+
     async def apply(self, ops: Sequence[WriteOp]) -> None:
         """Apply a batch of writes in one transaction; raise StoreError on failure."""
 
-    # turn and conversation identity
+
+class TurnReads(Protocol):
+    """Turn and conversation identity: which turn and conversation a request belongs to (turns.py)."""
+
     async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
                         ) -> FoundTurn:
         """The user's generation, and the turn a request belongs to, in one read.
@@ -400,21 +406,43 @@ class Store(Protocol):
     async def latest_conversation(self, scope: Scope) -> str | None:
         """The user's most recently active conversation."""
 
-    # reading what was saved
     async def messages(self, scope: Scope, conversation_id: str, *, limit: int = 100) -> list[StoredMessage]:
         """The first `limit` messages of one conversation, oldest first."""
-
-    async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
-        """Reasoning traces of the user (of the agent when agent-isolated), newest first."""
 
     async def turn(self, scope: Scope, turn_key: str) -> Turn | None:
         """One turn by key."""
 
-    def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
-        """Every exportable record of the user as the export's JSON Lines objects."""
 
-    async def entities(self, scope: Scope) -> list[Entity]:
-        """The user's entities."""
+class RecallReads(Protocol):
+    """What retrieval reads (memory/retrieval.py and memory/sources/), and what the store says it can do."""
+
+    # True when a text search matches a row holding any one of its terms (they are OR'ed):
+    # then a keyword retry with some of the query's words cannot find what the full query
+    # did not, and retrieval skips it.
+    matches_any_term: bool
+
+    @property
+    def answered_at(self) -> float:
+        """time.monotonic() when the store last answered a read on its own (-inf: it does not say):
+        a store that is answering, only slowly, is not down."""
+
+    # `terms` come from proxy.terms.query_terms; scores are higher-is-better
+    async def search_messages(self, scope: Scope, terms: Sequence[str], *,
+                              conversation_ids: Sequence[str] | None = None,
+                              exclude_conversation_id: str | None = None,
+                              limit: int = 20) -> list[tuple[StoredMessage, float]]:
+        """BM25 over the user's messages (the user's own statistics), best first."""
+
+    async def search_entities(self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+                              ) -> list[tuple[Entity, float]]:
+        """BM25 over the user's entities (name, type, description), best first."""
+
+    async def search_reasoning(self, scope: Scope, terms: Sequence[str], *, limit: int = 20
+                               ) -> list[tuple[ReasoningTrace, float]]:
+        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
+
+    async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
+        """Ids of the user's conversations, most recently active first (all when None)."""
 
     async def relationships(self, scope: Scope, entity_id: str, *, current_only: bool = True,
                             limit: int | None = None) -> list[Relationship]:
@@ -423,7 +451,23 @@ class Store(Protocol):
     async def user_node(self, scope: Scope) -> Entity | None:
         """The entity standing for the user (type `user`, the first made), if extraction has made one."""
 
-    # the extraction queue: every user's items, read by the background worker (not a request)
+    async def neighbours(self, scope: Scope, message_ids: Sequence[str]
+                         ) -> dict[str, tuple[StoredMessage | None, StoredMessage | None]]:
+        """For each of these messages that has one, the message just before it and the one just after it
+        in its conversation (None for a side it has not)."""
+
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
+        """Every vector of the user for this kind and model, each agent's (the caller filters), by item id."""
+
+    async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
+                             ) -> list[Any]:
+        """The items among `item_ids` that still hold a vector for `model`, as the searches return them
+        (StoredMessage, Entity or ReasoningTrace), filtered by the scope's agent as the searches are."""
+
+
+class ExtractionQueue(Protocol):
+    """The extraction queue: every user's items, read by the background worker (not a request)."""
+
     async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
                                ) -> list[QueuedMessage]:
         """Unparked items due at `now`, oldest first, text cut at `max_chars`; the scope's agent is the message's."""
@@ -435,30 +479,10 @@ class Store(Protocol):
     async def queue_depth(self) -> dict[str, int]:
         """Extraction items `pending` (retries waiting included) and `parked` (given up on)."""
 
-    # retrieval: `terms` come from proxy.terms.query_terms; scores are higher-is-better
-    async def search_messages(
-        self,
-        scope: Scope,
-        terms: Sequence[str],
-        *,
-        conversation_ids: Sequence[str] | None = None,
-        exclude_conversation_id: str | None = None,
-        limit: int = 20,
-    ) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (the user's own statistics), best first."""
 
-    async def search_entities(self, scope: Scope, terms: Sequence[str], *, limit: int = 20) -> list[tuple[Entity, float]]:
-        """BM25 over the user's entities (name, type, description), best first."""
+class EmbeddingQueue(Protocol):
+    """Items lacking a vector, filled by the background worker and `memproxy reindex`."""
 
-    async def search_reasoning(
-        self, scope: Scope, terms: Sequence[str], *, limit: int = 20
-    ) -> list[tuple[ReasoningTrace, float]]:
-        """BM25 over the user's reasoning traces (task, steps, answer), best first."""
-
-    async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
-        """Ids of the user's conversations, most recently active first (all when None)."""
-
-    # embeddings: filled by the background worker and `memproxy reindex`, read by retrieval
     async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
                          user: str | None = None) -> list[Unembedded]:
         """Items of `kind` (every user's, or `user`'s) with `seq` above `after` and no vector for `model`, by seq."""
@@ -466,21 +490,26 @@ class Store(Protocol):
     async def save_embeddings(self, model: str, vectors: Sequence[NewEmbedding]) -> int:
         """Save vectors (replacing the model's old ones) whose items still read their `text`; how many were saved."""
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
-        """Every vector of the user for this kind and model, each agent's (the caller filters), by item id."""
 
-    async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
-                             ) -> list[Any]:
-        """The items among `item_ids` that still hold a vector for `model`, as the searches return them
-        (StoredMessage, Entity or ReasoningTrace), filtered by the scope's agent as the searches are."""
+class Admin(Protocol):
+    """The memory API, export and import, and the command line's maintenance."""
 
-    # index terms: `memproxy reindex --terms` (stores/reindex_terms.py)
+    def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
+        """Every exportable record of the user as the export's JSON Lines objects."""
+
+    async def entities(self, scope: Scope) -> list[Entity]:
+        """The user's entities."""
+
+    async def reasoning(self, scope: Scope, *, limit: int = 100) -> list[ReasoningTrace]:
+        """Reasoning traces of the user (of the agent when agent-isolated), newest first."""
+
     async def reindex_terms(self, table: TermsTable, *, after: tuple[Any, ...] | None = None, limit: int = 500,
                             user: str | None = None) -> ReindexedPage:
         """Make the index terms of the next `limit` rows of `table` (every user's, or `user`'s) after the key
-        `after` again with the current tokeniser, in one transaction; rows already current are not written."""
+        `after` again with the current tokeniser, in one transaction; rows already current are not written
+        (`memproxy reindex --terms`, stores/reindex_terms.py)."""
 
-    # the memory API: pages of up to `limit` items, each with its PageKey, from just past `after`
+    # pages of up to `limit` items, each with its PageKey, from just past `after`
     async def entity_page(self, scope: Scope, *, limit: int = 100,
                           after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
         """The user's entities as `entity` export records, oldest first."""
@@ -493,11 +522,6 @@ class Store(Protocol):
     async def message_page(self, scope: Scope, conversation_id: str, *, limit: int = 100,
                            after: PageKey | None = None) -> list[tuple[PageKey, StoredMessage]]:
         """Messages of one conversation, oldest first."""
-
-    async def neighbours(self, scope: Scope, message_ids: Sequence[str]
-                         ) -> dict[str, tuple[StoredMessage | None, StoredMessage | None]]:
-        """For each of these messages that has one, the message just before it and the one just after it
-        in its conversation (None for a side it has not)."""
 
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
                              after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
@@ -539,3 +563,7 @@ class Store(Protocol):
 
     async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
         """Add records (validated by proxy.api.jsonl) to the user, skipping ids it has: imported/skipped per kind."""
+
+
+class Store(Lifecycle, Writes, TurnReads, RecallReads, ExtractionQueue, EmbeddingQueue, Admin, Protocol):
+    """A user-scoped memory database (SQLite or PostgreSQL): every role, as the app holds it."""

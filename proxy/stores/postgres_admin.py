@@ -24,6 +24,7 @@ from proxy.ids import new_id
 from proxy.extracted import canonical_name
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import (
+    MEMORY_TYPES,
     PAGE_KEY_PARTS,
     TAGS_MAX,
     PageKey,
@@ -33,15 +34,13 @@ from proxy.stores.base import (
     TermsTable,
     text_hash,
 )
+from proxy.stores.export_records import INJECTIONS_SELECT
 from proxy.stores.generations import BUMP_SQL, MARK_SQL, conversation_deleted_key, generation_key, user_deleted_key
 from proxy.stores.postgres_import import import_records
 from proxy.stores.postgres_reads import Args
 from proxy.stores.postgres_rows import (
+    EXPORT,
     clean_text,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
     from_micros,
     message_from_record,
     micros,
@@ -57,13 +56,7 @@ from proxy.stores.reindex_terms import (
     rewrites,
     said_before_query,
 )
-from proxy.stores.sqlite_admin import MEMORY_TYPES
-from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES,
-    context_terms,
-    entity_terms,
-    index_terms,
-)
+from proxy.stores.indexed_text import CONTEXT_MESSAGES, context_terms, entity_terms, index_terms
 
 T = TypeVar("T")
 ItemKind = Literal["memory", "message", "entity", "relationship", "conversation"]
@@ -117,7 +110,7 @@ class PostgresAdmin:
         past = _past("entities", "e.seq", after, args)
         rows = await self._fetch(f"SELECT e.* FROM entities e WHERE e.user_id = $1{agent}{past} ORDER BY e.seq"
                                  " LIMIT $2", [scope.user, limit, *args])
-        return [((row["seq"],), export_entity(row)) for row in rows]
+        return [((row["seq"],), EXPORT.entity_record(row)) for row in rows]
 
     async def conversation_page(self, scope: Scope, *, limit: int = 100,
                                 after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
@@ -175,17 +168,17 @@ class PostgresAdmin:
     async def entity_record(self, scope: Scope, entity_id: str) -> dict[str, Any] | None:
         """One entity as an export record."""
         row = await self._record(scope, "entities", "e", entity_id)
-        return None if row is None else export_entity(row)
+        return None if row is None else EXPORT.entity_record(row)
 
     async def message_record(self, scope: Scope, message_id: str) -> dict[str, Any] | None:
         """One message as an export record."""
         row = await self._record(scope, "messages", "m", message_id)
-        return None if row is None else export_message(row)
+        return None if row is None else EXPORT.message(row)
 
     async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
         """One conversation as an export record."""
         row = await self._record(scope, "conversations", "c", conversation_id)
-        return None if row is None else export_conversation(row)
+        return None if row is None else EXPORT.conversation(row)
 
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
                              after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
@@ -194,7 +187,7 @@ class PostgresAdmin:
         past = _past("reasoning", "x.created_at, x.seq", after, args, newest_first=True)
         rows = await self._fetch(f"SELECT x.* FROM reasoning x WHERE x.user_id = $1{agent}{past}"
                                  " ORDER BY x.created_at DESC, x.seq DESC LIMIT $2", [scope.user, limit, *args])
-        return [((micros(row["created_at"]), row["seq"]), export_reasoning(row)) for row in rows]
+        return [((micros(row["created_at"]), row["seq"]), EXPORT.reasoning(row)) for row in rows]
 
     async def page_key(self, scope: Scope, listing: PageList, item_id: str) -> PageKey | None:
         """The key of the user's item `item_id` in a list, None when the user has no such item."""
@@ -206,13 +199,9 @@ class PostgresAdmin:
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first."""
-        rows = await self._fetch(
-            "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
-            " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
-            " WHERE i.user_id = $1 ORDER BY i.seq DESC LIMIT $2", [scope.user, limit])
-        return [{"turn_id": row["turn_key"], "conversation_id": row["conversation_id"],
-                 "created_at": utc(row["created_at"]), "injected": row["injected"], "log": json.loads(row["log"])}
-                for row in rows]
+        rows = await self._fetch(f"{INJECTIONS_SELECT} WHERE i.user_id = $1 ORDER BY i.seq DESC LIMIT $2",
+                                 [scope.user, limit])
+        return [EXPORT.injection(row) for row in rows]
 
     # --- writes
 

@@ -24,6 +24,7 @@ import asyncpg
 
 from proxy.ids import new_id
 from proxy.stores.base import (
+    ERROR_MAX_CHARS,
     HOOK_CONTEXT_KEEP,
     TURN_OPS,
     DropHookContext,
@@ -44,9 +45,8 @@ from proxy.stores.generations import deleted_keys
 from proxy.stores.postgres_admin import store_memory
 from proxy.stores.postgres_facts import record_facts
 from proxy.stores.postgres_rows import clean_text, utc
-from proxy.stores.sqlite_facts import ERROR_MAX_CHARS
 from proxy.stores.postgres_schema import CONTEXT_SQL
-from proxy.stores.sqlite_rows import index_terms, reasoning_terms, steps_json
+from proxy.stores.indexed_text import index_terms, reasoning_terms, steps_json
 
 INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns
 # A turn still pending this long after its last write died with the replica serving it.

@@ -23,12 +23,7 @@ from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
 from proxy.stores.postgres_rows import clean_text
 from proxy.stores.postgres_schema import CONTEXT_SQL
-from proxy.stores.sqlite_rows import (
-    entity_terms,
-    index_terms,
-    reasoning_terms,
-    steps_json,
-)
+from proxy.stores.indexed_text import entity_terms, index_terms, reasoning_terms, steps_json
 
 
 async def import_records(conn: asyncpg.Connection, scope: Scope,

@@ -6,7 +6,7 @@ frequency, N and the mean length; the query terms' postings, read through their 
 key, give each candidate's term frequency and length; all in the same statement (so the
 same snapshot), and no process keeps an index that could go stale.
 
-A whole-history search is bounded as on SQLite (sqlite_search.py): past SMALL_INDEX_ROWS
+A whole-history search is bounded as on SQLite (search_budget.py): past SMALL_INDEX_ROWS
 items of the user, only the rarer query terms find candidates (candidate_terms), and when
 even the rarest is said by more items than candidate_budget, only the newest budget's worth
 the search may return (newest_candidates, read newest first through the postings' key) are
@@ -16,31 +16,23 @@ scored, still by BM25 over every term with the user's statistics.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import asyncpg
 
+from proxy.extracted import USER_TYPE
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
+from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.postgres_rows import (
+    EXPORT,
     entity_from_record,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
-    export_relationship,
     message_from_record,
     relationship_from_record,
     trace_from_record,
 )
-from proxy.stores.sqlite_facts import USER_TYPE
-from proxy.stores.sqlite_search import (
-    SMALL_INDEX_ROWS,
-    candidate_budget,
-    candidate_terms,
-)
+from proxy.stores.search_budget import Plan
 
-EXPORT_PAGE = 500
 _TERM = re.compile(r"\w+")  # letters and digits of any script, and "_", as the index text splits
 
 
@@ -117,25 +109,13 @@ def newest_candidates(kind: str, table: str, args: Args, scope: Scope, kept: lis
             f" (SELECT f.doc FROM {kind}_postings f{owner} WHERE f.user_id = {user} AND f.term = k.term"
             f" AND f.finds{visible} ORDER BY f.doc DESC LIMIT {limit}) c ORDER BY c.doc DESC LIMIT {limit}")
 
-_RELATIONSHIP_SELECT = (
-    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
-    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
-    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
-)
-# (alias, select, page key, record shape), in import order; each page is an index range.
-_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[asyncpg.Record], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
-    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
-    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
-)
-
 
 class PostgresReads:
     """Reads and searches of one user's memory (the host provides `_fetch`)."""
 
     matches_any_term = True  # a row holding any one of the search terms matches (Store protocol)
+    # The pool does not note when a read was answered: the breaker goes by recalls alone.
+    answered_at = float("-inf")
 
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore
         raise NotImplementedError
@@ -177,7 +157,7 @@ class PostgresReads:
         user, entity = args(scope.user), args(entity_id)
         current = " AND r.invalid_at IS NULL" if current_only else ""
         rows = await self._fetch(
-            f"{_RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
+            f"{RELATIONSHIP_SELECT} WHERE r.user_id = {user} AND (r.from_id = {entity} OR r.to_id = {entity})"
             f"{current}{agent_clause(scope, 'r', args)} ORDER BY r.valid_from DESC, r.seq DESC LIMIT {args(limit)}",
             args,
         )
@@ -195,34 +175,25 @@ class PostgresReads:
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as the export's JSON Lines objects, in import order."""
-        for alias, select, key, shape in _EXPORTS:
+        for alias, select, key, shape in EXPORT.tables():
             columns = ", ".join(f"{alias}.{k}" for k in key)
-            after: list[Any] = []
-            while True:
+
+            def read(after: list[Any]) -> Awaitable[list[asyncpg.Record]]:
                 args = Args()
                 where = f"{alias}.user_id = {args(scope.user)}{agent_clause(scope, alias, args)}"
                 if after:
                     where += f" AND ({columns}) > ({', '.join(args(value) for value in after)})"
-                rows = await self._fetch(
-                    f"{select} WHERE {where} ORDER BY {columns} LIMIT {args(EXPORT_PAGE)}", args
-                )
-                for row in rows:
-                    yield shape(row)
-                if len(rows) < EXPORT_PAGE:
-                    break
-                after = [rows[-1][k] for k in key]
+                return self._fetch(f"{select} WHERE {where} ORDER BY {columns} LIMIT {args(EXPORT_PAGE)}", args)
+
+            async for row in pages(read, key):
+                yield shape(row)
 
     # --- retrieval: BM25 over the user's whole corpus; higher is better
 
-    async def search_messages(
-        self,
-        scope: Scope,
-        terms: Sequence[str],
-        *,
-        conversation_ids: Sequence[str] | None = None,
-        exclude_conversation_id: str | None = None,
-        limit: int = 20,
-    ) -> list[tuple[StoredMessage, float]]:
+    async def search_messages(self, scope: Scope, terms: Sequence[str], *,
+                              conversation_ids: Sequence[str] | None = None,
+                              exclude_conversation_id: str | None = None,
+                              limit: int = 20) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (the user's own statistics), best first.
 
         As sqlite_search.py: a message is found by its own words (the words before it only
@@ -272,7 +243,7 @@ class PostgresReads:
         return sql, args
 
     async def _candidate_terms(self, scope: Scope, kind: str, terms: list[str]) -> tuple[list[str], int | None]:
-        """A whole-history search's finding terms (the rarer ones, as sqlite_search.candidate_terms keeps
+        """A whole-history search's finding terms (the rarer ones, as search_budget.candidate_terms keeps
         them) and its candidate budget: None while the user's index is small enough to search whole."""
         rows = await self._fetch(
             "SELECT s.docs, t.term, t.n FROM (SELECT coalesce(sum(docs), 0) AS docs FROM lexicon_stats"
@@ -282,8 +253,8 @@ class PostgresReads:
         )
         counts = {row["term"]: int(row["n"]) for row in rows if row["term"] is not None}
         docs = int(rows[0]["docs"]) if rows else 0
-        kept = candidate_terms(terms, counts, docs) or terms
-        return kept, (candidate_budget(docs) if docs > SMALL_INDEX_ROWS else None)
+        plan = Plan.of(terms, counts, docs, whole_history=True)
+        return plan.finding, plan.newest
 
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from asyncpg import Record
 
 from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, StoredMessage, Turn
+from proxy.stores.export_records import ExportRecords
 
 # A lone surrogate (valid JSON, invalid UTF-8) or NUL (valid JSON, refused by PostgreSQL text).
 _UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
@@ -82,47 +82,5 @@ def trace_from_record(row: Record) -> ReasoningTrace:
                           utc(row["created_at"]))
 
 
-def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
-    if agent is not None:
-        record["agent_id"] = agent
-    return record
-
-
-def export_conversation(row: Record) -> dict[str, Any]:
-    """The export record `conversation` record."""
-    record = {"kind": "conversation", "id": row["id"], "created_at": iso(row["created_at"]),
-              "last_active_at": iso(row["last_active_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_message(row: Record) -> dict[str, Any]:
-    """The export record `message` record."""
-    record = {"kind": "message", "id": row["id"], "conversation_id": row["conversation_id"], "role": row["role"],
-              "content": row["content"], "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_entity(row: Record) -> dict[str, Any]:
-    """The export record `entity` record."""
-    e = entity_from_record(row)
-    record = {"kind": "entity", "id": e.id, "name": e.name, "type": e.type, "description": e.description,
-              "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
-              "aliases": list(e.aliases), "provenance": list(e.provenance),
-              "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_relationship(row: Record) -> dict[str, Any]:
-    """The export record `relationship` record (entity names and ids)."""
-    record = {"kind": "relationship", "id": row["id"], "from": row["from_name"], "type": row["type"],
-              "to": row["to_name"], "from_id": row["from_id"], "to_id": row["to_id"],
-              "valid_from": iso(row["valid_from"]), "invalid_at": iso(row["invalid_at"]),
-              "provenance": json.loads(row["provenance"]), "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_reasoning(row: Record) -> dict[str, Any]:
-    """The export record `reasoning` record."""
-    record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
-              "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
+# The export's records of these rows.
+EXPORT = ExportRecords(iso, utc, entity_from_record)

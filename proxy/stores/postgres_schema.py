@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from proxy.extracted import KEY_MAX_CHARS
-from proxy.stores.sqlite_rows import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
+from proxy.stores.indexed_text import CONTEXT_CHARS_PER_MESSAGE, CONTEXT_MESSAGES
 
 # pg_advisory_xact_lock key that serialises migrations across replicas opening at once.
 MIGRATION_LOCK = 0x6D656D70726F7879  # "memproxy"
@@ -394,7 +394,7 @@ CREATE INDEX extraction_queue_leased ON extraction_queue(user_id, claimed_until)
 """
 
 # v3: a message with no words (emoji only) adds nothing to the context of those after it,
-# where it left an empty token that the index's length counted (sqlite_rows.context_terms).
+# where it left an empty token that the index's length counted (indexed_text.context_terms).
 _V3 = """
 CREATE OR REPLACE FUNCTION message_context(p_user text, p_conversation text, p_at timestamptz, p_messages integer,
                                            p_chars integer) RETURNS text LANGUAGE sql STABLE AS $$

@@ -17,11 +17,7 @@ import numpy as np
 from proxy.models import Scope
 from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
 from proxy.stores.postgres_reads import Args, agent_clause
-from proxy.stores.postgres_rows import (
-    entity_from_record,
-    message_from_record,
-    trace_from_record,
-)
+from proxy.stores.postgres_rows import entity_from_record, message_from_record, trace_from_record
 from proxy.stores.vector_sql import table_of
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.stores.base import TERMS_TABLES, ReindexedPage, Store, TermsTable
-from proxy.stores.sqlite_rows import (
+from proxy.stores.indexed_text import (
     CONTEXT_MESSAGES,
     INDEX_MAX_CHARS,
     context_terms,

@@ -22,12 +22,13 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
+from proxy.extracted import USER_TYPE
 from proxy.models import (
     Entity,
     ReasoningTrace,
@@ -39,6 +40,7 @@ from proxy.models import (
 from proxy.stores.base import (
     RESPONSE_CHAIN_MAX, FinishTurn, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
 )
+from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.generations import generation_key
 from proxy.stores.sqlite_admin import SQLiteAdmin
 from proxy.stores.sqlite_batch import apply_batch, recover, transaction
@@ -48,19 +50,14 @@ from proxy.stores.sqlite_checkpoint import (
     Checkpointer,
 )
 from proxy.stores.sqlite_entity_index import EntityIndexes
-from proxy.stores.sqlite_facts import USER_TYPE
 from proxy.stores.sqlite_file import FileChanged, OpenedFiles
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_readers import ReadPool
 from proxy.stores.sqlite_rows import (
+    EXPORT,
     agent_clause,
     clean_text,
     entity_from_row,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
-    export_relationship,
     message_from_row,
     relationship_from_row,
     to_ts,
@@ -74,9 +71,9 @@ from proxy.stores.sqlite_search import (
     MESSAGE_WEIGHTS,
     MESSAGES,
     REASONING,
-    SMALL_INDEX_ROWS,
     indexed_rows,
 )
+from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.stores.sqlite_search import search_entities as search_entity_index
 from proxy.stores.sqlite_search import search_messages as search_message_index
 from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
@@ -91,7 +88,6 @@ BUSY_TIMEOUT_MS = 5000
 # Per connection. SQLite's default 2 MiB makes index inserts miss the cache once a user
 # holds ~100k messages, which tripled the cost of a write batch.
 CACHE_KIB = 32768
-EXPORT_PAGE = 500
 # Read connections (and threads) for retrieval's sources. Measured on two cores at c=1
 # (10k memories, paired runs): two readers beat three by 0.35-0.45 ms p50 and one by 0.7 ms.
 # A thread more than the cores can run only adds contention for the GIL.
@@ -119,21 +115,6 @@ def _reason(exc: BaseException) -> str:
 
 
 _TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt"
-_RELATIONSHIP_SELECT = (
-    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
-    " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
-    " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
-)
-
-# (alias, select, page key, record shape), in import order. Each page key is a prefix of an
-# index that starts with user_id, so every page is an index range, never a scan of the user.
-_EXPORTS: tuple[tuple[str, str, tuple[str, ...], Callable[[sqlite3.Row], dict[str, Any]]], ...] = (
-    ("c", "SELECT c.* FROM conversations c", ("id",), export_conversation),
-    ("m", "SELECT m.* FROM messages m", ("conversation_id", "created_at", "seq"), export_message),
-    ("e", "SELECT e.* FROM entities e", ("id",), export_entity),
-    ("r", _RELATIONSHIP_SELECT, ("id",), export_relationship),
-    ("x", "SELECT x.* FROM reasoning x", ("id",), export_reasoning),
-)
 
 
 def _current_turn(row: sqlite3.Row) -> Turn:
@@ -533,7 +514,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             # The user filter sits in the innermost subqueries: outside, it made SQLite scan all
             # the user's edges. The newest are chosen before the names are joined, so a hub
             # node's edges are sorted in SQLite and only `limit` of them are built.
-            f"{_RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT edge.seq FROM relationships edge WHERE edge.seq IN"
+            f"{RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT edge.seq FROM relationships edge WHERE edge.seq IN"
             " (SELECT seq FROM relationships WHERE user_id = ? AND from_id = ?"
             " UNION ALL SELECT seq FROM relationships WHERE user_id = ? AND to_id = ?)"
             f"{current}{agent} ORDER BY edge.valid_from DESC, edge.seq DESC LIMIT ?)"
@@ -579,32 +560,25 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def export(self, scope: Scope) -> AsyncIterator[dict[str, Any]]:
         """Every exportable record of the user as the export's JSON Lines objects, in import order."""
-        for alias, select, key, shape in _EXPORTS:
+        for alias, select, key, shape in EXPORT.tables():
             agent, agent_params = agent_clause(scope, alias)
             columns = ", ".join(f"{alias}.{k}" for k in key)
             base = f"{select} WHERE {alias}.user_id = ?{agent}"
-            after: list[Any] = []
-            while True:
+
+            def read(after: list[Any]) -> Awaitable[list[sqlite3.Row]]:
                 where = f" AND ({columns}) > ({', '.join('?' * len(key))})" if after else ""
-                rows = await self._rows(f"{base}{where} ORDER BY {columns} LIMIT ?",
-                                        [scope.user, *agent_params, *after, EXPORT_PAGE])
-                for row in rows:
-                    yield shape(row)
-                if len(rows) < EXPORT_PAGE:
-                    break
-                after = [rows[-1][k] for k in key]
+                return self._rows(f"{base}{where} ORDER BY {columns} LIMIT ?",
+                                  [scope.user, *agent_params, *after, EXPORT_PAGE])
+
+            async for row in pages(read, key):
+                yield shape(row)
 
     # --- retrieval: BM25 over the user's own rows (FTS5 finds them); higher is better
 
-    async def search_messages(
-        self,
-        scope: Scope,
-        terms: Sequence[str],
-        *,
-        conversation_ids: Sequence[str] | None = None,
-        exclude_conversation_id: str | None = None,
-        limit: int = 20,
-    ) -> list[tuple[StoredMessage, float]]:
+    async def search_messages(self, scope: Scope, terms: Sequence[str], *,
+                              conversation_ids: Sequence[str] | None = None,
+                              exclude_conversation_id: str | None = None,
+                              limit: int = 20) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
         return await self._read(lambda conn: search_message_index(
             conn, self._message_counts, self._message_indexes, scope, terms,

@@ -25,6 +25,7 @@ from proxy.ids import new_id
 from proxy.extracted import canonical_name
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import (
+    MEMORY_TYPES,
     TAGS_MAX,
     ItemKind,
     PageKey,
@@ -35,6 +36,7 @@ from proxy.stores.base import (
     TermsTable,
     text_hash,
 )
+from proxy.stores.export_records import INJECTIONS_SELECT
 from proxy.stores.generations import (
     BUMP_SQL,
     MARK_SQL,
@@ -55,28 +57,21 @@ from proxy.stores.sqlite_entity_index import EntityIndexes
 from proxy.stores.sqlite_import import import_records, message_context
 from proxy.stores.sqlite_message_index import MessageIndexes
 from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES,
+    EXPORT,
     agent_clause,
     clean_text,
-    context_terms,
-    entity_terms,
-    export_conversation,
-    export_entity,
-    export_message,
-    export_reasoning,
     from_ts,
-    index_terms,
     message_from_row,
     now_ts,
     to_ts,
 )
+from proxy.stores.indexed_text import CONTEXT_MESSAGES, context_terms, entity_terms, index_terms
 from proxy.stores.sqlite_schema import FTS_TABLES
 
 log = logging.getLogger("memproxy.store")
 
 T = TypeVar("T")
 Corrected = Literal["entity", "message", "conflict"]
-MEMORY_TYPES = frozenset({"fact", "pattern", "user_preference", "interaction"})
 _INVALID_WRITE = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError,
                   TypeError, ValueError)
 # The table each kind of item lives in.
@@ -145,7 +140,7 @@ class SQLiteAdmin:
         past, past_params = _past("e.seq", after)
         rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ?{agent}{past} ORDER BY e.seq LIMIT ?",
                                 [scope.user, *params, *past_params, limit])
-        return [((row["seq"],), export_entity(row)) for row in rows]
+        return [((row["seq"],), EXPORT.entity_record(row)) for row in rows]
 
     async def conversation_page(self, scope: Scope, *, limit: int = 100,
                                 after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
@@ -207,21 +202,21 @@ class SQLiteAdmin:
         agent, params = agent_clause(scope, "e")
         rows = await self._rows(f"SELECT e.* FROM entities e WHERE e.user_id = ? AND e.id = ?{agent}",
                                 [scope.user, entity_id, *params])
-        return export_entity(rows[0]) if rows else None
+        return EXPORT.entity_record(rows[0]) if rows else None
 
     async def message_record(self, scope: Scope, message_id: str) -> dict[str, Any] | None:
         """One message as an export record."""
         agent, params = agent_clause(scope, "m")
         rows = await self._rows(f"SELECT m.* FROM messages m WHERE m.user_id = ? AND m.id = ?{agent}",
                                 [scope.user, message_id, *params])
-        return export_message(rows[0]) if rows else None
+        return EXPORT.message(rows[0]) if rows else None
 
     async def conversation_record(self, scope: Scope, conversation_id: str) -> dict[str, Any] | None:
         """One conversation as an export record."""
         agent, params = agent_clause(scope, "c")
         rows = await self._rows(f"SELECT c.* FROM conversations c WHERE c.user_id = ? AND c.id = ?{agent}",
                                 [scope.user, conversation_id, *params])
-        return export_conversation(rows[0]) if rows else None
+        return EXPORT.conversation(rows[0]) if rows else None
 
     async def reasoning_page(self, scope: Scope, *, limit: int = 100,
                              after: PageKey | None = None) -> list[tuple[PageKey, dict[str, Any]]]:
@@ -231,7 +226,7 @@ class SQLiteAdmin:
         rows = await self._rows(
             f"SELECT x.* FROM reasoning x WHERE x.user_id = ?{agent}{past} ORDER BY x.created_at DESC, x.seq DESC"
             " LIMIT ?", [scope.user, *params, *past_params, limit])
-        return [((row["created_at"], row["seq"]), export_reasoning(row)) for row in rows]
+        return [((row["created_at"], row["seq"]), EXPORT.reasoning(row)) for row in rows]
 
     async def page_key(self, scope: Scope, listing: PageList, item_id: str) -> PageKey | None:
         """The key of the user's item `item_id` in a list, None when the user has no such item."""
@@ -241,13 +236,9 @@ class SQLiteAdmin:
 
     async def injections(self, scope: Scope, *, limit: int = 20) -> list[dict[str, Any]]:
         """The injection log of the user's latest turns, newest first."""
-        rows = await self._rows(
-            "SELECT i.turn_key, i.log, i.created_at, t.conversation_id, t.injected FROM injections i"
-            " JOIN turns t ON t.user_id = i.user_id AND t.turn_key = i.turn_key"
-            " WHERE i.user_id = ? ORDER BY i.seq DESC LIMIT ?", [scope.user, limit])
-        return [{"turn_id": row["turn_key"], "conversation_id": row["conversation_id"],
-                 "created_at": from_ts(row["created_at"]), "injected": row["injected"], "log": json.loads(row["log"])}
-                for row in rows]
+        rows = await self._rows(f"{INJECTIONS_SELECT} WHERE i.user_id = ? ORDER BY i.seq DESC LIMIT ?",
+                                [scope.user, limit])
+        return [EXPORT.injection(row) for row in rows]
 
     # --- writes
 

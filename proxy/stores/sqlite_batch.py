@@ -22,8 +22,13 @@ from proxy.stores.base import (
 from proxy.stores.generations import deleted_keys
 from proxy.stores.sqlite_admin import store_memory
 from proxy.stores.sqlite_facts import record_facts, record_failure
-from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES, clean_text, context_terms, index_terms, now_ts, reasoning_terms, steps_json, to_ts,
+from proxy.stores.sqlite_rows import clean_text, now_ts, to_ts
+from proxy.stores.indexed_text import (
+    CONTEXT_MESSAGES,
+    context_terms,
+    index_terms,
+    reasoning_terms,
+    steps_json,
 )
 
 INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns

@@ -18,8 +18,14 @@ from typing import Any
 from proxy.extracted import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
-from proxy.stores.sqlite_rows import (
-    CONTEXT_MESSAGES, clean_text, context_terms, entity_terms, index_terms, now_ts, reasoning_terms, steps_json,
+from proxy.stores.sqlite_rows import clean_text, now_ts
+from proxy.stores.indexed_text import (
+    CONTEXT_MESSAGES,
+    context_terms,
+    entity_terms,
+    index_terms,
+    reasoning_terms,
+    steps_json,
 )
 
 

@@ -1,4 +1,4 @@
-"""SQLite rows and models: timestamps, stored text, index terms, rows to models and exports,
+"""SQLite rows and models: timestamps, stored text, rows to models and exports,
 and the agent condition every read of a scope's rows adds.
 
 Timestamps are stored as REAL unix seconds (UTC) and returned as aware datetimes; exports
@@ -10,25 +10,14 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
-from proxy.terms import index_text
-
+from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage, Turn
+from proxy.stores.export_records import ExportRecords
+from proxy.stores.indexed_text import steps_from_json
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# Only this much of an item's text is indexed. Indexing costs ~2 µs a word of CPU on the
-# write thread, holding the GIL: a 5 MB pasted message took 1.8 s and starved the event
-# loop; a memory is only ever injected as a snippet anyway.
-INDEX_MAX_CHARS = 65536
-# A message is indexed with the words of the messages just before it in its conversation
-# (the question an answer replies to), searched at a lower weight. Measured on the LoCoMo
-# dev split (README, "Evaluation"): two earlier messages beat one or three. A long earlier
-# message lends only its start: context says what was being talked about.
-CONTEXT_MESSAGES = 2
-CONTEXT_CHARS_PER_MESSAGE = 2000
 
 
 def to_ts(at: datetime) -> float:
@@ -56,48 +45,9 @@ def clean_text(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-def index_terms(text: str) -> str:
-    """The FTS text of a stored item: `proxy.terms.index_text` of its first INDEX_MAX_CHARS."""
-    return index_text(text[:INDEX_MAX_CHARS])
-
-
-def context_terms(before: Sequence[str]) -> str:
-    """A message's context column: the start of each earlier message's index terms, in order
-    (one with no terms, emoji only, adds no empty token)."""
-    return " ".join(_head(terms, CONTEXT_CHARS_PER_MESSAGE) for terms in before if terms)
-
-
-def _head(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return text[: cut if cut > 0 else limit]
-
-
-def entity_terms(name: str, type_: str, description: str, aliases: Sequence[str] = ()) -> tuple[str, str, str]:
-    """The entities_fts columns of an entity: (name and aliases, type, description)."""
-    return index_terms(" ".join([name, *aliases])), index_terms(type_), index_terms(description)
-
-
-def reasoning_terms(task: str, steps: Sequence[ReasoningStep], answer: str) -> str:
-    """The reasoning_fts text of a trace: task, each call and result, answer."""
-    parts = [task, *(f"{s.name} {s.arguments} {s.result}" for s in steps), answer]
-    return index_terms(" ".join(parts))
-
-
 def json_tuple(stored: str) -> tuple[Any, ...]:
     """A stored JSON list as a tuple (most are empty: read without the parser)."""
     return () if stored == "[]" else tuple(json.loads(stored))
-
-
-def steps_json(steps: Sequence[ReasoningStep]) -> str:
-    """The stored form of a trace's steps."""
-    return json.dumps([{"name": s.name, "arguments": s.arguments, "result": s.result} for s in steps])
-
-
-def steps_from_json(stored: str) -> tuple[ReasoningStep, ...]:
-    """A trace's steps from their stored form (`result` may be missing)."""
-    return tuple(ReasoningStep(s["name"], s["arguments"], s.get("result", "")) for s in json.loads(stored))
 
 
 # --- rows to models ------------------------------------------------------------------
@@ -143,50 +93,8 @@ def trace_from_row(row: sqlite3.Row) -> ReasoningTrace:
                           from_ts(row["created_at"]))
 
 
-def _with_agent(record: dict[str, Any], agent: str | None) -> dict[str, Any]:
-    if agent is not None:
-        record["agent_id"] = agent
-    return record
-
-
-def export_conversation(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `conversation` record."""
-    record = {"kind": "conversation", "id": row["id"], "created_at": iso(row["created_at"]),
-              "last_active_at": iso(row["last_active_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_message(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `message` record."""
-    record = {"kind": "message", "id": row["id"], "conversation_id": row["conversation_id"], "role": row["role"],
-              "content": row["content"], "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_entity(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `entity` record."""
-    e = entity_from_row(row)
-    record = {"kind": "entity", "id": e.id, "name": e.name, "type": e.type, "description": e.description,
-              "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
-              "aliases": list(e.aliases), "provenance": list(e.provenance),
-              "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_relationship(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `relationship` record (entity names and ids)."""
-    record = {"kind": "relationship", "id": row["id"], "from": row["from_name"], "type": row["type"],
-              "to": row["to_name"], "from_id": row["from_id"], "to_id": row["to_id"],
-              "valid_from": iso(row["valid_from"]), "invalid_at": iso(row["invalid_at"]),
-              "provenance": json.loads(row["provenance"]), "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
-
-
-def export_reasoning(row: sqlite3.Row) -> dict[str, Any]:
-    """The export record `reasoning` record."""
-    record = {"kind": "reasoning", "id": row["id"], "conversation_id": row["conversation_id"], "task": row["task"],
-              "steps": json.loads(row["steps"]), "answer": row["answer"], "created_at": iso(row["created_at"])}
-    return _with_agent(record, row["agent_id"])
+# The export's records of these rows.
+EXPORT = ExportRecords(iso, from_ts, entity_from_row)
 
 
 def agent_clause(scope: Scope, alias: str, *, per_agent: bool = False) -> tuple[str, list[Any]]:

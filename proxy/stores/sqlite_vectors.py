@@ -15,12 +15,7 @@ from typing import Any, TypeVar
 
 from proxy.models import Scope
 from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
-from proxy.stores.sqlite_rows import (
-    entity_from_row,
-    message_from_row,
-    now_ts,
-    trace_from_row,
-)
+from proxy.stores.sqlite_rows import entity_from_row, message_from_row, now_ts, trace_from_row
 from proxy.stores.vector_sql import table_of
 
 T = TypeVar("T")

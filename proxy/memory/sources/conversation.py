@@ -13,7 +13,7 @@ from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, normalised, to_hits
 from proxy.memory.sources.no_memory import carries_memory, non_answer
 from proxy.models import Hit, StoredMessage
-from proxy.stores.base import Store
+from proxy.stores.base import RecallReads
 
 SOURCE = "conversation"
 # The request may show many of the best matches; asking for that many more keeps enough
@@ -26,7 +26,7 @@ def candidate_limit(q: SourceQuery) -> int:
     return min(MAX_CANDIDATES, q.candidates + len(q.visible) + 1)
 
 
-async def search(store: Store, q: SourceQuery) -> list[Hit]:
+async def search(store: RecallReads, q: SourceQuery) -> list[Hit]:
     """Matching messages of `q.conversation_id` that the request does not already show."""
     if q.new_conversation:
         return []  # a conversation the store has nothing of: no search to make

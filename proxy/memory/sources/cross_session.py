@@ -15,12 +15,12 @@ from proxy.memory.sources.conversation import (
     candidate_limit, message_hit, message_id, message_text, says_something,
 )
 from proxy.models import Hit, StoredMessage
-from proxy.stores.base import Store
+from proxy.stores.base import RecallReads
 
 SOURCE = "cross-session"
 
 
-async def search(store: Store, q: SourceQuery, conversations: int | None) -> list[Hit]:
+async def search(store: RecallReads, q: SourceQuery, conversations: int | None) -> list[Hit]:
     """Matching messages of other conversations, best first."""
     if conversations == 0:
         return []

@@ -20,7 +20,7 @@ from proxy.memory.redact import redact
 from proxy.memory.sources import FILLER, SourceQuery
 from proxy.memory.sources.long_term import EntityMatches
 from proxy.models import Entity, Hit, Relationship
-from proxy.stores.base import Store
+from proxy.stores.base import RecallReads
 from proxy.terms import terms
 
 log = logging.getLogger("memproxy.retrieval")
@@ -34,7 +34,7 @@ EDGES_READ = 50
 _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 
 
-async def expand(store: Store, q: SourceQuery, matches: EntityMatches, limit: int) -> list[Hit]:
+async def expand(store: RecallReads, q: SourceQuery, matches: EntityMatches, limit: int) -> list[Hit]:
     """Edges of the entities to expand, most query terms shared first, then the newest."""
     entities = matches.to_expand(limit)
     results = await asyncio.gather(

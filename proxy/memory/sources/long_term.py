@@ -16,7 +16,7 @@ from proxy.memory.block import SHORT_TEXT_CHARS, entity_line
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
-from proxy.stores.base import Store
+from proxy.stores.base import RecallReads
 from proxy.terms import terms
 
 SOURCE = "long-term"
@@ -48,7 +48,7 @@ class EntityMatches:
         return entities[:max(0, limit)]
 
 
-async def find(store: Store, q: SourceQuery) -> EntityMatches:
+async def find(store: RecallReads, q: SourceQuery) -> EntityMatches:
     """The relevant entities of the query, with the user's node for a first-person question."""
 
     async def search(terms: Sequence[str], limit: int) -> list[tuple[Entity, float]]:

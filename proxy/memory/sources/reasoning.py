@@ -11,12 +11,12 @@ from proxy.memory.block import reasoning_line
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import Found, SourceQuery, lexical, to_hits
 from proxy.models import Hit, ReasoningTrace
-from proxy.stores.base import Store
+from proxy.stores.base import RecallReads
 
 SOURCE = "reasoning"
 
 
-async def search(store: Store, q: SourceQuery) -> list[Hit]:
+async def search(store: RecallReads, q: SourceQuery) -> list[Hit]:
     """Traces matching the query, best first."""
 
     async def search(terms: Sequence[str], limit: int) -> list[tuple[ReasoningTrace, float]]:
