@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from proxy.memory.tools import MemoryTools
 from proxy.models import AssistantMessage, Transcript
 from proxy.scope import RequestScope
 
@@ -20,6 +21,7 @@ class Recall:
     block: str | None = None
     injected: int = 0
     turn_key: str | None = None
+    tools: MemoryTools | None = None  # tools mode: the memory calls the model may make
 
     def __init__(self, status: str = "off") -> None:
         self.status = status

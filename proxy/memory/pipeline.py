@@ -22,6 +22,7 @@ from proxy.memory.breaker import CircuitBreaker
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact
 from proxy.memory.sources import edges
+from proxy.memory.tools import MemoryTools
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, ReasoningStep, Scope, Transcript
@@ -154,8 +155,23 @@ class MemoryService:
                                                  retry_window_s=self.memory.retry_window_s)
         parts = await saved(request, self.memory.block_header) if persist else Saved()
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response)
+        if resolved.mode == "tools" and status == "ok":
+            recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
+                                       recall.logged_query, persist)
         recall.started(now)
         return recall
+
+    def _searcher(self, scope: Scope, request: Transcript, identity: TurnIdentity) -> Any:
+        """query_memory's search: inject mode's retrieval, in the request's scope and conversation; what
+        the request shows the model (its prompt too, saved before the model asks) is never found again."""
+        header = self.memory.block_header
+        shown = (user_text(request, header), *visible_texts(request, header), *identity.shown)
+        visible = tuple(edges(text, QUERY_EDGE_CHARS) for text in shown)
+
+        async def search(text: str, limit: int) -> Retrieved:
+            query = Query(edges(text, QUERY_EDGE_CHARS), identity.conversation_id, visible, min(limit, 12))
+            return await self.retriever.retrieve(scope, query)
+        return search
 
     async def _identify(self, scope: Scope, request: Transcript, now: datetime, digest: str) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
@@ -163,6 +179,8 @@ class MemoryService:
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
                      resolved: RequestScope, answer_by: float) -> Retrieved:
+        if resolved.mode == "tools":
+            return Retrieved()  # the model asks memory itself
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
@@ -275,7 +293,8 @@ class TurnRecall(Recall):
                                            self._generation))
             if saved is not None and self._service.pending is not None:
                 self._service.pending.saving(self._scope.user, saved)
-        if not self._log.get("cache") and self.status == "ok":
+        # In tools mode the injection log holds what the model's queries found (logged_query).
+        if not self._log.get("cache") and self.status == "ok" and self.tools is None:
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
                                    self._generation))
 
@@ -302,6 +321,11 @@ class TurnRecall(Recall):
             answer_hash=text_hash(answer),
             generation=self._generation,
         ), urgent=True)
+
+    def logged_query(self, block: str, injected: int, entry: dict[str, Any]) -> None:
+        """A query_memory call's hits go to the injection log (the turn's first query is kept)."""
+        self._submit(SaveBlock(self._scope, self.turn_key, block, injected, entry, datetime.now(timezone.utc),
+                               self._generation))
 
     def failed(self, status: str) -> None:
         self._ended(status)

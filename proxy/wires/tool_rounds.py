@@ -1,0 +1,79 @@
+"""Tools mode's seam with a wire: what the step loop asks of each wire's tool format.
+
+A wire's tools module (`<wire>_tools.py`) offers the memory tools in its own tool format,
+reads a round's answer into a Round, writes the round's exchange (its output with only
+the memory calls, then one result per call) for the next request, and merges the rounds
+into one answer for the client: a JSON body, or a stream filtered event by event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.models import ToolCall
+from proxy.wires.sse import SSEEvent
+
+# Between the text of two rounds, in a JSON answer and in a stream alike.
+ROUND_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One provider answer in a tools-mode loop, as the loop needs it."""
+
+    memory_calls: tuple[ToolCall, ...]  # calls of the memory tools memproxy offered
+    text: str  # the round's text, as the client reads it
+    output: Any  # the wire's own form of the round's output (for its exchange)
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A memory call's result as it goes back to the model."""
+
+    call: ToolCall
+    text: str
+    error: bool = False
+
+
+class StreamRound(Protocol):
+    """Filters one round's events: text goes to the client at once, the rest waits."""
+
+    def feed(self, event: SSEEvent) -> bytes:
+        """The bytes of this event the client gets now (b"": withheld)."""
+
+    def finish(self) -> Round:
+        """The round, once its stream ended."""
+
+    def tail(self) -> bytes:
+        """The withheld end of the last round: its app calls, its end events."""
+
+    @property
+    def failed(self) -> bool:
+        """True when the round's stream carried the provider's error (forwarded as it came)."""
+
+
+class ToolFormat(Protocol):
+    """One wire's tool format, for the step loop of tools mode."""
+
+    def offer(self, body: dict[str, Any], names: tuple[str, ...],
+              schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
+        """The body with the memory tools added, and the names offered (a client tool of the same name wins)."""
+
+    def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
+        """The body of a round: the request, then the exchanges so far; tool use forbidden for the last one."""
+
+    def exchange(self, round_: Round, outcomes: list[CallOutcome]) -> list[Any]:
+        """What follows the request for the provider after this round: its memory calls and their results."""
+
+    def read_json(self, doc: dict[str, Any], offered: frozenset[str]) -> Round | None:
+        """A JSON answer's round; None when it is not one the loop can read."""
+
+    def merged_json(self, last: dict[str, Any], texts: list[str], offered: frozenset[str]) -> bytes:
+        """The client's JSON answer: the last round's, the earlier rounds' text in front of its own."""
+
+    def stream_state(self) -> Any:
+        """What the rounds of one stream share (the client-visible id, what was sent already)."""
+
+    def stream_round(self, state: Any, offered: frozenset[str], *, first: bool) -> StreamRound:
+        """A filter for the events of one round of a stream."""
