@@ -25,6 +25,10 @@ class Recall:
 
     def __init__(self, status: str = "off") -> None:
         self.status = status
+        # Tools mode: call id -> the memory exchange of the loop's step that made the call (stored),
+        # and this step's own (JSON), kept with its app calls when its answer is recorded.
+        self.echoes: dict[str, str] = {}
+        self.exchange: str | None = None
 
     @property
     def active(self) -> bool:

@@ -62,6 +62,14 @@ def raw_stream(proxy: Any, messages: list[dict[str, Any]]) -> bytes:
     return response.content
 
 
+def messages_bytes(body: bytes) -> bytes:
+    """The `messages` array of a request body, as the bytes sent."""
+    text = body.decode("utf-8")
+    start = text.index('"messages":') + len('"messages":')
+    _, end = json.JSONDecoder().raw_decode(text, start)
+    return text[start:end].encode("utf-8")
+
+
 def saved_messages(proxy: Any, user: str = "alice") -> list[tuple[str, str]]:
     with proxy.http() as http:
         conversations = http.get(api_url(user, "conversations")).json()["data"]
@@ -187,6 +195,14 @@ def test_app_tool_and_memory_tool_in_one_round(tproxy, fake):
         message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_app2", "content": "4 C"}])
     assert step.headers["x-memory-turn"] == raw.headers["x-memory-turn"]
     assert step.parse().choices[0].message.content == "It is 4 degrees in Oslo."
+    # In place of the echoed answer the model sees what it saw: the memory exchange, byte for byte,
+    # then its own last output, then the app's result.
+    round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
+    assert next_step.startswith(round_two[:-1] + b",")
+    assert json.loads(next_step)[3:] == [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_app2", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_app2", "content": "4 C"}]
     assert eventually(lambda: saved_messages(tproxy) == [("user", "weather at home?"),
                                                          ("assistant", "It is 4 degrees in Oslo.")])
 
@@ -202,6 +218,25 @@ def test_app_tool_and_memory_tool_stream(tproxy, fake):
     assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls] == [
         ("call_app2", "get_weather", '{"city": "Bergen"}')]
     assert final.choices[0].finish_reason == "tool_calls"
+
+
+def test_next_step_after_a_streamed_step_carries_its_exchange(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round("Looking.", [call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round("Found it.", [call("call_app2", "get_weather", {"city": "Bergen"})]))
+    prompt = [{"role": "user", "content": "weather at home?"}]
+    _, final = streamed(tproxy, prompt, tools=[weather])
+    echo = final.choices[0].message.model_dump(exclude_none=True, exclude={"parsed", "refusal"})
+    assert echo["content"] == "Looking.\n\nFound it."
+    fake.queue(model_round("Rain in Bergen."))
+    _, last = streamed(tproxy, prompt + [echo, {"role": "tool", "tool_call_id": "call_app2", "content": "rain"}],
+                       tools=[weather])
+    assert last.choices[0].message.content == "Rain in Bergen."
+    round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
+    assert next_step.startswith(round_two[:-1] + b",")
+    assert [m.get("content") for m in json.loads(next_step)[3:]] == ["Found it.", "rain"]
+    assert eventually(lambda: saved_messages(tproxy) == [("user", "weather at home?"),
+                                                         ("assistant", "Rain in Bergen.")])
 
 
 def test_rounds_are_capped_then_tool_use_is_forbidden(make_proxy, fake):

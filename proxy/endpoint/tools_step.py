@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from proxy.exchange import Recall
 from proxy.errors import ProxyError, UpstreamProtocolError, UpstreamTimeout
 from proxy.memory.tools import NAMES, ROUNDS_USED, SCHEMAS, MemoryTools
 from proxy.metrics import Metrics
@@ -48,7 +49,7 @@ class ToolsStep:
     """The provider calls of one tools-mode request."""
 
     def __init__(self, upstream: Upstream, metrics: Metrics, fmt: ToolFormat, tools: MemoryTools, url: str,
-                 headers: list[tuple[bytes, bytes]], tool_rounds: int) -> None:
+                 headers: list[tuple[bytes, bytes]], tool_rounds: int, recall: Recall) -> None:
         self.upstream = upstream
         self.metrics = metrics
         self.fmt = fmt
@@ -56,9 +57,10 @@ class ToolsStep:
         self.url = url
         self.headers = headers
         self.tool_rounds = tool_rounds
+        self.recall = recall  # the earlier steps' exchanges come from it, this step's go to it
 
     def start(self, client_body: dict[str, Any]) -> Loop:
-        body, offered = self.fmt.offer(client_body, NAMES, SCHEMAS)
+        body, offered = self.fmt.offer(self.fmt.substitute(client_body, self.recall.echoes), NAMES, SCHEMAS)
         for name in NAMES:
             if name not in offered:
                 log.info("tools mode: the client has its own %s tool; memproxy leaves its own out", name)
@@ -86,10 +88,18 @@ class ToolsStep:
             if doc is None or round_ is None:
                 return Replayed(response, raw)  # not an answer the loop can read: the client gets it as it is
             if not round_.memory_calls or loop.forbidden:
+                self.keep_exchange(loop, round_)
                 body = self.fmt.merged_json(doc, loop.texts, loop.offered)
                 return Merged(response, body, loop.calls_ran)
             await self.answer_calls(loop, round_)
             response = await self.open(loop)
+
+    def keep_exchange(self, loop: Loop, last: Round) -> None:
+        """This step's memory rounds and its last round's output, for the loop's next step to put back
+        in place of the answer the client will echo (kept only with app calls: a final answer ends the turn)."""
+        if loop.exchanges:
+            items = [*loop.exchanges, last.answer]
+            self.recall.exchange = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
 
     async def answer_calls(self, loop: Loop, round_: Round) -> None:
         """Run (or refuse) a round's memory calls and add the round's exchange for the next request."""
@@ -138,6 +148,7 @@ class RoundsStream:
                 yield out
             round_ = filtered.finish()
             if filtered.failed or not round_.memory_calls or loop.forbidden:
+                self._step.keep_exchange(loop, round_)
                 yield filtered.tail()
                 return
             await self._step.answer_calls(loop, round_)

@@ -190,7 +190,7 @@ class ProxyEndpoint:
                 url = self.upstream.url(path, scope["query_string"], provider)
                 if tool_format is not None and recall.tools is not None and request is not None:
                     tools = ToolsStep(self.upstream, self.metrics, tool_format, recall.tools, url, upstream_headers,
-                                      self.settings.memory.tool_rounds)
+                                      self.settings.memory.tool_rounds, recall)
                     response = await _run_tools(tools, recall, request)
                 else:
                     step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)

@@ -114,6 +114,7 @@ class MemoryService:
         status = "ok"
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
+        echoes: dict[str, str] = {}  # tools mode: the memory exchanges of the loop's earlier steps
         digest = await history_digest(scope, request)
         if not self.breaker.allow():
             status = "degraded: circuit open"
@@ -133,6 +134,8 @@ class MemoryService:
                         reading = True
                         identity = await self._identify(scope, request, now, digest)
                         retrieved = await self._block(scope, request, identity, resolved, answer_by)
+                        if resolved.mode == "tools" and identity.existing is not None:
+                            echoes = await self.store.memory_exchanges(scope, request.tool_call_ids)
                 self.breaker.succeeded()
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
@@ -158,6 +161,7 @@ class MemoryService:
         if resolved.mode == "tools" and status == "ok":
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
                                        recall.logged_query, persist)
+            recall.echoes = echoes
         recall.started(now)
         return recall
 
@@ -306,8 +310,8 @@ class TurnRecall(Recall):
                                         self._previous_response, now), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
-            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation),
-                                urgent=True)
+            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation,
+                                                self.exchange), urgent=True)
         if message.continues:
             return None  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal

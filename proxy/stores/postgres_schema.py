@@ -445,8 +445,19 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_conversation ON responses(user_id, conversation_id);
 """
 
+# v7: reserved for the hooks' migration, merged from another branch (memproxy's own number
+# for it is given on merge).
+_V7 = """
+SELECT 1;
+"""
+
+# v8: tools mode keeps each step's memory exchange with the step's tool calls, as SQLite's v11.
+_V8 = """
+ALTER TABLE turn_tool_calls ADD COLUMN IF NOT EXISTS exchange text;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

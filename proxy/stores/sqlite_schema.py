@@ -381,8 +381,20 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_conversation ON responses(user_id, conversation_id);
 """
 
+# v10: reserved for the hooks' migration, merged from another branch (memproxy's own number
+# for it is given on merge).
+_V10 = """
+SELECT 1;
+"""
+
+# v11: tools mode keeps each step's memory exchange with the step's tool calls, so the next
+# step of the loop puts it back in place of the answer the client echoes (on any replica).
+_V11 = """
+ALTER TABLE turn_tool_calls ADD COLUMN exchange TEXT;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

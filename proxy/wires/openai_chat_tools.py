@@ -144,8 +144,11 @@ class ChatStreamRound:
         text = "".join(self._text)
         if text:
             self._state.text_sent = True
+        app = tuple(ToolCall(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self._calls.items())
+                    if not p.memory)
         output = {"role": "assistant", "content": text or None, "tool_calls": [_call_dict(c) for c in memory]}
-        return Round(memory, text, output)
+        answer = {"role": "assistant", "content": text or None, "tool_calls": [_call_dict(c) for c in app]}
+        return Round(memory, text, output, answer)
 
     def tail(self) -> bytes:
         app = [p for _, p in sorted(self._calls.items()) if not p.memory]
@@ -186,6 +189,16 @@ class ChatTools:
                                                    "parameters": schemas[name][1]}} for name in offered]
         return {**body, "tools": [*tools, *added]}, frozenset(offered)
 
+    def substitute(self, body: dict[str, Any], echoes: dict[str, str]) -> dict[str, Any]:
+        messages = body.get("messages")
+        if not echoes or not isinstance(messages, list):
+            return body
+        out: list[Any] = []
+        for message in messages:
+            stored = _echoed(message, echoes)
+            out += json.loads(stored) if stored is not None else [message]
+        return {**body, "messages": out}
+
     def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
         messages = body.get("messages")
         out = {**body, "messages": [*(messages if isinstance(messages, list) else []), *exchanges]}
@@ -206,9 +219,11 @@ class ChatTools:
         memory = [c for c in calls if _function_name(c) in offered]
         content = message.get("content")
         text = content if isinstance(content, str) else ""
-        # The provider's own message, only its memory calls kept: what the model said, as it said it.
+        # The provider's own message, only its memory calls kept (or only its app calls, as the
+        # step's last round): what the model said, as it said it.
         output = {**message, "tool_calls": memory}
-        return Round(tuple(_call(c) for c in memory), text, output)
+        answer = {**message, "tool_calls": [c for c in calls if c not in memory]}
+        return Round(tuple(_call(c) for c in memory), text, output, answer)
 
     def merged_json(self, last: dict[str, Any], texts: list[str], offered: frozenset[str]) -> bytes:
         choices = last.get("choices")
@@ -222,6 +237,15 @@ class ChatTools:
 
     def stream_round(self, state: ChatStreamState, offered: frozenset[str], *, first: bool) -> ChatStreamRound:
         return ChatStreamRound(state, offered, first)
+
+
+def _echoed(message: Any, echoes: dict[str, str]) -> str | None:
+    """The stored exchange an assistant message echoes (by its calls' ids), if any."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return None
+    calls = message.get("tool_calls")
+    ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    return next((echoes[i] for i in ids if isinstance(i, str) and i in echoes), None)
 
 
 def _message(doc: dict[str, Any]) -> dict[str, Any] | None:

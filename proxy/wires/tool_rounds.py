@@ -24,7 +24,8 @@ class Round:
 
     memory_calls: tuple[ToolCall, ...]  # calls of the memory tools memproxy offered
     text: str  # the round's text, as the client reads it
-    output: Any  # the wire's own form of the round's output (for its exchange)
+    output: Any  # the wire's own form of the round's output with its memory calls (for its exchange)
+    answer: Any  # the same output with its app calls instead, as the last round of a step
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class ToolFormat(Protocol):
     def offer(self, body: dict[str, Any], names: tuple[str, ...],
               schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
         """The body with the memory tools added, and the names offered (a client tool of the same name wins)."""
+
+    def substitute(self, body: dict[str, Any], echoes: dict[str, str]) -> dict[str, Any]:
+        """The body with each echoed answer of an earlier step (found by its app-call ids) replaced by
+        that step's stored exchange (`echoes`: call id -> JSON list of the wire's items)."""
 
     def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
         """The body of a round: the request, then the exchanges so far; tool use forbidden for the last one."""
