@@ -38,7 +38,7 @@ class Loop:
     offered: frozenset[str]
     rounds_allowed: int
     exchanges: list[Any]
-    texts: list[str]
+    rounds: list[Round]  # the rounds whose memory calls were answered
     rounds_run: int = 0  # rounds whose memory calls ran
     refused: bool = False  # a round's memory calls got the error result
     forbidden: bool = False  # the next round is the last, with tool use forbidden
@@ -89,7 +89,7 @@ class ToolsStep:
                 return Replayed(response, raw)  # not an answer the loop can read: the client gets it as it is
             if not round_.memory_calls or loop.forbidden:
                 self.keep_exchange(loop, round_)
-                body = self.fmt.merged_json(doc, loop.texts, loop.offered)
+                body = self.fmt.merged_json(doc, loop.rounds, loop.offered)
                 return Merged(response, body, loop.calls_ran)
             await self.answer_calls(loop, round_)
             response = await self.open(loop)
@@ -112,7 +112,7 @@ class ToolsStep:
             loop.forbidden = loop.refused
             loop.refused = True
             outcomes = [CallOutcome(call, f"Error: {ROUNDS_USED}", True) for call in round_.memory_calls]
-        loop.texts.append(round_.text)
+        loop.rounds.append(round_)
         loop.exchanges += self.fmt.exchange(round_, outcomes)
 
     async def run_call(self, call: Any) -> CallOutcome:

@@ -28,6 +28,7 @@ from proxy.settings import Settings
 from proxy.side_requests import RequestFacts, SideRequests
 from proxy.upstream import Upstream, provider_for, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
+from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools
@@ -57,7 +58,7 @@ class ProxyEndpoint:
             "/responses": OpenAIResponses(settings.scope.context_tags),
         }
         # Each wire's tool format for tools mode, by the same path.
-        self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools()}
+        self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools()}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"]}

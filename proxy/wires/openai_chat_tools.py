@@ -225,7 +225,8 @@ class ChatTools:
         answer = {**message, "tool_calls": [c for c in calls if c not in memory]}
         return Round(tuple(_call(c) for c in memory), text, output, answer)
 
-    def merged_json(self, last: dict[str, Any], texts: list[str], offered: frozenset[str]) -> bytes:
+    def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
+        texts = [round_.text for round_ in earlier]
         choices = last.get("choices")
         choices = choices if isinstance(choices, list) else []
         merged = [_merged_choice(c, texts, offered) if isinstance(c, dict) and c.get("index", 0) == 0 else c

@@ -74,7 +74,7 @@ class ToolFormat(Protocol):
     def read_json(self, doc: dict[str, Any], offered: frozenset[str]) -> Round | None:
         """A JSON answer's round; None when it is not one the loop can read."""
 
-    def merged_json(self, last: dict[str, Any], texts: list[str], offered: frozenset[str]) -> bytes:
+    def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         """The client's JSON answer: the last round's, the earlier rounds' text in front of its own."""
 
     def stream_state(self) -> Any:
