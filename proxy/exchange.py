@@ -29,6 +29,10 @@ class Recall:
         # and this step's own (JSON), kept with its app calls when its answer is recorded.
         self.echoes: dict[str, str] = {}
         self.exchange: str | None = None
+        # Tools mode, Responses wire: the provider's id of the response the request continues, and
+        # of this step's last round (the client may have seen its first round's id).
+        self.provider_response: str | None = None
+        self.provider_id: str | None = None
 
     @property
     def active(self) -> bool:

@@ -60,7 +60,8 @@ class ToolsStep:
         self.recall = recall  # the earlier steps' exchanges come from it, this step's go to it
 
     def start(self, client_body: dict[str, Any]) -> Loop:
-        body, offered = self.fmt.offer(self.fmt.substitute(client_body, self.recall.echoes), NAMES, SCHEMAS)
+        body, offered = self.fmt.offer(
+            self.fmt.substitute(client_body, self.recall.echoes, self.recall.provider_response), NAMES, SCHEMAS)
         for name in NAMES:
             if name not in offered:
                 log.info("tools mode: the client has its own %s tool; memproxy leaves its own out", name)
@@ -98,8 +99,8 @@ class ToolsStep:
         """This step's memory rounds and its last round's output, for the loop's next step to put back
         in place of the answer the client will echo (kept only with app calls: a final answer ends the turn)."""
         if loop.exchanges:
-            items = [*loop.exchanges, last.answer]
-            self.recall.exchange = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+            self.recall.exchange = self.fmt.kept(loop.exchanges, loop.rounds, last)
+            self.recall.provider_id = last.provider_id
 
     async def answer_calls(self, loop: Loop, round_: Round) -> None:
         """Run (or refuse) a round's memory calls and add the round's exchange for the next request."""

@@ -33,6 +33,7 @@ from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools
 from proxy.wires.openai_responses import OpenAIResponses
+from proxy.wires.openai_responses_tools import ResponsesTools
 from proxy.wires.tool_rounds import ToolFormat
 
 log = logging.getLogger("memproxy.request")
@@ -58,7 +59,8 @@ class ProxyEndpoint:
             "/responses": OpenAIResponses(settings.scope.context_tags),
         }
         # Each wire's tool format for tools mode, by the same path.
-        self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools()}
+        self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools(),
+                                                    "/responses": ResponsesTools()}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"]}

@@ -115,6 +115,7 @@ class MemoryService:
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
         echoes: dict[str, str] = {}  # tools mode: the memory exchanges of the loop's earlier steps
+        provider: str | None = None  # tools mode: the provider's id of the response the request continues
         digest = await history_digest(scope, request)
         if not self.breaker.allow():
             status = "degraded: circuit open"
@@ -136,6 +137,8 @@ class MemoryService:
                         retrieved = await self._block(scope, request, identity, resolved, answer_by)
                         if resolved.mode == "tools" and identity.existing is not None:
                             echoes = await self.store.memory_exchanges(scope, request.tool_call_ids)
+                        if resolved.mode == "tools" and request.previous_response is not None:
+                            provider = await self.store.provider_response(scope, request.previous_response)
                 self.breaker.succeeded()
             except TimeoutError:
                 if reading:  # one that timed out waiting for its turn learnt nothing about the store
@@ -162,6 +165,7 @@ class MemoryService:
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
                                        recall.logged_query, persist)
             recall.echoes = echoes
+            recall.provider_response = provider
         recall.started(now)
         return recall
 
@@ -307,7 +311,7 @@ class TurnRecall(Recall):
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
         if message.response_id:
             self._submit(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
-                                        self._previous_response, now), urgent=True)
+                                        self._previous_response, now, self.provider_id), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation,

@@ -91,6 +91,9 @@ class RecordResponse:
     conversation_id: str
     parent_id: str | None
     at: datetime
+    # Tools mode: the provider's id of the last round, when the client saw the first round's id:
+    # what the provider continues from when a request names `response_id`.
+    provider_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -363,6 +366,9 @@ class Store(Protocol):
 
     async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
         """The conversation of a recorded response id and its chain's messages; None if unknown."""
+
+    async def provider_response(self, scope: Scope, response_id: str) -> str | None:
+        """The provider's own id recorded for a response id the client saw (tools mode), if any."""
 
     async def memory_exchanges(self, scope: Scope, call_ids: Sequence[str]) -> dict[str, str]:
         """call id -> the memory exchange recorded with it (tools mode), for those of `call_ids` that have one."""

@@ -251,6 +251,12 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
             turn = replace(turn, block=None, injected=0)
         return FoundTurn(turn, row["generation"])
 
+    async def provider_response(self, scope: Scope, response_id: str) -> str | None:
+        """The provider's own id recorded for a response id the client saw (tools mode), if any."""
+        rows = await self._fetch("SELECT provider_id FROM responses WHERE user_id = $1 AND response_id = $2",
+                                 [scope.user, clean_text(response_id)])
+        return rows[0]["provider_id"] if rows else None
+
     async def memory_exchanges(self, scope: Scope, call_ids: Sequence[str]) -> dict[str, str]:
         """call id -> the memory exchange recorded with it (tools mode), for those that have one."""
         if not call_ids:

@@ -166,10 +166,11 @@ async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
 async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
     """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
     await conn.execute(
-        "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at)"
-        " SELECT user_id, $1, turn_key, conversation_id, $2, $3 FROM turns WHERE user_id = $4 AND turn_key = $5"
+        "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at, provider_id)"
+        " SELECT user_id, $1, turn_key, conversation_id, $2, $3, $6 FROM turns WHERE user_id = $4 AND turn_key = $5"
         " ON CONFLICT DO NOTHING",
         clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), utc(op.at), op.scope.user, op.turn_key,
+        op.provider_id and clean_text(op.provider_id),
     )
 
 

@@ -451,9 +451,11 @@ _V7 = """
 SELECT 1;
 """
 
-# v8: tools mode keeps each step's memory exchange with the step's tool calls, as SQLite's v11.
+# v8: tools mode keeps each step's memory exchange with the step's tool calls, and the
+# provider's id of a response whose client saw another, as SQLite's v11.
 _V8 = """
 ALTER TABLE turn_tool_calls ADD COLUMN IF NOT EXISTS exchange text;
+ALTER TABLE responses ADD COLUMN IF NOT EXISTS provider_id text;
 """
 
 # Append only: a released script never changes; a schema change is a new script.

@@ -218,11 +218,11 @@ class Batch:
     def record_response(self, op: RecordResponse) -> None:
         """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
         self._run(
-            "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at)"
-            " SELECT user_id, ?, turn_key, conversation_id, ?, ? FROM turns WHERE user_id = ? AND turn_key = ?"
-            " ON CONFLICT DO NOTHING",
-            (clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), to_ts(op.at), op.scope.user,
-             op.turn_key),
+            "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at,"
+            " provider_id) SELECT user_id, ?, turn_key, conversation_id, ?, ?, ? FROM turns WHERE user_id = ?"
+            " AND turn_key = ? ON CONFLICT DO NOTHING",
+            (clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), to_ts(op.at),
+             op.provider_id and clean_text(op.provider_id), op.scope.user, op.turn_key),
         )
 
     def set_turn_status(self, op: SetTurnStatus) -> None:

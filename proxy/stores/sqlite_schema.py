@@ -388,9 +388,11 @@ SELECT 1;
 """
 
 # v11: tools mode keeps each step's memory exchange with the step's tool calls, so the next
-# step of the loop puts it back in place of the answer the client echoes (on any replica).
+# step of the loop puts it back in place of the answer the client echoes (on any replica),
+# and the provider's id of a response whose client saw another (its first round's).
 _V11 = """
 ALTER TABLE turn_tool_calls ADD COLUMN exchange TEXT;
+ALTER TABLE responses ADD COLUMN provider_id TEXT;
 """
 
 # Append only: a released script never changes; a schema change is a new script.

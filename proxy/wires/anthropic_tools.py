@@ -188,7 +188,11 @@ class MessagesTools:
                  for name in offered]
         return {**body, "tools": [*tools, *added]}, frozenset(offered)
 
-    def substitute(self, body: dict[str, Any], echoes: dict[str, str]) -> dict[str, Any]:
+    def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
+        return json.dumps([*exchanges, last.answer], ensure_ascii=False, separators=(",", ":"))
+
+    def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
+                   ) -> dict[str, Any]:
         messages = body.get("messages")
         if not echoes or not isinstance(messages, list):
             return body

@@ -26,6 +26,7 @@ class Round:
     text: str  # the round's text, as the client reads it
     output: Any  # the wire's own form of the round's output with its memory calls (for its exchange)
     answer: Any  # the same output with its app calls instead, as the last round of a step
+    provider_id: str | None = None  # the provider's id of the round's response, where the wire has one
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,14 @@ class ToolFormat(Protocol):
               schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
         """The body with the memory tools added, and the names offered (a client tool of the same name wins)."""
 
-    def substitute(self, body: dict[str, Any], echoes: dict[str, str]) -> dict[str, Any]:
+    def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
+                   ) -> dict[str, Any]:
         """The body with each echoed answer of an earlier step (found by its app-call ids) replaced by
-        that step's stored exchange (`echoes`: call id -> JSON list of the wire's items)."""
+        that step's stored exchange (`echoes`: call id -> what `kept` wrote), and the response it
+        continues named by the provider's own id (where the wire has response ids)."""
+
+    def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
+        """What the store keeps of a step for `substitute`: its exchanges and its last round's output."""
 
     def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
         """The body of a round: the request, then the exchanges so far; tool use forbidden for the last one."""
