@@ -13,8 +13,8 @@ import pytest
 
 from proxy.memory.tools import NOTHING_FOUND, ROUNDS_USED
 from tests.api_helpers import api_url
-from tests.fake_upstream import JsonReply, model_round
-from tests.proxy_db import eventually, store_path
+from tests.fake_upstream import JsonReply, SSEReply, model_round, stream_events
+from tests.proxy_db import eventually, rows, store_path
 
 TOOLS = {"X-Memory-User": "alice", "X-Memory-Mode": "tools"}
 HELIX = "My favourite editor is Helix"
@@ -104,6 +104,12 @@ def test_query_then_answer_json(tproxy, fake):
     assert HELIX in result["content"]
     assert eventually(lambda: saved_messages(tproxy) == [("user", "which editor do I like?"),
                                                          ("assistant", "You like Helix.")])
+    # The query's hits are in the injection log, under the turn, as inject mode's block would be.
+    with tproxy.http() as http:
+        logged = http.get(api_url("alice", "injections")).json()["data"]
+    assert [(e["turn_id"], e["injected"], e["log"]["tool_query"]) for e in logged] == [
+        (raw.headers["x-memory-turn"], 1, "favourite editor")]
+    assert logged[0]["log"]["hits"][0]["source"] == "long-term"
 
 
 def test_query_then_answer_stream(tproxy, fake):
@@ -328,3 +334,19 @@ def test_an_unknown_mode_is_400(tproxy, fake):
                              headers={"x-memory-user": "alice", "x-memory-mode": "agentic"})
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "X-Memory-Mode must be inject, tools or off"
+
+
+def test_a_client_that_leaves_cancels_the_round_in_flight(tproxy, fake):
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               SSEReply(stream_events("never finished", pieces=2), stall_after=2))
+    with tproxy.http() as http:
+        with http.stream("POST", "/v1/chat/completions", headers=TOOLS, json={
+                "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as response:
+            seen = b""
+            for chunk in response.iter_raw():
+                seen += chunk
+                if b"never" in seen:
+                    break
+    assert len(fake.chat_requests()) == 2
+    assert fake.wait_closed()  # the second round's upstream request was cancelled
+    assert eventually(lambda: rows(tproxy, "SELECT status FROM turns") == [("client_aborted",)])

@@ -127,3 +127,13 @@ def test_store_false_asks_for_encrypted_reasoning(tproxy, fake):
     fake.queue(model_round([message_item("Hi.")]))
     tproxy.client(**TOOLS).responses.create(model="m", input="hi", store=False)
     assert sent(fake)[0]["include"] == ["reasoning.encrypted_content"]
+
+
+def test_with_previous_response_id_the_rounds_are_chained_on_the_provider(tproxy, fake):
+    fake.queue(model_round([query("call_q1")], "resp_r1"), model_round([message_item("Nothing known.")], "resp_r2"))
+    answer = tproxy.client(**TOOLS).responses.create(model="m", input="which editor?", previous_response_id="resp_0")
+    assert answer.output_text == "Nothing known." and answer.id == "resp_r2"
+    first, second = sent(fake)
+    assert first["previous_response_id"] == "resp_0"
+    assert second["previous_response_id"] == "resp_r1"
+    assert second["input"] == [{"type": "function_call_output", "call_id": "call_q1", "output": NOTHING_FOUND}]

@@ -76,7 +76,7 @@ class ToolsStep:
         return await self._json(loop, response)
 
     async def open(self, loop: Loop) -> UpstreamResponse:
-        body = self.fmt.next_request(loop.body, loop.exchanges, tools_forbidden=loop.forbidden)
+        body = self.fmt.next_request(loop.body, loop.exchanges, loop.rounds, tools_forbidden=loop.forbidden)
         return await open_upstream(self.upstream, self.metrics, "POST", self.url, self.headers, body)
 
     async def _json(self, loop: Loop, response: UpstreamResponse) -> Any:

@@ -203,7 +203,8 @@ class ChatTools:
             out += json.loads(stored) if stored is not None else [message]
         return {**body, "messages": out}
 
-    def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
+    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
+                     tools_forbidden: bool) -> bytes:
         messages = body.get("messages")
         out = {**body, "messages": [*(messages if isinstance(messages, list) else []), *exchanges]}
         if tools_forbidden:

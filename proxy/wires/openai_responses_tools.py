@@ -211,10 +211,18 @@ class ResponsesTools:
             out += step["items"]
         return {**body, "input": out}
 
-    def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
-        items = body.get("input")
-        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
-        out = {**body, "input": [*(items if isinstance(items, list) else []), *exchanges]}
+    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
+                     tools_forbidden: bool) -> bytes:
+        last = rounds[-1] if rounds else None
+        if last is not None and last.provider_id is not None and body.get("previous_response_id"):
+            # The client chains on the provider: so do the rounds, each continuing the one before
+            # with its calls' outputs alone.
+            out = {**body, "previous_response_id": last.provider_id,
+                   "input": exchanges[len(exchanges) - len(last.memory_calls):]}
+        else:
+            items = body.get("input")
+            items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+            out = {**body, "input": [*(items if isinstance(items, list) else []), *exchanges]}
         if tools_forbidden:
             out["tool_choice"] = "none"
         return dump_json(out)

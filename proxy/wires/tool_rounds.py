@@ -71,8 +71,10 @@ class ToolFormat(Protocol):
     def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
         """What the store keeps of a step for `substitute`: its exchanges and its last round's output."""
 
-    def next_request(self, body: dict[str, Any], exchanges: list[Any], *, tools_forbidden: bool) -> bytes:
-        """The body of a round: the request, then the exchanges so far; tool use forbidden for the last one."""
+    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
+                     tools_forbidden: bool) -> bytes:
+        """The body of a round: the request, then the exchanges of `rounds` so far (or, where the wire
+        chains responses on the provider, a continuation of the last); tool use forbidden for the last."""
 
     def exchange(self, round_: Round, outcomes: list[CallOutcome]) -> list[Any]:
         """What follows the request for the provider after this round: its memory calls and their results."""
