@@ -50,6 +50,9 @@ class Recall:
         """The provider's final answer for this step; returns a commit to wait for."""
         return None
 
+    def rounds_done(self, tokens: dict[str, int]) -> None:
+        """Tools mode: the request's rounds ended, having used these tokens in all."""
+
     def failed(self, status: str) -> None:
         """The step ended without an answer (upstream error, cut stream, unparseable)."""
 

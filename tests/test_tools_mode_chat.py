@@ -104,12 +104,14 @@ def test_query_then_answer_json(tproxy, fake):
     assert HELIX in result["content"]
     assert eventually(lambda: saved_messages(tproxy) == [("user", "which editor do I like?"),
                                                          ("assistant", "You like Helix.")])
-    # The query's hits are in the injection log, under the turn, as inject mode's block would be.
+    # The query's hits are in the injection log, under the turn, as inject mode's block's would be.
     with tproxy.http() as http:
         logged = http.get(api_url("alice", "injections")).json()["data"]
-    assert [(e["turn_id"], e["injected"], e["log"]["tool_query"]) for e in logged] == [
-        (raw.headers["x-memory-turn"], 1, "favourite editor")]
+    assert [(e["turn_id"], e["injected"]) for e in logged] == [(raw.headers["x-memory-turn"], 1)]
+    assert logged[0]["log"]["tool_queries"] == [{"query": "favourite editor", "hits": 1}]
     assert logged[0]["log"]["hits"][0]["source"] == "long-term"
+    # Token totals over the rounds go to the log only; the client's usage is the last round's.
+    assert logged[0]["log"]["tokens"] == {"input_tokens": 75, "output_tokens": 9, "rounds": 2}
 
 
 def test_query_then_answer_stream(tproxy, fake):

@@ -97,10 +97,16 @@ class ToolsStep:
 
     def keep_exchange(self, loop: Loop, last: Round) -> None:
         """This step's memory rounds and its last round's output, for the loop's next step to put back
-        in place of the answer the client will echo (kept only with app calls: a final answer ends the turn)."""
+        in place of the answer the client will echo (kept only with app calls: a final answer ends the
+        turn); its queries and token totals over the rounds, for the injection log."""
         if loop.exchanges:
             self.recall.exchange = self.fmt.kept(loop.exchanges, loop.rounds, last)
             self.recall.provider_id = last.provider_id
+        totals: dict[str, int] = {}
+        for round_ in [*loop.rounds, last]:
+            for name, count in round_.tokens.items():
+                totals[name] = totals.get(name, 0) + count
+        self.recall.rounds_done({**totals, "rounds": len(loop.rounds) + 1})
 
     async def answer_calls(self, loop: Loop, round_: Round) -> None:
         """Run (or refuse) a round's memory calls and add the round's exchange for the next request."""

@@ -284,6 +284,7 @@ class TurnRecall(Recall):
         self.injected = retrieved.injected if self.block else 0
         self._log = retrieved.log
         self._ending: str | None = None
+        self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
 
     @property
     def active(self) -> bool:
@@ -331,7 +332,23 @@ class TurnRecall(Recall):
         ), urgent=True)
 
     def logged_query(self, block: str, injected: int, entry: dict[str, Any]) -> None:
-        """A query_memory call's hits go to the injection log (the turn's first query is kept)."""
+        """A query_memory call's hits, for the injection log (written when the request's rounds end)."""
+        self._queries.append((block, injected, entry))
+
+    def rounds_done(self, tokens: dict[str, int]) -> None:
+        """Tools mode: the request's rounds ended; its queries and token totals go to the injection log
+        as one entry (the turn's first such entry is kept, as inject mode's block)."""
+        if not self._queries:
+            return
+        first = self._queries[0][2]
+        entry = {**first, "hits": [hit for _, _, logged in self._queries for hit in logged.get("hits", [])],
+                 "budget_cut": any(logged.get("budget_cut") for _, _, logged in self._queries),
+                 "tool_queries": [{"query": logged.get("tool_query", ""), "hits": injected}
+                                  for _, injected, logged in self._queries],
+                 "tokens": tokens}
+        entry.pop("tool_query", None)
+        block = "\n\n".join(found for found, _, _ in self._queries if found)
+        injected = sum(count for _, count, _ in self._queries)
         self._submit(SaveBlock(self._scope, self.turn_key, block, injected, entry, datetime.now(timezone.utc),
                                self._generation))
 

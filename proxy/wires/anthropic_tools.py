@@ -17,7 +17,7 @@ from typing import Any
 from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.sse import SSEEvent, json_object
-from proxy.wires.tool_rounds import CallOutcome, Round
+from proxy.wires.tool_rounds import CallOutcome, Round, tokens
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -47,11 +47,12 @@ def _text(blocks: list[Any]) -> str:
     return "\n".join(t for t in texts if isinstance(t, str) and t)
 
 
-def _round(content: list[Any], offered: frozenset[str]) -> Round:
+def _round(content: list[Any], offered: frozenset[str], usage: Any = None) -> Round:
     memory = [b for b in content if _is_memory(b, offered)]
     output = {"role": "assistant", "content": [b for b in content if not _is_app_call(b, offered)]}
     answer = {"role": "assistant", "content": [b for b in content if not _is_memory(b, offered)]}
-    return Round(tuple(_call(b) for b in memory), _text(content), output, answer)
+    return Round(tuple(_call(b) for b in memory), _text(content), output, answer, None,
+                 tokens(usage, "input_tokens", "output_tokens"))
 
 
 def _shown(round_: Round) -> list[Any]:
@@ -135,7 +136,7 @@ class MessagesStreamRound:
 
     def finish(self) -> Round:
         content = [_rebuilt(parts) for _, parts in sorted(self._blocks.items())]
-        return _round(content, self._offered)
+        return _round(content, self._offered, {**self._usage, **_dict(_dict(self._delta).get("usage"))})
 
     def tail(self) -> bytes:
         out = []
@@ -219,7 +220,7 @@ class MessagesTools:
         content = doc.get("content")
         if doc.get("type") != "message" or not isinstance(content, list):
             return None
-        return _round(content, offered)
+        return _round(content, offered, doc.get("usage"))
 
     def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         content = [b for b in last.get("content") or [] if not _is_memory(b, offered)]

@@ -17,7 +17,7 @@ from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.openai_chat_answer import is_done
 from proxy.wires.sse import SSEEvent, json_object
-from proxy.wires.tool_rounds import ROUND_SEPARATOR, CallOutcome, Round
+from proxy.wires.tool_rounds import ROUND_SEPARATOR, CallOutcome, Round, tokens
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
@@ -148,7 +148,8 @@ class ChatStreamRound:
                     if not p.memory)
         output = {"role": "assistant", "content": text or None, "tool_calls": [_call_dict(c) for c in memory]}
         answer = {"role": "assistant", "content": text or None, "tool_calls": [_call_dict(c) for c in app]}
-        return Round(memory, text, output, answer)
+        usage = next((chunk["usage"] for chunk in reversed(self._end) if isinstance(chunk.get("usage"), dict)), None)
+        return Round(memory, text, output, answer, None, tokens(usage, "prompt_tokens", "completion_tokens"))
 
     def tail(self) -> bytes:
         app = [p for _, p in sorted(self._calls.items()) if not p.memory]
@@ -228,7 +229,8 @@ class ChatTools:
         # step's last round): what the model said, as it said it.
         output = {**message, "tool_calls": memory}
         answer = {**message, "tool_calls": [c for c in calls if c not in memory]}
-        return Round(tuple(_call(c) for c in memory), text, output, answer)
+        return Round(tuple(_call(c) for c in memory), text, output, answer, None,
+                     tokens(doc.get("usage"), "prompt_tokens", "completion_tokens"))
 
     def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         texts = [round_.text for round_ in earlier]

@@ -20,7 +20,7 @@ from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.openai_responses_answer import CLIENT_CALLS, output_text
 from proxy.wires.sse import SSEEvent, json_object
-from proxy.wires.tool_rounds import CallOutcome, Round
+from proxy.wires.tool_rounds import CallOutcome, Round, tokens
 
 _ENDS = ("response.completed", "response.failed", "response.incomplete")
 _OPENING = ("response.created", "response.in_progress", "response.queued")
@@ -43,13 +43,14 @@ def _is_app_call(item: Any, offered: frozenset[str]) -> bool:
     return isinstance(item, dict) and item.get("type") in CLIENT_CALLS and not _is_memory(item, offered)
 
 
-def _round(items: list[Any], offered: frozenset[str], provider_id: Any = None) -> Round:
+def _round(items: list[Any], offered: frozenset[str], provider_id: Any = None, usage: Any = None) -> Round:
     memory = [i for i in items if _is_memory(i, offered)]
     calls = tuple(ToolCall(str(i.get("call_id") or ""), str(i.get("name") or ""), str(i.get("arguments") or ""))
                   for i in memory)
     output = [i for i in items if not _is_app_call(i, offered)]
     answer = [i for i in items if not _is_memory(i, offered)]
-    return Round(calls, output_text(items), output, answer, provider_id if isinstance(provider_id, str) else None)
+    return Round(calls, output_text(items), output, answer, provider_id if isinstance(provider_id, str) else None,
+                 tokens(usage, "input_tokens", "output_tokens"))
 
 
 def _shown(round_: Round) -> list[Any]:
@@ -139,7 +140,7 @@ class ResponsesStreamRound:
         items = response.get("output")
         if not isinstance(items, list) or not items:
             items = [self._done[i] for i in sorted(self._done)]
-        return _round(items, self._offered, response.get("id"))
+        return _round(items, self._offered, response.get("id"), response.get("usage"))
 
     def tail(self) -> bytes:
         out = []
@@ -235,7 +236,7 @@ class ResponsesTools:
         items = doc.get("output")
         if doc.get("object") != "response" or doc.get("status") != "completed" or not isinstance(items, list):
             return None
-        return _round(items, offered, doc.get("id"))
+        return _round(items, offered, doc.get("id"), doc.get("usage"))
 
     def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         items = [i for i in last.get("output") or [] if not _is_memory(i, offered)]

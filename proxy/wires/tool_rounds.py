@@ -8,7 +8,7 @@ into one answer for the client: a JSON body, or a stream filtered event by event
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.models import ToolCall
@@ -27,6 +27,15 @@ class Round:
     output: Any  # the wire's own form of the round's output with its memory calls (for its exchange)
     answer: Any  # the same output with its app calls instead, as the last round of a step
     provider_id: str | None = None  # the provider's id of the round's response, where the wire has one
+    tokens: dict[str, int] = field(default_factory=dict)  # the round's input_tokens and output_tokens
+
+
+def tokens(usage: Any, input_key: str, output_key: str) -> dict[str, int]:
+    """A usage object's input and output token counts, named alike on every wire."""
+    if not isinstance(usage, dict):
+        return {}
+    found = {"input_tokens": usage.get(input_key), "output_tokens": usage.get(output_key)}
+    return {k: v for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 @dataclass(frozen=True)
