@@ -318,6 +318,24 @@ def test_a_later_round_refused_ends_the_stream_with_the_wire_error(tproxy, fake)
     assert "overloaded" in str(raised.value)
 
 
+def test_a_later_round_cut_short_ends_the_stream_with_the_wire_error(tproxy, fake):
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               SSEReply(stream_events("half an answ", done=False)))
+    body = raw_stream(tproxy, [{"role": "user", "content": "hi"}])
+    assert b"[DONE]" not in body
+    assert body.endswith(b'data: {"error":{"message":"upstream stream ended before completion","type":'
+                         b'"upstream_error","param":null,"code":"stream_truncated"}}\n\n')
+    assert eventually(lambda: rows(tproxy, "SELECT status FROM turns") == [("truncated",)])
+
+
+def test_a_provider_error_event_in_a_later_round_is_the_end(tproxy, fake):
+    error = b'data: {"error": {"message": "overloaded", "type": "server_error", "code": null}}\n\n'
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               SSEReply(stream_events("par", done=False)[:2] + [error]))
+    body = raw_stream(tproxy, [{"role": "user", "content": "hi"}])
+    assert b"[DONE]" not in body and body.endswith(error)
+
+
 def test_memory_mode_tools_in_config(make_proxy, fake):
     proxy = make_proxy(memory__mode="tools", extraction__from_roles=[])
     fake.queue(model_round("Hi."))

@@ -153,8 +153,13 @@ class RoundsStream:
             out = b"".join(filtered.feed(event) for event in decoder.feed(b"\n\n"))
             if out:
                 yield out
+            if not filtered.ended and not filtered.failed:
+                # Nothing of the round's end went out: the client's stream ends with the wire's error.
+                raise StreamCut("stream_truncated", "upstream stream ended before completion")
+            if filtered.failed:
+                return  # the provider ended the stream with its own error: forwarded as it stands
             round_ = filtered.finish()
-            if filtered.failed or not round_.memory_calls or loop.forbidden:
+            if not round_.memory_calls or loop.forbidden:
                 self._step.keep_exchange(loop, round_)
                 yield filtered.tail()
                 return

@@ -86,8 +86,8 @@ class MessagesStreamRound:
         self._blocks: dict[int, _BlockParts] = {}
         self._usage: dict[str, Any] = {}  # the round's message_start usage
         self._delta: dict[str, Any] | None = None  # its message_delta, held
-        self._stop = False
         self.failed = False
+        self.ended = False
 
     def feed(self, event: SSEEvent) -> bytes:
         payload = json_object(event.data)
@@ -104,7 +104,7 @@ class MessagesStreamRound:
             self._delta = payload
             return b""
         if kind == "message_stop":
-            self._stop = True
+            self.ended = True
             return b""
         if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
             return self._block_event(str(kind), payload)

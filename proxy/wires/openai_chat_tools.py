@@ -73,11 +73,12 @@ class ChatStreamRound:
         self._calls: dict[int, _CallParts] = {}
         self._text: list[str] = []
         self._end: list[dict[str, Any]] = []  # the finish and usage chunks, held
-        self._raw_end: list[bytes] = []  # data lines the filter cannot read, kept in place at the end
         self.failed = False
+        self.ended = False
 
     def feed(self, event: SSEEvent) -> bytes:
         if is_done(event):
+            self.ended = True
             return b""  # the last round's [DONE] goes out with its tail
         chunk = json_object(event.data)
         if chunk is None or chunk.get("error"):

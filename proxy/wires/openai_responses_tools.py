@@ -86,6 +86,7 @@ class ResponsesStreamRound:
         self._done: dict[int, Any] = {}  # items seen done, by the provider's index
         self._end: dict[str, Any] | None = None  # the held response.completed
         self.failed = False
+        self.ended = False
 
     def _out(self, kind: str, payload: dict[str, Any]) -> bytes:
         out = {**payload, "sequence_number": self._state.sequence}
@@ -107,6 +108,7 @@ class ResponsesStreamRound:
             return self._out(kind, payload) if self._first else b""
         if kind == "response.completed":
             self._end = payload
+            self.ended = True
             return b""
         if kind in _ENDS:  # failed or incomplete: the provider ended the stream, as it stands
             self.failed = True

@@ -63,6 +63,10 @@ class StreamRound(Protocol):
     def failed(self) -> bool:
         """True when the round's stream carried the provider's error (forwarded as it came)."""
 
+    @property
+    def ended(self) -> bool:
+        """True once the round's own end event arrived (a stream that stops before it was cut)."""
+
 
 class ToolFormat(Protocol):
     """One wire's tool format, for the step loop of tools mode."""
