@@ -370,3 +370,25 @@ def test_a_client_that_leaves_cancels_the_round_in_flight(tproxy, fake):
     assert len(fake.chat_requests()) == 2
     assert fake.wait_closed()  # the second round's upstream request was cancelled
     assert eventually(lambda: rows(tproxy, "SELECT status FROM turns") == [("client_aborted",)])
+
+
+def test_memory_that_cannot_be_read_sends_the_request_on_without_tools(make_proxy, fake):
+    proxy = make_proxy(memory__retrieval_timeout_ms=0, extraction__from_roles=[])
+    fake.queue(model_round("Hi."))
+    raw = ask(proxy)
+    assert raw.parse().choices[0].message.content == "Hi."
+    assert raw.headers["x-memory-status"].startswith("degraded: ")
+    assert "tools" not in sent(fake)[0] and "x-memory-tool-calls" not in raw.headers
+
+
+def test_a_retried_request_stores_its_memory_once(tproxy, fake):
+    store = call("call_s1", "store_memory", {"content": "The user's dog is called Biscuit", "type": "fact"})
+    for _ in range(2):  # the SDK's retry: the same history again, the model calls store_memory again
+        fake.queue(model_round(None, [store]), model_round("Noted."))
+        raw = ask(tproxy, "remember that my dog is called Biscuit")
+    with tproxy.http() as http:
+        memories = http.get(api_url("alice", "memories")).json()["data"]
+    assert [m["content"] for m in memories if "Biscuit" in m["content"]] == ["The user's dog is called Biscuit"]
+    assert eventually(lambda: saved_messages(tproxy) == [("user", "remember that my dog is called Biscuit"),
+                                                         ("assistant", "Noted.")])
+    assert raw.headers["x-memory-tool-calls"] == "1"
