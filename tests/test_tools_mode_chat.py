@@ -9,6 +9,7 @@ import sqlite3
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from proxy.memory.tools import NOTHING_FOUND, ROUNDS_USED
@@ -311,7 +312,7 @@ def test_a_later_round_refused_ends_the_stream_with_the_wire_error(tproxy, fake)
     fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
                JsonReply({"error": {"message": "overloaded", "type": "server_error", "code": None}}, status=503))
     client = tproxy.client(**TOOLS)
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(openai.APIError) as raised:
         with client.chat.completions.stream(model="m", messages=[{"role": "user", "content": "hi"}]) as stream:
             for _ in stream:
                 pass

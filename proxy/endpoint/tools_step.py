@@ -17,13 +17,14 @@ from typing import Any
 
 import httpx
 
-from proxy.exchange import Recall
+from proxy.endpoint.steps import Replayed, open_upstream
 from proxy.errors import ProxyError, UpstreamProtocolError, UpstreamTimeout
+from proxy.exchange import Recall
 from proxy.memory.tools import NAMES, ROUNDS_USED, SCHEMAS, MemoryTools
 from proxy.metrics import Metrics
+from proxy.models import ToolCall
 from proxy.responses import is_plain_sse, readable_body
 from proxy.upstream import StreamCut, Upstream, UpstreamResponse
-from proxy.endpoint.steps import Replayed, open_upstream
 from proxy.wires.sse import SSEDecoder
 from proxy.wires.tool_rounds import CallOutcome, Round, ToolFormat
 
@@ -122,8 +123,8 @@ class ToolsStep:
         loop.rounds.append(round_)
         loop.exchanges += self.fmt.exchange(round_, outcomes)
 
-    async def run_call(self, call: Any) -> CallOutcome:
-        """One memory call's outcome (MemoryTools.run: the one place a memory call executes)."""
+    async def run_call(self, call: ToolCall) -> CallOutcome:
+        """One memory call's outcome: the one place a memory call runs (a hook wraps this)."""
         result = await self.tools.run(call)
         return CallOutcome(call, result.text, result.error)
 
