@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from proxy.memory.tools import MemoryTools
 from proxy.models import AssistantMessage, Transcript
 from proxy.scope import RequestScope
 
@@ -21,9 +22,18 @@ class Recall:
     injected: int = 0
     turn_key: str | None = None
     prompt: str | None = None  # the prompt's words as a hook rewrote them, for the model too
+    tools: MemoryTools | None = None  # tools mode: the memory calls the model may make
 
     def __init__(self, status: str = "off") -> None:
         self.status = status
+        # Tools mode: call id -> the memory exchange of the loop's step that made the call (stored),
+        # and this step's own (JSON), kept with its app calls when its answer is recorded.
+        self.echoes: dict[str, str] = {}
+        self.exchange: str | None = None
+        # Tools mode, Responses wire: the provider's id of the response the request continues, and
+        # of this step's last round (the client may have seen its first round's id).
+        self.provider_response: str | None = None
+        self.provider_id: str | None = None
 
     @property
     def active(self) -> bool:
@@ -40,6 +50,9 @@ class Recall:
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         """The provider's final answer for this step; returns a commit to wait for."""
         return None
+
+    def rounds_done(self, tokens: dict[str, int]) -> None:
+        """Tools mode: the request's rounds ended, having used these tokens in all."""
 
     def failed(self, status: str) -> None:
         """The step ended without an answer (upstream error, cut stream, unparseable)."""

@@ -41,12 +41,12 @@ class RequestScope:
 
     @property
     def memory_on(self) -> bool:
-        return self.scope is not None and self.mode == "inject"
+        return self.scope is not None and self.mode in ("inject", "tools")
 
     @property
     def needs_body(self) -> bool:
         """Memory may be on: the body is parsed (it may still name the user, see `body_user`)."""
-        return self.memory_on or (self.body_user and self.scope is None and self.mode == "inject")
+        return self.memory_on or (self.body_user and self.scope is None and self.mode in ("inject", "tools"))
 
 
 def valid_id(value: str, header: str) -> str:
@@ -68,7 +68,7 @@ class ScopeResolver:
     def resolve(self, asgi_scope: dict[str, Any]) -> RequestScope:
         """The scope of a chat request, from its headers (the body's user comes later)."""
         headers = _memory_headers(asgi_scope["headers"])
-        options = _options(headers)
+        options = _options(headers, self.settings.memory.mode)
         mode = self.settings.auth.mode
         if mode == "api-keys":
             user = self._user_for_key(asgi_scope["headers"])
@@ -217,13 +217,10 @@ def _memory_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return found
 
 
-def _options(headers: dict[str, str]) -> dict[str, Any]:
-    mode = headers.get("x-memory-mode", "inject").lower()
-    if mode == "tools":
-        raise BadScope("X-Memory-Mode: tools is not available in this version (use inject or off)",
-                       param="X-Memory-Mode")
-    if mode not in ("inject", "off"):
-        raise BadScope("X-Memory-Mode must be inject or off", param="X-Memory-Mode")
+def _options(headers: dict[str, str], default_mode: str) -> dict[str, Any]:
+    mode = headers.get("x-memory-mode", default_mode).lower()
+    if mode not in ("inject", "tools", "off"):
+        raise BadScope("X-Memory-Mode must be inject, tools or off", param="X-Memory-Mode")
     persist_text = headers.get("x-memory-persist", "true").lower()
     if persist_text not in ("true", "false"):
         raise BadScope("X-Memory-Persist must be true or false", param="X-Memory-Persist")

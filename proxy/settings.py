@@ -174,6 +174,11 @@ class MemorySettings:
     )
     relevance_floor: float = _help("Minimum lexical score (BM25) for a hit to count as relevant.", 0.0)
     write_queue_size: int = _help("Bounded queue of pending writes; overflow is counted and logged.", 10000)
+    mode: Literal["inject", "tools"] = _help(
+        "Memory mode of a request without X-Memory-Mode: inject (a block in the prompt) or tools (the model "
+        "calls query_memory and store_memory, and memproxy runs them).", "inject")
+    tool_rounds: int = _help("Tools mode: rounds of memory calls per request; a memory call past them gets an "
+                             "error result telling the model to answer.", 3)
 
 
 @dataclass(frozen=True)
@@ -484,6 +489,7 @@ def _check(s: Settings) -> None:
         "upstream.idle_timeout_s": s.upstream.idle_timeout_s, "upstream.max_stream_s": s.upstream.max_stream_s,
         "upstream.max_connections": s.upstream.max_connections,
         "memory.max_tokens": s.memory.max_tokens, "memory.write_queue_size": s.memory.write_queue_size,
+        "memory.tool_rounds": s.memory.tool_rounds,
     }
     for name, value in positive.items():
         if value <= 0:

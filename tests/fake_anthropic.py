@@ -9,6 +9,7 @@ and usage, message_stop. Errors in Anthropic's shape.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tests.fake_upstream import JsonReply, Received, Reply, SSEReply
@@ -85,6 +86,48 @@ def error(status: int, kind: str, text: str) -> JsonReply:
 def too_long() -> JsonReply:
     """The Messages wire's context-length error."""
     return error(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum")
+
+
+def missing_tool_results(messages: list[dict[str, Any]]) -> list[str]:
+    """Ids of tool_use blocks whose tool_result is not in the next user message (the real API's 400)."""
+    for position, turn in enumerate(messages):
+        content = turn.get("content") if isinstance(turn.get("content"), list) else []
+        uses = [b["id"] for b in content if turn.get("role") == "assistant" and b.get("type") == "tool_use"]
+        if not uses:
+            continue
+        following = messages[position + 1] if position + 1 < len(messages) else {}
+        after = following.get("content") if isinstance(following.get("content"), list) else []
+        answered = {b.get("tool_use_id") for b in after if b.get("type") == "tool_result"}
+        missing = [use for use in uses if use not in answered]
+        if missing:
+            return missing
+    return []
+
+
+def model_round(text: str | None = "Hello from Claude", tool_uses: list[dict[str, Any]] | None = None,
+                thinking: str | None = None, answer_id: str = "msg_01",
+                usage: dict[str, int] | None = None) -> Callable[[Received], Reply]:
+    """A scripted Messages answer for one round, JSON or streamed as the request asks; like the real
+    API, a 400 for a history whose tool_use blocks lack their results."""
+    def reply(request: Received) -> Reply:
+        body = request.json()
+        missing = missing_tool_results(body.get("messages", []))
+        if missing:
+            return error(400, "invalid_request_error", "tool_use ids were found without tool_result blocks "
+                         "immediately after: " + ", ".join(missing))
+        if body.get("stream"):
+            events = stream(text or "", tool_uses=tool_uses, thinking=thinking)
+            events = [e.replace(b'"msg_01"', json.dumps(answer_id).encode()) for e in events]
+            if usage is not None:
+                events = [e.replace(b'"usage": {"output_tokens": 7}', b'"usage": ' + json.dumps(usage).encode())
+                          for e in events]
+            return SSEReply(events)
+        doc = message(text, tool_uses, thinking)
+        doc["id"] = answer_id
+        if usage is not None:
+            doc["usage"] = usage
+        return JsonReply(doc)
+    return reply
 
 
 def default_reply(request: Received) -> Reply:

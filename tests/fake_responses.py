@@ -10,6 +10,7 @@ response.failed / response.incomplete. Errors in OpenAI's shape.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tests.fake_upstream import JsonReply, Received, Reply, SSEReply
@@ -121,6 +122,33 @@ def error(status: int, code: str | None, text: str, kind: str = "invalid_request
 
 def too_long() -> JsonReply:
     return error(400, "context_length_exceeded", "Your input exceeds the context window of this model.")
+
+
+def missing_call_outputs(items: Any) -> list[str]:
+    """call_ids of function_call items the input carries without their output (the real API's 400)."""
+    if not isinstance(items, list):
+        return []
+    called = [i.get("call_id") for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
+    answered = {i.get("call_id") for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    return [call_id for call_id in called if call_id not in answered]
+
+
+def model_round(items: list[dict[str, Any]], response_id: str = "resp_1",
+                usage: dict[str, Any] | None = None) -> Callable[[Received], Reply]:
+    """A scripted response for one round, JSON or streamed as the request asks; like the real API,
+    a 400 for an input whose function calls lack their outputs."""
+    def reply(request: Received) -> Reply:
+        body = request.json()
+        missing = missing_call_outputs(body.get("input"))
+        if missing:
+            return error(400, None, "No tool output found for function call " + ", ".join(missing))
+        if body.get("stream"):
+            events = stream(items, response_id)
+            if usage is not None:
+                events[-1] = events[-1].replace(json.dumps(USAGE).encode(), json.dumps(usage).encode())
+            return SSEReply(events)
+        return JsonReply(response(items, response_id, **({"usage": usage} if usage else {})))
+    return reply
 
 
 def default_reply(request: Received) -> Reply:

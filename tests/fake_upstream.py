@@ -205,6 +205,48 @@ def stream_events(text: str = "Hello from upstream", pieces: int = 3,
     return events + ([DONE] if done else [])
 
 
+def missing_tool_results(messages: list[dict[str, Any]]) -> list[str]:
+    """Ids of assistant tool calls with no `tool` message after them, and of results with no call:
+    a history the real provider refuses."""
+    called: list[str] = []
+    answered: set[str] = set()
+    for message in messages:
+        if message.get("role") == "assistant":
+            called += [c.get("id") for c in message.get("tool_calls") or []]
+        elif message.get("role") == "tool":
+            if message.get("tool_call_id") not in called:
+                return [str(message.get("tool_call_id"))]
+            answered.add(message["tool_call_id"])
+    return [call_id for call_id in called if call_id not in answered]
+
+
+def model_round(text: str | None = "Hello from upstream", tool_calls: list[dict[str, Any]] | None = None,
+                usage: dict[str, int] | None = None, answer_id: str = "chatcmpl-1") -> Callable[[Received], Reply]:
+    """A scripted model answer for one chat round, JSON or streamed as the request asks; like the
+    real provider, a 400 for a history whose tool calls lack their results."""
+    def reply(request: Received) -> Reply:
+        body = request.json()
+        missing = missing_tool_results(body.get("messages", []))
+        if missing:
+            return JsonReply({"error": {"message": "An assistant message with 'tool_calls' must be followed by "
+                                        "tool messages responding to each 'tool_call_id'. Missing: "
+                                        + ", ".join(missing), "type": "invalid_request_error",
+                                        "param": "messages", "code": None}}, status=400)
+        if body.get("stream"):
+            events = stream_events(text or "", tool_calls=tool_calls, done=False)
+            if usage is not None:
+                events.append(b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                                      "created": 1, "model": "gpt-test", "choices": [],
+                                                      "usage": usage}).encode() + b"\n\n")
+            return SSEReply([e.replace(b'"chatcmpl-1"', json.dumps(answer_id).encode()) for e in events] + [DONE])
+        doc = completion(text, tool_calls)
+        doc["id"] = answer_id
+        if usage is not None:
+            doc["usage"] = usage
+        return JsonReply(doc)
+    return reply
+
+
 # --- a deterministic embedding model ---------------------------------------------------
 
 EMBEDDING_DIM = 1024

@@ -254,14 +254,6 @@ def test_bad_memory_headers_are_400(proxy, fake, header, value):
     assert fake.received == []
 
 
-def test_tools_mode_not_yet_available(proxy, fake):
-    with proxy.http() as http:
-        response = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
-                             headers={"x-memory-user": "alice", "x-memory-mode": "tools"})
-    assert response.status_code == 400
-    assert "tools is not available" in response.json()["error"]["message"]
-
-
 def test_duplicate_identity_header_is_400(proxy, fake):
     with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: alice\r\n"

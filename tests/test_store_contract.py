@@ -344,6 +344,21 @@ def test_tool_call_lookup(backend: Backend) -> None:
     run(body())
 
 
+def test_memory_exchanges_are_kept_with_their_step_s_calls(backend: Backend) -> None:
+    exchange = '[{"role":"assistant","content":"é","tool_calls":[]},{"role":"tool","content":"x"}]'
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            calls = (("call_a", "get_weather", "{}"), ("call_b", "get_time", "{}"))
+            await store.apply([start(ALICE, "t1"), RecordToolCalls(ALICE, "t1", calls, T0, exchange=exchange),
+                               RecordToolCalls(ALICE, "t1", (("call_c", "plain", "{}"),), T0)])
+            assert await store.memory_exchanges(ALICE, ["call_b", "call_c", "call_x"]) == {"call_b": exchange}
+            assert await store.memory_exchanges(BOB, ["call_a"]) == {}
+            assert await store.memory_exchanges(ALICE, []) == {}
+
+    run(body())
+
+
 def test_a_call_id_a_later_turn_reuses_leads_to_that_turn(backend: Backend) -> None:
     # A provider numbering its calls per response (`call_0`) reuses ids across turns: the next
     # step belongs to the turn whose response carried the id last.

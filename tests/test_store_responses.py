@@ -57,3 +57,18 @@ def test_deleting_a_conversation_or_the_user_takes_its_response_ids(backend: Bac
             assert await backend.sql("SELECT count(*) FROM responses") == [(0,)]
 
     asyncio.run(body())
+
+
+def test_a_response_the_client_saw_under_its_first_round_s_id_names_the_provider_s_last(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            at = T0 + timedelta(minutes=1)
+            await store.apply([StartTurn(ALICE, "t1", "c1", "h-t1", at, "q1"),
+                               RecordResponse(ALICE, "resp_first", "t1", "c1", None, at, provider_id="resp_last"),
+                               RecordResponse(ALICE, "resp_plain", "t1", "c1", None, at)])
+            assert await store.provider_response(ALICE, "resp_first") == "resp_last"
+            assert await store.provider_response(ALICE, "resp_plain") is None
+            assert await store.provider_response(Scope("bob"), "resp_first") is None
+            assert await store.provider_response(ALICE, "resp_unknown") is None
+
+    asyncio.run(body())

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from proxy.endpoint.steps import InjectStep, open_upstream
+from proxy.endpoint.tools_step import ToolsStep
 from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
 from proxy.exchange import ChatMemory, Recall
 from proxy.metrics import Metrics
@@ -28,9 +29,13 @@ from proxy.settings import Settings
 from proxy.side_requests import RequestFacts, SideRequests
 from proxy.upstream import Upstream, provider_for, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
+from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.openai_chat import OpenAIChat
+from proxy.wires.openai_chat_tools import ChatTools
 from proxy.wires.openai_responses import OpenAIResponses
+from proxy.wires.openai_responses_tools import ResponsesTools
+from proxy.wires.tool_rounds import ToolFormat
 
 log = logging.getLogger("memproxy.request")
 
@@ -56,6 +61,9 @@ class ProxyEndpoint:
             "/messages": AnthropicMessages(settings.scope.context_tags),
             "/responses": OpenAIResponses(settings.scope.context_tags),
         }
+        # Each wire's tool format for tools mode, by the same path.
+        self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools(),
+                                                    "/responses": ResponsesTools()}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"]}
@@ -176,18 +184,26 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
                                                   wire.name)
+                tool_format = self.tool_formats.get(path) if recall.tools is not None else None
+                if recall.tools is not None and tool_format is None:
+                    recall.status = f"degraded: no memory tools on the {wire.name} wire"
                 send.error_headers = recall.headers()
                 if recall.prompt is not None and request is not None:
                     request, body = await _off_loop_if(request.large, _with_prompt, wire, request, recall.prompt, body)
                 out_body = await _off_loop_if(request is not None and request.large,
                                               _with_block, wire, request, recall, body)
-                if recall.active:
-                    # We read a copy of the answer to save it: ask for it uncompressed.
+                if recall.active or tool_format is not None:
+                    # We read a copy of the answer (to save it, to find memory calls): ask for it uncompressed.
                     upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
                     upstream_headers.append((b"accept-encoding", b"identity"))
                 url = self.upstream.url(path, scope["query_string"], provider)
-                step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)
-                response = await step.run(out_body, body, recall)
+                if tool_format is not None and recall.tools is not None and request is not None:
+                    tools = ToolsStep(self.upstream, self.metrics, tool_format, recall.tools, url, upstream_headers,
+                                      self.settings.memory.tool_rounds, recall)
+                    response = await _run_tools(tools, recall, request)
+                else:
+                    step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)
+                    response = await step.run(out_body, body, recall)
                 try:
                     await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
                                      self.settings.server.heartbeat_s)
@@ -202,6 +218,16 @@ class ProxyEndpoint:
                 recall.aborted()
             return "client_gone"
         return f"status_{response.status}"
+
+
+async def _run_tools(step: ToolsStep, recall: Recall, request: WireRequest) -> Any:
+    """The tools step's response; a provider that fails the first round fails the request, as in inject mode."""
+    try:
+        return await step.run(request.body, request.stream)
+    except ProxyError as error:
+        recall.failed("upstream_failed")
+        error.headers = {k.decode(): v.decode() for k, v in recall.headers()}
+        raise
 
 
 async def _interrupted(sent: Sent) -> str:

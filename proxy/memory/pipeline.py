@@ -24,6 +24,7 @@ from proxy.memory.hooks import Hooks
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact
 from proxy.memory.sources import edges
+from proxy.memory.tools import MemoryTools
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
@@ -119,6 +120,8 @@ class MemoryService:
         status = "ok"
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
+        echoes: dict[str, str] = {}  # tools mode: the memory exchanges of the loop's earlier steps
+        provider: str | None = None  # tools mode: the provider's id of the response the request continues
         digest = await history_digest(scope, request)
         hooked: turn_hooks.TurnStart | None = None  # None: no hooks, or they have not run yet
         queued: asyncio.Future[list[tuple[int, str]]] | None = None
@@ -139,6 +142,8 @@ class MemoryService:
                     async with self.gate.admitted(began + budget_s * TURN_WAIT_SHARE):
                         reading = True
                         identity = await self._identify(scope, request, now, digest)
+                        if resolved.mode == "tools":
+                            echoes, provider = await self._tool_state(scope, request, identity)
                         if self.hooks is None:
                             retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
                     if self.hooks is not None:
@@ -186,12 +191,38 @@ class MemoryService:
         parts = await saved(request, self.memory.block_header, hooked.context) if persist else Saved()
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response,
                             wire, hooked)
+        if resolved.mode == "tools" and status == "ok":
+            recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
+                                       recall.logged_query, persist)
+            recall.echoes = echoes
+            recall.provider_response = provider
         recall.started(now)
         return recall
+
+    def _searcher(self, scope: Scope, request: Transcript, identity: TurnIdentity) -> Any:
+        """query_memory's search: inject mode's retrieval, in the request's scope and conversation; what
+        the request shows the model (its prompt too, saved before the model asks) is never found again."""
+        header = self.memory.block_header
+        shown = (user_text(request, header), *visible_texts(request, header), *identity.shown)
+        visible = tuple(edges(text, QUERY_EDGE_CHARS) for text in shown)
+
+        async def search(text: str, limit: int) -> Retrieved:
+            query = Query(edges(text, QUERY_EDGE_CHARS), identity.conversation_id, visible, min(limit, 12))
+            return await self.retriever.retrieve(scope, query)
+        return search
 
     async def _identify(self, scope: Scope, request: Transcript, now: datetime, digest: str) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
                               follow=self.settings.scope.conversation, digest=digest)
+
+    async def _tool_state(self, scope: Scope, request: Transcript, identity: TurnIdentity
+                          ) -> tuple[dict[str, str], str | None]:
+        """Tools mode: the memory exchanges of the loop's earlier steps, and the provider's id of the
+        response the request continues."""
+        echoes = await self.store.memory_exchanges(scope, request.tool_call_ids) if identity.existing is not None else {}
+        provider = (await self.store.provider_response(scope, request.previous_response)
+                    if request.previous_response is not None else None)
+        return echoes, provider
 
     async def _hooked(self, budget: asyncio.Timeout, scope: Scope, request: Transcript, identity: TurnIdentity,
                       wire: str) -> turn_hooks.TurnStart:
@@ -227,6 +258,8 @@ class MemoryService:
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
                      resolved: RequestScope, answer_by: float, wire: str) -> Retrieved:
+        if resolved.mode == "tools":
+            return Retrieved()  # the model asks memory itself
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
@@ -328,6 +361,7 @@ class TurnRecall(Recall):
         self._start = start
         self.prompt = start.prompt
         self._saves = self._hooked_saves(wire)
+        self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
 
     def _hooked_saves(self, wire: str) -> turn_hooks.HookedSaves | None:
         hooks = self._service.hooks
@@ -353,7 +387,8 @@ class TurnRecall(Recall):
             saved = self._saves.start(start) if self._saves is not None else self._submit(start)
             if saved is not None and self._service.pending is not None:
                 self._service.pending.saving(self._scope.user, saved)
-        if not self._log.get("cache") and self.status == "ok":
+        # In tools mode the injection log holds what the model's queries found (logged_query).
+        if not self._log.get("cache") and self.status == "ok" and self.tools is None:
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
                                    generation=self._generation, prompt=self._start.prompt))
         if self._start.queued_upto is not None:
@@ -364,11 +399,11 @@ class TurnRecall(Recall):
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
         if message.response_id:
             self._submit(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
-                                        self._previous_response, now), urgent=True)
+                                        self._previous_response, now, self.provider_id), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
-            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation),
-                                urgent=True)
+            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation,
+                                                self.exchange), urgent=True)
         if message.continues:
             return None  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal
@@ -383,6 +418,27 @@ class TurnRecall(Recall):
             generation=self._generation,
         )
         return self._saves.finish(finish) if self._saves is not None else self._submit(finish, urgent=True)
+
+    def logged_query(self, block: str, injected: int, entry: dict[str, Any]) -> None:
+        """A query_memory call's hits, for the injection log (written when the request's rounds end)."""
+        self._queries.append((block, injected, entry))
+
+    def rounds_done(self, tokens: dict[str, int]) -> None:
+        """Tools mode: the request's rounds ended; its queries and token totals go to the injection log
+        as one entry (the turn's first such entry is kept, as inject mode's block)."""
+        if not self._queries:
+            return
+        first = self._queries[0][2]
+        entry = {**first, "hits": [hit for _, _, logged in self._queries for hit in logged.get("hits", [])],
+                 "budget_cut": any(logged.get("budget_cut") for _, _, logged in self._queries),
+                 "tool_queries": [{"query": logged.get("tool_query", ""), "hits": injected}
+                                  for _, injected, logged in self._queries],
+                 "tokens": tokens}
+        entry.pop("tool_query", None)
+        block = "\n\n".join(found for found, _, _ in self._queries if found)
+        injected = sum(count for _, count, _ in self._queries)
+        self._submit(SaveBlock(self._scope, self.turn_key, block, injected, entry, datetime.now(timezone.utc),
+                               generation=self._generation, prompt=self._start.prompt))
 
     def failed(self, status: str) -> None:
         self._ended(status)

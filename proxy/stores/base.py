@@ -75,6 +75,9 @@ class RecordToolCalls:
     calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments)
     at: datetime
     generation: Generation | None = None
+    # Tools mode: the step's memory rounds and its last round's output, as the provider saw them
+    # (JSON); the next step puts them back in place of the answer the client echoes.
+    exchange: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class RecordResponse:
     conversation_id: str
     parent_id: str | None
     at: datetime
+    # Tools mode: the provider's id of the last round, when the client saw the first round's id:
+    # what the provider continues from when a request names `response_id`.
+    provider_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -393,6 +399,12 @@ class TurnReads(Protocol):
 
     async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
         """The conversation of a recorded response id and its chain's messages; None if unknown."""
+
+    async def provider_response(self, scope: Scope, response_id: str) -> str | None:
+        """The provider's own id recorded for a response id the client saw (tools mode), if any."""
+
+    async def memory_exchanges(self, scope: Scope, call_ids: Sequence[str]) -> dict[str, str]:
+        """call id -> the memory exchange recorded with it (tools mode), for those of `call_ids` that have one."""
 
     async def conversation_by_assistant_hashes(self, scope: Scope, hashes: Sequence[str]) -> str | None:
         """The conversation holding the first of `hashes` (newest first) that was saved.

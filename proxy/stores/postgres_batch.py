@@ -61,7 +61,7 @@ _PARAMETERS = (
     "role", "message_id", "content", "hash", "terms", "save",  # the message of a start or a finish
     "history",  # start
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
-    "call_ids", "call_names", "call_args",  # tool calls
+    "call_ids", "call_names", "call_args", "exchange",  # tool calls
     "status",  # status
     "block", "injected", "log", "keep", "prompt",  # block
     "queue_id", "error", "park",  # extraction failed
@@ -86,12 +86,12 @@ finished AS (INSERT INTO turns (user_id, turn_key, conversation_id, agent_id, hi
 trace AS (INSERT INTO reasoning (id, user_id, agent_id, conversation_id, turn_key, task, steps, answer, terms,
     created_at) SELECT {trace_id}, {user}, {agent}, {conversation}, {turn_key}, {task}, {steps}, {content},
     {trace_terms}, {at} WHERE {kind} = 'finish' AND {has_steps} AND {live} ON CONFLICT DO NOTHING),
-calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at)
-    SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}
+calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at, exchange)
+    SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}, {exchange}::text
     FROM unnest({call_ids}::text[], {call_names}::text[], {call_args}::text[]) AS c(id, name, arguments)
     WHERE {kind} = 'calls' AND {live} AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
     ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,
-        arguments = excluded.arguments, created_at = excluded.created_at),
+        arguments = excluded.arguments, created_at = excluded.created_at, exchange = excluded.exchange),
 -- A turn that completed stays complete.
 status AS (UPDATE turns SET status = {status}, updated_at = {at}
     WHERE {kind} = 'status' AND {live} AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
@@ -183,10 +183,11 @@ async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
 async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
     """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
     await conn.execute(
-        "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at)"
-        " SELECT user_id, $1, turn_key, conversation_id, $2, $3 FROM turns WHERE user_id = $4 AND turn_key = $5"
+        "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at, provider_id)"
+        " SELECT user_id, $1, turn_key, conversation_id, $2, $3, $6 FROM turns WHERE user_id = $4 AND turn_key = $5"
         " ON CONFLICT DO NOTHING",
         clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), utc(op.at), op.scope.user, op.turn_key,
+        op.provider_id and clean_text(op.provider_id),
     )
 
 
@@ -226,7 +227,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
         # Each id once (the last): an upsert may not touch one row twice in a statement.
         calls = list({call[0]: call for call in ([clean_text(part) for part in c] for c in op.calls)}.values())
         values.update(kind="calls", at=utc(op.at), turn_key=op.turn_key, call_ids=[c[0] for c in calls],
-                      call_names=[c[1] for c in calls], call_args=[c[2] for c in calls])
+                      call_names=[c[1] for c in calls], call_args=[c[2] for c in calls],
+                      exchange=clean_text(op.exchange) if op.exchange is not None else None)
     elif isinstance(op, SetTurnStatus):
         values.update(kind="status", at=utc(op.at), turn_key=op.turn_key, status=op.status)
     elif isinstance(op, SaveBlock):

@@ -461,8 +461,15 @@ CREATE TABLE IF NOT EXISTS hook_context (
 CREATE INDEX IF NOT EXISTS hook_context_conversation ON hook_context(user_id, conversation_id, seq);
 """
 
+# v8: tools mode keeps each step's memory exchange with the step's tool calls, and the
+# provider's id of a response whose client saw another, as SQLite's v11.
+_V8 = """
+ALTER TABLE turn_tool_calls ADD COLUMN IF NOT EXISTS exchange text;
+ALTER TABLE responses ADD COLUMN IF NOT EXISTS provider_id text;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

@@ -215,23 +215,24 @@ class Batch:
         next step belongs to the turn that just made the call.
         """
         at = to_ts(op.at)
+        exchange = clean_text(op.exchange) if op.exchange is not None else None
         self._conn.executemany(
-            "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at)"
-            " SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = ? AND turn_key = ?)"
+            "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at, exchange)"
+            " SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = ? AND turn_key = ?)"
             " ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,"
-            " arguments = excluded.arguments, created_at = excluded.created_at",
-            [(op.scope.user, cid, op.turn_key, clean_text(name), clean_text(args), at, op.scope.user, op.turn_key)
-             for cid, name, args in op.calls],
+            " arguments = excluded.arguments, created_at = excluded.created_at, exchange = excluded.exchange",
+            [(op.scope.user, cid, op.turn_key, clean_text(name), clean_text(args), at, exchange, op.scope.user,
+              op.turn_key) for cid, name, args in op.calls],
         )
 
     def record_response(self, op: RecordResponse) -> None:
         """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
         self._run(
-            "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at)"
-            " SELECT user_id, ?, turn_key, conversation_id, ?, ? FROM turns WHERE user_id = ? AND turn_key = ?"
-            " ON CONFLICT DO NOTHING",
-            (clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), to_ts(op.at), op.scope.user,
-             op.turn_key),
+            "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at,"
+            " provider_id) SELECT user_id, ?, turn_key, conversation_id, ?, ?, ? FROM turns WHERE user_id = ?"
+            " AND turn_key = ? ON CONFLICT DO NOTHING",
+            (clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), to_ts(op.at),
+             op.provider_id and clean_text(op.provider_id), op.scope.user, op.turn_key),
         )
 
     def set_turn_status(self, op: SetTurnStatus) -> None:

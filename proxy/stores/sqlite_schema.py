@@ -397,8 +397,16 @@ CREATE TABLE IF NOT EXISTS hook_context (
 CREATE INDEX IF NOT EXISTS hook_context_conversation ON hook_context(user_id, conversation_id, seq);
 """
 
+# v11: tools mode keeps each step's memory exchange with the step's tool calls, so the next
+# step of the loop puts it back in place of the answer the client echoes (on any replica),
+# and the provider's id of a response whose client saw another (its first round's).
+_V11 = """
+ALTER TABLE turn_tool_calls ADD COLUMN exchange TEXT;
+ALTER TABLE responses ADD COLUMN provider_id TEXT;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -1,0 +1,158 @@
+"""Tools mode: the two memory tools the model may call, and running one call (docs/tools-mode.md).
+
+`query_memory` reads through the same retriever as inject mode, in the request's scope;
+`store_memory` writes through the same path as the memory API (redacted). Whatever goes
+wrong becomes an error result for the model: a memory call never fails the request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from proxy.ids import new_id
+from proxy.memory.redact import redact
+from proxy.models import Scope, ToolCall
+from proxy.stores.base import TAGS_MAX, Store, StoreMemory
+
+log = logging.getLogger("memproxy.tools")
+
+QUERY = "query_memory"
+STORE = "store_memory"
+NAMES = (QUERY, STORE)
+MEMORY_TYPES = ("fact", "interaction", "pattern", "user_preference")
+CONTENT_MAX_CHARS = 2000
+TAG_MAX_CHARS = 40
+QUERY_LIMIT_MAX = 20
+QUERY_LIMIT_DEFAULT = 5
+NOTHING_FOUND = ("No relevant memories found. If the user asks about something you were not told, say that "
+                 "you were not told rather than guess.")
+ROUNDS_USED = ("Memory tool limit reached for this request: answer now with what you already have, without "
+               "calling a memory tool again.")
+
+# The tools as JSON Schema; each wire's module wraps them in its own tool format.
+SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
+    QUERY: ("Search the user's long-term memory (earlier conversations, stored facts and preferences). "
+            "Call it when the answer may depend on something the user said before.",
+            {"type": "object", "properties": {
+                "query": {"type": "string", "description": "What to look for, in the user's words."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": QUERY_LIMIT_MAX,
+                          "description": f"How many memories to return (default {QUERY_LIMIT_DEFAULT})."}},
+             "required": ["query"], "additionalProperties": False}),
+    STORE: ("Remember something about the user for later conversations: a fact, a preference, a pattern, or "
+            "an interaction worth keeping.",
+            {"type": "object", "properties": {
+                "content": {"type": "string", "minLength": 1, "maxLength": CONTENT_MAX_CHARS},
+                "type": {"type": "string", "enum": list(MEMORY_TYPES)},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1,
+                               "description": "How sure you are (default 0.7)."},
+                "tags": {"type": "array", "maxItems": TAGS_MAX,
+                         "items": {"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS}}},
+             "required": ["content", "type"], "additionalProperties": False}),
+}
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What a memory call gives the model: text, and whether it is an error."""
+
+    text: str
+    error: bool = False
+
+
+class BadArguments(ValueError):
+    """The model's arguments are not what the tool takes (the model is told why)."""
+
+
+class Found(Protocol):
+    """What a search found (pipeline.Retrieved): the block and its injection-log entry."""
+
+    block: str
+    injected: int
+    log: dict[str, Any]
+
+
+# The retriever of inject mode, asked in the request's scope: (query text, limit) -> what it found.
+Search = Callable[[str, int], Awaitable[Found]]
+# Where a query's injection-log entry goes (the turn's recall): (block, injected, entry).
+LogQuery = Callable[[str, int, dict[str, Any]], None]
+
+
+class MemoryTools:
+    """The memory calls of one request, in its user's scope."""
+
+    def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool) -> None:
+        self.scope = scope
+        self.search = search
+        self.store = store  # store_memory is the memory API's own write
+        self.log_query = log_query
+        self.persist = persist
+
+    async def run(self, call: ToolCall) -> CallResult:
+        """Run one memory call; every failure is an error result. (Hooks wrap this one call.)"""
+        try:
+            arguments = _arguments(call.arguments)
+            if call.name == QUERY:
+                return await self._query(arguments)
+            return await self._store(arguments)
+        except BadArguments as exc:
+            return CallResult(f"Error: {exc}", error=True)
+        except Exception as exc:  # memory never fails a request: the model hears it failed
+            log.warning("memory tool %s failed (%s: %s)", call.name, type(exc).__name__, redact(str(exc))[:200])
+            return CallResult(f"Error: {call.name} failed; go on without it.", error=True)
+
+    async def _query(self, arguments: dict[str, Any]) -> CallResult:
+        text = arguments.get("query")
+        if not isinstance(text, str) or not text.strip():
+            raise BadArguments("`query` must be a non-empty string")
+        limit = arguments.get("limit", QUERY_LIMIT_DEFAULT)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= QUERY_LIMIT_MAX:
+            raise BadArguments(f"`limit` must be a whole number from 1 to {QUERY_LIMIT_MAX}")
+        found = await self.search(text, limit)
+        self.log_query(found.block, found.injected, {**found.log, "tool_query": redact(text)})
+        if not found.block:
+            return CallResult(NOTHING_FOUND)
+        return CallResult(found.block)
+
+    async def _store(self, arguments: dict[str, Any]) -> CallResult:
+        content, kind, confidence, tags = _memory(arguments)
+        if not self.persist:
+            return CallResult("Error: memory is read-only for this request; nothing was stored.", error=True)
+        op = StoreMemory(self.scope, new_id(), redact(content), kind, datetime.now(timezone.utc), confidence,
+                         tuple(redact(tag) for tag in tags))
+        memory_id = await self.store.store_memory(op)
+        return CallResult(f"Stored as memory {memory_id}.")
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        raise BadArguments("the arguments are not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise BadArguments("the arguments must be a JSON object")
+    return doc
+
+
+def _memory(arguments: dict[str, Any]) -> tuple[str, str, float, tuple[str, ...]]:
+    """store_memory's arguments checked as the memory API checks POST /memories."""
+    content = arguments.get("content")
+    if not isinstance(content, str) or not content.strip() or len(content) > CONTENT_MAX_CHARS:
+        raise BadArguments(f"`content` must be a string of 1-{CONTENT_MAX_CHARS} characters")
+    kind = arguments.get("type")
+    if kind not in MEMORY_TYPES:
+        raise BadArguments(f"`type` must be one of {', '.join(MEMORY_TYPES)}")
+    confidence = arguments.get("confidence", 0.7)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not math.isfinite(confidence) \
+            or not 0 <= confidence <= 1:
+        raise BadArguments("`confidence` must be a number from 0 to 1")
+    tags = arguments.get("tags", [])
+    if not isinstance(tags, list) or len(tags) > TAGS_MAX or not all(
+            isinstance(t, str) and 1 <= len(t) <= TAG_MAX_CHARS for t in tags):
+        raise BadArguments(f"`tags` must be at most {TAGS_MAX} strings of 1-{TAG_MAX_CHARS} characters")
+    return content, kind, float(confidence), tuple(dict.fromkeys(tags))

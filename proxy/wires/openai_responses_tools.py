@@ -1,0 +1,253 @@
+"""Tools mode on the Responses wire: `tools[]` of type `function`, `function_call_output` items,
+event filtering.
+
+A round's exchange is its output items as the provider wrote them (reasoning verbatim,
+`encrypted_content` included) with only the memory `function_call` items, then one
+`function_call_output` per call; the next round resends the request's input with the
+exchanges after it. The client reads one stream: the first round's `response.created`
+and `response.in_progress`, every round's items but the calls renumbered in order, the
+last round's app calls, and one `response.completed` whose `output` holds the items it got
+(the first round's id, the last round's usage); every event gets the next sequence number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.models import ToolCall
+from proxy.wires.base import dump_json
+from proxy.wires.openai_responses_answer import CLIENT_CALLS, output_text
+from proxy.wires.sse import SSEEvent, json_object
+from proxy.wires.tool_rounds import CallOutcome, Round, tokens
+
+_ENDS = ("response.completed", "response.failed", "response.incomplete")
+_OPENING = ("response.created", "response.in_progress", "response.queued")
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _event(kind: str, payload: dict[str, Any]) -> bytes:
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {kind}\ndata: {data}\n\n".encode("utf-8")
+
+
+def _is_memory(item: Any, offered: frozenset[str]) -> bool:
+    return isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") in offered
+
+
+def _is_app_call(item: Any, offered: frozenset[str]) -> bool:
+    return isinstance(item, dict) and item.get("type") in CLIENT_CALLS and not _is_memory(item, offered)
+
+
+def _round(items: list[Any], offered: frozenset[str], provider_id: Any = None, usage: Any = None) -> Round:
+    memory = [i for i in items if _is_memory(i, offered)]
+    calls = tuple(ToolCall(str(i.get("call_id") or ""), str(i.get("name") or ""), str(i.get("arguments") or ""))
+                  for i in memory)
+    output = [i for i in items if not _is_app_call(i, offered)]
+    answer = [i for i in items if not _is_memory(i, offered)]
+    return Round(calls, output_text(items), output, answer, provider_id if isinstance(provider_id, str) else None,
+                 tokens(usage, "input_tokens", "output_tokens"))
+
+
+def _shown(round_: Round) -> list[Any]:
+    """What of an earlier round the client gets: its items but the calls it runs or memproxy ran."""
+    return [i for i in round_.output if isinstance(i, dict) and i.get("type") not in CLIENT_CALLS]
+
+
+@dataclass
+class ResponsesStreamState:
+    """What the rounds of one stream share."""
+
+    id: str | None = None  # the first round's response id: the one the client sees
+    next_index: int = 0  # the client's next output_index
+    sequence: int = 0  # the client's next sequence_number
+    shown: list[Any] = field(default_factory=list)  # the items the client got, for response.completed
+
+
+@dataclass
+class _ItemParts:
+    kind: str  # shown | memory | app
+    index: int | None = None
+    held: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+class ResponsesStreamRound:
+    """The event filter of one round."""
+
+    def __init__(self, state: ResponsesStreamState, offered: frozenset[str], first: bool) -> None:
+        self._state = state
+        self._offered = offered
+        self._first = first
+        self._items: dict[int, _ItemParts] = {}
+        self._done: dict[int, Any] = {}  # items seen done, by the provider's index
+        self._end: dict[str, Any] | None = None  # the held response.completed
+        self.failed = False
+        self.ended = False
+
+    def _out(self, kind: str, payload: dict[str, Any]) -> bytes:
+        out = {**payload, "sequence_number": self._state.sequence}
+        self._state.sequence += 1
+        return _event(kind, out)
+
+    def feed(self, event: SSEEvent) -> bytes:
+        payload = json_object(event.data)
+        if payload is None:
+            return f"data: {event.data}\n\n".encode("utf-8")  # the relay reads (and counts) it as it is
+        kind = str(payload.get("type", event.event))
+        if kind == "error":
+            self.failed = True
+            return self._out(kind, payload)
+        if kind in _OPENING:
+            response = _dict(payload.get("response"))
+            if self._state.id is None and isinstance(response.get("id"), str):
+                self._state.id = response["id"]
+            return self._out(kind, payload) if self._first else b""
+        if kind == "response.completed":
+            self._end = payload
+            self.ended = True
+            return b""
+        if kind in _ENDS:  # failed or incomplete: the provider ended the stream, as it stands
+            self.failed = True
+            response = _dict(payload.get("response"))
+            return self._out(kind, {**payload, "response": {**response, "id": self._state.id or response.get("id")}})
+        index = payload.get("output_index")
+        if not isinstance(index, int):
+            return self._out(kind, payload)
+        if kind == "response.output_item.added":
+            item = payload.get("item")
+            role = "memory" if _is_memory(item, self._offered) else "app" if _is_app_call(item, self._offered) \
+                else "shown"
+            self._items[index] = _ItemParts(role)
+            if role == "shown":
+                self._items[index].index = self._state.next_index
+                self._state.next_index += 1
+        if kind == "response.output_item.done":
+            self._done[index] = payload.get("item")
+        parts = self._items.get(index)
+        if parts is None or parts.kind == "memory":
+            return b""
+        if parts.kind == "app":
+            parts.held.append((kind, payload))
+            return b""
+        if kind == "response.output_item.done":
+            self._state.shown.append(payload.get("item"))
+        return self._out(kind, {**payload, "output_index": parts.index})
+
+    def finish(self) -> Round:
+        response = _dict(_dict(self._end).get("response"))
+        items = response.get("output")
+        if not isinstance(items, list) or not items:
+            items = [self._done[i] for i in sorted(self._done)]
+        return _round(items, self._offered, response.get("id"), response.get("usage"))
+
+    def tail(self) -> bytes:
+        out = []
+        for _, parts in sorted(self._items.items()):
+            if parts.kind != "app":
+                continue
+            parts.index = self._state.next_index
+            self._state.next_index += 1
+            for kind, payload in parts.held:
+                if kind == "response.output_item.done":
+                    self._state.shown.append(payload.get("item"))
+                out.append(self._out(kind, {**payload, "output_index": parts.index}))
+        end = self._end or {"type": "response.completed", "response": {}}
+        response = {**_dict(end.get("response")), "output": self._state.shown}
+        if self._state.id is not None:
+            response["id"] = self._state.id
+        out.append(self._out("response.completed", {**end, "response": response}))
+        return b"".join(out)
+
+
+class ResponsesTools:
+    """The Responses tool format."""
+
+    def offer(self, body: dict[str, Any], names: tuple[str, ...],
+              schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
+        tools = body.get("tools")
+        tools = tools if isinstance(tools, list) else []
+        taken = {_dict(tool).get("name") for tool in tools}
+        offered = tuple(name for name in names if name not in taken)
+        added = [{"type": "function", "name": name, "description": schemas[name][0],
+                  "parameters": schemas[name][1]} for name in offered]
+        out = {**body, "tools": [*tools, *added]}
+        include = body.get("include")
+        include = include if isinstance(include, list) else []
+        if body.get("store") is False and "reasoning.encrypted_content" not in include:
+            # Reasoning items go back to the next round: without the provider's store, only encrypted.
+            out["include"] = [*include, "reasoning.encrypted_content"]
+        return out, frozenset(offered)
+
+    def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
+        echo = [item for round_ in earlier for item in _shown(round_)]
+        return json.dumps({"echo": echo, "items": [*exchanges, *last.answer]}, ensure_ascii=False,
+                          separators=(",", ":"))
+
+    def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
+                   ) -> dict[str, Any]:
+        if provider_response is not None:
+            body = {**body, "previous_response_id": provider_response}
+        items = body.get("input")
+        if not echoes or not isinstance(items, list):
+            return body
+        out: list[Any] = []
+        replaced: set[str] = set()
+        for item in items:
+            call_id = _dict(item).get("call_id")
+            stored = echoes.get(call_id) if _dict(item).get("type") in CLIENT_CALLS and isinstance(call_id, str) \
+                else None
+            if stored is None:
+                out.append(item)
+                continue
+            if stored in replaced:
+                continue  # the step's other calls: already in its stored items
+            replaced.add(stored)
+            step = json.loads(stored)
+            # The echo of the step's earlier rounds (their text) comes right before its calls.
+            echoed = {i.get("id") for i in step["echo"]}
+            while out and isinstance(out[-1], dict) and out[-1].get("id") in echoed:
+                out.pop()
+            out += step["items"]
+        return {**body, "input": out}
+
+    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
+                     tools_forbidden: bool) -> bytes:
+        last = rounds[-1] if rounds else None
+        if last is not None and last.provider_id is not None and body.get("previous_response_id"):
+            # The client chains on the provider: so do the rounds, each continuing the one before
+            # with its calls' outputs alone.
+            out = {**body, "previous_response_id": last.provider_id,
+                   "input": exchanges[len(exchanges) - len(last.memory_calls):]}
+        else:
+            items = body.get("input")
+            items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+            out = {**body, "input": [*(items if isinstance(items, list) else []), *exchanges]}
+        if tools_forbidden:
+            out["tool_choice"] = "none"
+        return dump_json(out)
+
+    def exchange(self, round_: Round, outcomes: list[CallOutcome]) -> list[Any]:
+        results = [{"type": "function_call_output", "call_id": o.call.id, "output": o.text} for o in outcomes]
+        return [*round_.output, *results]
+
+    def read_json(self, doc: dict[str, Any], offered: frozenset[str]) -> Round | None:
+        items = doc.get("output")
+        if doc.get("object") != "response" or doc.get("status") != "completed" or not isinstance(items, list):
+            return None
+        return _round(items, offered, doc.get("id"), doc.get("usage"))
+
+    def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
+        items = [i for i in last.get("output") or [] if not _is_memory(i, offered)]
+        shown = [item for round_ in earlier for item in _shown(round_)]
+        return dump_json({**last, "output": [*shown, *items]})
+
+    def stream_state(self) -> ResponsesStreamState:
+        return ResponsesStreamState()
+
+    def stream_round(self, state: ResponsesStreamState, offered: frozenset[str], *,
+                     first: bool) -> ResponsesStreamRound:
+        return ResponsesStreamRound(state, offered, first)

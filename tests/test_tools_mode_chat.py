@@ -1,0 +1,395 @@
+"""Tools mode on the Chat Completions wire, through the real proxy, the openai SDK and a
+scripted fake model that, like the real provider, refuses a history whose tool calls lack
+their results."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.memory.tools import NOTHING_FOUND, ROUNDS_USED
+from tests.api_helpers import api_url
+from tests.fake_upstream import JsonReply, SSEReply, model_round, stream_events
+from tests.proxy_db import eventually, rows, store_path
+
+TOOLS = {"X-Memory-User": "alice", "X-Memory-Mode": "tools"}
+HELIX = "My favourite editor is Helix"
+
+
+@pytest.fixture
+def tproxy(make_proxy: Any) -> Any:
+    return make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+
+
+def remember(proxy: Any, content: str, user: str = "alice") -> str:
+    with proxy.http() as http:
+        response = http.post(api_url(user, "memories"), json={"content": content, "type": "fact"})
+    assert response.status_code == 201
+    return response.json()["id"]
+
+
+def call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": json.dumps(arguments)}
+
+
+def sent(fake: Any) -> list[dict[str, Any]]:
+    return [request.json() for request in fake.chat_requests()]
+
+
+def ask(proxy: Any, text: str = "which editor do I like?", **headers: str) -> Any:
+    return proxy.client(**{**TOOLS, **headers}).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": text}])
+
+
+def streamed(proxy: Any, messages: list[dict[str, Any]], **body: Any) -> tuple[list[Any], Any]:
+    """The chunks the SDK's own stream parser read, and the completion it built from them."""
+    client = proxy.client(**TOOLS)
+    with client.chat.completions.stream(model="m", messages=messages, **body) as stream:
+        chunks = [event.chunk for event in stream if event.type == "chunk"]
+        final = stream.get_final_completion()
+    return chunks, final
+
+
+def raw_stream(proxy: Any, messages: list[dict[str, Any]]) -> bytes:
+    with proxy.http() as http:
+        response = http.post("/v1/chat/completions", headers=TOOLS,
+                             json={"model": "m", "stream": True, "messages": messages})
+    assert response.status_code == 200
+    return response.content
+
+
+def messages_bytes(body: bytes) -> bytes:
+    """The `messages` array of a request body, as the bytes sent."""
+    text = body.decode("utf-8")
+    start = text.index('"messages":') + len('"messages":')
+    _, end = json.JSONDecoder().raw_decode(text, start)
+    return text[start:end].encode("utf-8")
+
+
+def saved_messages(proxy: Any, user: str = "alice") -> list[tuple[str, str]]:
+    with proxy.http() as http:
+        conversations = http.get(api_url(user, "conversations")).json()["data"]
+        found = []
+        for conversation in conversations:
+            listed = http.get(api_url(user, "conversations", conversation["id"], "messages")).json()["data"]
+            found += [(m["role"], m["content"]) for m in listed]
+    return found
+
+
+def test_query_then_answer_json(tproxy, fake):
+    remember(tproxy, HELIX)
+    fake.queue(model_round(None, [call("call_q1", "query_memory", {"query": "favourite editor"})],
+                           answer_id="chatcmpl-r1"),
+               model_round("You like Helix.", answer_id="chatcmpl-r2",
+                           usage={"prompt_tokens": 70, "completion_tokens": 4, "total_tokens": 74}))
+    raw = ask(tproxy)
+    answer = raw.parse()
+    assert answer.choices[0].message.content == "You like Helix."
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.prompt_tokens == 70  # the last round's usage
+    assert raw.headers["x-memory-tool-calls"] == "1"
+    first, second = sent(fake)
+    assert [t["function"]["name"] for t in first["tools"]] == ["query_memory", "store_memory"]
+    assert second["tools"] == first["tools"]  # every round offers the same tools
+    assert second["messages"][:1] == first["messages"]
+    assistant, result = second["messages"][1:]
+    assert assistant["tool_calls"] == [{"id": "call_q1", "type": "function", "function": {
+        "name": "query_memory", "arguments": '{"query": "favourite editor"}'}}]
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_q1"
+    assert HELIX in result["content"]
+    assert eventually(lambda: saved_messages(tproxy) == [("user", "which editor do I like?"),
+                                                         ("assistant", "You like Helix.")])
+    # The query's hits are in the injection log, under the turn, as inject mode's block's would be.
+    with tproxy.http() as http:
+        logged = http.get(api_url("alice", "injections")).json()["data"]
+    assert [(e["turn_id"], e["injected"]) for e in logged] == [(raw.headers["x-memory-turn"], 1)]
+    assert logged[0]["log"]["tool_queries"] == [{"query": "favourite editor", "hits": 1}]
+    assert logged[0]["log"]["hits"][0]["source"] == "long-term"
+    # Token totals over the rounds go to the log only; the client's usage is the last round's.
+    assert logged[0]["log"]["tokens"] == {"input_tokens": 75, "output_tokens": 9, "rounds": 2}
+
+
+def test_query_then_answer_stream(tproxy, fake):
+    remember(tproxy, HELIX)
+    fake.queue(model_round("Let me look.", [call("call_q1", "query_memory", {"query": "favourite editor"})],
+                           answer_id="chatcmpl-r1",
+                           usage={"prompt_tokens": 50, "completion_tokens": 9, "total_tokens": 59}),
+               model_round("You like Helix.", answer_id="chatcmpl-r2",
+                           usage={"prompt_tokens": 80, "completion_tokens": 4, "total_tokens": 84}))
+    chunks, final = streamed(tproxy, [{"role": "user", "content": "which editor do I like?"}],
+                             stream_options={"include_usage": True})
+    assert final.choices[0].message.content == "Let me look.\n\nYou like Helix."
+    assert not final.choices[0].message.tool_calls
+    assert {chunk.id for chunk in chunks} == {"chatcmpl-r1"}  # the first round's id throughout
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert [c.usage.prompt_tokens for c in chunks if c.usage] == [80]  # the last round's usage, once
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.role) == 1
+    assert HELIX in sent(fake)[1]["messages"][-1]["content"]
+    assert eventually(lambda: ("assistant", "Let me look.\n\nYou like Helix.") in saved_messages(tproxy))
+
+
+def test_the_stream_has_one_done_and_no_memory_call(tproxy, fake):
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "editor"})]),
+               model_round("Nothing known."))
+    body = raw_stream(tproxy, [{"role": "user", "content": "which editor do I like?"}])
+    assert body.count(b"data: [DONE]") == 1 and body.endswith(b"data: [DONE]\n\n")
+    assert b"query_memory" not in body and b"tool_calls" not in body
+    assert NOTHING_FOUND in sent(fake)[1]["messages"][-1]["content"]
+
+
+def test_store_then_answer_is_stored_and_injected_later(tproxy, fake):
+    fake.queue(model_round(None, [call("call_s1", "store_memory", {
+        "content": "The user's dog is called Biscuit", "type": "fact", "tags": ["pets"]})]),
+               model_round("Noted: Biscuit."))
+    raw = ask(tproxy, "remember that my dog is called Biscuit")
+    assert raw.parse().choices[0].message.content == "Noted: Biscuit."
+    assert raw.headers["x-memory-tool-calls"] == "1"
+    assert sent(fake)[1]["messages"][-1]["content"].startswith("Stored as memory ")
+    with tproxy.http() as http:
+        memories = http.get(api_url("alice", "memories")).json()["data"]
+    assert [m["content"] for m in memories if "Biscuit" in m["content"]] == ["The user's dog is called Biscuit"]
+    tproxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "later"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "what is my dog called?"}])
+    assert "The user's dog is called Biscuit" in sent(fake)[-1]["messages"][-1]["content"]
+
+
+def test_store_memory_is_redacted_like_the_api(tproxy, fake):
+    secret = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0" * 2
+    fake.queue(model_round(None, [call("call_s1", "store_memory", {
+        "content": f"The user's deploy key is {secret}", "type": "fact"})]), model_round("Done."))
+    ask(tproxy, "keep my deploy key")
+    with tproxy.http() as http:
+        contents = [m["content"] for m in http.get(api_url("alice", "memories")).json()["data"]]
+    assert any(c.startswith("The user's deploy key is") for c in contents)
+    assert not any(secret in c for c in contents)
+
+
+def test_query_and_store_in_one_round(tproxy, fake):
+    remember(tproxy, HELIX)
+    fake.queue(model_round("One moment.", [call("call_q1", "query_memory", {"query": "favourite editor"}),
+                                           call("call_s1", "store_memory", {"content": "The user asked about "
+                                                                            "editors", "type": "pattern"})]),
+               model_round("Helix."))
+    raw = ask(tproxy)
+    assert raw.parse().choices[0].message.content == "One moment.\n\nHelix."
+    assert raw.headers["x-memory-tool-calls"] == "2"
+    messages = sent(fake)[1]["messages"]
+    assert messages[1]["content"] == "One moment."
+    assert [m["tool_call_id"] for m in messages[2:]] == ["call_q1", "call_s1"]
+
+
+def test_app_tool_and_memory_tool_in_one_round(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round(None, [call("call_app1", "get_weather", {"city": "Oslo"}),
+                                  call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round(None, [call("call_app2", "get_weather", {"city": "Oslo"})]))
+    client = tproxy.client(**TOOLS)
+    prompt = [{"role": "user", "content": "weather at home?"}]
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=prompt, tools=[weather])
+    message = raw.parse().choices[0].message
+    assert [(c.id, c.function.name) for c in message.tool_calls] == [("call_app2", "get_weather")]
+    assert raw.parse().choices[0].finish_reason == "tool_calls"
+    # The app call of the mixed round has no result yet: it is left out of what the model sees.
+    second = sent(fake)[1]["messages"]
+    assert [c["id"] for c in second[1]["tool_calls"]] == ["call_q1"]
+    # The app runs its tool; the next step belongs to the same turn and saves the answer once.
+    fake.queue(model_round("It is 4 degrees in Oslo."))
+    step = client.chat.completions.with_raw_response.create(model="m", tools=[weather], messages=prompt + [
+        message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_app2", "content": "4 C"}])
+    assert step.headers["x-memory-turn"] == raw.headers["x-memory-turn"]
+    assert step.parse().choices[0].message.content == "It is 4 degrees in Oslo."
+    # In place of the echoed answer the model sees what it saw: the memory exchange, byte for byte,
+    # then its own last output, then the app's result.
+    round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
+    assert next_step.startswith(round_two[:-1] + b",")
+    assert json.loads(next_step)[3:] == [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_app2", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_app2", "content": "4 C"}]
+    assert eventually(lambda: saved_messages(tproxy) == [("user", "weather at home?"),
+                                                         ("assistant", "It is 4 degrees in Oslo.")])
+
+
+def test_app_tool_and_memory_tool_stream(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round("Looking.", [call("call_app1", "get_weather", {"city": "Oslo"}),
+                                        call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round(None, [call("call_app2", "get_weather", {"city": "Bergen"})]))
+    chunks, final = streamed(tproxy, [{"role": "user", "content": "weather at home?"}], tools=[weather])
+    message = final.choices[0].message
+    assert message.content == "Looking."
+    assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls] == [
+        ("call_app2", "get_weather", '{"city": "Bergen"}')]
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+def test_next_step_after_a_streamed_step_carries_its_exchange(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round("Looking.", [call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round("Found it.", [call("call_app2", "get_weather", {"city": "Bergen"})]))
+    prompt = [{"role": "user", "content": "weather at home?"}]
+    _, final = streamed(tproxy, prompt, tools=[weather])
+    echo = final.choices[0].message.model_dump(exclude_none=True, exclude={"parsed", "refusal"})
+    assert echo["content"] == "Looking.\n\nFound it."
+    fake.queue(model_round("Rain in Bergen."))
+    _, last = streamed(tproxy, prompt + [echo, {"role": "tool", "tool_call_id": "call_app2", "content": "rain"}],
+                       tools=[weather])
+    assert last.choices[0].message.content == "Rain in Bergen."
+    round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
+    assert next_step.startswith(round_two[:-1] + b",")
+    assert [m.get("content") for m in json.loads(next_step)[3:]] == ["Found it.", "rain"]
+    assert eventually(lambda: saved_messages(tproxy) == [("user", "weather at home?"),
+                                                         ("assistant", "Rain in Bergen.")])
+
+
+def test_rounds_are_capped_then_tool_use_is_forbidden(make_proxy, fake):
+    proxy = make_proxy(memory__tool_rounds=2, extraction__from_roles=[])
+    rounds = [model_round(None, [call(f"call_q{n}", "query_memory", {"query": f"try {n}"})]) for n in range(4)]
+    fake.queue(*rounds, model_round("I could not find it."))
+    raw = ask(proxy)
+    assert raw.parse().choices[0].message.content == "I could not find it."
+    assert raw.headers["x-memory-tool-calls"] == "2"
+    requests = sent(fake)
+    assert len(requests) == 5
+    assert [r.get("tool_choice") for r in requests] == [None, None, None, None, "none"]
+    results = [m["content"] for m in requests[4]["messages"] if m["role"] == "tool"]
+    assert results[:2] == [NOTHING_FOUND, NOTHING_FOUND]
+    assert results[2:] == [f"Error: {ROUNDS_USED}"] * 2
+
+
+def test_never_ending_memory_calls_stream(make_proxy, fake):
+    proxy = make_proxy(memory__tool_rounds=1, extraction__from_roles=[])
+    rounds = [model_round(f"r{n}.", [call(f"call_q{n}", "query_memory", {"query": "x"})]) for n in range(3)]
+    fake.queue(*rounds, model_round("Final."))
+    _, final = streamed(proxy, [{"role": "user", "content": "which editor do I like?"}])
+    assert final.choices[0].message.content == "r0.\n\nr1.\n\nr2.\n\nFinal."
+    assert [r.get("tool_choice") for r in sent(fake)] == [None, None, None, "none"]
+
+
+def test_another_users_memory_is_never_returned(tproxy, fake):
+    remember(tproxy, HELIX, user="alice")
+    fake.queue(model_round(None, [call("call_q1", "query_memory", {"query": "favourite editor Helix"})]),
+               model_round("I was not told."))
+    ask(tproxy, **{"X-Memory-User": "bob"})
+    assert sent(fake)[1]["messages"][-1]["content"] == NOTHING_FOUND
+
+
+def test_a_client_tool_of_the_same_name_wins(tproxy, fake):
+    own = {"type": "function", "function": {"name": "query_memory", "parameters": {"type": "object"}}}
+    fake.queue(model_round(None, [call("call_x", "query_memory", {"q": "mine"})]))
+    answer = tproxy.client(**TOOLS).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=[own])
+    assert [c.id for c in answer.choices[0].message.tool_calls] == ["call_x"]  # the client's own call
+    assert [t["function"]["name"] for t in sent(fake)[0]["tools"]] == ["query_memory", "store_memory"]
+    assert sent(fake)[0]["tools"][0] == own and len(sent(fake)) == 1
+
+
+def test_a_failing_store_gives_the_model_an_error_and_the_client_its_answer(tproxy, fake):
+    with sqlite3.connect(store_path(tproxy)) as db:  # the store refuses every new entity
+        db.execute("CREATE TRIGGER no_entities BEFORE INSERT ON entities BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    fake.queue(model_round(None, [call("call_s1", "store_memory", {"content": "a note", "type": "fact"})]),
+               model_round("I could not save that."))
+    raw = ask(tproxy, "remember my note")
+    assert raw.parse().choices[0].message.content == "I could not save that."
+    assert sent(fake)[1]["messages"][-1]["content"] == "Error: store_memory failed; go on without it."
+    assert raw.headers["x-memory-status"] == "ok"
+
+
+def test_bad_arguments_get_an_error_result(tproxy, fake):
+    fake.queue(model_round(None, [call("call_s1", "store_memory", {"content": "x", "type": "rumour"})]),
+               model_round("Sorry."))
+    ask(tproxy)
+    assert sent(fake)[1]["messages"][-1]["content"].startswith("Error: `type` must be one of fact")
+
+
+def test_a_later_round_refused_ends_the_stream_with_the_wire_error(tproxy, fake):
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               JsonReply({"error": {"message": "overloaded", "type": "server_error", "code": None}}, status=503))
+    client = tproxy.client(**TOOLS)
+    with pytest.raises(openai.APIError) as raised:
+        with client.chat.completions.stream(model="m", messages=[{"role": "user", "content": "hi"}]) as stream:
+            for _ in stream:
+                pass
+    assert "overloaded" in str(raised.value)
+
+
+def test_a_later_round_cut_short_ends_the_stream_with_the_wire_error(tproxy, fake):
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               SSEReply(stream_events("half an answ", done=False)))
+    body = raw_stream(tproxy, [{"role": "user", "content": "hi"}])
+    assert b"[DONE]" not in body
+    assert body.endswith(b'data: {"error":{"message":"upstream stream ended before completion","type":'
+                         b'"upstream_error","param":null,"code":"stream_truncated"}}\n\n')
+    assert eventually(lambda: rows(tproxy, "SELECT status FROM turns") == [("truncated",)])
+
+
+def test_a_provider_error_event_in_a_later_round_is_the_end(tproxy, fake):
+    error = b'data: {"error": {"message": "overloaded", "type": "server_error", "code": null}}\n\n'
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               SSEReply(stream_events("par", done=False)[:2] + [error]))
+    body = raw_stream(tproxy, [{"role": "user", "content": "hi"}])
+    assert b"[DONE]" not in body and body.endswith(error)
+
+
+def test_memory_mode_tools_in_config(make_proxy, fake):
+    proxy = make_proxy(memory__mode="tools", extraction__from_roles=[])
+    fake.queue(model_round("Hi."))
+    proxy.client(**{"X-Memory-User": "alice"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}])
+    assert [t["function"]["name"] for t in sent(fake)[0]["tools"]] == ["query_memory", "store_memory"]
+    fake.queue(model_round("Hi."))
+    proxy.client(**{"X-Memory-User": "alice", "X-Memory-Mode": "inject"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi again"}])
+    assert "tools" not in sent(fake)[1]
+
+
+def test_an_unknown_mode_is_400(tproxy, fake):
+    with httpx.Client(base_url=tproxy.url) as http:
+        response = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                             headers={"x-memory-user": "alice", "x-memory-mode": "agentic"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "X-Memory-Mode must be inject, tools or off"
+
+
+def test_a_client_that_leaves_cancels_the_round_in_flight(tproxy, fake):
+    fake.queue(model_round("Checking.", [call("call_q1", "query_memory", {"query": "x"})]),
+               SSEReply(stream_events("never finished", pieces=2), stall_after=2))
+    with tproxy.http() as http:
+        with http.stream("POST", "/v1/chat/completions", headers=TOOLS, json={
+                "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as response:
+            seen = b""
+            for chunk in response.iter_raw():
+                seen += chunk
+                if b"never" in seen:
+                    break
+    assert len(fake.chat_requests()) == 2
+    assert fake.wait_closed()  # the second round's upstream request was cancelled
+    assert eventually(lambda: rows(tproxy, "SELECT status FROM turns") == [("client_aborted",)])
+
+
+def test_memory_that_cannot_be_read_sends_the_request_on_without_tools(make_proxy, fake):
+    proxy = make_proxy(memory__retrieval_timeout_ms=0, extraction__from_roles=[])
+    fake.queue(model_round("Hi."))
+    raw = ask(proxy)
+    assert raw.parse().choices[0].message.content == "Hi."
+    assert raw.headers["x-memory-status"].startswith("degraded: ")
+    assert "tools" not in sent(fake)[0] and "x-memory-tool-calls" not in raw.headers
+
+
+def test_a_retried_request_stores_its_memory_once(tproxy, fake):
+    store = call("call_s1", "store_memory", {"content": "The user's dog is called Biscuit", "type": "fact"})
+    for _ in range(2):  # the SDK's retry: the same history again, the model calls store_memory again
+        fake.queue(model_round(None, [store]), model_round("Noted."))
+        raw = ask(tproxy, "remember that my dog is called Biscuit")
+    with tproxy.http() as http:
+        memories = http.get(api_url("alice", "memories")).json()["data"]
+    assert [m["content"] for m in memories if "Biscuit" in m["content"]] == ["The user's dog is called Biscuit"]
+    assert eventually(lambda: saved_messages(tproxy) == [("user", "remember that my dog is called Biscuit"),
+                                                         ("assistant", "Noted.")])
+    assert raw.headers["x-memory-tool-calls"] == "1"
