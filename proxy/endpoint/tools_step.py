@@ -124,7 +124,7 @@ class ToolsStep:
         loop.exchanges += self.fmt.exchange(round_, outcomes)
 
     async def run_call(self, call: ToolCall) -> CallOutcome:
-        """One memory call's outcome: the one place a memory call runs (a hook wraps this)."""
+        """One memory call's outcome: the one place a memory call runs (through its hooks, in MemoryTools)."""
         result = await self.tools.run(call)
         return CallOutcome(call, result.text, result.error)
 

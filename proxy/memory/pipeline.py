@@ -24,7 +24,7 @@ from proxy.memory.hooks import Hooks
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact
 from proxy.memory.sources import edges
-from proxy.memory.tools import MemoryTools
+from proxy.memory.tools import MemoryTools, ToolHooks
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
@@ -192,8 +192,10 @@ class MemoryService:
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response,
                             wire, hooked)
         if resolved.mode == "tools" and status == "ok":
+            tool_hooks = (None if self.hooks is None else ToolHooks(
+                self.hooks, turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)))
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
-                                       recall.logged_query, persist)
+                                       recall.logged_query, persist, tool_hooks)
             recall.echoes = echoes
             recall.provider_response = provider
         recall.started(now)

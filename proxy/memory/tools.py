@@ -1,21 +1,25 @@
 """Tools mode: the two memory tools the model may call, and running one call (docs/tools-mode.md).
 
 `query_memory` reads through the same retriever as inject mode, in the request's scope;
-`store_memory` writes through the same path as the memory API (redacted). Whatever goes
-wrong becomes an error result for the model: a memory call never fails the request.
+`store_memory` writes through the same path as the memory API (redacted, then through the
+`pre_memory_write` hooks). Each call goes through the `pre_tool_use` and `post_tool_use`
+hooks (docs/hooks.md). Whatever goes wrong becomes an error result for the model: a
+memory call never fails the request.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from proxy.ids import new_id
+from proxy.memory.hooks import HookContext, Hooks
 from proxy.memory.redact import redact
 from proxy.models import Scope, ToolCall
 from proxy.stores.base import TAGS_MAX, Store, StoreMemory
@@ -32,6 +36,7 @@ QUERY_LIMIT_MAX = 20
 QUERY_LIMIT_DEFAULT = 5
 NOTHING_FOUND = ("No relevant memories found. If the user asks about something you were not told, say that "
                  "you were not told rather than guess.")
+WRITE_BLOCKED = "Error: a memory policy kept this out of memory; nothing was stored."
 ROUNDS_USED = ("Memory tool limit reached for this request: answer now with what you already have, without "
                "calling a memory tool again.")
 
@@ -83,28 +88,58 @@ Search = Callable[[str, int], Awaitable[Found]]
 LogQuery = Callable[[str, int, dict[str, Any]], None]
 
 
+@dataclass(frozen=True)
+class ToolHooks:
+    """The hooks a request's memory calls go through, with the turn's own hook context."""
+
+    hooks: Hooks
+    context: HookContext
+
+
 class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
-    def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool) -> None:
+    def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool,
+                 hooks: ToolHooks | None = None) -> None:
         self.scope = scope
         self.search = search
         self.store = store  # store_memory is the memory API's own write
         self.log_query = log_query
         self.persist = persist
+        self.hooks = hooks
 
     async def run(self, call: ToolCall) -> CallResult:
-        """Run one memory call; every failure is an error result. (Hooks wrap this one call.)"""
+        """Run one memory call through its hooks; every failure is an error result.
+
+        Arguments that are not a JSON object get their error without the hooks: there is no
+        input to show them, and the call does not run.
+        """
         try:
             arguments = _arguments(call.arguments)
-            if call.name == QUERY:
+        except BadArguments as exc:
+            return CallResult(f"Error: {exc}", error=True)
+        if self.hooks is None:
+            return await self._run(call.name, arguments)
+        hooks, context = self.hooks.hooks, self.hooks.context
+        decision = await hooks.pre_tool_use(context, call.name, arguments)
+        if decision.denied is not None:
+            return CallResult(decision.denied, error=True)  # the call does not run
+        result = await self._run(call.name, decision.input)
+        if not hooks.has("post_tool_use"):
+            return result
+        output = await hooks.post_tool_use(context, call.name, decision.input, result.text)
+        return dataclasses.replace(result, text=output)
+
+    async def _run(self, name: str, arguments: dict[str, Any]) -> CallResult:
+        try:
+            if name == QUERY:
                 return await self._query(arguments)
             return await self._store(arguments)
         except BadArguments as exc:
             return CallResult(f"Error: {exc}", error=True)
         except Exception as exc:  # memory never fails a request: the model hears it failed
-            log.warning("memory tool %s failed (%s: %s)", call.name, type(exc).__name__, redact(str(exc))[:200])
-            return CallResult(f"Error: {call.name} failed; go on without it.", error=True)
+            log.warning("memory tool %s failed (%s: %s)", name, type(exc).__name__, redact(str(exc))[:200])
+            return CallResult(f"Error: {name} failed; go on without it.", error=True)
 
     async def _query(self, arguments: dict[str, Any]) -> CallResult:
         text = arguments.get("query")
@@ -123,7 +158,14 @@ class MemoryTools:
         content, kind, confidence, tags = _memory(arguments)
         if not self.persist:
             return CallResult("Error: memory is read-only for this request; nothing was stored.", error=True)
-        op = StoreMemory(self.scope, new_id(), redact(content), kind, datetime.now(timezone.utc), confidence,
+        content = redact(content)
+        if self.hooks is not None and self.hooks.hooks.has("pre_memory_write"):
+            # The memory API's write and this one keep data out of memory by the same policies, failing closed.
+            texts = await self.hooks.hooks.pre_memory_write(self.hooks.context, [("memory", content)])
+            if texts is None:
+                return CallResult(WRITE_BLOCKED, error=True)
+            content = texts[0]
+        op = StoreMemory(self.scope, new_id(), content, kind, datetime.now(timezone.utc), confidence,
                          tuple(redact(tag) for tag in tags))
         memory_id = await self.store.store_memory(op)
         return CallResult(f"Stored as memory {memory_id}.")
