@@ -54,3 +54,11 @@ def deny_writes(event: dict[str, Any]) -> dict[str, Any]:
 
 def tag_input(event: dict[str, Any]) -> dict[str, Any]:
     return {"updated_input": {**event["input"], "tags": ["python"]}}
+
+
+def search_the_editor(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_input": {**event["input"], "query": "favourite editor"}}
+
+
+def mark_output(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_output": event["output"] + "\n[checked by python]"}
