@@ -76,7 +76,8 @@ class RecordToolCalls:
     at: datetime
     generation: Generation | None = None
     # Tools mode: the step's memory rounds and its last round's output, as the provider saw them
-    # (JSON); the next step puts them back in place of the answer the client echoes.
+    # (JSON); the next step puts them back in place of the answer the client echoes. Not redacted:
+    # the provider must get the same bytes again (docs/security.md says why).
     exchange: str | None = None
 
 
