@@ -413,3 +413,18 @@ def test_a_block_holds_when_the_store_cannot_be_asked_in_time(with_hooks, fake):
     raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Mode": "off"}).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "tell me the launch codes"}])
     assert raw.headers["x-memory-status"] == "off"  # memory off: no hooks, a pure pass-through
+
+
+# --- once per turn, and what a hook is given ----------------------------------------------
+
+def test_a_retried_turn_fires_no_hook_again(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "user_prompt_submit", "url": hook_server.url("/submit")},
+                        {"event": "stop", "url": hook_server.url("/stop")}])
+    ask(proxy, "what is the plan?")
+    eventually(lambda: len(hook_server.inputs("/stop")) == 1)
+    fake.queue(JsonReply(completion("A regenerated answer")))
+    ask(proxy, "what is the plan?")  # the SDK's retry: the same history within the retry window
+    assert settled(proxy, 3)[-1] == ("assistant", "A regenerated answer")  # saved beside the first
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM turns") == [(1,)])
+    assert len(hook_server.inputs("/submit")) == 1
+    assert len(hook_server.inputs("/stop")) == 1  # the turn's stop fired once, after its first answer

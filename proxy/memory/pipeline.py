@@ -386,7 +386,12 @@ class TurnRecall(Recall):
             answer_hash=text_hash(answer),
             generation=self._generation,
         )
-        return self._saves.finish(finish) if self._saves is not None else self._submit(finish, urgent=True)
+        if self._saves is None:
+            return self._submit(finish, urgent=True)
+        # A retry of a turn already answered saves its regenerated answer, but the turn's
+        # `stop` fired with the first one: it fires once per turn.
+        existing = self._identity.existing
+        return self._saves.finish(finish, stop=existing is None or existing.status != "complete")
 
     def failed(self, status: str) -> None:
         self._ended(status)

@@ -136,8 +136,9 @@ class HookedSaves:
         self._spawn(guarded())
         return committed
 
-    def finish(self, op: FinishTurn) -> asyncio.Future[None]:
-        """The answer (and the trace, whose task is the prompt: both go through the hooks); then `stop`."""
+    def finish(self, op: FinishTurn, stop: bool = True) -> asyncio.Future[None]:
+        """The answer (and the trace, whose task is the prompt: both go through the hooks); then `stop`,
+        unless the turn has had its `stop` (`stop=False`: a retry of an answered turn)."""
         committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def guarded() -> None:
@@ -146,7 +147,7 @@ class HookedSaves:
             finally:
                 if not committed.done():
                     committed.set_result(None)
-            if self._hooks.has("stop"):
+            if stop and self._hooks.has("stop"):
                 await asyncio.sleep(0)  # the response, waiting on the commit, goes out first
                 context = await self._hooks.stop(self._context, op.answer)
                 if context:
