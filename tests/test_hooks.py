@@ -428,3 +428,22 @@ def test_a_retried_turn_fires_no_hook_again(with_hooks, fake, hook_server):
     assert eventually(lambda: rows(proxy, "SELECT count(*) FROM turns") == [(1,)])
     assert len(hook_server.inputs("/submit")) == 1
     assert len(hook_server.inputs("/stop")) == 1  # the turn's stop fired once, after its first answer
+
+
+def test_stop_is_given_the_answer_as_saved_and_nothing_when_the_save_was_blocked(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:mask_patient_ids"},
+                        {"event": "stop", "url": hook_server.url("/stop")}])
+    fake.queue(JsonReply(completion("MRN-654321 takes penicillin")))
+    ask(proxy, "what does MRN-654321 take?")
+    assert settled(proxy, 2)[-1] == ("assistant", "MRN-###### takes penicillin")
+    assert eventually(lambda: [e["answer"] for e in hook_server.inputs("/stop")] == ["MRN-###### takes penicillin"])
+    blocking = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:keep_patient_ids_out"},
+                           {"event": "stop", "url": hook_server.url("/stop-blocked")}])
+    fake.queue(JsonReply(completion("MRN-111111 is allergic to penicillin")))
+    ask(blocking, "is MRN-111111 allergic?", user="bob")
+    assert eventually(lambda: rows(blocking, "SELECT status FROM turns WHERE user_id = 'bob'") == [("complete",)])
+    fake.queue(JsonReply(completion("fine")))
+    ask(blocking, "a later turn", user="bob")  # its own stop fires, after the blocked turn's would have
+    assert settled(blocking, 2, user="bob") == [("user", "a later turn"), ("assistant", "fine")]
+    assert eventually(lambda: len(hook_server.inputs("/stop-blocked")) >= 1)
+    assert [e["answer"] for e in hook_server.inputs("/stop-blocked")] == ["fine"]
