@@ -447,3 +447,19 @@ def test_stop_is_given_the_answer_as_saved_and_nothing_when_the_save_was_blocked
     assert settled(blocking, 2, user="bob") == [("user", "a later turn"), ("assistant", "fine")]
     assert eventually(lambda: len(hook_server.inputs("/stop-blocked")) >= 1)
     assert [e["answer"] for e in hook_server.inputs("/stop-blocked")] == ["fine"]
+
+
+def test_a_memory_api_correction_goes_through_pre_memory_write(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:keep_patient_ids_out"},
+                        {"event": "pre_memory_write", "url": hook_server.url("/seen")}])
+    http = proxy.http()
+    created = http.post("/memory/v1/users/alice/memories", json={"content": "Alice prefers Go", "type": "fact"})
+    assert created.status_code == 201
+    memory_id = created.json()["id"]
+    refused = http.patch(f"/memory/v1/users/alice/memories/{memory_id}", json={"content": "MRN-123456 prefers Go"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "blocked_by_policy"
+    assert "MRN-123456" not in json.dumps(rows(proxy, "SELECT * FROM entities"))
+    corrected = http.patch(f"/memory/v1/users/alice/memories/{memory_id}", json={"content": "Alice prefers Rust"})
+    assert corrected.status_code == 200
+    assert [e["turns"] for e in hook_server.inputs("/seen")] == [
+        [{"role": "memory", "content": "Alice prefers Go"}], [{"role": "memory", "content": "Alice prefers Rust"}]]
