@@ -54,3 +54,8 @@ def deny_writes(event: dict[str, Any]) -> dict[str, Any]:
 
 def tag_input(event: dict[str, Any]) -> dict[str, Any]:
     return {"updated_input": {**event["input"], "tags": ["python"]}}
+
+
+def slow_last_hit(event: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.6)  # slower than the retrieval budget, well within the hook's own timeout
+    return {"hits": [event["hits"][-1]["id"]]}

@@ -463,3 +463,16 @@ def test_a_memory_api_correction_goes_through_pre_memory_write(with_hooks, fake,
     assert corrected.status_code == 200
     assert [e["turns"] for e in hook_server.inputs("/seen")] == [
         [{"role": "memory", "content": "Alice prefers Go"}], [{"role": "memory", "content": "Alice prefers Rust"}]]
+
+
+def test_a_post_retrieval_hook_slower_than_the_retrieval_budget_runs_on_its_own_timeout(with_hooks, fake):
+    proxy = with_hooks([{"event": "post_retrieval", "python": H + "slow_last_hit"}],
+                       **{"memory.retrieval_timeout_ms": 400})
+    ask(proxy, FACT, conversation="teach")
+    settled(proxy, 2)
+    raw = ask(proxy, QUESTION, conversation="ask")
+    # The policy took longer than retrieval may, within its 2000 ms: the turn is not degraded
+    # (nor is the store's circuit charged with a timeout), and the block is what it kept.
+    assert raw.headers["x-memory-status"] == "ok" and raw.headers["x-memory-injected"] == "1"
+    assert sent_prompt(fake).startswith(f"{HEADER}\n1. [cross-session] user ({today()}): {FACT}")
+    assert failures(proxy) == {}

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from proxy.errors import MemoryUnavailable, PolicyBlocked
 from proxy.exchange import Recall
@@ -37,6 +38,8 @@ from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
 
 log = logging.getLogger("memproxy.memory")
+
+T = TypeVar("T")
 
 STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's result
 # Recalls that read the store at once (admission.py), and the share of a recall's budget it
@@ -140,7 +143,7 @@ class MemoryService:
                         reading = True
                         identity = await self._identify(scope, request, now, digest)
                         if self.hooks is None:
-                            retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
+                            retrieved = await self._block(scope, request, identity, resolved, answer_by)
                     if self.hooks is not None:
                         # Outside the gate: a slow hook holds no other recall's turn to read.
                         hooked = await self._hooked(budget, scope, request, identity, wire)
@@ -148,7 +151,8 @@ class MemoryService:
                         request = turn_hooks.with_prompt(request, hooked.prompt)
                         queued = self._queued_context(scope, identity)  # read while retrieval runs
                         async with self.gate.admitted(answer_by - budget_s * (1 - TURN_WAIT_SHARE)):
-                            retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
+                            retrieved = await self._block(scope, request, identity, resolved, answer_by)
+                        retrieved = await self._kept(budget, scope, identity, retrieved, wire)
                         if queued is not None:
                             hooked = turn_hooks.with_queued(hooked, await queued)
                 self.breaker.succeeded()
@@ -204,11 +208,17 @@ class MemoryService:
             # A conversation the client names is new while the store has nothing of it.
             self.hooks.has("session_start") and scope.conversation is not None
             and await self.store.conversation_record(scope, scope.conversation) is None)
-        left = (budget.when() or 0) - asyncio.get_running_loop().time()
-        budget.reschedule(None)
-        start = await self._start_hooks(scope, request, identity, wire, new_conversation)
-        budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
-        return start
+        return await _paused(budget, self._start_hooks(scope, request, identity, wire, new_conversation))
+
+    async def _kept(self, budget: asyncio.Timeout, scope: Scope, identity: TurnIdentity, retrieved: Retrieved,
+                    wire: str) -> Retrieved:
+        """post_retrieval, outside the gate and on its own timeouts like the start hooks: a policy
+        slower than retrieval is skipped at its timeout, never a degraded turn charged to the store."""
+        assert self.hooks is not None
+        if not self.hooks.has("post_retrieval") or not retrieved.hits:
+            return retrieved
+        context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+        return await _paused(budget, turn_hooks.kept_hits(self.hooks, context, retrieved, self.memory.block_header))
 
     async def _start_hooks(self, scope: Scope, request: Transcript, identity: TurnIdentity, wire: str,
                            new_conversation: bool = False) -> turn_hooks.TurnStart:
@@ -226,7 +236,7 @@ class MemoryService:
         return asyncio.ensure_future(self.store.hook_context(scope, identity.conversation_id))
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
-                     resolved: RequestScope, answer_by: float, wire: str) -> Retrieved:
+                     resolved: RequestScope, answer_by: float) -> Retrieved:
         if identity.existing is not None and identity.existing.block is not None:
             # A later step of the turn: the first step's block, byte for byte.
             return Retrieved(identity.existing.block, identity.existing.injected, {"cache": True})
@@ -237,11 +247,7 @@ class MemoryService:
                       min(limit, 12), identity.new_conversation, answer_by)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
-        retrieved = await self.retriever.retrieve(scope, query)
-        if self.hooks is not None and self.hooks.has("post_retrieval") and retrieved.hits:
-            context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
-            return await turn_hooks.kept_hits(self.hooks, context, retrieved, header)
-        return retrieved
+        return await self.retriever.retrieve(scope, query)
 
     def _store_answered_at(self) -> float:
         # Not in the Store protocol yet: SQLite's reader threads note when they answered a read.
@@ -254,6 +260,16 @@ class MemoryService:
         else:
             log.warning("memory degraded: %s (%s: %s)", reason, type(exc).__name__, redact(str(exc)))
         return f"degraded: {reason}"
+
+
+async def _paused(budget: asyncio.Timeout, hooks: Coroutine[Any, Any, T]) -> T:
+    """Hooks run on their own timeouts: retrieval's budget waits while they do."""
+    left = (budget.when() or 0) - asyncio.get_running_loop().time()
+    budget.reschedule(None)
+    try:
+        return await hooks
+    finally:
+        budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
 
 
 def user_text(request: Transcript, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:
