@@ -476,3 +476,29 @@ def test_a_post_retrieval_hook_slower_than_the_retrieval_budget_runs_on_its_own_
     assert raw.headers["x-memory-status"] == "ok" and raw.headers["x-memory-injected"] == "1"
     assert sent_prompt(fake).startswith(f"{HEADER}\n1. [cross-session] user ({today()}): {FACT}")
     assert failures(proxy) == {}
+
+
+def test_a_tool_loops_block_recomputed_after_a_deletion_keeps_the_turns_hook_context(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "context"},
+                        {"event": "user_prompt_submit", "python": H + "rewrite"}])
+    ask(proxy, "The deploy token lives in vault path secret/deploy/prod-7731.", conversation="secrets")
+    ask(proxy, "The deploy token rotation runs every Monday.", conversation="notes")
+    settled(proxy, 4)
+    client = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "loop"})
+    messages: Any = [{"role": "user", "content": "where does the deploy token live?"}]
+    prompts = []
+    for step in range(3):
+        fake.queue(JsonReply(completion(None, tool_calls=[{"id": f"call_{step}", "name": "vault", "arguments": "{}"}])))
+        client.chat.completions.create(model="m", messages=messages)
+        prompts.append(json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"])
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": f"call_{step}", "type": "function", "function": {"name": "vault", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": f"call_{step}", "content": "ok"}]
+        if step == 0:
+            assert proxy.http().delete("/memory/v1/users/alice/conversations/secrets").status_code == 200
+    # The deleted memory leaves the block; the turn's policy context and rewrite do not (the
+    # hooks do not run again for the turn, so the context must come from the turn itself).
+    tail = "\n\npython user_prompt_submit context\n\nwhere does the deploy token live? [python]"
+    assert "prod-7731" in prompts[0] and prompts[0].endswith(tail)
+    assert "prod-7731" not in prompts[1] and "every Monday" in prompts[1] and prompts[1].endswith(tail)
+    assert prompts[2] == prompts[1]

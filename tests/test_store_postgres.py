@@ -59,7 +59,7 @@ def test_two_stores_writing_the_same_turns_at_once_save_each_once(pg_url: str) -
             assert await backend.sql("SELECT count(*) FROM injections") == [(30,)]
             assert await backend.sql("SELECT count(*) FROM turn_tool_calls") == [(30,)]
             versions = await backend.sql("SELECT version FROM schema_version ORDER BY version")
-            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
+            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
             turn = (await two.find_turn(Scope("u1"), ["call-t4"], "", T0)).turn
             assert turn is not None and (turn.key, turn.block, turn.status) == ("t4", "block of t4", "complete")
         finally:

@@ -185,7 +185,7 @@ class MemoryService:
             hooked = await self._start_hooks(scope, request, identity, wire)
             request = turn_hooks.with_prompt(request, hooked.prompt)
         hooked = hooked or turn_hooks.TurnStart()
-        if hooked.context:
+        if hooked.context and not retrieved.log.get("cache"):  # a cached block carries its context
             retrieved.block = turn_hooks.with_context(retrieved.block, hooked.context, self.memory.max_tokens)
         parts = await saved(request, self.memory.block_header, hooked.context) if persist else Saved()
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response,
@@ -200,9 +200,9 @@ class MemoryService:
     async def _hooked(self, budget: asyncio.Timeout, scope: Scope, request: Transcript, identity: TurnIdentity,
                       wire: str) -> turn_hooks.TurnStart:
         """A new turn's start hooks, on their own timeouts (retrieval's budget waits meanwhile);
-        a later step or a retry gets the prompt the turn's hooks gave it."""
+        a later step or a retry gets the prompt and the context the turn's hooks gave it."""
         if identity.existing is not None:
-            return turn_hooks.TurnStart(identity.existing.prompt)
+            return turn_hooks.TurnStart(identity.existing.prompt, identity.existing.context or "")
         assert self.hooks is not None
         new_conversation = identity.new_conversation or (
             # A conversation the client names is new while the store has nothing of it.
@@ -375,7 +375,8 @@ class TurnRecall(Recall):
                 self._service.pending.saving(self._scope.user, saved)
         if not self._log.get("cache") and self.status == "ok":
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
-                                   generation=self._generation, prompt=self._start.prompt))
+                                   generation=self._generation, prompt=self._start.prompt,
+                                   context=self._start.context or None))
         if self._start.queued_upto is not None:
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 

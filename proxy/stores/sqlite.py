@@ -118,7 +118,8 @@ def _reason(exc: BaseException) -> str:
     return f"{code}: {exc}"
 
 
-_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt"
+_TURN_COLUMNS = ("t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt,"
+                 " t.hook_context")
 _RELATIONSHIP_SELECT = (
     "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
     " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
