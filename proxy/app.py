@@ -139,6 +139,8 @@ class Parts:
         await self.upstream.aclose()
         if self.hook_poster is not None:
             await self.hook_poster.aclose()
+        if self.memory.hooks is not None:
+            self.memory.hooks.close()
 
     async def readiness(self) -> dict[str, Any]:
         """Still 200 when memory is degraded (proxying goes on); `status` says how (kept in service)."""

@@ -59,3 +59,7 @@ def tag_input(event: dict[str, Any]) -> dict[str, Any]:
 def slow_last_hit(event: dict[str, Any]) -> dict[str, Any]:
     time.sleep(0.6)  # slower than the retrieval budget, well within the hook's own timeout
     return {"hits": [event["hits"][-1]["id"]]}
+
+
+def stuck(event: dict[str, Any]) -> None:
+    time.sleep(4)  # a sync policy stuck on I/O long past its timeout: its thread stays taken

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -502,3 +504,15 @@ def test_a_tool_loops_block_recomputed_after_a_deletion_keeps_the_turns_hook_con
     assert "prod-7731" in prompts[0] and prompts[0].endswith(tail)
     assert "prod-7731" not in prompts[1] and "every Monday" in prompts[1] and prompts[1].endswith(tail)
     assert prompts[2] == prompts[1]
+
+
+def test_stuck_sync_hooks_never_hold_up_the_proxys_own_work_off_the_event_loop(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "stuck", "timeout_ms": 50}])
+    # More stuck calls than the event loop's default thread pool has threads.
+    for n in range(min(32, (os.cpu_count() or 1) + 4) + 1):
+        assert ask(proxy, f"question {n}", conversation=f"c{n}").status_code == 200
+    # A long history is hashed (and the prompt redacted) in a thread: it must not queue behind them.
+    started = time.monotonic()
+    raw = ask(proxy, "x " * 40_000, conversation="long")
+    assert raw.status_code == 200 and time.monotonic() - started < 1.5
+    assert failures(proxy)[("user_prompt_submit", "timeout")] >= 8

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib
 import inspect
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeGuard
@@ -29,6 +31,12 @@ log = logging.getLogger("memproxy.hooks")
 
 Answer = dict[str, Any]
 Handler = Callable[[Answer], Awaitable[Answer | None]]
+
+# Synchronous handlers run on threads of their own, never the event loop's default pool: a
+# handler stuck past its timeout keeps its thread, and the proxy's own work off the loop
+# (hashing a long history, redacting a large prompt, extraction) must not queue behind it.
+# When these are all stuck, further sync hooks wait here until their timeouts skip them.
+HOOK_THREADS = 8
 
 
 class HookFailure(Exception):
@@ -91,10 +99,11 @@ def load_hooks(specs: Sequence[HookSpec], poster: HookPoster | None, metrics: Me
     """The configured hooks, handlers imported now (a start-up error names the key); None when none."""
     if not specs:
         return None  # the request path then checks one None and does nothing else
-    return Hooks([Hook(spec, _handler(spec, poster)) for spec in specs], metrics)
+    threads = ThreadPoolExecutor(HOOK_THREADS, thread_name_prefix="memproxy-hook")
+    return Hooks([Hook(spec, _handler(spec, poster, threads)) for spec in specs], metrics, threads)
 
 
-def _handler(spec: HookSpec, poster: HookPoster | None) -> Handler:
+def _handler(spec: HookSpec, poster: HookPoster | None, threads: ThreadPoolExecutor) -> Handler:
     if spec.kind == "url":
         if poster is None:
             raise ValueError(f"{spec.key}: a URL hook needs a poster")
@@ -109,7 +118,7 @@ def _handler(spec: HookSpec, poster: HookPoster | None) -> Handler:
 
     async def in_thread(payload: Answer) -> Answer | None:
         # A blocking policy (a file, a database, a regex over a long text) never holds the loop.
-        return await asyncio.to_thread(function, payload)
+        return await asyncio.get_running_loop().run_in_executor(threads, functools.partial(function, payload))
     return in_thread
 
 
@@ -129,14 +138,20 @@ def _import(spec: HookSpec) -> Callable[..., Any]:
 class Hooks:
     """Runs the hooks of each event in order; the input and output of each event: docs/hooks.md."""
 
-    def __init__(self, hooks: Sequence[Hook], metrics: Metrics) -> None:
+    def __init__(self, hooks: Sequence[Hook], metrics: Metrics, threads: ThreadPoolExecutor | None = None) -> None:
         self._metrics = metrics
+        self._threads = threads
         self._by_event: dict[str, list[Hook]] = {}
         for hook in hooks:
             self._by_event.setdefault(hook.spec.event, []).append(hook)
 
     def has(self, event: str) -> bool:
         return event in self._by_event
+
+    def close(self) -> None:
+        """Stop the sync handlers' threads (one still stuck in a handler ends with it)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def session_start(self, context: HookContext) -> str:
         """The first turn of a new conversation: the hooks' additional context for it."""
