@@ -516,3 +516,21 @@ def test_stuck_sync_hooks_never_hold_up_the_proxys_own_work_off_the_event_loop(w
     raw = ask(proxy, "x " * 40_000, conversation="long")
     assert raw.status_code == 200 and time.monotonic() - started < 1.5
     assert failures(proxy)[("user_prompt_submit", "timeout")] >= 8
+
+
+def test_a_rewritten_prompt_is_kept_redacted_and_later_steps_get_the_clients_secrets_back(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "rewrite"}])
+    key = "sk-proj-Abc123Def456Ghi789Jkl012Mno345"
+    words = f"deploy with {key} tonight"
+    call = {"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    fake.queue(JsonReply(completion(None, tool_calls=[called(call)])))
+    ask(proxy, words, tools=[{"type": "function", "function": {"name": "grep", "parameters": {}}}])
+    assert sent_prompt(fake) == f"{words} [python]"
+    proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": words},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "call_1", "content": "found"}])
+    # The model sees one prompt on every step; the store never holds the key.
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == f"{words} [python]"
+    assert rows(proxy, "SELECT prompt FROM turns") == [("deploy with [REDACTED:openai_key] tonight [python]",)]
+    assert settled(proxy, 2)[0] == ("user", "deploy with [REDACTED:openai_key] tonight [python]")

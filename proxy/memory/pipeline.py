@@ -23,7 +23,7 @@ from proxy.memory.breaker import CircuitBreaker
 from proxy.memory import turn_hooks
 from proxy.memory.hooks import Hooks
 from proxy.memory.pending_facts import PendingFacts
-from proxy.memory.redact import INLINE_REDACT_CHARS, redact
+from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.sources import edges
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
@@ -202,7 +202,10 @@ class MemoryService:
         """A new turn's start hooks, on their own timeouts (retrieval's budget waits meanwhile);
         a later step or a retry gets the prompt and the context the turn's hooks gave it."""
         if identity.existing is not None:
-            return turn_hooks.TurnStart(identity.existing.prompt, identity.existing.context or "")
+            prompt = identity.existing.prompt
+            if prompt is not None:  # kept redacted: the client's resent words give its secrets back
+                prompt = restored(prompt, user_text(request, self.memory.block_header))
+            return turn_hooks.TurnStart(prompt, identity.existing.context or "")
         assert self.hooks is not None
         new_conversation = identity.new_conversation or (
             # A conversation the client names is new while the store has nothing of it.
@@ -375,7 +378,8 @@ class TurnRecall(Recall):
                 self._service.pending.saving(self._scope.user, saved)
         if not self._log.get("cache") and self.status == "ok":
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
-                                   generation=self._generation, prompt=self._start.prompt,
+                                   generation=self._generation,
+                                   prompt=None if self._start.prompt is None else redact(self._start.prompt),
                                    context=self._start.context or None))
         if self._start.queued_upto is not None:
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
