@@ -63,3 +63,12 @@ def slow_last_hit(event: dict[str, Any]) -> dict[str, Any]:
 
 def stuck(event: dict[str, Any]) -> None:
     time.sleep(4)  # a sync policy stuck on I/O long past its timeout: its thread stays taken
+
+
+def leaky_context(event: dict[str, Any]) -> dict[str, Any]:
+    return {"additional_context": "deploy with sk-abcdefghijklmnopqrstuvwxyz012345"}
+
+
+def leaky_rewrite(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_turns": [{**turn, "content": turn["content"] + " (key AKIAIOSFODNN7EXAMPLE)"}
+                              for turn in event["turns"]]}

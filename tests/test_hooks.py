@@ -534,3 +534,17 @@ def test_a_rewritten_prompt_is_kept_redacted_and_later_steps_get_the_clients_sec
     assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == f"{words} [python]"
     assert rows(proxy, "SELECT prompt FROM turns") == [("deploy with [REDACTED:openai_key] tonight [python]",)]
     assert settled(proxy, 2)[0] == ("user", "deploy with [REDACTED:openai_key] tonight [python]")
+
+
+def test_what_a_hook_gives_is_redacted_before_it_is_saved(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "leaky_context"},
+                        {"event": "stop", "python": H + "leaky_context"},
+                        {"event": "pre_memory_write", "python": H + "leaky_rewrite"}])
+    ask(proxy, "first question")
+    assert sent_prompt(fake) == "deploy with [REDACTED:openai_key]\n\nfirst question"
+    assert settled(proxy, 2) == [("user", "first question (key [REDACTED:aws_access_key])"),
+                                 ("assistant", "Hello from upstream (key [REDACTED:aws_access_key])")]
+    assert eventually(lambda: rows(proxy, "SELECT text FROM hook_context") == [
+        ("deploy with [REDACTED:openai_key]",)])
+    stored = json.dumps([rows(proxy, f"SELECT * FROM {table}") for table in ("turns", "messages", "reasoning")])
+    assert "sk-abc" not in stored and "AKIA" not in stored

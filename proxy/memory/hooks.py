@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeGuard
 
+from proxy.memory.redact import redact
 from proxy.metrics import Metrics
 from proxy.settings import ConfigError, HookSpec
 
@@ -231,7 +232,8 @@ class Hooks:
                     self.failed(spec, "bad_answer", "updated_turns must keep the length and the roles")
                     return None
                 fields["turns"] = updated
-        return [turn["content"] for turn in fields["turns"]]
+        # A rewrite is saved like any text: secrets out first.
+        return [redact(turn["content"]) for turn in fields["turns"]]
 
     async def stop(self, context: HookContext, answer_text: str) -> str:
         """After the answer is saved: context for the conversation's next turn."""
@@ -309,7 +311,8 @@ class ToolDecision:
 
 
 def _paragraphs(texts: Sequence[str]) -> str:
-    return "\n\n".join(text.strip() for text in texts if text.strip())
+    # Context is saved (with the turn's block, or queued for the next turn): secrets out first.
+    return redact("\n\n".join(text.strip() for text in texts if text.strip()))
 
 
 def _same_turns(given: list[Answer], updated: list[Any]) -> list[Answer] | None:
