@@ -72,3 +72,13 @@ def leaky_context(event: dict[str, Any]) -> dict[str, Any]:
 def leaky_rewrite(event: dict[str, Any]) -> dict[str, Any]:
     return {"updated_turns": [{**turn, "content": turn["content"] + " (key AKIAIOSFODNN7EXAMPLE)"}
                               for turn in event["turns"]]}
+
+
+class AsyncPolicy:
+    """A policy object whose __call__ is async: a callable that is async without being a function."""
+
+    async def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {"additional_context": f"async object {event['event']}"}
+
+
+async_object = AsyncPolicy()

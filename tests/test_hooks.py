@@ -548,3 +548,10 @@ def test_what_a_hook_gives_is_redacted_before_it_is_saved(with_hooks, fake):
         ("deploy with [REDACTED:openai_key]",)])
     stored = json.dumps([rows(proxy, f"SELECT * FROM {table}") for table in ("turns", "messages", "reasoning")])
     assert "sk-abc" not in stored and "AKIA" not in stored
+
+
+def test_a_callable_object_with_an_async_call_is_awaited(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "async_object"}])
+    assert ask(proxy, "hello").status_code == 200
+    assert sent_prompt(fake) == "async object user_prompt_submit\n\nhello"
+    assert failures(proxy) == {}

@@ -114,7 +114,8 @@ def _handler(spec: HookSpec, poster: HookPoster | None, threads: ThreadPoolExecu
             return await poster.post(url, payload)
         return post
     function = _import(spec)
-    if inspect.iscoroutinefunction(function):
+    # An object whose __call__ is async is an async handler too (a policy kept as an instance).
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None)):
         return function
 
     async def in_thread(payload: Answer) -> Answer | None:
