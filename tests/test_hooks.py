@@ -154,6 +154,19 @@ def test_an_unimportable_handler_stops_start_up_naming_its_key(fake, tmp_path):
         assert str(raised.value).startswith(message)
 
 
+def test_a_handler_whose_module_fails_to_import_stops_start_up_naming_its_key(fake, tmp_path, monkeypatch):
+    from proxy.app import create_app
+    from proxy.settings import ConfigError
+    (tmp_path / "policy_that_raises.py").write_text("raise RuntimeError('no policy file')\n\ndef f(event): pass\n")
+    (tmp_path / "policy_with_a_typo.py").write_text("def f(event) return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/m.db"})
+    for module in ("policy_that_raises", "policy_with_a_typo"):
+        with pytest.raises(ConfigError) as raised:
+            create_app(dataclasses.replace(settings, hooks=parse_hooks([{"event": "stop", "python": f"{module}:f"}])))
+        assert str(raised.value).startswith(f"hooks[0].python: cannot import {module}:f")
+
+
 def test_the_hooks_list_is_read_from_the_config_file(tmp_path):
     path = tmp_path / "memproxy.yaml"
     path.write_text("hooks:\n  - event: pre_memory_write\n    python: proxy.hook_examples:keep_patient_ids_out\n"

@@ -130,8 +130,8 @@ def _import(spec: HookSpec) -> Callable[..., Any]:
         target: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{spec.key}.python: cannot import {spec.handler}: {exc}") from exc
+    except Exception as exc:  # a deployment's module may fail any way on import: start-up names the hook
+        raise ConfigError(f"{spec.key}.python: cannot import {spec.handler}: {type(exc).__name__}: {exc}") from exc
     if not callable(target):
         raise ConfigError(f"{spec.key}.python: {spec.handler} is not callable")
     return target
