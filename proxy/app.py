@@ -134,6 +134,7 @@ class Parts:
         if self.embedding is not None:
             await self.embedding.stop()
         await self.extraction.stop()
+        await self.memory.settle_hook_saves(self.settings.server.grace_period_s)
         await self.writer.close(self.settings.server.grace_period_s)
         await self.store.close()
         await self.upstream.aclose()

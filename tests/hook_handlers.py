@@ -82,3 +82,7 @@ class AsyncPolicy:
 
 
 async_object = AsyncPolicy()
+
+
+def slow_write(event: dict[str, Any]) -> None:
+    time.sleep(0.8)  # a policy slower than the commit's bound: the response goes out first

@@ -568,3 +568,11 @@ def test_a_callable_object_with_an_async_call_is_awaited(with_hooks, fake):
     assert ask(proxy, "hello").status_code == 200
     assert sent_prompt(fake) == "async object user_prompt_submit\n\nhello"
     assert failures(proxy) == {}
+
+
+def test_a_save_still_waiting_on_its_hook_completes_when_the_server_stops(with_hooks, fake):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": H + "slow_write"}],
+                       **{"memory.commit_timeout_ms": 100})
+    assert ask(proxy, "remember the launch is on Friday").status_code == 200
+    proxy.stop()  # a graceful stop within its grace period: the hook answers, the save commits
+    assert saved(proxy) == [("user", "remember the launch is on Friday"), ("assistant", "Hello from upstream")]

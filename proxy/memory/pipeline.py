@@ -112,6 +112,12 @@ class MemoryService:
         self.hooks = hooks  # None: no hooks configured, and the request path does nothing for them
         self.hook_saves: set[asyncio.Task[None]] = set()  # saves waiting on a pre_memory_write hook
 
+    async def settle_hook_saves(self, timeout_s: float) -> None:
+        """Wait, at most `timeout_s`, for the saves still waiting on their hooks: a graceful stop
+        must not drop a turn whose response went out before its pre_memory_write hook answered."""
+        if self.hook_saves:
+            await asyncio.wait(set(self.hook_saves), timeout=timeout_s)
+
     async def recall(self, resolved: RequestScope, request: Transcript | None, wire: str = "") -> Recall:
         """The Recall of one chat request (its identity already complete)."""
         if not resolved.memory_on or request is None or resolved.scope is None:
