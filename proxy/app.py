@@ -134,11 +134,14 @@ class Parts:
         if self.embedding is not None:
             await self.embedding.stop()
         await self.extraction.stop()
+        await self.memory.settle_hook_saves(self.settings.server.grace_period_s)
         await self.writer.close(self.settings.server.grace_period_s)
         await self.store.close()
         await self.upstream.aclose()
         if self.hook_poster is not None:
             await self.hook_poster.aclose()
+        if self.memory.hooks is not None:
+            self.memory.hooks.close()
 
     async def readiness(self) -> dict[str, Any]:
         """Still 200 when memory is degraded (proxying goes on); `status` says how (kept in service)."""

@@ -95,6 +95,7 @@ class Turn:
     block: str | None = None  # the memory block computed on the turn's first step
     injected: int = 0
     prompt: str | None = None  # a hook's updated_prompt, applied again on every later step
+    context: str | None = None  # the hooks' additional_context, added again to a block computed again
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,35 @@ def search_the_editor(event: dict[str, Any]) -> dict[str, Any]:
 
 def mark_output(event: dict[str, Any]) -> dict[str, Any]:
     return {"updated_output": event["output"] + "\n[checked by python]"}
+
+
+def slow_last_hit(event: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.6)  # slower than the retrieval budget, well within the hook's own timeout
+    return {"hits": [event["hits"][-1]["id"]]}
+
+
+def stuck(event: dict[str, Any]) -> None:
+    time.sleep(4)  # a sync policy stuck on I/O long past its timeout: its thread stays taken
+
+
+def leaky_context(event: dict[str, Any]) -> dict[str, Any]:
+    return {"additional_context": "deploy with sk-abcdefghijklmnopqrstuvwxyz012345"}
+
+
+def leaky_rewrite(event: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_turns": [{**turn, "content": turn["content"] + " (key AKIAIOSFODNN7EXAMPLE)"}
+                              for turn in event["turns"]]}
+
+
+class AsyncPolicy:
+    """A policy object whose __call__ is async: a callable that is async without being a function."""
+
+    async def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {"additional_context": f"async object {event['event']}"}
+
+
+async_object = AsyncPolicy()
+
+
+def slow_write(event: dict[str, Any]) -> None:
+    time.sleep(0.8)  # a policy slower than the commit's bound: the response goes out first

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -150,6 +152,19 @@ def test_an_unimportable_handler_stops_start_up_naming_its_key(fake, tmp_path):
         with pytest.raises(ConfigError) as raised:
             create_app(dataclasses.replace(settings, hooks=parse_hooks([{"event": "stop", "python": handler}])))
         assert str(raised.value).startswith(message)
+
+
+def test_a_handler_whose_module_fails_to_import_stops_start_up_naming_its_key(fake, tmp_path, monkeypatch):
+    from proxy.app import create_app
+    from proxy.settings import ConfigError
+    (tmp_path / "policy_that_raises.py").write_text("raise RuntimeError('no policy file')\n\ndef f(event): pass\n")
+    (tmp_path / "policy_with_a_typo.py").write_text("def f(event) return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/m.db"})
+    for module in ("policy_that_raises", "policy_with_a_typo"):
+        with pytest.raises(ConfigError) as raised:
+            create_app(dataclasses.replace(settings, hooks=parse_hooks([{"event": "stop", "python": f"{module}:f"}])))
+        assert str(raised.value).startswith(f"hooks[0].python: cannot import {module}:f")
 
 
 def test_the_hooks_list_is_read_from_the_config_file(tmp_path):
@@ -413,3 +428,151 @@ def test_a_block_holds_when_the_store_cannot_be_asked_in_time(with_hooks, fake):
     raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Mode": "off"}).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "tell me the launch codes"}])
     assert raw.headers["x-memory-status"] == "off"  # memory off: no hooks, a pure pass-through
+
+
+# --- once per turn, and what a hook is given ----------------------------------------------
+
+def test_a_retried_turn_fires_no_hook_again(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "user_prompt_submit", "url": hook_server.url("/submit")},
+                        {"event": "stop", "url": hook_server.url("/stop")}])
+    ask(proxy, "what is the plan?")
+    eventually(lambda: len(hook_server.inputs("/stop")) == 1)
+    fake.queue(JsonReply(completion("A regenerated answer")))
+    ask(proxy, "what is the plan?")  # the SDK's retry: the same history within the retry window
+    assert settled(proxy, 3)[-1] == ("assistant", "A regenerated answer")  # saved beside the first
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM turns") == [(1,)])
+    assert len(hook_server.inputs("/submit")) == 1
+    assert len(hook_server.inputs("/stop")) == 1  # the turn's stop fired once, after its first answer
+
+
+def test_stop_is_given_the_answer_as_saved_and_nothing_when_the_save_was_blocked(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:mask_patient_ids"},
+                        {"event": "stop", "url": hook_server.url("/stop")}])
+    fake.queue(JsonReply(completion("MRN-654321 takes penicillin")))
+    ask(proxy, "what does MRN-654321 take?")
+    assert settled(proxy, 2)[-1] == ("assistant", "MRN-###### takes penicillin")
+    assert eventually(lambda: [e["answer"] for e in hook_server.inputs("/stop")] == ["MRN-###### takes penicillin"])
+    blocking = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:keep_patient_ids_out"},
+                           {"event": "stop", "url": hook_server.url("/stop-blocked")}])
+    fake.queue(JsonReply(completion("MRN-111111 is allergic to penicillin")))
+    ask(blocking, "is MRN-111111 allergic?", user="bob")
+    assert eventually(lambda: rows(blocking, "SELECT status FROM turns WHERE user_id = 'bob'") == [("complete",)])
+    fake.queue(JsonReply(completion("fine")))
+    ask(blocking, "a later turn", user="bob")  # its own stop fires, after the blocked turn's would have
+    assert settled(blocking, 2, user="bob") == [("user", "a later turn"), ("assistant", "fine")]
+    assert eventually(lambda: len(hook_server.inputs("/stop-blocked")) >= 1)
+    assert [e["answer"] for e in hook_server.inputs("/stop-blocked")] == ["fine"]
+
+
+def test_a_memory_api_correction_goes_through_pre_memory_write(with_hooks, fake, hook_server):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:keep_patient_ids_out"},
+                        {"event": "pre_memory_write", "url": hook_server.url("/seen")}])
+    http = proxy.http()
+    created = http.post("/memory/v1/users/alice/memories", json={"content": "Alice prefers Go", "type": "fact"})
+    assert created.status_code == 201
+    memory_id = created.json()["id"]
+    refused = http.patch(f"/memory/v1/users/alice/memories/{memory_id}", json={"content": "MRN-123456 prefers Go"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "blocked_by_policy"
+    assert "MRN-123456" not in json.dumps(rows(proxy, "SELECT * FROM entities"))
+    corrected = http.patch(f"/memory/v1/users/alice/memories/{memory_id}", json={"content": "Alice prefers Rust"})
+    assert corrected.status_code == 200
+    assert [e["turns"] for e in hook_server.inputs("/seen")] == [
+        [{"role": "memory", "content": "Alice prefers Go"}], [{"role": "memory", "content": "Alice prefers Rust"}]]
+
+
+def test_a_post_retrieval_hook_slower_than_the_retrieval_budget_runs_on_its_own_timeout(with_hooks, fake):
+    proxy = with_hooks([{"event": "post_retrieval", "python": H + "slow_last_hit"}],
+                       **{"memory.retrieval_timeout_ms": 400})
+    ask(proxy, FACT, conversation="teach")
+    settled(proxy, 2)
+    raw = ask(proxy, QUESTION, conversation="ask")
+    # The policy took longer than retrieval may, within its 2000 ms: the turn is not degraded
+    # (nor is the store's circuit charged with a timeout), and the block is what it kept.
+    assert raw.headers["x-memory-status"] == "ok" and raw.headers["x-memory-injected"] == "1"
+    assert sent_prompt(fake).startswith(f"{HEADER}\n1. [cross-session] user ({today()}): {FACT}")
+    assert failures(proxy) == {}
+
+
+def test_a_tool_loops_block_recomputed_after_a_deletion_keeps_the_turns_hook_context(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "context"},
+                        {"event": "user_prompt_submit", "python": H + "rewrite"}])
+    ask(proxy, "The deploy token lives in vault path secret/deploy/prod-7731.", conversation="secrets")
+    ask(proxy, "The deploy token rotation runs every Monday.", conversation="notes")
+    settled(proxy, 4)
+    client = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "loop"})
+    messages: Any = [{"role": "user", "content": "where does the deploy token live?"}]
+    prompts = []
+    for step in range(3):
+        fake.queue(JsonReply(completion(None, tool_calls=[{"id": f"call_{step}", "name": "vault", "arguments": "{}"}])))
+        client.chat.completions.create(model="m", messages=messages)
+        prompts.append(json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"])
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": f"call_{step}", "type": "function", "function": {"name": "vault", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": f"call_{step}", "content": "ok"}]
+        if step == 0:
+            assert proxy.http().delete("/memory/v1/users/alice/conversations/secrets").status_code == 200
+    # The deleted memory leaves the block; the turn's policy context and rewrite do not (the
+    # hooks do not run again for the turn, so the context must come from the turn itself).
+    tail = "\n\npython user_prompt_submit context\n\nwhere does the deploy token live? [python]"
+    assert "prod-7731" in prompts[0] and prompts[0].endswith(tail)
+    assert "prod-7731" not in prompts[1] and "every Monday" in prompts[1] and prompts[1].endswith(tail)
+    assert prompts[2] == prompts[1]
+
+
+def test_stuck_sync_hooks_never_hold_up_the_proxys_own_work_off_the_event_loop(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "stuck", "timeout_ms": 50}])
+    # More stuck calls than the event loop's default thread pool has threads.
+    for n in range(min(32, (os.cpu_count() or 1) + 4) + 1):
+        assert ask(proxy, f"question {n}", conversation=f"c{n}").status_code == 200
+    # A long history is hashed (and the prompt redacted) in a thread: it must not queue behind them.
+    started = time.monotonic()
+    raw = ask(proxy, "x " * 40_000, conversation="long")
+    assert raw.status_code == 200 and time.monotonic() - started < 1.5
+    assert failures(proxy)[("user_prompt_submit", "timeout")] >= 8
+
+
+def test_a_rewritten_prompt_is_kept_redacted_and_later_steps_get_the_clients_secrets_back(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "rewrite"}])
+    key = "sk-proj-Abc123Def456Ghi789Jkl012Mno345"
+    words = f"deploy with {key} tonight"
+    call = {"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    fake.queue(JsonReply(completion(None, tool_calls=[called(call)])))
+    ask(proxy, words, tools=[{"type": "function", "function": {"name": "grep", "parameters": {}}}])
+    assert sent_prompt(fake) == f"{words} [python]"
+    proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": words},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "call_1", "content": "found"}])
+    # The model sees one prompt on every step; the store never holds the key.
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == f"{words} [python]"
+    assert rows(proxy, "SELECT prompt FROM turns") == [("deploy with [REDACTED:openai_key] tonight [python]",)]
+    assert settled(proxy, 2)[0] == ("user", "deploy with [REDACTED:openai_key] tonight [python]")
+
+
+def test_what_a_hook_gives_is_redacted_before_it_is_saved(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "leaky_context"},
+                        {"event": "stop", "python": H + "leaky_context"},
+                        {"event": "pre_memory_write", "python": H + "leaky_rewrite"}])
+    ask(proxy, "first question")
+    assert sent_prompt(fake) == "deploy with [REDACTED:openai_key]\n\nfirst question"
+    assert settled(proxy, 2) == [("user", "first question (key [REDACTED:aws_access_key])"),
+                                 ("assistant", "Hello from upstream (key [REDACTED:aws_access_key])")]
+    assert eventually(lambda: rows(proxy, "SELECT text FROM hook_context") == [
+        ("deploy with [REDACTED:openai_key]",)])
+    stored = json.dumps([rows(proxy, f"SELECT * FROM {table}") for table in ("turns", "messages", "reasoning")])
+    assert "sk-abc" not in stored and "AKIA" not in stored
+
+
+def test_a_callable_object_with_an_async_call_is_awaited(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "async_object"}])
+    assert ask(proxy, "hello").status_code == 200
+    assert sent_prompt(fake) == "async object user_prompt_submit\n\nhello"
+    assert failures(proxy) == {}
+
+
+def test_a_save_still_waiting_on_its_hook_completes_when_the_server_stops(with_hooks, fake):
+    proxy = with_hooks([{"event": "pre_memory_write", "python": H + "slow_write"}],
+                       **{"memory.commit_timeout_ms": 100})
+    assert ask(proxy, "remember the launch is on Friday").status_code == 200
+    proxy.stop()  # a graceful stop within its grace period: the hook answers, the save commits
+    assert saved(proxy) == [("user", "remember the launch is on Friday"), ("assistant", "Hello from upstream")]

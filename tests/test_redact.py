@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from proxy.memory.redact import WINDOW_CHARS, redact, redact_mapping
+from proxy.memory.redact import WINDOW_CHARS, redact, redact_mapping, restored
 
 PEM = (
     "-----BEGIN RSA PRIVATE KEY-----\n"
@@ -241,3 +241,21 @@ def test_adversarial_runs_cost_linear_time(unit: str) -> None:
         timings.append(time.perf_counter() - start)
     assert timings[1] < 2.0
     assert timings[1] < 12 * timings[0] + 0.05
+
+
+KEY = "sk-abcdefghijklmnopqrstuvwxyz012345"
+
+
+@pytest.mark.parametrize("stored, source, expected", [
+    # A rewrite kept redacted gets the secrets of the words it was made from back, in order.
+    (f"note: {redact('deploy ' + KEY + ' with AKIAIOSFODNN7EXAMPLE')}", f"deploy {KEY} with AKIAIOSFODNN7EXAMPLE",
+     f"note: deploy {KEY} with AKIAIOSFODNN7EXAMPLE"),
+    # Marks that do not line up with the source's secrets stay marks.
+    ("[REDACTED:aws_access_key] then [REDACTED:openai_key]", f"{KEY} then AKIAIOSFODNN7EXAMPLE",
+     "[REDACTED:aws_access_key] then [REDACTED:openai_key]"),
+    ("[REDACTED:openai_key] twice [REDACTED:openai_key]", f"once {KEY}", "[REDACTED:openai_key] twice [REDACTED:openai_key]"),
+    ("the hook dropped it", f"once {KEY}", "the hook dropped it"),
+    ("[REDACTED:openai_key]", "no secret here", "[REDACTED:openai_key]"),
+])
+def test_restored_gives_back_only_secrets_that_line_up(stored: str, source: str, expected: str) -> None:
+    assert restored(stored, source) == expected

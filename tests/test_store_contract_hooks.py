@@ -1,6 +1,6 @@
-"""What hooks keep in the store, on both backends: a turn's rewritten prompt, the context a
-`stop` hook queues for a conversation's next turn, how both go with a deletion, and the
-migration that added them (SQLite v10, PostgreSQL v7)."""
+"""What hooks keep in the store, on both backends: a turn's rewritten prompt and context, the
+context a `stop` hook queues for a conversation's next turn, how both go with a deletion, and
+the migrations that added them (SQLite v10, PostgreSQL v7, and the turn's context column after)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,23 @@ def test_a_turns_rewritten_prompt_stays_when_its_block_is_computed_again(backend
             # After a deletion the block is computed again; the hooks do not run again for the turn.
             await store.apply([SaveBlock(ALICE, "t1", "a newer block", 1, {}, T0, generation=Generation(1, "c1"))])
             assert await prompt_of(store, ALICE, "t1") == "deploy it [rewritten]"
+
+    run(body())
+
+
+def test_a_turns_hook_context_stays_when_its_block_is_computed_again(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply(turn(ALICE, "t1", "c1")[:1] + [
+                SaveBlock(ALICE, "t1", "block\n\nanswer in French", 1, {}, T0, generation=Generation(0, "c1"),
+                          context="answer in French")])
+            found = await store.find_turn(ALICE, [], "h-t1", T0 - timedelta(days=1))
+            assert found.turn is not None and found.turn.context == "answer in French"
+            await store.apply([SaveBlock(ALICE, "t1", "a newer block", 1, {}, T0, generation=Generation(1, "c1"))])
+            found = await store.find_turn(ALICE, [], "h-t1", T0 - timedelta(days=1))
+            assert found.turn is not None and (found.turn.block, found.turn.context) == (
+                "a newer block", "answer in French")
+            assert (await store.find_turn(BOB, [], "h-t1", T0 - timedelta(days=1))).turn is None
 
     run(body())
 
@@ -147,15 +164,18 @@ def test_a_database_of_the_version_before_hooks_migrates_and_keeps_its_turns(bac
     async def body() -> None:
         async with backend.opened() as store:
             await store.apply(turn(ALICE, "t1", "c1"))
-        # Back to the version before hooks: no prompt column, no queue, no version row.
+        # Back to the version before hooks: no prompt or context column, no queue, no version rows.
         await backend.sql("DROP TABLE hook_context")
         await backend.sql("ALTER TABLE turns DROP COLUMN prompt")
+        await backend.sql("ALTER TABLE turns DROP COLUMN hook_context")
         await backend.sql("DELETE FROM schema_version WHERE version >= ?", _hooks_version(backend))
         async with backend.opened() as store:
             assert await prompt_of(store, ALICE, "t1") is None
             await store.apply([SaveBlock(ALICE, "t1", "again", 1, {}, T0, generation=Generation(1, "c1"),
-                                         prompt="rewritten"), queue(ALICE, "c1", "queued")])
+                                         prompt="rewritten", context="context"), queue(ALICE, "c1", "queued")])
             assert await prompt_of(store, ALICE, "t1") == "rewritten"
+            found = await store.find_turn(ALICE, [], "h-t1", T0 - timedelta(days=1))
+            assert found.turn is not None and found.turn.context == "context"
             assert [text for _, text in await store.hook_context(ALICE, "c1")] == ["queued"]
         assert await backend.sql("SELECT max(version) FROM schema_version") == [(latest,)]
 

@@ -133,15 +133,7 @@ class MemoryApi:
     async def store_memory(self, request: Request) -> Response:
         scope = user_scope(request)
         memory = records.parse_memory(await read_json(request))
-        content = redact(memory.content)
-        if self.hooks is not None and self.hooks.has("pre_memory_write"):
-            # A memory written here is a store_memory write like the model's: the same policies
-            # keep data out of memory (docs/hooks.md), failing closed.
-            context = HookContext(scope.user, None, scope.agent, None, "memory_api")
-            texts = await self.hooks.pre_memory_write(context, [("memory", content)])
-            if texts is None:
-                raise WriteBlocked("a pre_memory_write hook did not let this memory be saved")
-            content = texts[0]
+        content = await self._written(scope, redact(memory.content))
         op = StoreMemory(scope, new_id(), content, memory.type, datetime.now(timezone.utc),
                          memory.confidence, tuple(redact(tag) for tag in memory.tags))
         return answer(await self._memory(scope, await self.store.store_memory(op)), 201)
@@ -149,13 +141,25 @@ class MemoryApi:
     async def correct_memory(self, request: Request) -> Response:
         scope = user_scope(request)
         memory_id = records.path_id(request.path_params["id"], "id")
-        content = redact(records.parse_correction(await read_json(request)))
+        content = await self._written(scope, redact(records.parse_correction(await read_json(request))))
         outcome = await self.store.update_memory(scope, memory_id, content)
         if outcome is None:
             raise ItemNotFound(f"user {scope.user} has no memory {memory_id}")
         if outcome == "conflict":
             raise Conflict("another memory of this user already has this text as its name")
         return answer(await self._memory(scope, memory_id))
+
+    async def _written(self, scope: Scope, content: str) -> str:
+        """A memory's text as the pre_memory_write hooks let it be saved; WriteBlocked when they refuse."""
+        if self.hooks is None or not self.hooks.has("pre_memory_write"):
+            return content
+        # A memory written or corrected here is a store_memory write like the model's: the same
+        # policies keep data out of memory (docs/hooks.md), failing closed.
+        context = HookContext(scope.user, None, scope.agent, None, "memory_api")
+        texts = await self.hooks.pre_memory_write(context, [("memory", content)])
+        if texts is None:
+            raise WriteBlocked("a pre_memory_write hook did not let this memory be saved")
+        return texts[0]
 
     async def memory(self, request: Request) -> Response:
         scope = user_scope(request)

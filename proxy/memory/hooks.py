@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib
 import inspect
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeGuard
 
+from proxy.memory.redact import redact
 from proxy.metrics import Metrics
 from proxy.settings import ConfigError, HookSpec
 
@@ -29,6 +32,12 @@ log = logging.getLogger("memproxy.hooks")
 
 Answer = dict[str, Any]
 Handler = Callable[[Answer], Awaitable[Answer | None]]
+
+# Synchronous handlers run on threads of their own, never the event loop's default pool: a
+# handler stuck past its timeout keeps its thread, and the proxy's own work off the loop
+# (hashing a long history, redacting a large prompt, extraction) must not queue behind it.
+# When these are all stuck, further sync hooks wait here until their timeouts skip them.
+HOOK_THREADS = 8
 
 
 class HookFailure(Exception):
@@ -91,10 +100,11 @@ def load_hooks(specs: Sequence[HookSpec], poster: HookPoster | None, metrics: Me
     """The configured hooks, handlers imported now (a start-up error names the key); None when none."""
     if not specs:
         return None  # the request path then checks one None and does nothing else
-    return Hooks([Hook(spec, _handler(spec, poster)) for spec in specs], metrics)
+    threads = ThreadPoolExecutor(HOOK_THREADS, thread_name_prefix="memproxy-hook")
+    return Hooks([Hook(spec, _handler(spec, poster, threads)) for spec in specs], metrics, threads)
 
 
-def _handler(spec: HookSpec, poster: HookPoster | None) -> Handler:
+def _handler(spec: HookSpec, poster: HookPoster | None, threads: ThreadPoolExecutor) -> Handler:
     if spec.kind == "url":
         if poster is None:
             raise ValueError(f"{spec.key}: a URL hook needs a poster")
@@ -104,12 +114,13 @@ def _handler(spec: HookSpec, poster: HookPoster | None) -> Handler:
             return await poster.post(url, payload)
         return post
     function = _import(spec)
-    if inspect.iscoroutinefunction(function):
+    # An object whose __call__ is async is an async handler too (a policy kept as an instance).
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None)):
         return function
 
     async def in_thread(payload: Answer) -> Answer | None:
         # A blocking policy (a file, a database, a regex over a long text) never holds the loop.
-        return await asyncio.to_thread(function, payload)
+        return await asyncio.get_running_loop().run_in_executor(threads, functools.partial(function, payload))
     return in_thread
 
 
@@ -119,8 +130,8 @@ def _import(spec: HookSpec) -> Callable[..., Any]:
         target: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{spec.key}.python: cannot import {spec.handler}: {exc}") from exc
+    except Exception as exc:  # a deployment's module may fail any way on import: start-up names the hook
+        raise ConfigError(f"{spec.key}.python: cannot import {spec.handler}: {type(exc).__name__}: {exc}") from exc
     if not callable(target):
         raise ConfigError(f"{spec.key}.python: {spec.handler} is not callable")
     return target
@@ -129,14 +140,20 @@ def _import(spec: HookSpec) -> Callable[..., Any]:
 class Hooks:
     """Runs the hooks of each event in order; the input and output of each event: docs/hooks.md."""
 
-    def __init__(self, hooks: Sequence[Hook], metrics: Metrics) -> None:
+    def __init__(self, hooks: Sequence[Hook], metrics: Metrics, threads: ThreadPoolExecutor | None = None) -> None:
         self._metrics = metrics
+        self._threads = threads
         self._by_event: dict[str, list[Hook]] = {}
         for hook in hooks:
             self._by_event.setdefault(hook.spec.event, []).append(hook)
 
     def has(self, event: str) -> bool:
         return event in self._by_event
+
+    def close(self) -> None:
+        """Stop the sync handlers' threads (one still stuck in a handler ends with it)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def session_start(self, context: HookContext) -> str:
         """The first turn of a new conversation: the hooks' additional context for it."""
@@ -216,7 +233,8 @@ class Hooks:
                     self.failed(spec, "bad_answer", "updated_turns must keep the length and the roles")
                     return None
                 fields["turns"] = updated
-        return [turn["content"] for turn in fields["turns"]]
+        # A rewrite is saved like any text: secrets out first.
+        return [redact(turn["content"]) for turn in fields["turns"]]
 
     async def stop(self, context: HookContext, answer_text: str) -> str:
         """After the answer is saved: context for the conversation's next turn."""
@@ -294,7 +312,8 @@ class ToolDecision:
 
 
 def _paragraphs(texts: Sequence[str]) -> str:
-    return "\n\n".join(text.strip() for text in texts if text.strip())
+    # Context is saved (with the turn's block, or queued for the next turn): secrets out first.
+    return redact("\n\n".join(text.strip() for text in texts if text.strip()))
 
 
 def _same_turns(given: list[Answer], updated: list[Any]) -> list[Answer] | None:

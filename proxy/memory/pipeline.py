@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from proxy.errors import MemoryUnavailable, PolicyBlocked
 from proxy.exchange import Recall
@@ -22,7 +23,7 @@ from proxy.memory.breaker import CircuitBreaker
 from proxy.memory import turn_hooks
 from proxy.memory.hooks import Hooks
 from proxy.memory.pending_facts import PendingFacts
-from proxy.memory.redact import INLINE_REDACT_CHARS, redact
+from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.sources import edges
 from proxy.memory.tools import MemoryTools, ToolHooks
 from proxy.memory.writer import Writer
@@ -38,6 +39,8 @@ from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
 
 log = logging.getLogger("memproxy.memory")
+
+T = TypeVar("T")
 
 STEP_RESULT_CHARS = 200  # a reasoning step keeps a short form of its tool's result
 # Recalls that read the store at once (admission.py), and the share of a recall's budget it
@@ -110,6 +113,12 @@ class MemoryService:
         self.hooks = hooks  # None: no hooks configured, and the request path does nothing for them
         self.hook_saves: set[asyncio.Task[None]] = set()  # saves waiting on a pre_memory_write hook
 
+    async def settle_hook_saves(self, timeout_s: float) -> None:
+        """Wait, at most `timeout_s`, for the saves still waiting on their hooks: a graceful stop
+        must not drop a turn whose response went out before its pre_memory_write hook answered."""
+        if self.hook_saves:
+            await asyncio.wait(set(self.hook_saves), timeout=timeout_s)
+
     async def recall(self, resolved: RequestScope, request: Transcript | None, wire: str = "") -> Recall:
         """The Recall of one chat request (its identity already complete)."""
         if not resolved.memory_on or request is None or resolved.scope is None:
@@ -145,7 +154,7 @@ class MemoryService:
                         if resolved.mode == "tools":
                             echoes, provider = await self._tool_state(scope, request, identity)
                         if self.hooks is None:
-                            retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
+                            retrieved = await self._block(scope, request, identity, resolved, answer_by)
                     if self.hooks is not None:
                         # Outside the gate: a slow hook holds no other recall's turn to read.
                         hooked = await self._hooked(budget, scope, request, identity, wire)
@@ -153,7 +162,8 @@ class MemoryService:
                         request = turn_hooks.with_prompt(request, hooked.prompt)
                         queued = self._queued_context(scope, identity)  # read while retrieval runs
                         async with self.gate.admitted(answer_by - budget_s * (1 - TURN_WAIT_SHARE)):
-                            retrieved = await self._block(scope, request, identity, resolved, answer_by, wire)
+                            retrieved = await self._block(scope, request, identity, resolved, answer_by)
+                        retrieved = await self._kept(budget, scope, identity, retrieved, wire)
                         if queued is not None:
                             hooked = turn_hooks.with_queued(hooked, await queued)
                 self.breaker.succeeded()
@@ -186,7 +196,7 @@ class MemoryService:
             hooked = await self._start_hooks(scope, request, identity, wire)
             request = turn_hooks.with_prompt(request, hooked.prompt)
         hooked = hooked or turn_hooks.TurnStart()
-        if hooked.context:
+        if hooked.context and not retrieved.log.get("cache"):  # a cached block carries its context
             retrieved.block = turn_hooks.with_context(retrieved.block, hooked.context, self.memory.max_tokens)
         parts = await saved(request, self.memory.block_header, hooked.context) if persist else Saved()
         recall = TurnRecall(self, scope, identity, persist, status, retrieved, parts, request.previous_response,
@@ -229,19 +239,28 @@ class MemoryService:
     async def _hooked(self, budget: asyncio.Timeout, scope: Scope, request: Transcript, identity: TurnIdentity,
                       wire: str) -> turn_hooks.TurnStart:
         """A new turn's start hooks, on their own timeouts (retrieval's budget waits meanwhile);
-        a later step or a retry gets the prompt the turn's hooks gave it."""
+        a later step or a retry gets the prompt and the context the turn's hooks gave it."""
         if identity.existing is not None:
-            return turn_hooks.TurnStart(identity.existing.prompt)
+            prompt = identity.existing.prompt
+            if prompt is not None:  # kept redacted: the client's resent words give its secrets back
+                prompt = restored(prompt, user_text(request, self.memory.block_header))
+            return turn_hooks.TurnStart(prompt, identity.existing.context or "")
         assert self.hooks is not None
         new_conversation = identity.new_conversation or (
             # A conversation the client names is new while the store has nothing of it.
             self.hooks.has("session_start") and scope.conversation is not None
             and await self.store.conversation_record(scope, scope.conversation) is None)
-        left = (budget.when() or 0) - asyncio.get_running_loop().time()
-        budget.reschedule(None)
-        start = await self._start_hooks(scope, request, identity, wire, new_conversation)
-        budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
-        return start
+        return await _paused(budget, self._start_hooks(scope, request, identity, wire, new_conversation))
+
+    async def _kept(self, budget: asyncio.Timeout, scope: Scope, identity: TurnIdentity, retrieved: Retrieved,
+                    wire: str) -> Retrieved:
+        """post_retrieval, outside the gate and on its own timeouts like the start hooks: a policy
+        slower than retrieval is skipped at its timeout, never a degraded turn charged to the store."""
+        assert self.hooks is not None
+        if not self.hooks.has("post_retrieval") or not retrieved.hits:
+            return retrieved
+        context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
+        return await _paused(budget, turn_hooks.kept_hits(self.hooks, context, retrieved, self.memory.block_header))
 
     async def _start_hooks(self, scope: Scope, request: Transcript, identity: TurnIdentity, wire: str,
                            new_conversation: bool = False) -> turn_hooks.TurnStart:
@@ -259,7 +278,7 @@ class MemoryService:
         return asyncio.ensure_future(self.store.hook_context(scope, identity.conversation_id))
 
     async def _block(self, scope: Scope, request: Transcript, identity: TurnIdentity,
-                     resolved: RequestScope, answer_by: float, wire: str) -> Retrieved:
+                     resolved: RequestScope, answer_by: float) -> Retrieved:
         if resolved.mode == "tools":
             return Retrieved()  # the model asks memory itself
         if identity.existing is not None and identity.existing.block is not None:
@@ -272,11 +291,7 @@ class MemoryService:
                       min(limit, 12), identity.new_conversation, answer_by)
         if query.max_memories == 0 or not query.text.strip():
             return Retrieved()
-        retrieved = await self.retriever.retrieve(scope, query)
-        if self.hooks is not None and self.hooks.has("post_retrieval") and retrieved.hits:
-            context = turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)
-            return await turn_hooks.kept_hits(self.hooks, context, retrieved, header)
-        return retrieved
+        return await self.retriever.retrieve(scope, query)
 
     def _degraded(self, reason: str, exc: BaseException | None = None) -> str:
         self.metrics.degraded.labels(reason).inc()
@@ -285,6 +300,16 @@ class MemoryService:
         else:
             log.warning("memory degraded: %s (%s: %s)", reason, type(exc).__name__, redact(str(exc)))
         return f"degraded: {reason}"
+
+
+async def _paused(budget: asyncio.Timeout, hooks: Coroutine[Any, Any, T]) -> T:
+    """Hooks run on their own timeouts: retrieval's budget waits while they do."""
+    left = (budget.when() or 0) - asyncio.get_running_loop().time()
+    budget.reschedule(None)
+    try:
+        return await hooks
+    finally:
+        budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
 
 
 def user_text(request: Transcript, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:
@@ -392,7 +417,9 @@ class TurnRecall(Recall):
         # In tools mode the injection log holds what the model's queries found (logged_query).
         if not self._log.get("cache") and self.status == "ok" and self.tools is None:
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
-                                   generation=self._generation, prompt=self._start.prompt))
+                                   generation=self._generation,
+                                   prompt=None if self._start.prompt is None else redact(self._start.prompt),
+                                   context=self._start.context or None))
         if self._start.queued_upto is not None:
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
@@ -419,7 +446,12 @@ class TurnRecall(Recall):
             answer_hash=text_hash(answer),
             generation=self._generation,
         )
-        return self._saves.finish(finish) if self._saves is not None else self._submit(finish, urgent=True)
+        if self._saves is None:
+            return self._submit(finish, urgent=True)
+        # A retry of a turn already answered saves its regenerated answer, but the turn's
+        # `stop` fired with the first one: it fires once per turn.
+        existing = self._identity.existing
+        return self._saves.finish(finish, stop=existing is None or existing.status != "complete")
 
     def logged_query(self, block: str, injected: int, entry: dict[str, Any]) -> None:
         """A query_memory call's hits, for the injection log (written when the request's rounds end)."""

@@ -45,6 +45,26 @@ def redact(text: str) -> str:
     return "".join(pieces)
 
 
+def restored(redacted: str, source: str) -> str:
+    """`redacted` with its marks given back the secrets of `source`, when `source` holds secrets
+    of exactly those kinds in that order (a text redacted when stored, and the client's own
+    words it was made from, resent); otherwise `redacted` as it is."""
+    secrets = [(kind, source[start:end]) for start, end, kind in secret_spans(source)]
+    if not secrets:
+        return redacted
+    marks = re.compile("|".join(re.escape(mark(kind)) for kind in {kind for kind, _ in secrets}))
+    found = list(marks.finditer(redacted))
+    if [m.group() for m in found] != [mark(kind) for kind, _ in secrets]:
+        return redacted
+    pieces: list[str] = []
+    pos = 0
+    for m, (_, secret) in zip(found, secrets):
+        pieces += (redacted[pos:m.start()], secret)
+        pos = m.end()
+    pieces.append(redacted[pos:])
+    return "".join(pieces)
+
+
 def secret_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, kind) of every secret in the text, in order, none overlapping."""
     found: list[tuple[int, int, int, str]] = []  # (start, rule's rank, end, kind)

@@ -136,25 +136,29 @@ class HookedSaves:
         self._spawn(guarded())
         return committed
 
-    def finish(self, op: FinishTurn) -> asyncio.Future[None]:
-        """The answer (and the trace, whose task is the prompt: both go through the hooks); then `stop`."""
+    def finish(self, op: FinishTurn, stop: bool = True) -> asyncio.Future[None]:
+        """The answer (and the trace, whose task is the prompt: both go through the hooks); then `stop`,
+        unless the turn has had its `stop` (`stop=False`: a retry of an answered turn)."""
         committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def guarded() -> None:
             try:
-                await self._finish(op)
+                answer = await self._finish(op)
             finally:
                 if not committed.done():
                     committed.set_result(None)
-            if self._hooks.has("stop"):
+            # `stop` comes after a saved answer and is given it as saved: a policy that masked
+            # or blocked it must not see it leave for a webhook all the same.
+            if stop and answer is not None and self._hooks.has("stop"):
                 await asyncio.sleep(0)  # the response, waiting on the commit, goes out first
-                context = await self._hooks.stop(self._context, op.answer)
+                context = await self._hooks.stop(self._context, answer)
                 if context:
                     self._submit(QueueHookContext(op.scope, op.conversation_id, context, op.at, op.generation), False)
         self._spawn(guarded())
         return committed
 
-    async def _finish(self, op: FinishTurn) -> None:
+    async def _finish(self, op: FinishTurn) -> str | None:
+        """The answer as saved (None: a hook blocked its save)."""
         save: WriteOp = op
         if self._hooks.has("pre_memory_write"):
             texts = await self._hooks.pre_memory_write(self._context, [("user", op.task), ("assistant", op.answer)])
@@ -164,6 +168,7 @@ class HookedSaves:
         done = self._submit(save, True)
         if done is not None:
             await asyncio.gather(done, return_exceptions=True)  # the writer logs its own failures
+        return save.answer if isinstance(save, FinishTurn) else None
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

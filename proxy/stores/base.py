@@ -140,6 +140,7 @@ class SaveBlock:
     at: datetime | None = None
     generation: Generation | None = None
     prompt: str | None = None  # a hook's updated_prompt, cached with the block
+    context: str | None = None  # the hooks' additional_context (already in `block`), kept for a block computed again
 
 
 @dataclass(frozen=True)

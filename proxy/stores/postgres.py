@@ -86,7 +86,8 @@ def user_lock_key(user: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt"
+_TURN_COLUMNS = ("t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt,"
+                 " t.hook_context")
 class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
     """The Store protocol on a PostgreSQL database shared by any number of replicas.
 

@@ -63,7 +63,7 @@ _PARAMETERS = (
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
     "call_ids", "call_names", "call_args", "exchange",  # tool calls
     "status",  # status
-    "block", "injected", "log", "keep", "prompt",  # block
+    "block", "injected", "log", "keep", "prompt", "hook_context",  # block
     "queue_id", "error", "park",  # extraction failed
     "deleted_keys", "generation",  # a turn's op: skipped once its user or conversation was deleted since it began
 )
@@ -97,10 +97,11 @@ status AS (UPDATE turns SET status = {status}, updated_at = {at}
     WHERE {kind} = 'status' AND {live} AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
 -- The first block wins, so every step of a tool loop carries the same bytes, unless it was
 -- computed before a deletion; it is logged and the log trimmed. A hook's rewritten prompt
--- stays with the turn when a block computed again carries none. The DELETE cannot see the
+-- and context stay with the turn when a block computed again carries none. The DELETE cannot see the
 -- row its own statement inserts, so it keeps one old row fewer when a row went in.
 block AS (UPDATE turns SET block = {block}, injected = {injected}, block_generation = {generation},
-    prompt = coalesce({prompt}, prompt), updated_at = coalesce({at}, now())
+    prompt = coalesce({prompt}, prompt), hook_context = coalesce({hook_context}, hook_context),
+    updated_at = coalesce({at}, now())
     WHERE {kind} = 'block' AND {live} AND user_id = {user} AND turn_key = {turn_key}
     AND (block IS NULL OR block_generation < {generation})
     RETURNING user_id, turn_key, updated_at),
@@ -234,7 +235,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
     elif isinstance(op, SaveBlock):
         values.update(kind="block", at=utc(op.at) if op.at else None, turn_key=op.turn_key,
                       block=clean_text(op.block), injected=op.injected, log=json.dumps(op.log, default=str),
-                      keep=INJECTION_LOG_KEEP, prompt=clean_text(op.prompt) if op.prompt is not None else None)
+                      keep=INJECTION_LOG_KEEP, prompt=clean_text(op.prompt) if op.prompt is not None else None,
+                      hook_context=clean_text(op.context) if op.context is not None else None)
     elif isinstance(op, ExtractionFailed):
         values.update(kind="failed", at=utc(op.retry_at), queue_id=op.queue_id,
                       error=clean_text(op.error)[:ERROR_MAX_CHARS], park=op.park)

@@ -51,7 +51,8 @@ def iso(at: datetime | None) -> str | None:
 def turn_from_record(row: Record) -> Turn:
     """A Turn from a turns record."""
     return Turn(key=row["turn_key"], conversation_id=row["conversation_id"], status=row["status"],
-                created_at=utc(row["created_at"]), block=row["block"], injected=row["injected"], prompt=row["prompt"])
+                created_at=utc(row["created_at"]), block=row["block"], injected=row["injected"], prompt=row["prompt"],
+                context=row["hook_context"])
 
 
 def message_from_record(row: Record) -> StoredMessage:

@@ -468,8 +468,14 @@ ALTER TABLE turn_tool_calls ADD COLUMN IF NOT EXISTS exchange text;
 ALTER TABLE responses ADD COLUMN IF NOT EXISTS provider_id text;
 """
 
+# v9 (after tools mode's v8): as SQLite's v12. A turn keeps its hooks' additional_context
+# apart from its block too: a block computed again after a deletion carries it again.
+_V9 = """
+ALTER TABLE turns ADD COLUMN IF NOT EXISTS hook_context text;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

@@ -114,7 +114,8 @@ def _reason(exc: BaseException) -> str:
     return f"{code}: {exc}"
 
 
-_TURN_COLUMNS = "t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt"
+_TURN_COLUMNS = ("t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt,"
+                 " t.hook_context")
 
 
 def _current_turn(row: sqlite3.Row) -> Turn:

@@ -263,10 +263,10 @@ class Batch:
         generation = op.generation.number if op.generation else 0
         saved = self._run(
             "UPDATE turns SET block = ?, injected = ?, block_generation = ?, prompt = coalesce(?, prompt),"
-            " updated_at = ? WHERE user_id = ? AND turn_key = ? AND (block IS NULL OR block_generation < ?)"
-            " RETURNING seq",
+            " hook_context = coalesce(?, hook_context), updated_at = ?"
+            " WHERE user_id = ? AND turn_key = ? AND (block IS NULL OR block_generation < ?) RETURNING seq",
             (clean_text(op.block), op.injected, generation, clean_text(op.prompt) if op.prompt is not None else None,
-             at, user, op.turn_key, generation),
+             clean_text(op.context) if op.context is not None else None, at, user, op.turn_key, generation),
         )
         if not saved:
             return

@@ -63,6 +63,7 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
         block=row["block"],
         injected=row["injected"],
         prompt=row["prompt"],
+        context=row["hook_context"],
     )
 
 

@@ -405,8 +405,15 @@ ALTER TABLE turn_tool_calls ADD COLUMN exchange TEXT;
 ALTER TABLE responses ADD COLUMN provider_id TEXT;
 """
 
+# v12 (after tools mode's v11): a turn keeps its hooks' additional_context apart from its
+# block too: a block computed again after a deletion carries it again, since the hooks do
+# not run again for the turn.
+_V12 = """
+ALTER TABLE turns ADD COLUMN hook_context TEXT;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
