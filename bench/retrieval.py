@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sqlite3
@@ -233,7 +234,8 @@ async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any
         asked = queries(count, size, seed)
         started = time.perf_counter()
         for query in asked[:20]:  # warm the page cache and the stemmer; the first asks for the user's postings
-            await retrieval.retrieve(USER, query)
+            with contextlib.suppress(TimeoutError):  # a cold read of a large store may pass the budget
+                await retrieval.retrieve(USER, query)
         postings_s = await postings_built(store, started)
         totals: list[float] = []
         per_source: dict[str, list[float]] = {source: [] for source in SOURCES}

@@ -55,3 +55,48 @@ def test_the_next_request_waits_for_the_users_pending_facts_and_finds_them(tmp_p
     assert settled and bob_free
     assert waited < 2.0  # the wait woke the worker: it did not sleep out its minute
     assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)
+
+
+def test_writes_begun_after_the_request_asked_are_not_waited_for(tmp_path: Path) -> None:
+    """The same user's other requests keep saving (a message every 2 ms) while one waits: it
+    waits for the message saved before it asked and one pass, not for theirs."""
+    async def body() -> tuple[list[str], float, bool]:
+        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
+                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
+        writer.start()
+        worker.start()
+
+        async def others() -> None:
+            for n in range(100_000):
+                saved = writer.submit(StartTurn(ALICE, f"other-{n}", f"c-other-{n}", f"h-other-{n}",
+                                                datetime.now(UTC), f"I like the colour number {n}."))
+                pending.saving(ALICE.user, saved)
+                await asyncio.sleep(0.002)
+
+        try:
+            await asyncio.sleep(0.1)
+            saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
+                                            "I live in Porto and my manager is Dana."))
+            pending.saving(ALICE.user, saved)
+            await saved
+            stream = asyncio.create_task(others())
+            await asyncio.sleep(0.05)  # the stream is under way: something of alice's is always pending
+            started = time.perf_counter()
+            settled = await pending.settled(ALICE.user, 3.0)
+            waited = time.perf_counter() - started
+            stream.cancel()
+            retrieved = await Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics).retrieve(
+                ALICE, Query("Who is my manager?", "c2", (), 6, new_conversation=True))
+            return retrieved.block.splitlines(), waited, settled
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    lines, waited, settled = asyncio.run(body())
+    assert settled
+    assert waited < 1.0  # not the 3 s bound: it did not chase the writes begun after it asked
+    assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)

@@ -106,3 +106,46 @@ def test_close_lets_queued_reads_finish_then_refuses_new_ones(tmp_path: Path) ->
             await pool.run(lambda conn: None)
 
     asyncio.run(body())
+
+
+def test_a_lookup_runs_on_the_event_loops_thread_and_a_locked_one_on_a_reader(tmp_path: Path) -> None:
+    """`run_here` answers on the calling thread, on a connection of its own, without a hop; when
+    SQLite would have to wait for a lock it does not block the event loop: a reader thread
+    waits instead, and the loop keeps running meanwhile."""
+    async def body() -> None:
+        path = make_db(tmp_path)  # a rollback journal: an exclusive lock keeps readers out
+        pool = ReadPool(path, PRAGMAS, 1)
+        seen: list[tuple[int, int]] = []
+
+        def read(conn: sqlite3.Connection) -> int:
+            seen.append((threading.get_ident(), id(conn)))
+            return int(conn.execute("SELECT sum(n) FROM t").fetchone()[0])
+
+        try:
+            assert await pool.run_here(read) == 10
+            assert await pool.run(read) == 10
+            (here, here_conn), (reader, reader_conn) = seen
+            assert here == threading.get_ident() and reader != here and here_conn != reader_conn
+            assert await pool.run_here(read) == 10
+            assert seen[2] == seen[0]  # the same connection again
+            holder = sqlite3.connect(path, isolation_level=None)
+            holder.execute("BEGIN EXCLUSIVE")
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)
+
+            ticking = asyncio.create_task(tick())
+            asyncio.get_running_loop().call_later(0.3, holder.rollback)
+            assert await pool.run_here(read) == 10
+            ticking.cancel()
+            holder.close()
+            assert [thread for thread, _ in seen[3:]] == [here, reader]  # tried here, answered on the reader
+            assert ticks >= 10  # the loop ran while the reader waited for the lock
+        finally:
+            await pool.close()
+
+    asyncio.run(body())

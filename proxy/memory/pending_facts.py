@@ -8,19 +8,25 @@ after the user's last committed message has ended, waking the worker so the pass
 once. A user with nothing pending does not wait at all. Rules extraction costs about half
 a millisecond a message, so the wait is a few milliseconds; an LLM extractor is not waited
 for (the caller only waits in rules mode).
+
+A request waits only for what was pending when it asked: the writes then in flight, and
+one pass after them. Messages of the same user saved later (the user's other requests
+running meanwhile, an agent's parallel calls) are not its past: waiting for them too, a
+user with a steady stream of turns never settled, and every request waited out its whole
+bound (a quarter of `memory.retrieval_timeout_ms`) before its recall could begin.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 
 
 class PendingFacts:
     """Which users have messages the extraction worker has not passed over yet, and the wait for them."""
 
     def __init__(self) -> None:
-        self._writing: Counter[str] = Counter()  # user -> message writes not committed yet
+        self._writing: dict[str, set[int]] = {}  # user -> tickets of message writes not committed yet
+        self._tickets = 0  # tickets handed out: one a write
         self._wanted: dict[str, int] = {}  # user -> the first pass that sees all their committed messages
         self._started = 0  # passes begun
         self._ended = 0  # passes ended: every pass up to this one is done
@@ -29,12 +35,15 @@ class PendingFacts:
 
     def saving(self, user: str, done: asyncio.Future[None]) -> None:
         """A message of the user goes to the store; `done` completes when it is committed."""
-        self._writing[user] += 1
-        done.add_done_callback(lambda _: self._committed(user))
+        self._tickets += 1
+        ticket = self._tickets
+        self._writing.setdefault(user, set()).add(ticket)
+        done.add_done_callback(lambda _: self._committed(user, ticket))
 
-    def _committed(self, user: str) -> None:
-        self._writing[user] -= 1
-        if self._writing[user] <= 0:
+    def _committed(self, user: str, ticket: int) -> None:
+        writing = self._writing[user]
+        writing.discard(ticket)
+        if not writing:
             del self._writing[user]
         self._wanted[user] = self._started + 1  # the next pass to begin claims it
         asyncio.get_running_loop().create_task(self._notify())
@@ -57,13 +66,19 @@ class PendingFacts:
         return user in self._writing or self._wanted.get(user, 0) > self._ended
 
     async def settled(self, user: str, timeout_s: float) -> bool:
-        """Wait at most `timeout_s` for the user's pending facts; True when nothing is pending."""
+        """Wait at most `timeout_s` for the facts pending now (not those of writes begun later);
+        True when they are stored."""
         if not self.pending(user):
             return True
+        in_flight = frozenset(self._writing.get(user, ()))
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._changed:
-                    while self.pending(user):
+                    while in_flight & self._writing.get(user, set()):
+                        await self._changed.wait()
+                    # The pass that sees those writes: fixed now, so later commits do not move it.
+                    wanted = self._wanted.get(user, 0)
+                    while self._ended < wanted:
                         self.wake.set()
                         await self._changed.wait()
         except TimeoutError:

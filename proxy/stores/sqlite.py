@@ -92,6 +92,9 @@ CACHE_KIB = 32768
 # (10k memories, paired runs): two readers beat three by 0.35-0.45 ms p50 and one by 0.7 ms.
 # A thread more than the cores can run only adds contention for the GIL.
 READERS = 2
+# A lookup by at most this many keys (a request's assistant texts) runs on the event loop's
+# connection (sqlite_readers.py); a longer one goes to a reader thread.
+LOOKUP_MAX_KEYS = 64
 # Once a search finds no reasoning trace in the whole store (no one uses tools), searches
 # answer without a read for this long; a trace this process saves ends it at once, one
 # saved by another process is found within it.
@@ -359,15 +362,16 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         readers = self._readers
         return readers.answered_at if readers is not None else float("-inf")
 
-    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """`work(connection)` on a read connection; StoreError when SQLite fails or the store is closed."""
+    async def _read(self, work: Callable[[sqlite3.Connection], T], *, here: bool = False) -> T:
+        """`work(connection)` on a read connection (`here`: the event loop's, for a lookup of a few
+        rows by an index, sqlite_readers.py); StoreError when SQLite fails or the store is closed."""
         readers = self._readers
         if self._lost is not None:
             raise StoreError(f"store unavailable: {self._lost}")
         if readers is None:
             raise StoreError("store is not open")
         try:
-            return await readers.run(work)
+            return await (readers.run_here(work) if here else readers.run(work))
         except RuntimeError as exc:  # the pool shut down under us: closed meanwhile
             raise StoreError("store is not open") from exc
         except sqlite3.Error as exc:
@@ -378,6 +382,11 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
         rows: list[sqlite3.Row] = await self._read(lambda conn: conn.execute(sql, params).fetchall())
+        return rows
+
+    async def _lookup(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        """`_rows` for a lookup of a few rows by an index, on the event loop's connection."""
+        rows: list[sqlite3.Row] = await self._read(lambda conn: conn.execute(sql, params).fetchall(), here=True)
         return rows
 
     # --- turn and conversation identity
@@ -410,7 +419,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                     return FoundTurn(_current_turn(row), row["generation"])
             return FoundTurn(None, row["generation"])
 
-        return await self._read(find)
+        return await self._read(find, here=True)
 
     async def provider_response(self, scope: Scope, response_id: str) -> str | None:
         """The provider's own id recorded for a response id the client saw (tools mode), if any."""
@@ -461,7 +470,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         if not hashes:
             return None
         agent, agent_params = agent_clause(scope, "m")
-        rows = await self._rows(
+        read = self._lookup if len(hashes) <= LOOKUP_MAX_KEYS else self._rows
+        rows = await read(
             # CROSS JOIN keeps the hashes outside: left to itself the planner scans the user's messages.
             "SELECT m.conversation_id FROM json_each(?) AS h"
             " CROSS JOIN messages m ON m.user_id = ? AND m.content_hash = h.value AND m.role = 'assistant'"
@@ -485,7 +495,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def recent_conversations(self, scope: Scope, limit: int | None) -> list[str]:
         """Ids of the user's conversations, most recently active first (all when None)."""
         agent, agent_params = agent_clause(scope, "c")
-        rows = await self._rows(
+        read = self._rows if limit is None else self._lookup
+        rows = await read(
             f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
             " ORDER BY c.last_active_at DESC, c.id DESC LIMIT ?",
             [scope.user, *agent_params, -1 if limit is None else limit],
@@ -542,7 +553,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def user_node(self, scope: Scope) -> Entity | None:
         """The entity standing for the user (type `user`, the first made), if extraction has made one."""
         agent, agent_params = agent_clause(scope, "e")
-        rows = await self._rows(
+        rows = await self._lookup(
             f"SELECT e.* FROM entities e WHERE e.user_id = ? AND e.type = ?{agent} ORDER BY e.seq LIMIT 1",
             [scope.user, USER_TYPE, *agent_params],
         )

@@ -108,6 +108,9 @@ class SQLiteAdmin:
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:  # provided by SQLiteStore
         raise NotImplementedError
 
+    async def _lookup(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:  # provided by SQLiteStore
+        raise NotImplementedError
+
     async def _on_write_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteStore
         raise NotImplementedError
 
@@ -184,7 +187,7 @@ class SQLiteAdmin:
                 "{agent} AND p.created_at {op}= h.created_at"
                 " AND (p.created_at {op} h.created_at OR p.seq {op} h.seq)"
                 " ORDER BY p.created_at {order}, p.seq {order} LIMIT 1")
-        rows = await self._rows(
+        rows = await self._lookup(
             f"WITH h AS (SELECT m.* FROM messages m WHERE m.user_id = ? AND m.id IN ({marks}){agent})"
             f" SELECT h.id AS hit_id, -1 AS side, n.* FROM h JOIN messages n"
             f" ON n.seq = ({side.format(agent=near_agent, op='<', order='DESC')})"

@@ -87,14 +87,14 @@ REST_S = 0.002
 BUILD_CHUNK = 500
 
 FAST_TERM = re.compile(r"[a-z0-9_]+")  # a term FTS5 (unicode61, tokenchars '_') keeps as one token
-_ASCII_TOKEN = re.compile(r"[a-z0-9_]+")
+ASCII_TOKEN = re.compile(r"[a-z0-9_]+")
 _TOKEN = re.compile(r"\w+")
 
 
 def fts_tokens(text: str) -> list[str]:
     """The tokens FTS5's unicode61 tokenizer (tokenchars '_', diacritics removed) makes of `text`."""
     if text.isascii():
-        return _ASCII_TOKEN.findall(text.lower())
+        return ASCII_TOKEN.findall(text.lower())
     folded = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if not unicodedata.combining(c))
     return _TOKEN.findall(folded)
 
