@@ -309,6 +309,38 @@ def test_cross_session_takes_every_relevant_message_of_one_conversation(tmp_path
     run(body())
 
 
+def test_a_when_question_ranks_first_the_message_that_dates_what_it_says(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("We moved to Porto with the kids.", conv="a", at=day(-40))
+            await w.say("We moved to Porto with the kids last spring.", conv="b", at=day(-30))
+            undated, dated = "We moved to Porto with the kids.", "We moved to Porto with the kids last spring."
+            plain = await w.recall("Did we move to Porto with the kids?", conv="new")
+            assert [line.split("): ")[1] for line in lines(plain.block)] == [undated, dated]  # shorter wins on BM25
+            when = await w.recall("When did we move to Porto with the kids?", conv="new")
+            assert [line.split("): ")[1] for line in lines(when.block)] == [dated, undated]
+            assert [hit["score"].get("time_cue") for hit in when.log["hits"]] == [0.3, None]
+
+    run(body())
+
+
+def test_a_question_naming_a_period_ranks_first_the_message_written_then(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("Signed up for the pottery class again.", conv="a", at=datetime(2025, 4, 9, tzinfo=UTC))
+            await w.say("Signed up for the pottery class.", conv="b", at=datetime(2026, 4, 9, tzinfo=UTC))
+            plain = await w.recall("the pottery class", conv="new")
+            assert lines(plain.block)[0].startswith("1. [cross-session] user (2026-04-09)")  # shorter wins on BM25
+            for asked in ("Did I sign up for the pottery class in April 2025?", "the pottery class in 2025"):
+                named = await w.recall(asked, conv="new")
+                assert [line[:36] for line in lines(named.block)] == [
+                    "1. [cross-session] user (2025-04-09)", "2. [cross-session] user (2026-04-09)"]
+            other_month = await w.recall("the pottery class in May 2025", conv="new")
+            assert lines(other_month.block)[0].startswith("1. [cross-session] user (2026-04-09)")
+
+    run(body())
+
+
 def test_a_non_answer_and_a_bare_question_only_fill_what_a_fact_leaves(tmp_path: Path) -> None:
     async def body() -> None:
         async with world(tmp_path) as w:
