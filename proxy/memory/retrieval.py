@@ -25,7 +25,8 @@ from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.memory.redact import redact
 from proxy.memory.sources import (
-    SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning, split_fillers,
+    JOINED_SPARE, SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning,
+    split_fillers,
 )
 from proxy.memory.trigger import unseen_identifiers
 from proxy.metrics import Metrics
@@ -150,9 +151,13 @@ class Retrieval:
         full, fillers = {}, {}
         for source, hits in runs.hits.items():
             full[source], fillers[source] = split_fillers(hits)
-        merged = round_robin(full, min(query.max_memories, HARD_CAP), fillers=fillers)
+        limit = min(query.max_memories, HARD_CAP)
+        # Spares in the merge: a hit said next to a better one joins its line and gives its slot back.
+        merged = round_robin(full, limit + JOINED_SPARE, fillers=fillers, cap=HARD_CAP + JOINED_SPARE)
+        neighbours = await self._neighbours(q, merged, runs)
+        merged = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
         kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)
-        kept = await self._with_exchanges(q, kept, runs)
+        kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.shows)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
@@ -178,21 +183,18 @@ class Retrieval:
         # runs leaves no coroutine behind that was never awaited.
         runs.hits[source] = await runs.run(source, work()) or []
 
-    async def _with_exchanges(self, q: SourceQuery, hits: list[Hit], runs: SourceRuns) -> list[Hit]:
-        """The hits, message hits carrying the turns around them that fit the budget (exchange.py).
-
-        Without them, when the store fails or the deadline passes: the block is still whole.
-        """
+    async def _neighbours(self, q: SourceQuery, hits: list[Hit], runs: SourceRuns) -> exchange.Neighbours:
+        """The turns around each message hit (exchange.py); none when the store fails or the deadline
+        passes: the hits alone still make a whole block."""
         ids = exchange.message_hits(hits)
         if not ids:
-            return hits
+            return {}
         try:
             async with asyncio.timeout_at(runs.deadline):
-                neighbours = await self.store.neighbours(q.scope, ids)
+                return await self.store.neighbours(q.scope, ids)
         except Exception as exc:  # the hits alone still make a block
             log.warning("retrieval: exchanges not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
-            return hits
-        return exchange.carry(hits, neighbours, self.settings.max_tokens, self.settings.block_header, q.shows)
+            return {}
 
     async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
         """`long-term`, then `graph` from its entity hits (the user's node first)."""
