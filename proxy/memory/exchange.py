@@ -65,6 +65,12 @@ def join_adjacent(hits: Sequence[Hit], neighbours: Neighbours, limit: int, max_t
     return kept
 
 
+def unread(hits: Sequence[Hit], neighbours: Neighbours) -> list[str]:
+    """The ids of the message hits, and of the turns joined to them, whose neighbours are not read yet."""
+    ids = [i for hit in hits if hit.source in MESSAGE_SOURCES for i in (hit.id, *hit.parts.get(EXCHANGE, ()))]
+    return [i for i in ids if i not in neighbours]
+
+
 def carry(hits: Sequence[Hit], neighbours: Neighbours, max_tokens: int, header: str,
           shown: Callable[[str], bool]) -> list[Hit]:
     """The hits, each message hit with the neighbours that fit the budget added to its line."""

@@ -154,9 +154,12 @@ class Retrieval:
         limit = min(query.max_memories, HARD_CAP)
         # Spares in the merge: a hit said next to a better one joins its line and gives its slot back.
         merged = round_robin(full, limit + JOINED_SPARE, fillers=fillers, cap=HARD_CAP + JOINED_SPARE)
-        neighbours = await self._neighbours(q, merged, runs)
-        merged = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
-        kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)
+        neighbours = await self._neighbours(q, exchange.message_hits(merged[:limit]), runs, {})
+        joined = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
+        if unread := exchange.unread(joined, neighbours):  # a join gave a slot to a spare: read its turns too
+            neighbours = await self._neighbours(q, unread, runs, neighbours)
+            joined = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
+        kept, cut = apply_budget(joined, self.settings.max_tokens, header, q.terms)
         kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.shows)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
@@ -183,18 +186,19 @@ class Retrieval:
         # runs leaves no coroutine behind that was never awaited.
         runs.hits[source] = await runs.run(source, work()) or []
 
-    async def _neighbours(self, q: SourceQuery, hits: list[Hit], runs: SourceRuns) -> exchange.Neighbours:
-        """The turns around each message hit (exchange.py); none when the store fails or the deadline
-        passes: the hits alone still make a whole block."""
-        ids = exchange.message_hits(hits)
+    async def _neighbours(self, q: SourceQuery, ids: list[str], runs: SourceRuns, known: exchange.Neighbours
+                          ) -> exchange.Neighbours:
+        """`known` and the turns around each of these messages (exchange.py); only `known` when the
+        store fails or the deadline passes: the hits alone still make a whole block."""
         if not ids:
-            return {}
+            return known
         try:
             async with asyncio.timeout_at(runs.deadline):
-                return await self.store.neighbours(q.scope, ids)
+                read = await self.store.neighbours(q.scope, ids)
+            return {**known, **{i: read.get(i, (None, None)) for i in ids}}  # a lone message: read, none
         except Exception as exc:  # the hits alone still make a block
             log.warning("retrieval: exchanges not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
-            return {}
+            return known
 
     async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
         """`long-term`, then `graph` from its entity hits (the user's node first)."""
