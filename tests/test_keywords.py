@@ -59,5 +59,10 @@ def test_question_terms_leave_out_the_words_that_only_shape_the_question() -> No
     # Whole words only: "like" names what is asked; an identifier keeps every part.
     assert question_terms("which seat do I like on trains?") == ["seat", "like", "train"]
     assert question_terms("What is the MAX_TYPE flag?") == ["max_type", "max", "type", "flag"]
+    # "how many" and "how much" ask for a count, which no memory states by those words;
+    # "many" elsewhere is what is said ("so many dogs").
+    assert question_terms("How many hikes has Joanna been on?") == ["hike", "joanna"]
+    assert question_terms("How much did the trip cost?") == ["trip", "cost"]
+    assert question_terms("What did Audrey get with so many dogs?") == ["audrey", "get", "mani", "dog"]
     # A question of nothing else keeps its words.
     assert question_terms("What do you remember?") == ["rememb"]

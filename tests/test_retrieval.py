@@ -302,9 +302,42 @@ def test_cross_session_takes_every_relevant_message_of_one_conversation(tmp_path
             result = await w.recall("the budget spreadsheet", conv="new", limit=12)
             hits = result.log["hits"]
             assert all(hit["source"] == "cross-session" for hit in hits)
-            assert len(hits) == 7
-            by_conversation = [line.rsplit(" ", 2)[-2] for line in lines(result.block)]
-            assert by_conversation.count("row") == 5 and by_conversation.count("note") == 2
+            # Every message is in the block; one said next to a better hit is joined to its line.
+            assert sum(1 + len(hit.get("exchange", [])) for hit in hits) == 7
+            said = [turn.rsplit(" ", 2)[-2] for line in lines(result.block) for turn in line.split(" | ")]
+            assert said.count("row") == 5 and said.count("note") == 2
+
+    run(body())
+
+
+def test_a_when_question_ranks_first_the_message_that_dates_what_it_says(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("We moved to Porto with the kids.", conv="a", at=day(-40))
+            await w.say("We moved to Porto with the kids last spring.", conv="b", at=day(-30))
+            undated, dated = "We moved to Porto with the kids.", "We moved to Porto with the kids last spring."
+            plain = await w.recall("Did we move to Porto with the kids?", conv="new")
+            assert [line.split("): ")[1] for line in lines(plain.block)] == [undated, dated]  # shorter wins on BM25
+            when = await w.recall("When did we move to Porto with the kids?", conv="new")
+            assert [line.split("): ")[1] for line in lines(when.block)] == [dated, undated]
+            assert [hit["score"].get("time_cue") for hit in when.log["hits"]] == [0.3, None]
+
+    run(body())
+
+
+def test_a_question_naming_a_period_ranks_first_the_message_written_then(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("Signed up for the pottery class again.", conv="a", at=datetime(2025, 4, 9, tzinfo=UTC))
+            await w.say("Signed up for the pottery class.", conv="b", at=datetime(2026, 4, 9, tzinfo=UTC))
+            plain = await w.recall("the pottery class", conv="new")
+            assert lines(plain.block)[0].startswith("1. [cross-session] user (2026-04-09)")  # shorter wins on BM25
+            for asked in ("Did I sign up for the pottery class in April 2025?", "the pottery class in 2025"):
+                named = await w.recall(asked, conv="new")
+                assert [line[:36] for line in lines(named.block)] == [
+                    "1. [cross-session] user (2025-04-09)", "2. [cross-session] user (2026-04-09)"]
+            other_month = await w.recall("the pottery class in May 2025", conv="new")
+            assert lines(other_month.block)[0].startswith("1. [cross-session] user (2026-04-09)")
 
     run(body())
 
@@ -351,6 +384,29 @@ def test_a_message_hit_carries_its_exchange_within_the_budget(tmp_path: Path) ->
                                    visible=["Try the Eagle Ridge loop: the views are the best around."])
             assert lines(shown.block) == ["1. [cross-session] user (2026-11-02): which hiking trail should I try"
                                           " this weekend?"]
+
+    run(body())
+
+
+def test_a_hit_said_next_to_a_better_one_joins_its_line_and_gives_its_slot_back(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            said = ["We packed the car at dawn.", "The kayak trip to Lisbon was windy.", "More kayak trip photos.",
+                    "Then we drove home."]
+            for n, text in enumerate(said):
+                await w.say(text, conv="c0", at=T0 + timedelta(seconds=n))
+            await w.say("A kayak rental in Porto.", conv="c2", at=day(-1))
+            result = await w.recall("the kayak trip", conv="c1", limit=2)
+            # The Lisbon message ranks second but was said just before the first hit: it joins that
+            # line, the Porto message takes the second slot, and the joined line still carries the
+            # turns around both.
+            assert lines(result.block) == [
+                "1. [cross-session] user (2026-11-02): We packed the car at dawn. | user: The kayak trip to Lisbon"
+                " was windy. | user: More kayak trip photos. | user: Then we drove home.",
+                "2. [cross-session] user (2026-11-01): A kayak rental in Porto."]
+            ids = {text: w.sql("SELECT id FROM messages WHERE content = ?", (text,))[0][0] for text in said}
+            assert result.log["hits"][0]["id"] == ids[said[2]]
+            assert result.log["hits"][0]["exchange"] == [ids[said[0]], ids[said[1]], ids[said[3]]]
 
     run(body())
 
@@ -547,10 +603,14 @@ def test_keyword_retry_fires_only_when_the_full_query_finds_nothing(tmp_path: Pa
                 retried = await w.recall("which Peruvian restaurant did we like?", store=store,
                                          cross_session_limit=0, graph_expansion_limit=0)
                 conversation = [h for h in retried.log["hits"] if h["source"] == "conversation"]
-                assert [h["reason"] for h in conversation] == ["keyword retry", "keyword retry"]
+                # The second was said just after the first: it joins the first's line.
+                assert [h["reason"] for h in conversation] == ["keyword retry"]
+                assert len(conversation[0]["exchange"]) == 1
                 # The entity shares two of the three terms: a weak hit, after the messages.
-                assert "Lunch at the Peruvian restaurant" in lines(retried.block)[0]
-                assert "[long-term] Casa Peru" in lines(retried.block)[2]
+                assert lines(retried.block)[0] == ("1. [conversation] user (2026-11-02): Lunch at the Peruvian"
+                                                   " restaurant was great | user: the restaurant near the office"
+                                                   " closes at nine")
+                assert "[long-term] Casa Peru" in lines(retried.block)[1]
                 assert ("messages", ("peruvian",)) in store.searches
                 assert ("entities", ("restaur",)) in store.searches
                 # The full query finds something: no retry, and only what it found.

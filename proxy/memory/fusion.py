@@ -73,14 +73,14 @@ def rrf(
 
 def round_robin(
     sources: Mapping[str, Sequence[Hit]], limit: int, order: Sequence[str] = SOURCES,
-    fillers: Mapping[str, Sequence[Hit]] | None = None,
+    fillers: Mapping[str, Sequence[Hit]] | None = None, cap: int = HARD_CAP,
 ) -> list[Hit]:
-    """One hit from each source in turn, each keeping its order, the same text never twice.
+    """One hit from each source in turn, each keeping its order, the same text never twice; at most `cap`.
 
     `fillers` are weak hits (relevant, but less than a source's floor for a full turn):
     they take turns only for the slots the other hits leave.
     """
-    limit = max(0, min(limit, HARD_CAP))
+    limit = max(0, min(limit, cap))
     seen: set[str] = set()
     merged: list[Hit] = []
     for tier in (sources, fillers or {}):

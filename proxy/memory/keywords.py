@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from proxy.terms import STOP_WORDS, query_terms, terms
 
 # Words that shape a question rather than name what it asks about ("would she likely ...",
-# "remind me of ..."): a memory holding them is no closer to the answer. Matched as whole
+# "remind me of ...", "how many ..."): a memory holding them is no closer to the answer. Matched as whole
 # words, before stemming ("likely" stems to "like", which does name what is asked).
 _QUESTION_WORDS = re.compile(
     r"\b(?:likely|unlikely|might|maybe|perhaps|probably|possibly|kind|sort|type|think|remember|remind"
-    r"|recall|tell|know)\b", re.IGNORECASE)
+    r"|recall|tell|know|how\s+(?:many|much))\b", re.IGNORECASE)
 MAX_RETRY_WORDS = 4
 MIN_WORD_CHARS = 3
 

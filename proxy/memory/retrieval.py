@@ -25,7 +25,8 @@ from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import Query, Retrieved
 from proxy.memory.redact import redact
 from proxy.memory.sources import (
-    SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning, split_fillers,
+    JOINED_SPARE, SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning,
+    split_fillers,
 )
 from proxy.memory.trigger import unseen_identifiers
 from proxy.metrics import Metrics
@@ -150,9 +151,16 @@ class Retrieval:
         full, fillers = {}, {}
         for source, hits in runs.hits.items():
             full[source], fillers[source] = split_fillers(hits)
-        merged = round_robin(full, min(query.max_memories, HARD_CAP), fillers=fillers)
-        kept, cut = apply_budget(merged, self.settings.max_tokens, header, q.terms)
-        kept = await self._with_exchanges(q, kept, runs)
+        limit = min(query.max_memories, HARD_CAP)
+        # Spares in the merge: a hit said next to a better one joins its line and gives its slot back.
+        merged = round_robin(full, limit + JOINED_SPARE, fillers=fillers, cap=HARD_CAP + JOINED_SPARE)
+        neighbours = await self._neighbours(q, exchange.message_hits(merged[:limit]), runs, {})
+        joined = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
+        if unread := exchange.unread(joined, neighbours):  # a join gave a slot to a spare: read its turns too
+            neighbours = await self._neighbours(q, unread, runs, neighbours)
+            joined = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
+        kept, cut = apply_budget(joined, self.settings.max_tokens, header, q.terms)
+        kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.shows)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
@@ -178,21 +186,19 @@ class Retrieval:
         # runs leaves no coroutine behind that was never awaited.
         runs.hits[source] = await runs.run(source, work()) or []
 
-    async def _with_exchanges(self, q: SourceQuery, hits: list[Hit], runs: SourceRuns) -> list[Hit]:
-        """The hits, message hits carrying the turns around them that fit the budget (exchange.py).
-
-        Without them, when the store fails or the deadline passes: the block is still whole.
-        """
-        ids = exchange.message_hits(hits)
+    async def _neighbours(self, q: SourceQuery, ids: list[str], runs: SourceRuns, known: exchange.Neighbours
+                          ) -> exchange.Neighbours:
+        """`known` and the turns around each of these messages (exchange.py); only `known` when the
+        store fails or the deadline passes: the hits alone still make a whole block."""
         if not ids:
-            return hits
+            return known
         try:
             async with asyncio.timeout_at(runs.deadline):
-                neighbours = await self.store.neighbours(q.scope, ids)
+                read = await self.store.neighbours(q.scope, ids)
+            return {**known, **{i: read.get(i, (None, None)) for i in ids}}  # a lone message: read, none
         except Exception as exc:  # the hits alone still make a block
             log.warning("retrieval: exchanges not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
-            return hits
-        return exchange.carry(hits, neighbours, self.settings.max_tokens, self.settings.block_header, q.shows)
+            return known
 
     async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
         """`long-term`, then `graph` from its entity hits (the user's node first)."""

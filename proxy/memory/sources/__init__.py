@@ -34,6 +34,9 @@ T = TypeVar("T")
 CANDIDATES_PER_HIT = 2
 IDENTIFIER_CANDIDATES = 8  # rows asked per unseen-identifier search
 SPARE_HITS = 2  # hits a source builds beyond the merge's limit, for texts another source also found
+# Hits a source builds beyond those, from the same candidates: a message hit said just before
+# or after a better one joins that one's line (exchange.join_adjacent) and gives its slot back.
+JOINED_SPARE = 6
 RANK_REASON = "rank"
 RETRY_REASON = "keyword retry"
 FILLER = "filler"  # a Hit.parts flag: a weak hit, merged only into slots the others leave
@@ -111,6 +114,11 @@ class SourceQuery:
     def hits_wanted(self) -> int:
         """Hits a source builds: all the merge could take from it, and a few for repeated texts."""
         return min(self.max_memories, HARD_CAP) + SPARE_HITS
+
+    @property
+    def hits_built(self) -> int:
+        """Hits a source builds: those wanted, and spares for hits that join a better one's line."""
+        return self.hits_wanted + JOINED_SPARE
 
     @property
     def candidates(self) -> int:
@@ -239,5 +247,5 @@ def to_hits(q: SourceQuery, found: Sequence[Found[T]], hit: Callable[[Found[T]],
     Only what the merge can use is built: a hit's line costs more than its row.
     """
     hits = [hit(Found(f.item, f.score, f.reason, {**f.parts, "rank": n}))
-            for n, f in enumerate(found[:q.hits_wanted], start=1)]
+            for n, f in enumerate(found[:q.hits_built], start=1)]
     return promote(hits, q.identifiers) if q.identifiers else hits

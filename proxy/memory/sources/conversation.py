@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.memory import time_cues
 from proxy.memory.block import message_line
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import FILLER, Found, SourceQuery, lexical, normalised, to_hits
@@ -38,8 +39,8 @@ async def search(store: RecallReads, q: SourceQuery) -> list[Hit]:
         return not q.shows(m.content) and says_something(m)
 
     found = await with_vectors(
-        q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=newest_first, retry=True,
-                   limit=candidate_limit(q)),
+        q, time_cues.ranked(q.text, lexical(q, search, key=message_id, text=message_text, keep=unseen,
+                                            order=newest_first, retry=True, limit=candidate_limit(q))),
         "message", key=message_id, text=message_text, keep=unseen, conversation=q.conversation_id)
     return to_hits(q, found, lambda f: message_hit(SOURCE, f))
 

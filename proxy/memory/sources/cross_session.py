@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.memory import time_cues
 from proxy.memory.hybrid import with_vectors
 from proxy.memory.sources import SourceQuery, lexical, to_hits
 from proxy.memory.sources.conversation import (
@@ -47,8 +48,8 @@ async def search(store: RecallReads, q: SourceQuery, conversations: int | None) 
         return not q.shows(m.content) and says_something(m)
 
     found = await with_vectors(
-        q, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=order,
-                   limit=candidate_limit(q) + q.candidates),
+        q, time_cues.ranked(q.text, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=order,
+                                            limit=candidate_limit(q) + q.candidates)),
         "message", key=message_id, text=message_text, keep=unseen, exclude=q.conversation_id,
         within=frozenset(recency) if recency else None)
     return to_hits(q, found, lambda f: message_hit(SOURCE, f))
