@@ -393,3 +393,18 @@ def test_a_retried_request_stores_its_memory_once(tproxy, fake):
     assert eventually(lambda: saved_messages(tproxy) == [("user", "remember that my dog is called Biscuit"),
                                                          ("assistant", "Noted.")])
     assert raw.headers["x-memory-tool-calls"] == "1"
+
+
+def test_without_persisting_the_next_step_still_gets_its_exchange_back(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round(None, [call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round(None, [call("call_app2", "get_weather", {"city": "Bergen"})]))
+    client = tproxy.client(**TOOLS, **{"X-Memory-Persist": "false"})
+    prompt = [{"role": "user", "content": "weather at home?"}]
+    message = client.chat.completions.create(model="m", messages=prompt, tools=[weather]).choices[0].message
+    fake.queue(model_round("Rain in Bergen."))
+    client.chat.completions.create(model="m", tools=[weather], messages=prompt + [
+        message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_app2", "content": "rain"}])
+    round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
+    assert next_step.startswith(round_two[:-1] + b",")
+    assert saved_messages(tproxy) == []

@@ -156,3 +156,16 @@ def test_the_whole_echo_is_replaced_when_the_last_round_has_text_before_its_call
     round_two, next_step = (r.json()["input"] for r in fake.responses_requests()[1:])
     assert next_step == [*round_two, message_item("Now the weather.", 1),
                          call_item("call_app2", "get_weather", '{"city": "Bergen"}'), result]
+
+
+def test_without_persisting_a_stream_s_id_still_names_the_last_round(tproxy, fake):
+    fake.queue(model_round([query("call_q1")], "resp_r1"), model_round([message_item("Nothing known.")], "resp_r2"))
+    client = tproxy.client(**TOOLS, **{"X-Memory-Persist": "false"})
+    with client.responses.stream(model="m", input="which editor do I like?") as stream:
+        assert stream.get_final_response().id == "resp_r1"
+    fake.queue(model_round([message_item("Still nothing.")], "resp_r3"))
+    answer = client.responses.create(model="m", input="and my shell?", previous_response_id="resp_r1")
+    assert answer.output_text == "Still nothing."
+    # Which round the provider continues from is routing, not memory: it is kept all the same.
+    assert sent(fake)[2]["previous_response_id"] == "resp_r2"
+    assert saved(tproxy) == []
