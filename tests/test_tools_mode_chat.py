@@ -408,3 +408,20 @@ def test_without_persisting_the_next_step_still_gets_its_exchange_back(tproxy, f
     round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
     assert next_step.startswith(round_two[:-1] + b",")
     assert saved_messages(tproxy) == []
+
+
+def test_an_interaction_is_stored_once_on_a_retry_in_the_turn_s_conversation(tproxy, fake):
+    store = call("call_s1", "store_memory", {"content": "We discussed the dog Biscuit", "type": "interaction"})
+    for _ in range(2):  # the user's first turn, then the SDK's retry of it
+        fake.queue(model_round(None, [store]), model_round("Noted."))
+        raw = ask(tproxy, "remember our talk")
+    assert raw.parse().choices[0].message.content == "Noted."
+
+    def messages() -> list[tuple[str, str, str]]:
+        return rows(tproxy, "SELECT conversation_id, role, content FROM messages WHERE user_id = 'alice'")
+
+    assert eventually(lambda: ("assistant", "Noted.") in [m[1:] for m in messages()])
+    got = messages()
+    assert sorted(m[1:] for m in got) == [("assistant", "Noted."), ("assistant", "We discussed the dog Biscuit"),
+                                          ("user", "remember our talk")]
+    assert len({m[0] for m in got}) == 1  # the turn's own conversation

@@ -193,7 +193,7 @@ class MemoryService:
                             wire, hooked)
         if resolved.mode == "tools" and status == "ok":
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
-                                       recall.logged_query, persist)
+                                       recall.logged_query, persist, identity.key, identity.conversation_id)
             recall.echoes = echoes
             recall.provider_response = provider
         recall.started(now)

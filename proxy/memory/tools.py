@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from proxy.ids import new_id
+from proxy.ids import derived_id, id_time_ns
 from proxy.memory.redact import redact
 from proxy.models import Scope, ToolCall
 from proxy.stores.base import TAGS_MAX, Store, StoreMemory
@@ -86,8 +86,11 @@ LogQuery = Callable[[str, int, dict[str, Any]], None]
 class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
-    def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool) -> None:
+    def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool,
+                 turn_key: str, conversation_id: str) -> None:
         self.scope = scope
+        self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
+        self.conversation_id = conversation_id  # where an `interaction` goes
         self.search = search
         self.store = store  # store_memory is the memory API's own write
         self.log_query = log_query
@@ -123,8 +126,10 @@ class MemoryTools:
         content, kind, confidence, tags = _memory(arguments)
         if not self.persist:
             return CallResult("Error: memory is read-only for this request; nothing was stored.", error=True)
-        op = StoreMemory(self.scope, new_id(), redact(content), kind, datetime.now(timezone.utc), confidence,
-                         tuple(redact(tag) for tag in tags))
+        content = redact(content)
+        memory_id = derived_id(f"memory {self.turn_key} {kind} {content}", id_time_ns(self.turn_key))
+        op = StoreMemory(self.scope, memory_id, content, kind, datetime.now(timezone.utc), confidence,
+                         tuple(redact(tag) for tag in tags), self.conversation_id)
         memory_id = await self.store.store_memory(op)
         return CallResult(f"Stored as memory {memory_id}.")
 
