@@ -4,6 +4,7 @@ their results."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 from typing import Any
@@ -425,3 +426,22 @@ def test_an_interaction_is_stored_once_on_a_retry_in_the_turn_s_conversation(tpr
     assert sorted(m[1:] for m in got) == [("assistant", "Noted."), ("assistant", "We discussed the dog Biscuit"),
                                           ("user", "remember our talk")]
     assert len({m[0] for m in got}) == 1  # the turn's own conversation
+
+
+def test_a_compressed_stream_is_read_and_the_client_gets_it_plain(tproxy, fake):
+    def gzipped(events: list[bytes]) -> SSEReply:
+        packed = gzip.compress(b"".join(events))
+        return SSEReply([packed[:40], packed[40:]], headers=[("content-encoding", "gzip")])
+
+    query = call("call_q1", "query_memory", {"query": "editor"})
+    fake.queue(gzipped(stream_events("Checking.", tool_calls=[query])), gzipped(stream_events("Final.")))
+    with tproxy.http() as http:
+        response = http.post("/v1/chat/completions", headers=TOOLS, json={
+            "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert "content-encoding" not in response.headers
+    assert b"query_memory" not in response.content and response.content.count(b"data: [DONE]") == 1
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
+        "Checking.\n\nFinal."
+    assert sent(fake)[1]["messages"][-1]["content"] == NOTHING_FOUND
