@@ -169,3 +169,19 @@ def test_without_persisting_a_stream_s_id_still_names_the_last_round(tproxy, fak
     # Which round the provider continues from is routing, not memory: it is kept all the same.
     assert sent(fake)[2]["previous_response_id"] == "resp_r2"
     assert saved(tproxy) == []
+
+
+def test_text_after_the_last_round_s_call_is_not_sent_twice(tproxy, fake):
+    app = call_item("call_app2", "get_weather", '{"city": "Bergen"}')
+    fake.queue(model_round([message_item("Looking.", 0), query("call_q1", "home city")], "resp_r1"),
+               model_round([app, message_item("Asking the weather app.", 1)], "resp_r2"))
+    client = tproxy.client(**TOOLS)
+    answer = client.responses.create(model="m", input="weather at home?", tools=[WEATHER])
+    echo = [item.model_dump(exclude_none=True) for item in answer.output]
+    assert [i["type"] for i in echo] == ["message", "function_call", "message"]
+    fake.queue(model_round([message_item("Rain in Bergen.", 2)], "resp_r3"))
+    result = {"type": "function_call_output", "call_id": "call_app2", "output": "rain"}
+    client.responses.create(model="m", tools=[WEATHER],
+                            input=[{"role": "user", "content": "weather at home?"}, *echo, result])
+    round_two, next_step = (r.json()["input"] for r in fake.responses_requests()[1:])
+    assert next_step == [*round_two, app, message_item("Asking the weather app.", 1), result]
