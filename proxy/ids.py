@@ -37,6 +37,11 @@ def derived_id(material: str, at_ns: int) -> str:
     return f"{value:032x}"
 
 
+def id_time_ns(made: str) -> int:
+    """The time in ns (to the ms) of an id new_id or derived_id made."""
+    return int(made[:12], 16) * 1_000_000
+
+
 def is_scope_id(value: object) -> bool:
     """Whether `value` may name a user, conversation or agent (the one rule for headers,
     tokens, config and the CLI)."""

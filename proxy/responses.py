@@ -169,6 +169,17 @@ def readable_body(response: Any, body: bytes) -> bytes:
     return b"" if read.failed else inflated
 
 
+def is_readable_sse(response: Any) -> bool:
+    """An event stream memproxy can read as it comes: plain, or compressed in gzip or deflate."""
+    return _is_sse(response) and not isinstance(_reader(response), _Unreadable)
+
+
+def stream_inflater(response: Any) -> _Inflate | None:
+    """What inflates a readable stream's body bytes as they come (None: they are plain)."""
+    read = _reader(response)
+    return read if isinstance(read, _Inflate) else None
+
+
 def is_plain_sse(response: Any) -> bool:
     """An event stream memproxy can read as it comes (not compressed)."""
     return _is_sse(response) and not _compressed(response)

@@ -147,6 +147,20 @@ def test_a_long_merge_key_stored_whole_before_is_re_keyed_and_merges_again(backe
     assert run(body()) == [("m1", '["a", "b"]')]
 
 
+def test_an_interaction_goes_to_the_conversation_it_names_once_per_id(backend: Backend) -> None:
+    async def body() -> list[tuple[Any, ...]]:
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "t1", conv="old")])
+            for _ in range(2):  # a retry stores it again under the same id
+                op = StoreMemory(ALICE, "m1", "We discussed the dog Biscuit", "interaction", T0, conversation_id="new")
+                assert await store.store_memory(op) == "m1"
+            op = StoreMemory(ALICE, "m2", "We discussed the cat", "interaction", T0, conversation_id="old")
+            await store.store_memory(op)
+        return await backend.sql("SELECT id, conversation_id FROM messages WHERE role = 'assistant' ORDER BY id")
+
+    assert run(body()) == [("m1", "new"), ("m2", "old")]
+
+
 def test_a_memory_merged_many_times_keeps_its_newest_ten_tags(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

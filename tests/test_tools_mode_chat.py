@@ -4,6 +4,7 @@ their results."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 from typing import Any
@@ -393,3 +394,54 @@ def test_a_retried_request_stores_its_memory_once(tproxy, fake):
     assert eventually(lambda: saved_messages(tproxy) == [("user", "remember that my dog is called Biscuit"),
                                                          ("assistant", "Noted.")])
     assert raw.headers["x-memory-tool-calls"] == "1"
+
+
+def test_without_persisting_the_next_step_still_gets_its_exchange_back(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round(None, [call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round(None, [call("call_app2", "get_weather", {"city": "Bergen"})]))
+    client = tproxy.client(**TOOLS, **{"X-Memory-Persist": "false"})
+    prompt = [{"role": "user", "content": "weather at home?"}]
+    message = client.chat.completions.create(model="m", messages=prompt, tools=[weather]).choices[0].message
+    fake.queue(model_round("Rain in Bergen."))
+    client.chat.completions.create(model="m", tools=[weather], messages=prompt + [
+        message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_app2", "content": "rain"}])
+    round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
+    assert next_step.startswith(round_two[:-1] + b",")
+    assert saved_messages(tproxy) == []
+
+
+def test_an_interaction_is_stored_once_on_a_retry_in_the_turn_s_conversation(tproxy, fake):
+    store = call("call_s1", "store_memory", {"content": "We discussed the dog Biscuit", "type": "interaction"})
+    for _ in range(2):  # the user's first turn, then the SDK's retry of it
+        fake.queue(model_round(None, [store]), model_round("Noted."))
+        raw = ask(tproxy, "remember our talk")
+    assert raw.parse().choices[0].message.content == "Noted."
+
+    def messages() -> list[tuple[str, str, str]]:
+        return rows(tproxy, "SELECT conversation_id, role, content FROM messages WHERE user_id = 'alice'")
+
+    assert eventually(lambda: ("assistant", "Noted.") in [m[1:] for m in messages()])
+    got = messages()
+    assert sorted(m[1:] for m in got) == [("assistant", "Noted."), ("assistant", "We discussed the dog Biscuit"),
+                                          ("user", "remember our talk")]
+    assert len({m[0] for m in got}) == 1  # the turn's own conversation
+
+
+def test_a_compressed_stream_is_read_and_the_client_gets_it_plain(tproxy, fake):
+    def gzipped(events: list[bytes]) -> SSEReply:
+        packed = gzip.compress(b"".join(events))
+        return SSEReply([packed[:40], packed[40:]], headers=[("content-encoding", "gzip")])
+
+    query = call("call_q1", "query_memory", {"query": "editor"})
+    fake.queue(gzipped(stream_events("Checking.", tool_calls=[query])), gzipped(stream_events("Final.")))
+    with tproxy.http() as http:
+        response = http.post("/v1/chat/completions", headers=TOOLS, json={
+            "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert "content-encoding" not in response.headers
+    assert b"query_memory" not in response.content and response.content.count(b"data: [DONE]") == 1
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
+        "Checking.\n\nFinal."
+    assert sent(fake)[1]["messages"][-1]["content"] == NOTHING_FOUND

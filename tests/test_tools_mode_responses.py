@@ -137,3 +137,51 @@ def test_with_previous_response_id_the_rounds_are_chained_on_the_provider(tproxy
     assert first["previous_response_id"] == "resp_0"
     assert second["previous_response_id"] == "resp_r1"
     assert second["input"] == [{"type": "function_call_output", "call_id": "call_q1", "output": NOTHING_FOUND}]
+
+
+@pytest.mark.parametrize("keep_ids", [True, False])
+def test_the_whole_echo_is_replaced_when_the_last_round_has_text_before_its_call(tproxy, fake, keep_ids):
+    fake.queue(model_round([message_item("Looking.", 0), query("call_q1", "home city")], "resp_r1"),
+               model_round([message_item("Now the weather.", 1),
+                            call_item("call_app2", "get_weather", '{"city": "Bergen"}')], "resp_r2"))
+    client = tproxy.client(**TOOLS)
+    answer = client.responses.create(model="m", input="weather at home?", tools=[WEATHER])
+    echo = [item.model_dump(exclude_none=True) for item in answer.output]
+    if not keep_ids:  # as clients that do not keep the provider's item ids send it
+        echo = [{k: v for k, v in item.items() if k != "id"} for item in echo]
+    fake.queue(model_round([message_item("Rain in Bergen.", 2)], "resp_r3"))
+    result = {"type": "function_call_output", "call_id": "call_app2", "output": "rain"}
+    client.responses.create(model="m", tools=[WEATHER],
+                            input=[{"role": "user", "content": "weather at home?"}, *echo, result])
+    round_two, next_step = (r.json()["input"] for r in fake.responses_requests()[1:])
+    assert next_step == [*round_two, message_item("Now the weather.", 1),
+                         call_item("call_app2", "get_weather", '{"city": "Bergen"}'), result]
+
+
+def test_without_persisting_a_stream_s_id_still_names_the_last_round(tproxy, fake):
+    fake.queue(model_round([query("call_q1")], "resp_r1"), model_round([message_item("Nothing known.")], "resp_r2"))
+    client = tproxy.client(**TOOLS, **{"X-Memory-Persist": "false"})
+    with client.responses.stream(model="m", input="which editor do I like?") as stream:
+        assert stream.get_final_response().id == "resp_r1"
+    fake.queue(model_round([message_item("Still nothing.")], "resp_r3"))
+    answer = client.responses.create(model="m", input="and my shell?", previous_response_id="resp_r1")
+    assert answer.output_text == "Still nothing."
+    # Which round the provider continues from is routing, not memory: it is kept all the same.
+    assert sent(fake)[2]["previous_response_id"] == "resp_r2"
+    assert saved(tproxy) == []
+
+
+def test_text_after_the_last_round_s_call_is_not_sent_twice(tproxy, fake):
+    app = call_item("call_app2", "get_weather", '{"city": "Bergen"}')
+    fake.queue(model_round([message_item("Looking.", 0), query("call_q1", "home city")], "resp_r1"),
+               model_round([app, message_item("Asking the weather app.", 1)], "resp_r2"))
+    client = tproxy.client(**TOOLS)
+    answer = client.responses.create(model="m", input="weather at home?", tools=[WEATHER])
+    echo = [item.model_dump(exclude_none=True) for item in answer.output]
+    assert [i["type"] for i in echo] == ["message", "function_call", "message"]
+    fake.queue(model_round([message_item("Rain in Bergen.", 2)], "resp_r3"))
+    result = {"type": "function_call_output", "call_id": "call_app2", "output": "rain"}
+    client.responses.create(model="m", tools=[WEATHER],
+                            input=[{"role": "user", "content": "weather at home?"}, *echo, result])
+    round_two, next_step = (r.json()["input"] for r in fake.responses_requests()[1:])
+    assert next_step == [*round_two, app, message_item("Asking the weather app.", 1), result]

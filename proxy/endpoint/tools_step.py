@@ -23,7 +23,7 @@ from proxy.exchange import Recall
 from proxy.memory.tools import NAMES, ROUNDS_USED, SCHEMAS, MemoryTools
 from proxy.metrics import Metrics
 from proxy.models import ToolCall
-from proxy.responses import is_plain_sse, readable_body
+from proxy.responses import is_readable_sse, readable_body, stream_inflater
 from proxy.upstream import StreamCut, Upstream, UpstreamResponse
 from proxy.wires.sse import SSEDecoder
 from proxy.wires.tool_rounds import CallOutcome, Round, ToolFormat
@@ -72,7 +72,7 @@ class ToolsStep:
         """The response the client gets: JSON with every round done, or a stream that runs them as it goes."""
         loop = self.start(client_body)
         response = await self.open(loop)
-        if stream and response.status == 200 and is_plain_sse(response):
+        if stream and response.status == 200 and is_readable_sse(response):
             return RoundsStream(self, loop, response)
         return await self._json(loop, response)
 
@@ -136,7 +136,9 @@ class RoundsStream:
         self._step = step
         self._loop = loop
         self._current = first
-        self.response = first.response
+        # The client gets the rounds' events plain, whatever encoding the provider used anyway.
+        self.response = _Head(httpx.Headers([(k, v) for k, v in first.response.headers.raw
+                                             if k.lower() not in (b"content-encoding", b"content-length")]))
         self.status = first.status
         self.content_type = first.content_type
 
@@ -147,7 +149,12 @@ class RoundsStream:
         while True:
             filtered = fmt.stream_round(state, loop.offered, first=first)
             decoder = SSEDecoder()
+            inflate = stream_inflater(self._current)
             async for chunk in self._current.chunks():
+                if inflate is not None:
+                    chunk = inflate(chunk)
+                    if inflate.failed:
+                        raise StreamCut("upstream_error", "the provider's compressed stream could not be read")
                 out = b"".join(filtered.feed(event) for event in decoder.feed(chunk))
                 if out:
                     yield out
@@ -170,7 +177,7 @@ class RoundsStream:
                 self._current = await self._step.open(loop)
             except ProxyError as error:  # the stream is under way: it ends with the wire's error event
                 raise StreamCut(error.code, str(error)) from error
-            if self._current.status != 200 or not is_plain_sse(self._current):
+            if self._current.status != 200 or not is_readable_sse(self._current):
                 raise StreamCut("upstream_error", await _error_text(self._current))
             first = False
 

@@ -205,7 +205,8 @@ class MemoryService:
             tool_hooks = (None if self.hooks is None else ToolHooks(
                 self.hooks, turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)))
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
-                                       recall.logged_query, persist, tool_hooks)
+                                       recall.logged_query, persist, identity.key, identity.conversation_id,
+                                       tool_hooks)
             recall.echoes = echoes
             recall.provider_response = provider
         recall.started(now)
@@ -400,10 +401,16 @@ class TurnRecall(Recall):
 
     @property
     def active(self) -> bool:
-        return self._persist
+        """Whether the answer is read for the store: to save it, or (tools mode) to route the next step."""
+        return self._persist or self.tools is not None
 
     def _submit(self, op: Any, *, urgent: bool = False) -> asyncio.Future[None] | None:
         return self._service.writer.submit(op, urgent=urgent) if self._persist else None
+
+    def _route(self, op: Any, *, urgent: bool = False) -> asyncio.Future[None] | None:
+        """Saved even when the turn is not persisted, in tools mode: how a later step finds the
+        provider's response and the memory exchanges it continues (routing, no conversation text)."""
+        return self._service.writer.submit(op, urgent=urgent) if self.active else None
 
     def started(self, now: datetime) -> None:
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
@@ -411,7 +418,7 @@ class TurnRecall(Recall):
         if self._identity.is_new:
             start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
                               self._identity.history_hash, now, self._saved.said, self._persist, self._generation)
-            saved = self._saves.start(start) if self._saves is not None else self._submit(start)
+            saved = self._saves.start(start) if self._saves is not None else self._route(start)
             if saved is not None and self._service.pending is not None:
                 self._service.pending.saving(self._scope.user, saved)
         # In tools mode the injection log holds what the model's queries found (logged_query).
@@ -427,12 +434,12 @@ class TurnRecall(Recall):
         now = datetime.now(timezone.utc)
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
         if message.response_id:
-            self._submit(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
-                                        self._previous_response, now, self.provider_id), urgent=True)
+            self._route(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
+                                       self._previous_response, now, self.provider_id), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
-            return self._submit(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation,
-                                                self.exchange), urgent=True)
+            return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation,
+                                               self.exchange), urgent=True)
         if message.continues:
             return None  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from proxy.ids import new_id
+from proxy.ids import derived_id, id_time_ns
 from proxy.memory.hooks import HookContext, Hooks
 from proxy.memory.redact import redact
 from proxy.models import Scope, ToolCall
@@ -100,8 +100,10 @@ class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
     def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool,
-                 hooks: ToolHooks | None = None) -> None:
+                 turn_key: str, conversation_id: str, hooks: ToolHooks | None = None) -> None:
         self.scope = scope
+        self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
+        self.conversation_id = conversation_id  # where an `interaction` goes
         self.search = search
         self.store = store  # store_memory is the memory API's own write
         self.log_query = log_query
@@ -165,8 +167,9 @@ class MemoryTools:
             if texts is None:
                 return CallResult(WRITE_BLOCKED, error=True)
             content = texts[0]
-        op = StoreMemory(self.scope, new_id(), content, kind, datetime.now(timezone.utc), confidence,
-                         tuple(redact(tag) for tag in tags))
+        memory_id = derived_id(f"memory {self.turn_key} {kind} {content}", id_time_ns(self.turn_key))
+        op = StoreMemory(self.scope, memory_id, content, kind, datetime.now(timezone.utc), confidence,
+                         tuple(redact(tag) for tag in tags), self.conversation_id)
         memory_id = await self.store.store_memory(op)
         return CallResult(f"Stored as memory {memory_id}.")
 

@@ -210,7 +210,8 @@ class StoreMemory:
     """A memory stored explicitly (memory API or the store_memory tool).
 
     fact / pattern / user_preference become an entity of the user (found by long-term);
-    interaction becomes an assistant message in the user's latest conversation.
+    interaction becomes an assistant message in `conversation_id` (tools mode: the turn's),
+    else in the user's latest conversation.
     """
 
     scope: Scope
@@ -220,6 +221,7 @@ class StoreMemory:
     at: datetime
     confidence: float = 0.7
     tags: tuple[str, ...] = ()
+    conversation_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -291,14 +291,17 @@ async def _fact(conn: asyncpg.Connection, op: StoreMemory, at: datetime) -> str:
 
 
 async def _interaction(conn: asyncpg.Connection, op: StoreMemory, at: datetime) -> str:
-    """The memory as an assistant message in the user's latest conversation (a new one if none)."""
+    """The memory as an assistant message in the conversation the op names, else the user's latest
+    (a new one if none)."""
     agent, args = _agent(op.scope, "c", 2)
-    conversation = await conn.fetchval(f"SELECT c.id FROM conversations c WHERE c.user_id = $1{agent}"
-                                       " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", op.scope.user, *args)
-    if conversation is None:
-        conversation = new_id()
+    conversation = op.conversation_id or await conn.fetchval(
+        f"SELECT c.id FROM conversations c WHERE c.user_id = $1{agent}"
+        " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", op.scope.user, *args)
+    if conversation is None or op.conversation_id is not None:
+        conversation = conversation or new_id()
         await conn.execute("INSERT INTO conversations (user_id, id, agent_id, created_at, last_active_at)"
-                           " VALUES ($1, $2, $3, $4, $4)", op.scope.user, conversation, op.scope.agent, at)
+                           " VALUES ($1, $2, $3, $4, $4) ON CONFLICT DO NOTHING",
+                           op.scope.user, conversation, op.scope.agent, at)
     content = clean_text(op.content)
     inserted = await conn.fetchval(
         "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, context,"

@@ -320,14 +320,17 @@ def _fact(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
 
 
 def _interaction(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
-    """The memory as an assistant message in the user's latest conversation (a new one if none)."""
+    """The memory as an assistant message in the conversation the op names, else the user's latest
+    (a new one if none)."""
     agent, params = agent_clause(op.scope, "c")
-    latest = _rows(conn, f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
-                   " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", [op.scope.user, *params])
-    conversation = latest[0]["id"] if latest else new_id()
+    latest = [] if op.conversation_id is not None else _rows(
+        conn, f"SELECT c.id FROM conversations c WHERE c.user_id = ?{agent}"
+        " ORDER BY c.last_active_at DESC, c.id DESC LIMIT 1", [op.scope.user, *params])
+    conversation = op.conversation_id or (latest[0]["id"] if latest else new_id())
     if not latest:
         conn.execute("INSERT INTO conversations (user_id, id, agent_id, created_at, last_active_at)"
-                     " VALUES (?, ?, ?, ?, ?)", (op.scope.user, conversation, op.scope.agent, at, at))
+                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                     (op.scope.user, conversation, op.scope.agent, at, at))
     content = clean_text(op.content)
     inserted = conn.execute(
         "INSERT INTO messages (id, user_id, conversation_id, agent_id, role, content, content_hash, terms, context,"

@@ -53,6 +53,17 @@ def _round(items: list[Any], offered: frozenset[str], provider_id: Any = None, u
                  tokens(usage, "input_tokens", "output_tokens"))
 
 
+def _shown_answer(round_: Round) -> list[Any]:
+    """What of the last round the client gets besides the calls it runs."""
+    return [i for i in round_.answer if isinstance(i, dict) and i.get("type") not in CLIENT_CALLS]
+
+
+def _is_echo(item: Any) -> bool:
+    """An output item a client sends back: the model's text or reasoning, or a reference to one."""
+    return isinstance(item, dict) and (item.get("role") == "assistant"
+                                       or item.get("type") in ("reasoning", "item_reference"))
+
+
 def _shown(round_: Round) -> list[Any]:
     """What of an earlier round the client gets: its items but the calls it runs or memproxy ran."""
     return [i for i in round_.output if isinstance(i, dict) and i.get("type") not in CLIENT_CALLS]
@@ -183,8 +194,10 @@ class ResponsesTools:
         return out, frozenset(offered)
 
     def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
-        echo = [item for round_ in earlier for item in _shown(round_)]
-        return json.dumps({"echo": echo, "items": [*exchanges, *last.answer]}, ensure_ascii=False,
+        # How many items the client got besides the calls it runs: its echo of them is replaced
+        # whole, by position, as clients may drop or rewrite the item ids.
+        shown = sum(len(_shown(round_)) for round_ in earlier) + len(_shown_answer(last))
+        return json.dumps({"shown": shown, "items": [*exchanges, *last.answer]}, ensure_ascii=False,
                           separators=(",", ":"))
 
     def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
@@ -196,21 +209,28 @@ class ResponsesTools:
             return body
         out: list[Any] = []
         replaced: set[str] = set()
+        echo_left = 0  # echo items of the step just replaced still to drop after its first call
         for item in items:
             call_id = _dict(item).get("call_id")
             stored = echoes.get(call_id) if _dict(item).get("type") in CLIENT_CALLS and isinstance(call_id, str) \
                 else None
             if stored is None:
+                if echo_left and _is_echo(item):
+                    echo_left -= 1
+                    continue
+                echo_left = 0
                 out.append(item)
                 continue
             if stored in replaced:
                 continue  # the step's other calls: already in its stored items
             replaced.add(stored)
             step = json.loads(stored)
-            # The echo of the step's earlier rounds (their text) comes right before its calls.
-            echoed = {i.get("id") for i in step["echo"]}
-            while out and isinstance(out[-1], dict) and out[-1].get("id") in echoed:
+            # The echo of the step's text comes right before its first call; any left after it
+            # (a JSON answer keeps the provider's order) is dropped as it comes.
+            echo_left = step["shown"]
+            while echo_left and out and _is_echo(out[-1]):
                 out.pop()
+                echo_left -= 1
             out += step["items"]
         return {**body, "input": out}
 
