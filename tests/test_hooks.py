@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -202,6 +203,48 @@ def test_a_rewritten_prompt_reaches_the_provider_the_store_and_every_later_step(
     assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == "deploy it [python] [http]"
     assert len(hook_server.inputs("/rewrite")) == 1  # once per turn, never on a later step
     assert settled(proxy, 2) == [("user", "deploy it [python] [http]"), ("assistant", "Hello from upstream")]
+
+
+class FirstRecallTooSlow:
+    """The app's own retriever, its first recall slower than the retrieval budget (a store under load)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    async def retrieve(self, scope: Any, query: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.sleep(1.5)
+        return await self.inner.retrieve(scope, query)
+
+    def forget(self, user: str) -> None:
+        self.inner.forget(user)
+
+
+def test_a_first_step_with_degraded_retrieval_keeps_the_hooks_rewrite_for_later_steps(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "context"},
+                        {"event": "user_prompt_submit", "python": H + "rewrite"}],
+                       **{"memory.retrieval_timeout_ms": 500})
+    memory = proxy.app.state.parts.memory
+    memory.retriever = FirstRecallTooSlow(memory.retriever)
+    call = {"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    fake.queue(JsonReply(completion(None, tool_calls=[called(call)])))
+    raw = ask(proxy, "deploy it", tools=[{"type": "function", "function": {"name": "grep", "parameters": {}}}])
+    assert raw.headers["x-memory-status"] == "degraded: retrieval timeout"
+    tail = "python user_prompt_submit context\n\ndeploy it [python]"
+    assert sent_prompt(fake).endswith(tail)
+    # Kept with the turn, though no block was: the next step computes its block, the hooks do not run again.
+    assert eventually(lambda: rows(proxy, "SELECT prompt, hook_context, block FROM turns") == [
+        ("deploy it [python]", "python user_prompt_submit context", None)])
+    raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"}
+                       ).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "deploy it"},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "call_1", "content": "found"}])
+    assert raw.headers["x-memory-status"] == "ok" and memory.retriever.calls == 2
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"].endswith(tail)
+    assert settled(proxy, 2) == [("user", "deploy it [python]"), ("assistant", "Hello from upstream")]
 
 
 def test_a_rewritten_prompt_keeps_the_other_parts_in_place(with_hooks, fake):
