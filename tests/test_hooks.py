@@ -443,6 +443,58 @@ def test_an_http_hook_answering_garbage_or_an_error_status_is_skipped(with_hooks
     assert failures(proxy) == {("user_prompt_submit", "bad_answer"): 2.0}
 
 
+class EndlessAnswer:
+    """A webhook on loopback answering 200 with a JSON body that never ends (chunked, 64 KiB at a time,
+    for as long as the reader reads, at most 30 s): how much it wrote shows how much was read."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.closed = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers["content-length"]))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                chunk = b"{" + b" " * (64 * 1024 - 1)
+                ends = time.monotonic() + 30
+                try:
+                    while time.monotonic() < ends:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        server.written += len(chunk)
+                        chunk = b" " * len(chunk)
+                except OSError:
+                    server.closed.set()  # the reader hung up
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_an_http_hook_answer_past_the_cap_is_a_bad_answer_read_no_further(with_hooks, fake):
+    endless = EndlessAnswer()
+    try:
+        proxy = with_hooks([{"event": "user_prompt_submit",
+                             "url": f"http://127.0.0.1:{endless.httpd.server_port}/policy", "timeout_ms": 10000}])
+        started = time.monotonic()
+        assert ask(proxy, "hello").status_code == 200
+        # Stopped at the cap (1 MiB), not at the hook's timeout: the proxy hung up on the endpoint.
+        assert time.monotonic() - started < 5
+        assert sent_prompt(fake) == "hello"
+        assert failures(proxy) == {("user_prompt_submit", "bad_answer"): 1.0}
+        assert endless.closed.wait(5)
+        assert endless.written < 16 * 1024 * 1024  # the cap plus what the sockets' buffers held
+    finally:
+        endless.httpd.shutdown()
+
+
 def test_a_memory_api_write_goes_through_pre_memory_write(with_hooks, fake, hook_server):
     hook_server.answers["/mask"] = lambda event: {"updated_turns": [
         {"role": "memory", "content": event["turns"][0]["content"].replace("Go", "Rust")}]}
