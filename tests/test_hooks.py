@@ -506,8 +506,10 @@ def test_a_memory_api_write_goes_through_pre_memory_write(with_hooks, fake, hook
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "blocked_by_policy"
     created = http.post("/memory/v1/users/alice/memories", json={"content": "Alice prefers Go", "type": "fact"})
     assert created.status_code == 201
-    assert rows(proxy, "SELECT name, description FROM entities WHERE user_id = 'alice'") == [
-        (created.json()["content"], "")] or created.json()["content"] == "Alice prefers Rust"
+    # The HTTP hook's masked turn is what is answered and saved, nothing of the client's own words.
+    assert created.json()["content"] == "Alice prefers Rust"
+    assert rows(proxy, "SELECT name, type, description FROM entities WHERE user_id = 'alice'") == [
+        ("Alice prefers Rust", "fact", "")]
     (event,) = hook_server.inputs("/mask")
     assert (event["user"], event["conversation"], event["turn"], event["wire"]) == ("alice", None, None, "memory_api")
     assert event["turns"] == [{"role": "memory", "content": "Alice prefers Go"}]
