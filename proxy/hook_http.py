@@ -25,19 +25,18 @@ class HookPoster:
     async def post(self, url: str, payload: dict[str, Any]) -> dict[str, Any] | None:
         """The endpoint's JSON object, None for 204; HookFailure for anything else."""
         try:
-            response = await self._client.post(url, json=payload)
+            async with self._client.stream("POST", url, json=payload) as response:
+                if response.status_code == 204:
+                    return None
+                if not 200 <= response.status_code < 300:
+                    raise HookFailure("http_status")
+                body = await _capped(response)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise HookFailure("unreachable") from exc
         except httpx.HTTPError as exc:
             raise HookFailure("error") from exc
-        if response.status_code == 204:
-            return None
-        if not 200 <= response.status_code < 300:
-            raise HookFailure("http_status")
-        if len(response.content) > MAX_ANSWER_BYTES:
-            raise HookFailure("bad_answer")
         try:
-            answer = json.loads(response.content)
+            answer = json.loads(body)
         except (ValueError, RecursionError) as exc:
             raise HookFailure("bad_answer") from exc
         if answer is not None and not isinstance(answer, dict):
@@ -46,3 +45,14 @@ class HookPoster:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+async def _capped(response: httpx.Response) -> bytes:
+    """The answer's body, read no further than MAX_ANSWER_BYTES: an endpoint streaming without end
+    costs no more memory than that."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise HookFailure("bad_answer")
+    return bytes(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -204,6 +205,48 @@ def test_a_rewritten_prompt_reaches_the_provider_the_store_and_every_later_step(
     assert settled(proxy, 2) == [("user", "deploy it [python] [http]"), ("assistant", "Hello from upstream")]
 
 
+class FirstRecallTooSlow:
+    """The app's own retriever, its first recall slower than the retrieval budget (a store under load)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    async def retrieve(self, scope: Any, query: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.sleep(1.5)
+        return await self.inner.retrieve(scope, query)
+
+    def forget(self, user: str) -> None:
+        self.inner.forget(user)
+
+
+def test_a_first_step_with_degraded_retrieval_keeps_the_hooks_rewrite_for_later_steps(with_hooks, fake):
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "context"},
+                        {"event": "user_prompt_submit", "python": H + "rewrite"}],
+                       **{"memory.retrieval_timeout_ms": 500})
+    memory = proxy.app.state.parts.memory
+    memory.retriever = FirstRecallTooSlow(memory.retriever)
+    call = {"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    fake.queue(JsonReply(completion(None, tool_calls=[called(call)])))
+    raw = ask(proxy, "deploy it", tools=[{"type": "function", "function": {"name": "grep", "parameters": {}}}])
+    assert raw.headers["x-memory-status"] == "degraded: retrieval timeout"
+    tail = "python user_prompt_submit context\n\ndeploy it [python]"
+    assert sent_prompt(fake).endswith(tail)
+    # Kept with the turn, though no block was: the next step computes its block, the hooks do not run again.
+    assert eventually(lambda: rows(proxy, "SELECT prompt, hook_context, block FROM turns") == [
+        ("deploy it [python]", "python user_prompt_submit context", None)])
+    raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"}
+                       ).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "deploy it"},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "call_1", "content": "found"}])
+    assert raw.headers["x-memory-status"] == "ok" and memory.retriever.calls == 2
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"].endswith(tail)
+    assert settled(proxy, 2) == [("user", "deploy it [python]"), ("assistant", "Hello from upstream")]
+
+
 def test_a_rewritten_prompt_keeps_the_other_parts_in_place(with_hooks, fake):
     proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "rewrite"}])
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
@@ -400,6 +443,58 @@ def test_an_http_hook_answering_garbage_or_an_error_status_is_skipped(with_hooks
     assert failures(proxy) == {("user_prompt_submit", "bad_answer"): 2.0}
 
 
+class EndlessAnswer:
+    """A webhook on loopback answering 200 with a JSON body that never ends (chunked, 64 KiB at a time,
+    for as long as the reader reads, at most 30 s): how much it wrote shows how much was read."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.closed = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers["content-length"]))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                chunk = b"{" + b" " * (64 * 1024 - 1)
+                ends = time.monotonic() + 30
+                try:
+                    while time.monotonic() < ends:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        server.written += len(chunk)
+                        chunk = b" " * len(chunk)
+                except OSError:
+                    server.closed.set()  # the reader hung up
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_an_http_hook_answer_past_the_cap_is_a_bad_answer_read_no_further(with_hooks, fake):
+    endless = EndlessAnswer()
+    try:
+        proxy = with_hooks([{"event": "user_prompt_submit",
+                             "url": f"http://127.0.0.1:{endless.httpd.server_port}/policy", "timeout_ms": 10000}])
+        started = time.monotonic()
+        assert ask(proxy, "hello").status_code == 200
+        # Stopped at the cap (1 MiB), not at the hook's timeout: the proxy hung up on the endpoint.
+        assert time.monotonic() - started < 5
+        assert sent_prompt(fake) == "hello"
+        assert failures(proxy) == {("user_prompt_submit", "bad_answer"): 1.0}
+        assert endless.closed.wait(5)
+        assert endless.written < 16 * 1024 * 1024  # the cap plus what the sockets' buffers held
+    finally:
+        endless.httpd.shutdown()
+
+
 def test_a_memory_api_write_goes_through_pre_memory_write(with_hooks, fake, hook_server):
     hook_server.answers["/mask"] = lambda event: {"updated_turns": [
         {"role": "memory", "content": event["turns"][0]["content"].replace("Go", "Rust")}]}
@@ -411,8 +506,10 @@ def test_a_memory_api_write_goes_through_pre_memory_write(with_hooks, fake, hook
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "blocked_by_policy"
     created = http.post("/memory/v1/users/alice/memories", json={"content": "Alice prefers Go", "type": "fact"})
     assert created.status_code == 201
-    assert rows(proxy, "SELECT name, description FROM entities WHERE user_id = 'alice'") == [
-        (created.json()["content"], "")] or created.json()["content"] == "Alice prefers Rust"
+    # The HTTP hook's masked turn is what is answered and saved, nothing of the client's own words.
+    assert created.json()["content"] == "Alice prefers Rust"
+    assert rows(proxy, "SELECT name, type, description FROM entities WHERE user_id = 'alice'") == [
+        ("Alice prefers Rust", "fact", "")]
     (event,) = hook_server.inputs("/mask")
     assert (event["user"], event["conversation"], event["turn"], event["wire"]) == ("alice", None, None, "memory_api")
     assert event["turns"] == [{"role": "memory", "content": "Alice prefers Go"}]

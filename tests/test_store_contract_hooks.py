@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.models import Scope
 from proxy.stores.base import (
-    HOOK_CONTEXT_KEEP, DropHookContext, FinishTurn, QueueHookContext, SaveBlock, StartTurn, Store,
+    HOOK_CONTEXT_KEEP, DropHookContext, FinishTurn, QueueHookContext, SaveBlock, SaveHookStart, StartTurn, Store,
 )
 from proxy.stores.generations import Generation
 from proxy.stores.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
@@ -70,6 +70,34 @@ def test_a_turns_hook_context_stays_when_its_block_is_computed_again(backend: Ba
             assert found.turn is not None and (found.turn.block, found.turn.context) == (
                 "a newer block", "answer in French")
             assert (await store.find_turn(BOB, [], "h-t1", T0 - timedelta(days=1))).turn is None
+
+    run(body())
+
+
+def test_a_turn_without_a_block_keeps_its_hooks_rewrite_and_context_until_one_is_computed(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            gen = Generation(0, "c1")
+            # The first step's retrieval was degraded: no block, but what the hooks gave is kept.
+            await store.apply(turn(ALICE, "t1", "c1")[:1] + [
+                SaveHookStart(ALICE, "t1", "deploy it [rewritten]", "answer in French", T0, gen)])
+            found = await store.find_turn(ALICE, [], "h-t1", T0 - timedelta(days=1))
+            assert found.turn is not None
+            assert (found.turn.block, found.turn.prompt, found.turn.context) == (
+                None, "deploy it [rewritten]", "answer in French")
+            # A later step computes the block; a late copy of the op no longer changes the turn.
+            await store.apply([SaveBlock(ALICE, "t1", "block", 1, {}, T0, generation=gen),
+                               SaveHookStart(ALICE, "t1", "other", "other", T0, gen)])
+            found = await store.find_turn(ALICE, [], "h-t1", T0 - timedelta(days=1))
+            assert found.turn is not None
+            assert (found.turn.block, found.turn.prompt, found.turn.context) == (
+                "block", "deploy it [rewritten]", "answer in French")
+            # Written after a deletion of the turn's conversation that came after the turn began: skipped.
+            await store.apply(turn(ALICE, "t2", "c2")[:1])
+            assert await store.delete_item(ALICE, "conversation", "c1") is not None
+            await store.apply([SaveHookStart(ALICE, "t2", "late", "late", T0, Generation(0, "c2")),
+                               SaveHookStart(ALICE, "t2", "too late", None, T0, Generation(0, "c1"))])
+            assert await prompt_of(store, ALICE, "t2") == "late"
 
     run(body())
 

@@ -32,8 +32,8 @@ from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
 from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
-    DropHookContext, FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store,
-    StoreError, text_hash,
+    DropHookContext, FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn,
+    Store, StoreError, text_hash,
 )
 from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
@@ -427,6 +427,12 @@ class TurnRecall(Recall):
                                    generation=self._generation,
                                    prompt=None if self._start.prompt is None else redact(self._start.prompt),
                                    context=self._start.context or None))
+        elif self._identity.existing is None and (self._start.prompt is not None or self._start.context):
+            # No block to cache it with, but the turn's later steps and retries (whose hooks do not
+            # run again) still need what the hooks gave; they compute the block themselves.
+            self._submit(SaveHookStart(self._scope, self.turn_key,
+                                       None if self._start.prompt is None else redact(self._start.prompt),
+                                       self._start.context or None, now, self._generation))
         if self._start.queued_upto is not None:
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 

@@ -144,6 +144,24 @@ class SaveBlock:
 
 
 @dataclass(frozen=True)
+class SaveHookStart:
+    """Keep what a turn's start hooks gave (its updated prompt, their context) when its first step
+    computed no block (retrieval degraded): the hooks never run again for the turn, so its later
+    steps and retries take these from the store, and still compute the block themselves.
+
+    A turn whose block is cached already holds them (SaveBlock); a deletion after the turn began
+    skips it, as it does SaveBlock.
+    """
+
+    scope: Scope
+    turn_key: str
+    prompt: str | None
+    context: str | None
+    at: datetime
+    generation: Generation | None = None
+
+
+@dataclass(frozen=True)
 class EntityFact:
     """An entity found in a message (merged by canonical name per user)."""
 
@@ -250,11 +268,11 @@ class DropHookContext:
 
 HOOK_CONTEXT_KEEP = 20  # queued hook context per conversation; the oldest go first
 
-WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, RecordFacts, ExtractionFailed,
-                StoreMemory, RecordResponse, QueueHookContext, DropHookContext]
+WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, RecordFacts,
+                ExtractionFailed, StoreMemory, RecordResponse, QueueHookContext, DropHookContext]
 # The writes of a turn: each carries the generation the turn began at (stores/generations.py).
-TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, QueueHookContext]
-TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, QueueHookContext)
+TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, QueueHookContext]
+TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, QueueHookContext)
 
 
 @dataclass(frozen=True)

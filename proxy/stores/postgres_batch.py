@@ -35,6 +35,7 @@ from proxy.stores.base import (
     RecordResponse,
     RecordToolCalls,
     SaveBlock,
+    SaveHookStart,
     SetTurnStatus,
     StartTurn,
     StoreMemory,
@@ -164,7 +165,7 @@ async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
 
 
 # A graph merge reads the graph as it goes; a response id and hook context are rare: one op at a time.
-_ONE_AT_A_TIME = (RecordFacts, StoreMemory, RecordResponse, QueueHookContext, DropHookContext)
+_ONE_AT_A_TIME = (RecordFacts, StoreMemory, RecordResponse, QueueHookContext, DropHookContext, SaveHookStart)
 
 
 async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
@@ -179,6 +180,8 @@ async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
     elif isinstance(op, DropHookContext):
         await conn.execute("DELETE FROM hook_context WHERE user_id = $1 AND conversation_id = $2 AND seq <= $3",
                            op.scope.user, op.conversation_id, op.upto_seq)
+    elif isinstance(op, SaveHookStart):
+        await save_hook_start(conn, op)
 
 
 async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
@@ -209,6 +212,19 @@ async def queue_hook_context(conn: asyncpg.Connection, op: QueueHookContext) -> 
         await conn.execute("DELETE FROM hook_context WHERE user_id = $1 AND conversation_id = $2 AND seq NOT IN"
                            " (SELECT seq FROM hook_context WHERE user_id = $1 AND conversation_id = $2"
                            " ORDER BY seq DESC LIMIT $3)", op.scope.user, op.conversation_id, HOOK_CONTEXT_KEEP)
+
+
+async def save_hook_start(conn: asyncpg.Connection, op: SaveHookStart) -> None:
+    """Keep a turn's hook rewrite and context while it has no block (skipped when its user or
+    conversation was deleted after the turn began)."""
+    keys, generation = ((deleted_keys(op.scope.user, op.generation.conversation_id), op.generation.number)
+                        if op.generation is not None else ([], 0))
+    await conn.execute(
+        "UPDATE turns SET prompt = coalesce($3, prompt), hook_context = coalesce($4, hook_context), updated_at = $5"
+        " WHERE user_id = $1 AND turn_key = $2 AND block IS NULL"
+        " AND NOT EXISTS (SELECT 1 FROM generations WHERE id = ANY($6::text[]) AND generation > $7)",
+        op.scope.user, op.turn_key, clean_text(op.prompt) if op.prompt is not None else None,
+        clean_text(op.context) if op.context is not None else None, utc(op.at), keys, generation)
 
 
 def arguments(op: WriteOp) -> tuple[Any, ...]:

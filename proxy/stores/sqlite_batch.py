@@ -17,7 +17,7 @@ from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
     HOOK_CONTEXT_KEEP, TURN_OPS, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts,
-    RecordResponse, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
+    RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
 )
 from proxy.stores.generations import deleted_keys
 from proxy.stores.sqlite_admin import store_memory
@@ -94,6 +94,12 @@ class Batch:
             self.set_turn_status(op)
         elif isinstance(op, SaveBlock):
             self.save_block(op)
+        elif isinstance(op, SaveHookStart):
+            self._run("UPDATE turns SET prompt = coalesce(?, prompt), hook_context = coalesce(?, hook_context),"
+                      " updated_at = ? WHERE user_id = ? AND turn_key = ? AND block IS NULL",
+                      (clean_text(op.prompt) if op.prompt is not None else None,
+                       clean_text(op.context) if op.context is not None else None, to_ts(op.at), op.scope.user,
+                       op.turn_key))
         elif isinstance(op, StoreMemory):
             store_memory(self._conn, op)
         elif isinstance(op, QueueHookContext):
