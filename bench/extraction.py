@@ -35,7 +35,7 @@ from proxy.memory.writer import Writer  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.models import Scope  # noqa: E402
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
-from proxy.stores.sqlite import SQLiteStore  # noqa: E402
+from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 PEOPLE = "Alice Bob Priya Mateo Fatima Olu Sven Keiko Rosa Dmitri Amara Lena Tomas Ines Kwame Yuki Omar Hana".split()

@@ -28,7 +28,7 @@ from proxy.evaluation import locomo, runner
 from proxy.evaluation.locomo import session_of
 from proxy.evaluation.scoring import Summary
 from proxy.settings import Settings
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.terms import query_terms
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

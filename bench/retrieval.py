@@ -43,7 +43,7 @@ from proxy.metrics import Metrics  # noqa: E402
 from proxy.models import ReasoningStep, Scope  # noqa: E402
 from proxy.settings import MemorySettings  # noqa: E402
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
-from proxy.stores.sqlite import SQLiteStore  # noqa: E402
+from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 from proxy.stores.indexed_text import entity_terms  # noqa: E402
 from retrieval_streams import Ask, StreamLoad, no_batching, stream_batching, streams_table  # noqa: E402
 from summary import Criterion  # noqa: E402
@@ -259,7 +259,7 @@ async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any
 
 
 async def postings_built(store: SQLiteStore, started: float, timeout: float = 300.0) -> float:
-    """Seconds from the first query until the user's in-memory postings were built (sqlite_postings.py),
+    """Seconds from the first query until the user's in-memory postings were built (sqlite/postings.py),
     as on a memproxy that has served the user before: measured retrieval searches them, not FTS5."""
     while not (store.message_indexes.holds(USER.user) and store.entity_indexes.holds(USER.user)):
         if time.perf_counter() - started > timeout:

@@ -37,8 +37,8 @@ from proxy.memory.retrieval import Retrieval  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.settings import MemorySettings  # noqa: E402
 from proxy.stores.base import Store  # noqa: E402
-from proxy.stores.postgres import PostgresStore  # noqa: E402
-from proxy.stores.sqlite import SQLiteStore  # noqa: E402
+from proxy.stores.postgres.store import PostgresStore  # noqa: E402
+from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 from proxy.stores.indexed_text import entity_terms  # noqa: E402
 from tests.pg_server import PostgresServer, find_binaries  # noqa: E402
 

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.ids import new_id  # noqa: E402
 from proxy.models import Scope  # noqa: E402
-from proxy.stores import sqlite_batch  # noqa: E402
+from proxy.stores.sqlite import batch as sqlite_batch  # noqa: E402
 from proxy.stores.base import FinishTurn, SaveBlock, StartTurn  # noqa: E402
-from proxy.stores.sqlite import SQLiteStore  # noqa: E402
+from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 
 USER = Scope("bench-user")
 NEVER_S = 1e9  # the checkpoint thread's period while measuring: the WAL only grows

@@ -49,11 +49,11 @@ REOPEN_MAX_S = 30.0
 def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None) -> Store:
     """The Store named by store.url; `on_file_lost`: called when a SQLite file is deleted under it."""
     if settings.url.startswith("sqlite:///"):
-        from proxy.stores.sqlite import SQLiteStore
+        from proxy.stores.sqlite.store import SQLiteStore
 
         return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper(),
                            search_cache_mb=settings.search_cache_mb, on_file_lost=on_file_lost)
-    from proxy.stores.postgres import PostgresStore
+    from proxy.stores.postgres.store import PostgresStore
 
     return PostgresStore(settings.url)
 

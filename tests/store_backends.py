@@ -21,8 +21,8 @@ import asyncpg
 import pytest
 
 from proxy.stores.base import Store
-from proxy.stores.postgres import PostgresStore
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.postgres.store import PostgresStore
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.indexed_text import entity_terms
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

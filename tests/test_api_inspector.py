@@ -14,7 +14,7 @@ import pytest
 from proxy.api.injections import resolved
 from proxy.api.jsonl import parse_lines
 from proxy.models import Scope
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from tests.api_helpers import RECORDS, api_url, chat, jsonl
 from tests.extraction_helpers import hits, wait_for
 

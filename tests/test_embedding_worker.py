@@ -15,7 +15,7 @@ from proxy.memory.embeddings import EmbeddingFailed
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.stores.base import FinishTurn, StartTurn, Unembedded
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 

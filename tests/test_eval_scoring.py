@@ -15,7 +15,7 @@ from proxy.evaluation import locomo, runner
 from proxy.evaluation.locomo import Question, Turn
 from proxy.evaluation.scoring import Answer, Summary, percentile, session_recall, turn_recall
 from proxy.settings import Settings
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 
 # Three sessions of two turns. The questions' evidence is chosen so the answer does not
 # depend on ranking: with k = 12 every turn that shares a word with a question is found,

@@ -21,7 +21,7 @@ from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.stores.base import StartTurn
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from tests.extraction_helpers import (
     block_lines,
     db_rows,

@@ -20,7 +20,7 @@ from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import MemorySettings
 from proxy.stores.base import StartTurn
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 
 ALICE = Scope("alice")
 

@@ -26,8 +26,8 @@ import pytest
 from proxy.models import Scope
 from proxy.settings import ConfigError, load_settings
 from proxy.stores.base import FinishTurn, StartTurn, StoreMemory, WriteOp
-from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_postings import (
+from proxy.stores.sqlite.store import SQLiteStore
+from proxy.stores.sqlite.postings import (
     BURST_S,
     FAST_TERM,
     REST_S,
@@ -198,7 +198,7 @@ def test_every_search_mode_answers_as_fts5_does_to_the_bit(filled: Path, tmp_pat
 
 def test_a_small_entity_index_searched_in_one_pass_answers_as_the_postings_do(tmp_path: Path) -> None:
     # A user's index of at most SMALL_INDEX_ROWS rows is searched whole, every row saying a
-    # term scored (sqlite_search._search); the fixture's alice is past that size.
+    # term scored (sqlite.search._search); the fixture's alice is past that size.
     path = tmp_path / "small.db"
     rng = random.Random(3)
     scopes = [ALICE, Scope("alice", agent="a1", agent_isolated=True), Scope("bob")]

@@ -18,9 +18,9 @@ from proxy.metrics import Metrics
 from proxy.models import Hit, Scope
 from proxy.settings import MemorySettings
 from proxy.stores.base import FinishTurn, StartTurn
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.indexed_text import CONTEXT_CHARS_PER_MESSAGE, context_terms, entity_terms
-from proxy.stores.sqlite_schema import MIGRATIONS, statements
+from proxy.stores.sqlite.schema import MIGRATIONS, statements
 from proxy.terms import query_terms
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

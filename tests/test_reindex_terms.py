@@ -25,7 +25,7 @@ import snowballstemmer
 
 from proxy.cli import main
 from proxy.models import ReasoningStep, Scope
-from proxy.stores import sqlite_search
+from proxy.stores.sqlite import search as sqlite_search
 from proxy.stores.base import FinishTurn, ReindexedPage, StartTurn, Store
 from proxy.stores.indexed_text import INDEX_MAX_CHARS, context_terms, entity_terms
 from proxy.terms import query_terms
@@ -366,14 +366,14 @@ def test_reindex_terms_beside_a_replica_writing_the_same_user(pg_url: str, tmp_p
 
 
 def _length(*columns: str) -> str:
-    """SQL: an item's length as BM25 counts it (postgres_schema._Index), in terms."""
+    """SQL: an item's length as BM25 counts it (postgres.schema._Index), in terms."""
     return " + ".join(f"coalesce(cardinality(string_to_array({column}, ' ')), 0)" for column in columns)
 
 
 def test_a_row_deleted_between_a_batchs_two_reads_neither_ends_the_run_nor_skips_a_user(pg_url: str) -> None:
     # PostgreSQL reads a batch's users, locks them, then reads the batch again: a delete in
     # between made that read short, taken for the table's end, and later users were skipped.
-    from proxy.stores.postgres import PostgresStore
+    from proxy.stores.postgres.store import PostgresStore
     from proxy.stores.reindex_terms import TermsCounts, reindex_all
 
     backend = PostgresBackend(pg_url)

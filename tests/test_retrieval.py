@@ -22,7 +22,7 @@ from proxy.metrics import Metrics
 from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, Scope, StoredMessage
 from proxy.settings import MemorySettings
 from proxy.stores.base import FinishTurn, StartTurn, StoreError
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.indexed_text import entity_terms
 from proxy.terms import terms as index_terms
 from proxy.turns import TurnIdentity, identify

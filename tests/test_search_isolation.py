@@ -24,12 +24,12 @@ import pytest
 
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, Store, StoreMemory, WriteOp
-from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_message_index import snapshot as message_snapshot
-from proxy.stores.sqlite_postings import read_transaction
-from proxy.stores.sqlite_search import MESSAGES
+from proxy.stores.sqlite.store import SQLiteStore
+from proxy.stores.sqlite.message_index import snapshot as message_snapshot
+from proxy.stores.sqlite.postings import read_transaction
+from proxy.stores.sqlite.search import MESSAGES
 from proxy.stores.search_budget import SMALL_INDEX_ROWS
-from proxy.stores.sqlite_user_stats import UserCounts, user_statistics
+from proxy.stores.sqlite.user_stats import UserCounts, user_statistics
 from proxy.terms import query_terms
 from tests.api_helpers import RECORDS, api_url, chat, jsonl
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.stores.sqlite_file import FileChanged, OpenedFiles
+from proxy.stores.sqlite.file import FileChanged, OpenedFiles
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.stores.sqlite_readers import ReadPool
+from proxy.stores.sqlite.readers import ReadPool
 
 PRAGMAS = ("busy_timeout=1000",)
 

@@ -21,8 +21,8 @@ from proxy.stores.base import (
     EntityFact, FinishTurn, FoundTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store,
 )
 from proxy.stores.generations import Generation
-from proxy.stores.sqlite import SQLiteStore
-from proxy.stores.sqlite_schema import MIGRATIONS, statements
+from proxy.stores.sqlite.store import SQLiteStore
+from proxy.stores.sqlite.schema import MIGRATIONS, statements
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

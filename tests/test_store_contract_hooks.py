@@ -14,8 +14,8 @@ from proxy.stores.base import (
     HOOK_CONTEXT_KEEP, DropHookContext, FinishTurn, QueueHookContext, SaveBlock, SaveHookStart, StartTurn, Store,
 )
 from proxy.stores.generations import Generation
-from proxy.stores.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
-from proxy.stores.sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
+from proxy.stores.postgres.schema import MIGRATIONS as POSTGRES_MIGRATIONS
+from proxy.stores.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

@@ -20,10 +20,10 @@ from proxy.app import open_store
 from proxy.models import ReasoningStep, Scope
 from proxy.settings import load_settings
 from proxy.stores.base import FinishTurn, RecordToolCalls, SaveBlock, StartTurn, StoreError, StoreMemory, WriteOp
-from proxy.stores.postgres import PostgresStore, _error, user_lock_key
-from proxy.stores.postgres_batch import STALE_PENDING
+from proxy.stores.postgres.store import PostgresStore, _error, user_lock_key
+from proxy.stores.postgres.batch import STALE_PENDING
 from proxy.terms import query_terms
-from proxy.stores.postgres_schema import MIGRATIONS
+from proxy.stores.postgres.schema import MIGRATIONS
 from tests.pg_server import PostgresServer
 from tests.store_backends import PostgresBackend, SQLiteBackend
 

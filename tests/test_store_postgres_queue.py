@@ -1,4 +1,4 @@
-"""Extraction claims on one PostgreSQL database shared by replicas (postgres_queue.py).
+"""Extraction claims on one PostgreSQL database shared by replicas (postgres/queue.py).
 
 Each replica is a PostgresStore of its own (its own pool and claimant id) on one real
 database. A user's items go to one replica at a time, in queue order, so one user's facts
@@ -18,9 +18,9 @@ import asyncpg
 from proxy.memory.extraction.facts import no_facts
 from proxy.models import Scope
 from proxy.stores.base import ExtractionFailed, QueuedMessage, StartTurn
-from proxy.stores.postgres import PostgresStore
-from proxy.stores.postgres_queue import CLAIM_LEASE
-from proxy.stores.postgres_schema import MIGRATIONS
+from proxy.stores.postgres.store import PostgresStore
+from proxy.stores.postgres.queue import CLAIM_LEASE
+from proxy.stores.postgres.schema import MIGRATIONS
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=1)

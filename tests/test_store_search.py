@@ -16,7 +16,7 @@ import pytest
 from proxy.api.jsonl import parse_record
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import FinishTurn, StartTurn, StoreError, StoreMemory
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.search_budget import (
     CANDIDATE_MAX_ROWS,
     CANDIDATE_MIN_ROWS,

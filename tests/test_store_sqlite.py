@@ -22,9 +22,9 @@ from proxy.stores.base import (
     SaveBlock,
     StoreError,
 )
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.indexed_text import entity_terms
-from proxy.stores.sqlite_schema import FTS_TABLES
+from proxy.stores.sqlite.schema import FTS_TABLES
 from proxy.terms import query_terms
 from tests.test_store_contract import ALICE, BOB, CANARY, T0, finish, run, start
 

@@ -15,7 +15,7 @@ from proxy.memory.sources import Found
 from proxy.memory.vectors import Matrix, RowFilter, VectorIndex, row_filter, unit
 from proxy.models import Scope
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 

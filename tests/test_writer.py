@@ -13,9 +13,9 @@ from typing import Any
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.stores import sqlite as sqlite_store
+from proxy.stores.sqlite import store as sqlite_store
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 
 ALICE = Scope("alice")
 AT = datetime(2026, 1, 1, tzinfo=UTC)

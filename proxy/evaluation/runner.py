@@ -32,7 +32,7 @@ from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import Settings
 from proxy.stores.base import SetTurnStatus, StartTurn, Store, text_hash
-from proxy.stores.sqlite import SQLiteStore
+from proxy.stores.sqlite.store import SQLiteStore
 
 MESSAGE_SOURCES = frozenset({"conversation", "cross-session"})
 FACT_SOURCES = frozenset({"long-term", "graph"})

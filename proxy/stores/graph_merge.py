@@ -14,7 +14,7 @@ current edge of the same subject and type (`invalid_at`) instead of deleting it,
 
 `merge` is a generator of steps: it yields each read and write it needs as a small
 dataclass and is sent back what a read found. A backend runs each step on its connection,
-inside the batch's transaction, as its own SQL (sqlite_facts.py, postgres_facts.py).
+inside the batch's transaction, as its own SQL (sqlite/facts.py, postgres/facts.py).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def rewrites(spec: TermsColumns, rows: Sequence[Row], said_before: Sequence[str]
 
 
 def _message_terms(rows: Sequence[Row], said_before: Sequence[str]) -> list[tuple[str, str]]:
-    """(terms, context) of each message, the rows in key order (sqlite_batch.py writes them so).
+    """(terms, context) of each message, the rows in key order (sqlite/batch.py writes them so).
 
     Rows come conversation by conversation, in time order: the messages before a row are the
     rows before it, but for the first conversation, which may have begun before this batch.

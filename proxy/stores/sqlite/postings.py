@@ -5,10 +5,10 @@ user's rows among them, and scores each through bm25()'s auxiliary-function API:
 whole-history search of bench/retrieval.py's 10,000 messages took 1.1-1.5 ms where numpy
 over the user's own postings takes 0.1-0.3. `UserPostings` holds one user's rows (their
 conversation, agent, FTS5 token count and each term's weighted frequency) in numpy arrays
-that grow as rows arrive; `PostingsCache` (sqlite_postings_cache.py) keeps the users'
+that grow as rows arrive; `PostingsCache` (sqlite/postings_cache.py) keeps the users'
 postings least-recently-used within a memory bound, builds them on a thread of its own,
-and has them caught up before each search. sqlite_message_index.py and
-sqlite_entity_index.py say how each table's rows are caught up with; sqlite_search.py
+and has them caught up before each search. sqlite/message_index.py and
+sqlite/entity_index.py say how each table's rows are caught up with; sqlite/search.py
 searches either engine with one candidate plan.
 
 The postings are an accelerator, never the truth:
@@ -83,7 +83,7 @@ REST_S = 0.002
 # A build reads the user's rows this many at a time, each chunk in a read transaction of its
 # own: one snapshot held for a whole paced build (15 s for 100,000 messages) would keep the
 # WAL from being checkpointed meanwhile. What changes between chunks the catch-up already
-# covers (sqlite_message_index.py, sqlite_entity_index.py).
+# covers (sqlite/message_index.py, sqlite/entity_index.py).
 BUILD_CHUNK = 500
 
 FAST_TERM = re.compile(r"[a-z0-9_]+")  # a term FTS5 (unicode61, tokenchars '_') keeps as one token
@@ -307,7 +307,7 @@ class UserPostings:
     def __init__(self, user: str, weights: Sequence[float], finding_column: int | None) -> None:
         self.user = user
         self.lock = threading.Lock()
-        self.caught_up_to = 0  # what the table's catch-up (sqlite_*_index.py) has read up to
+        self.caught_up_to = 0  # what the table's catch-up (sqlite/*_index.py) has read up to
         self.epoch = 0  # what the table's catch-up checks they were built in (messages: search_epoch)
         self.ordered = True
         self._weights = tuple(weights)
@@ -428,7 +428,7 @@ class UserPostings:
 
     def search(self, terms: Sequence[str], finding: Sequence[str], stats: Statistics, where: Filter,
                newest: int | None, limit: int, visible_seq: int | None = None) -> list[tuple[int, float]]:
-        """(rowid, score) of the best `limit` rows, best first, as `sqlite_search._search` ranks them.
+        """(rowid, score) of the best `limit` rows, best first, as `sqlite.search._search` ranks them.
 
         Candidates are the rows whose finding column says a `finding` term (the newest `newest`
         of them by rowid when set), among those `where` allows (and, rows being appended in

@@ -1,6 +1,6 @@
 """PostgreSQL records and models: stored text, timestamps, records to models and exports.
 
-The same shapes as sqlite_rows.py; PostgreSQL hands back aware datetimes, so only the
+The same shapes as sqlite/rows.py; PostgreSQL hands back aware datetimes, so only the
 text needs care: besides lone surrogates, PostgreSQL text cannot hold NUL.
 """
 

@@ -1,7 +1,7 @@
-"""The read half of PostgresStore: saved items, exports and BM25 search (sqlite.py is the reference).
+"""The read half of PostgresStore: saved items, exports and BM25 search (sqlite/store.py is the reference).
 
 Search is FTS5's bm25() computed inside PostgreSQL from the inverted index of
-postgres_schema.py: per-user counts (term_stats, lexicon_stats) give each term's document
+postgres/schema.py: per-user counts (term_stats, lexicon_stats) give each term's document
 frequency, N and the mean length; the query terms' postings, read through their primary
 key, give each candidate's term frequency and length; all in the same statement (so the
 same snapshot), and no process keeps an index that could go stale.
@@ -24,7 +24,7 @@ import asyncpg
 from proxy.extracted import USER_TYPE
 from proxy.models import Entity, ReasoningTrace, Relationship, Scope, StoredMessage
 from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
-from proxy.stores.postgres_rows import (
+from proxy.stores.postgres.rows import (
     EXPORT,
     entity_from_record,
     message_from_record,
@@ -196,7 +196,7 @@ class PostgresReads:
                               limit: int = 20) -> list[tuple[StoredMessage, float]]:
         """BM25 over the user's messages (the user's own statistics), best first.
 
-        As sqlite_search.py: a message is found by its own words (the words before it only
+        As sqlite/search.py: a message is found by its own words (the words before it only
         add to its score); a whole-history search holding a common term finds only messages
         holding one of its rarer terms (`candidate_terms`), still scored by every term.
         """

@@ -14,7 +14,7 @@ from proxy.extracted import USER_TYPE
 from proxy.stores.base import ERROR_MAX_CHARS, ExtractionFailed, RecordFacts
 from proxy.stores import graph_merge
 from proxy.stores.graph_merge import Step, merge
-from proxy.stores.sqlite_rows import clean_text, to_ts
+from proxy.stores.sqlite.rows import clean_text, to_ts
 
 Run = Callable[[str, Sequence[Any]], list[sqlite3.Row]]
 

@@ -15,7 +15,7 @@ from proxy.extracted import USER_TYPE
 from proxy.stores.base import RecordFacts
 from proxy.stores import graph_merge
 from proxy.stores.graph_merge import Step, merge
-from proxy.stores.postgres_rows import clean_text, utc
+from proxy.stores.postgres.rows import clean_text, utc
 
 
 async def record_facts(conn: asyncpg.Connection, op: RecordFacts) -> None:

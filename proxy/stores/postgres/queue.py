@@ -29,7 +29,7 @@ import asyncpg
 
 from proxy.models import Scope
 from proxy.stores.base import QueuedMessage
-from proxy.stores.postgres_rows import message_from_record, utc
+from proxy.stores.postgres.rows import message_from_record, utc
 
 # How long a claimed extraction item stays with the replica that claimed it.
 CLAIM_LEASE = timedelta(minutes=5)

@@ -1,4 +1,4 @@
-"""Messages as in-memory postings (sqlite_postings.py): how they are built, caught up and counted.
+"""Messages as in-memory postings (sqlite/postings.py): how they are built, caught up and counted.
 
 Messages are only ever appended, in rowid order, so a user's postings catch up by reading
 the rowids committed since the user's last search. A message is deleted or re-indexed only
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from proxy.stores.sqlite_postings import (
+from proxy.stores.sqlite.postings import (
     CATCH_UP_MAX,
     SCAN_MAX,
     UserPostings,
@@ -19,7 +19,7 @@ from proxy.stores.sqlite_postings import (
     read_transaction,
     rows_by_seq,
 )
-from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
+from proxy.stores.sqlite.postings_cache import CatchUp, PostingsCache
 
 OWN_COLUMN = "terms"  # a message's own words, which find it; `context` holds the words said before it
 # rowid, conversation, agent, own words, context, FTS5 docsize.

@@ -4,12 +4,12 @@ A score depends on the searching user's rows and nothing else: N is the user's r
 index, the mean length their mean FTS5 token count, a term's rarity the user's rows saying
 it. FTS5's own bm25() counts all of those over every user's rows, so another user saying a
 word 400 times moved a user's score for it from 2e-06 to 5.9 (and the ranking with it):
-FTS5 here only *finds* candidates, and Python scores them (sqlite_postings.scores), with
+FTS5 here only *finds* candidates, and Python scores them (sqlite.postings.scores), with
 exactly the arithmetic the in-memory postings use in numpy.
 
 Messages and entities of a user who has searched before are searched in memory
-(sqlite_postings.py), their statistics counted from the same postings; FTS5 answers the
-rest, the statistics then counted in the search's read transaction (sqlite_user_stats.py).
+(sqlite/postings.py), their statistics counted from the same postings; FTS5 answers the
+rest, the statistics then counted in the search's read transaction (sqlite/user_stats.py).
 The same rows with the same scores either way (tests/test_postings.py and
 tests/test_search_isolation.py hold the two side by side).
 
@@ -37,10 +37,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
-from proxy.stores.sqlite_entity_index import EntityIndexes, entity_snapshot
-from proxy.stores.sqlite_message_index import OWN_COLUMN, MessageIndexes
-from proxy.stores.sqlite_message_index import snapshot as message_snapshot
-from proxy.stores.sqlite_postings import (
+from proxy.stores.sqlite.entity_index import EntityIndexes, entity_snapshot
+from proxy.stores.sqlite.message_index import OWN_COLUMN, MessageIndexes
+from proxy.stores.sqlite.message_index import snapshot as message_snapshot
+from proxy.stores.sqlite.postings import (
     ASCII_TOKEN,
     FAST_TERM,
     Filter,
@@ -51,14 +51,14 @@ from proxy.stores.sqlite_postings import (
     totals,
     varints,
 )
-from proxy.stores.sqlite_rows import (
+from proxy.stores.sqlite.rows import (
     agent_clause,
     entity_from_row,
     message_from_row,
     trace_from_row,
 )
-from proxy.stores.sqlite_user_stats import FtsIndex, UserCounts
-from proxy.stores.sqlite_user_stats import quoted as fts_quoted
+from proxy.stores.sqlite.user_stats import FtsIndex, UserCounts
+from proxy.stores.sqlite.user_stats import quoted as fts_quoted
 from proxy.stores.search_budget import Plan
 
 # A message is found by its own words (`terms`); the words said before it (`context`) add
@@ -113,7 +113,7 @@ def search_messages(
     limit: int,
 ) -> list[tuple[StoredMessage, float]]:
     """BM25 over the user's messages with the user's statistics, best first (run on a reader
-    thread): from the user's postings when they are built (sqlite_message_index.py), else
+    thread): from the user's postings when they are built (sqlite/message_index.py), else
     FTS5 finds and `scores` ranks; the same either way.
 
     A message the postings ranked is read back from the table, unless they kept it from an
@@ -161,7 +161,7 @@ def search_entities(
 ) -> list[tuple[Entity, float]]:
     """BM25 over the user's entities (name, type, description) with the user's statistics, best
     first (run on a reader thread): from the user's postings when they are built
-    (sqlite_entity_index.py), else FTS5 finds and `scores` ranks; the same either way."""
+    (sqlite/entity_index.py), else FTS5 finds and `scores` ranks; the same either way."""
     wanted = searchable(terms)
     if not wanted:
         return []
@@ -286,7 +286,7 @@ def _frequencies(columns: Sequence[str], weights: Sequence[float], terms: list[t
     """A row's weighted frequency of each query term (given with the tokens FTS5 reads it as:
     `Zoë` is `zoe`, `北京` two characters, a phrase; `plain` the terms when all are plain,
     then found among ASCII text's tokens): its instances' column weights added one by one, column by column, as
-    sqlite_postings.term_frequencies adds them."""
+    sqlite.postings.term_frequencies adds them."""
     freqs: dict[str, float] = {}
     if plain is not None and all(text.isascii() for text in columns):
         for text, weight in zip(columns, weights, strict=True):

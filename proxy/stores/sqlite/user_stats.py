@@ -9,7 +9,7 @@ user's rows (2 ms for a word in a fifth of them). So `UserCounts` keeps them per
 a table whose rows are only appended (messages, reasoning traces): after the first search
 it adds the user's rows committed since, and counts only a term not asked before. An epoch
 moving (a row deleted or changed) drops the user's counts. Each answer is exact for the
-read transaction it is asked in, as the postings' (sqlite_postings.UserPostings.statistics).
+read transaction it is asked in, as the postings' (sqlite.postings.UserPostings.statistics).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from proxy.stores.sqlite_postings import FAST_TERM, SCAN_MAX, Statistics, fts_tokens
+from proxy.stores.sqlite.postings import FAST_TERM, SCAN_MAX, Statistics, fts_tokens
 
 # Users whose counts are kept, least recently searched dropped first, and terms kept per user.
 USERS_KEPT = 256

@@ -18,7 +18,7 @@ from typing import Any
 from proxy.extracted import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
-from proxy.stores.sqlite_rows import clean_text, now_ts
+from proxy.stores.sqlite.rows import clean_text, now_ts
 from proxy.stores.indexed_text import (
     CONTEXT_MESSAGES,
     context_terms,

@@ -1,4 +1,4 @@
-"""Import of export records into one user, on PostgreSQL (sqlite_import.py is the reference).
+"""Import of export records into one user, on PostgreSQL (sqlite/import_records.py is the reference).
 
 Records arrive validated (proxy.api.jsonl: ids checked, timestamps as unix seconds). An id
 the user already has is skipped, so an import can be repeated; so is an entity whose
@@ -21,8 +21,8 @@ import asyncpg
 from proxy.extracted import canonical_name
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.base import text_hash
-from proxy.stores.postgres_rows import clean_text
-from proxy.stores.postgres_schema import CONTEXT_SQL
+from proxy.stores.postgres.rows import clean_text
+from proxy.stores.postgres.schema import CONTEXT_SQL
 from proxy.stores.indexed_text import entity_terms, index_terms, reasoning_terms, steps_json
 
 

@@ -20,9 +20,9 @@ from proxy.stores.base import (
     RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
 )
 from proxy.stores.generations import deleted_keys
-from proxy.stores.sqlite_admin import store_memory
-from proxy.stores.sqlite_facts import record_facts, record_failure
-from proxy.stores.sqlite_rows import clean_text, now_ts, to_ts
+from proxy.stores.sqlite.admin import store_memory
+from proxy.stores.sqlite.facts import record_facts, record_failure
+from proxy.stores.sqlite.rows import clean_text, now_ts, to_ts
 from proxy.stores.indexed_text import (
     CONTEXT_MESSAGES,
     context_terms,

@@ -1,4 +1,4 @@
-"""Entities as in-memory postings (sqlite_postings.py): how they are built and caught up.
+"""Entities as in-memory postings (sqlite/postings.py): how they are built and caught up.
 
 Extraction rewrites entities in place (a description grows, an alias is added) and merges
 two into one, deleting the other. A trigger logs the rowid of every entity added, deleted,
@@ -14,7 +14,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
-from proxy.stores.sqlite_postings import (
+from proxy.stores.sqlite.postings import (
     CATCH_UP_MAX,
     SCAN_MAX,
     UserPostings,
@@ -22,7 +22,7 @@ from proxy.stores.sqlite_postings import (
     read_transaction,
     rows_by_seq,
 )
-from proxy.stores.sqlite_postings_cache import CatchUp, PostingsCache
+from proxy.stores.sqlite.postings_cache import CatchUp, PostingsCache
 
 # A user's postings with more than this share of rows superseded are built again.
 DEAD_SHARE_MAX = 0.5

@@ -1,7 +1,7 @@
-"""The users' postings of one table (sqlite_postings.py), least recently used first within a
+"""The users' postings of one table (sqlite/postings.py), least recently used first within a
 memory bound, each built on a thread of its own and caught up before every search.
 
-A table's subclass (sqlite_message_index.py, sqlite_entity_index.py) says how its rows are
+A table's subclass (sqlite/message_index.py, sqlite/entity_index.py) says how its rows are
 built into postings and how the postings catch up with what was committed since.
 """
 
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from proxy.stores.sqlite_postings import UserPostings
+from proxy.stores.sqlite.postings import UserPostings
 
 log = logging.getLogger("memproxy.store")
 

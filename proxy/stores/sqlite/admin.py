@@ -53,10 +53,10 @@ from proxy.stores.reindex_terms import (
     rewrites,
     said_before_query,
 )
-from proxy.stores.sqlite_entity_index import EntityIndexes
-from proxy.stores.sqlite_import import import_records, message_context
-from proxy.stores.sqlite_message_index import MessageIndexes
-from proxy.stores.sqlite_rows import (
+from proxy.stores.sqlite.entity_index import EntityIndexes
+from proxy.stores.sqlite.import_records import import_records, message_context
+from proxy.stores.sqlite.message_index import MessageIndexes
+from proxy.stores.sqlite.rows import (
     EXPORT,
     agent_clause,
     clean_text,
@@ -66,7 +66,7 @@ from proxy.stores.sqlite_rows import (
     to_ts,
 )
 from proxy.stores.indexed_text import CONTEXT_MESSAGES, context_terms, entity_terms, index_terms
-from proxy.stores.sqlite_schema import FTS_TABLES
+from proxy.stores.sqlite.schema import FTS_TABLES
 
 log = logging.getLogger("memproxy.store")
 

@@ -1,6 +1,6 @@
 """The write ops of one `PostgresStore.apply` batch, inside its transaction.
 
-The same writes as sqlite_batch.py, in PostgreSQL's dialect: every write is an
+The same writes as sqlite/batch.py, in PostgreSQL's dialect: every write is an
 `INSERT ... ON CONFLICT` on the same per-user unique keys, so a retried batch, or the
 same turn written by two replicas, saves once. Per-user ordering across replicas comes
 from the transaction-scoped advisory locks `PostgresStore.apply` takes first.
@@ -9,7 +9,7 @@ Each op but the graph's is one execution of the APPLY statement (its parts joine
 data-modifying CTEs and guarded by the op's kind), so a run of them goes to the server as
 one pipelined `executemany`: a round trip to the database costs far more than the work of
 a write, so a batch costs a round trip, not one per op. A graph merge (RecordFacts,
-StoreMemory) reads as it writes and runs op by op (postgres_facts.py, postgres_admin.py).
+StoreMemory) reads as it writes and runs op by op (postgres/facts.py, postgres/admin.py).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from proxy.stores.base import (
     text_hash,
 )
 from proxy.stores.generations import deleted_keys
-from proxy.stores.postgres_admin import store_memory
-from proxy.stores.postgres_facts import record_facts
-from proxy.stores.postgres_rows import clean_text, utc
-from proxy.stores.postgres_schema import CONTEXT_SQL
+from proxy.stores.postgres.admin import store_memory
+from proxy.stores.postgres.facts import record_facts
+from proxy.stores.postgres.rows import clean_text, utc
+from proxy.stores.postgres.schema import CONTEXT_SQL
 from proxy.stores.indexed_text import index_terms, reasoning_terms, steps_json
 
 INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns
@@ -126,7 +126,7 @@ INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
 """
 _NUMBERED = {name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)}
 # A turn stays in the conversation it was saved in: a later write naming another (a step
-# identified while the store could not be asked) goes to the turn's own (sqlite_batch.py).
+# identified while the store could not be asked) goes to the turn's own (sqlite/batch.py).
 _TURNS_CONVERSATION = (f"coalesce((SELECT t.conversation_id FROM turns t WHERE t.user_id = {_NUMBERED['user']}"
                        f" AND t.turn_key = {_NUMBERED['turn_key']}), {_NUMBERED['conversation']}::text)")
 APPLY = _APPLY_TEMPLATE.format(**{**_NUMBERED, "conversation": _TURNS_CONVERSATION,

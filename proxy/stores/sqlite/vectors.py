@@ -2,7 +2,7 @@
 
 `SQLiteVectors` is mixed into `SQLiteStore`: reads run on its read connections, saves on
 its write thread in one IMMEDIATE transaction (queued behind the writer's batches).
-Vectors are float32 little-endian BLOBs; the triggers of sqlite_schema.py drop an item's
+Vectors are float32 little-endian BLOBs; the triggers of sqlite/schema.py drop an item's
 vectors when its text changes or it is deleted.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from proxy.models import Scope
 from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
-from proxy.stores.sqlite_rows import entity_from_row, message_from_row, now_ts, trace_from_row
+from proxy.stores.sqlite.rows import entity_from_row, message_from_row, now_ts, trace_from_row
 from proxy.stores.vector_sql import table_of
 
 T = TypeVar("T")

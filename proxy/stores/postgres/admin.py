@@ -1,7 +1,7 @@
 """The memory API's operations on PostgreSQL: listing, explicit memories, deletes with counts, import.
 
 `PostgresAdmin` is mixed into `PostgresStore`, as `SQLiteAdmin` is into `SQLiteStore`, and
-behaves the same (sqlite_admin.py is the reference). Each write runs in one transaction
+behaves the same (sqlite/admin.py is the reference). Each write runs in one transaction
 that first takes the user's advisory lock, so it never interleaves with another
 replica's batch for the same user.
 
@@ -36,9 +36,9 @@ from proxy.stores.base import (
 )
 from proxy.stores.export_records import INJECTIONS_SELECT
 from proxy.stores.generations import BUMP_SQL, MARK_SQL, conversation_deleted_key, generation_key, user_deleted_key
-from proxy.stores.postgres_import import import_records
-from proxy.stores.postgres_reads import Args
-from proxy.stores.postgres_rows import (
+from proxy.stores.postgres.import_records import import_records
+from proxy.stores.postgres.reads import Args
+from proxy.stores.postgres.rows import (
     EXPORT,
     clean_text,
     from_micros,
@@ -46,7 +46,7 @@ from proxy.stores.postgres_rows import (
     micros,
     utc,
 )
-from proxy.stores.postgres_schema import CONTEXT_SQL, INTERNAL_TABLES
+from proxy.stores.postgres.schema import CONTEXT_SQL, INTERNAL_TABLES
 from proxy.stores.reindex_terms import (
     REINDEX_BATCH,
     TERMS_COLUMNS,
@@ -336,7 +336,7 @@ async def update_memory(conn: asyncpg.Connection, scope: Scope, memory_id: str, 
 async def _refresh_followers(conn: asyncpg.Connection, user: str, conversation_id: str, created_at: datetime,
                              seq: int) -> None:
     """The context of the messages said after one that was corrected or deleted, made again
-    (sqlite_admin._refresh_followers: the words taken out must not stay findable through them)."""
+    (sqlite.admin._refresh_followers: the words taken out must not stay findable through them)."""
     followers = await conn.fetch(
         "SELECT seq, created_at FROM messages WHERE user_id = $1 AND conversation_id = $2"
         " AND (created_at, seq) > ($3, $4) ORDER BY created_at, seq LIMIT $5",

@@ -4,11 +4,11 @@ Writes go through `apply` only: each batch is one `BEGIN IMMEDIATE` transaction,
 single call on a dedicated write thread that owns the write connection (as datasette
 funnels its writes through one thread), so a batch of a thousand ops costs one hop to the
 thread, not one per statement. Reads use READERS connections of their own, each on its
-own thread (sqlite_readers.py), so a long write never queues a read and retrieval's
-sources search side by side. Schema: sqlite_schema.py; rows to models: sqlite_rows.py;
-the write ops: sqlite_batch.py; message search: sqlite_search.py.
+own thread (sqlite/readers.py), so a long write never queues a read and retrieval's
+sources search side by side. Schema: sqlite/schema.py; rows to models: sqlite/rows.py;
+the write ops: sqlite/batch.py; message search: sqlite/search.py.
 
-A file deleted or replaced under the store (sqlite_file.py) is found after each commit
+A file deleted or replaced under the store (sqlite/file.py) is found after each commit
 (which then counts as failed, to be applied again to the new file) and by `ping`. From then
 on the store is unavailable (reads and writes raise StoreError, so the writer keeps its
 queued writes and retries them) while it closes every connection and opens the path again,
@@ -42,18 +42,18 @@ from proxy.stores.base import (
 )
 from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.generations import generation_key
-from proxy.stores.sqlite_admin import SQLiteAdmin
-from proxy.stores.sqlite_batch import apply_batch, recover, transaction
-from proxy.stores.sqlite_checkpoint import (
+from proxy.stores.sqlite.admin import SQLiteAdmin
+from proxy.stores.sqlite.batch import apply_batch, recover, transaction
+from proxy.stores.sqlite.checkpoint import (
     CHECKPOINT_EVERY_S,
     WAL_TRUNCATE_BYTES,
     Checkpointer,
 )
-from proxy.stores.sqlite_entity_index import EntityIndexes
-from proxy.stores.sqlite_file import FileChanged, OpenedFiles
-from proxy.stores.sqlite_message_index import MessageIndexes
-from proxy.stores.sqlite_readers import ReadPool
-from proxy.stores.sqlite_rows import (
+from proxy.stores.sqlite.entity_index import EntityIndexes
+from proxy.stores.sqlite.file import FileChanged, OpenedFiles
+from proxy.stores.sqlite.message_index import MessageIndexes
+from proxy.stores.sqlite.readers import ReadPool
+from proxy.stores.sqlite.rows import (
     EXPORT,
     agent_clause,
     clean_text,
@@ -64,8 +64,8 @@ from proxy.stores.sqlite_rows import (
     trace_from_row,
     turn_from_row,
 )
-from proxy.stores.sqlite_schema import migrate
-from proxy.stores.sqlite_search import (
+from proxy.stores.sqlite.schema import migrate
+from proxy.stores.sqlite.search import (
     ENTITIES,
     ENTITY_WEIGHTS,
     MESSAGE_WEIGHTS,
@@ -74,11 +74,11 @@ from proxy.stores.sqlite_search import (
     indexed_rows,
 )
 from proxy.stores.search_budget import SMALL_INDEX_ROWS
-from proxy.stores.sqlite_search import search_entities as search_entity_index
-from proxy.stores.sqlite_search import search_messages as search_message_index
-from proxy.stores.sqlite_search import search_reasoning as search_reasoning_index
-from proxy.stores.sqlite_user_stats import UserCounts
-from proxy.stores.sqlite_vectors import SQLiteVectors
+from proxy.stores.sqlite.search import search_entities as search_entity_index
+from proxy.stores.sqlite.search import search_messages as search_message_index
+from proxy.stores.sqlite.search import search_reasoning as search_reasoning_index
+from proxy.stores.sqlite.user_stats import UserCounts
+from proxy.stores.sqlite.vectors import SQLiteVectors
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ CACHE_KIB = 32768
 # A thread more than the cores can run only adds contention for the GIL.
 READERS = 2
 # A lookup by at most this many keys (a request's assistant texts) runs on the event loop's
-# connection (sqlite_readers.py); a longer one goes to a reader thread.
+# connection (sqlite/readers.py); a longer one goes to a reader thread.
 LOOKUP_MAX_KEYS = 64
 # Once a search finds no reasoning trace in the whole store (no one uses tools), searches
 # answer without a read for this long; a trace this process saves ends it at once, one
@@ -128,8 +128,8 @@ def _current_turn(row: sqlite3.Row) -> Turn:
 
 
 class SQLiteStore(SQLiteAdmin, SQLiteVectors):
-    """The Store protocol on one SQLite file (the memory API's operations: sqlite_admin.py; embeddings:
-    sqlite_vectors.py)."""
+    """The Store protocol on one SQLite file (the memory API's operations: sqlite/admin.py; embeddings:
+    sqlite/vectors.py)."""
 
     # A row holding any one of the search terms matches (the terms are OR'ed), so a keyword
     # retry with some of the query's words cannot find more than the full query did.
@@ -169,12 +169,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     @property
     def message_indexes(self) -> MessageIndexes:
-        """The in-memory postings that answer message searches (sqlite_message_index.py)."""
+        """The in-memory postings that answer message searches (sqlite/message_index.py)."""
         return self._message_indexes
 
     @property
     def entity_indexes(self) -> EntityIndexes:
-        """The in-memory postings that answer entity searches (sqlite_entity_index.py)."""
+        """The in-memory postings that answer entity searches (sqlite/entity_index.py)."""
         return self._entity_indexes
 
     # --- lifecycle
@@ -364,7 +364,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def _read(self, work: Callable[[sqlite3.Connection], T], *, here: bool = False) -> T:
         """`work(connection)` on a read connection (`here`: the event loop's, for a lookup of a few
-        rows by an index, sqlite_readers.py); StoreError when SQLite fails or the store is closed."""
+        rows by an index, sqlite/readers.py); StoreError when SQLite fails or the store is closed."""
         readers = self._readers
         if self._lost is not None:
             raise StoreError(f"store unavailable: {self._lost}")
@@ -606,7 +606,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
                               conversation_ids: Sequence[str] | None = None,
                               exclude_conversation_id: str | None = None,
                               limit: int = 20) -> list[tuple[StoredMessage, float]]:
-        """BM25 over the user's messages (the user's own statistics), best first (sqlite_search.py)."""
+        """BM25 over the user's messages (the user's own statistics), best first (sqlite/search.py)."""
         return await self._read(lambda conn: search_message_index(
             conn, self._message_counts, self._message_indexes, scope, terms,
             conversation_ids=conversation_ids, exclude_conversation_id=exclude_conversation_id, limit=limit))
@@ -614,14 +614,14 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def search_entities(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[Entity, float]]:
-        """BM25 over the user's entities (name, type, description), best first (sqlite_search.py)."""
+        """BM25 over the user's entities (name, type, description), best first (sqlite/search.py)."""
         return await self._read(lambda conn: search_entity_index(
             conn, self._entity_counts, self._entity_indexes, scope, terms, limit=limit))
 
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[ReasoningTrace, float]]:
-        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite_search.py)."""
+        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite/search.py)."""
         if time.monotonic() < self._no_traces_until:
             return []
 

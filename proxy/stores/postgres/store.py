@@ -1,19 +1,19 @@
 """The shared store: PostgreSQL through an asyncpg connection pool, for several replicas.
 
-It keeps the SQLite store's behaviour (sqlite.py is the reference) and adds what
+It keeps the SQLite store's behaviour (sqlite/store.py is the reference) and adds what
 replicas sharing one database need:
 - Every write is idempotent on the same per-user unique keys (`ON CONFLICT`), so the turn
   cache, the persist-once keys and the tool-call ids are in the database, not in a replica.
 - Each batch takes a transaction-scoped advisory lock per user first, in key order (no
   deadlock between two replicas' batches), so one user's writes apply in order.
-- Extraction claims lease a user's items to one replica at a time (postgres_queue.py),
+- Extraction claims lease a user's items to one replica at a time (postgres/queue.py),
   so one user's facts land in the order they were said.
 - Recovery at open marks as interrupted only turns pending for longer than
   `STALE_PENDING`: younger ones may be in flight on another replica.
-- Search is BM25 computed in SQL from an inverted index (postgres_schema.py) with per-user
+- Search is BM25 computed in SQL from an inverted index (postgres/schema.py) with per-user
   statistics read in the same statement, so there is no per-process index to go stale.
-Schema: postgres_schema.py; records to models: postgres_rows.py; write ops: postgres_batch.py;
-reads and search: postgres_reads.py; the memory API: postgres_admin.py.
+Schema: postgres/schema.py; records to models: postgres/rows.py; write ops: postgres/batch.py;
+reads and search: postgres/reads.py; the memory API: postgres/admin.py.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from proxy.ids import new_id
 from proxy.models import Scope, Turn
 from proxy.stores.base import RESPONSE_CHAIN_MAX, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp
 from proxy.stores.generations import generation_key
-from proxy.stores.postgres_admin import PostgresAdmin
-from proxy.stores.postgres_batch import apply_ops, recover
-from proxy.stores.postgres_queue import claim
-from proxy.stores.postgres_reads import Args, PostgresReads, agent_clause
-from proxy.stores.postgres_rows import clean_text, turn_from_record, utc
-from proxy.stores.postgres_schema import migrate
-from proxy.stores.postgres_vectors import PostgresVectors
+from proxy.stores.postgres.admin import PostgresAdmin
+from proxy.stores.postgres.batch import apply_ops, recover
+from proxy.stores.postgres.queue import claim
+from proxy.stores.postgres.reads import Args, PostgresReads, agent_clause
+from proxy.stores.postgres.rows import clean_text, turn_from_record, utc
+from proxy.stores.postgres.schema import migrate
+from proxy.stores.postgres.vectors import PostgresVectors
 
 POOL_MIN = 2
 POOL_MAX = 20  # per replica; retrieval runs its sources' queries in parallel
@@ -91,7 +91,7 @@ _TURN_COLUMNS = ("t.turn_key, t.conversation_id, t.status, t.created_at, t.block
 class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
     """The Store protocol on a PostgreSQL database shared by any number of replicas.
 
-    Reads and search: postgres_reads.py; the memory API: postgres_admin.py; embeddings: postgres_vectors.py.
+    Reads and search: postgres/reads.py; the memory API: postgres/admin.py; embeddings: postgres/vectors.py.
     """
 
     def __init__(self, url: str, *, min_connections: int = POOL_MIN, max_connections: int = POOL_MAX) -> None:
@@ -99,7 +99,7 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         self._sizes = (min_connections, max_connections)
         self._pool: asyncpg.Pool | None = None
         self._batches: set[asyncio.Task[Any]] = set()
-        self._claimant = new_id()  # names the extraction leases this replica takes (postgres_queue.py)
+        self._claimant = new_id()  # names the extraction leases this replica takes (postgres/queue.py)
 
     # --- lifecycle
 
@@ -191,7 +191,7 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
 
         Replicas share the queue: the items are leased to this store for CLAIM_LEASE, and
         a user another replica holds items of is skipped, so one user's items are extracted
-        and applied in queue order whichever replicas run (postgres_queue.py).
+        and applied in queue order whichever replicas run (postgres/queue.py).
         """
         try:
             async with self._open_pool().acquire(timeout=CONNECT_TIMEOUT_S) as conn:

@@ -260,7 +260,7 @@ UPDATE entities SET canonical_name = memproxy_bounded_key(canonical_name) WHERE 
 """
 
 # v5: a count of message deletions and re-indexings, by whichever process made them: the
-# in-memory message index (sqlite_message_index.py) catches up with new messages by rowid,
+# in-memory message index (sqlite/message_index.py) catches up with new messages by rowid,
 # and is rebuilt when this count moves. One count for all users, so it names none (deleting a
 # user leaves no row behind that holds its id); such changes are rare (the memory API's
 # corrections and deletes, `memproxy reindex`).
@@ -280,7 +280,7 @@ END;
 """
 
 # v6: the rowids of entities added, deleted, or whose indexed text, user or agent changed,
-# by whichever process: the in-memory entity index (sqlite_entity_index.py) catches up by
+# by whichever process: the in-memory entity index (sqlite/entity_index.py) catches up by
 # re-reading them. Rowids only, never whose. The log trims itself to its newest 65,536
 # rows (in steps of 1,024); postings that fell further behind are rebuilt.
 _V6 = """
@@ -307,10 +307,10 @@ END;
 # v7: a message changed in any column moves `search_epoch` (v5 watched the indexed ones):
 # the in-memory message index keeps the messages its searches returned as they read. A
 # trace deleted or changed moves `reasoning_epoch`: the in-memory counts of the reasoning
-# search (sqlite_search.ReasoningTermCounts) add the traces appended since, and start over
+# search (sqlite.search.ReasoningTermCounts) add the traces appended since, and start over
 # when it moves.
 # And the indexed text each entity change removed and added, by whichever process: the
-# in-memory entity term counts (sqlite_entity_index.EntityTermCounts) stay exact by
+# in-memory entity term counts (sqlite.entity_index.EntityTermCounts) stay exact by
 # reading it, instead of walking FTS5's doclists on every search. A change that leaves the
 # text as it was is not logged. The log trims itself to its newest 4,096 rows (in steps of
 # 1,024), and a user's deletion empties it; counts further behind are read afresh.

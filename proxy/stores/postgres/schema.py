@@ -1,6 +1,6 @@
 """The PostgreSQL schema: the SQLite schema's tables and keys, as numbered migrations.
 
-It mirrors sqlite_schema.py table for table, column for column, with these differences:
+It mirrors sqlite/schema.py table for table, column for column, with these differences:
 - Timestamps are `timestamptz` (asyncpg returns aware UTC datetimes).
 - Ids, keys and terms are `COLLATE "C"`: byte order like SQLite's, whatever the database's
   locale, so pages and tie-breaks come out in the same order on both backends.
@@ -376,9 +376,9 @@ CREATE TRIGGER {name} AFTER {event.upper()} ON {table} REFERENCING {referencing}
 
 
 INDEXES = (
-    # A message's own words, then the words said just before it (sqlite_search.py's MESSAGES weights).
+    # A message's own words, then the words said just before it (sqlite/search.py's MESSAGES weights).
     _Index("messages", "message", (("terms", 1.0, True), ("context", 0.3, False)), ("content",)),
-    # A name match says more about an entity than its type or description does (sqlite_search.py's ENTITIES weights).
+    # A name match says more about an entity than its type or description does (sqlite/search.py's ENTITIES weights).
     _Index("entities", "entity", (("name_terms", 2.0, True), ("type_terms", 1.0, True),
                                   ("description_terms", 1.0, True)), ("name", "description")),
     _Index("reasoning", "reasoning", (("terms", 1.0, True),), ("task", "steps", "answer")),
@@ -386,7 +386,7 @@ INDEXES = (
 _V1 = _V1_TABLES + "".join(index.script() for index in INDEXES)
 
 # v2: a claimed extraction item names its claimant (one id per store, so per replica), so a
-# claim can skip the users whose items another replica holds (postgres_queue.py); the
+# claim can skip the users whose items another replica holds (postgres/queue.py); the
 # partial index finds a user's leased items without reading the rest of their queue.
 _V2 = f"""
 ALTER TABLE extraction_queue ADD COLUMN claimed_by text {_C};

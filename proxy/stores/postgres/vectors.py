@@ -1,7 +1,7 @@
 """Embeddings on PostgreSQL: the items lacking a vector, saving vectors, and reading them back.
 
 `PostgresVectors` is mixed into `PostgresStore`, as `SQLiteVectors` is into `SQLiteStore`
-(sqlite_vectors.py is the reference). Vectors are `real[]`; they cross the wire as
+(sqlite/vectors.py is the reference). Vectors are `real[]`; they cross the wire as
 `array_send` bytes, turned into float32 little-endian by numpy rather than one Python
 float per component (a user's 100k vectors of 1,536 floats would be 150M objects).
 """
@@ -16,8 +16,8 @@ import numpy as np
 
 from proxy.models import Scope
 from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
-from proxy.stores.postgres_reads import Args, agent_clause
-from proxy.stores.postgres_rows import entity_from_record, message_from_record, trace_from_record
+from proxy.stores.postgres.reads import Args, agent_clause
+from proxy.stores.postgres.rows import entity_from_record, message_from_record, trace_from_record
 from proxy.stores.vector_sql import table_of
 
 T = TypeVar("T")

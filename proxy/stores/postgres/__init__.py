@@ -1,0 +1,1 @@
+"""The PostgreSQL store (store.py): a connection pool, advisory locks per user, search inside the database."""
