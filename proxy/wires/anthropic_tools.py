@@ -17,16 +17,7 @@ from typing import Any
 from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.sse import SSEEvent, json_object
-from proxy.wires.tool_rounds import CallOutcome, Round, tokens
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {data}\n\n".encode("utf-8")
+from proxy.wires.tool_rounds import CallOutcome, MessageListRounds, Round, as_dict, named_event, tokens
 
 
 def _is_memory(block: Any, offered: frozenset[str]) -> bool:
@@ -96,10 +87,10 @@ class MessagesStreamRound:
         kind = payload.get("type", event.event)
         if kind == "error":
             self.failed = True
-            return _event("error", payload)
+            return named_event("error", payload)
         if kind == "message_start":
-            self._usage = _dict(_dict(payload.get("message")).get("usage"))
-            return _event("message_start", payload) if self._first else b""
+            self._usage = as_dict(as_dict(payload.get("message")).get("usage"))
+            return named_event("message_start", payload) if self._first else b""
         if kind == "message_delta":
             self._delta = payload
             return b""
@@ -108,14 +99,14 @@ class MessagesStreamRound:
             return b""
         if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
             return self._block_event(str(kind), payload)
-        return _event(str(kind), payload) if isinstance(kind, str) else b""
+        return named_event(str(kind), payload) if isinstance(kind, str) else b""
 
     def _block_event(self, kind: str, payload: dict[str, Any]) -> bytes:
         index = payload.get("index")
         if not isinstance(index, int):
             return b""
         if kind == "content_block_start":
-            start = _dict(payload.get("content_block"))
+            start = as_dict(payload.get("content_block"))
             role = "memory" if _is_memory(start, self._offered) else "app" if _is_app_call(start, self._offered) \
                 else "shown"
             self._blocks[index] = _BlockParts(role, start)
@@ -126,17 +117,17 @@ class MessagesStreamRound:
         if parts is None:
             return b""
         if kind == "content_block_delta":
-            parts.deltas.append(_dict(payload.get("delta")))
+            parts.deltas.append(as_dict(payload.get("delta")))
         if parts.kind == "memory":
             return b""
         if parts.kind == "app":
             parts.held.append((kind, payload))
             return b""
-        return _event(kind, {**payload, "index": parts.index})
+        return named_event(kind, {**payload, "index": parts.index})
 
     def finish(self) -> Round:
         content = [_rebuilt(parts) for _, parts in sorted(self._blocks.items())]
-        return _round(content, self._offered, {**self._usage, **_dict(_dict(self._delta).get("usage"))})
+        return _round(content, self._offered, {**self._usage, **as_dict(as_dict(self._delta).get("usage"))})
 
     def tail(self) -> bytes:
         out = []
@@ -145,14 +136,14 @@ class MessagesStreamRound:
                 continue
             parts.index = self._state.next_index
             self._state.next_index += 1
-            out += [_event(kind, {**payload, "index": parts.index}) for kind, payload in parts.held]
+            out += [named_event(kind, {**payload, "index": parts.index}) for kind, payload in parts.held]
         delta = self._delta or {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}}
-        reason = _dict(delta.get("delta")).get("stop_reason")
+        reason = as_dict(delta.get("delta")).get("stop_reason")
         if reason == "tool_use" and not any(p.kind == "app" for p in self._blocks.values()):
-            delta = {**delta, "delta": {**_dict(delta.get("delta")), "stop_reason": "end_turn"}}
+            delta = {**delta, "delta": {**as_dict(delta.get("delta")), "stop_reason": "end_turn"}}
         # The last round's full usage: what its message_start said, updated by its message_delta.
-        out.append(_event("message_delta", {**delta, "usage": {**self._usage, **_dict(delta.get("usage"))}}))
-        out.append(_event("message_stop", {"type": "message_stop"}))
+        out.append(named_event("message_delta", {**delta, "usage": {**self._usage, **as_dict(delta.get("usage"))}}))
+        out.append(named_event("message_stop", {"type": "message_stop"}))
         return b"".join(out)
 
 
@@ -176,40 +167,31 @@ def _rebuilt(parts: _BlockParts) -> dict[str, Any]:
     return block
 
 
-class MessagesTools:
+def _echoed(message: Any, echoes: dict[str, str]) -> str | None:
+    """The stored exchange an assistant message echoes (by its tool_use ids), if any."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return None
+    content = message.get("content")
+    ids = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"] \
+        if isinstance(content, list) else []
+    return next((echoes[i] for i in ids if isinstance(i, str) and i in echoes), None)
+
+
+class MessagesTools(MessageListRounds):
     """The Messages tool format."""
+
+    tool_choice_none = {"type": "none"}
+    echoed = staticmethod(_echoed)
 
     def offer(self, body: dict[str, Any], names: tuple[str, ...],
               schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
         tools = body.get("tools")
         tools = tools if isinstance(tools, list) else []
-        taken = {_dict(tool).get("name") for tool in tools}
+        taken = {as_dict(tool).get("name") for tool in tools}
         offered = tuple(name for name in names if name not in taken)
         added = [{"name": name, "description": schemas[name][0], "input_schema": schemas[name][1]}
                  for name in offered]
         return {**body, "tools": [*tools, *added]}, frozenset(offered)
-
-    def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
-        return json.dumps([*exchanges, last.answer], ensure_ascii=False, separators=(",", ":"))
-
-    def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
-                   ) -> dict[str, Any]:
-        messages = body.get("messages")
-        if not echoes or not isinstance(messages, list):
-            return body
-        out: list[Any] = []
-        for message in messages:
-            stored = _echoed(message, echoes)
-            out += json.loads(stored) if stored is not None else [message]
-        return {**body, "messages": out}
-
-    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
-                     tools_forbidden: bool) -> bytes:
-        messages = body.get("messages")
-        out = {**body, "messages": [*(messages if isinstance(messages, list) else []), *exchanges]}
-        if tools_forbidden:
-            out["tool_choice"] = {"type": "none"}
-        return dump_json(out)
 
     def exchange(self, round_: Round, outcomes: list[CallOutcome]) -> list[Any]:
         results = [{"type": "tool_result", "tool_use_id": o.call.id, "content": o.text,
@@ -237,12 +219,3 @@ class MessagesTools:
                      first: bool) -> MessagesStreamRound:
         return MessagesStreamRound(state, offered, first)
 
-
-def _echoed(message: Any, echoes: dict[str, str]) -> str | None:
-    """The stored exchange an assistant message echoes (by its tool_use ids), if any."""
-    if not isinstance(message, dict) or message.get("role") != "assistant":
-        return None
-    content = message.get("content")
-    ids = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"] \
-        if isinstance(content, list) else []
-    return next((echoes[i] for i in ids if isinstance(i, str) and i in echoes), None)

@@ -17,15 +17,11 @@ from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.openai_chat_answer import is_done
 from proxy.wires.sse import SSEEvent, json_object
-from proxy.wires.tool_rounds import ROUND_SEPARATOR, CallOutcome, Round, tokens
+from proxy.wires.tool_rounds import ROUND_SEPARATOR, CallOutcome, MessageListRounds, Round, as_dict, tokens
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _function_name(tool: Any) -> str | None:
@@ -35,7 +31,7 @@ def _function_name(tool: Any) -> str | None:
 
 
 def _call(call: dict[str, Any]) -> ToolCall:
-    function = _dict(call.get("function"))
+    function = as_dict(call.get("function"))
     name, arguments = function.get("name"), function.get("arguments")
     return ToolCall(str(call.get("id") or ""), name if isinstance(name, str) else "",
                     arguments if isinstance(arguments, str) else "")
@@ -101,7 +97,7 @@ class ChatStreamRound:
         """The part of a choice the client gets now; None when nothing of it goes out now."""
         if choice.get("index", 0) != 0:
             return choice  # only choice 0 runs the loop: the others go by as they come
-        delta = _dict(choice.get("delta"))
+        delta = as_dict(choice.get("delta"))
         calls = delta.get("tool_calls")
         if isinstance(calls, list):
             for position, call in enumerate(calls):
@@ -123,7 +119,7 @@ class ChatStreamRound:
 
     def _take_call(self, position: int, call: dict[str, Any]) -> None:
         index = call.get("index", position)
-        function = _dict(call.get("function"))
+        function = as_dict(call.get("function"))
         parts = self._calls.get(index)
         if parts is None:
             parts = self._calls[index] = _CallParts(memory=function.get("name") in self._offered)
@@ -170,7 +166,7 @@ class ChatStreamRound:
         """A finish chunk's choice without memory calls (a final round may still hold some)."""
         if choice.get("index", 0) != 0:
             return choice
-        delta = _dict(choice.get("delta"))
+        delta = as_dict(choice.get("delta"))
         delta = {k: v for k, v in delta.items() if k != "tool_calls"}
         reason = choice.get("finish_reason")
         if reason == "tool_calls" and all(p.memory for p in self._calls.values()):
@@ -178,8 +174,20 @@ class ChatStreamRound:
         return {**choice, "delta": delta, "finish_reason": reason}
 
 
-class ChatTools:
+def _echoed(message: Any, echoes: dict[str, str]) -> str | None:
+    """The stored exchange an assistant message echoes (by its calls' ids), if any."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return None
+    calls = message.get("tool_calls")
+    ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    return next((echoes[i] for i in ids if isinstance(i, str) and i in echoes), None)
+
+
+class ChatTools(MessageListRounds):
     """The Chat Completions tool format."""
+
+    tool_choice_none = "none"
+    echoed = staticmethod(_echoed)
 
     def offer(self, body: dict[str, Any], names: tuple[str, ...],
               schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
@@ -190,28 +198,6 @@ class ChatTools:
         added = [{"type": "function", "function": {"name": name, "description": schemas[name][0],
                                                    "parameters": schemas[name][1]}} for name in offered]
         return {**body, "tools": [*tools, *added]}, frozenset(offered)
-
-    def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
-        return json.dumps([*exchanges, last.answer], ensure_ascii=False, separators=(",", ":"))
-
-    def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
-                   ) -> dict[str, Any]:
-        messages = body.get("messages")
-        if not echoes or not isinstance(messages, list):
-            return body
-        out: list[Any] = []
-        for message in messages:
-            stored = _echoed(message, echoes)
-            out += json.loads(stored) if stored is not None else [message]
-        return {**body, "messages": out}
-
-    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
-                     tools_forbidden: bool) -> bytes:
-        messages = body.get("messages")
-        out = {**body, "messages": [*(messages if isinstance(messages, list) else []), *exchanges]}
-        if tools_forbidden:
-            out["tool_choice"] = "none"
-        return dump_json(out)
 
     def exchange(self, round_: Round, outcomes: list[CallOutcome]) -> list[Any]:
         results = [{"role": "tool", "tool_call_id": o.call.id, "content": o.text} for o in outcomes]
@@ -248,15 +234,6 @@ class ChatTools:
         return ChatStreamRound(state, offered, first)
 
 
-def _echoed(message: Any, echoes: dict[str, str]) -> str | None:
-    """The stored exchange an assistant message echoes (by its calls' ids), if any."""
-    if not isinstance(message, dict) or message.get("role") != "assistant":
-        return None
-    calls = message.get("tool_calls")
-    ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
-    return next((echoes[i] for i in ids if isinstance(i, str) and i in echoes), None)
-
-
 def _message(doc: dict[str, Any]) -> dict[str, Any] | None:
     choices = doc.get("choices")
     if not isinstance(choices, list):
@@ -267,7 +244,7 @@ def _message(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _merged_choice(choice: dict[str, Any], texts: list[str], offered: frozenset[str]) -> dict[str, Any]:
-    message = _dict(choice.get("message"))
+    message = as_dict(choice.get("message"))
     own = message.get("content") if isinstance(message.get("content"), str) else ""
     content = ROUND_SEPARATOR.join(text for text in [*texts, own] if text)
     merged = {**message, "content": content or message.get("content")}

@@ -20,19 +20,10 @@ from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.openai_responses_answer import CLIENT_CALLS, output_text
 from proxy.wires.sse import SSEEvent, json_object
-from proxy.wires.tool_rounds import CallOutcome, Round, tokens
+from proxy.wires.tool_rounds import CallOutcome, Round, as_dict, named_event, tokens
 
 _ENDS = ("response.completed", "response.failed", "response.incomplete")
 _OPENING = ("response.created", "response.in_progress", "response.queued")
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {data}\n\n".encode("utf-8")
 
 
 def _is_memory(item: Any, offered: frozenset[str]) -> bool:
@@ -102,7 +93,7 @@ class ResponsesStreamRound:
     def _out(self, kind: str, payload: dict[str, Any]) -> bytes:
         out = {**payload, "sequence_number": self._state.sequence}
         self._state.sequence += 1
-        return _event(kind, out)
+        return named_event(kind, out)
 
     def feed(self, event: SSEEvent) -> bytes:
         payload = json_object(event.data)
@@ -113,7 +104,7 @@ class ResponsesStreamRound:
             self.failed = True
             return self._out(kind, payload)
         if kind in _OPENING:
-            response = _dict(payload.get("response"))
+            response = as_dict(payload.get("response"))
             if self._state.id is None and isinstance(response.get("id"), str):
                 self._state.id = response["id"]
             return self._out(kind, payload) if self._first else b""
@@ -123,7 +114,7 @@ class ResponsesStreamRound:
             return b""
         if kind in _ENDS:  # failed or incomplete: the provider ended the stream, as it stands
             self.failed = True
-            response = _dict(payload.get("response"))
+            response = as_dict(payload.get("response"))
             return self._out(kind, {**payload, "response": {**response, "id": self._state.id or response.get("id")}})
         index = payload.get("output_index")
         if not isinstance(index, int):
@@ -149,7 +140,7 @@ class ResponsesStreamRound:
         return self._out(kind, {**payload, "output_index": parts.index})
 
     def finish(self) -> Round:
-        response = _dict(_dict(self._end).get("response"))
+        response = as_dict(as_dict(self._end).get("response"))
         items = response.get("output")
         if not isinstance(items, list) or not items:
             items = [self._done[i] for i in sorted(self._done)]
@@ -167,7 +158,7 @@ class ResponsesStreamRound:
                     self._state.shown.append(payload.get("item"))
                 out.append(self._out(kind, {**payload, "output_index": parts.index}))
         end = self._end or {"type": "response.completed", "response": {}}
-        response = {**_dict(end.get("response")), "output": self._state.shown}
+        response = {**as_dict(end.get("response")), "output": self._state.shown}
         if self._state.id is not None:
             response["id"] = self._state.id
         out.append(self._out("response.completed", {**end, "response": response}))
@@ -181,7 +172,7 @@ class ResponsesTools:
               schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
         tools = body.get("tools")
         tools = tools if isinstance(tools, list) else []
-        taken = {_dict(tool).get("name") for tool in tools}
+        taken = {as_dict(tool).get("name") for tool in tools}
         offered = tuple(name for name in names if name not in taken)
         added = [{"type": "function", "name": name, "description": schemas[name][0],
                   "parameters": schemas[name][1]} for name in offered]
@@ -211,8 +202,8 @@ class ResponsesTools:
         replaced: set[str] = set()
         echo_left = 0  # echo items of the step just replaced still to drop after its first call
         for item in items:
-            call_id = _dict(item).get("call_id")
-            stored = echoes.get(call_id) if _dict(item).get("type") in CLIENT_CALLS and isinstance(call_id, str) \
+            call_id = as_dict(item).get("call_id")
+            stored = echoes.get(call_id) if as_dict(item).get("type") in CLIENT_CALLS and isinstance(call_id, str) \
                 else None
             if stored is None:
                 if echo_left and _is_echo(item):

@@ -8,10 +8,12 @@ into one answer for the client: a JSON body, or a stream filtered event by event
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.models import ToolCall
+from proxy.wires.base import dump_json
 from proxy.wires.sse import SSEEvent
 
 # Between the text of two rounds, in a JSON answer and in a stream alike.
@@ -28,6 +30,58 @@ class Round:
     answer: Any  # the same output with its app calls instead, as the last round of a step
     provider_id: str | None = None  # the provider's id of the round's response, where the wire has one
     tokens: dict[str, int] = field(default_factory=dict)  # the round's input_tokens and output_tokens
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (provider output is read defensively)."""
+    return value if isinstance(value, dict) else {}
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def named_event(kind: str, payload: dict[str, Any]) -> bytes:
+    """One SSE event with an `event:` name (the Messages and Responses streams)."""
+    return f"event: {kind}\ndata: {compact_json(payload)}\n\n".encode("utf-8")
+
+
+class MessageListRounds:
+    """What the wires whose history is a `messages` list (Chat Completions, Messages) do alike:
+    keep a step's exchanges, put them back in place of the client's echo, and ask again.
+
+    A subclass names its `tool_choice` value that forbids tool use, and how to tell which
+    stored exchange an assistant message echoes.
+    """
+
+    tool_choice_none: Any
+
+    @staticmethod
+    def echoed(message: Any, echoes: dict[str, str]) -> str | None:
+        """The stored exchange `message` echoes, if any."""
+        raise NotImplementedError
+
+    def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
+        return compact_json([*exchanges, last.answer])
+
+    def substitute(self, body: dict[str, Any], echoes: dict[str, str], provider_response: str | None
+                   ) -> dict[str, Any]:
+        messages = body.get("messages")
+        if not echoes or not isinstance(messages, list):
+            return body
+        out: list[Any] = []
+        for message in messages:
+            stored = self.echoed(message, echoes)
+            out += json.loads(stored) if stored is not None else [message]
+        return {**body, "messages": out}
+
+    def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
+                     tools_forbidden: bool) -> bytes:
+        messages = body.get("messages")
+        out = {**body, "messages": [*(messages if isinstance(messages, list) else []), *exchanges]}
+        if tools_forbidden:
+            out["tool_choice"] = self.tool_choice_none
+        return dump_json(out)
 
 
 def tokens(usage: Any, input_key: str, output_key: str) -> dict[str, int]:
