@@ -366,9 +366,13 @@ def test_memory_exchanges_are_kept_with_their_step_s_calls(backend: Backend) -> 
             calls = (("call_a", "get_weather", "{}"), ("call_b", "get_time", "{}"))
             await store.apply([start(ALICE, "t1"), RecordToolCalls(ALICE, "t1", calls, T0, exchange=exchange),
                                RecordToolCalls(ALICE, "t1", (("call_c", "plain", "{}"),), T0)])
-            assert await store.memory_exchanges(ALICE, ["call_b", "call_c", "call_x"]) == {"call_b": exchange}
-            assert await store.memory_exchanges(BOB, ["call_a"]) == {}
-            assert await store.memory_exchanges(ALICE, []) == {}
+            await store.apply([start(ALICE, "t2")])
+            assert await store.memory_exchanges(ALICE, "t1", ["call_b", "call_c", "call_x"]) == {"call_b": exchange}
+            assert await store.memory_exchanges(BOB, "t1", ["call_a"]) == {}
+            assert await store.memory_exchanges(ALICE, "t1", []) == {}
+            # Another turn of the user naming the same id (a provider numbering its calls per
+            # response) is not given this turn's exchange.
+            assert await store.memory_exchanges(ALICE, "t2", ["call_a", "call_b"]) == {}
 
     run(body())
 

@@ -66,9 +66,10 @@ def test_a_response_the_client_saw_under_its_first_round_s_id_names_the_provider
             await store.apply([StartTurn(ALICE, "t1", "c1", "h-t1", at, "q1"),
                                RecordResponse(ALICE, "resp_first", "t1", "c1", None, at, provider_id="resp_last"),
                                RecordResponse(ALICE, "resp_plain", "t1", "c1", None, at)])
-            assert await store.provider_response(ALICE, "resp_first") == "resp_last"
-            assert await store.provider_response(ALICE, "resp_plain") is None
-            assert await store.provider_response(Scope("bob"), "resp_first") is None
-            assert await store.provider_response(ALICE, "resp_unknown") is None
+            assert await store.provider_response(ALICE, "c1", "resp_first") == "resp_last"
+            assert await store.provider_response(ALICE, "c1", "resp_plain") is None
+            assert await store.provider_response(Scope("bob"), "c1", "resp_first") is None
+            assert await store.provider_response(ALICE, "c1", "resp_unknown") is None
+            assert await store.provider_response(ALICE, "c2", "resp_first") is None  # another conversation's
 
     asyncio.run(body())

@@ -232,8 +232,11 @@ class MemoryService:
                           ) -> tuple[dict[str, str], str | None]:
         """Tools mode: the memory exchanges of the loop's earlier steps, and the provider's id of the
         response the request continues."""
-        echoes = await self.store.memory_exchanges(scope, request.tool_call_ids) if identity.existing is not None else {}
-        provider = (await self.store.provider_response(scope, request.previous_response)
+        # Filtered on the turn and the conversation the request was found in: a provider numbering
+        # its calls per response (`call_0`) reuses ids across the user's conversations.
+        echoes = (await self.store.memory_exchanges(scope, identity.key, request.tool_call_ids)
+                  if identity.existing is not None else {})
+        provider = (await self.store.provider_response(scope, identity.conversation_id, request.previous_response)
                     if request.previous_response is not None else None)
         return echoes, provider
 

@@ -422,11 +422,14 @@ class TurnReads(Protocol):
     async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
         """The conversation of a recorded response id and its chain's messages; None if unknown."""
 
-    async def provider_response(self, scope: Scope, response_id: str) -> str | None:
-        """The provider's own id recorded for a response id the client saw (tools mode), if any."""
+    async def provider_response(self, scope: Scope, conversation_id: str, response_id: str) -> str | None:
+        """The provider's own id recorded for a response id the client saw in the conversation (tools mode),
+        if any."""
 
-    async def memory_exchanges(self, scope: Scope, call_ids: Sequence[str]) -> dict[str, str]:
-        """call id -> the memory exchange recorded with it (tools mode), for those of `call_ids` that have one."""
+    async def memory_exchanges(self, scope: Scope, turn_key: str, call_ids: Sequence[str]) -> dict[str, str]:
+        """call id -> the memory exchange the turn recorded with it (tools mode), for those of `call_ids`
+        that have one. Only the turn's own: a provider numbering its calls per response (`call_0`)
+        reuses ids across the user's conversations."""
 
     async def conversation_by_assistant_hashes(self, scope: Scope, hashes: Sequence[str]) -> str | None:
         """The conversation holding the first of `hashes` (newest first) that was saved.

@@ -252,19 +252,20 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
             turn = replace(turn, block=None, injected=0)
         return FoundTurn(turn, row["generation"])
 
-    async def provider_response(self, scope: Scope, response_id: str) -> str | None:
-        """The provider's own id recorded for a response id the client saw (tools mode), if any."""
-        rows = await self._fetch("SELECT provider_id FROM responses WHERE user_id = $1 AND response_id = $2",
-                                 [scope.user, clean_text(response_id)])
+    async def provider_response(self, scope: Scope, conversation_id: str, response_id: str) -> str | None:
+        """The provider's own id recorded for a response id the client saw in the conversation, if any."""
+        rows = await self._fetch("SELECT provider_id FROM responses WHERE user_id = $1 AND response_id = $2"
+                                 " AND conversation_id = $3", [scope.user, clean_text(response_id), conversation_id])
         return rows[0]["provider_id"] if rows else None
 
-    async def memory_exchanges(self, scope: Scope, call_ids: Sequence[str]) -> dict[str, str]:
-        """call id -> the memory exchange recorded with it (tools mode), for those that have one."""
+    async def memory_exchanges(self, scope: Scope, turn_key: str, call_ids: Sequence[str]) -> dict[str, str]:
+        """call id -> the memory exchange the turn recorded with it (tools mode), for those that have one."""
         if not call_ids:
             return {}
         rows = await self._fetch(
-            "SELECT call_id, exchange FROM turn_tool_calls WHERE user_id = $1 AND exchange IS NOT NULL"
-            " AND call_id = ANY($2::text[])", [scope.user, [clean_text(i) for i in call_ids]])
+            "SELECT call_id, exchange FROM turn_tool_calls WHERE user_id = $1 AND turn_key = $2"
+            " AND exchange IS NOT NULL AND call_id = ANY($3::text[])",
+            [scope.user, turn_key, [clean_text(i) for i in call_ids]])
         return {row["call_id"]: row["exchange"] for row in rows}
 
     async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:

@@ -421,19 +421,19 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
         return await self._read(find, here=True)
 
-    async def provider_response(self, scope: Scope, response_id: str) -> str | None:
-        """The provider's own id recorded for a response id the client saw (tools mode), if any."""
-        rows = await self._rows("SELECT provider_id FROM responses WHERE user_id = ? AND response_id = ?",
-                                [scope.user, response_id])
+    async def provider_response(self, scope: Scope, conversation_id: str, response_id: str) -> str | None:
+        """The provider's own id recorded for a response id the client saw in the conversation, if any."""
+        rows = await self._rows("SELECT provider_id FROM responses WHERE user_id = ? AND response_id = ?"
+                                " AND conversation_id = ?", [scope.user, response_id, conversation_id])
         return rows[0]["provider_id"] if rows else None
 
-    async def memory_exchanges(self, scope: Scope, call_ids: Sequence[str]) -> dict[str, str]:
-        """call id -> the memory exchange recorded with it (tools mode), for those that have one."""
+    async def memory_exchanges(self, scope: Scope, turn_key: str, call_ids: Sequence[str]) -> dict[str, str]:
+        """call id -> the memory exchange the turn recorded with it (tools mode), for those that have one."""
         if not call_ids:
             return {}
         rows = await self._rows(
-            "SELECT call_id, exchange FROM turn_tool_calls WHERE user_id = ? AND exchange IS NOT NULL"
-            " AND call_id IN (SELECT value FROM json_each(?))", [scope.user, json.dumps(list(call_ids))])
+            "SELECT call_id, exchange FROM turn_tool_calls WHERE user_id = ? AND turn_key = ? AND exchange IS NOT NULL"
+            " AND call_id IN (SELECT value FROM json_each(?))", [scope.user, turn_key, json.dumps(list(call_ids))])
         return {row["call_id"]: row["exchange"] for row in rows}
 
     async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:
