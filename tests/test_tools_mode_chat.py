@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import sqlite3
+import time
 from typing import Any
 
 import httpx
@@ -300,6 +301,30 @@ def test_a_failing_store_gives_the_model_an_error_and_the_client_its_answer(tpro
     assert raw.parse().choices[0].message.content == "I could not save that."
     assert sent(fake)[1]["messages"][-1]["content"] == "Error: store_memory failed; go on without it."
     assert raw.headers["x-memory-status"] == "ok"
+
+
+def test_a_store_memory_held_by_a_locked_store_gives_the_model_an_error_in_its_bound(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=300, extraction__from_roles=[])
+    fake.queue(model_round("Hi."))
+    ask(proxy, "warm up")  # the store exists and is warm
+    locker = sqlite3.connect(store_path(proxy), timeout=1, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")  # another process holds the write lock for as long as it likes
+    try:
+        fake.queue(model_round(None, [call("call_s1", "store_memory", {"content": "a note", "type": "fact"})]),
+                   model_round("I could not save that."))
+        started = time.monotonic()
+        raw = proxy.client(**TOOLS).with_options(timeout=20).chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "remember my note"}])
+        waited = time.monotonic() - started
+    finally:
+        locker.rollback()
+        locker.close()
+    assert raw.parse().choices[0].message.content == "I could not save that."
+    assert sent(fake)[-1]["messages"][-1]["content"] == "Error: store_memory timed out; go on without it."
+    assert waited < 5
+    with proxy.http() as http:
+        metrics = http.get("/metrics").text
+    assert 'memproxy_memory_degraded_total{reason="store_memory timeout"} 1.0' in metrics
 
 
 def test_bad_arguments_get_an_error_result(tproxy, fake):

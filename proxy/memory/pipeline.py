@@ -25,7 +25,7 @@ from proxy.memory.hooks import Hooks
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.sources import edges
-from proxy.memory.tools import MemoryTools, ToolHooks
+from proxy.memory.tools import CallBounds, MemoryTools, ToolHooks
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
@@ -204,9 +204,11 @@ class MemoryService:
         if resolved.mode == "tools" and status == "ok":
             tool_hooks = (None if self.hooks is None else ToolHooks(
                 self.hooks, turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)))
+            bounds = CallBounds(self.memory.retrieval_timeout_ms / 1000, self.memory.commit_timeout_ms / 1000,
+                                self._degraded)
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
                                        recall.logged_query, persist, identity.key, identity.conversation_id,
-                                       tool_hooks)
+                                       bounds, tool_hooks)
             recall.echoes = echoes
             recall.provider_response = provider
         recall.started(now)
@@ -220,8 +222,13 @@ class MemoryService:
         visible = tuple(edges(text, QUERY_EDGE_CHARS) for text in shown)
 
         async def search(text: str, limit: int) -> Retrieved:
-            query = Query(edges(text, QUERY_EDGE_CHARS), identity.conversation_id, visible, min(limit, 12))
-            return await self.retriever.retrieve(scope, query)
+            # As inject mode's retrieval: within its budget, and admitted like any other recall.
+            began = asyncio.get_running_loop().time()
+            budget_s = self.memory.retrieval_timeout_ms / 1000
+            query = Query(edges(text, QUERY_EDGE_CHARS), identity.conversation_id, visible, min(limit, 12),
+                          answer_by=began + budget_s)
+            async with self.gate.admitted(began + budget_s * TURN_WAIT_SHARE):
+                return await self.retriever.retrieve(scope, query)
         return search
 
     async def _identify(self, scope: Scope, request: Transcript, now: datetime, digest: str) -> TurnIdentity:

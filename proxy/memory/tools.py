@@ -9,6 +9,7 @@ memory call never fails the request.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -89,6 +90,16 @@ LogQuery = Callable[[str, int, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
+class CallBounds:
+    """How long each memory call may take (a locked store must not hold the round), and where a
+    call past its bound is counted (with the degraded recalls)."""
+
+    query_s: float
+    store_s: float
+    timed_out: Callable[[str], object]
+
+
+@dataclass(frozen=True)
 class ToolHooks:
     """The hooks a request's memory calls go through, with the turn's own hook context."""
 
@@ -100,7 +111,7 @@ class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
     def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool,
-                 turn_key: str, conversation_id: str, hooks: ToolHooks | None = None) -> None:
+                 turn_key: str, conversation_id: str, bounds: CallBounds, hooks: ToolHooks | None = None) -> None:
         self.scope = scope
         self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
         self.conversation_id = conversation_id  # where an `interaction` goes
@@ -108,6 +119,7 @@ class MemoryTools:
         self.store = store  # store_memory is the memory API's own write
         self.log_query = log_query
         self.persist = persist
+        self.bounds = bounds
         self.hooks = hooks
 
     async def run(self, call: ToolCall) -> CallResult:
@@ -139,6 +151,9 @@ class MemoryTools:
             return await self._store(arguments)
         except BadArguments as exc:
             return CallResult(f"Error: {exc}", error=True)
+        except TimeoutError:
+            self.bounds.timed_out(f"{name} timeout")
+            return CallResult(f"Error: {name} timed out; go on without it.", error=True)
         except Exception as exc:  # memory never fails a request: the model hears it failed
             log.warning("memory tool %s failed (%s: %s)", name, type(exc).__name__, redact(str(exc))[:200])
             return CallResult(f"Error: {name} failed; go on without it.", error=True)
@@ -150,7 +165,8 @@ class MemoryTools:
         limit = arguments.get("limit", QUERY_LIMIT_DEFAULT)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= QUERY_LIMIT_MAX:
             raise BadArguments(f"`limit` must be a whole number from 1 to {QUERY_LIMIT_MAX}")
-        found = await self.search(text, limit)
+        async with asyncio.timeout(self.bounds.query_s):
+            found = await self.search(text, limit)
         self.log_query(found.block, found.injected, {**found.log, "tool_query": redact(text)})
         if not found.block:
             return CallResult(NOTHING_FOUND)
@@ -170,7 +186,8 @@ class MemoryTools:
         memory_id = derived_id(f"memory {self.turn_key} {kind} {content}", id_time_ns(self.turn_key))
         op = StoreMemory(self.scope, memory_id, content, kind, datetime.now(timezone.utc), confidence,
                          tuple(redact(tag) for tag in tags), self.conversation_id)
-        memory_id = await self.store.store_memory(op)
+        async with asyncio.timeout(self.bounds.store_s):  # the hooks above run on their own timeouts
+            memory_id = await self.store.store_memory(op)
         return CallResult(f"Stored as memory {memory_id}.")
 
 
