@@ -377,6 +377,24 @@ def test_memory_exchanges_are_kept_with_their_step_s_calls(backend: Backend) -> 
     run(body())
 
 
+def test_a_deletion_drops_the_kept_memory_exchanges(backend: Backend) -> None:
+    # An exchange may quote the deleted memory: the loop's next step is not given it back.
+    async def body() -> None:
+        async with backend.opened() as store:
+            calls = (("call_a", "get_weather", "{}"),)
+            await store.apply([start(ALICE, "t1"), StoreMemory(ALICE, "m1", "Home is Bergen", "fact", T0),
+                               RecordToolCalls(ALICE, "t1", calls, T0, exchange="Home is Bergen"),
+                               start(BOB, "t1"), RecordToolCalls(BOB, "t1", calls, T0, exchange="bob's")])
+            assert await store.memory_exchanges(ALICE, "t1", ["call_a"]) == {"call_a": "Home is Bergen"}
+            assert await store.delete_item(ALICE, "memory", "m1") is not None
+            assert await store.memory_exchanges(ALICE, "t1", ["call_a"]) == {}
+            assert await store.memory_exchanges(BOB, "t1", ["call_a"]) == {"call_a": "bob's"}  # another user's stay
+            turn = await by_calls(store, ALICE, ["call_a"])
+            assert turn is not None and turn.key == "t1"  # the step still finds its turn
+
+    run(body())
+
+
 def test_a_call_id_a_later_turn_reuses_leads_to_that_turn(backend: Backend) -> None:
     # A provider numbering its calls per response (`call_0`) reuses ids across turns: the next
     # step belongs to the turn whose response carried the id last.

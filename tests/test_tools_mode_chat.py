@@ -218,6 +218,30 @@ def test_app_tool_and_memory_tool_in_one_round(tproxy, fake):
                                                          ("assistant", "It is 4 degrees in Oslo.")])
 
 
+def test_a_memory_deleted_between_steps_is_not_replayed_to_the_model(tproxy, fake):
+    bergen = remember(tproxy, "My home city is Bergen")
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fake.queue(model_round(None, [call("call_q1", "query_memory", {"query": "home city"})]),
+               model_round(None, [call("call_app1", "get_weather", {"city": "Bergen"})]))
+    client = tproxy.client(**TOOLS)
+    prompt = [{"role": "user", "content": "weather at home?"}]
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=prompt, tools=[weather])
+    message = raw.parse().choices[0].message
+    assert "My home city is Bergen" in sent(fake)[1]["messages"][-1]["content"]
+    with tproxy.http() as http:
+        assert http.delete(api_url("alice", "memories", bergen)).status_code in (200, 204)
+    fake.queue(model_round("It is 9 degrees."))
+    step = client.chat.completions.with_raw_response.create(model="m", tools=[weather], messages=prompt + [
+        message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_app1", "content": "9 C"}])
+    assert step.headers["x-memory-turn"] == raw.headers["x-memory-turn"]
+    # Deletion wins over replaying the loop's bytes: the model gets the client's history as sent.
+    assert "My home city is Bergen" not in json.dumps(sent(fake)[-1]["messages"])
+    assert sent(fake)[-1]["messages"][1:] == [
+        {"role": "assistant", "tool_calls": [{"id": "call_app1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Bergen"}'}}]},
+        {"role": "tool", "tool_call_id": "call_app1", "content": "9 C"}]
+
+
 def test_app_tool_and_memory_tool_stream(tproxy, fake):
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     fake.queue(model_round("Looking.", [call("call_app1", "get_weather", {"city": "Oslo"}),

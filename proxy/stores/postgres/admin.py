@@ -441,6 +441,9 @@ async def _deleted(conn: asyncpg.Connection, user: str, ended: Sequence[str]) ->
     generation = await conn.fetchval(BUMP_SQL.format("$1"), generation_key(user))
     for key in ended:
         await conn.execute(MARK_SQL.format("$1", "$2"), key, generation)
+    # A tool loop's kept memory exchanges may quote what was deleted: its next step is not given
+    # them back (deletion wins over replaying the loop's bytes).
+    await conn.execute("UPDATE turn_tool_calls SET exchange = NULL WHERE user_id = $1 AND exchange IS NOT NULL", user)
 
 
 async def delete_user(conn: asyncpg.Connection, user: str) -> dict[str, int]:

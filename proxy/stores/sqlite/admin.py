@@ -440,6 +440,9 @@ def _deleted(conn: sqlite3.Connection, user: str, ended: Sequence[str]) -> None:
     keys (a user or conversation deleted: its turns in flight save nothing more), generations.py."""
     generation = conn.execute(BUMP_SQL.format("?"), (generation_key(user),)).fetchone()[0]
     conn.executemany(MARK_SQL.format("?", "?"), [(key, generation) for key in ended])
+    # A tool loop's kept memory exchanges may quote what was deleted: its next step is not given
+    # them back (deletion wins over replaying the loop's bytes).
+    conn.execute("UPDATE turn_tool_calls SET exchange = NULL WHERE user_id = ? AND exchange IS NOT NULL", (user,))
 
 
 def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
