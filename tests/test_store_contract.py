@@ -30,6 +30,7 @@ from proxy.stores.base import (
     WriteOp,
     text_hash,
 )
+from proxy.stores.generations import Generation
 from proxy.terms import query_terms
 from tests.store_backends import Backend, SQLiteBackend, backend  # noqa: F401  (the fixture)
 from tests.test_store_search import common_world, said
@@ -391,6 +392,15 @@ def test_a_deletion_drops_the_kept_memory_exchanges(backend: Backend) -> None:
             assert await store.memory_exchanges(BOB, "t1", ["call_a"]) == {"call_a": "bob's"}  # another user's stay
             turn = await by_calls(store, ALICE, ["call_a"])
             assert turn is not None and turn.key == "t1"  # the step still finds its turn
+            # A step that began before the deletion and writes after it keeps its calls, not its exchange.
+            began = Generation(0, "c1")
+            await store.apply([RecordToolCalls(ALICE, "t1", (("call_b", "x", "{}"),), T0, began, "Home is Bergen")])
+            assert await store.memory_exchanges(ALICE, "t1", ["call_a", "call_b"]) == {}
+            turn = await by_calls(store, ALICE, ["call_b"])
+            assert turn is not None and turn.key == "t1"
+            later = Generation(1, "c1")
+            await store.apply([RecordToolCalls(ALICE, "t1", (("call_c", "x", "{}"),), T0, later, "kept")])
+            assert await store.memory_exchanges(ALICE, "t1", ["call_c"]) == {"call_c": "kept"}
 
     run(body())
 

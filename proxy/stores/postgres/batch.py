@@ -42,7 +42,7 @@ from proxy.stores.base import (
     WriteOp,
     text_hash,
 )
-from proxy.stores.generations import deleted_keys
+from proxy.stores.generations import deleted_keys, generation_key
 from proxy.stores.postgres.admin import store_memory
 from proxy.stores.postgres.facts import record_facts
 from proxy.stores.postgres.rows import clean_text, utc
@@ -67,6 +67,7 @@ _PARAMETERS = (
     "block", "injected", "log", "keep", "prompt", "hook_context",  # block
     "queue_id", "error", "park",  # extraction failed
     "deleted_keys", "generation",  # a turn's op: skipped once its user or conversation was deleted since it began
+    "user_generation_key",  # tool calls: their exchange is dropped once anything of the user was deleted since
 )
 _APPLY_TEMPLATE = """
 WITH live AS (SELECT NOT EXISTS (SELECT 1 FROM generations WHERE id = ANY({deleted_keys}::text[])
@@ -88,7 +89,9 @@ trace AS (INSERT INTO reasoning (id, user_id, agent_id, conversation_id, turn_ke
     created_at) SELECT {trace_id}, {user}, {agent}, {conversation}, {turn_key}, {task}, {steps}, {content},
     {trace_terms}, {at} WHERE {kind} = 'finish' AND {has_steps} AND {live} ON CONFLICT DO NOTHING),
 calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at, exchange)
-    SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}, {exchange}::text
+    -- An exchange is kept only if nothing was deleted since its step began: it may quote what was.
+    SELECT {user}, c.id, {turn_key}, c.name, c.arguments, {at}, CASE WHEN EXISTS (SELECT 1 FROM generations
+        WHERE id = {user_generation_key}::text AND generation > {generation}) THEN NULL ELSE {exchange}::text END
     FROM unnest({call_ids}::text[], {call_names}::text[], {call_args}::text[]) AS c(id, name, arguments)
     WHERE {kind} = 'calls' AND {live} AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
     ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,
@@ -245,7 +248,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
         calls = list({call[0]: call for call in ([clean_text(part) for part in c] for c in op.calls)}.values())
         values.update(kind="calls", at=utc(op.at), turn_key=op.turn_key, call_ids=[c[0] for c in calls],
                       call_names=[c[1] for c in calls], call_args=[c[2] for c in calls],
-                      exchange=clean_text(op.exchange) if op.exchange is not None else None)
+                      exchange=clean_text(op.exchange) if op.exchange is not None else None,
+                      user_generation_key=generation_key(op.scope.user) if op.generation is not None else None)
     elif isinstance(op, SetTurnStatus):
         values.update(kind="status", at=utc(op.at), turn_key=op.turn_key, status=op.status)
     elif isinstance(op, SaveBlock):

@@ -19,7 +19,7 @@ from proxy.stores.base import (
     HOOK_CONTEXT_KEEP, TURN_OPS, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts,
     RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
 )
-from proxy.stores.generations import deleted_keys
+from proxy.stores.generations import deleted_keys, generation_key
 from proxy.stores.sqlite.admin import store_memory
 from proxy.stores.sqlite.facts import record_facts, record_failure
 from proxy.stores.sqlite.rows import clean_text, now_ts, to_ts
@@ -222,6 +222,10 @@ class Batch:
         """
         at = to_ts(op.at)
         exchange = clean_text(op.exchange) if op.exchange is not None else None
+        if exchange is not None and op.generation is not None and self._run(
+                "SELECT 1 FROM generations WHERE id = ? AND generation > ?",
+                (generation_key(op.scope.user), op.generation.number)):
+            exchange = None  # something was deleted since the step began: the exchange may quote it
         self._conn.executemany(
             "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at, exchange)"
             " SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = ? AND turn_key = ?)"
