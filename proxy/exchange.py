@@ -54,6 +54,9 @@ class Recall:
     def rounds_done(self, tokens: dict[str, int]) -> None:
         """Tools mode: the request's rounds ended, having used these tokens in all."""
 
+    def memory_called(self, name: str, arguments: str, result: str) -> None:
+        """Tools mode: a memory call ran; it is a step of the turn's reasoning trace."""
+
     def failed(self, status: str) -> None:
         """The step ended without an answer (upstream error, cut stream, unparseable)."""
 

@@ -117,6 +117,21 @@ def test_query_then_answer_json(tproxy, fake):
     assert logged[0]["log"]["tokens"] == {"input_tokens": 75, "output_tokens": 9, "rounds": 2}
 
 
+def test_the_memory_calls_go_into_the_turn_s_reasoning_trace(tproxy, fake):
+    remember(tproxy, HELIX)
+    fake.queue(model_round(None, [call("call_q1", "query_memory", {"query": "editor sk-proj-" + "a" * 40})]),
+               model_round("You like Helix."))
+    ask(tproxy)
+    assert eventually(lambda: len(rows(tproxy, "SELECT 1 FROM reasoning")) == 1)
+    [(task, steps, answer)] = rows(tproxy, "SELECT task, steps, answer FROM reasoning")
+    assert (task, answer) == ("which editor do I like?", "You like Helix.")
+    [step] = json.loads(steps)
+    assert (step["name"], step["arguments"]) == ("query_memory", '{"query": "editor [REDACTED:openai_key]"}')
+    assert HELIX in step["result"] and len(step["result"]) <= 200
+    # Not into the conversation: it holds the question and the answer only.
+    assert saved_messages(tproxy) == [("user", "which editor do I like?"), ("assistant", "You like Helix.")]
+
+
 def test_query_then_answer_stream(tproxy, fake):
     remember(tproxy, HELIX)
     fake.queue(model_round("Let me look.", [call("call_q1", "query_memory", {"query": "favourite editor"})],

@@ -126,6 +126,7 @@ class ToolsStep:
     async def run_call(self, call: ToolCall) -> CallOutcome:
         """One memory call's outcome: the one place a memory call runs (through its hooks, in MemoryTools)."""
         result = await self.tools.run(call)
+        self.recall.memory_called(call.name, call.arguments, result.text)
         return CallOutcome(call, result.text, result.error)
 
 

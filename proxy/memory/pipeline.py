@@ -400,6 +400,7 @@ class TurnRecall(Recall):
         self.prompt = start.prompt
         self._saves = self._hooked_saves(wire)
         self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
+        self._memory_steps: list[ReasoningStep] = []  # tools mode: this step's memory calls, redacted
 
     def _hooked_saves(self, wire: str) -> turn_hooks.HookedSaves | None:
         hooks = self._service.hooks
@@ -465,7 +466,7 @@ class TurnRecall(Recall):
         finish = FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=self._saved.said,
-            steps=self._saved.steps + thinking_step(message),
+            steps=self._saved.steps + tuple(self._memory_steps) + thinking_step(message),
             answer_hash=text_hash(answer),
             generation=self._generation,
         )
@@ -475,6 +476,11 @@ class TurnRecall(Recall):
         # `stop` fired with the first one: it fires once per turn.
         existing = self._identity.existing
         return self._saves.finish(finish, stop=existing is None or existing.status != "complete")
+
+    def memory_called(self, name: str, arguments: str, result: str) -> None:
+        """The memory exchanges go into the turn's reasoning trace, not into its conversation."""
+        self._memory_steps.append(ReasoningStep(name, redact(arguments),
+                                                redact(result[:STEP_RESULT_READ_CHARS])[:STEP_RESULT_CHARS]))
 
     def logged_query(self, block: str, injected: int, entry: dict[str, Any]) -> None:
         """A query_memory call's hits, for the injection log (written when the request's rounds end)."""
