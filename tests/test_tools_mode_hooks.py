@@ -4,53 +4,25 @@ store_memory passes pre_memory_write, and a failing hook leaves the call running
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
-import pytest
 
 from proxy.memory.tools import WRITE_BLOCKED
-from proxy.settings import load_settings, parse_hooks
 from tests.api_helpers import api_url
 from tests.conftest import RunningProxy
 from tests.fake_anthropic import model_round as messages_round
 from tests.fake_responses import call_item, message_item
 from tests.fake_responses import model_round as responses_round
 from tests.fake_upstream import model_round
-from tests.test_hooks import HookServer, failures
+# The hook fixtures are test_hooks.py's: a real hook server, and proxies started with given hooks.
+from tests.test_hooks import failures, hook_server, with_hooks  # noqa: F401
 
 TOOLS = {"X-Memory-User": "alice", "X-Memory-Mode": "tools", "X-Memory-Conversation": "c1"}
 HELIX = "My favourite editor is Helix"
 EMACS = "My favourite editor is Emacs"  # bob's: no hook of alice's turn may see it
 H = "tests.hook_handlers:"
-
-
-@pytest.fixture
-def hook_server() -> Iterator[HookServer]:
-    server = HookServer()
-    yield server
-    server.httpd.shutdown()
-
-
-@pytest.fixture
-def with_hooks(fake, tmp_path) -> Iterator[Callable[..., RunningProxy]]:
-    started: list[RunningProxy] = []
-
-    def start(hooks: list[dict[str, Any]]) -> RunningProxy:
-        values = {"upstream.base_url": fake.url, "upstream.anthropic_base_url": fake.url,
-                  "store.url": f"sqlite:///{tmp_path}/memproxy.db", "memory.retrieval_timeout_ms": 5000,
-                  "memory.commit_timeout_ms": 5000, "extraction.from_roles": []}
-        settings = dataclasses.replace(load_settings(environ={}, overrides=values), hooks=parse_hooks(hooks))
-        proxy = RunningProxy(settings)
-        started.append(proxy)
-        return proxy
-
-    yield start
-    for proxy in started:
-        proxy.stop()
 
 
 def remember(proxy: RunningProxy, content: str, user: str = "alice") -> None:
