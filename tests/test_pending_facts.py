@@ -100,3 +100,58 @@ def test_writes_begun_after_the_request_asked_are_not_waited_for(tmp_path: Path)
     assert settled
     assert waited < 1.0  # not the 3 s bound: it did not chase the writes begun after it asked
     assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)
+
+
+def test_a_saved_message_wakes_the_worker_before_anyone_asks(tmp_path: Path) -> None:
+    """The pass over a committed message starts at once, overlapping the rest of the turn, not when
+    the user's next request comes to wait for it: the worker idles a minute, and nobody waits."""
+    async def body() -> bool:
+        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
+                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
+        writer.start()
+        worker.start()
+        try:
+            await asyncio.sleep(0.1)  # the worker's first pass found nothing: it idles for a minute
+            saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
+                                            "I live in Porto and my manager is Dana."))
+            pending.saving(ALICE.user, saved)
+            await saved
+            for _ in range(500):  # at most 5 s, never 60
+                if not pending.pending(ALICE.user):
+                    return True
+                await asyncio.sleep(0.01)
+            return False
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    assert asyncio.run(body())
+
+
+def test_the_facts_of_a_pass_commit_without_waiting_for_other_writes(tmp_path: Path) -> None:
+    """A request may be waiting for the pass: its facts commit at once, not after the writer's
+    wait for company (made 30 s here, so only an urgent commit can settle within the bound)."""
+    async def body() -> bool:
+        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+        await store.open()
+        writer = Writer(store, metrics, 100, commit_delay_s=30.0)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
+                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
+        writer.start()
+        worker.start()
+        try:
+            await asyncio.sleep(0.1)
+            saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
+                                            "I live in Porto and my manager is Dana."), urgent=True)
+            pending.saving(ALICE.user, saved)
+            return await pending.settled(ALICE.user, 5.0)
+        finally:
+            await worker.stop()
+            await writer.close(timeout_s=0.1)
+            await store.close()
+
+    assert asyncio.run(body())

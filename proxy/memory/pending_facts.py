@@ -4,9 +4,11 @@
 find Dana, but extraction runs in the background, polling its queue. So each saved
 message is noted when its write commits; the extraction worker counts its passes over the
 queue; and a user's retrieval first waits, briefly and bounded, until a pass that began
-after the user's last committed message has ended, waking the worker so the pass starts at
-once. A user with nothing pending does not wait at all. Rules extraction costs about half
-a millisecond a message, so the wait is a few milliseconds; an LLM extractor is not waited
+after the user's last committed message has ended. Each commit wakes the worker, so the
+pass overlaps the rest of the turn (the answer still streaming) instead of starting when
+the next request asks; its facts commit at once, not after the writer's wait for company.
+A user with nothing pending does not wait at all. Rules extraction costs about a
+millisecond a message, so the wait is a few milliseconds; an LLM extractor is not waited
 for (the caller only waits in rules mode).
 
 A request waits only for what was pending when it asked: the writes then in flight, and
@@ -46,6 +48,7 @@ class PendingFacts:
         if not writing:
             del self._writing[user]
         self._wanted[user] = self._started + 1  # the next pass to begin claims it
+        self.wake.set()  # the user's next request will want this pass: begin it now
         asyncio.get_running_loop().create_task(self._notify())
 
     def begin(self) -> int:
