@@ -37,7 +37,7 @@ import pyspy
 from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
 from processes import REPO, Server, source_version, start_memproxy, start_mock
 from scenarios import StreamShape, percentile
-from storm import memory_recovered, seed_memories
+from storm import extraction_drained, memory_recovered, seed_memories
 from sustained import HEADER, MEMORY_USER, run_sustained, sustained_row, threads_row
 
 USERS = 20
@@ -185,6 +185,8 @@ async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Serv
         print(f"seeding {args.memory_items} memories for {MEMORY_USER} ...", file=sys.stderr)
         seeded = await seed_memories(target, MEMORY_USER, args.memory_items)
         lines.append(f"seeded {seeded['items']:.0f} memories in {seeded['seconds']:.1f} s, {seeded['errors']:.0f} errors")
+        drained = await extraction_drained(target)
+        lines.append(f"their extraction queue drained {drained:.1f} s after seeding (-1: not within its bound)")
     warm = Target("memproxy", memproxy.port, {"x-memory-user": MEMORY_USER, "x-memory-persist": "false"})
     for n in range(20):  # the user's postings are built by the first recall, not the measured ones
         await one(warm, chat_payload(warm, stream=False)(n))

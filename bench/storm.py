@@ -7,7 +7,7 @@ import json
 import random
 import time
 
-from loadgen import Disconnect, Reply, Target, chat_payload, connect, fixed_count, one, request_payload
+from loadgen import Disconnect, Reply, Target, chat_payload, connect, fixed_count, get_payload, one, request_payload
 from scenarios import Figures, Subject, fetch_json
 
 _SEEDS = (
@@ -154,4 +154,23 @@ async def memory_recovered(target: Target, user: str, timeout: float = 40.0) -> 
             return time.perf_counter() - started
         await one(probe, chat_payload(probe, stream=False)(0))
         await asyncio.sleep(1.0)
+    return -1.0
+
+
+async def extraction_drained(target: Target, timeout: float = 120.0) -> float:
+    """Seconds until memproxy's extraction queue is empty (`memproxy_queue_depth`), -1 if not within `timeout`.
+
+    Seeded memories are queued for extraction: a level measured while the worker still drains
+    thousands of them measures that backlog, not the level's own load.
+    """
+    started = time.perf_counter()
+    metrics = Target(target.name, target.port, {})
+    while time.perf_counter() - started < timeout:
+        reply = await one(metrics, get_payload(metrics, "/metrics"))
+        text = b"".join(reply.body or []).decode()
+        depth = next((line.rsplit(" ", 1)[1] for line in text.splitlines()
+                      if line.startswith('memproxy_queue_depth{queue="extraction"}')), "0")
+        if float(depth) == 0:
+            return time.perf_counter() - started
+        await asyncio.sleep(0.5)
     return -1.0
