@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.pipeline import Query
 from proxy.memory.retrieval import Retrieval
@@ -155,3 +156,31 @@ def test_the_facts_of_a_pass_commit_without_waiting_for_other_writes(tmp_path: P
             await store.close()
 
     assert asyncio.run(body())
+
+
+def test_a_message_mined_as_it_is_saved_is_findable_with_no_pass_of_the_worker(tmp_path: Path) -> None:
+    """Its facts are written right behind it: the next request waits for that write alone, and finds
+    them with no extraction worker running at all; the queue item that backed the write up is gone."""
+    async def body() -> tuple[list[str], bool, dict[str, int]]:
+        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        writer.start()
+        inline = InlineFacts(writer, isolate_agents=False)
+        try:
+            now, text = datetime.now(UTC), "I live in Porto and my manager is Dana."
+            writer.submit(StartTurn(ALICE, "t1", "c1", "h1", now, text, message_id="m1",
+                                    extract_from=queue_from(now)))
+            pending.saving(ALICE.user, inline.record(ALICE, "m1", text, now), with_facts=True)
+            settled = await pending.settled(ALICE.user, 5.0)
+            retrieved = await Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics).retrieve(
+                ALICE, Query("Who is my manager?", "c2", (), 6, new_conversation=True))
+            return retrieved.block.splitlines(), settled, await store.queue_depth()
+        finally:
+            await writer.close()
+            await store.close()
+
+    lines, settled, depth = asyncio.run(body())
+    assert settled
+    assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)
+    assert depth == {"pending": 0, "parked": 0}

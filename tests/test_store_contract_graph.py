@@ -323,6 +323,32 @@ def test_recorded_item_leaves_the_queue_and_a_repeat_writes_nothing(backend: Bac
     run(body())
 
 
+def test_facts_written_with_their_message_take_it_off_the_queue_by_its_id(backend: Backend) -> None:
+    """A message mined as it is saved: its own id, a queue item due later (the worker's backup), and
+    facts that dequeue it by message id; the worker's later result for it then writes nothing."""
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.store.apply([StartTurn(ALICE, "t1", "c1", "h1", at(0), "I work at Northwind",
+                                           message_id="m-northwind", extract_from=at(0) + timedelta(seconds=30))])
+            assert [m.id for m in await g.store.messages(ALICE, "c1")] == ["m-northwind"]
+            assert await g.store.claim_extraction(10, at(0) + timedelta(seconds=29)) == []  # not due yet
+            assert await g.store.queue_depth() == {"pending": 1, "parked": 0}
+            backup = (await g.store.claim_extraction(10, at(0) + timedelta(seconds=31)))[0]
+            assert backup.message.id == "m-northwind"
+            await g.store.apply([RecordFacts(ALICE, None, "m-northwind", (org("Northwind"),),
+                                             works_at("User", "Northwind"), at(0), "User")])
+            assert await g.store.queue_depth() == {"pending": 0, "parked": 0}
+            assert await g.edges("Northwind") == [("User", WORKS_AT, "Northwind", None)]
+            # The worker's backup result, and a repeat of the inline write, find the item gone.
+            await backend.sql("DELETE FROM relationships")
+            await g.facts(backup, (org("Northwind"),), works_at("User", "Northwind"), "User")
+            await g.store.apply([RecordFacts(ALICE, None, "m-northwind", (org("Northwind"),),
+                                             works_at("User", "Northwind"), at(0), "User")])
+            assert await backend.sql("SELECT count(*) FROM relationships") == [(0,)]
+
+    run(body())
+
+
 def test_claim_returns_due_unparked_items_oldest_first(backend: Backend) -> None:
     async def body() -> None:
         async with graph(backend) as g:

@@ -35,20 +35,22 @@ class PendingFacts:
         self._changed = asyncio.Condition()
         self.wake = asyncio.Event()  # set to cut the worker's idle wait short
 
-    def saving(self, user: str, done: asyncio.Future[None]) -> None:
-        """A message of the user goes to the store; `done` completes when it is committed."""
+    def saving(self, user: str, done: asyncio.Future[None], *, with_facts: bool = False) -> None:
+        """A message of the user goes to the store; `done` completes when it is committed, and when
+        `with_facts`, its facts with it (inline_facts.py): no pass of the worker is then waited for."""
         self._tickets += 1
         ticket = self._tickets
         self._writing.setdefault(user, set()).add(ticket)
-        done.add_done_callback(lambda _: self._committed(user, ticket))
+        done.add_done_callback(lambda _: self._committed(user, ticket, with_facts))
 
-    def _committed(self, user: str, ticket: int) -> None:
+    def _committed(self, user: str, ticket: int, with_facts: bool) -> None:
         writing = self._writing[user]
         writing.discard(ticket)
         if not writing:
             del self._writing[user]
-        self._wanted[user] = self._started + 1  # the next pass to begin claims it
-        self.wake.set()  # the user's next request will want this pass: begin it now
+        if not with_facts:
+            self._wanted[user] = self._started + 1  # the next pass to begin claims it
+            self.wake.set()  # the user's next request will want this pass: begin it now
         asyncio.get_running_loop().create_task(self._notify())
 
     def begin(self) -> int:

@@ -16,12 +16,14 @@ from datetime import datetime, timezone
 from typing import Any, Protocol, TypeVar
 
 from proxy.errors import MemoryUnavailable, PolicyBlocked
+from proxy.ids import new_id
 from proxy.exchange import Recall
 from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
 from proxy.memory import turn_hooks
 from proxy.memory.hooks import Hooks
+from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.sources import edges
@@ -108,6 +110,8 @@ class MemoryService:
         # Rules facts are stored within milliseconds: a user's next request waits for them.
         rules = settings.extraction.mode == "rules" and "user" in settings.extraction.from_roles
         self.pending = pending if rules else None
+        self.inline_facts = (InlineFacts(writer, isolate_agents=settings.scope.isolation == "agent")
+                             if rules else None)
         self.breaker = CircuitBreaker(metrics)
         self.gate = RecallGate(RECALLS_RUNNING)
         self.hooks = hooks  # None: no hooks configured, and the request path does nothing for them
@@ -427,11 +431,21 @@ class TurnRecall(Recall):
         """Save the turn and the user's message (once per turn: the store ignores repeats)."""
         self._service.metrics.injected.inc(self.injected)
         if self._identity.is_new:
+            said, inline, pending = self._saved.said, self._service.inline_facts, self._service.pending
+            # A hook may rewrite what is saved: such a message is mined from the store, as written.
+            mined = inline if inline is not None and self._saves is None and self._persist and inline.takes(said) \
+                else None
+            message_id = new_id() if mined is not None else None
             start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                              self._identity.history_hash, now, self._saved.said, self._persist, self._generation)
+                              self._identity.history_hash, now, said, self._persist, self._generation,
+                              message_id=message_id, extract_from=queue_from(now) if mined is not None else None)
             saved = self._saves.start(start) if self._saves is not None else self._route(start)
-            if saved is not None and self._service.pending is not None:
-                self._service.pending.saving(self._scope.user, saved)
+            if saved is not None and mined is not None and message_id is not None:
+                facts = mined.record(self._scope, message_id, said, now)
+                if pending is not None:
+                    pending.saving(self._scope.user, facts, with_facts=True)
+            elif saved is not None and pending is not None:
+                pending.saving(self._scope.user, saved)
         # In tools mode the injection log holds what the model's queries found (logged_query).
         if not self._log.get("cache") and self.status == "ok" and self.tools is None:
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,

@@ -64,6 +64,12 @@ class StartTurn:
     user_text: str | None
     persist: bool = True
     generation: Generation | None = None  # None: not checked (the store could not be asked)
+    # The message's id, when the caller records its facts itself (a RecordFacts naming it, with
+    # no queue id); None: the store picks one.
+    message_id: str | None = None
+    # When the extraction worker may take the message: later than `at` when its facts come in a
+    # RecordFacts of their own, so the queue only backs that write up (a crash before it). None: at once.
+    extract_from: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,7 @@ class RecordFacts:
     """
 
     scope: Scope
-    queue_id: int
+    queue_id: int | None  # None: the facts were extracted as the message was saved; dequeued by message id
     message_id: str
     entities: tuple[EntityFact, ...]
     relationships: tuple[RelationFact, ...]

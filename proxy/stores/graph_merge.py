@@ -50,9 +50,11 @@ class Dequeue:
     """Take the item off the extraction queue; answered True when it was still there.
 
     The message id is matched too: SQLite hands a deleted item's queue id to the next item queued.
+    Without a queue id (facts extracted as the message was saved) the message id alone finds it:
+    whichever of that write and the worker's comes second finds nothing, and applies nothing.
     """
 
-    queue_id: int
+    queue_id: int | None
     message_id: str
 
 

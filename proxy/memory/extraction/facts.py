@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from datetime import datetime
 
 from proxy.extracted import SINGLE_VALUED, USER_NODE, ExtractedEntity, Extraction, canonical_name
 from proxy.models import Scope
@@ -48,6 +49,12 @@ def no_facts(item: QueuedMessage, scope: Scope) -> RecordFacts:
 
 def to_record(item: QueuedMessage, scope: Scope, found: Extraction) -> RecordFacts:
     """The write that records `found` for the queued message and dequeues it."""
+    return record_of(scope, item.queue_id, item.message.id, item.message.created_at, found)
+
+
+def record_of(scope: Scope, queue_id: int | None, message_id: str, at: datetime, found: Extraction) -> RecordFacts:
+    """The write that records `found` for a message said at `at` (its queue item: `queue_id`, or found
+    by the message id when None)."""
     stated = one_line(found.user_name or "", NAME_MAX_CHARS) or None
     alias = one_line(found.user_alias or "", NAME_MAX_CHARS) or None
     own = {canonical_name(name) for name in (USER_NODE, stated, alias) if name}
@@ -64,8 +71,8 @@ def to_record(item: QueuedMessage, scope: Scope, found: Extraction) -> RecordFac
             relations[key] = RelationFact(ends[0], kind, ends[1], kind in SINGLE_VALUED)
     kept = tuple(relations.values())[:MAX_RELATIONSHIPS]
     uses_node = stated is not None or any(user_node in (r.from_name, r.to_name) for r in kept)
-    return RecordFacts(scope, item.queue_id, item.message.id, tuple(entities.values()), kept,
-                       item.message.created_at, user_node if uses_node else None, alias)
+    return RecordFacts(scope, queue_id, message_id, tuple(entities.values()), kept, at,
+                       user_node if uses_node else None, alias)
 
 
 def _entities(found: Iterable[ExtractedEntity], own: set[str], linked: set[str]) -> dict[str, EntityFact]:

@@ -60,6 +60,7 @@ STALE_PENDING = timedelta(minutes=10)
 _PARAMETERS = (
     "kind", "user", "conversation", "agent", "at", "turn_key",
     "role", "message_id", "content", "hash", "terms", "save",  # the message of a start or a finish
+    "due",  # when the extraction worker may take a start's message (NULL: at once)
     "history",  # start
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
     "call_ids", "call_names", "call_args", "exchange",  # tool calls
@@ -125,7 +126,7 @@ m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, ro
     WHERE {kind} IN ('start', 'finish') AND {save} AND {live}
     ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)
 INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
-    SELECT user_id, id, created_at, created_at FROM m ON CONFLICT DO NOTHING
+    SELECT user_id, id, coalesce({due}::timestamptz, created_at), created_at FROM m ON CONFLICT DO NOTHING
 """
 _NUMBERED = {name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)}
 # A turn stays in the conversation it was saved in: a later write naming another (a step
@@ -239,7 +240,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
     if isinstance(op, StartTurn):
         save = op.user_text is not None and op.persist
         values.update(kind="start", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
-                      history=op.history_hash, **_message("user", op.user_text or "", save))
+                      history=op.history_hash, due=None if op.extract_from is None else utc(op.extract_from),
+                      **_message("user", op.user_text or "", save, message_id=op.message_id))
     elif isinstance(op, FinishTurn):
         values.update(kind="finish", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
                       **_message("assistant", op.answer, True, op.answer_hash), **_trace(op))
@@ -265,10 +267,11 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
     return tuple(values.get(name) for name in _PARAMETERS)
 
 
-def _message(role: str, text: str, save: bool, content_hash: str | None = None) -> dict[str, Any]:
+def _message(role: str, text: str, save: bool, content_hash: str | None = None,
+             message_id: str | None = None) -> dict[str, Any]:
     """The message part of a start or a finish."""
     content = clean_text(text) if save else ""
-    return {"role": role, "message_id": new_id(), "content": content, "save": save,
+    return {"role": role, "message_id": message_id or new_id(), "content": content, "save": save,
             "hash": (content_hash or text_hash(text)) if save else "", "terms": index_terms(content)}
 
 

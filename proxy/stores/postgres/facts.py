@@ -44,8 +44,9 @@ class Graph:
         conn, user, agent = self._conn, self.user, self.agent
         match step:
             case graph_merge.Dequeue(queue_id, message_id):
-                return await conn.fetchval("DELETE FROM extraction_queue WHERE id = $1 AND user_id = $2"
-                                           " AND message_id = $3 RETURNING id", queue_id, user, message_id) is not None
+                return await conn.fetchval("DELETE FROM extraction_queue WHERE ($1::bigint IS NULL OR id = $1)"
+                                           " AND user_id = $2 AND message_id = $3 RETURNING id",
+                                           queue_id, user, message_id) is not None
             case graph_merge.FindEntity(key):
                 return await conn.fetchrow("SELECT * FROM entities WHERE user_id = $1 AND coalesce(agent_id, '') = $2"
                                            " AND canonical_name = $3", user, agent or "", key)

@@ -141,21 +141,22 @@ class Batch:
         )
 
     def _message(self, scope: Scope, conversation_id: str, turn_key: str, role: str, text: str, at: float,
-                 content_hash: str | None = None) -> None:
-        """Insert unless this turn already holds the same text in this role; enqueue it if new."""
+                 content_hash: str | None = None, message_id: str | None = None, due: float | None = None) -> None:
+        """Insert unless this turn already holds the same text in this role; enqueue it if new (due at
+        `due`, else at once)."""
         content = clean_text(text)
         rows = self._run(
             "INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash,"
             " terms, context, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
             " RETURNING id",
-            (new_id(), scope.user, conversation_id, scope.agent, turn_key, role, content,
+            (message_id or new_id(), scope.user, conversation_id, scope.agent, turn_key, role, content,
              content_hash or text_hash(text), index_terms(content), self._context(scope, conversation_id, at), at),
         )
         if rows:
             self._run(
                 "INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                (scope.user, rows[0][0], at, at),
+                (scope.user, rows[0][0], at if due is None else due, at),
             )
 
     def _context(self, scope: Scope, conversation_id: str, at: float) -> str:
@@ -187,7 +188,8 @@ class Batch:
             (op.scope.user, op.turn_key, conversation, op.scope.agent, op.history_hash, at, at),
         )
         if op.user_text is not None and op.persist:
-            self._message(op.scope, conversation, op.turn_key, "user", op.user_text, at)
+            self._message(op.scope, conversation, op.turn_key, "user", op.user_text, at, message_id=op.message_id,
+                          due=None if op.extract_from is None else to_ts(op.extract_from))
 
     def finish_turn(self, op: FinishTurn) -> None:
         """The answer (once per text), the trace (once per turn), status complete."""

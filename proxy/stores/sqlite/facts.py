@@ -69,8 +69,8 @@ class Graph:
         user, agent, run = self.user, self.agent, self._run
         match step:
             case graph_merge.Dequeue(queue_id, message_id):
-                return bool(run("DELETE FROM extraction_queue WHERE id = ? AND user_id = ? AND message_id = ?"
-                                " RETURNING id", (queue_id, user, message_id)))
+                return bool(run("DELETE FROM extraction_queue WHERE user_id = ? AND message_id = ?"
+                                " AND (? IS NULL OR id = ?) RETURNING id", (user, message_id, queue_id, queue_id)))
             case graph_merge.FindEntity(key):
                 return self._first("SELECT * FROM entities WHERE user_id = ? AND ifnull(agent_id, '') = ?"
                                    " AND canonical_name = ?", (user, agent or "", key))
