@@ -1,16 +1,21 @@
 """A user's next request finds the rules facts of the turn just saved, however the worker idles.
 
-Real SQLite store, writer and extraction worker; the worker idles 60 s between passes, so
-only the wait for the user's pending facts (which wakes it) can make the fact findable.
+Real SQLite store, writer and extraction worker. A message saved through the queue: the
+worker idles 60 s between passes, so only the wait for the user's pending facts (which
+wakes it) can make the fact findable. A message mined as it is saved (inline_facts.py):
+no worker runs at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
+from proxy.app import Parts
 from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
 from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.pending_facts import PendingFacts
@@ -18,10 +23,12 @@ from proxy.memory.pipeline import Query
 from proxy.memory.retrieval import Retrieval
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
-from proxy.models import Scope
-from proxy.settings import MemorySettings
+from proxy.models import AssistantMessage, Scope
+from proxy.scope import RequestScope
+from proxy.settings import MemorySettings, load_settings
 from proxy.stores.base import StartTurn
 from proxy.stores.sqlite.store import SQLiteStore
+from tests.test_breaker import chat
 
 ALICE = Scope("alice")
 
@@ -184,3 +191,30 @@ def test_a_message_mined_as_it_is_saved_is_findable_with_no_pass_of_the_worker(t
     assert settled
     assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)
     assert depth == {"pending": 0, "parked": 0}
+
+
+def test_a_turn_ends_once_the_facts_of_its_message_are_written(tmp_path: Path) -> None:
+    """The commit a step's end waits for includes the facts of the user's message: the user's next
+    turn, on any replica, finds them, and its own facts land after them. The real memory service;
+    the answer comes at once, long before the rules are through a 1,900-character message."""
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/memory.db"})
+    text = "My manager is Dana. " + " ".join(f"Then Tom Baker met Anna Lee at Acme Corp in Berlin on day {n}."
+                                               for n in range(30))
+    text = text[:1900]
+
+    async def scenario() -> list[tuple[str, str]]:
+        parts = Parts(settings)
+        await parts.start()
+        try:
+            recall = await parts.memory.recall(RequestScope(ALICE), chat(text))
+            assert recall.status == "ok"
+            commit = recall.answered(AssistantMessage("Noted."))
+            assert commit is not None
+            await commit
+            with closing(sqlite3.connect(tmp_path / "memory.db")) as db:
+                return db.execute("SELECT r.type, e.name FROM relationships r JOIN entities e ON e.id = r.to_id"
+                                  " WHERE r.user_id = 'alice'").fetchall()
+        finally:
+            await parts.stop()
+
+    assert ("HAS_MANAGER", "Dana") in asyncio.run(scenario())

@@ -405,6 +405,7 @@ class TurnRecall(Recall):
         self._saves = self._hooked_saves(wire)
         self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
         self._memory_steps: list[ReasoningStep] = []  # tools mode: this step's memory calls, redacted
+        self._facts: asyncio.Task[None] | None = None  # the facts of the turn's message, written inline
 
     def _hooked_saves(self, wire: str) -> turn_hooks.HookedSaves | None:
         hooks = self._service.hooks
@@ -441,9 +442,9 @@ class TurnRecall(Recall):
                               message_id=message_id, extract_from=queue_from(now) if mined is not None else None)
             saved = self._saves.start(start) if self._saves is not None else self._route(start)
             if saved is not None and mined is not None and message_id is not None:
-                facts = mined.record(self._scope, message_id, said, now)
+                self._facts = mined.record(self._scope, message_id, said, now)
                 if pending is not None:
-                    pending.saving(self._scope.user, facts, with_facts=True)
+                    pending.saving(self._scope.user, self._facts, with_facts=True)
             elif saved is not None and pending is not None:
                 pending.saving(self._scope.user, saved)
         # In tools mode the injection log holds what the model's queries found (logged_query).
@@ -462,6 +463,22 @@ class TurnRecall(Recall):
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
+        return self._with_facts(self._answered(message))
+
+    def _with_facts(self, commit: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
+        """The commit the step's end waits for, with the facts of the turn's message once written: the
+        user's next turn, on any replica, then finds them, and its own facts land after them (a
+        name said again replaces the one said before)."""
+        facts = self._facts
+        if commit is None or facts is None or facts.done():
+            return commit
+
+        async def both() -> None:
+            await facts  # ends without raising: a failed write leaves the message to the queue
+            await commit
+        return asyncio.ensure_future(both())
+
+    def _answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
         if message.response_id:
