@@ -7,9 +7,10 @@ queue; and a user's retrieval first waits, briefly and bounded, until a pass tha
 after the user's last committed message has ended. Each commit wakes the worker, so the
 pass overlaps the rest of the turn (the answer still streaming) instead of starting when
 the next request asks; its facts commit at once, not after the writer's wait for company.
-A user with nothing pending does not wait at all. Rules extraction costs about a
-millisecond a message, so the wait is a few milliseconds; an LLM extractor is not waited
-for (the caller only waits in rules mode).
+A user with nothing pending does not wait at all. A short user message is mined as it is
+saved and its facts written right behind it (inline_facts.py): a request then waits for
+that write alone, and no pass. An LLM extractor is not waited for (the caller only waits
+in rules mode).
 
 A request waits only for what was pending when it asked: the writes then in flight, and
 one pass after them. Messages of the same user saved later (the user's other requests
