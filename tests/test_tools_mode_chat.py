@@ -509,3 +509,30 @@ def test_a_compressed_stream_is_read_and_the_client_gets_it_plain(tproxy, fake):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
         "Checking.\n\nFinal."
     assert sent(fake)[1]["messages"][-1]["content"] == NOTHING_FOUND
+
+
+def test_a_client_custom_tool_of_the_same_name_wins(tproxy, fake):
+    own = {"type": "custom", "custom": {"name": "query_memory", "description": "the app's own notes"}}
+    fake.queue(model_round("Hi."))
+    answer = tproxy.client(**TOOLS).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=[own])
+    assert answer.choices[0].message.content == "Hi."
+    # One tool of each name: the client's custom one, and memproxy's store_memory alone.
+    assert [(t["type"], t[t["type"]]["name"]) for t in sent(fake)[0]["tools"]] == [
+        ("custom", "query_memory"), ("function", "store_memory")]
+    assert sent(fake)[0]["tools"][0] == own
+
+
+def test_query_limit_as_a_model_writes_it(tproxy, fake):
+    remember(tproxy, HELIX)
+    remember(tproxy, "My second favourite editor is Vim")
+    limits = ["1", 2.0, " 2 ", 2.5, "two", 0, 21, True, None]
+    fake.queue(model_round(None, [call(f"call_q{n}", "query_memory", {"query": "favourite editor", "limit": limit})
+                                  for n, limit in enumerate(limits)]),
+               model_round("Helix, then Vim."))
+    raw = ask(tproxy)
+    assert raw.parse().choices[0].message.content == "Helix, then Vim."
+    results = [m["content"] for m in sent(fake)[1]["messages"] if m["role"] == "tool"]
+    found = [sum(1 for line in text.splitlines() if line[:3] in ("1. ", "2. ")) for text in results[:3]]
+    assert found == [1, 2, 2]  # an integral float or a numeric string is the number it says
+    assert results[3:] == ["Error: `limit` must be a whole number from 1 to 20"] * 6
