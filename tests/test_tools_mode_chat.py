@@ -536,3 +536,46 @@ def test_query_limit_as_a_model_writes_it(tproxy, fake):
     found = [sum(1 for line in text.splitlines() if line[:3] in ("1. ", "2. ")) for text in results[:3]]
     assert found == [1, 2, 2]  # an integral float or a numeric string is the number it says
     assert results[3:] == ["Error: `limit` must be a whole number from 1 to 20"] * 6
+
+
+def test_the_trace_holds_every_step_s_memory_calls_once_in_order(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    forecast = {"type": "function", "function": {"name": "get_forecast", "parameters": {"type": "object"}}}
+    client = tproxy.client(**TOOLS)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "weather at home, and tomorrow?"}]
+
+    def step(*rounds: Any) -> Any:
+        fake.queue(*rounds)
+        return client.chat.completions.create(model="m", messages=history, tools=[weather, forecast])
+
+    # Step 1: a query, then the app's call.
+    first = step(model_round(None, [call("call_q1", "query_memory", {"query": "home city"})]),
+                 model_round(None, [call("call_app1", "get_weather", {"city": "Bergen"})]))
+    history += [first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "call_app1", "content": "9 C"}]
+    # Step 2, retried (the client never got the first answer): each attempt stores, then calls the app.
+    store = call("call_s1", "store_memory", {"content": "The user lives in Bergen", "type": "fact"})
+    step(model_round(None, [store]), model_round(None, [call("call_app2", "get_forecast", {"city": "Bergen"})]))
+    second = step(model_round(None, [store]),
+                  model_round(None, [call("call_app2b", "get_forecast", {"city": "Bergen"})]))
+    history += [second.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "call_app2b", "content": "rain"}]
+    # Step 3: another query, then the answer.
+    final = step(model_round(None, [call("call_q3", "query_memory", {"query": "umbrella"})]),
+                 model_round("9 C now, rain tomorrow."))
+    assert final.choices[0].message.content == "9 C now, rain tomorrow."
+
+    def traces() -> list[Any]:
+        with tproxy.http() as http:
+            return http.get(api_url("alice", "reasoning")).json()["data"]
+
+    assert eventually(lambda: len(traces()) == 1)
+    [trace] = traces()
+    assert trace["answer"] == "9 C now, rain tomorrow."
+    assert [(s["name"], json.loads(s["arguments"])) for s in trace["steps"]] == [
+        ("query_memory", {"query": "home city"}), ("get_weather", {"city": "Bergen"}),
+        ("store_memory", {"content": "The user lives in Bergen", "type": "fact"}),
+        ("get_forecast", {"city": "Bergen"}), ("query_memory", {"query": "umbrella"})]
+    results = [s["result"] for s in trace["steps"]]
+    assert results[0] == NOTHING_FOUND[:200] and results[1] == "9 C" and results[3] == "rain"
+    assert results[2].startswith("Stored as memory ") and results[4] == NOTHING_FOUND[:200]
