@@ -4,7 +4,8 @@ A round's exchange is the assistant message with only its memory calls (app call
 results yet; the model makes them again), then one `tool` message per call. The client's
 stream keeps the first round's chunk id, one role delta, and one finish chunk, usage
 chunk and `[DONE]` (the last round's); memory calls' deltas never reach it, and app calls'
-deltas wait for the end of their round (a round with memory calls drops them).
+deltas wait for the end of their round (a round with memory calls drops them). The rounds
+serve one choice: a request for several (`n` > 1) is refused before it starts.
 """
 
 from __future__ import annotations
