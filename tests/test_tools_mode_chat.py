@@ -473,6 +473,9 @@ def test_without_persisting_the_next_step_still_gets_its_exchange_back(tproxy, f
     round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
     assert next_step.startswith(round_two[:-1] + b",")
     assert saved_messages(tproxy) == []
+    # The step's exchange alone: its memory calls are kept only for a trace that is saved.
+    [(kept,)] = rows(tproxy, "SELECT exchange FROM turn_tool_calls")
+    assert [m.get("tool_call_id") for m in json.loads(kept)] == [None, "call_q1", None]
 
 
 def test_an_interaction_is_stored_once_on_a_retry_in_the_turn_s_conversation(tproxy, fake):
