@@ -34,6 +34,12 @@ class BadScope(ProxyError):
     status, type, code = 400, "invalid_request_error", "invalid_memory_header"
 
 
+class UnsupportedInToolsMode(ProxyError):
+    """A request tools mode cannot serve (400, the SDK does not retry)."""
+
+    status, type, code = 400, "invalid_request_error", "unsupported_in_tools_mode"
+
+
 class Unauthenticated(ProxyError):
     """Missing or invalid identity (401)."""
 

@@ -2,7 +2,8 @@
 
 The same test functions, with `make_proxy` serving from a fresh PostgreSQL schema unless
 a test names another store: blocks, tool-loop block reuse and caps behave the same on
-both backends (teaching and asking across replicas is in test_replicas.py).
+both backends, as does the reasoning trace of a tools-mode loop (teaching and asking across
+replicas is in test_replicas.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from tests.test_memory_path import (  # noqa: F401  (collected here again, again
     test_new_user_gets_no_block,
     test_tool_loop_steps_carry_identical_block_bytes,
     test_x_memory_max_caps_and_zero_disables,
+)
+from tests.test_tools_mode_chat import (  # noqa: F401  (tools mode's kept steps, on PostgreSQL)
+    test_the_trace_holds_every_step_s_memory_calls_once_in_order,
+    tproxy,
 )
 
 

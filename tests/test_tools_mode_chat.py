@@ -473,6 +473,9 @@ def test_without_persisting_the_next_step_still_gets_its_exchange_back(tproxy, f
     round_two, next_step = (messages_bytes(r.body) for r in fake.chat_requests()[1:])
     assert next_step.startswith(round_two[:-1] + b",")
     assert saved_messages(tproxy) == []
+    # The step's exchange alone: its memory calls are kept only for a trace that is saved.
+    [(kept,)] = rows(tproxy, "SELECT exchange FROM turn_tool_calls")
+    assert [m.get("tool_call_id") for m in json.loads(kept)] == [None, "call_q1", None]
 
 
 def test_an_interaction_is_stored_once_on_a_retry_in_the_turn_s_conversation(tproxy, fake):
@@ -509,3 +512,73 @@ def test_a_compressed_stream_is_read_and_the_client_gets_it_plain(tproxy, fake):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
         "Checking.\n\nFinal."
     assert sent(fake)[1]["messages"][-1]["content"] == NOTHING_FOUND
+
+
+def test_a_client_custom_tool_of_the_same_name_wins(tproxy, fake):
+    own = {"type": "custom", "custom": {"name": "query_memory", "description": "the app's own notes"}}
+    fake.queue(model_round("Hi."))
+    answer = tproxy.client(**TOOLS).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=[own])
+    assert answer.choices[0].message.content == "Hi."
+    # One tool of each name: the client's custom one, and memproxy's store_memory alone.
+    assert [(t["type"], t[t["type"]]["name"]) for t in sent(fake)[0]["tools"]] == [
+        ("custom", "query_memory"), ("function", "store_memory")]
+    assert sent(fake)[0]["tools"][0] == own
+
+
+def test_query_limit_as_a_model_writes_it(tproxy, fake):
+    remember(tproxy, HELIX)
+    remember(tproxy, "My second favourite editor is Vim")
+    limits = ["1", 2.0, " 2 ", 2.5, "two", 0, 21, True, None]
+    fake.queue(model_round(None, [call(f"call_q{n}", "query_memory", {"query": "favourite editor", "limit": limit})
+                                  for n, limit in enumerate(limits)]),
+               model_round("Helix, then Vim."))
+    raw = ask(tproxy)
+    assert raw.parse().choices[0].message.content == "Helix, then Vim."
+    results = [m["content"] for m in sent(fake)[1]["messages"] if m["role"] == "tool"]
+    found = [sum(1 for line in text.splitlines() if line[:3] in ("1. ", "2. ")) for text in results[:3]]
+    assert found == [1, 2, 2]  # an integral float or a numeric string is the number it says
+    assert results[3:] == ["Error: `limit` must be a whole number from 1 to 20"] * 6
+
+
+def test_the_trace_holds_every_step_s_memory_calls_once_in_order(tproxy, fake):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    forecast = {"type": "function", "function": {"name": "get_forecast", "parameters": {"type": "object"}}}
+    client = tproxy.client(**TOOLS)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "weather at home, and tomorrow?"}]
+
+    def step(*rounds: Any) -> Any:
+        fake.queue(*rounds)
+        return client.chat.completions.create(model="m", messages=history, tools=[weather, forecast])
+
+    # Step 1: a query, then the app's call.
+    first = step(model_round(None, [call("call_q1", "query_memory", {"query": "home city"})]),
+                 model_round(None, [call("call_app1", "get_weather", {"city": "Bergen"})]))
+    history += [first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "call_app1", "content": "9 C"}]
+    # Step 2, retried (the client never got the first answer): each attempt stores, then calls the app.
+    store = call("call_s1", "store_memory", {"content": "The user lives in Bergen", "type": "fact"})
+    step(model_round(None, [store]), model_round(None, [call("call_app2", "get_forecast", {"city": "Bergen"})]))
+    second = step(model_round(None, [store]),
+                  model_round(None, [call("call_app2b", "get_forecast", {"city": "Bergen"})]))
+    history += [second.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "call_app2b", "content": "rain"}]
+    # Step 3: another query, then the answer.
+    final = step(model_round(None, [call("call_q3", "query_memory", {"query": "umbrella"})]),
+                 model_round("9 C now, rain tomorrow."))
+    assert final.choices[0].message.content == "9 C now, rain tomorrow."
+
+    def traces() -> list[Any]:
+        with tproxy.http() as http:
+            return http.get(api_url("alice", "reasoning")).json()["data"]
+
+    assert eventually(lambda: len(traces()) == 1)
+    [trace] = traces()
+    assert trace["answer"] == "9 C now, rain tomorrow."
+    assert [(s["name"], json.loads(s["arguments"])) for s in trace["steps"]] == [
+        ("query_memory", {"query": "home city"}), ("get_weather", {"city": "Bergen"}),
+        ("store_memory", {"content": "The user lives in Bergen", "type": "fact"}),
+        ("get_forecast", {"city": "Bergen"}), ("query_memory", {"query": "umbrella"})]
+    results = [s["result"] for s in trace["steps"]]
+    assert results[0] == NOTHING_FOUND[:200] and results[1] == "9 C" and results[3] == "rain"
+    assert results[2].startswith("Stored as memory ") and results[4] == NOTHING_FOUND[:200]

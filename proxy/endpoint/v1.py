@@ -32,7 +32,7 @@ from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.openai_chat import OpenAIChat
-from proxy.wires.openai_chat_tools import ChatTools
+from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
 from proxy.wires.openai_responses_tools import ResponsesTools
 from proxy.wires.tool_rounds import ToolFormat
@@ -64,6 +64,9 @@ class ProxyEndpoint:
         # Each wire's tool format for tools mode, by the same path.
         self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools(),
                                                     "/responses": ResponsesTools()}
+        # What tools mode cannot serve on a wire, refused before the turn starts.
+        self.tools_refusals: dict[str, Callable[[dict[str, Any]], ProxyError | None]] = {
+            "/chat/completions": chat_tools_unsupported}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"]}
@@ -179,6 +182,10 @@ class ProxyEndpoint:
             else:
                 resolved = self._complete_identity(scope, path, resolved, wire, parsed)
         request = parsed if isinstance(parsed, WireRequest) else None
+        if request is not None and resolved.memory_on and resolved.mode == "tools" and path in self.tools_refusals:
+            refusal = self.tools_refusals[path](request.body)
+            if refusal is not None:
+                raise refusal
         recall: Recall | None = None  # None: the client left during the recall itself
         try:
             async with DisconnectWatch(receive) as watch:

@@ -24,6 +24,7 @@ from proxy.memory.breaker import CircuitBreaker
 from proxy.memory import turn_hooks
 from proxy.memory.hooks import Hooks
 from proxy.memory.inline_facts import InlineFacts, queue_from
+from proxy.memory.kept_step import earlier_steps, packed
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.sources import edges
@@ -134,6 +135,7 @@ class MemoryService:
         retrieved = Retrieved()
         identity: TurnIdentity | None = None
         echoes: dict[str, str] = {}  # tools mode: the memory exchanges of the loop's earlier steps
+        traces: dict[str, tuple[ReasoningStep, ...]] = {}  # tools mode: their memory calls, by call id
         provider: str | None = None  # tools mode: the provider's id of the response the request continues
         digest = await history_digest(scope, request)
         hooked: turn_hooks.TurnStart | None = None  # None: no hooks, or they have not run yet
@@ -156,7 +158,7 @@ class MemoryService:
                         reading = True
                         identity = await self._identify(scope, request, now, digest)
                         if resolved.mode == "tools":
-                            echoes, provider = await self._tool_state(scope, request, identity)
+                            echoes, traces, provider = await self._tool_state(scope, request, identity)
                         if self.hooks is None:
                             retrieved = await self._block(scope, request, identity, resolved, answer_by)
                     if self.hooks is not None:
@@ -214,6 +216,7 @@ class MemoryService:
                                        recall.logged_query, persist, identity.key, identity.conversation_id,
                                        bounds, tool_hooks)
             recall.echoes = echoes
+            recall.earlier_trace = traces
             recall.provider_response = provider
         recall.started(now)
         return recall
@@ -240,16 +243,17 @@ class MemoryService:
                               follow=self.settings.scope.conversation, digest=digest)
 
     async def _tool_state(self, scope: Scope, request: Transcript, identity: TurnIdentity
-                          ) -> tuple[dict[str, str], str | None]:
-        """Tools mode: the memory exchanges of the loop's earlier steps, and the provider's id of the
-        response the request continues."""
+                          ) -> tuple[dict[str, str], dict[str, tuple[ReasoningStep, ...]], str | None]:
+        """Tools mode: the memory exchanges of the loop's earlier steps and their memory calls (for the
+        trace), and the provider's id of the response the request continues."""
         # Filtered on the turn and the conversation the request was found in: a provider numbering
         # its calls per response (`call_0`) reuses ids across the user's conversations.
-        echoes = (await self.store.memory_exchanges(scope, identity.key, request.tool_call_ids)
-                  if identity.existing is not None else {})
+        kept = (await self.store.memory_exchanges(scope, identity.key, request.tool_call_ids)
+                if identity.existing is not None else {})
+        echoes, traces = earlier_steps(kept, request.tool_call_ids)
         provider = (await self.store.provider_response(scope, identity.conversation_id, request.previous_response)
                     if request.previous_response is not None else None)
-        return echoes, provider
+        return echoes, traces, provider
 
     async def _hooked(self, budget: asyncio.Timeout, scope: Scope, request: Transcript, identity: TurnIdentity,
                       wire: str) -> turn_hooks.TurnStart:
@@ -353,6 +357,13 @@ class Saved:
 
     said: str = ""
     steps: tuple[ReasoningStep, ...] = ()
+    call_ids: tuple[str, ...] = ()  # each step's call id
+
+    def with_memory_calls(self, earlier: dict[str, tuple[ReasoningStep, ...]]) -> tuple[ReasoningStep, ...]:
+        """The tool steps with the memory calls of the loop's earlier steps (tools mode) in their
+        places: each step's before the first of its application calls."""
+        return tuple(step for call_id, own in zip(self.call_ids, self.steps, strict=True)
+                     for step in (*earlier.get(call_id, ()), own))
 
 
 async def saved(request: Transcript, header: str, hook_context: str = "") -> Saved:
@@ -360,15 +371,16 @@ async def saved(request: Transcript, header: str, hook_context: str = "") -> Sav
     large one's redacted in a thread, so the event loop serves other streams meanwhile."""
     text = turn_hooks.without_context(user_text(request, header), hook_context)
     steps = reasoning_steps(request)
+    call_ids = tuple(step.call_id for step in request.tool_steps)
     if len(text) + sum(len(step.arguments) + len(step.result) for step in steps) <= INLINE_REDACT_CHARS:
-        return _redacted(text, steps)
-    return await asyncio.to_thread(_redacted, text, steps)
+        return _redacted(text, steps, call_ids)
+    return await asyncio.to_thread(_redacted, text, steps, call_ids)
 
 
-def _redacted(text: str, steps: tuple[ReasoningStep, ...]) -> Saved:
+def _redacted(text: str, steps: tuple[ReasoningStep, ...], call_ids: tuple[str, ...]) -> Saved:
     return Saved(redact(text), tuple(
         ReasoningStep(step.name, redact(step.arguments), redact(step.result)[:STEP_RESULT_CHARS])
-        for step in steps))
+        for step in steps), call_ids)
 
 
 def thinking_step(message: AssistantMessage) -> tuple[ReasoningStep, ...]:
@@ -406,6 +418,8 @@ class TurnRecall(Recall):
         self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
         self._memory_steps: list[ReasoningStep] = []  # tools mode: this step's memory calls, redacted
         self._facts: asyncio.Task[None] | None = None  # the facts of the turn's message, written inline
+        # Tools mode: the memory calls of the loop's earlier steps, under the first call of each step.
+        self.earlier_trace: dict[str, tuple[ReasoningStep, ...]] = {}
 
     def _hooked_saves(self, wire: str) -> turn_hooks.HookedSaves | None:
         hooks = self._service.hooks
@@ -486,8 +500,11 @@ class TurnRecall(Recall):
                                        self._previous_response, now, self.provider_id), urgent=True)
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
-            return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation,
-                                               self.exchange), urgent=True)
+            # The step's memory calls wait with its exchange for the turn's final step, which saves the
+            # trace (not kept for a turn that is not persisted: they do not route the next step).
+            kept = None if self.exchange is None else packed(self.exchange, self._memory_steps if self._persist else ())
+            return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation, kept),
+                               urgent=True)
         if message.continues:
             return None  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal
@@ -497,7 +514,8 @@ class TurnRecall(Recall):
         finish = FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=self._saved.said,
-            steps=self._saved.steps + tuple(self._memory_steps) + thinking_step(message),
+            steps=self._saved.with_memory_calls(self.earlier_trace) + tuple(self._memory_steps)
+            + thinking_step(message),
             answer_hash=text_hash(answer),
             generation=self._generation,
         )

@@ -162,9 +162,7 @@ class MemoryTools:
         text = arguments.get("query")
         if not isinstance(text, str) or not text.strip():
             raise BadArguments("`query` must be a non-empty string")
-        limit = arguments.get("limit", QUERY_LIMIT_DEFAULT)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= QUERY_LIMIT_MAX:
-            raise BadArguments(f"`limit` must be a whole number from 1 to {QUERY_LIMIT_MAX}")
+        limit = _limit(arguments.get("limit", QUERY_LIMIT_DEFAULT))
         async with asyncio.timeout(self.bounds.query_s):
             found = await self.search(text, limit)
         self.log_query(found.block, found.injected, {**found.log, "tool_query": redact(text)})
@@ -199,6 +197,21 @@ def _arguments(text: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadArguments("the arguments must be a JSON object")
     return doc
+
+
+def _limit(value: Any) -> int:
+    """query_memory's `limit`: a whole number, also as models write one (`5.0`, `"5"`)."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, float) and math.isfinite(number) and number.is_integer():
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= QUERY_LIMIT_MAX:
+        raise BadArguments(f"`limit` must be a whole number from 1 to {QUERY_LIMIT_MAX}")
+    return number
 
 
 def _memory(arguments: dict[str, Any]) -> tuple[str, str, float, tuple[str, ...]]:

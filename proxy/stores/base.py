@@ -83,7 +83,8 @@ class RecordToolCalls:
     generation: Generation | None = None
     # Tools mode: the step's memory rounds and its last round's output, as the provider saw them
     # (JSON); the next step puts them back in place of the answer the client echoes. Not redacted:
-    # the provider must get the same bytes again (docs/security.md says why).
+    # the provider must get the same bytes again (docs/security.md says why). With them, the
+    # step's memory calls as the turn's trace will show them (redacted): one text to the store.
     exchange: str | None = None
 
 

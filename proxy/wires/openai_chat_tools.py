@@ -4,7 +4,8 @@ A round's exchange is the assistant message with only its memory calls (app call
 results yet; the model makes them again), then one `tool` message per call. The client's
 stream keeps the first round's chunk id, one role delta, and one finish chunk, usage
 chunk and `[DONE]` (the last round's); memory calls' deltas never reach it, and app calls'
-deltas wait for the end of their round (a round with memory calls drops them).
+deltas wait for the end of their round (a round with memory calls drops them). The rounds
+serve one choice: a request for several (`n` > 1) is refused before it starts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.errors import UnsupportedInToolsMode
 from proxy.models import ToolCall
 from proxy.wires.base import dump_json
 from proxy.wires.openai_chat_answer import is_done
@@ -27,6 +29,14 @@ def _event(chunk: dict[str, Any]) -> bytes:
 def _function_name(tool: Any) -> str | None:
     function = tool.get("function") if isinstance(tool, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _tool_name(tool: Any) -> str | None:
+    """A tool's name whatever its type (`function`, `custom`): the provider refuses two of one name."""
+    kind = tool.get("type", "function") if isinstance(tool, dict) else None
+    spec = tool.get(kind) if isinstance(kind, str) else None
+    name = spec.get("name") if isinstance(spec, dict) else None
     return name if isinstance(name, str) else None
 
 
@@ -68,6 +78,7 @@ class ChatStreamRound:
         self._first = first
         self._calls: dict[int, _CallParts] = {}
         self._text: list[str] = []
+        self._reasoning: list[str] = []
         self._end: list[dict[str, Any]] = []  # the finish and usage chunks, held
         self.failed = False
         self.ended = False
@@ -87,8 +98,11 @@ class ChatStreamRound:
         kept = [kept for choice in choices if isinstance(choice, dict) and (kept := self._choice(choice)) is not None]
         ends = any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
         if ends or (not choices and chunk.get("usage")):
+            # The finish and usage wait for the last round; text the finish chunk carries goes now.
             self._end.append(chunk)
-            return b""
+            if not kept:
+                return b""
+            return _event({k: v for k, v in self._as_client(chunk, kept).items() if k != "usage"})
         if not kept:
             return b""
         return _event(self._as_client(chunk, kept))
@@ -96,7 +110,7 @@ class ChatStreamRound:
     def _choice(self, choice: dict[str, Any]) -> dict[str, Any] | None:
         """The part of a choice the client gets now; None when nothing of it goes out now."""
         if choice.get("index", 0) != 0:
-            return choice  # only choice 0 runs the loop: the others go by as they come
+            return None  # tools mode serves one choice: a request for more is refused (`unsupported`)
         delta = as_dict(choice.get("delta"))
         calls = delta.get("tool_calls")
         if isinstance(calls, list):
@@ -113,7 +127,12 @@ class ChatStreamRound:
             if not self._text and self._state.text_sent:
                 out["content"] = ROUND_SEPARATOR + text
             self._text.append(text)
-        if not out or out == {"content": ""} and not self._first:
+        reasoning = out.get("reasoning_content")  # DeepSeek's and vLLM's streamed thinking
+        if isinstance(reasoning, str):
+            self._reasoning.append(reasoning)
+        # A later round's opening delta (`{"content": "", "refusal": null}` once its role is
+        # dropped) says nothing the client has not read already.
+        if not out or not self._first and all(value in ("", None) for value in out.values()):
             return None
         return {**choice, "delta": out, "finish_reason": None}
 
@@ -143,8 +162,12 @@ class ChatStreamRound:
             self._state.text_sent = True
         app = tuple(ToolCall(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self._calls.items())
                     if not p.memory)
-        output = {"role": "assistant", "content": text or None, "tool_calls": [_call_dict(c) for c in memory]}
-        answer = {"role": "assistant", "content": text or None, "tool_calls": [_call_dict(c) for c in app]}
+        # As the JSON path keeps the provider's message: its reasoning goes back to the model with its calls.
+        said: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if self._reasoning:
+            said["reasoning_content"] = "".join(self._reasoning)
+        output = {**said, "tool_calls": [_call_dict(c) for c in memory]}
+        answer = {**said, "tool_calls": [_call_dict(c) for c in app]}
         usage = next((chunk["usage"] for chunk in reversed(self._end) if isinstance(chunk.get("usage"), dict)), None)
         return Round(memory, text, output, answer, None, tokens(usage, "prompt_tokens", "completion_tokens"))
 
@@ -153,7 +176,7 @@ class ChatStreamRound:
         out = [self._with_call(delta) for p in app for delta in p.deltas]
         for chunk in self._end:
             out.append(self._as_client(chunk, [self._ending(c) for c in chunk.get("choices") or []
-                                               if isinstance(c, dict)]))
+                                               if isinstance(c, dict) and c.get("index", 0) == 0]))
         return b"".join(_event(chunk) for chunk in out) + b"data: [DONE]\n\n"
 
     def _with_call(self, delta: dict[str, Any]) -> dict[str, Any]:
@@ -163,15 +186,26 @@ class ChatStreamRound:
             {"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": None, "finish_reason": None}]}
 
     def _ending(self, choice: dict[str, Any]) -> dict[str, Any]:
-        """A finish chunk's choice without memory calls (a final round may still hold some)."""
-        if choice.get("index", 0) != 0:
-            return choice
-        delta = as_dict(choice.get("delta"))
-        delta = {k: v for k, v in delta.items() if k != "tool_calls"}
+        """A finish chunk's choice with an empty delta: its text went out as it came, its calls with
+        the app's calls (a memory call of a final round never goes out)."""
         reason = choice.get("finish_reason")
         if reason == "tool_calls" and all(p.memory for p in self._calls.values()):
             reason = "stop"  # its only calls were memory calls, which the client never sees
-        return {**choice, "delta": delta, "finish_reason": reason}
+        return {**choice, "delta": {}, "finish_reason": reason}
+
+
+def unsupported(body: dict[str, Any]) -> UnsupportedInToolsMode | None:
+    """Why tools mode cannot serve a request, if it cannot.
+
+    Several choices (`n` > 1) are refused: the rounds run on one answer's memory calls, so every
+    other choice would answer a conversation it did not have (or end in memory calls no one runs).
+    """
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        return UnsupportedInToolsMode(
+            "n > 1 is not supported in tools mode (X-Memory-Mode: tools, or memory.mode: tools): the memory "
+            "calls run on one answer; send n: 1, or X-Memory-Mode: inject for several choices", param="n")
+    return None
 
 
 def _echoed(message: Any, echoes: dict[str, str]) -> str | None:
@@ -193,7 +227,7 @@ class ChatTools(MessageListRounds):
               schemas: dict[str, tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], frozenset[str]]:
         tools = body.get("tools")
         tools = tools if isinstance(tools, list) else []
-        taken = {_function_name(tool) for tool in tools}
+        taken = {_tool_name(tool) for tool in tools}
         offered = tuple(name for name in names if name not in taken)
         added = [{"type": "function", "function": {"name": name, "description": schemas[name][0],
                                                    "parameters": schemas[name][1]}} for name in offered]
