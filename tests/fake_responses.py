@@ -133,15 +133,69 @@ def missing_call_outputs(items: Any) -> list[str]:
     return [call_id for call_id in called if call_id not in answered]
 
 
+def unknown_ids(body: dict[str, Any]) -> list[str]:
+    """Ids of input items the real API would look up, with `store: false`, and not find (its 404)."""
+    items = body.get("input")
+    if body.get("store") is not False or not isinstance(items, list):
+        return []
+    return [i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)]
+
+
+class Conversations:
+    """What a provider keeps of its conversations, as the real API does: a request naming one is
+    read after the conversation's items, an input item with the id of one already there is refused
+    as a duplicate, and a completed response appends its input and output items."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, list[dict[str, Any]]] = {}
+
+    @staticmethod
+    def named(body: dict[str, Any]) -> str | None:
+        conversation = body.get("conversation")
+        return conversation.get("id") if isinstance(conversation, dict) else conversation
+
+    def held(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        name = self.named(body)
+        return list(self.items.get(name, [])) if name else []
+
+    def duplicates(self, body: dict[str, Any]) -> list[str]:
+        items = body.get("input")
+        seen = {i["id"] for i in self.held(body) if isinstance(i.get("id"), str)}
+        return [i["id"] for i in items if isinstance(i, dict) and i.get("id") in seen] \
+            if isinstance(items, list) else []
+
+    def add(self, body: dict[str, Any], output: list[dict[str, Any]]) -> None:
+        name = self.named(body)
+        if name:
+            items = body.get("input")
+            items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+            self.items[name] = [*self.held(body), *items, *output]
+
+
 def model_round(items: list[dict[str, Any]], response_id: str = "resp_1",
-                usage: dict[str, Any] | None = None) -> Callable[[Received], Reply]:
+                usage: dict[str, Any] | None = None,
+                conversations: Conversations | None = None) -> Callable[[Received], Reply]:
     """A scripted response for one round, JSON or streamed as the request asks; like the real API,
-    a 400 for an input whose function calls lack their outputs."""
+    a 400 for an input whose function calls lack their outputs, a 404 for an item sent with its id
+    when `store` is false, and, given the provider's `conversations`, a 400 for an item the named
+    conversation holds already."""
     def reply(request: Received) -> Reply:
         body = request.json()
-        missing = missing_call_outputs(body.get("input"))
+        unknown = unknown_ids(body)
+        if unknown:
+            return error(404, None, f"Item with id '{unknown[0]}' not found. Items are not persisted when `store` "
+                         "is set to false. Try again with `store` set to true, or remove this item from your input.")
+        held = conversations.held(body) if conversations is not None else []
+        duplicate = conversations.duplicates(body) if conversations is not None else []
+        if duplicate:
+            return error(400, None, f"Duplicate item found with id {duplicate[0]}. Remove duplicate items from "
+                         "your input and try again.")
+        inputs = body.get("input")
+        missing = missing_call_outputs([*held, *(inputs if isinstance(inputs, list) else [])])
         if missing:
             return error(400, None, "No tool output found for function call " + ", ".join(missing))
+        if conversations is not None:
+            conversations.add(body, items)
         if body.get("stream"):
             events = stream(items, response_id)
             if usage is not None:
