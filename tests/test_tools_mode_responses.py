@@ -115,6 +115,9 @@ def test_query_then_answer_stream(tproxy, fake):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert not any(getattr(e, "item", None) is not None and e.item.type == "function_call" for e in events)
     assert eventually(lambda: ("assistant", "Let me check.\nYou like Helix.") in saved(tproxy))
+    # The token totals over both rounds go to the injection log once the stream is closed.
+    assert eventually(lambda: [e["tokens"] for e in logged(tproxy)] == [
+        {"input_tokens": 130, "output_tokens": 13, "rounds": 2}])
 
 
 def test_previous_response_id_of_a_stream_names_the_last_round(tproxy, fake):
@@ -312,6 +315,16 @@ def test_a_later_round_refused_reaches_a_json_client_as_the_provider_s_error(tpr
     # The rounds that did run are in the injection log all the same.
     assert eventually(lambda: [(e["tool_queries"], e["tokens"]) for e in logged(tproxy)] == [
         ([{"query": "favourite editor", "hits": 0}], {"input_tokens": 40, "output_tokens": 9, "rounds": 1})])
+
+
+def test_a_failed_json_round_is_the_answer_over_the_earlier_rounds_items(tproxy, fake):
+    failure = {"code": "server_error", "message": "The model failed"}
+    fake.queue(model_round([message_item("Let me check."), query("call_q1")], "resp_r1"),
+               JsonReply(response([query("call_q2")], "resp_r2", "failed", error=failure)))
+    answer = tproxy.client(**TOOLS).responses.create(model="m", input="which editor do I like?")
+    assert answer.status == "failed" and answer.error.message == "The model failed"
+    assert [(i.type, i.content[0].text) for i in answer.output] == [("message", "Let me check.")]
+    assert len(sent(fake)) == 2
 
 
 def test_a_later_round_that_is_no_response_is_a_502(tproxy, fake):
