@@ -7,10 +7,11 @@ A round's exchange is its output items as the provider wrote them (reasoning ver
 exchanges after it (without the items' ids when the provider keeps none, `store: false`),
 or, when the provider holds the earlier items itself (`previous_response_id`, a
 `conversation`), sends the calls' outputs alone. An incomplete response is a last round,
-like a completed one without memory calls. The client reads one stream: the first round's `response.created`
-and `response.in_progress`, every round's items but the calls renumbered in order, the
-last round's app calls, and one `response.completed` whose `output` holds the items it got
-(the first round's id, the last round's usage); every event gets the next sequence number.
+like a completed one without memory calls. The client reads one stream: the first round's
+`response.created` and `response.in_progress`, every round's items but the calls
+renumbered in order, the last round's app calls, and one `response.completed` (or
+`response.incomplete`) whose `output` holds the items it got (the first round's id, the
+last round's usage); every event gets the next sequence number.
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ class ResponsesTools:
             while echo_left and out and _is_echo(out[-1]):
                 out.pop()
                 echo_left -= 1
-            out += _resent(step["items"], body)
+            out += _resent(step["items"], body)  # kept as the provider wrote them, sent as the round after them was
         return {**body, "input": out}
 
     def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
