@@ -4,6 +4,8 @@ model that, like the real API, refuses an input whose function calls lack their 
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 from typing import Any
 
 import openai
@@ -14,7 +16,7 @@ from tests.api_helpers import api_url
 from tests.fake_responses import (USAGE, Conversations, call_item, message_item, model_round, reasoning_item, response,
                                   stream)
 from tests.fake_upstream import JsonReply, SSEReply
-from tests.proxy_db import eventually, rows
+from tests.proxy_db import eventually, rows, store_path
 
 TOOLS = {"X-Memory-User": "alice", "X-Memory-Mode": "tools"}
 HELIX = "My favourite editor is Helix"
@@ -361,3 +363,24 @@ def test_a_later_round_failed_ends_the_stream_over_the_items_the_client_got(tpro
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert eventually(lambda: [e["tokens"] for e in logged(tproxy)] == [
         {"input_tokens": 40, "output_tokens": 9, "rounds": 1}])
+
+
+def test_a_stream_s_id_is_found_by_a_request_made_at_once_while_the_store_is_slow(tproxy, fake):
+    fake.queue(model_round([message_item("Warm.")], "resp_w"))
+    tproxy.client(**TOOLS).responses.create(model="m", input="warm up")  # the store exists and is warm
+    fake.queue(model_round([query("call_q1")], "resp_r1"), model_round([message_item("Nothing known.")], "resp_r2"),
+               model_round([message_item("Still nothing.")], "resp_r3"))
+    client = tproxy.client(**TOOLS, **{"X-Memory-Persist": "false"})
+    locker = sqlite3.connect(store_path(tproxy), timeout=1, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")  # the store takes its writes late
+    release = threading.Timer(1.0, locker.rollback)
+    release.start()
+    try:
+        with client.responses.stream(model="m", input="which editor do I like?") as live:
+            assert live.get_final_response().id == "resp_r1"
+        # The stream ended only once the id it showed was recorded: the next request finds it.
+        client.responses.create(model="m", input="and my shell?", previous_response_id="resp_r1")
+    finally:
+        release.join()
+        locker.close()
+    assert sent(fake)[-1]["previous_response_id"] == "resp_r2"
