@@ -141,22 +141,26 @@ def unknown_ids(body: dict[str, Any]) -> list[str]:
     return [i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)]
 
 
-class Conversations:
-    """What a provider keeps of its conversations, as the real API does: a request naming one is
-    read after the conversation's items, an input item with the id of one already there is refused
-    as a duplicate, and a completed response appends its input and output items."""
+class ProviderItems:
+    """What a provider keeps, as the real API does: a request naming a conversation, or a previous
+    response, is read after the items held there; an input item with the id of one held is refused
+    as a duplicate; a completed response keeps its context (the held items, its input and its
+    output) and appends its input and output to the conversation it names."""
 
     def __init__(self) -> None:
-        self.items: dict[str, list[dict[str, Any]]] = {}
+        self.conversations: dict[str, list[dict[str, Any]]] = {}
+        self.responses: dict[str, list[dict[str, Any]]] = {}
 
     @staticmethod
-    def named(body: dict[str, Any]) -> str | None:
-        conversation = body.get("conversation")
-        return conversation.get("id") if isinstance(conversation, dict) else conversation
+    def conversation(body: dict[str, Any]) -> str | None:
+        named = body.get("conversation")
+        return named.get("id") if isinstance(named, dict) else named
 
     def held(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        name = self.named(body)
-        return list(self.items.get(name, [])) if name else []
+        conversation = self.conversation(body)
+        if conversation:
+            return list(self.conversations.get(conversation, []))
+        return list(self.responses.get(body.get("previous_response_id") or "", []))
 
     def duplicates(self, body: dict[str, Any]) -> list[str]:
         items = body.get("input")
@@ -164,29 +168,31 @@ class Conversations:
         return [i["id"] for i in items if isinstance(i, dict) and i.get("id") in seen] \
             if isinstance(items, list) else []
 
-    def add(self, body: dict[str, Any], output: list[dict[str, Any]]) -> None:
-        name = self.named(body)
-        if name:
-            items = body.get("input")
-            items = [{"role": "user", "content": items}] if isinstance(items, str) else items
-            self.items[name] = [*self.held(body), *items, *output]
+    def add(self, body: dict[str, Any], response_id: str, output: list[dict[str, Any]]) -> None:
+        items = body.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        context = [*self.held(body), *items, *output]
+        self.responses[response_id] = context
+        conversation = self.conversation(body)
+        if conversation:
+            self.conversations[conversation] = context
 
 
 def model_round(items: list[dict[str, Any]], response_id: str = "resp_1",
                 usage: dict[str, Any] | None = None,
-                conversations: Conversations | None = None) -> Callable[[Received], Reply]:
+                provider: ProviderItems | None = None) -> Callable[[Received], Reply]:
     """A scripted response for one round, JSON or streamed as the request asks; like the real API,
     a 400 for an input whose function calls lack their outputs, a 404 for an item sent with its id
-    when `store` is false, and, given the provider's `conversations`, a 400 for an item the named
-    conversation holds already."""
+    when `store` is false, and, given what the `provider` keeps, a 400 for an item it holds already
+    (the items of the conversation or previous response named count as input)."""
     def reply(request: Received) -> Reply:
         body = request.json()
         unknown = unknown_ids(body)
         if unknown:
             return error(404, None, f"Item with id '{unknown[0]}' not found. Items are not persisted when `store` "
                          "is set to false. Try again with `store` set to true, or remove this item from your input.")
-        held = conversations.held(body) if conversations is not None else []
-        duplicate = conversations.duplicates(body) if conversations is not None else []
+        held = provider.held(body) if provider is not None else []
+        duplicate = provider.duplicates(body) if provider is not None else []
         if duplicate:
             return error(400, None, f"Duplicate item found with id {duplicate[0]}. Remove duplicate items from "
                          "your input and try again.")
@@ -194,8 +200,8 @@ def model_round(items: list[dict[str, Any]], response_id: str = "resp_1",
         missing = missing_call_outputs([*held, *(inputs if isinstance(inputs, list) else [])])
         if missing:
             return error(400, None, "No tool output found for function call " + ", ".join(missing))
-        if conversations is not None:
-            conversations.add(body, items)
+        if provider is not None:
+            provider.add(body, response_id, items)
         if body.get("stream"):
             events = stream(items, response_id)
             if usage is not None:

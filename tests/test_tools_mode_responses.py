@@ -12,8 +12,9 @@ import openai
 import pytest
 
 from proxy.memory.tools import NOTHING_FOUND
+from proxy.wires.openai_responses_tools import NOT_RUN
 from tests.api_helpers import api_url
-from tests.fake_responses import (USAGE, Conversations, call_item, message_item, model_round, reasoning_item, response,
+from tests.fake_responses import (USAGE, ProviderItems, call_item, message_item, model_round, reasoning_item, response,
                                   stream)
 from tests.fake_upstream import JsonReply, SSEReply
 from tests.proxy_db import eventually, rows, store_path
@@ -231,9 +232,9 @@ def test_text_after_the_last_round_s_call_is_not_sent_twice(tproxy, fake):
 
 @pytest.mark.parametrize(("conversation", "streamed"), [("conv_1", False), ({"id": "conv_1"}, True)])
 def test_with_a_conversation_a_later_round_sends_only_its_calls_outputs(tproxy, fake, conversation, streamed):
-    held = Conversations()  # like the real API, refuses an item the conversation holds already
-    fake.queue(model_round([reasoning_item("look it up"), query("call_q1")], "resp_r1", conversations=held),
-               model_round([message_item("Nothing known.", 1)], "resp_r2", conversations=held))
+    held = ProviderItems()  # like the real API, refuses an item the conversation holds already
+    fake.queue(model_round([reasoning_item("look it up"), query("call_q1")], "resp_r1", provider=held),
+               model_round([message_item("Nothing known.", 1)], "resp_r2", provider=held))
     client = tproxy.client(**TOOLS)
     if streamed:
         with client.responses.stream(model="m", input="which editor?", conversation=conversation) as live:
@@ -247,7 +248,7 @@ def test_with_a_conversation_a_later_round_sends_only_its_calls_outputs(tproxy, 
     assert second["input"] == [output_of("call_q1")]
     assert second["tools"] == first["tools"]
     # The conversation holds each item once, the memory exchange included (the provider keeps it).
-    assert held.items["conv_1"] == [{"role": "user", "content": "which editor?"}, reasoning_item("look it up"),
+    assert held.conversations["conv_1"] == [{"role": "user", "content": "which editor?"}, reasoning_item("look it up"),
                                     query("call_q1"), output_of("call_q1"), message_item("Nothing known.", 1)]
 
 
@@ -384,3 +385,18 @@ def test_a_stream_s_id_is_found_by_a_request_made_at_once_while_the_store_is_slo
         release.join()
         locker.close()
     assert sent(fake)[-1]["previous_response_id"] == "resp_r2"
+
+
+@pytest.mark.parametrize("chained", [{"conversation": "conv_1"}, {"previous_response_id": "resp_0"}])
+def test_a_chained_round_with_an_app_call_gives_it_a_not_run_output(tproxy, fake, chained):
+    held = ProviderItems()  # like the real API, refuses to go on from a call that has no output
+    app1 = call_item("call_app1", "get_weather", '{"city": "Oslo"}')
+    app2 = call_item("call_app2", "get_weather", '{"city": "Bergen"}')
+    fake.queue(model_round([app1, query("call_q1", "home city")], "resp_r1", provider=held),
+               model_round([app2], "resp_r2", provider=held))
+    answer = tproxy.client(**TOOLS).responses.create(model="m", input="weather at home?", tools=[WEATHER],
+                                                     **chained)
+    assert [(i.type, i.call_id) for i in answer.output] == [("function_call", "call_app2")]
+    second = sent(fake)[1]
+    assert second["input"] == [output_of("call_q1"), output_of("call_app1", NOT_RUN)]
+    assert held.responses["resp_r2"][-3:] == [output_of("call_q1"), output_of("call_app1", NOT_RUN), app2]

@@ -29,6 +29,12 @@ from proxy.wires.tool_rounds import CallOutcome, Round, as_dict, named_event, to
 # The ends of a round the loop reads: an incomplete response is an answer, cut short by the provider.
 _ANSWERED = ("response.completed", "response.incomplete")
 _OPENING = ("response.created", "response.in_progress", "response.queued")
+# The output of an app call the provider holds in a chained round: the client runs only the
+# calls of a round without memory calls, so the model is told to make it again.
+NOT_RUN = ("Not run: this call came in the same turn as a memory lookup, so it has no result. "
+           "Make it again if it is still needed.")
+# App calls whose output is text (the others' outputs are screenshots or structured results).
+_TEXT_CALLS = ("function_call", "custom_tool_call")
 
 
 def _is_memory(item: Any, offered: frozenset[str]) -> bool:
@@ -60,6 +66,13 @@ def _in_conversation(body: dict[str, Any]) -> bool:
     provider extends with each response's input and output items."""
     conversation = body.get("conversation")
     return bool(conversation) and (isinstance(conversation, str) or bool(as_dict(conversation).get("id")))
+
+
+def _not_run(round_: Round) -> list[Any]:
+    """Outputs for the app calls of a round the provider holds: it goes on from a response only
+    when every call in it has one."""
+    return [{"type": f"{item['type']}_output", "call_id": item.get("call_id"), "output": NOT_RUN}
+            for item in round_.answer if isinstance(item, dict) and item.get("type") in _TEXT_CALLS]
 
 
 def _resent(items: list[Any], body: dict[str, Any]) -> list[Any]:
@@ -259,7 +272,7 @@ class ResponsesTools:
     def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
                      tools_forbidden: bool) -> bytes:
         last = rounds[-1] if rounds else None
-        outputs = exchanges[len(exchanges) - len(last.memory_calls):] if last is not None else []
+        outputs = [*exchanges[len(exchanges) - len(last.memory_calls):], *_not_run(last)] if last is not None else []
         if last is not None and _in_conversation(body):
             # The provider added the round's input and output to the conversation: its calls'
             # outputs are all that is new (resent, the items would be refused as duplicates).
