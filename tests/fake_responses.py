@@ -133,15 +133,75 @@ def missing_call_outputs(items: Any) -> list[str]:
     return [call_id for call_id in called if call_id not in answered]
 
 
+def unknown_ids(body: dict[str, Any]) -> list[str]:
+    """Ids of input items the real API would look up, with `store: false`, and not find (its 404)."""
+    items = body.get("input")
+    if body.get("store") is not False or not isinstance(items, list):
+        return []
+    return [i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)]
+
+
+class ProviderItems:
+    """What a provider keeps, as the real API does: a request naming a conversation, or a previous
+    response, is read after the items held there; an input item with the id of one held is refused
+    as a duplicate; a completed response keeps its context (the held items, its input and its
+    output) and appends its input and output to the conversation it names."""
+
+    def __init__(self) -> None:
+        self.conversations: dict[str, list[dict[str, Any]]] = {}
+        self.responses: dict[str, list[dict[str, Any]]] = {}
+
+    @staticmethod
+    def conversation(body: dict[str, Any]) -> str | None:
+        named = body.get("conversation")
+        return named.get("id") if isinstance(named, dict) else named
+
+    def held(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        conversation = self.conversation(body)
+        if conversation:
+            return list(self.conversations.get(conversation, []))
+        return list(self.responses.get(body.get("previous_response_id") or "", []))
+
+    def duplicates(self, body: dict[str, Any]) -> list[str]:
+        items = body.get("input")
+        seen = {i["id"] for i in self.held(body) if isinstance(i.get("id"), str)}
+        return [i["id"] for i in items if isinstance(i, dict) and i.get("id") in seen] \
+            if isinstance(items, list) else []
+
+    def add(self, body: dict[str, Any], response_id: str, output: list[dict[str, Any]]) -> None:
+        items = body.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        context = [*self.held(body), *items, *output]
+        self.responses[response_id] = context
+        conversation = self.conversation(body)
+        if conversation:
+            self.conversations[conversation] = context
+
+
 def model_round(items: list[dict[str, Any]], response_id: str = "resp_1",
-                usage: dict[str, Any] | None = None) -> Callable[[Received], Reply]:
+                usage: dict[str, Any] | None = None,
+                provider: ProviderItems | None = None) -> Callable[[Received], Reply]:
     """A scripted response for one round, JSON or streamed as the request asks; like the real API,
-    a 400 for an input whose function calls lack their outputs."""
+    a 400 for an input whose function calls lack their outputs, a 404 for an item sent with its id
+    when `store` is false, and, given what the `provider` keeps, a 400 for an item it holds already
+    (the items of the conversation or previous response named count as input)."""
     def reply(request: Received) -> Reply:
         body = request.json()
-        missing = missing_call_outputs(body.get("input"))
+        unknown = unknown_ids(body)
+        if unknown:
+            return error(404, None, f"Item with id '{unknown[0]}' not found. Items are not persisted when `store` "
+                         "is set to false. Try again with `store` set to true, or remove this item from your input.")
+        held = provider.held(body) if provider is not None else []
+        duplicate = provider.duplicates(body) if provider is not None else []
+        if duplicate:
+            return error(400, None, f"Duplicate item found with id {duplicate[0]}. Remove duplicate items from "
+                         "your input and try again.")
+        inputs = body.get("input")
+        missing = missing_call_outputs([*held, *(inputs if isinstance(inputs, list) else [])])
         if missing:
             return error(400, None, "No tool output found for function call " + ", ".join(missing))
+        if provider is not None:
+            provider.add(body, response_id, items)
         if body.get("stream"):
             events = stream(items, response_id)
             if usage is not None:

@@ -44,6 +44,8 @@ class Loop:
     refused: bool = False  # a round's memory calls got the error result
     forbidden: bool = False  # the next round is the last, with tool use forbidden
     calls_ran: int = 0
+    last: Round | None = None  # the round that ended the step, once read
+    logged: bool = False  # the rounds' queries and token totals went to the injection log
 
 
 class ToolsStep:
@@ -74,7 +76,10 @@ class ToolsStep:
         response = await self.open(loop)
         if stream and response.status == 200 and is_readable_sse(response):
             return RoundsStream(self, loop, response)
-        return await self._json(loop, response)
+        try:
+            return await self._json(loop, response)
+        finally:
+            self.rounds_done(loop)
 
     async def open(self, loop: Loop) -> UpstreamResponse:
         body = self.fmt.next_request(loop.body, loop.exchanges, loop.rounds, tools_forbidden=loop.forbidden)
@@ -87,6 +92,9 @@ class ToolsStep:
                 return Replayed(response, raw)  # the provider's error, as it came
             doc = _json_object(readable_body(response, raw))
             round_ = self.fmt.read_json(doc, loop.offered) if doc is not None else None
+            if (doc is None or round_ is None) and loop.rounds:
+                # The client would get a body it cannot read in place of every round's answer.
+                raise UpstreamProtocolError("the provider's answer to a later round could not be read")
             if doc is None or round_ is None:
                 return Replayed(response, raw)  # not an answer the loop can read: the client gets it as it is
             if not round_.memory_calls or loop.forbidden:
@@ -99,15 +107,24 @@ class ToolsStep:
     def keep_exchange(self, loop: Loop, last: Round) -> None:
         """This step's memory rounds and its last round's output, for the loop's next step to put back
         in place of the answer the client will echo (kept only with app calls: a final answer ends the
-        turn); its queries and token totals over the rounds, for the injection log."""
+        turn)."""
+        loop.last = last
         if loop.exchanges:
             self.recall.exchange = self.fmt.kept(loop.exchanges, loop.rounds, last)
             self.recall.provider_id = last.provider_id
+
+    def rounds_done(self, loop: Loop) -> None:
+        """The queries and the token totals over the rounds the provider answered, for the injection
+        log: once, however the step ended (a later round refused or cut short included)."""
+        if loop.logged:
+            return
+        loop.logged = True
+        answered = [*loop.rounds, *([loop.last] if loop.last is not None else [])]
         totals: dict[str, int] = {}
-        for round_ in [*loop.rounds, last]:
+        for round_ in answered:
             for name, count in round_.tokens.items():
                 totals[name] = totals.get(name, 0) + count
-        self.recall.rounds_done({**totals, "rounds": len(loop.rounds) + 1})
+        self.recall.rounds_done({**totals, "rounds": len(answered)})
 
     async def answer_calls(self, loop: Loop, round_: Round) -> None:
         """Run (or refuse) a round's memory calls and add the round's exchange for the next request."""
@@ -183,6 +200,8 @@ class RoundsStream:
             first = False
 
     async def aclose(self) -> None:
+        # The endpoint closes the stream in its `finally`, however the stream ended: the log is written here.
+        self._step.rounds_done(self._loop)
         await self._current.aclose()
 
 

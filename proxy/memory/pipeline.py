@@ -495,9 +495,15 @@ class TurnRecall(Recall):
     def _answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
         self._ended("tool_calls" if message.tool_calls else "paused" if message.continues else "complete")
+        mapped = None
         if message.response_id:
-            self._route(RecordResponse(self._scope, message.response_id, self.turn_key, self._identity.conversation_id,
-                                       self._previous_response, now, self.provider_id), urgent=True)
+            recorded = self._route(RecordResponse(self._scope, message.response_id, self.turn_key,
+                                                  self._identity.conversation_id, self._previous_response, now,
+                                                  self.provider_id), urgent=True)
+            # An id the client saw that is not the provider's (a tools-mode stream shows its first round's)
+            # is only found through this record, and the client may name it at once: the answer waits for it
+            # even when nothing else of the turn is saved.
+            mapped = recorded if self.provider_id is not None else None
         if message.tool_calls:
             calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             # The step's memory calls wait with its exchange for the turn's final step, which saves the
@@ -506,11 +512,11 @@ class TurnRecall(Recall):
             return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation, kept),
                                urgent=True)
         if message.continues:
-            return None  # the provider resumes the turn on the client's next request; no answer yet
+            return mapped  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal
         if not answer.strip():
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self._generation),
-                                urgent=True)
+                                urgent=True) or mapped
         finish = FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
             task=self._saved.said,
@@ -520,7 +526,7 @@ class TurnRecall(Recall):
             generation=self._generation,
         )
         if self._saves is None:
-            return self._submit(finish, urgent=True)
+            return self._submit(finish, urgent=True) or mapped
         # A retry of a turn already answered saves its regenerated answer, but the turn's
         # `stop` fired with the first one: it fires once per turn.
         existing = self._identity.existing

@@ -4,16 +4,20 @@ event filtering.
 A round's exchange is its output items as the provider wrote them (reasoning verbatim,
 `encrypted_content` included) with only the memory `function_call` items, then one
 `function_call_output` per call; the next round resends the request's input with the
-exchanges after it. The client reads one stream: the first round's `response.created`
-and `response.in_progress`, every round's items but the calls renumbered in order, the
-last round's app calls, and one `response.completed` whose `output` holds the items it got
-(the first round's id, the last round's usage); every event gets the next sequence number.
+exchanges after it (without the items' ids when the provider keeps none, `store: false`),
+or, when the provider holds the earlier items itself (`previous_response_id`, a
+`conversation`), sends the calls' outputs alone. An incomplete response is a last round,
+like a completed one without memory calls. The client reads one stream: the first round's
+`response.created` and `response.in_progress`, every round's items but the calls
+renumbered in order, the last round's app calls, and one `response.completed` (or
+`response.incomplete`) whose `output` holds the items it got (the first round's id, the
+last round's usage); every event gets the next sequence number.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.models import ToolCall
@@ -22,8 +26,15 @@ from proxy.wires.openai_responses_answer import CLIENT_CALLS, output_text
 from proxy.wires.sse import SSEEvent, json_object
 from proxy.wires.tool_rounds import CallOutcome, Round, as_dict, named_event, tokens
 
-_ENDS = ("response.completed", "response.failed", "response.incomplete")
+# The ends of a round the loop reads: an incomplete response is an answer, cut short by the provider.
+_ANSWERED = ("response.completed", "response.incomplete")
 _OPENING = ("response.created", "response.in_progress", "response.queued")
+# The output of an app call the provider holds in a chained round: the client runs only the
+# calls of a round without memory calls, so the model is told to make it again.
+NOT_RUN = ("Not run: this call came in the same turn as a memory lookup, so it has no result. "
+           "Make it again if it is still needed.")
+# App calls whose output is text (the others' outputs are screenshots or structured results).
+_TEXT_CALLS = ("function_call", "custom_tool_call")
 
 
 def _is_memory(item: Any, offered: frozenset[str]) -> bool:
@@ -42,6 +53,35 @@ def _round(items: list[Any], offered: frozenset[str], provider_id: Any = None, u
     answer = [i for i in items if not _is_memory(i, offered)]
     return Round(calls, output_text(items), output, answer, provider_id if isinstance(provider_id, str) else None,
                  tokens(usage, "input_tokens", "output_tokens"))
+
+
+def _last_word(round_: Round) -> Round:
+    """A round the provider cut short is the step's last: its memory calls (their arguments may be
+    cut too) are not run."""
+    return replace(round_, memory_calls=())
+
+
+def _in_conversation(body: dict[str, Any]) -> bool:
+    """True when the request names a provider-side conversation (its id, or `{"id": ...}`), which the
+    provider extends with each response's input and output items."""
+    conversation = body.get("conversation")
+    return bool(conversation) and (isinstance(conversation, str) or bool(as_dict(conversation).get("id")))
+
+
+def _not_run(round_: Round) -> list[Any]:
+    """Outputs for the app calls of a round the provider holds: it goes on from a response only
+    when every call in it has one."""
+    return [{"type": f"{item['type']}_output", "call_id": item.get("call_id"), "output": NOT_RUN}
+            for item in round_.answer if isinstance(item, dict) and item.get("type") in _TEXT_CALLS]
+
+
+def _resent(items: list[Any], body: dict[str, Any]) -> list[Any]:
+    """Output items as they go back to the provider. Without its store (`store: false`) the provider
+    looks up an item sent with its id and refuses it as not found, so the ids go (reasoning stays
+    whole through its `encrypted_content`, which `offer` asks for)."""
+    if body.get("store") is not False:
+        return items
+    return [{k: v for k, v in item.items() if k != "id"} if isinstance(item, dict) else item for item in items]
 
 
 def _shown_answer(round_: Round) -> list[Any]:
@@ -86,7 +126,8 @@ class ResponsesStreamRound:
         self._first = first
         self._items: dict[int, _ItemParts] = {}
         self._done: dict[int, Any] = {}  # items seen done, by the provider's index
-        self._end: dict[str, Any] | None = None  # the held response.completed
+        self._end: dict[str, Any] | None = None  # the held response.completed or response.incomplete
+        self._end_kind = "response.completed"
         self.failed = False
         self.ended = False
 
@@ -108,14 +149,16 @@ class ResponsesStreamRound:
             if self._state.id is None and isinstance(response.get("id"), str):
                 self._state.id = response["id"]
             return self._out(kind, payload) if self._first else b""
-        if kind == "response.completed":
+        if kind in _ANSWERED:
             self._end = payload
+            self._end_kind = kind
             self.ended = True
             return b""
-        if kind in _ENDS:  # failed or incomplete: the provider ended the stream, as it stands
+        if kind == "response.failed":  # the provider's own end: it stands, over the items the client got
             self.failed = True
             response = as_dict(payload.get("response"))
-            return self._out(kind, {**payload, "response": {**response, "id": self._state.id or response.get("id")}})
+            return self._out(kind, {**payload, "response": {**response, "id": self._state.id or response.get("id"),
+                                                            "output": self._state.shown}})
         index = payload.get("output_index")
         if not isinstance(index, int):
             return self._out(kind, payload)
@@ -144,7 +187,8 @@ class ResponsesStreamRound:
         items = response.get("output")
         if not isinstance(items, list) or not items:
             items = [self._done[i] for i in sorted(self._done)]
-        return _round(items, self._offered, response.get("id"), response.get("usage"))
+        round_ = _round(items, self._offered, response.get("id"), response.get("usage"))
+        return round_ if self._end_kind == "response.completed" else _last_word(round_)
 
     def tail(self) -> bytes:
         out = []
@@ -157,11 +201,11 @@ class ResponsesStreamRound:
                 if kind == "response.output_item.done":
                     self._state.shown.append(payload.get("item"))
                 out.append(self._out(kind, {**payload, "output_index": parts.index}))
-        end = self._end or {"type": "response.completed", "response": {}}
+        end = self._end or {"type": self._end_kind, "response": {}}
         response = {**as_dict(end.get("response")), "output": self._state.shown}
         if self._state.id is not None:
             response["id"] = self._state.id
-        out.append(self._out("response.completed", {**end, "response": response}))
+        out.append(self._out(self._end_kind, {**end, "response": response}))
         return b"".join(out)
 
 
@@ -222,21 +266,25 @@ class ResponsesTools:
             while echo_left and out and _is_echo(out[-1]):
                 out.pop()
                 echo_left -= 1
-            out += step["items"]
+            out += _resent(step["items"], body)  # kept as the provider wrote them, sent as the round after them was
         return {**body, "input": out}
 
     def next_request(self, body: dict[str, Any], exchanges: list[Any], rounds: list[Round], *,
                      tools_forbidden: bool) -> bytes:
         last = rounds[-1] if rounds else None
-        if last is not None and last.provider_id is not None and body.get("previous_response_id"):
+        outputs = [*exchanges[len(exchanges) - len(last.memory_calls):], *_not_run(last)] if last is not None else []
+        if last is not None and _in_conversation(body):
+            # The provider added the round's input and output to the conversation: its calls'
+            # outputs are all that is new (resent, the items would be refused as duplicates).
+            out = {**body, "input": outputs}
+        elif last is not None and last.provider_id is not None and body.get("previous_response_id"):
             # The client chains on the provider: so do the rounds, each continuing the one before
             # with its calls' outputs alone.
-            out = {**body, "previous_response_id": last.provider_id,
-                   "input": exchanges[len(exchanges) - len(last.memory_calls):]}
+            out = {**body, "previous_response_id": last.provider_id, "input": outputs}
         else:
             items = body.get("input")
             items = [{"role": "user", "content": items}] if isinstance(items, str) else items
-            out = {**body, "input": [*(items if isinstance(items, list) else []), *exchanges]}
+            out = {**body, "input": [*(items if isinstance(items, list) else []), *_resent(exchanges, body)]}
         if tools_forbidden:
             out["tool_choice"] = "none"
         return dump_json(out)
@@ -247,9 +295,13 @@ class ResponsesTools:
 
     def read_json(self, doc: dict[str, Any], offered: frozenset[str]) -> Round | None:
         items = doc.get("output")
-        if doc.get("object") != "response" or doc.get("status") != "completed" or not isinstance(items, list):
+        status = doc.get("status")
+        if doc.get("object") != "response" or status not in ("completed", "incomplete", "failed") \
+                or not isinstance(items, list):
             return None
-        return _round(items, offered, doc.get("id"), doc.get("usage"))
+        round_ = _round(items, offered, doc.get("id"), doc.get("usage"))
+        # Incomplete or failed, the response ends the step as it stands, the earlier rounds' items in front.
+        return round_ if status == "completed" else _last_word(round_)
 
     def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         items = [i for i in last.get("output") or [] if not _is_memory(i, offered)]
