@@ -509,3 +509,40 @@ def test_a_compressed_stream_is_read_and_the_client_gets_it_plain(tproxy, fake):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
         "Checking.\n\nFinal."
     assert sent(fake)[1]["messages"][-1]["content"] == NOTHING_FOUND
+
+
+def conversations_saved(proxy: Any, user: str = "alice") -> list[list[tuple[str, str]]]:
+    """Each conversation's saved (role, text), in any order of conversations."""
+    with proxy.http() as http:
+        listed = http.get(api_url(user, "conversations")).json()["data"]
+        return sorted([(m["role"], m["content"]) for m in
+                       http.get(api_url(user, "conversations", c["id"], "messages")).json()["data"]] for c in listed)
+
+
+def test_a_provider_numbering_its_calls_call_0_in_two_conversations_routes_each_step_to_its_own(tproxy, fake):
+    # vLLM, Ollama and other OpenAI-compatible servers number a response's calls from `call_0`:
+    # every conversation of the user has one. Each loop's next step gets its own turn and
+    # its own memory exchange back, whichever conversation called last.
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    client = tproxy.client(**TOOLS)
+    loops = {}
+    for city, question in (("Oslo", "weather at home?"), ("Bergen", "weather at work?")):
+        fake.queue(model_round(None, [call("call_0", "query_memory", {"query": f"where is {city}"})]),
+                   model_round(f"Checking {city}.", [call("call_0", "get_weather", {"city": city})]))
+        prompt = [{"role": "user", "content": question}]
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=prompt, tools=[weather])
+        loops[city] = (prompt, raw.parse().choices[0].message, raw.headers["x-memory-turn"],
+                       messages_bytes(fake.chat_requests()[-1].body))
+    assert loops["Oslo"][2] != loops["Bergen"][2]
+    for city, (prompt, message, turn, round_two) in loops.items():
+        fake.queue(model_round(f"It is 4 degrees in {city}."))
+        step = client.chat.completions.with_raw_response.create(model="m", tools=[weather], messages=prompt + [
+            message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_0", "content": "4 C"}])
+        assert step.headers["x-memory-turn"] == turn, city
+        # The model sees its own loop's exchange, byte for byte, then the app's result.
+        next_step = messages_bytes(fake.chat_requests()[-1].body)
+        assert next_step.startswith(round_two[:-1] + b","), city
+        assert json.loads(next_step)[-1] == {"role": "tool", "tool_call_id": "call_0", "content": "4 C"}
+    assert eventually(lambda: conversations_saved(tproxy) == [
+        [("user", "weather at home?"), ("assistant", "It is 4 degrees in Oslo.")],
+        [("user", "weather at work?"), ("assistant", "It is 4 degrees in Bergen.")]])
