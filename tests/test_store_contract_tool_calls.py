@@ -1,5 +1,5 @@
 """The store contract for a step's tool calls kept per turn, on both backends: a database made
-before they were keyed by (user, turn, call id) migrates, keeps its rows, and takes an id that
+before they were keyed by (user, call id, turn) migrates, keeps its rows, and takes an id that
 another turn reuses."""
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ _BEFORE = {
     "postgres": (
         "ALTER TABLE turn_tool_calls DROP CONSTRAINT turn_tool_calls_pkey",
         "ALTER TABLE turn_tool_calls ADD PRIMARY KEY (user_id, call_id)",
-        "DROP INDEX turn_tool_calls_call",
-        "CREATE INDEX turn_tool_calls_turn ON turn_tool_calls(user_id, turn_key)",
     ),
 }
 

@@ -474,15 +474,13 @@ _V9 = """
 ALTER TABLE turns ADD COLUMN IF NOT EXISTS hook_context text;
 """
 
-# v10: as SQLite's v13. A step's tool calls are kept per turn, keyed (user, turn, call id): a
+# v10: as SQLite's v13. A step's tool calls are kept per turn, keyed (user, call id, turn): a
 # provider that numbers its calls per response (`call_0`) reuses ids across the user's turns
-# and conversations, and one turn's row must not replace another's. The lookup by call id
-# gets its own index; the key's prefix serves the one by turn.
+# and conversations, and one turn's row must not replace another's. The key's prefix still
+# serves the lookup by call id.
 _V10 = """
 ALTER TABLE turn_tool_calls DROP CONSTRAINT IF EXISTS turn_tool_calls_pkey;
-ALTER TABLE turn_tool_calls ADD CONSTRAINT turn_tool_calls_pkey PRIMARY KEY (user_id, turn_key, call_id);
-DROP INDEX IF EXISTS turn_tool_calls_turn;
-CREATE INDEX IF NOT EXISTS turn_tool_calls_call ON turn_tool_calls(user_id, call_id);
+ALTER TABLE turn_tool_calls ADD CONSTRAINT turn_tool_calls_pkey PRIMARY KEY (user_id, call_id, turn_key);
 """
 
 # Append only: a released script never changes; a schema change is a new script.

@@ -230,7 +230,7 @@ class Batch:
         self._conn.executemany(
             "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at, exchange)"
             " SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = ? AND turn_key = ?)"
-            " ON CONFLICT (user_id, turn_key, call_id) DO UPDATE SET name = excluded.name,"
+            " ON CONFLICT (user_id, call_id, turn_key) DO UPDATE SET name = excluded.name,"
             " arguments = excluded.arguments, created_at = excluded.created_at, exchange = excluded.exchange",
             [(op.scope.user, cid, op.turn_key, clean_text(name), clean_text(args), at, exchange, op.scope.user,
               op.turn_key) for cid, name, args in op.calls],
