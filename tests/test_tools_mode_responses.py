@@ -185,27 +185,3 @@ def test_text_after_the_last_round_s_call_is_not_sent_twice(tproxy, fake):
                             input=[{"role": "user", "content": "weather at home?"}, *echo, result])
     round_two, next_step = (r.json()["input"] for r in fake.responses_requests()[1:])
     assert next_step == [*round_two, app, message_item("Asking the weather app.", 1), result]
-
-
-def test_a_provider_numbering_its_calls_call_0_continues_each_conversation_s_own_turn(tproxy, fake):
-    # Both conversations' steps end in the app's `call_0`; each client continues its own with
-    # previous_response_id and the call's output alone: the step belongs to the turn of the
-    # response it names, whichever conversation called last.
-    client = tproxy.client(**TOOLS)
-    loops = {}
-    for n, city in enumerate(("Oslo", "Bergen")):
-        fake.queue(model_round([query("call_0", f"where is {city}")], f"resp_{city}_1"),
-                   model_round([call_item("call_0", "get_weather", json.dumps({"city": city}))], f"resp_{city}_2"))
-        raw = client.responses.with_raw_response.create(model="m", input=f"weather in {city}?", tools=[WEATHER])
-        loops[city] = (raw.parse().id, raw.headers["x-memory-turn"])
-    for city, (answer_id, turn) in loops.items():
-        fake.queue(model_round([message_item(f"Rain in {city}.")], f"resp_{city}_3"))
-        step = client.responses.with_raw_response.create(
-            model="m", tools=[WEATHER], previous_response_id=answer_id,
-            input=[{"type": "function_call_output", "call_id": "call_0", "output": "rain"}])
-        assert step.headers["x-memory-turn"] == turn, city
-        assert step.parse().output_text == f"Rain in {city}."
-        assert sent(fake)[-1]["previous_response_id"] == f"resp_{city}_2"  # the round the provider answered last
-    assert eventually(lambda: sorted(saved(tproxy)) == sorted([
-        ("user", "weather in Oslo?"), ("assistant", "Rain in Oslo."),
-        ("user", "weather in Bergen?"), ("assistant", "Rain in Bergen.")]))
