@@ -41,7 +41,7 @@ NOTHING_FOUND = ("No relevant memories found. If the user asks about something y
 WRITE_BLOCKED = "Error: a memory policy kept this out of memory; nothing was stored."
 ROUNDS_USED = ("Memory tool limit reached for this request: answer now with what you already have, without "
                "calling a memory tool again.")
-STORED = "Stored in memory."
+STORED = "Stored as memory for later conversations."
 # The writer took the write and commits it (retrying a store that is busy or down for a
 # moment), and a repeat merges by its id: the model must not think it failed and store it
 # again, or tell the user it could not remember.
