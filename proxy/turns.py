@@ -86,7 +86,8 @@ async def identify(
     call_ids = list(transcript.tool_call_ids)
     chain = await store.response_chain(scope, transcript.previous_response) if transcript.previous_response else None
     shown = chain.shown if chain is not None else await _conversation_shown(store, scope, transcript)
-    found = await store.find_turn(scope, call_ids, digest, now - timedelta(seconds=retry_window_s))
+    found = await store.find_turn(scope, call_ids, digest, now - timedelta(seconds=retry_window_s),
+                                  transcript.previous_response)
     existing = found.turn
     if existing is not None:
         return TurnIdentity(existing.key, existing.conversation_id, digest, existing, generation=found.generation,

@@ -13,10 +13,13 @@ import time
 
 from proxy.app import Parts
 from proxy.exchange import Recall
+from proxy.memory.tools import UNAVAILABLE
 from proxy.models import Scope, Transcript
 from proxy.scope import RequestScope
 from proxy.settings import load_settings
 from proxy.wires.openai_chat import OpenAIChat
+from tests.fake_upstream import Received, Reply, model_round
+from tests.pg_server import PostgresServer
 from tests.proxy_db import eventually
 from tests.test_memory_path import SOURCE_TABLES, tables_locked, teach
 
@@ -91,3 +94,64 @@ def test_recalls_that_time_out_while_the_store_answers_nobody_open_the_circuit(m
     assert first_open >= 5  # five timeouts at least before it opened
     assert statuses[:first_open] == [TIMEOUT] * first_open
     assert statuses[first_open:] == [OPEN] * (16 - first_open)
+
+
+def test_memory_calls_against_a_failing_store_open_the_circuit_and_stop_waiting_on_it(
+        make_proxy, fake, pg_server: PostgresServer, pg_url: str):
+    # Tools mode: the request began with its store up (the model is offered the memory tools);
+    # then the database goes down while the model answers. Each query_memory that finds it
+    # failing counts as a failing recall does; five open the circuit, and the next calls get
+    # their error at once instead of waiting on the store (a store_memory is not queued), as
+    # does the next request's recall.
+    proxy = make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=2000, extraction__from_roles=[])
+    tools = {"X-Memory-User": "alice", "X-Memory-Mode": "tools"}
+    calls = [{"id": f"call_q{n}", "name": "query_memory", "arguments": json.dumps({"query": f"editor {n}"})}
+             for n in range(6)]
+    calls.append({"id": "call_s1", "name": "store_memory", "arguments": json.dumps({"content": "Likes Helix",
+                                                                                    "type": "fact"})})
+
+    def stopped_first(request: Received) -> Reply:
+        pg_server.stop()
+        return model_round(None, calls)(request)
+
+    def ask(text: str) -> tuple[str, str]:
+        raw = proxy.client(**tools).chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": text}])
+        return raw.headers["x-memory-status"], raw.parse().choices[0].message.content
+
+    assert ask("hello") == ("ok", "Hello from upstream")  # the store is up, and its pool warm
+    fake.queue(stopped_first, model_round("I could not look it up."))
+    try:
+        during = ask("which editor do I like?")
+        after = ask("and now?")
+    finally:
+        pg_server.start()
+    assert during == ("ok", "I could not look it up.")
+    results = [m["content"] for m in fake.chat_requests()[2].json()["messages"] if m["role"] == "tool"]
+    assert results == ["Error: query_memory failed; go on without it."] * 5 + [UNAVAILABLE] * 2
+    assert after == (OPEN, "Hello from upstream")
+    assert "tools" not in fake.chat_requests()[-1].json()  # memory is off for the request: no tools offered
+
+
+def test_memory_calls_that_time_out_while_the_store_answers_nobody_open_the_circuit(make_proxy, fake, pg_url):
+    # Another session locks every table a search reads, not those the turn lookup reads: the
+    # request gets its tools, then each query_memory runs out of its budget. As with recalls,
+    # the first timeouts are a store that may be busy; once it has answered nothing for a
+    # while they count, and after five the circuit opens: the calls left get their error at once.
+    proxy = make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=BUDGET_MS, extraction__from_roles=[])
+    tools = {"X-Memory-User": "alice", "X-Memory-Mode": "tools", "X-Memory-Persist": "false"}
+    calls = [{"id": f"call_q{n}", "name": "query_memory", "arguments": json.dumps({"query": f"editor {n}"})}
+             for n in range(14)]
+    client = proxy.client(**tools)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])  # a warm pool
+    fake.queue(model_round(None, calls), model_round("I could not look it up."))
+    with tables_locked(pg_url, SOURCE_TABLES):
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "which editor do I like?"}])
+    assert raw.headers["x-memory-status"] == "ok"
+    results = [m["content"] for m in fake.chat_requests()[-1].json()["messages"] if m["role"] == "tool"]
+    timed_out = results.count("Error: query_memory timed out; go on without it.")
+    # At least four budgets of silence before a timeout counts, then five counted ones.
+    assert 9 <= timed_out < len(calls), results
+    assert results == ["Error: query_memory timed out; go on without it."] * timed_out + \
+        [UNAVAILABLE] * (len(calls) - timed_out)

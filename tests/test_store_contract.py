@@ -20,6 +20,7 @@ import pytest
 from proxy.models import ReasoningStep, Scope, Turn
 from proxy.stores.base import (
     FinishTurn,
+    RecordResponse,
     RecordToolCalls,
     SaveBlock,
     SetTurnStatus,
@@ -405,22 +406,43 @@ def test_a_deletion_drops_the_kept_memory_exchanges(backend: Backend) -> None:
     run(body())
 
 
-def test_a_call_id_a_later_turn_reuses_leads_to_that_turn(backend: Backend) -> None:
-    # A provider numbering its calls per response (`call_0`) reuses ids across turns: the next
-    # step belongs to the turn whose response carried the id last.
+def test_a_call_id_another_turn_reuses_keeps_each_turn_s_row(backend: Backend) -> None:
+    # A provider numbering its calls per response (`call_0`) reuses ids across the user's turns
+    # and conversations: each turn keeps its own row and exchange, and the request finds the
+    # turn it continues: the turn of the response it names, else the one of its history, else
+    # the newest.
     later = T0 + timedelta(hours=1)
 
     async def body() -> None:
         async with backend.opened() as store:
-            await store.apply([start(ALICE, "k1"), RecordToolCalls(ALICE, "k1", (("call_0", "search", "{}"),), T0)])
-            await store.apply([start(ALICE, "k2", at=later),
+            await store.apply([start(ALICE, "k1"),
+                               RecordToolCalls(ALICE, "k1", (("call_0", "search", "{}"),), T0, exchange="first's"),
+                               RecordResponse(ALICE, "resp_k1", "k1", "c1", None, T0)])
+            await store.apply([start(ALICE, "k2", conv="c2", at=later),
                                RecordToolCalls(ALICE, "k2", (("call_0", "fetch", '{"n": 2}'), ("call_0", "fetch", "{}")),
-                                               later)])
-            turn = await by_calls(store, ALICE, ["call_0"])
-            assert turn is not None and turn.key == "k2"
-        assert await backend.sql("SELECT turn_key, name, arguments FROM turn_tool_calls") == [("k2", "fetch", "{}")]
+                                               later, exchange="second's")])
+            assert key(await by_calls(store, ALICE, ["call_0"])) == "k2"  # no other clue: the newest
+            found = await store.find_turn(ALICE, ["call_0"], "h-k1", later)  # k1's history, long ago
+            assert key(found.turn) == "k1"
+            found = await store.find_turn(ALICE, ["call_0"], "h-k2", later, "resp_k1")
+            assert key(found.turn) == "k1"  # the response named wins over the history
+            found = await store.find_turn(ALICE, ["call_0"], "h-k2", later, "resp_unknown")
+            assert key(found.turn) == "k2"
+            assert (await store.find_turn(BOB, ["call_0"], "h-k1", later)).turn is None
+            assert await store.memory_exchanges(ALICE, "k1", ["call_0"]) == {"call_0": "first's"}
+            assert await store.memory_exchanges(ALICE, "k2", ["call_0"]) == {"call_0": "second's"}
+            # A later step of the same turn naming the id again replaces that turn's row alone.
+            await store.apply([RecordToolCalls(ALICE, "k1", (("call_0", "lookup", "{}"),), later, exchange="again")])
+            assert await store.memory_exchanges(ALICE, "k1", ["call_0"]) == {"call_0": "again"}
+            assert await store.memory_exchanges(ALICE, "k2", ["call_0"]) == {"call_0": "second's"}
+        assert sorted(await backend.sql("SELECT turn_key, name, arguments FROM turn_tool_calls")) == [
+            ("k1", "lookup", "{}"), ("k2", "fetch", "{}")]
 
     run(body())
+
+
+def key(turn: Turn | None) -> str | None:
+    return None if turn is None else turn.key
 
 
 def test_history_lookup_respects_since(backend: Backend) -> None:

@@ -28,7 +28,7 @@ from proxy.memory.kept_step import earlier_steps, packed
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.sources import edges
-from proxy.memory.tools import CallBounds, MemoryTools, ToolHooks
+from proxy.memory.tools import CallBounds, CircuitOpen, MemoryTools, Save, Search, ToolHooks
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
@@ -36,7 +36,7 @@ from proxy.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
     DropHookContext, FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn,
-    Store, StoreError, text_hash,
+    Store, StoreError, StoreMemory, text_hash,
 )
 from proxy.stores.generations import Generation
 from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
@@ -210,9 +210,8 @@ class MemoryService:
         if resolved.mode == "tools" and status == "ok":
             tool_hooks = (None if self.hooks is None else ToolHooks(
                 self.hooks, turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)))
-            bounds = CallBounds(self.memory.retrieval_timeout_ms / 1000, self.memory.commit_timeout_ms / 1000,
-                                self._degraded)
-            recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self.store,
+            bounds = CallBounds(self.memory.commit_timeout_ms / 1000, self._degraded)
+            recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self._saver(),
                                        recall.logged_query, persist, identity.key, identity.conversation_id,
                                        bounds, tool_hooks)
             recall.echoes = echoes
@@ -221,7 +220,7 @@ class MemoryService:
         recall.started(now)
         return recall
 
-    def _searcher(self, scope: Scope, request: Transcript, identity: TurnIdentity) -> Any:
+    def _searcher(self, scope: Scope, request: Transcript, identity: TurnIdentity) -> Search:
         """query_memory's search: inject mode's retrieval, in the request's scope and conversation; what
         the request shows the model (its prompt too, saved before the model asks) is never found again."""
         header = self.memory.block_header
@@ -229,14 +228,47 @@ class MemoryService:
         visible = tuple(edges(text, QUERY_EDGE_CHARS) for text in shown)
 
         async def search(text: str, limit: int) -> Retrieved:
-            # As inject mode's retrieval: within its budget, and admitted like any other recall.
+            # As inject mode's retrieval: within its budget, admitted like any other recall, and
+            # through the circuit breaker: a failing store is not waited on by every call.
+            if not self.breaker.allow():
+                raise CircuitOpen()
             began = asyncio.get_running_loop().time()
             budget_s = self.memory.retrieval_timeout_ms / 1000
             query = Query(edges(text, QUERY_EDGE_CHARS), identity.conversation_id, visible, min(limit, 12),
                           answer_by=began + budget_s)
-            async with self.gate.admitted(began + budget_s * TURN_WAIT_SHARE):
-                return await self.retriever.retrieve(scope, query)
+            reading = False  # its turn came (admission.py) and it asked the store
+            try:
+                async with asyncio.timeout_at(began + budget_s):
+                    async with self.gate.admitted(began + budget_s * TURN_WAIT_SHARE):
+                        reading = True
+                        found = await self.retriever.retrieve(scope, query)
+            except TimeoutError:
+                if reading:  # counted as a recall's timeout is: only when the store answers nobody
+                    self.breaker.timed_out(budget_s * QUIET_BUDGETS, self.store.answered_at)
+                raise
+            except Exception:  # a store or retrieval error, as a recall's counts; the call reports it
+                self.breaker.failed()
+                raise
+            self.breaker.succeeded()
+            return found
         return search
+
+    def _saver(self) -> Save:
+        """store_memory's write: through the writer, as every write (it retries a store that fails
+        for a while, and a repeat merges by id), and through the circuit breaker."""
+        async def save(op: StoreMemory, wait_s: float) -> bool:
+            if not self.breaker.allow():
+                raise CircuitOpen()
+            committed = self.writer.submit(op, urgent=True)  # StoreError at once when the queue is full
+            try:
+                await asyncio.wait_for(asyncio.shield(committed), wait_s)
+            except TimeoutError:  # still queued: it commits later; a store that answers nobody counts
+                self.breaker.timed_out(self.memory.retrieval_timeout_ms / 1000 * QUIET_BUDGETS,
+                                       self.store.answered_at)
+                return False
+            self.breaker.succeeded()
+            return True
+        return save
 
     async def _identify(self, scope: Scope, request: Transcript, now: datetime, digest: str) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,

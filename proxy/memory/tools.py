@@ -1,15 +1,15 @@
 """Tools mode: the two memory tools the model may call, and running one call (docs/tools-mode.md).
 
 `query_memory` reads through the same retriever as inject mode, in the request's scope;
-`store_memory` writes through the same path as the memory API (redacted, then through the
-`pre_memory_write` hooks). Each call goes through the `pre_tool_use` and `post_tool_use`
-hooks (docs/hooks.md). Whatever goes wrong becomes an error result for the model: a
-memory call never fails the request.
+`store_memory` writes what the memory API writes (redacted, then through the
+`pre_memory_write` hooks), through the writer every other write goes through. Each call goes
+through the `pre_tool_use` and `post_tool_use` hooks (docs/hooks.md), and through the
+circuit breaker as inject mode's recall does (the pipeline's search and save). Whatever goes
+wrong becomes an error result for the model: a memory call never fails the request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from proxy.extracted import canonical_name
 from proxy.ids import derived_id, id_time_ns
 from proxy.memory.hooks import HookContext, Hooks
 from proxy.memory.redact import redact
 from proxy.models import Scope, ToolCall
-from proxy.stores.base import TAGS_MAX, Store, StoreMemory
+from proxy.stores.base import TAGS_MAX, StoreError, StoreMemory
 
 log = logging.getLogger("memproxy.tools")
 
@@ -40,6 +41,13 @@ NOTHING_FOUND = ("No relevant memories found. If the user asks about something y
 WRITE_BLOCKED = "Error: a memory policy kept this out of memory; nothing was stored."
 ROUNDS_USED = ("Memory tool limit reached for this request: answer now with what you already have, without "
                "calling a memory tool again.")
+STORED = "Stored as memory for later conversations."
+# The writer took the write and commits it (retrying a store that is busy or down for a
+# moment), and a repeat merges by its id: the model must not think it failed and store it
+# again, or tell the user it could not remember.
+STORING = "Accepted: it is being stored in memory and will be there in later conversations."
+REFUSED = "Error: store_memory failed; nothing was stored. Go on without it."
+UNAVAILABLE = "Error: memory is unavailable right now (its store keeps failing); go on without it."
 
 # The tools as JSON Schema; each wire's module wraps them in its own tool format.
 SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -83,18 +91,25 @@ class Found(Protocol):
     log: dict[str, Any]
 
 
-# The retriever of inject mode, asked in the request's scope: (query text, limit) -> what it found.
+# The retriever of inject mode, asked in the request's scope, within inject mode's retrieval
+# budget: (query text, limit) -> what it found. TimeoutError past the budget; CircuitOpen.
 Search = Callable[[str, int], Awaitable[Found]]
+# The writer, given a write and how long to wait for its commit: True once committed, False
+# while it is still queued (it commits later). StoreError when it was refused; CircuitOpen.
+Save = Callable[[StoreMemory, float], Awaitable[bool]]
 # Where a query's injection-log entry goes (the turn's recall): (block, injected, entry).
 LogQuery = Callable[[str, int, dict[str, Any]], None]
 
 
+class CircuitOpen(Exception):
+    """The store failed repeatedly (the circuit breaker is open): the call does not wait on it."""
+
+
 @dataclass(frozen=True)
 class CallBounds:
-    """How long each memory call may take (a locked store must not hold the round), and where a
-    call past its bound is counted (with the degraded recalls)."""
+    """How long a store_memory waits for its commit (a locked store must not hold the round), and
+    where a query past its budget is counted (with the degraded recalls)."""
 
-    query_s: float
     store_s: float
     timed_out: Callable[[str], object]
 
@@ -110,13 +125,13 @@ class ToolHooks:
 class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
-    def __init__(self, scope: Scope, search: Search, store: Store, log_query: LogQuery, persist: bool,
+    def __init__(self, scope: Scope, search: Search, save: Save, log_query: LogQuery, persist: bool,
                  turn_key: str, conversation_id: str, bounds: CallBounds, hooks: ToolHooks | None = None) -> None:
         self.scope = scope
         self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
         self.conversation_id = conversation_id  # where an `interaction` goes
         self.search = search
-        self.store = store  # store_memory is the memory API's own write
+        self.save = save
         self.log_query = log_query
         self.persist = persist
         self.bounds = bounds
@@ -151,6 +166,8 @@ class MemoryTools:
             return await self._store(arguments)
         except BadArguments as exc:
             return CallResult(f"Error: {exc}", error=True)
+        except CircuitOpen:
+            return CallResult(UNAVAILABLE, error=True)
         except TimeoutError:
             self.bounds.timed_out(f"{name} timeout")
             return CallResult(f"Error: {name} timed out; go on without it.", error=True)
@@ -163,8 +180,7 @@ class MemoryTools:
         if not isinstance(text, str) or not text.strip():
             raise BadArguments("`query` must be a non-empty string")
         limit = _limit(arguments.get("limit", QUERY_LIMIT_DEFAULT))
-        async with asyncio.timeout(self.bounds.query_s):
-            found = await self.search(text, limit)
+        found = await self.search(text, limit)
         self.log_query(found.block, found.injected, {**found.log, "tool_query": redact(text)})
         if not found.block:
             return CallResult(NOTHING_FOUND)
@@ -184,9 +200,14 @@ class MemoryTools:
         memory_id = derived_id(f"memory {self.turn_key} {kind} {content}", id_time_ns(self.turn_key))
         op = StoreMemory(self.scope, memory_id, content, kind, datetime.now(timezone.utc), confidence,
                          tuple(redact(tag) for tag in tags), self.conversation_id)
-        async with asyncio.timeout(self.bounds.store_s):  # the hooks above run on their own timeouts
-            memory_id = await self.store.store_memory(op)
-        return CallResult(f"Stored as memory {memory_id}.")
+        # The round waits at most the commit bound (the hooks above ran on their own timeouts);
+        # past it the write is still the writer's, and lands.
+        try:
+            committed = await self.save(op, self.bounds.store_s)
+        except StoreError as exc:  # refused: the writer's queue is full, or the store refused the write
+            log.warning("memory tool %s: the write was refused (%s)", STORE, redact(str(exc))[:200])
+            return CallResult(REFUSED, error=True)
+        return CallResult(STORED if committed else STORING)
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -222,6 +243,8 @@ def _memory(arguments: dict[str, Any]) -> tuple[str, str, float, tuple[str, ...]
     kind = arguments.get("type")
     if kind not in MEMORY_TYPES:
         raise BadArguments(f"`type` must be one of {', '.join(MEMORY_TYPES)}")
+    if kind != "interaction" and not canonical_name(content):  # refused here, not by the writer after the round
+        raise BadArguments("`content` must hold some words")
     confidence = arguments.get("confidence", 0.7)
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not math.isfinite(confidence) \
             or not 0 <= confidence <= 1:

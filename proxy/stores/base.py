@@ -418,12 +418,16 @@ class Writes(Protocol):
 class TurnReads(Protocol):
     """Turn and conversation identity: which turn and conversation a request belongs to (turns.py)."""
 
-    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
-                        ) -> FoundTurn:
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime,
+                        previous_response: str | None = None) -> FoundTurn:
         """The user's generation, and the turn a request belongs to, in one read.
 
-        The turn is the newest whose earlier step's response carried one of `call_ids`, else
-        the latest started at or after `since` whose history hashed the same, else None.
+        The turn is one whose earlier step's response carried one of `call_ids`, else the
+        latest started at or after `since` whose history hashed the same, else None. Of the
+        turns that carried those ids (a provider numbering its calls per response, `call_0`,
+        reuses them across the user's turns and conversations), the one the request continues
+        wins: the turn of `previous_response` (a recorded response id), else the one whose
+        history hashed the same, else the newest.
         """
 
     async def response_chain(self, scope: Scope, response_id: str) -> ResponseChain | None:

@@ -95,7 +95,7 @@ calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, argumen
         WHERE id = {user_generation_key}::text AND generation > {generation}) THEN NULL ELSE {exchange}::text END
     FROM unnest({call_ids}::text[], {call_names}::text[], {call_args}::text[]) AS c(id, name, arguments)
     WHERE {kind} = 'calls' AND {live} AND EXISTS (SELECT 1 FROM turns WHERE user_id = {user} AND turn_key = {turn_key})
-    ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,
+    ON CONFLICT (user_id, call_id, turn_key) DO UPDATE SET name = excluded.name,
         arguments = excluded.arguments, created_at = excluded.created_at, exchange = excluded.exchange),
 -- A turn that completed stays complete.
 status AS (UPDATE turns SET status = {status}, updated_at = {at}

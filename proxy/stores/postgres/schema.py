@@ -474,8 +474,17 @@ _V9 = """
 ALTER TABLE turns ADD COLUMN IF NOT EXISTS hook_context text;
 """
 
+# v10: as SQLite's v13. A step's tool calls are kept per turn, keyed (user, call id, turn): a
+# provider that numbers its calls per response (`call_0`) reuses ids across the user's turns
+# and conversations, and one turn's row must not replace another's. The key's prefix still
+# serves the lookup by call id.
+_V10 = """
+ALTER TABLE turn_tool_calls DROP CONSTRAINT IF EXISTS turn_tool_calls_pkey;
+ALTER TABLE turn_tool_calls ADD CONSTRAINT turn_tool_calls_pkey PRIMARY KEY (user_id, call_id, turn_key);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

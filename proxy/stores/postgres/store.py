@@ -222,8 +222,8 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
 
     # --- turn and conversation identity
 
-    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
-                        ) -> FoundTurn:
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime,
+                        previous_response: str | None = None) -> FoundTurn:
         """The user's generation and the turn the request belongs to, in one statement (one snapshot)."""
         args = Args()
         user = args(scope.user)
@@ -235,7 +235,11 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         by_calls = (f"SELECT 0 AS rank, {columns} FROM turn_tool_calls c"
                     " JOIN turns t ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
                     f" WHERE c.user_id = {user} AND c.call_id = ANY({args([clean_text(i) for i in call_ids])}::text[])"
-                    f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1")
+                    f"{agent_clause(scope, 't', args)}"
+                    # Of the turns that carried these ids, the one the request continues (TurnReads.find_turn).
+                    f" ORDER BY t.turn_key IS NOT DISTINCT FROM (SELECT turn_key FROM responses WHERE user_id = {user}"
+                    f" AND response_id = {args(clean_text(previous_response or ''))}) DESC,"
+                    f" t.history_hash = {args(history_hash)} DESC, t.created_at DESC, t.seq DESC LIMIT 1")
         by_history = (f"SELECT 1 AS rank, {columns} FROM turns t WHERE t.user_id = {user}"
                       f" AND t.history_hash = {args(history_hash)} AND t.created_at >= {args(utc(since))}"
                       f"{agent_clause(scope, 't', args)} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1")

@@ -218,9 +218,10 @@ class Batch:
     def record_tool_calls(self, op: RecordToolCalls) -> None:
         """Remember the call ids of a step (skipped when the turn itself is unknown).
 
-        An id seen before points to the newest turn whose response carried it: a provider
-        that numbers its calls per response (`call_0`) reuses ids across turns, and the
-        next step belongs to the turn that just made the call.
+        Kept per turn: a provider that numbers its calls per response (`call_0`) reuses ids
+        across the user's turns and conversations, and each turn keeps its own row. A later
+        step of the same turn naming an id again (a retried step, or the provider's numbering
+        starting over) replaces that turn's row.
         """
         at = to_ts(op.at)
         exchange = clean_text(op.exchange) if op.exchange is not None else None
@@ -231,7 +232,7 @@ class Batch:
         self._conn.executemany(
             "INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, arguments, created_at, exchange)"
             " SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM turns WHERE user_id = ? AND turn_key = ?)"
-            " ON CONFLICT (user_id, call_id) DO UPDATE SET turn_key = excluded.turn_key, name = excluded.name,"
+            " ON CONFLICT (user_id, call_id, turn_key) DO UPDATE SET name = excluded.name,"
             " arguments = excluded.arguments, created_at = excluded.created_at, exchange = excluded.exchange",
             [(op.scope.user, cid, op.turn_key, clean_text(name), clean_text(args), at, exchange, op.scope.user,
               op.turn_key) for cid, name, args in op.calls],

@@ -412,8 +412,33 @@ _V12 = """
 ALTER TABLE turns ADD COLUMN hook_context TEXT;
 """
 
+# v13: a step's tool calls are kept per turn, keyed (user, call id, turn): a provider that
+# numbers its calls per response (`call_0`) reuses ids across the user's turns and
+# conversations, and one turn's row must not replace another's (its exchange, its routing).
+# SQLite cannot change a primary key in place: the table is made again under its name. The
+# key's prefix serves the lookup by call id, as before; the index the one by turn. Written to
+# run again over its own work.
+_V13 = """
+CREATE TABLE IF NOT EXISTS turn_tool_calls_v13 (
+    user_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    turn_key TEXT NOT NULL,
+    name TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    exchange TEXT,
+    PRIMARY KEY (user_id, call_id, turn_key),
+    FOREIGN KEY (user_id, turn_key) REFERENCES turns(user_id, turn_key) ON DELETE CASCADE
+);
+INSERT OR IGNORE INTO turn_tool_calls_v13 (user_id, call_id, turn_key, name, arguments, created_at, exchange)
+    SELECT user_id, call_id, turn_key, name, arguments, created_at, exchange FROM turn_tool_calls;
+DROP TABLE turn_tool_calls;
+ALTER TABLE turn_tool_calls_v13 RENAME TO turn_tool_calls;
+CREATE INDEX IF NOT EXISTS turn_tool_calls_turn ON turn_tool_calls(user_id, turn_key);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -391,18 +391,21 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     # --- turn and conversation identity
 
-    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime
-                        ) -> FoundTurn:
+    async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime,
+                        previous_response: str | None = None) -> FoundTurn:
         """The user's generation and the turn the request belongs to, each lookup one statement (one snapshot)."""
         agent, agent_params = agent_clause(scope, "t")
         lookups: list[tuple[str, list[Any]]] = []
         if call_ids:
+            # Of the turns that carried these ids, the one the request continues (TurnReads.find_turn).
             lookups.append((
                 f"SELECT {_TURN_COLUMNS}, t.block_generation FROM turn_tool_calls c JOIN turns t"
                 " ON t.user_id = c.user_id AND t.turn_key = c.turn_key"
                 f" WHERE c.user_id = ? AND c.call_id IN (SELECT value FROM json_each(?)){agent}"
-                " ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
-                [scope.user, json.dumps(list(call_ids)), *agent_params]))
+                " ORDER BY t.turn_key IS (SELECT turn_key FROM responses WHERE user_id = ? AND response_id = ?) DESC,"
+                " t.history_hash = ? DESC, t.created_at DESC, t.seq DESC LIMIT 1",
+                [scope.user, json.dumps(list(call_ids)), *agent_params, scope.user, previous_response,
+                 history_hash]))
         lookups.append((
             f"SELECT {_TURN_COLUMNS}, t.block_generation FROM turns t WHERE t.user_id = ? AND t.history_hash = ?"
             f" AND t.created_at >= ?{agent} ORDER BY t.created_at DESC, t.seq DESC LIMIT 1",
