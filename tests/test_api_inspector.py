@@ -25,8 +25,9 @@ QUESTION = "Is the staging host internal-hbr-2291.example up, and where does Ali
 
 @pytest.fixture
 def inspected(make_proxy: Any) -> Any:
-    """The proxy, on SQLite here (test_api_inspector_postgres.py serves it from PostgreSQL)."""
-    return make_proxy(memory__commit_timeout_ms=5000)
+    """The proxy, on SQLite here (test_api_inspector_postgres.py serves it from PostgreSQL). Nothing is
+    extracted: the turn's own facts (written before its answer ends) would change the items it recalled."""
+    return make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
 
 
 @pytest.fixture

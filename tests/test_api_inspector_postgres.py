@@ -18,4 +18,4 @@ from tests.test_api_inspector import (  # noqa: F401  (collected here again, aga
 
 @pytest.fixture
 def inspected(pg_url: str, make_proxy: Any) -> RunningProxy:
-    return make_proxy(store__url=pg_url, memory__commit_timeout_ms=5000)
+    return make_proxy(store__url=pg_url, memory__commit_timeout_ms=5000, extraction__from_roles=[])
