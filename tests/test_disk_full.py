@@ -16,10 +16,14 @@ def limit_pages(proxy: Any, pages: int | None) -> int:
     """Cap the database at its current size (None) or at `pages`, on the store's own write connection.
 
     max_page_count holds per connection, so it is set where the writes happen: the writer thread.
+    A cap at the current size first gives the free pages back (a migration that rebuilt a table
+    leaves some), or writes would fill them before any needed a new page.
     """
     store = proxy.app.state.parts.store
 
     def cap() -> int:
+        if pages is None:
+            store._writer.execute("VACUUM")
         size = store._writer.execute("PRAGMA page_count").fetchone()[0]
         return int(store._writer.execute(f"PRAGMA max_page_count = {pages or size}").fetchone()[0])
 
