@@ -12,7 +12,7 @@ import asyncio
 import sqlite3
 import time
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from proxy.app import Parts
@@ -166,10 +166,10 @@ def test_the_facts_of_a_pass_commit_without_waiting_for_other_writes(tmp_path: P
 
 
 def test_a_message_mined_as_it_is_saved_is_findable_with_no_pass_of_the_worker(tmp_path: Path) -> None:
-    """Its facts are written right behind it: the next request waits for that write alone, and finds
-    them with no extraction worker running at all; the queue item that backed the write up is gone."""
-    async def body() -> tuple[list[str], bool, dict[str, int]]:
-        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+    """Its facts are written right behind it, and found with no extraction worker running at all;
+    the queue item that backed the write up is gone, and nothing of it is pending for other requests."""
+    async def body() -> tuple[list[str], dict[str, int], bool]:
+        store, metrics = SQLiteStore(str(tmp_path / "memory.db")), Metrics()
         await store.open()
         writer = Writer(store, metrics, 100)
         writer.start()
@@ -178,19 +178,18 @@ def test_a_message_mined_as_it_is_saved_is_findable_with_no_pass_of_the_worker(t
             now, text = datetime.now(UTC), "I live in Porto and my manager is Dana."
             writer.submit(StartTurn(ALICE, "t1", "c1", "h1", now, text, message_id="m1",
                                     extract_from=queue_from(now)))
-            pending.saving(ALICE.user, inline.record(ALICE, "m1", text, now), with_facts=True)
-            settled = await pending.settled(ALICE.user, 5.0)
+            await asyncio.wait_for(inline.record(ALICE, "m1", text, now), 5.0)
             retrieved = await Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics).retrieve(
                 ALICE, Query("Who is my manager?", "c2", (), 6, new_conversation=True))
-            return retrieved.block.splitlines(), settled, await store.queue_depth()
+            return retrieved.block.splitlines(), await store.queue_depth(), await store.claim_extraction(
+                10, now + timedelta(hours=1)) == []
         finally:
             await writer.close()
             await store.close()
 
-    lines, settled, depth = asyncio.run(body())
-    assert settled
+    lines, depth, unclaimed = asyncio.run(body())
     assert any(line.endswith(". [graph] (User)-[HAS_MANAGER]->(Dana)") for line in lines)
-    assert depth == {"pending": 0, "parked": 0}
+    assert depth == {"pending": 0, "parked": 0} and unclaimed
 
 
 def test_a_turn_ends_once_the_facts_of_its_message_are_written(tmp_path: Path) -> None:

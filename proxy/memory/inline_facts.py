@@ -6,7 +6,9 @@ find Dana. Through the extraction queue the next request waited for a pass of th
 one user's requests that pass was always one behind, and the wait ran to its bound
 (pending_facts.py). So in rules mode a short user message is mined when its turn starts,
 off the event loop, and its facts go to the writer as a RecordFacts of their own, right
-behind the message: the user's next request waits for that write alone.
+behind the message. The turn's answer ends once they are committed, as it ends once the
+turn is, so the user's next request finds them without waiting; a request running beside
+the turn (the user's parallel requests) is not its next, and does not wait for them.
 
 The queue still backs it up. The message is queued as always, due only after
 QUEUE_BACKUP_S, and the facts' write takes it off the queue by its message id; if that

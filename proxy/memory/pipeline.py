@@ -488,9 +488,9 @@ class TurnRecall(Recall):
                               message_id=message_id, extract_from=queue_from(now) if mined is not None else None)
             saved = self._saves.start(start) if self._saves is not None else self._route(start)
             if saved is not None and mined is not None and message_id is not None:
+                # Not a pending write for the user's other requests: the turn's end waits for it
+                # (answered), and a request running beside this one is not its next.
                 self._facts = mined.record(self._scope, message_id, said, now)
-                if pending is not None:
-                    pending.saving(self._scope.user, self._facts, with_facts=True)
             elif saved is not None and pending is not None:
                 pending.saving(self._scope.user, saved)
         # In tools mode the injection log holds what the model's queries found (logged_query).
