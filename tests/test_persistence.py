@@ -410,3 +410,25 @@ def test_secrets_reach_neither_the_logs_nor_a_later_recall(make_proxy, fake, cap
     for canary in ("Ab3dEf6hIj9kLm2nOp5qRs8t", "AKIAIOSFODNN7EXAMPLE", "secretsecretsecret", "hunter2secret"):
         assert canary not in recalled
         assert not [line for line in lines if canary in line]
+
+
+def test_a_custom_tool_call_is_recorded_with_its_name_and_input(mem, fake):
+    """A `custom` tool's call (free-form input, not JSON arguments) is recorded as the step's tool
+    call like a function's, so the loop's next step is found by its id and its trace names it."""
+    call = {"id": "call_patch", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin Patch"}}
+    body = completion(None)
+    body["choices"][0]["message"]["tool_calls"] = [call]
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    fake.queue(JsonReply(body))
+    client = mem.client(**{"X-Memory-User": "alice"})
+    messages = [{"role": "user", "content": "Fix the typo in main.py"}]
+    first = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    assert rows(mem, "SELECT call_id, name, arguments FROM turn_tool_calls") == [
+        ("call_patch", "apply_patch", "*** Begin Patch")]
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "call_patch", "content": "patched"}]
+    second = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    assert second.headers["x-memory-turn"] == first.headers["x-memory-turn"]
+    (steps_json,) = rows(mem, "SELECT steps FROM reasoning")[0]
+    assert [(s["name"], s["arguments"], s["result"]) for s in json.loads(steps_json)] == [
+        ("apply_patch", "*** Begin Patch", "patched")]

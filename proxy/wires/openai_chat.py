@@ -232,9 +232,8 @@ def _calls(tool_calls: Any) -> list[tuple[Any, str, str]]:
     for call in tool_calls:
         if not isinstance(call, dict):
             continue
-        function = call.get("function")
-        function = function if isinstance(function, dict) else {}
-        found.append((call.get("id"), str(function.get("name", "")), str(function.get("arguments", ""))))
+        part, text_key = openai_chat_answer.called_tool(call) or ({}, "arguments")
+        found.append((call.get("id"), str(part.get("name", "")), str(part.get(text_key, ""))))
     return found
 
 

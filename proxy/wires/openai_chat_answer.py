@@ -174,13 +174,14 @@ class ChatStreamAccumulator:
         # on every delta, so the first value wins instead of being concatenated.
         if isinstance(call_id, str) and not acc.id:
             acc.id = call_id
-        function = call.get("function")
-        if not isinstance(function, dict):
+        called = called_tool(call)
+        if called is None:
             return
-        name = function.get("name")
+        part, text_key = called
+        name = part.get("name")
         if isinstance(name, str) and not acc.name:
             acc.name = name
-        self._add_text(acc.arguments, function.get("arguments"))
+        self._add_text(acc.arguments, part.get(text_key))
 
     def _add_text(self, into: list[str], text: Any) -> None:
         if not isinstance(text, str) or not text or self._too_large:
@@ -217,12 +218,19 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def called_tool(call: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The part of a tool call naming the tool, and the key of its input: a `function` call's
+    `arguments`, a `custom` tool's free-form `input`."""
+    for kind, text_key in (("function", "arguments"), ("custom", "input")):
+        part = call.get(kind)
+        if isinstance(part, dict):
+            return part, text_key
+    return None
+
+
 def _tool_call(call: dict[str, Any]) -> ToolCall:
-    function = call.get("function")
-    function = function if isinstance(function, dict) else {}
-    return ToolCall(
-        id=_str(call.get("id")), name=_str(function.get("name")), arguments=_str(function.get("arguments"))
-    )
+    part, text_key = called_tool(call) or ({}, "arguments")
+    return ToolCall(id=_str(call.get("id")), name=_str(part.get("name")), arguments=_str(part.get(text_key)))
 
 
 def error_event(message: str, code: str, type_: str = "upstream_error") -> bytes:
