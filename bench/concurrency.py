@@ -201,7 +201,7 @@ async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Serv
             profile = workdir / f"profile-r{r + 1}-c{clients}.raw"
             sampler = pyspy.record(memproxy.pid, args.duration, profile) if args.profile else None
             level = await run_sustained(target, memproxy, mock, clients, args.duration, shape.headers(),
-                                        shape.expected_events(), first, names)
+                                        shape.expected_events(), first, names, args.ramp)
             first += 1_000_000
             lines += [sustained_row(level), threads_row(level)]
             if sampler is not None:
@@ -225,7 +225,8 @@ def sustained(args: argparse.Namespace) -> int:
         for server in servers:
             server.stop()
     print(f"memproxy {source_version(args.memproxy_dir)}: streaming clients in a closed loop, {args.duration:g} s "
-          f"per level, streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
+          f"per level ({f'joining over {args.ramp:g} s' if args.ramp else 'all starting at once'}), "
+          f"streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
           f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s; logs in {workdir}")
     print("CPU in cores (CPU seconds per wall second); 2 cores here are shared by memproxy, the mock and this client")
     for line in lines:
@@ -247,6 +248,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sustained_mode.add_argument("--stream-events", type=int, default=50, help="chunk events per stream")
     sustained_mode.add_argument("--stream-gap-ms", type=float, default=20.0, help="time between two chunk events")
     sustained_mode.add_argument("--memory-items", type=int, default=10_000, help="memories stored for the user first")
+    sustained_mode.add_argument("--ramp", type=float, default=0.0,
+                                help="seconds over which the clients join (0: all at once)")
     sustained_mode.add_argument("--profile", action="store_true", help="sample memproxy with py-spy at each level")
     sustained_mode.add_argument("--memproxy-dir", type=Path, default=REPO, help="run memproxy from this checkout")
     args = parser.parse_args(argv)

@@ -83,8 +83,9 @@ def client_cpu_seconds() -> float:
 
 async def run_sustained(target: Target, server: Server, mock: Server, clients: int, seconds: float,
                         stream_headers: dict[str, str], expected_events: int, first: int,
-                        thread_names: dict[int, str]) -> Sustained:
-    """`clients` connections streaming memory-on requests back to back for `seconds`."""
+                        thread_names: dict[int, str], ramp_s: float = 0.0) -> Sustained:
+    """`clients` connections streaming memory-on requests back to back for `seconds`; client i
+    starts `i * ramp_s / clients` seconds in (0: all at once, a burst of cold requests first)."""
     level = Sustained(clients)
     memory_on = Target(target.name, target.port, {"x-memory-user": MEMORY_USER})
     make = chat_payload(memory_on, stream=True, extra=stream_headers)
@@ -100,6 +101,7 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
             level.first_event_ms.append((reply.first - reply.sent) * 1000)
 
     async def client(i: int) -> None:
+        await asyncio.sleep(i * ramp_s / clients)
         while time.perf_counter() < deadline:
             try:
                 count(await conns[i].request(make(next(numbers))))
