@@ -217,3 +217,26 @@ def test_a_turn_ends_once_the_facts_of_its_message_are_written(tmp_path: Path) -
             await parts.stop()
 
     assert ("HAS_MANAGER", "Dana") in asyncio.run(scenario())
+
+
+def test_the_next_request_after_a_failed_turn_finds_its_facts(tmp_path: Path) -> None:
+    """A turn whose upstream failed still saved the user's message: its answer never waited for the
+    facts, so the user's next request does, and finds them. The real memory service."""
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/memory.db"})
+    text = "My manager is Dana. " + " ".join(f"Then Tom Baker met Anna Lee at Acme Corp in Berlin on day {n}."
+                                               for n in range(30))
+    text = text[:1900]
+
+    async def scenario() -> str:
+        parts = Parts(settings)
+        await parts.start()
+        try:
+            first = await parts.memory.recall(RequestScope(ALICE), chat(text))
+            assert first.status == "ok"
+            first.failed("upstream_failed")  # the client is told at once, and asks again
+            recall = await parts.memory.recall(RequestScope(ALICE), chat("Who is my manager?"))
+            return recall.block or ""
+        finally:
+            await parts.stop()
+
+    assert "[graph] (User)-[HAS_MANAGER]->(Dana)" in asyncio.run(scenario())
