@@ -32,6 +32,7 @@ class PendingFacts:
     def __init__(self) -> None:
         self._writing: dict[str, set[int]] = {}  # user -> tickets of message writes not committed yet
         self._tickets = 0  # tickets handed out: one a write
+        self._for_worker: set[int] = set()  # tickets of writes whose facts the worker is to extract
         self._wanted: dict[str, int] = {}  # user -> the first pass that sees all their committed messages
         self._started = 0  # passes begun
         self._ended = 0  # passes ended: every pass up to this one is done
@@ -44,11 +45,14 @@ class PendingFacts:
         self._tickets += 1
         ticket = self._tickets
         self._writing.setdefault(user, set()).add(ticket)
+        if not with_facts:
+            self._for_worker.add(ticket)
         done.add_done_callback(lambda _: self._committed(user, ticket, with_facts))
 
     def _committed(self, user: str, ticket: int, with_facts: bool) -> None:
         writing = self._writing[user]
         writing.discard(ticket)
+        self._for_worker.discard(ticket)
         if not writing:
             del self._writing[user]
         if not with_facts:
@@ -72,6 +76,11 @@ class PendingFacts:
     def pending(self, user: str) -> bool:
         """True while a message of the user is being written or waits for a pass."""
         return user in self._writing or self._wanted.get(user, 0) > self._ended
+
+    def awaits_worker(self, user: str) -> bool:
+        """True while a message of the user whose facts the worker extracts is being written or
+        waits for a pass: a message said after it must not have its facts written first."""
+        return self._wanted.get(user, 0) > self._ended or not self._for_worker.isdisjoint(self._writing.get(user, ()))
 
     async def settled(self, user: str, timeout_s: float) -> bool:
         """Wait at most `timeout_s` for the facts pending now (not those of writes begun later);

@@ -480,8 +480,11 @@ class TurnRecall(Recall):
         if self._identity.is_new:
             said, inline, pending = self._saved.said, self._service.inline_facts, self._service.pending
             # A hook may rewrite what is saved: such a message is mined from the store, as written.
+            # Behind a message of the user the worker has not passed over yet (a long one, the
+            # next request's wait for it ran out) the queue keeps the order: a name said again
+            # replaces the one said before only when its facts land after them.
             mined = inline if inline is not None and self._saves is None and self._persist and inline.takes(said) \
-                else None
+                and not (pending is not None and pending.awaits_worker(self._scope.user)) else None
             message_id = new_id() if mined is not None else None
             start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
                               self._identity.history_hash, now, said, self._persist, self._generation,
