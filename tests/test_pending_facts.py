@@ -217,3 +217,57 @@ def test_a_turn_ends_once_the_facts_of_its_message_are_written(tmp_path: Path) -
             await parts.stop()
 
     assert ("HAS_MANAGER", "Dana") in asyncio.run(scenario())
+
+
+def test_the_next_request_after_a_failed_turn_finds_its_facts(tmp_path: Path) -> None:
+    """A turn whose upstream failed still saved the user's message: its answer never waited for the
+    facts, so the user's next request does, and finds them. The real memory service."""
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/memory.db"})
+    text = "My manager is Dana. " + " ".join(f"Then Tom Baker met Anna Lee at Acme Corp in Berlin on day {n}."
+                                               for n in range(30))
+    text = text[:1900]
+
+    async def scenario() -> str:
+        parts = Parts(settings)
+        await parts.start()
+        try:
+            first = await parts.memory.recall(RequestScope(ALICE), chat(text))
+            assert first.status == "ok"
+            first.failed("upstream_failed")  # the client is told at once, and asks again
+            recall = await parts.memory.recall(RequestScope(ALICE), chat("Who is my manager?"))
+            return recall.block or ""
+        finally:
+            await parts.stop()
+
+    assert "[graph] (User)-[HAS_MANAGER]->(Dana)" in asyncio.run(scenario())
+
+
+def test_a_name_said_next_replaces_one_still_waiting_for_the_worker(tmp_path: Path) -> None:
+    """'My name is Ann' in a long message goes through the queue; 'My name is Anna' next, short,
+    would be mined as it is saved. The next request's wait for the pass ran out (a small budget),
+    so the short message's facts must not land before the long one's: the name said last stays."""
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/memory.db",
+                                                   "memory.retrieval_timeout_ms": 20})
+    long_text = ("My name is Ann. " + " ".join(f"Then Tom Baker met Anna Lee at Acme Corp in Berlin on day {n}."
+                                               for n in range(60)))[:3000]
+
+    async def scenario() -> list[tuple[str]]:
+        parts = Parts(settings)
+        await parts.start()
+        try:
+            for text in (long_text, "My name is Anna."):
+                recall = await parts.memory.recall(RequestScope(ALICE), chat(text))
+                commit = recall.answered(AssistantMessage("Noted."))
+                assert commit is not None
+                await commit
+            for _ in range(100):  # until the worker has passed over the long message
+                if (await parts.store.queue_depth())["pending"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            await parts.writer.flush(5.0)
+        finally:
+            await parts.stop()
+        with closing(sqlite3.connect(tmp_path / "memory.db")) as db:
+            return db.execute("SELECT name FROM entities WHERE user_id = 'alice' AND type = 'user'").fetchall()
+
+    assert asyncio.run(scenario()) == [("Anna",)]

@@ -480,16 +480,19 @@ class TurnRecall(Recall):
         if self._identity.is_new:
             said, inline, pending = self._saved.said, self._service.inline_facts, self._service.pending
             # A hook may rewrite what is saved: such a message is mined from the store, as written.
+            # Behind a message of the user the worker has not passed over yet (a long one, the
+            # next request's wait for it ran out) the queue keeps the order: a name said again
+            # replaces the one said before only when its facts land after them.
             mined = inline if inline is not None and self._saves is None and self._persist and inline.takes(said) \
-                else None
+                and not (pending is not None and pending.awaits_worker(self._scope.user)) else None
             message_id = new_id() if mined is not None else None
             start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
                               self._identity.history_hash, now, said, self._persist, self._generation,
                               message_id=message_id, extract_from=queue_from(now) if mined is not None else None)
             saved = self._saves.start(start) if self._saves is not None else self._route(start)
             if saved is not None and mined is not None and message_id is not None:
-                # Not a pending write for the user's other requests: the turn's end waits for it
-                # (answered), and a request running beside this one is not its next.
+                # Not a pending write for the user's requests running beside this one (not its
+                # next): the step's end waits for it, and notes it if still being written (_ending_facts).
                 self._facts = mined.record(self._scope, message_id, said, now)
             elif saved is not None and pending is not None:
                 pending.saving(self._scope.user, saved)
@@ -509,7 +512,17 @@ class TurnRecall(Recall):
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
-        return self._with_facts(self._answered(message))
+        waiter = self._with_facts(self._answered(message))
+        self._ending_facts()
+        return waiter
+
+    def _ending_facts(self) -> None:
+        """The step ends: the facts of the turn's message, if still being written, are pending for the
+        user's next request, since the end may not wait for them (an upstream failure, a client gone,
+        a commit past its bound). Requests already running do not wait for them."""
+        facts, pending = self._facts, self._service.pending
+        if facts is not None and not facts.done() and pending is not None:
+            pending.saving(self._scope.user, facts, with_facts=True)
 
     def _with_facts(self, commit: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
         """The commit the step's end waits for, with the facts of the turn's message once written: the
@@ -592,6 +605,7 @@ class TurnRecall(Recall):
 
     def failed(self, status: str) -> None:
         self._ended(status)
+        self._ending_facts()
         at = datetime.now(timezone.utc)
         self._submit(SetTurnStatus(self._scope, self.turn_key, status, at, self._generation))  # type: ignore[arg-type]
 
