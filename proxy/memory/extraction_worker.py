@@ -126,8 +126,11 @@ class ExtractionWorker:
         if self.pending is None:
             await asyncio.sleep(pause)
             return
+        # asyncio.timeout, not wait_for: a stop() that cancels the wait just as a commit sets `wake`
+        # is swallowed by wait_for (Python 3.11), and the worker would go on and outlive its stop.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.pending.wake.wait(), pause)
+            async with asyncio.timeout(pause):
+                await self.pending.wake.wait()
 
     async def drain_once(self) -> int:
         """Claim one batch of due items and record each; return how many were recorded."""

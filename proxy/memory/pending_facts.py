@@ -36,7 +36,9 @@ class PendingFacts:
         self._wanted: dict[str, int] = {}  # user -> the first pass that sees all their committed messages
         self._started = 0  # passes begun
         self._ended = 0  # passes ended: every pass up to this one is done
-        self._changed = asyncio.Condition()
+        # Set, and replaced by a new one, at every change: a wait looks again when its event is
+        # set. Nothing to lock, so a commit wakes the waits at once, without a task of its own.
+        self._changed = asyncio.Event()
         self.wake = asyncio.Event()  # set to cut the worker's idle wait short
 
     def saving(self, user: str, done: asyncio.Future[None], *, with_facts: bool = False) -> None:
@@ -58,7 +60,7 @@ class PendingFacts:
         if not with_facts:
             self._wanted[user] = self._started + 1  # the next pass to begin claims it
             self.wake.set()  # the user's next request will want this pass: begin it now
-        asyncio.get_running_loop().create_task(self._notify())
+        self._notify()
 
     def begin(self) -> int:
         """The worker begins a pass over the queue; its number."""
@@ -71,7 +73,7 @@ class PendingFacts:
         self._ended = max(self._ended, number)
         for user in [u for u, wanted in self._wanted.items() if wanted <= self._ended]:
             del self._wanted[user]
-        await self._notify()
+        self._notify()
 
     def pending(self, user: str) -> bool:
         """True while a message of the user is being written or waits for a pass."""
@@ -90,18 +92,18 @@ class PendingFacts:
         in_flight = frozenset(self._writing.get(user, ()))
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._changed:
-                    while in_flight & self._writing.get(user, set()):
-                        await self._changed.wait()
-                    # The pass that sees those writes: fixed now, so later commits do not move it.
-                    wanted = self._wanted.get(user, 0)
-                    while self._ended < wanted:
-                        self.wake.set()
-                        await self._changed.wait()
+                while in_flight & self._writing.get(user, set()):
+                    await self._changed.wait()
+                # The pass that sees those writes: fixed now, so later commits do not move it.
+                wanted = self._wanted.get(user, 0)
+                while self._ended < wanted:
+                    self.wake.set()
+                    await self._changed.wait()
         except TimeoutError:
             return False
         return True
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _notify(self) -> None:
+        """Wake every wait to look again (each waits on the event current when it looked)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
