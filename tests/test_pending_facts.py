@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.pipeline import Query
 from proxy.memory.retrieval import Retrieval
-from proxy.memory.writer import Writer
+from proxy.memory.writer import COMMIT_DELAY_S, Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Scope
 from proxy.scope import RequestScope
@@ -33,16 +34,28 @@ from tests.test_breaker import chat
 ALICE = Scope("alice")
 
 
+@asynccontextmanager
+async def running(tmp_path: Path, *, commit_delay_s: float = COMMIT_DELAY_S, close_within_s: float = 5.0
+                  ) -> AsyncIterator[tuple[SQLiteStore, Metrics, Writer, PendingFacts]]:
+    """A real SQLite store, writer and extraction worker, the worker idling 60 s between passes."""
+    store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
+    await store.open()
+    writer = Writer(store, metrics, 100, commit_delay_s=commit_delay_s)
+    worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
+                              limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
+    writer.start()
+    worker.start()
+    try:
+        yield store, metrics, writer, pending
+    finally:
+        await worker.stop()
+        await writer.close(close_within_s)
+        await store.close()
+
+
 def test_the_next_request_waits_for_the_users_pending_facts_and_finds_them(tmp_path: Path) -> None:
     async def body() -> tuple[list[str], float, bool, bool]:
-        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
-        await store.open()
-        writer = Writer(store, metrics, 100)
-        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
-                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
-        writer.start()
-        worker.start()
-        try:
+        async with running(tmp_path) as (store, metrics, writer, pending):
             await asyncio.sleep(0.1)  # the worker's first pass found nothing: it idles for a minute
             saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
                                             "I live in Porto and my manager is Dana."))
@@ -54,10 +67,6 @@ def test_the_next_request_waits_for_the_users_pending_facts_and_finds_them(tmp_p
             retrieved = await Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics).retrieve(
                 ALICE, Query("Who is my manager?", "c2", (), 6, new_conversation=True))
             return retrieved.block.splitlines(), waited, settled, bob_free
-        finally:
-            await worker.stop()
-            await writer.close()
-            await store.close()
 
     lines, waited, settled, bob_free = asyncio.run(body())
     assert settled and bob_free
@@ -69,14 +78,6 @@ def test_writes_begun_after_the_request_asked_are_not_waited_for(tmp_path: Path)
     """The same user's other requests keep saving (a message every 2 ms) while one waits: it
     waits for the message saved before it asked and one pass, not for theirs."""
     async def body() -> tuple[list[str], float, bool]:
-        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
-        await store.open()
-        writer = Writer(store, metrics, 100)
-        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
-                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
-        writer.start()
-        worker.start()
-
         async def others() -> None:
             for n in range(100_000):
                 saved = writer.submit(StartTurn(ALICE, f"other-{n}", f"c-other-{n}", f"h-other-{n}",
@@ -84,7 +85,7 @@ def test_writes_begun_after_the_request_asked_are_not_waited_for(tmp_path: Path)
                 pending.saving(ALICE.user, saved)
                 await asyncio.sleep(0.002)
 
-        try:
+        async with running(tmp_path) as (store, metrics, writer, pending):
             await asyncio.sleep(0.1)
             saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
                                             "I live in Porto and my manager is Dana."))
@@ -99,10 +100,6 @@ def test_writes_begun_after_the_request_asked_are_not_waited_for(tmp_path: Path)
             retrieved = await Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics).retrieve(
                 ALICE, Query("Who is my manager?", "c2", (), 6, new_conversation=True))
             return retrieved.block.splitlines(), waited, settled
-        finally:
-            await worker.stop()
-            await writer.close()
-            await store.close()
 
     lines, waited, settled = asyncio.run(body())
     assert settled
@@ -114,14 +111,7 @@ def test_a_saved_message_wakes_the_worker_before_anyone_asks(tmp_path: Path) -> 
     """The pass over a committed message starts at once, overlapping the rest of the turn, not when
     the user's next request comes to wait for it: the worker idles a minute, and nobody waits."""
     async def body() -> bool:
-        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
-        await store.open()
-        writer = Writer(store, metrics, 100)
-        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
-                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
-        writer.start()
-        worker.start()
-        try:
+        async with running(tmp_path) as (store, metrics, writer, pending):
             await asyncio.sleep(0.1)  # the worker's first pass found nothing: it idles for a minute
             saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
                                             "I live in Porto and my manager is Dana."))
@@ -132,10 +122,6 @@ def test_a_saved_message_wakes_the_worker_before_anyone_asks(tmp_path: Path) -> 
                     return True
                 await asyncio.sleep(0.01)
             return False
-        finally:
-            await worker.stop()
-            await writer.close()
-            await store.close()
 
     assert asyncio.run(body())
 
@@ -144,23 +130,12 @@ def test_the_facts_of_a_pass_commit_without_waiting_for_other_writes(tmp_path: P
     """A request may be waiting for the pass: its facts commit at once, not after the writer's
     wait for company (made 30 s here, so only an urgent commit can settle within the bound)."""
     async def body() -> bool:
-        store, metrics, pending = SQLiteStore(str(tmp_path / "memory.db")), Metrics(), PendingFacts()
-        await store.open()
-        writer = Writer(store, metrics, 100, commit_delay_s=30.0)
-        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False,
-                                  limits=WorkerLimits(idle_poll_s=60.0), pending=pending)
-        writer.start()
-        worker.start()
-        try:
+        async with running(tmp_path, commit_delay_s=30.0, close_within_s=0.1) as (store, metrics, writer, pending):
             await asyncio.sleep(0.1)
             saved = writer.submit(StartTurn(ALICE, "t1", "c1", "h1", datetime.now(UTC),
                                             "I live in Porto and my manager is Dana."), urgent=True)
             pending.saving(ALICE.user, saved)
             return await pending.settled(ALICE.user, 5.0)
-        finally:
-            await worker.stop()
-            await writer.close(timeout_s=0.1)
-            await store.close()
 
     assert asyncio.run(body())
 
