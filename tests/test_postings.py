@@ -13,6 +13,7 @@ import asyncio
 import gc
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager, closing
@@ -26,7 +27,7 @@ import pytest
 from proxy.models import Scope
 from proxy.settings import ConfigError, load_settings
 from proxy.stores.base import FinishTurn, StartTurn, StoreMemory, WriteOp
-from proxy.stores.sqlite.store import SQLiteStore
+from proxy.stores.sqlite.store import READERS, SQLiteStore
 from proxy.stores.sqlite.postings import (
     BURST_S,
     FAST_TERM,
@@ -264,6 +265,41 @@ def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp
                 assert got == expected
                 assert "alice-c1" not in {m.conversation_id for m, _ in
                                           await mem.search_messages(ALICE, terms, limit=16)}
+
+    run(body())
+
+
+def test_a_search_the_postings_answer_waits_for_no_reader_thread(filled: Path, tmp_path: Path) -> None:
+    """Postings are Python holding the GIL: a search they answer runs on the event loop, and
+    answers while every reader thread is busy (a hand-off each way cost more than the search
+    under load). A search FTS5 must answer (a user whose postings are not built) is SQLite
+    releasing the GIL, on a reader thread: it waits for one."""
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> None:
+        async with fts_and_postings(path) as (fts, mem):
+            await built(mem, ALICE)
+            terms = ("budget", "plan", "lisbon")
+            expected_messages = await fts.search_messages(ALICE, terms, limit=16)
+            expected_entities = await fts.search_entities(ALICE, terms, limit=16)
+            expected_bob = await fts.search_messages(Scope("bob"), terms, limit=16)
+            release = threading.Event()
+            busy = [asyncio.ensure_future(mem._readers.run(lambda conn: release.wait(10)))  # type: ignore[union-attr]
+                    for _ in range(READERS)]
+            try:
+                await asyncio.sleep(0.1)  # every reader thread is inside its read
+                async with asyncio.timeout(5):
+                    assert await mem.search_messages(ALICE, terms, limit=16) == expected_messages
+                    assert await mem.search_entities(ALICE, terms, limit=16) == expected_entities
+                    assert await mem.relationships(ALICE, "alice-None-m1", limit=5) == []
+                bob = asyncio.ensure_future(mem.search_messages(Scope("bob"), terms, limit=16))
+                done, _ = await asyncio.wait({bob}, timeout=0.3)
+                assert not done  # bob's postings are not built: FTS5 answers, on a reader thread
+            finally:
+                release.set()
+                await asyncio.gather(*busy)
+            assert await bob == expected_bob
+            assert expected_messages and expected_entities and expected_bob
 
     run(body())
 

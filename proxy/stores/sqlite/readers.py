@@ -15,9 +15,11 @@ A lookup of a few rows by an index (a turn, a conversation, the user's node, a h
 neighbours) runs on the event loop's own connection instead (`run_here`): it takes
 0.05-0.2 ms, while a hop to a reader thread and back, under load, waits for the GIL on the
 way there and for the busy event loop on the way back, 5 ms on average with 64 streaming
-clients, and a recall makes several such lookups one after another. That connection never
-waits for a lock (busy_timeout 0): a lookup SQLite cannot answer at once goes to a reader
-thread.
+clients, and a recall makes several such lookups one after another. A search the user's
+in-memory postings answer runs there too (store.py `_search`): it is Python holding the GIL,
+which a reader thread only takes back from the loop. What stays on the threads is SQLite's
+own work (FTS5), during which it releases the GIL. That connection never waits for a lock
+(busy_timeout 0): a lookup SQLite cannot answer at once goes to a reader thread.
 """
 
 from __future__ import annotations

@@ -76,6 +76,11 @@ REASONING = FtsIndex("reasoning", "x", ("terms",), (1.0,),
                      "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
 
 
+class PostingsNotReady(Exception):
+    """A search asked to use the user's postings only found them not built or not current: FTS5
+    must answer it, on a reader thread (store.py runs postings searches on the event loop)."""
+
+
 def match_query(terms: Sequence[str]) -> str | None:
     """An FTS5 query matching any of the terms, each quoted so no term is an operator."""
     quoted = [fts_quoted(t) for t in searchable(terms)]
@@ -111,10 +116,11 @@ def search_messages(
     conversation_ids: Sequence[str] | None,
     exclude_conversation_id: str | None,
     limit: int,
+    postings_only: bool = False,
 ) -> list[tuple[StoredMessage, float]]:
-    """BM25 over the user's messages with the user's statistics, best first (run on a reader
-    thread): from the user's postings when they are built (sqlite/message_index.py), else
-    FTS5 finds and `scores` ranks; the same either way.
+    """BM25 over the user's messages with the user's statistics, best first: from the user's
+    postings when they are built (sqlite/message_index.py), else FTS5 finds and `scores` ranks;
+    the same either way. `postings_only`: PostingsNotReady instead of FTS5.
 
     A message the postings ranked is read back from the table, unless they kept it from an
     earlier search: a message never changes without `search_epoch` moving (schema v7: any
@@ -128,6 +134,8 @@ def search_messages(
         seen = message_snapshot(conn)
         postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
         if postings is None:
+            if postings_only:
+                raise PostingsNotReady
             stats, own = counts.statistics(conn, scope.user, wanted, seen.visible_seq, seen.epoch)
             wanted = _said(wanted, stats)
             if not wanted:
@@ -157,11 +165,11 @@ def search_messages(
 
 def search_entities(
     conn: sqlite3.Connection, counts: UserCounts, indexes: EntityIndexes, scope: Scope, terms: Sequence[str], *,
-    limit: int,
+    limit: int, postings_only: bool = False,
 ) -> list[tuple[Entity, float]]:
     """BM25 over the user's entities (name, type, description) with the user's statistics, best
-    first (run on a reader thread): from the user's postings when they are built
-    (sqlite/entity_index.py), else FTS5 finds and `scores` ranks; the same either way."""
+    first: from the user's postings when they are built (sqlite/entity_index.py), else FTS5
+    finds and `scores` ranks; the same either way. `postings_only`: PostingsNotReady instead of FTS5."""
     wanted = searchable(terms)
     if not wanted:
         return []
@@ -169,6 +177,8 @@ def search_entities(
         postings = (indexes.ready(conn, scope.user, entity_snapshot(conn)) if indexes.enabled and _plain(wanted)
                     else None)
         if postings is None:
+            if postings_only:
+                raise PostingsNotReady
             # Entities change in place, logged without their text: the counts are kept until
             # any entity changes (the change log's AUTOINCREMENT never goes back).
             changes = conn.execute("SELECT ifnull((SELECT seq FROM sqlite_sequence WHERE name = 'entity_changes'),"
