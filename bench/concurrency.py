@@ -37,7 +37,7 @@ import pyspy
 from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
 from processes import REPO, Server, source_version, start_memproxy, start_mock
 from scenarios import StreamShape, percentile
-from storm import extraction_drained, memory_recovered, seed_memories
+from storm import extraction_drained, memory_recovered, searched_in_memory, seed_memories
 from sustained import HEADER, MEMORY_USER, run_sustained, sustained_row, threads_row
 
 USERS = 20
@@ -188,8 +188,10 @@ async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Serv
         drained = await extraction_drained(target)
         lines.append(f"their extraction queue drained {drained:.1f} s after seeding (-1: not within its bound)")
     warm = Target("memproxy", memproxy.port, {"x-memory-user": MEMORY_USER, "x-memory-persist": "false"})
-    for n in range(20):  # the user's postings are built by the first recall, not the measured ones
+    for n in range(20):
         await one(warm, chat_payload(warm, stream=False)(n))
+    built = await searched_in_memory(target, MEMORY_USER)
+    lines.append(f"the user's searches answered from memory {built:.1f} s after the warm-up (-1: not within its bound)")
     names = pyspy.thread_names(memproxy.pid) if pyspy.available() else {}
     lines.append(HEADER)
     first = 1_000_000

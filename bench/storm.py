@@ -157,6 +157,30 @@ async def memory_recovered(target: Target, user: str, timeout: float = 40.0) -> 
     return -1.0
 
 
+async def searched_in_memory(target: Target, user: str, timeout: float = 120.0) -> float:
+    """Seconds until memproxy answers `user`'s searches from memory (`memproxy_search_memory_users`
+    of both indexes at 1 or more), -1 if not within `timeout`; 0 at once for a store that keeps
+    no postings (PostgreSQL).
+
+    The first recall asks for the user's postings, built in the background (paced, for seconds
+    at 10,000 memories) while FTS5 answers: a level measured meanwhile measures a cold start.
+    A memory-on request every half second asks again for any dropped meanwhile.
+    """
+    started = time.perf_counter()
+    metrics = Target(target.name, target.port, {})
+    probe = Target(target.name, target.port, {"x-memory-user": user, "x-memory-persist": "false"})
+    while time.perf_counter() - started < timeout:
+        reply = await one(metrics, get_payload(metrics, "/metrics"))
+        text = b"".join(reply.body or []).decode()
+        held = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("memproxy_search_memory_users{")]
+        if all(users >= 1 for users in held):
+            return time.perf_counter() - started
+        await one(probe, chat_payload(probe, stream=False)(0))
+        await asyncio.sleep(0.5)
+    return -1.0
+
+
 async def extraction_drained(target: Target, timeout: float = 120.0) -> float:
     """Seconds until memproxy's extraction queue is empty (`memproxy_queue_depth`), -1 if not within `timeout`.
 

@@ -199,6 +199,8 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
         return JSONResponse(await parts.readiness())
 
     async def metrics_endpoint(request: Request) -> Response:
+        for index, users in parts.store.searched_in_memory().items():
+            parts.metrics.searched_in_memory.labels(index).set(users)
         return Response(parts.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def not_found(request: Request, exc: Exception) -> Response:

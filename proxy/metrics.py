@@ -72,6 +72,9 @@ class Metrics:
         self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r)
         self.circuit_open = Gauge("memproxy_circuit_open", "1 while the store circuit breaker is open",
                                   registry=r)
+        self.searched_in_memory = Gauge("memproxy_search_memory_users",
+                                        "Users whose searches of an index are answered from memory", ["index"],
+                                        registry=r)
 
     def request_done(self, path: str, outcome: str, seconds: float) -> None:
         """Count one request under its route (`/files`, not `/files/file-abc`: labels must stay few)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -47,6 +48,25 @@ def test_metrics_count_requests_latency_memory_and_queues(make_proxy: Any) -> No
     assert found[("memproxy_writes_dropped_total", ())] == 0
     assert found[("memproxy_queue_depth", (("queue", "writes"),))] >= 0
     assert found[("memproxy_circuit_open", ())] == 0
+
+
+def test_metrics_count_the_users_searched_from_memory(make_proxy: Any) -> None:
+    """A user's first search asks for their postings; once built, /metrics counts them per index."""
+    proxy = make_proxy()
+    with proxy.http() as client:
+        found = samples(client)
+        assert found[("memproxy_search_memory_users", (("index", "messages"),))] == 0
+        assert found[("memproxy_search_memory_users", (("index", "entities"),))] == 0
+        client.post(api_url("u1", "memories"), json={"content": "Favourite tea is oolong", "type": "fact"})
+        for n in range(300):  # each recall searches both indexes; the builds run in the background
+            chat(client, {"X-Memory-User": "u1", "X-Memory-Persist": "false"}, "What is my favourite tea?")
+            found = samples(client)
+            if found[("memproxy_search_memory_users", (("index", "entities"),))] == 1 and \
+                    found[("memproxy_search_memory_users", (("index", "messages"),))] == 1:
+                break
+            time.sleep(0.02)
+    assert found[("memproxy_search_memory_users", (("index", "messages"),))] == 1
+    assert found[("memproxy_search_memory_users", (("index", "entities"),))] == 1
 
 
 def test_answers_are_counted_by_ending_and_bad_stream_lines_counted(make_proxy: Any, fake: Any) -> None:

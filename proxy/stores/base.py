@@ -407,6 +407,10 @@ class Lifecycle(Protocol):
     async def ping(self) -> bool:
         """True when the database answers a trivial query."""
 
+    def searched_in_memory(self) -> dict[str, int]:
+        """Per index, the users whose searches it answers from memory (SQLite's postings); {} when
+        the store keeps none in memory."""
+
 
 class Writes(Protocol):
     """Every write: plain data applied in batches (the writer task, memory/writer.py)."""

@@ -134,6 +134,9 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         except (*_ERRORS, asyncio.TimeoutError):
             pool.terminate()  # connections that cannot close cleanly (the server is gone)
 
+    def searched_in_memory(self) -> dict[str, int]:
+        return {}  # the server searches its own indexes
+
     async def ping(self) -> bool:
         """True when the database answers a trivial query."""
         if self._pool is None:

@@ -103,6 +103,12 @@ class PostingsCache:
         with self._lock:
             return sum(postings.nbytes for postings in self._users.values())
 
+    @property
+    def users(self) -> int:
+        """Users whose postings are built and cached."""
+        with self._lock:
+            return len(self._users)
+
     def holds(self, user: str) -> bool:
         """True when the user's postings are built and cached."""
         with self._lock:

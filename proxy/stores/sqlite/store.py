@@ -316,6 +316,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         files.check()
         return result
 
+    def searched_in_memory(self) -> dict[str, int]:
+        return {"messages": self._message_indexes.users, "entities": self._entity_indexes.users}
+
     async def ping(self) -> bool:
         """True when the database answers a trivial query from the file at its path."""
         if self._lost is not None:
