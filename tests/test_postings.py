@@ -269,6 +269,20 @@ def test_new_messages_are_found_at_once_and_deleted_ones_never(filled: Path, tmp
     run(body())
 
 
+@asynccontextmanager
+async def readers_busy(store: SQLiteStore) -> AsyncIterator[None]:
+    """Every reader thread of `store` inside a read until the block ends."""
+    release = threading.Event()
+    busy = [asyncio.ensure_future(store._readers.run(lambda conn: release.wait(10)))  # type: ignore[union-attr]
+            for _ in range(READERS)]
+    try:
+        await asyncio.sleep(0.1)
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+
+
 def test_a_search_the_postings_answer_waits_for_no_reader_thread(filled: Path, tmp_path: Path) -> None:
     """Postings are Python holding the GIL: a search they answer runs on the event loop, and
     answers while every reader thread is busy (a hand-off each way cost more than the search
@@ -283,11 +297,7 @@ def test_a_search_the_postings_answer_waits_for_no_reader_thread(filled: Path, t
             expected_messages = await fts.search_messages(ALICE, terms, limit=16)
             expected_entities = await fts.search_entities(ALICE, terms, limit=16)
             expected_bob = await fts.search_messages(Scope("bob"), terms, limit=16)
-            release = threading.Event()
-            busy = [asyncio.ensure_future(mem._readers.run(lambda conn: release.wait(10)))  # type: ignore[union-attr]
-                    for _ in range(READERS)]
-            try:
-                await asyncio.sleep(0.1)  # every reader thread is inside its read
+            async with readers_busy(mem):
                 async with asyncio.timeout(5):
                     assert await mem.search_messages(ALICE, terms, limit=16) == expected_messages
                     assert await mem.search_entities(ALICE, terms, limit=16) == expected_entities
@@ -295,11 +305,71 @@ def test_a_search_the_postings_answer_waits_for_no_reader_thread(filled: Path, t
                 bob = asyncio.ensure_future(mem.search_messages(Scope("bob"), terms, limit=16))
                 done, _ = await asyncio.wait({bob}, timeout=0.3)
                 assert not done  # bob's postings are not built: FTS5 answers, on a reader thread
-            finally:
-                release.set()
-                await asyncio.gather(*busy)
             assert await bob == expected_bob
             assert expected_messages and expected_entities and expected_bob
+
+    run(body())
+
+
+def test_postings_far_behind_their_snapshot_catch_up_on_a_reader_thread(filled: Path, tmp_path: Path) -> None:
+    """A catch-up walks every row committed since the user's last search, whoever wrote it: past
+    a few hundred, the search leaves the event loop to a reader thread (it waits for one), and
+    answers as FTS5 does; caught up, the next search is back on the loop."""
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> None:
+        async with fts_and_postings(path) as (fts, mem):
+            await built(mem, ALICE)
+            rng = random.Random(3)
+            await fts.apply(turns(Scope("dave"), 200, rng) + memories(Scope("dave"), 300, rng))
+            terms = ("budget", "plan", "lisbon")
+            expected_messages = await fts.search_messages(ALICE, terms, limit=16)
+            expected_entities = await fts.search_entities(ALICE, terms, limit=16)
+            async with readers_busy(mem):
+                messages = asyncio.ensure_future(mem.search_messages(ALICE, terms, limit=16))
+                entities = asyncio.ensure_future(mem.search_entities(ALICE, terms, limit=16))
+                done, _ = await asyncio.wait({messages, entities}, timeout=0.3)
+                assert not done  # 400 rowids and 300 changed entities behind: not on the loop
+            assert await messages == expected_messages
+            assert await entities == expected_entities
+            async with readers_busy(mem):
+                async with asyncio.timeout(5):  # caught up: on the loop again
+                    assert await mem.search_messages(ALICE, terms, limit=16) == expected_messages
+                    assert await mem.search_entities(ALICE, terms, limit=16) == expected_entities
+            assert mem.message_indexes.holds("alice") and mem.entity_indexes.holds("alice")
+
+    run(body())
+
+
+def test_the_event_loop_never_waits_for_postings_a_thread_holds(filled: Path, tmp_path: Path) -> None:
+    """A reader thread holds a user's postings while it catches them up or searches them; a
+    search of that user on the event loop then goes to a thread too, and the loop runs on."""
+    path = copy_of(filled, tmp_path)
+
+    async def body() -> None:
+        async with fts_and_postings(path) as (fts, mem):
+            await built(mem, ALICE)
+            terms = ("budget", "plan")
+            expected = await fts.search_messages(ALICE, terms, limit=16)
+            lock = mem.message_indexes._users["alice"].lock  # what a thread's catch-up holds
+            taken, release = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                with lock:
+                    taken.set()
+                    release.wait(10)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            taken.wait(5)
+            try:
+                search = asyncio.ensure_future(mem.search_messages(ALICE, terms, limit=16))
+                done, _ = await asyncio.wait({search}, timeout=0.3)  # returns: the loop is not held
+                assert not done  # the search waits on a reader thread
+            finally:
+                release.set()
+                holder.join()
+            assert await search == expected
 
     run(body())
 

@@ -67,6 +67,10 @@ class EntityIndexes(PostingsCache):
                 postings.add(seq, None, agent, (name, type_, description), docsize)
         return postings
 
+    def behind(self, postings: UserPostings, seen: object) -> int:
+        assert isinstance(seen, EntitySnapshot)
+        return seen.changed_to - postings.caught_up_to
+
     def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:
         assert isinstance(seen, EntitySnapshot)
         if seen.changed_to < postings.caught_up_to:

@@ -64,6 +64,10 @@ class MessageIndexes(PostingsCache):
             postings.add(seq, conversation, agent, (terms, context), docsize)
         return postings
 
+    def behind(self, postings: UserPostings, seen: object) -> int:
+        assert isinstance(seen, Snapshot)
+        return seen.visible_seq - postings.caught_up_to
+
     def catch_up(self, conn: sqlite3.Connection, postings: UserPostings, seen: object) -> CatchUp:
         assert isinstance(seen, Snapshot)
         if postings.epoch != seen.epoch:

@@ -24,6 +24,10 @@ log = logging.getLogger("memproxy.store")
 # failed build (the store unreadable), this long.
 TOO_BIG_RETRY_S = 600.0
 FAILED_RETRY_S = 60.0
+# A search on the event loop catches up only postings this close to its snapshot (rowids or
+# change-log rows, every user's): a catch-up walks them all, and past this many it is left
+# to a reader thread, where SQLite's part of it releases the GIL.
+LOOP_CATCH_UP_MAX = 256
 
 
 class CatchUp(Enum):
@@ -68,10 +72,15 @@ class PostingsCache:
         """Bring the postings to what `conn`'s open transaction sees (`seen`: the table's snapshot)."""
         raise NotImplementedError
 
-    def ready(self, conn: sqlite3.Connection, user: str, seen: object) -> UserPostings | None:
+    def behind(self, postings: UserPostings, seen: object) -> int:
+        """How far the postings are behind `seen` (rowids or change-log rows)."""
+        raise NotImplementedError
+
+    def ready(self, conn: sqlite3.Connection, user: str, seen: object, *, on_loop: bool = False) -> UserPostings | None:
         """The user's postings, current for `conn`'s open transaction; None to search FTS5.
 
-        A user without postings has them built in the background.
+        A user without postings has them built in the background. `on_loop`: None too when
+        they are far behind or another thread holds them, rather than wait.
         """
         with self._lock:
             postings = self._users.get(user)
@@ -80,12 +89,18 @@ class PostingsCache:
         if postings is None:
             self._want(user)
             return None
-        with postings.lock:
+        if on_loop and self.behind(postings, seen) > LOOP_CATCH_UP_MAX:
+            return None  # a reader thread catches up, SQLite releasing the GIL
+        if not postings.lock.acquire(blocking=not on_loop):
+            return None  # a thread is catching up or searching: the loop waits for no lock
+        try:
             before = postings.nbytes
             outcome = self.catch_up(conn, postings, seen)
             grew = postings.nbytes > before
             if outcome is CatchUp.READY:
                 self.searches += 1
+        finally:
+            postings.lock.release()
         if outcome is CatchUp.REBUILD:
             with self._lock:
                 if self._users.get(user) is postings:

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 from proxy.models import Entity, ReasoningTrace, Scope, StoredMessage
@@ -132,7 +134,7 @@ def search_messages(
     whole_history = conversation_ids is None
     with read_transaction(conn):
         seen = message_snapshot(conn)
-        postings = indexes.ready(conn, scope.user, seen) if indexes.enabled and _plain(wanted) else None
+        postings = indexes.ready(conn, scope.user, seen, on_loop=postings_only) if indexes.enabled and _plain(wanted) else None
         if postings is None:
             if postings_only:
                 raise PostingsNotReady
@@ -148,17 +150,19 @@ def search_messages(
             best = _search(conn, MESSAGES, scope, plan, stats, where, params, conversation_ids, limit)
             return [(message_from_row(row), score) for row, score in _read_back(conn, MESSAGES, scope, best)]
         allowed = Filter(conversation_ids, exclude_conversation_id, scope.agent_isolated, scope.agent)
-        with postings.lock:
+        with _locked(postings.lock, postings_only):
             stats, own = postings.statistics(wanted, seen.visible_seq)
             plan = Plan.of(wanted, own, stats.rows, whole_history=whole_history)
             best = postings.search(plan.terms, plan.finding, stats, allowed, plan.newest, limit, seen.visible_seq)
             kept = {seq: cast(StoredMessage, hit) for seq, _ in best if (hit := postings.hit(seq)) is not None}
         unread = [(seq, score) for seq, score in best if seq not in kept]
         read = {row["seq"]: message_from_row(row) for row, _ in _read_back(conn, MESSAGES, scope, unread)}
-        if read:
-            with postings.lock:
+        if read and postings.lock.acquire(blocking=not postings_only):  # busy: kept another time
+            try:
                 for seq, message in read.items():
                     postings.keep_hit(seq, message, len(message.content))
+            finally:
+                postings.lock.release()
         found = {**kept, **read}
         return [(found[seq], score) for seq, score in best if seq in found]
 
@@ -174,7 +178,7 @@ def search_entities(
     if not wanted:
         return []
     with read_transaction(conn):
-        postings = (indexes.ready(conn, scope.user, entity_snapshot(conn)) if indexes.enabled and _plain(wanted)
+        postings = (indexes.ready(conn, scope.user, entity_snapshot(conn), on_loop=postings_only) if indexes.enabled and _plain(wanted)
                     else None)
         if postings is None:
             if postings_only:
@@ -191,7 +195,7 @@ def search_entities(
             where, params = agent_clause(scope, ENTITIES.alias)
             best = _search(conn, ENTITIES, scope, plan, stats, where, params, None, limit)
         else:
-            with postings.lock:
+            with _locked(postings.lock, postings_only):
                 stats, saying = postings.statistics(wanted)
                 plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
                 best = postings.search(plan.terms, plan.finding, stats,
@@ -221,6 +225,18 @@ def search_reasoning(
         plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
         best = _search(conn, REASONING, scope, plan, stats, where, params, None, limit)
         return [(trace_from_row(row), score) for row, score in _read_back(conn, REASONING, scope, best)]
+
+
+@contextmanager
+def _locked(lock: threading.Lock, on_loop: bool) -> Iterator[None]:
+    """`lock` held for the block; on the event loop only if it is free at once (a reader thread
+    holding it for a catch-up would stop the loop): else PostingsNotReady, and a thread waits."""
+    if not lock.acquire(blocking=not on_loop):
+        raise PostingsNotReady
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _said(terms: list[str], stats: Statistics) -> list[str]:

@@ -150,6 +150,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._writer: sqlite3.Connection | None = None  # used on the write thread only
         self._files: OpenedFiles | None = None  # what the connections have open, set on the write thread
         self._readers: ReadPool | None = None
+        self._loop_search = asyncio.Lock()  # _search: one postings search on the event loop at a time
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_every_s = checkpoint_every_s
         self._wal_truncate_bytes = wal_truncate_bytes
@@ -196,6 +197,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """Open the write connection, the readers and the checkpointer on the path."""
         self._writer = await asyncio.get_running_loop().run_in_executor(self._write_thread, self._open_writer)
         self._readers = ReadPool(self._path, self._pragmas, READERS)
+        self._loop_search = asyncio.Lock()  # of this event loop
         await self._readers.run(lambda conn: conn.execute("SELECT 1").fetchall())
         self._checkpointer = Checkpointer(self._path, self._pragmas, self._checkpoint_every_s,
                                           self._wal_truncate_bytes)
@@ -391,12 +393,19 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         else on a reader thread. A postings search is Python holding the GIL: on a thread it only
         adds a hand-off each way, each of which under load waits for the GIL and the busy loop
         (about 1.7 ms of CPU and more of wall time a recall at 10,000 memories). FTS5 runs in
-        SQLite, which releases the GIL: that is what a reader thread is for."""
+        SQLite, which releases the GIL: that is what a reader thread is for.
+
+        One search on the loop at a time, and the loop reads its sockets between two: the
+        recalls of a burst would otherwise run all their searches in one pass of the loop, and
+        other clients' streams would get their events late, in batches."""
         if indexes.enabled and indexes.holds(user):
-            try:
-                return await self._read(lambda conn: search(conn, True), here=True)
-            except PostingsNotReady:
-                pass  # dropped, behind or rebuilding meanwhile, or terms the postings do not hold
+            async with self._loop_search:
+                try:
+                    return await self._read(lambda conn: search(conn, True), here=True)
+                except PostingsNotReady:
+                    pass  # behind, held by a thread, dropped meanwhile, or terms the postings do not hold
+                finally:
+                    await asyncio.sleep(0)  # the next search waits for the loop's next pass
         return await self._read(lambda conn: search(conn, False))
 
     async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
