@@ -297,6 +297,30 @@ def test_an_older_fact_arriving_late_is_stored_as_already_replaced(backend: Back
     run(body())
 
 
+def test_an_entitys_newest_edges_are_read_from_both_directions_within_the_limit(backend: Backend) -> None:
+    """A recall reads an entity's `limit` newest current edges, whichever end it is, newest first."""
+    async def body() -> None:
+        async with graph(backend) as g:
+            names = ["Ana", "Bo", "Cy", "Di", "Ed"]
+            for day, name in enumerate(names):  # Ana..Ed on days 0..4, edges alternating direction
+                edge = (RelationFact("Kim", "KNOWS", name) if day % 2 else RelationFact(name, "MENTORS", "Kim"))
+                await g.tell(name, EntityFact("Kim", "person"), EntityFact(name, "person"), relations=(edge,), day=day)
+            await g.tell("Kim left Acme", EntityFact("Kim", "person"), org("Acme"),
+                         relations=works_at("Kim", "Acme"), day=5)
+            await g.tell("Kim moved to Globex", EntityFact("Kim", "person"), org("Globex"),
+                         relations=works_at("Kim", "Globex"), day=6)
+            kim = (await g.entity("Kim")).id
+            newest = await g.store.relationships(ALICE, kim, current_only=True, limit=3)
+            assert [(r.from_name, r.type, r.to_name) for r in newest] == [
+                ("Kim", WORKS_AT, "Globex"), ("Ed", "MENTORS", "Kim"), ("Kim", "KNOWS", "Di")]
+            every = await g.store.relationships(ALICE, kim, current_only=False)
+            assert [r.to_name if r.from_name == "Kim" else r.from_name for r in every] == [
+                "Globex", "Acme", "Ed", "Di", "Cy", "Bo", "Ana"]
+            assert every[1].invalid_at == at(6) and [r.valid_from for r in every] == [at(d) for d in range(6, -1, -1)]
+
+    run(body())
+
+
 def test_edges_need_both_ends_and_two_different_entities(backend: Backend) -> None:
     async def body() -> None:
         async with graph(backend) as g:

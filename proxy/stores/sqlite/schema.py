@@ -437,8 +437,16 @@ ALTER TABLE turn_tool_calls_v13 RENAME TO turn_tool_calls;
 CREATE INDEX IF NOT EXISTS turn_tool_calls_turn ON turn_tool_calls(user_id, turn_key);
 """
 
+# v14: an entity's newest edges each way, in the order a recall reads them: a hub node (the
+# user's own, expanded for any first-person question) is read in proportion to the edges
+# wanted, not sorted whole on every recall.
+_V14 = """
+CREATE INDEX IF NOT EXISTS relationships_from_newest ON relationships(user_id, from_id, valid_from);
+CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_id, valid_from);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -568,20 +568,23 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         """Edges from or to one entity, the newest fact first (the `limit` newest when given)."""
         agent, agent_params = agent_clause(scope, "edge")
         current = " AND edge.invalid_at IS NULL" if current_only else ""
+        n = -1 if limit is None else limit
+
+        def newest(end: str) -> str:
+            # The user filter sits innermost (outside, SQLite scanned all the user's edges), and
+            # each direction's newest come off its index in order (schema v14), LIMIT rows each.
+            return (f"SELECT * FROM (SELECT edge.seq, edge.valid_from FROM relationships edge"
+                    f" WHERE edge.user_id = ? AND edge.{end} = ?{current}{agent}"
+                    " ORDER BY edge.valid_from DESC, edge.seq DESC LIMIT ?)")
+
+        # UNION: an edge from the entity to itself is one edge. The names are joined to the
+        # `limit` chosen only.
+        sql = (f"{RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT seq FROM ({newest('from_id')} UNION {newest('to_id')})"
+               " ORDER BY valid_from DESC, seq DESC LIMIT ?) ORDER BY r.valid_from DESC, r.seq DESC")
+        params = [scope.user, entity_id, *agent_params, n, scope.user, entity_id, *agent_params, n, n]
         # A recall's few newest edges are a lookup by index, read on the event loop; every edge
         # of an entity (the memory API's) is a read of any length, on a reader thread.
-        read = self._rows if limit is None else self._lookup
-        rows = await read(
-            # The user filter sits in the innermost subqueries: outside, it made SQLite scan all
-            # the user's edges. The newest are chosen before the names are joined, so a hub
-            # node's edges are sorted in SQLite and only `limit` of them are built.
-            f"{RELATIONSHIP_SELECT} WHERE r.seq IN (SELECT edge.seq FROM relationships edge WHERE edge.seq IN"
-            " (SELECT seq FROM relationships WHERE user_id = ? AND from_id = ?"
-            " UNION ALL SELECT seq FROM relationships WHERE user_id = ? AND to_id = ?)"
-            f"{current}{agent} ORDER BY edge.valid_from DESC, edge.seq DESC LIMIT ?)"
-            " ORDER BY r.valid_from DESC, r.seq DESC",
-            [scope.user, entity_id, scope.user, entity_id, *agent_params, -1 if limit is None else limit],
-        )
+        rows = await (self._rows if limit is None else self._lookup)(sql, params)
         return [relationship_from_row(row) for row in rows]
 
     async def user_node(self, scope: Scope) -> Entity | None:
