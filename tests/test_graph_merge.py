@@ -39,7 +39,7 @@ def op(**kwargs: Any) -> RecordFacts:
 
 def test_an_item_already_taken_off_the_queue_writes_nothing() -> None:
     steps = plan(op(entities=(EntityFact("Tom", "person"),)), {gm.Dequeue: [False]})
-    assert steps == [gm.Dequeue(7, "m1")]
+    assert steps == [gm.Dequeue(7, "m1", AT)]
 
 
 def test_a_new_entity_and_a_late_single_valued_fact_arrive_already_replaced() -> None:

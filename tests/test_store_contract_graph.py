@@ -13,7 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from proxy.models import Entity, Scope
-from proxy.stores.base import EntityFact, ExtractionFailed, QueuedMessage, RecordFacts, RelationFact, StartTurn, Store
+from proxy.stores.base import (
+    EntityFact, ExtractionFailed, FinishTurn, QueuedMessage, RecordFacts, RelationFact, StartTurn, Store,
+)
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
@@ -369,6 +371,37 @@ def test_facts_written_with_their_message_take_it_off_the_queue_by_its_id(backen
             await g.store.apply([RecordFacts(ALICE, None, "m-northwind", (org("Northwind"),),
                                              works_at("User", "Northwind"), at(0), "User")])
             assert await backend.sql("SELECT count(*) FROM relationships") == [(0,)]
+
+    run(body())
+
+
+def test_facts_written_with_their_message_wait_behind_an_earlier_message_the_worker_has_not_mined(
+        backend: Backend) -> None:
+    """Replicas share the queue: a long message said on one (mined by the worker) and a short one
+    said next on another (mined as it is saved) must land their facts in the order they were said,
+    or "my name is Ana" then "call me Bea" would leave Ana. The short one's facts then apply
+    nothing, and its queue item is due at once, behind the earlier one."""
+    async def body() -> None:
+        async with graph(backend) as g:
+            await g.store.apply([StartTurn(ALICE, "t1", "c1", "h1", at(0), "My name is Ana. " + "x " * 1500)])
+            await g.store.apply([StartTurn(ALICE, "t2", "c2", "h2", at(0) + timedelta(seconds=5), "Call me Bea",
+                                           message_id="m-bea", extract_from=at(0) + timedelta(seconds=35))])
+            await g.store.apply([RecordFacts(ALICE, None, "m-bea", (), (), at(0) + timedelta(seconds=5),
+                                             user_node="Bea")])
+            assert await g.store.entities(ALICE) == []  # not before the earlier message's facts
+            due = await g.store.claim_extraction(10, at(0) + timedelta(seconds=6))
+            assert [item.message.id for item in due][1:] == ["m-bea"] and len(due) == 2
+            await g.facts(due[0], user_node="Ana")
+            await g.facts(due[1], user_node="Bea")
+            assert [e.name for e in await g.store.entities(ALICE)] == ["Bea"]
+            # With nothing earlier waiting, facts written with their message apply at once: an answer
+            # still queued (the worker passes over it without facts) is not waited behind.
+            await g.store.apply([FinishTurn(ALICE, "t2", "c2", "Hello Bea", at(1) - timedelta(seconds=1))])
+            await g.store.apply([StartTurn(ALICE, "t3", "c3", "h3", at(1), "Call me Cy", message_id="m-cy",
+                                           extract_from=at(1) + timedelta(seconds=30))])
+            await g.store.apply([RecordFacts(ALICE, None, "m-cy", (), (), at(1), user_node="Cy")])
+            assert [e.name for e in await g.store.entities(ALICE)] == ["Cy"]
+            assert await g.store.queue_depth() == {"pending": 1, "parked": 0}  # the answer's item
 
     run(body())
 

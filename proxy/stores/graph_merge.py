@@ -52,10 +52,14 @@ class Dequeue:
     The message id is matched too: SQLite hands a deleted item's queue id to the next item queued.
     Without a queue id (facts extracted as the message was saved) the message id alone finds it:
     whichever of that write and the worker's comes second finds nothing, and applies nothing.
+    Nor does it while an earlier message of the user waits for the worker (due by `at`, the
+    message's time; a long one said on another replica): its item is then made due at `at`,
+    and the worker applies the two in the order they were said.
     """
 
     queue_id: int | None
     message_id: str
+    at: Any = None  # the message's time as the backend stores it (read without a queue id)
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,7 @@ def merge(op: RecordFacts, at: Any, clean: Callable[[str], str]) -> Steps[None]:
 
     `at` is the op's time as the backend stores it, `clean` the backend's text cleaner.
     """
-    if not (yield Dequeue(op.queue_id, op.message_id)):
+    if not (yield Dequeue(op.queue_id, op.message_id, at)):
         return
     graph = _Merge(op, at, clean)
     yield EnsureUser(at)

@@ -31,6 +31,17 @@ async def record_facts(conn: asyncpg.Connection, op: RecordFacts) -> None:
         answer = await graph.run(step)
 
 
+# Another message the user said, no later than this one, that waits for the worker (due by the
+# message's time: not the backup of a message mined as it was saved, due 30 s on), claimed by a
+# replica or not. Answers are queued too, and the worker passes over them without facts.
+_EARLIER_WAITING = (
+    "SELECT 1 FROM extraction_queue mine JOIN extraction_queue e ON e.user_id = mine.user_id"
+    " JOIN messages m ON m.user_id = e.user_id AND m.id = e.message_id AND m.role = 'user'"
+    " WHERE mine.user_id = $1 AND mine.message_id = $2 AND e.id != mine.id AND NOT e.parked"
+    " AND e.next_attempt_at <= $3 AND e.created_at <= mine.created_at LIMIT 1"
+)
+
+
 class Graph:
     """The user's graph (the agent's, under isolation) in the batch's transaction: runs merge steps."""
 
@@ -43,7 +54,11 @@ class Graph:
         """Run one step; what a read found."""
         conn, user, agent = self._conn, self.user, self.agent
         match step:
-            case graph_merge.Dequeue(queue_id, message_id):
+            case graph_merge.Dequeue(queue_id, message_id, at):
+                if queue_id is None and await conn.fetchval(_EARLIER_WAITING, user, message_id, at):
+                    await conn.execute("UPDATE extraction_queue SET next_attempt_at = $3 WHERE user_id = $1"
+                                       " AND message_id = $2", user, message_id, at)
+                    return False
                 return await conn.fetchval("DELETE FROM extraction_queue WHERE ($1::bigint IS NULL OR id = $1)"
                                            " AND user_id = $2 AND message_id = $3 RETURNING id",
                                            queue_id, user, message_id) is not None

@@ -39,6 +39,17 @@ def record_failure(conn: sqlite3.Connection, op: ExtractionFailed) -> None:
     )
 
 
+# Another message the user said, no later than this one, that waits for the worker (due by the
+# message's time: not the backup of a message mined as it was saved, due 30 s on). Answers are
+# queued too, and the worker passes over them without facts: they do not count.
+_EARLIER_WAITING = (
+    "SELECT 1 FROM extraction_queue mine JOIN extraction_queue e ON e.user_id = mine.user_id"
+    " JOIN messages m ON m.user_id = e.user_id AND m.id = e.message_id AND m.role = 'user'"
+    " WHERE mine.user_id = ? AND mine.message_id = ? AND e.id != mine.id AND e.parked = 0"
+    " AND e.next_attempt_at <= ? AND e.created_at <= mine.created_at LIMIT 1"
+)
+
+
 def record_facts(conn: sqlite3.Connection, op: RecordFacts) -> None:
     """Dequeue the message and merge its entities and relationships into the user's graph."""
     graph = Graph(runner(conn), op.scope.user, op.scope.agent if op.scope.agent_isolated else None)
@@ -68,7 +79,11 @@ class Graph:
         """Run one step; what a read found."""
         user, agent, run = self.user, self.agent, self._run
         match step:
-            case graph_merge.Dequeue(queue_id, message_id):
+            case graph_merge.Dequeue(queue_id, message_id, at):
+                if queue_id is None and run(_EARLIER_WAITING, (user, message_id, at)):
+                    run("UPDATE extraction_queue SET next_attempt_at = ? WHERE user_id = ? AND message_id = ?",
+                        (at, user, message_id))
+                    return False
                 return bool(run("DELETE FROM extraction_queue WHERE user_id = ? AND message_id = ?"
                                 " AND (? IS NULL OR id = ?) RETURNING id", (user, message_id, queue_id, queue_id)))
             case graph_merge.FindEntity(key):
