@@ -69,25 +69,30 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     `limit`. `candidates` (a subquery of item seqs) limits the items scored, not the IDF.
     """
     user, wanted = args(scope.user), args(terms)
-    postings = f"{kind}_postings p"
+    # Each posting with its term's IDF: the postings of the query terms, by key.
+    postings = (f"(SELECT q.doc, q.tf, q.dl, idf.idf FROM {kind}_postings q JOIN idf ON idf.term = q.term"
+                f" WHERE q.user_id = {user} AND q.term = ANY({wanted}::text[])) p")
     if candidates:
-        # Materialised, and each candidate's postings read by key (LATERAL), so the plan starts
-        # from the (few) candidates: left to itself the planner walked a common term's postings
-        # (16,000 of them for a budget of 480) and hashed them against the candidates; OFFSET 0
-        # keeps it from flattening the LATERAL back into that join.
-        postings = (f"cand CROSS JOIN LATERAL (SELECT * FROM {kind}_postings q WHERE q.user_id = {user}"
-                    f" AND q.term = ANY({wanted}::text[]) AND q.doc = cand.doc OFFSET 0) p")
+        # Materialised, and each candidate's posting of each term read by its whole key (LATERAL),
+        # so the plan starts from the (few) candidates: left to itself the planner walked a common
+        # term's postings (16,000 of them for a budget of 480) and hashed them against the
+        # candidates, or read every posting of the user for each candidate; OFFSET 0 keeps it from
+        # flattening the LATERAL back into such a join.
+        postings = (f"cand CROSS JOIN idf CROSS JOIN LATERAL (SELECT q.doc, q.tf, q.dl, idf.idf FROM"
+                    f" {kind}_postings q WHERE q.user_id = {user} AND q.term = idf.term AND q.doc = cand.doc"
+                    " OFFSET 0) p")
         candidates = f" cand AS MATERIALIZED (SELECT DISTINCT c.doc FROM ({candidates}) c(doc)),"
     best = "" if keep is None else f" LIMIT {keep}"
+    # The statistics MATERIALIZED: a handful of rows, read once; inlined, the planner could
+    # read them again for every posting.
     return (
-        f"WITH s AS (SELECT sum(docs)::float8 AS n, greatest(sum(tokens), 1)::float8 / greatest(sum(docs), 1)"
-        f" AS avgdl FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
-        " idf AS (SELECT d.term, greatest(ln((s.n - d.docs + 0.5) / (d.docs + 0.5)), 1e-6) AS idf"
+        f"WITH s AS MATERIALIZED (SELECT sum(docs)::float8 AS n, greatest(sum(tokens), 1)::float8"
+        f" / greatest(sum(docs), 1) AS avgdl FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
+        " idf AS MATERIALIZED (SELECT d.term, greatest(ln((s.n - d.docs + 0.5) / (d.docs + 0.5)), 1e-6) AS idf"
         f" FROM (SELECT term, sum(docs) AS docs FROM term_stats WHERE user_id = {user} AND kind = '{kind}'"
         f" AND term = ANY({wanted}::text[]) GROUP BY term HAVING sum(docs) > 0) d CROSS JOIN s),{candidates}"
-        " scored AS (SELECT p.doc, sum(idf.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
-        f" AS score FROM {postings} JOIN idf ON idf.term = p.term CROSS JOIN s"
-        f" WHERE p.user_id = {user} AND p.term = ANY({wanted}::text[]) GROUP BY p.doc),"
+        " scored AS (SELECT p.doc, sum(p.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
+        f" AS score FROM {postings} CROSS JOIN s GROUP BY p.doc),"
         f" best AS (SELECT doc, score FROM scored ORDER BY score DESC, doc DESC{best})"
         f" SELECT {alias}.*, best.score FROM best JOIN {table} {alias} ON {alias}.seq = best.doc"
         f" WHERE {alias}.user_id = {user}{where} ORDER BY best.score DESC, {alias}.seq DESC LIMIT {args(limit)}"
