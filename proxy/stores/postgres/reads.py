@@ -57,7 +57,7 @@ def agent_clause(scope: Scope, alias: str, args: Args, *, per_agent: bool = Fals
 
 
 def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: list[str], *, limit: int,
-         where: str = "", candidates: str = "", keep: str | None = None) -> str:
+         where: str = "", candidates: str = "", keep: str | None = None, own_words: bool = False) -> str:
     """The user's `limit` best items for `terms` by FTS5's bm25() (higher is better), with `score`.
 
     term_stats gives each query term's document frequency (so its IDF) and lexicon_stats N
@@ -66,19 +66,22 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     the IDF floor of 1e-6 are FTS5's. Only the best `keep` (an SQL expression; all when None) are
     looked up in `table`, so a common word costs an index range of postings, never a scan of
     the user's items: `keep` must be enough for `where` (a filter on the items) to leave
-    `limit`. `candidates` (a subquery of item seqs) limits the items scored, not the IDF.
+    `limit`. `candidates` (a subquery of item seqs) limits the items scored, not the IDF;
+    `own_words`: only items holding a term in a column that finds them (a message's own words).
     """
     user, wanted = args(scope.user), args(terms)
     # Each posting with its term's IDF: the postings of the query terms, by key.
-    postings = (f"(SELECT q.doc, q.tf, q.dl, idf.idf FROM {kind}_postings q JOIN idf ON idf.term = q.term"
+    postings = (f"(SELECT q.doc, q.term, q.tf, q.dl, q.finds, idf.idf FROM {kind}_postings q JOIN idf"
+                f" ON idf.term = q.term"
                 f" WHERE q.user_id = {user} AND q.term = ANY({wanted}::text[])) p")
+    found = " HAVING bool_or(p.finds)" if own_words else ""
     if candidates:
         # Materialised, and each candidate's posting of each term read by its whole key (LATERAL),
         # so the plan starts from the (few) candidates: left to itself the planner walked a common
         # term's postings (16,000 of them for a budget of 480) and hashed them against the
         # candidates, or read every posting of the user for each candidate; OFFSET 0 keeps it from
         # flattening the LATERAL back into such a join.
-        postings = (f"cand CROSS JOIN idf CROSS JOIN LATERAL (SELECT q.doc, q.tf, q.dl, idf.idf FROM"
+        postings = (f"cand CROSS JOIN idf CROSS JOIN LATERAL (SELECT q.doc, q.term, q.tf, q.dl, idf.idf FROM"
                     f" {kind}_postings q WHERE q.user_id = {user} AND q.term = idf.term AND q.doc = cand.doc"
                     " OFFSET 0) p")
         candidates = f" cand AS MATERIALIZED (SELECT DISTINCT c.doc FROM ({candidates}) c(doc)),"
@@ -91,8 +94,10 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
         " idf AS MATERIALIZED (SELECT d.term, greatest(ln((s.n - d.docs + 0.5) / (d.docs + 0.5)), 1e-6) AS idf"
         f" FROM (SELECT term, sum(docs) AS docs FROM term_stats WHERE user_id = {user} AND kind = '{kind}'"
         f" AND term = ANY({wanted}::text[]) GROUP BY term HAVING sum(docs) > 0) d CROSS JOIN s),{candidates}"
-        " scored AS (SELECT p.doc, sum(p.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
-        f" AS score FROM {postings} CROSS JOIN s GROUP BY p.doc),"
+        # Summed in term order whatever order the plan reads the postings in: items scoring the
+        # same score exactly the same, so their tie falls to the newest, as on SQLite.
+        " scored AS (SELECT p.doc, sum(p.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl))"
+        f" ORDER BY p.term) AS score FROM {postings} CROSS JOIN s GROUP BY p.doc{found}),"
         f" best AS (SELECT doc, score FROM scored ORDER BY score DESC, doc DESC{best})"
         f" SELECT {alias}.*, best.score FROM best JOIN {table} {alias} ON {alias}.seq = best.doc"
         f" WHERE {alias}.user_id = {user}{where} ORDER BY best.score DESC, {alias}.seq DESC LIMIT {args(limit)}"
@@ -230,22 +235,21 @@ class PostgresReads:
                 sql = bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where,
                            candidates=found, keep=args(limit))
                 return sql, args
-        else:
-            kept = wanted
+            # Small enough to score whole: every posting of the terms, read by term, is fewer
+            # reads than a look-up of each candidate's (a common word is in most of them).
+            keep: str | None = None  # an agent filter may drop any number
+            if not agent:
+                keep = args(limit)
+                if exclude_conversation_id is not None:  # the excluded conversation holds at most this many
+                    keep += (f" + (SELECT count(*) FROM messages WHERE user_id = {args(scope.user)}"
+                             f" AND conversation_id = {args(exclude_conversation_id)})")
+            return bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where, keep=keep,
+                        own_words=True), args
+        # A conversation's candidates are few: each one's postings are looked up.
         found = (f"SELECT f.doc FROM message_postings f WHERE f.user_id = {args(scope.user)} AND f.finds"
-                 f" AND f.term = ANY({args(kept)}::text[])")
-        keep: str | None = None  # an agent filter may drop any number; a conversation's candidates are few
-        if conversation_ids is not None:
-            found += (f" AND f.doc IN (SELECT seq FROM messages WHERE user_id = {args(scope.user)}"
-                      f" AND conversation_id = ANY({args(list(conversation_ids))}::text[]))")
-        elif not agent:
-            keep = args(limit)
-            if exclude_conversation_id is not None:  # the excluded conversation holds at most this many
-                keep += (f" + (SELECT count(*) FROM messages WHERE user_id = {args(scope.user)}"
-                         f" AND conversation_id = {args(exclude_conversation_id)})")
-        sql = bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where, candidates=found,
-                   keep=keep)
-        return sql, args
+                 f" AND f.term = ANY({args(wanted)}::text[]) AND f.doc IN (SELECT seq FROM messages"
+                 f" WHERE user_id = {args(scope.user)} AND conversation_id = ANY({args(list(conversation_ids))}::text[]))")
+        return bm25("message", "messages", "m", args, scope, wanted, limit=limit, where=where, candidates=found), args
 
     async def _candidate_terms(self, scope: Scope, kind: str, terms: list[str]) -> tuple[list[str], int | None]:
         """A whole-history search's finding terms (the rarer ones, as search_budget.candidate_terms keeps
