@@ -74,14 +74,13 @@ class Parts:
         self.pending_facts = PendingFacts()
         self.hook_poster = HookPoster() if any(spec.kind == "url" for spec in settings.hooks) else None
         hooks = load_hooks(settings.hooks, self.hook_poster, self.metrics)
+        extractor = extractor_for(settings, self.upstream, self.metrics.extraction_fallbacks.inc)
         self.memory = MemoryService(settings, self.store, self.writer, self.retriever, self.metrics,
-                                    self.pending_facts, hooks)
+                                    self.pending_facts, hooks, extractor)
         self.extraction = ExtractionWorker(self.store, self.writer, self.metrics,
                                            from_roles=settings.extraction.from_roles,
                                            isolate_agents=settings.scope.isolation == "agent",
-                                           extractor=extractor_for(settings, self.upstream,
-                                                                   self.metrics.extraction_fallbacks.inc),
-                                           pending=self.pending_facts)
+                                           extractor=extractor, pending=self.pending_facts)
         self.store_open = False
         self._opening: asyncio.Task[None] | None = None  # retrying a store that did not open at start-up
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from proxy.app import Parts
 from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+from proxy.memory.extractors import RulesExtractor
 from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.pipeline import Query
@@ -148,7 +149,7 @@ def test_a_message_mined_as_it_is_saved_is_findable_with_no_pass_of_the_worker(t
         await store.open()
         writer = Writer(store, metrics, 100)
         writer.start()
-        inline = InlineFacts(writer, isolate_agents=False)
+        inline = InlineFacts(writer, RulesExtractor(), isolate_agents=False)
         try:
             now, text = datetime.now(UTC), "I live in Porto and my manager is Dana."
             writer.submit(StartTurn(ALICE, "t1", "c1", "h1", now, text, message_id="m1",
@@ -246,3 +247,12 @@ def test_a_name_said_next_replaces_one_still_waiting_for_the_worker(tmp_path: Pa
             return db.execute("SELECT name FROM entities WHERE user_id = 'alice' AND type = 'user'").fetchall()
 
     assert asyncio.run(scenario()) == [("Anna",)]
+
+
+def test_inline_mining_and_the_worker_share_one_rules_extractor(tmp_path: Path) -> None:
+    """The rules hold the GIL and run one message at a time per extractor: two extractors would
+    mine in two threads at once, taking twice the event loop's share of the GIL under load."""
+    settings = load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/memory.db"})
+    parts = Parts(settings)
+    assert parts.memory.inline_facts is not None
+    assert parts.memory.inline_facts._rules is parts.extraction.extractor

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from proxy.memory.extraction.facts import record_of
 from proxy.memory.extraction_worker import head
-from proxy.memory.extractors import RulesExtractor
+from proxy.memory.extractors import Extractor
 from proxy.memory.writer import Writer
 from proxy.models import Scope
 
@@ -46,10 +46,11 @@ def queue_from(at: datetime) -> datetime:
 class InlineFacts:
     """Mines user messages as their turns start and writes their facts behind them."""
 
-    def __init__(self, writer: Writer, *, isolate_agents: bool) -> None:
+    def __init__(self, writer: Writer, rules: Extractor, *, isolate_agents: bool) -> None:
         self._writer = writer
         self._isolate_agents = isolate_agents
-        self._rules = RulesExtractor()
+        # The extraction worker's own: the rules run one message at a time per process.
+        self._rules = rules
         self._running: set[asyncio.Task[None]] = set()
 
     @staticmethod

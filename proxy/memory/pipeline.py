@@ -23,6 +23,7 @@ from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
 from proxy.memory import turn_hooks
 from proxy.memory.hooks import Hooks
+from proxy.memory.extractors import Extractor, RulesExtractor
 from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.kept_step import earlier_steps, packed
 from proxy.memory.pending_facts import PendingFacts
@@ -101,7 +102,8 @@ class MemoryService:
     """ChatMemory with a store: recall before the upstream call, persistence after."""
 
     def __init__(self, settings: Settings, store: Store, writer: Writer, retriever: Retriever,
-                 metrics: Metrics, pending: PendingFacts | None = None, hooks: Hooks | None = None) -> None:
+                 metrics: Metrics, pending: PendingFacts | None = None, hooks: Hooks | None = None,
+                 extractor: Extractor | None = None) -> None:
         self.settings = settings
         self.memory: MemorySettings = settings.memory
         self.store = store
@@ -109,10 +111,13 @@ class MemoryService:
         self.retriever = retriever
         self.metrics = metrics
         # Rules facts are stored within milliseconds: a user's next request waits for them.
-        rules = settings.extraction.mode == "rules" and "user" in settings.extraction.from_roles
-        self.pending = pending if rules else None
-        self.inline_facts = (InlineFacts(writer, isolate_agents=settings.scope.isolation == "agent")
-                             if rules else None)
+        mined = settings.extraction.mode == "rules" and "user" in settings.extraction.from_roles
+        self.pending = pending if mined else None
+        # The extraction worker's extractor (the rules, in this mode): shared, so the rules run
+        # one message at a time in one thread, as the GIL would have them anyway.
+        self.inline_facts = (InlineFacts(writer, extractor or RulesExtractor(),
+                                         isolate_agents=settings.scope.isolation == "agent")
+                             if mined else None)
         self.breaker = CircuitBreaker(metrics)
         self.gate = RecallGate(RECALLS_RUNNING)
         self.hooks = hooks  # None: no hooks configured, and the request path does nothing for them
