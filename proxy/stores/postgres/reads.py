@@ -71,7 +71,7 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     """
     user, wanted = args(scope.user), args(terms)
     # Each posting with its term's IDF: the postings of the query terms, by key.
-    postings = (f"(SELECT q.doc, q.term, q.tf, q.dl, q.finds, idf.idf FROM {kind}_postings q JOIN idf"
+    postings = (f"(SELECT q.doc, q.tf, q.dl, q.finds, idf.idf, idf.ord FROM {kind}_postings q JOIN idf"
                 f" ON idf.term = q.term"
                 f" WHERE q.user_id = {user} AND q.term = ANY({wanted}::text[])) p")
     found = " HAVING bool_or(p.finds)" if own_words else ""
@@ -81,7 +81,7 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
         # term's postings (16,000 of them for a budget of 480) and hashed them against the
         # candidates, or read every posting of the user for each candidate; OFFSET 0 keeps it from
         # flattening the LATERAL back into such a join.
-        postings = (f"cand CROSS JOIN idf CROSS JOIN LATERAL (SELECT q.doc, q.term, q.tf, q.dl, idf.idf FROM"
+        postings = (f"cand CROSS JOIN idf CROSS JOIN LATERAL (SELECT q.doc, q.tf, q.dl, q.finds, idf.idf, idf.ord FROM"
                     f" {kind}_postings q WHERE q.user_id = {user} AND q.term = idf.term AND q.doc = cand.doc"
                     " OFFSET 0) p")
         candidates = f" cand AS MATERIALIZED (SELECT DISTINCT c.doc FROM ({candidates}) c(doc)),"
@@ -91,13 +91,15 @@ def bm25(kind: str, table: str, alias: str, args: Args, scope: Scope, terms: lis
     return (
         f"WITH s AS MATERIALIZED (SELECT sum(docs)::float8 AS n, greatest(sum(tokens), 1)::float8"
         f" / greatest(sum(docs), 1) AS avgdl FROM lexicon_stats WHERE user_id = {user} AND kind = '{kind}'),"
-        " idf AS MATERIALIZED (SELECT d.term, greatest(ln((s.n - d.docs + 0.5) / (d.docs + 0.5)), 1e-6) AS idf"
+        f" idf AS MATERIALIZED (SELECT d.term, array_position({wanted}::text[], d.term) AS ord,"
+        " greatest(ln((s.n - d.docs + 0.5) / (d.docs + 0.5)), 1e-6) AS idf"
         f" FROM (SELECT term, sum(docs) AS docs FROM term_stats WHERE user_id = {user} AND kind = '{kind}'"
         f" AND term = ANY({wanted}::text[]) GROUP BY term HAVING sum(docs) > 0) d CROSS JOIN s),{candidates}"
-        # Summed in term order whatever order the plan reads the postings in: items scoring the
-        # same score exactly the same, so their tie falls to the newest, as on SQLite.
-        " scored AS (SELECT p.doc, sum(p.idf * p.tf * 2.2 / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl))"
-        f" ORDER BY p.term) AS score FROM {postings} CROSS JOIN s GROUP BY p.doc{found}),"
+        # Each term's part computed as SQLite computes it and summed in the query's term order,
+        # whatever order the plan reads the postings in: equal scores come out bit for bit as on
+        # SQLite, so their tie falls to the newest on both stores.
+        " scored AS (SELECT p.doc, sum(p.idf * ((p.tf * 2.2) / (p.tf + 1.2 * (0.25 + 0.75 * p.dl / s.avgdl)))"
+        f" ORDER BY p.ord) AS score FROM {postings} CROSS JOIN s GROUP BY p.doc{found}),"
         f" best AS (SELECT doc, score FROM scored ORDER BY score DESC, doc DESC{best})"
         f" SELECT {alias}.*, best.score FROM best JOIN {table} {alias} ON {alias}.seq = best.doc"
         f" WHERE {alias}.user_id = {user}{where} ORDER BY best.score DESC, {alias}.seq DESC LIMIT {args(limit)}"
