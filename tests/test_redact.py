@@ -227,6 +227,9 @@ ADVERSARIAL = {
     "a": "a", "=": "=", ":": ":", "/": "/", "base64": "QWxhZGRpbjpvcGVuIHNlc2FtZQ+/", "key=": "key=",
     "password: ": "password: ", "setup: ": "setup: ", "://u:": "://u:", "eyJ.": "eyJa.", "sk-": "sk-a",
     "BEGIN": "-----BEGIN PRIVATE KEY-----", "bearer": "Bearer ", "@": "a:b@",
+    # Read a second time as they read: every char of the first folded, of the second dropped.
+    "fullwidth": "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=", "zero-width": "pass\u200bword=",
+    "cyrillic": "\u043f\u0430\u0440\u043e\u043b\u044c ",
 }
 
 
@@ -259,3 +262,45 @@ KEY = "sk-abcdefghijklmnopqrstuvwxyz012345"
 ])
 def test_restored_gives_back_only_secrets_that_line_up(stored: str, source: str, expected: str) -> None:
     assert restored(stored, source) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # Invisible or look-alike characters inside the name, or around the `:`.
+    ("pass\u200bword=Qa01xyz12", "pass\u200bword=[REDACTED:password]"),
+    ("pass\u00adword=Qa02xyz12", "pass\u00adword=[REDACTED:password]"),
+    ("\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=Qa03xyz12",
+     "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=[REDACTED:password]"),
+    ("p\u0430ssword=Qa04xyz12", "p\u0430ssword=[REDACTED:password]"),
+    ("password\uff1aQa05xyzAB12", "password\uff1a[REDACTED:password]"),
+    ("password:\u00a0Qa06xyzAB12", "password:\u00a0[REDACTED:password]"),
+    ("sk-proj-AbCdEf01\u200b23456789ghIJklmnop", "[REDACTED:openai_key]"),
+    ("\u041f\u0440\u0438\u0432\u0435\u0442: password=Qa99xyz \u043c\u0438\u0440",
+     "\u041f\u0440\u0438\u0432\u0435\u0442: password=[REDACTED:password] \u043c\u0438\u0440"),
+    # Escaped quotes: JSON inside a JSON string, code in a tool call's arguments.
+    ('cfg: "{\\"password\\": \\"Qa07xyzAB\\"}"', 'cfg: "{\\"password\\": \\"[REDACTED:password]\\"}"'),
+    ('{"content": "DB_PASSWORD = \\"Qa20xyzAB\\""}', '{"content": "DB_PASSWORD = \\"[REDACTED:password]\\""}'),
+    # A name glued to the word that makes it a credential.
+    ("PGPASSWORD=Qa08xyzAB psql -h db", "PGPASSWORD=[REDACTED:password] psql -h db"),
+    ("export APITOKEN=Qa09xyzAB12", "export APITOKEN=[REDACTED:token]"),
+    ("authtoken: Qa10xyzAB12cd", "authtoken: [REDACTED:token]"),
+    ("my AWS secret key is: wJalrXUtnFEMI/K7MDENG/bPxRfiCYzQ8xK2mN4v", "my AWS secret key is: [REDACTED:aws_secret_key]"),
+    ("postgres://app:p@ss/Qa11xyz@db.internal:5432/app", "postgres://app:[REDACTED:password]@db.internal:5432/app"),
+    ("AccountKey=Q2xpZW50U2VjcmV0%2BU3RvcmFnZUtleQ%3D%3D;x", "AccountKey=[REDACTED:azure_key];x"),
+])
+def test_secrets_hidden_by_how_they_are_written(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "bypass=1234", "compass: north", "max_tokens=512", "https://h:443/users/@ann",
+    "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440", "caf\u00e9 \u2014 r\u00e9sum\u00e9 \uff08note\uff09",
+])
+def test_text_that_only_reads_like_a_credential_name_stays(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_a_long_text_not_all_ascii_is_read_as_it_reads_in_windows() -> None:
+    """A secret spelled with a zero-width space, deep in a long Cyrillic text, past the first window."""
+    pad = "\u043c\u0438\u0440 " * (WINDOW_CHARS // 2)
+    text = pad + "pass\u200bword=Qa3sD5fG7h " + pad
+    assert redact(text) == pad + "pass\u200bword=[REDACTED:password] " + pad

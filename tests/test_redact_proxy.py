@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from proxy.logs import JsonFormatter
+from proxy.memory.confusables import INVISIBLE
 from tests.api_helpers import api_url, lines
 from tests.proxy_db import eventually, rows
 from tests.test_crash import start_server
@@ -40,6 +41,12 @@ SECRETS = {
     "hf token 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": "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",
     "npm token npm_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8": "npm_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
     "db at postgres://app:pa/ss#w0rd9@db.internal:5432/app": "pa/ss#w0rd9",
+    # Hidden by how they are written: invisible or look-alike characters, escaped quotes, a glued name.
+    "pass\u200bword=Ze8rW1dTh0Kw": "Ze8rW1dTh0Kw",
+    "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=Fw7dQ2cXz5Lp": "Fw7dQ2cXz5Lp",
+    'cfg: "{\\"password\\": \\"Js6cP9eKq2Wd\\"}"': "Js6cP9eKq2Wd",
+    "PGPASSWORD=Gl4uE8sNv3Rt psql -h db": "Gl4uE8sNv3Rt",
+    "unescaped at postgres://app:p@ss/Mk2wV6yB@db.internal:5432/app": "ss/Mk2wV6yB",
 }
 PROSE = "the password policy is strict and token limits apply to the secret santa list"
 
@@ -73,9 +80,11 @@ def test_secrets_in_any_context_reach_no_file_export_search_or_log(make_proxy: A
     assert "my AWS secret key is [REDACTED:aws_secret_key]" in saved
     assert "AccountKey=[REDACTED:azure_key];EndpointSuffix" in saved
     assert "postgres://app:[REDACTED:password]@db.internal:5432/app" in saved
+    assert "PGPASSWORD=[REDACTED:password] psql" in saved
+    assert 'cfg: "{\\"password\\": \\"[REDACTED:password]\\"}"' in saved
     assert [r["content"] for r in lines(exported) if r["kind"] == "message" and r["role"] == "user"] == [saved]
-    # As recall shows it (a message hit may carry the answer after it).
-    assert any(" ".join(saved.split()) in hit["content"] for hit in found.json()["hits"])
+    # As recall shows it (invisible characters out; a message hit may carry the answer after it).
+    assert any(" ".join(INVISIBLE.sub("", saved).split()) in hit["content"] for hit in found.json()["hits"])
 
 
 # A separate process that asks /healthz again and again and prints each answer's time (ms):

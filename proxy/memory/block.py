@@ -28,26 +28,37 @@ SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
 ELLIPSIS = "…"
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Letters a reader cannot tell apart in most fonts, and Unicode's confusables.txt counts as one:
+# `[Iong-term]` (a capital i), `[l0ng-term]`, `[long-terrn]` read as the label they imitate.
+_SAME_TO_A_READER = {"l": "[li1|]", "i": "[li1|]", "o": "[o0]", "m": "(?:m|rn)"}
+
+
+def _reads(words: str) -> str:
+    """A pattern of `words` (regex syntax between them kept) that also matches their look-alikes."""
+    return "".join(_SAME_TO_A_READER.get(char, char) for char in words)
+
+
 _IMITATIONS = (
     re.compile(
-        r"relevant\s+long[\s_-]*term\s+memor(?:y|ies)\s+about\s+(?:this|the)\s+user"
-        r"(?:\s*\([^()]{0,300}\))?\s*:?",
+        _reads(r"relevant\s+long[\s_-]*term\s+memor(?:y|ies)\s+about\s+(?:this|the)\s+user")
+        + r"(?:\s*\([^()]{0,300}\))?\s*:?",
         re.IGNORECASE,
     ),
     re.compile(
-        r"\(\s*use\s+it\s+to\s+personali[sz]e\s+your\s+answer[^()]{0,300}\)\s*:?", re.IGNORECASE
+        r"\(\s*" + _reads(r"use\s+it\s+to\s+personali[sz]e\s+your\s+answer") + r"[^()]{0,300}\)\s*:?",
+        re.IGNORECASE,
     ),
     re.compile(
-        r"a\s+\[\s*graph\s*\]\s+line\s+is\s+a\s+stored\s+relationship"
-        r"(?:\s*,?\s*written\s*\(\s*subject\s*\)\s*-\s*\[\s*relationship\s*\]\s*->"
-        r"\s*\(\s*object\s*\))?"
+        _reads(r"a\s+\[\s*graph\s*\]\s+line\s+is\s+a\s+stored\s+relationship")
+        + r"(?:\s*,?\s*" + _reads(r"written\s*\(\s*subject\s*\)\s*-\s*\[\s*relationship\s*\]\s*->"
+                                  r"\s*\(\s*object\s*\)") + ")?"
         r"\s*\.?",
         re.IGNORECASE,
     ),
     # A source label, with the numbering in front of it when there is one: `2. [long-term]`.
     re.compile(
         r"(?:\b\d{1,4}\s*[.)]\s*)?"
-        r"\[\s*(?:long[\s_-]*term|graph|conversation|cross[\s_-]*session|reasoning)\s*\]",
+        r"\[\s*(?:" + _reads(r"long[\s_-]*term|graph|conversation|cross[\s_-]*session|reasoning") + r")\s*\]",
         re.IGNORECASE,
     ),
 )

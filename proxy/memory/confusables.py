@@ -11,6 +11,11 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import lru_cache
+from itertools import chain
+
+import numpy as np
+
+from proxy.memory.lookalikes import CONFUSABLE_ASCII
 
 # Every character of category Cf as of Unicode 15 (zero-width, bidi and other format
 # controls, the tag characters U+E0000–E007F that spell hidden ASCII a model reads), the
@@ -33,17 +38,22 @@ INVISIBLE = re.compile(
 # would, and passes for "not a space" in text that hides words. It becomes a space.
 BRAILLE_BLANK = "\u2800"
 
-# Characters that NFKD leaves alone but a reader takes for ASCII punctuation or a Latin letter
-# (after Unicode's confusables.txt, for the characters the block's labels are made of).
+# Characters that NFKD leaves alone but a reader takes for ASCII punctuation or a Latin letter:
+# Unicode's confusables.txt (lookalikes.py), and by hand what it leaves out but reads the same
+# (box-drawing and CJK strokes as dashes, corner brackets as square ones).
 _LOOKALIKES = {
+    **CONFUSABLE_ASCII,
     # dashes and hyphens
     **dict.fromkeys("\u058a\u1400\u1806\u2010\u2011\u2012\u2013\u2014\u2015\u2043\u2212\u2e1a\u2e3a\u2e3b"
-                    "\u30fc\ufe58\ufe63\uff0d\u02d7\u2796\u2e40\u301c", "-"),
+                    "\u30fc\ufe58\ufe63\uff0d\u02d7\u2796\u2e40\u301c\u2500\u2501\u2574\u2576\u2578"
+                    "\u257a\u3161\u1173\u4e00\u2f00", "-"),
     # brackets and parentheses
-    **dict.fromkeys("\u2045\u27e6\u298b\u298d\u298f\u3010\u3014\u3016\u3018\u301a\u23a1\u23a3\u23a2", "["),
-    **dict.fromkeys("\u2046\u27e7\u298c\u298e\u2990\u3011\u3015\u3017\u3019\u301b\u23a4\u23a6\u23a5", "]"),
-    **dict.fromkeys("\u2768\u276a\u27ee\u2985\u3008\u300a\u300c", "("),
-    **dict.fromkeys("\u2769\u276b\u27ef\u2986\u3009\u300b\u300d", ")"),
+    **dict.fromkeys("\u2045\u27e6\u298b\u298d\u298f\u3010\u3014\u3016\u3018\u301a\u23a1\u23a3\u23a2"
+                    "\u2308\u230a\u2e22\u2e24\u300c\u300e\u231c\u231e", "["),
+    **dict.fromkeys("\u2046\u27e7\u298c\u298e\u2990\u3011\u3015\u3017\u3019\u301b\u23a4\u23a6\u23a5"
+                    "\u2309\u230b\u2e23\u2e25\u300d\u300f\u231d\u231f", "]"),
+    **dict.fromkeys("\u2768\u276a\u27ee\u2985\u3008\u300a", "("),
+    **dict.fromkeys("\u2769\u276b\u27ef\u2986\u3009\u300b", ")"),
     **dict.fromkeys("\u02d0\u0589\u05c3\u16ec\u2236\ua789\ua4fd", ":"),
     **dict.fromkeys("\u0701\u0702\u06d4\ua4f8\u3002\uff61", "."),
     **dict.fromkeys("\u02c3\u203a\u2192\u27f6", ">"),
@@ -90,3 +100,45 @@ def reads_as_mapped(text: str) -> tuple[str, list[int]]:
 @lru_cache(maxsize=_CHARS_CACHED)
 def _char_reads_as(char: str) -> str:
     return reads_as(char)
+
+
+# What a char may read as in the secrets' view, at most: its length is coded in one char < 8.
+_VIEW_MAX_CHARS = 7
+_VIEW_PLANES = chain(range(0x80, 0xD800), range(0xE000, 0x30000), range(0xE0000, 0xE1000))
+
+
+@lru_cache(maxsize=1)
+def _view_tables() -> tuple[dict[int, str], dict[int, str]]:
+    """How each char reads in the secrets' view where that is not itself, and the length of
+    that reading where it is not one char (ASCII controls coded as one, see visible_ascii)."""
+    reading: dict[int, str] = {}
+    for code in _VIEW_PLANES:
+        char = chr(code)
+        if INVISIBLE.match(char):
+            reading[code] = ""
+        elif char == BRAILLE_BLANK:
+            reading[code] = " "
+        elif (reads := reads_as(char)) != char and reads.isascii() and len(reads) <= _VIEW_MAX_CHARS:
+            reading[code] = reads
+    lengths = {code: chr(len(reads)) for code, reads in reading.items() if len(reads) != 1}
+    lengths.update({code: "\x01" for code in range(_VIEW_MAX_CHARS + 1)})
+    return reading, lengths
+
+
+_view_tables()  # built at import (0.15 s), not by the first request that needs it
+
+
+def visible_ascii(text: str) -> str:
+    """`text` as the secret rules read it: invisible characters out, and every character that
+    reads as ASCII (`ｐａｓｓｗｏｒｄ`, a Cyrillic `а`, a no-break space) made that ASCII."""
+    return text.translate(_view_tables()[0])
+
+
+def visible_ascii_mapped(text: str) -> tuple[str, np.ndarray]:
+    """`visible_ascii(text)`, and for each of its characters, and one past its end, the index
+    in `text` it came from. Vectorised: a text of megabytes is read in milliseconds."""
+    reading, lengths = _view_tables()
+    codes = np.frombuffer(text.translate(lengths).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    counts = np.where(codes <= _VIEW_MAX_CHARS, codes, 1)
+    origins = np.repeat(np.arange(len(text), dtype=np.int64), counts)
+    return text.translate(reading), np.append(origins, len(text))

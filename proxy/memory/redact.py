@@ -8,6 +8,10 @@ and matching from there, so no single step of the work holds the interpreter for
 redaction of a long text run in a thread (the pipeline does so past INLINE_REDACT_CHARS)
 leaves the event loop free between steps. Every rule's matches are collected as spans,
 overlapping spans are joined (the first rule's kind wins), and the text is rebuilt once.
+
+A text that is not all ASCII is read a second time as it reads (`visible_ascii`): invisible
+characters out and look-alikes folded, so `pass\u200bword=`, `ｐａｓｓｗｏｒｄ=` or a
+Cyrillic `а` hide nothing; what that reading finds is cut from the text as written.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.memory.confusables import visible_ascii, visible_ascii_mapped
 from proxy.memory.secret_shapes import (
     LOOKBEHIND_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered, mark,
 )
@@ -31,7 +36,8 @@ INLINE_REDACT_CHARS = 65_536
 
 def redact(text: str) -> str:
     """The text with every secret found replaced by `[REDACTED:<kind>]`."""
-    if len(text) <= TINY_CHARS and _ANY_NEEDLE.search(text.lower()) is None:
+    if len(text) <= TINY_CHARS and _ANY_NEEDLE.search(
+            (text if text.isascii() else visible_ascii(text)).lower()) is None:
         return text  # most log fields: one regex call
     spans = secret_spans(text)
     if not spans:
@@ -67,6 +73,31 @@ def restored(redacted: str, source: str) -> str:
 
 def secret_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, kind) of every secret in the text, in order, none overlapping."""
+    found = _found(text)
+    if not text.isascii():
+        found += _found_as_it_reads(text)
+    return _joined(found)
+
+
+def _found_as_it_reads(text: str) -> list[tuple[int, int, int, str]]:
+    """What the rules find in the text as it reads, where that differs, as spans of the text.
+
+    Read a window at a time (each with the reach of a match past it), so the per-character
+    map back to the text stays a few MB however long the text.
+    """
+    found: list[tuple[int, int, int, str]] = []
+    for start in range(0, len(text), WINDOW_CHARS):
+        window = text[start:start + WINDOW_CHARS + REACH_CHARS]
+        if window.isascii() or visible_ascii(window) == window:
+            continue
+        view, origins = visible_ascii_mapped(window)
+        for first, rank, last, kind in _found(view):
+            found.append((start + int(origins[first]), rank, start + int(origins[last - 1]) + 1, kind))
+    return found
+
+
+def _found(text: str) -> list[tuple[int, int, int, str]]:
+    """(start, rule's rank, end, kind) of every match of every rule, overlaps and all."""
     found: list[tuple[int, int, int, str]] = []  # (start, rule's rank, end, kind)
     resume = [0] * len(RULES)  # where each rule's scan goes on: after its last match
     for start in range(0, len(text), WINDOW_CHARS):
@@ -84,7 +115,7 @@ def secret_spans(text: str) -> list[tuple[int, int, str]]:
                 resume[rank] = stop
                 if secret is not None:
                     found.append((secret[0], rank, secret[1], secret[2]))
-    return _joined(found)
+    return found
 
 
 def _joined(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, str]]:

@@ -176,20 +176,27 @@ def _aws_secret(text: str, m: re.Match[str], offset: int) -> Found | None:
     return found if looks_secret(text[found[0]:found[1]], 20) else None
 
 
-# A URL's password runs to the `@` before its host: `p@ss` and `pa/ss#1` go whole; an `@`
-# belongs to the password while another follows before a `/`, `?` or `#`. `host:8080/...`
-# is a port, not a password, even with an `@` further on (`https://h:443/users/@ann`).
+# A URL's password runs to the last `@` before a space: `p@ss`, `pa/ss#1` and an unescaped
+# `p@ss/word` go whole (with them a path's `@`, rarely there: a secret cut short is worse).
+# `host:8080/...` is a port, not a password, even with an `@` further on
+# (`https://h:443/users/@ann`).
 _URL = Rule("password", "://", re.compile(
     r"://(?<=[A-Za-z0-9+.-]://)[^\s:/?#@\[\]]{0,256}:(?!\d{1,5}(?![^/?#\s]))"
-    r"(?P<secret>(?:[^\s@]|@(?=[^\s@/?#]{0,256}@)){1,256})@(?=[A-Za-z0-9\[])"
+    r"(?P<secret>(?:[^\s@]|@(?=[^\s@]{0,256}@)){1,256})@(?=[A-Za-z0-9\[])"
 ), check=_unless_marked("password"))
 
 _ASSIGN = r"[\"']?[ \t]{0,32}[:=][ \t]{0,32}[\"']?"
+# A base64 key, also URL-encoded (`%2B`, `%2F`, `%3D`) as in a connection string in a URL.
+_BASE64_KEY = r"(?:[a-z0-9+/]|%[0-9a-f]{2}){20,256}+(?:=|%3d){0,2}"
 _PASS_WORDS = frozenset({"pass", "password", "passwd", "passphrase"})
+# Names that end in these words are credentials even glued to what names them (`PGPASSWORD`,
+# `APITOKEN`, `clientsecret`); a bare `pass` is not (`bypass`, `compass`).
+_GLUED_WORDS = frozenset({"password", "passwd", "passphrase", "pwd", "secret", "token"})
 _CREDENTIAL_KIND = {"pwd": "password", "secret": "secret", "token": "token", "credential": "secret",
                     "credentials": "secret"}
-# What follows `name:` / `name=`: the value, up to a quote, a space or a delimiter.
-_VALUE = re.compile(r"[ \t]{0,32}(?P<open>[\"']?)(?P<secret>[^\s\"',;&<>()\[\]{}]{1,512})")
+# What follows `name:` / `name=`: the value, up to a quote, a space or a delimiter. Quotes
+# may come escaped (`\"password\": \"X\"`: JSON inside a JSON string, a tool call's code).
+_VALUE = re.compile(r"[ \t]{0,32}(?P<open>\\?[\"']?)(?P<secret>[^\s\"',;&<>()\[\]{}]{1,512})")
 _QUALIFIER_BEFORE = re.compile(rf"(?:{'|'.join(_KEY_QUALIFIERS)})[_.-]?\Z")
 
 
@@ -206,7 +213,7 @@ def _credential_rules() -> tuple[Rule, ...]:
     key = rf"key(?<=[{before}]key)(?=[\"' \t]{{0,32}}+[:=])(?:{qualified})"
     words = {"pass": r"pass[a-z]{0,6}+", "pwd": "pwd", "secret": "secret", "token": "token",
              "credential": "credentials?+", "key": key}
-    return tuple(Rule("secret", needle, re.compile(rf"(?P<word>{word})(?P<quote>[\"' \t]{{0,32}}+)[:=]"), lower=True,
+    return tuple(Rule("secret", needle, re.compile(rf"(?P<word>{word})(?P<quote>[\"'\\ \t]{{0,32}}+)[:=]"), lower=True,
                       check=_credential) for needle, word in words.items())
 
 
@@ -226,11 +233,14 @@ def _credential(text: str, m: re.Match[str], offset: int) -> Found | None:
         kind = _CREDENTIAL_KIND[word]
     else:
         return None  # `passage:`, `passwords:`
-    if not _starts_word(text, start):
+    if not (_starts_word(text, start) or word in _GLUED_WORDS):
         return None
     value = _VALUE.match(text, m.end() + offset)
     if value is None or is_placeholder(secret := value.group("secret")):
         return None
+    end = value.end("secret")
+    if secret.endswith("\\") and text.startswith(("\"", "'"), end):
+        secret, end = secret[:-1], end - 1  # the escape of the closing quote stays with it
     if kind == "password":
         quoted = "'" in m.group("quote") or '"' in m.group("quote") or bool(value.group("open"))
         strong = quoted or low[m.end() - 1] == "="
@@ -238,7 +248,7 @@ def _credential(text: str, m: re.Match[str], offset: int) -> Found | None:
             return None
     elif not looks_secret(secret, 8):
         return None
-    return value.start("secret"), value.end("secret"), kind
+    return value.start("secret"), end, kind
 
 
 def _starts_word(text: str, i: int) -> bool:
@@ -262,12 +272,12 @@ RULES: tuple[Rule | PemRule, ...] = (
     _token("aws_access_key", "AKIA", r"[A-Z0-9]{16}(?![A-Z0-9])", word="A-Z0-9"),
     _token("aws_access_key", "ASIA", r"[A-Z0-9]{16}(?![A-Z0-9])", word="A-Z0-9"),
     Rule("aws_secret_key", "aws", re.compile(
-        r"aws(?<![a-z0-9]aws)[ _-]?secret(?:[ _-]?access)?[ _-]?key[\"']?(?:[ \t]{0,32}[:=]|[ \t]{1,32}(?:is|was))?"
+        r"aws(?<![a-z0-9]aws)[ _-]?secret(?:[ _-]?access)?[ _-]?key[\"']?(?:[ \t]{0,32}[:=]|[ \t]{1,32}(?:is|was):?)?"
         r"[ \t]{0,32}[\"']?(?P<secret>[a-z0-9/+=]{20,128})(?![a-z0-9/+=])"), lower=True, check=_aws_secret),
     Rule("azure_key", "accountkey", re.compile(
-        rf"accountkey(?<![a-z0-9]accountkey){_ASSIGN}(?P<secret>[a-z0-9+/]{{20,256}}={{0,2}})"), lower=True),
+        rf"accountkey(?<![a-z0-9]accountkey){_ASSIGN}(?P<secret>{_BASE64_KEY})"), lower=True),
     Rule("azure_key", "sharedaccesskey", re.compile(
-        rf"sharedaccesskey(?<![a-z0-9]sharedaccesskey){_ASSIGN}(?P<secret>[a-z0-9+/]{{20,256}}={{0,2}})"), lower=True),
+        rf"sharedaccesskey(?<![a-z0-9]sharedaccesskey){_ASSIGN}(?P<secret>{_BASE64_KEY})"), lower=True),
     Rule("github_token", "gh", re.compile(r"gh[pousr]_(?<![A-Za-z0-9_]gh[pousr]_)[A-Za-z0-9]{20,255}")),
     _token("github_token", "github_pat_", r"[A-Za-z0-9_]{20,255}"),
     Rule("slack_token", "xox", re.compile(r"xox[abprs]-(?<![A-Za-z0-9_]xox[abprs]-)[A-Za-z0-9-]{10,255}")),
