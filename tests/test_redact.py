@@ -22,6 +22,13 @@ KINDS = [
     ("use sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv-1234.", "use [REDACTED:anthropic_key]."),
     ("id AKIAIOSFODNN7EXAMPLE,", "id [REDACTED:aws_access_key],"),
     ("ASIAY34FZKBOKMUTVV7A", "[REDACTED:aws_access_key]"),
+    ("test key sk_test_4eC39HqLyjWDarjtT1zdp7dc", "test key [REDACTED:stripe_key]"),
+    ("my password is hunter2x, keep it", "my password is [REDACTED:password], keep it"),
+    ('the wifi password was "sunnyday"', 'the wifi password was "[REDACTED:password]"'),
+    ("webhook whsec_MfKQ9r8GKYqrTwjUPD8ILPZIK2LWGHQX", "webhook [REDACTED:stripe_key]"),
+    ("xapp-1-A0123BCDEFG-1234567890123-abcdef0123456789", "[REDACTED:slack_token]"),
+    ("post to https://hooks.slack.com/services/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 now",
+     "post to https://hooks.slack.com/[REDACTED:slack_webhook] now"),
     (
         "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
         "aws_secret_access_key = [REDACTED:aws_secret_key]",
@@ -88,6 +95,7 @@ def test_each_kind(text: str, expected: str) -> None:
 
 
 UNCHANGED = [
+    "my password is strong enough", "the password is required", "your password was changed",
     "the request id is 550e8400-e29b-41d4-a716-446655440000",
     "fixed in 3f9c2ab4d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6 and 3f9c2ab",
     "ssh to db-primary.prod.internal or https://example.com/path?q=1",

@@ -251,6 +251,19 @@ def _credential(text: str, m: re.Match[str], offset: int) -> Found | None:
     return value.start("secret"), end, kind
 
 
+def _said_password(text: str, m: re.Match[str], offset: int) -> Found | None:
+    """`my password is X`: X when quoted, or when it looks like a secret, not a word (`is long`)."""
+    secret = m.group("secret")
+    if is_placeholder(secret) or not (len(secret) >= 4 if m.group("open") else looks_secret(secret, 6)):
+        return None
+    return _secret(m, offset, "password")
+
+
+_SAID_PASSWORD = Rule("password", "password", re.compile(
+    r"password(?<![a-z0-9_]password)[ \t]{1,8}(?:is|was)[ \t]{0,8}:?[ \t]{0,32}(?P<open>[\"']?)"
+    r"(?P<secret>[^\s\"',;<>()\[\]{}]{4,512})"), lower=True, check=_said_password)
+
+
 def _starts_word(text: str, i: int) -> bool:
     """True when text[i] begins a word of a name (`DB_PASSWORD`, `clientSecret`, `APIKey`), not `bypass`."""
     if i == 0 or not text[i - 1].isalnum():
@@ -268,6 +281,9 @@ RULES: tuple[Rule | PemRule, ...] = (
     _token("openai_key", "sk-", r"(?!ant-)[A-Za-z0-9_-]{16,512}", word="A-Za-z0-9_-"),
     _token("stripe_key", "sk_live_", r"[A-Za-z0-9]{16,256}"),
     _token("stripe_key", "rk_live_", r"[A-Za-z0-9]{16,256}"),
+    _token("stripe_key", "sk_test_", r"[A-Za-z0-9]{16,256}"),
+    _token("stripe_key", "rk_test_", r"[A-Za-z0-9]{16,256}"),
+    _token("stripe_key", "whsec_", r"[A-Za-z0-9+/=]{24,256}"),
     _token("google_api_key", "AIza", r"[A-Za-z0-9_-]{35}"),
     _token("aws_access_key", "AKIA", r"[A-Z0-9]{16}(?![A-Z0-9])", word="A-Z0-9"),
     _token("aws_access_key", "ASIA", r"[A-Z0-9]{16}(?![A-Z0-9])", word="A-Z0-9"),
@@ -281,6 +297,10 @@ RULES: tuple[Rule | PemRule, ...] = (
     Rule("github_token", "gh", re.compile(r"gh[pousr]_(?<![A-Za-z0-9_]gh[pousr]_)[A-Za-z0-9]{20,255}")),
     _token("github_token", "github_pat_", r"[A-Za-z0-9_]{20,255}"),
     Rule("slack_token", "xox", re.compile(r"xox[abprs]-(?<![A-Za-z0-9_]xox[abprs]-)[A-Za-z0-9-]{10,255}")),
+    _token("slack_token", "xapp-", r"[0-9]-[A-Za-z0-9-]{10,255}"),
+    # A Slack incoming webhook's URL is its credential: anyone holding it posts to the channel.
+    Rule("slack_webhook", "hooks.slack.com", re.compile(
+        r"hooks\.slack\.com/(?P<secret>(?:services|workflows|triggers)/[A-Za-z0-9_/-]{16,256})")),
     _token("huggingface_token", "hf_", r"[A-Za-z0-9]{30,64}(?![A-Za-z0-9])"),
     _token("npm_token", "npm_", r"[A-Za-z0-9]{36}(?![A-Za-z0-9])"),
     _token("jwt", "eyJ", r"[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{0,4096}"),
@@ -290,6 +310,7 @@ RULES: tuple[Rule | PemRule, ...] = (
     Rule("bearer_token", "bearer", re.compile(
         r"bearer(?<![a-z0-9_]bearer)\s{1,32}(?P<secret>[a-z0-9._~+/=-]{8,1024})"), lower=True, check=_bearer),
     *_credential_rules(),
+    _SAID_PASSWORD,
 )
 
 
