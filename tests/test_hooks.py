@@ -370,8 +370,8 @@ def test_updated_turns_are_what_is_saved(with_hooks, fake, hook_server):
     proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:mask_patient_ids"},
                         {"event": "pre_memory_write", "url": hook_server.url("/mask")}])
     fake.queue(JsonReply(completion("Noted: hunter2 for MRN-654321")))
-    ask(proxy, "my password is hunter2, patient MRN-654321")
-    assert settled(proxy, 2) == [("user", "my password is [password], patient MRN-######"),
+    ask(proxy, "my locker code is hunter2, patient MRN-654321")
+    assert settled(proxy, 2) == [("user", "my locker code is [password], patient MRN-######"),
                                  ("assistant", "Noted: [password] for MRN-######")]
     # The answer's save carries the prompt too (its reasoning trace keeps it as the task).
     assert [[t["role"] for t in e["turns"]] for e in hook_server.inputs("/mask")] == [["user"], ["user", "assistant"]]
