@@ -19,6 +19,7 @@ from proxy.extracted import bounded_key
 from proxy.models import Scope
 from proxy.stores.base import (
     EntityFact, FinishTurn, FoundTurn, RecordFacts, RecordToolCalls, SaveBlock, SetTurnStatus, StartTurn, Store,
+    StoreMemory,
 )
 from proxy.stores.generations import Generation
 from proxy.stores.sqlite.store import SQLiteStore
@@ -104,6 +105,32 @@ def test_deleting_a_conversation_ends_only_its_turns_in_flight(backend: Backend)
             assert await store.messages(ALICE, "c1") == []
             await store.apply(turn_writes(ALICE, "t3", "c1", 1))  # the id is free again for a later turn
             assert [m.content for m in await store.messages(ALICE, "c1")] == ["question t3", "answer t3"]
+
+    run(body())
+
+
+def test_what_a_turn_stores_with_the_memory_tool_goes_with_a_deletion_made_meanwhile(backend: Backend) -> None:
+    """tools mode's store_memory is a write of the turn: a fact or an interaction it stores after
+    its user or conversation was deleted saves nothing; the memory API's write (no turn) saves."""
+    def stored(scope: Scope, memory_id: str, kind: str, conversation: str, generation: int | None) -> StoreMemory:
+        return StoreMemory(scope, memory_id, f"remember {memory_id}", kind, T0, conversation_id=conversation,
+                           generation=None if generation is None else Generation(generation, conversation))
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([turn_writes(ALICE, "t1", "c1", 0)[0], turn_writes(ALICE, "t2", "c2", 0)[0]])
+            assert await store.delete_item(ALICE, "conversation", "c1") is not None  # generation 1
+            await store.apply([stored(ALICE, "m1", "interaction", "c1", 0), stored(ALICE, "m2", "fact", "c1", 0),
+                               stored(ALICE, "m3", "interaction", "c2", 0)])
+            assert await store.messages(ALICE, "c1") == []
+            assert [m.content for m in await store.messages(ALICE, "c2")] == ["question t2", "remember m3"]
+            assert await backend.sql("SELECT count(*) FROM entities WHERE user_id = ?", "alice") == [(0,)]
+            await store.delete_user(ALICE)  # generation 2
+            await store.apply([stored(ALICE, "m4", "fact", "c2", 1), stored(ALICE, "m5", "interaction", "c2", 1)])
+            assert await rows_of(backend, "alice") == {}
+            assert await backend.sql("SELECT count(*) FROM entities WHERE user_id = ?", "alice") == [(0,)]
+            await store.apply([stored(ALICE, "m6", "fact", "c9", None)])  # the memory API's, after the deletion
+            assert await backend.sql("SELECT name FROM entities WHERE user_id = ?", "alice") == [("remember m6",)]
 
     run(body())
 

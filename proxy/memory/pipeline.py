@@ -218,7 +218,7 @@ class MemoryService:
             bounds = CallBounds(self.memory.commit_timeout_ms / 1000, self._degraded)
             recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self._saver(),
                                        recall.logged_query, persist, identity.key, identity.conversation_id,
-                                       bounds, tool_hooks)
+                                       bounds, tool_hooks, recall.generation)
             recall.echoes = echoes
             recall.earlier_trace = traces
             recall.provider_response = provider
@@ -443,8 +443,8 @@ class TurnRecall(Recall):
         self._identity = identity
         self._persist = persist
         self.turn_key = identity.key
-        self._generation = (None if identity.generation is None
-                            else Generation(identity.generation, identity.conversation_id))
+        self.generation = (None if identity.generation is None
+                           else Generation(identity.generation, identity.conversation_id))
         self.block = retrieved.block or None
         self.injected = retrieved.injected if self.block else 0
         self._log = retrieved.log
@@ -492,7 +492,7 @@ class TurnRecall(Recall):
                 and not (pending is not None and pending.awaits_worker(self._scope.user)) else None
             message_id = new_id() if mined is not None else None
             start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
-                              self._identity.history_hash, now, said, self._persist, self._generation,
+                              self._identity.history_hash, now, said, self._persist, self.generation,
                               message_id=message_id, extract_from=queue_from(now) if mined is not None else None)
             saved = self._saves.start(start) if self._saves is not None else self._route(start)
             if saved is not None and mined is not None and message_id is not None:
@@ -504,7 +504,7 @@ class TurnRecall(Recall):
         # In tools mode the injection log holds what the model's queries found (logged_query).
         if not self._log.get("cache") and self.status == "ok" and self.tools is None:
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
-                                   generation=self._generation,
+                                   generation=self.generation,
                                    prompt=None if self._start.prompt is None else redact(self._start.prompt),
                                    context=self._start.context or None))
         elif self._identity.existing is None and (self._start.prompt is not None or self._start.context):
@@ -512,7 +512,7 @@ class TurnRecall(Recall):
             # run again) still need what the hooks gave; they compute the block themselves.
             self._submit(SaveHookStart(self._scope, self.turn_key,
                                        None if self._start.prompt is None else redact(self._start.prompt),
-                                       self._start.context or None, now, self._generation))
+                                       self._start.context or None, now, self.generation))
         if self._start.queued_upto is not None:
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
@@ -559,13 +559,13 @@ class TurnRecall(Recall):
             # The step's memory calls wait with its exchange for the turn's final step, which saves the
             # trace (not kept for a turn that is not persisted: they do not route the next step).
             kept = None if self.exchange is None else packed(self.exchange, self._memory_steps if self._persist else ())
-            return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self._generation, kept),
+            return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self.generation, kept),
                                urgent=True)
         if message.continues:
             return mapped  # the provider resumes the turn on the client's next request; no answer yet
         answer = message.content or message.refusal
         if not answer.strip():
-            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self._generation),
+            return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self.generation),
                                 urgent=True) or mapped
         finish = FinishTurn(
             self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
@@ -573,7 +573,7 @@ class TurnRecall(Recall):
             steps=self._saved.with_memory_calls(self.earlier_trace) + tuple(self._memory_steps)
             + thinking_step(message),
             answer_hash=text_hash(answer),
-            generation=self._generation,
+            generation=self.generation,
         )
         if self._saves is None:
             return self._submit(finish, urgent=True) or mapped
@@ -606,13 +606,13 @@ class TurnRecall(Recall):
         block = "\n\n".join(found for found, _, _ in self._queries if found)
         injected = sum(count for _, count, _ in self._queries)
         self._submit(SaveBlock(self._scope, self.turn_key, block, injected, entry, datetime.now(timezone.utc),
-                               generation=self._generation, prompt=self._start.prompt))
+                               generation=self.generation, prompt=self._start.prompt))
 
     def failed(self, status: str) -> None:
         self._ended(status)
         self._ending_facts()
         at = datetime.now(timezone.utc)
-        self._submit(SetTurnStatus(self._scope, self.turn_key, status, at, self._generation))  # type: ignore[arg-type]
+        self._submit(SetTurnStatus(self._scope, self.turn_key, status, at, self.generation))  # type: ignore[arg-type]
 
     def aborted(self) -> None:
         self.failed("client_aborted")

@@ -25,6 +25,7 @@ from proxy.memory.hooks import HookContext, Hooks
 from proxy.memory.redact import redact
 from proxy.models import Scope, ToolCall
 from proxy.stores.base import TAGS_MAX, StoreError, StoreMemory
+from proxy.stores.generations import Generation
 
 log = logging.getLogger("memproxy.tools")
 
@@ -126,10 +127,12 @@ class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
     def __init__(self, scope: Scope, search: Search, save: Save, log_query: LogQuery, persist: bool,
-                 turn_key: str, conversation_id: str, bounds: CallBounds, hooks: ToolHooks | None = None) -> None:
+                 turn_key: str, conversation_id: str, bounds: CallBounds, hooks: ToolHooks | None = None,
+                 generation: Generation | None = None) -> None:
         self.scope = scope
         self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
         self.conversation_id = conversation_id  # where an `interaction` goes
+        self.generation = generation  # the turn's: what it stores goes with a deletion made meanwhile
         self.search = search
         self.save = save
         self.log_query = log_query
@@ -199,7 +202,7 @@ class MemoryTools:
             content = texts[0]
         memory_id = derived_id(f"memory {self.turn_key} {kind} {content}", id_time_ns(self.turn_key))
         op = StoreMemory(self.scope, memory_id, content, kind, datetime.now(timezone.utc), confidence,
-                         tuple(redact(tag) for tag in tags), self.conversation_id)
+                         tuple(redact(tag) for tag in tags), self.conversation_id, self.generation)
         # The round waits at most the commit bound (the hooks above ran on their own timeouts);
         # past it the write is still the writer's, and lands.
         try:

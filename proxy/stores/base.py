@@ -247,6 +247,9 @@ class StoreMemory:
     confidence: float = 0.7
     tags: tuple[str, ...] = ()
     conversation_id: str | None = None
+    # Written by a turn (the store_memory tool): the turn's generation, so a deletion after the
+    # turn began takes it too. None from the memory API: a write after a deletion is a new one.
+    generation: Generation | None = None
 
 
 @dataclass(frozen=True)
@@ -278,8 +281,10 @@ HOOK_CONTEXT_KEEP = 20  # queued hook context per conversation; the oldest go fi
 WriteOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, RecordFacts,
                 ExtractionFailed, StoreMemory, RecordResponse, QueueHookContext, DropHookContext]
 # The writes of a turn: each carries the generation the turn began at (stores/generations.py).
-TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, QueueHookContext]
-TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, QueueHookContext)
+TurnOp = Union[StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, QueueHookContext,
+               StoreMemory]
+TURN_OPS = (StartTurn, RecordToolCalls, FinishTurn, SetTurnStatus, SaveBlock, SaveHookStart, QueueHookContext,
+            StoreMemory)
 
 
 @dataclass(frozen=True)

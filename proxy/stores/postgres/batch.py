@@ -178,7 +178,8 @@ async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
     elif isinstance(op, RecordFacts):
         await record_facts(conn, op)
     elif isinstance(op, StoreMemory):
-        await store_memory(conn, op)
+        if not await _deleted_since(conn, op):
+            await store_memory(conn, op)
     elif isinstance(op, QueueHookContext):
         await queue_hook_context(conn, op)
     elif isinstance(op, DropHookContext):
@@ -186,6 +187,15 @@ async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
                            op.scope.user, op.conversation_id, op.upto_seq)
     elif isinstance(op, SaveHookStart):
         await save_hook_start(conn, op)
+
+
+async def _deleted_since(conn: asyncpg.Connection, op: StoreMemory) -> bool:
+    """True when a turn's memory's user or conversation was deleted after the turn began."""
+    if op.generation is None:
+        return False
+    return bool(await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM generations WHERE id = ANY($1::text[]) AND generation > $2)",
+        deleted_keys(op.scope.user, op.generation.conversation_id), op.generation.number))
 
 
 async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
