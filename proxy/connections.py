@@ -6,8 +6,10 @@ for ever (its keep-alive timer only runs between requests, and `limit_concurrenc
 503 to new requests without closing idle sockets). 1,100 clients sending a header byte every
 5 s held 1,001 sockets, the process reached its open-file limit and a normal chat failed.
 So each connection here must finish its head within `server.header_timeout_s`, and past
-`server.max_connections` the connection that has waited longest for a head is closed to make
-room; only when every open connection has a request running is a new one refused.
+`server.max_connections` the connection that has waited longest for its request (a head, or
+a body still arriving: a trickled body holds a slot as long as its pace allows,
+body_deadline.py) is closed to make room; only when every open connection has a whole request
+running is a new one refused.
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ class ConnectionGuard:
         if now < self._next_log_at:
             return
         log.warning("server.max_connections (%d) reached; since the last such line, connections closed to make "
-                    "room (still sending a request head): %d, new connections refused with 503 (all open ones "
-                    "busy): %d", self.max_connections, self._closed_for_room, self._refused)
+                    "room (still sending a request head or body): %d, new connections refused with 503 (all open "
+                    "ones busy): %d", self.max_connections, self._closed_for_room, self._refused)
         self._closed_for_room = self._refused = 0
         self._next_log_at = now + CAP_LOG_INTERVAL_S
 
@@ -124,6 +126,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stop_head_deadline()
         super().on_headers_complete()
+        self._guard.waiting(self)  # until its body has come whole (at once, when there is none)
+
+    def on_message_complete(self) -> None:
+        self._guard.not_waiting(self)
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         next_is_queued = bool(self.pipeline)  # a queued request's head has arrived already

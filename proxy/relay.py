@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Awaitable, Callable
 
-from proxy.errors import BodyTooLarge, ClientGone, ProxyError, RequestTimeout
+from proxy.body_deadline import BodyDeadline
+from proxy.errors import BodyTooLarge, ClientGone, ProxyError
 from proxy.wires.base import ErrorShape
 from proxy.wires.openai_chat import OpenAIChat
 
@@ -88,20 +89,22 @@ async def body_stream(receive: Receive, limit: int, on_end: Callable[[], None], 
                       ) -> AsyncIterator[bytes]:
     """The request body as it arrives (pass-through paths never hold it whole).
 
-    A client that sends nothing more for `idle_s` gets 408: a body trickled or left
-    unfinished would otherwise hold its connection (and a chat request's turn) forever.
+    A client that sends nothing more for `idle_s`, or trickles it (body_deadline.py), gets
+    408: such a body would otherwise hold its connection (and a chat request's turn) forever.
     """
     size = 0
+    deadline = BodyDeadline(idle_s)
     while True:
         try:
-            async with asyncio.timeout(idle_s):
+            async with asyncio.timeout(deadline.wait_s()):
                 message = await receive()
         except TimeoutError:
-            raise RequestTimeout(f"no more of the request body arrived for {idle_s:g} s") from None
+            raise deadline.expired() from None
         if message["type"] == "http.disconnect":
             raise ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
+        deadline.received(len(chunk))
         if size > limit:
             raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
         if chunk:

@@ -68,7 +68,8 @@ class ServerSettings:
     port: int = _help("TCP port to listen on.", 8080)
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
-    body_timeout_s: float = _help("Longest pause while a client sends a request body; past it 408.", 30.0)
+    body_timeout_s: float = _help("Longest pause while a client sends a request body, and the time after which "
+                                  "it must keep 1 KiB/s on average; past either, 408.", 30.0)
     header_timeout_s: float = _help("Longest a client may take to send a request's line and headers, from "
                                     "connecting or from the end of the previous response; past it the "
                                     "connection is closed (408 if part of the head came).", 10.0)

@@ -149,7 +149,8 @@ def test_slow_heads_are_closed_and_a_chat_goes_through_while_they_are_held(serve
     lines = cap_lines(log)
     assert len(lines) == 1  # one line per interval, not one per connection
     assert ("server.max_connections (50) reached; since the last such line, connections closed to make room "
-            "(still sending a request head): 1, new connections refused with 503 (all open ones busy): 0") in lines[0]
+            "(still sending a request head or body): 1, new connections refused with 503 (all open ones busy): 0"
+            ) in lines[0]
 
 
 def test_a_connection_that_sends_nothing_is_closed_silently(serve) -> None:  # type: ignore[no-untyped-def]
@@ -205,6 +206,65 @@ def test_past_the_cap_with_every_connection_busy_a_new_one_gets_503(serve, fake:
     assert answers == ["Hello from upstream", "Hello from upstream"]
     assert chat(url) == "Hello from upstream"
     assert "new connections refused with 503 (all open ones busy): 1" in cap_lines(log)[0]
+
+
+SLOW_BODY_HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000\r\n\r\n{")
+
+
+def test_trickled_bodies_make_room_for_a_chat_and_end_with_408(serve) -> None:  # type: ignore[no-untyped-def]
+    """A whole head, then a byte of the body now and then: never a long pause, so only the pace
+    ends it (1 KiB a second after the first body_timeout_s), and at the cap the one that has
+    trickled longest is closed to let a chat in."""
+    url, log = serve(server_header_timeout_s=str(HEADER_TIMEOUT_S), server_max_connections="5",
+                     server_body_timeout_s="1.5")
+    port = urlsplit(url).port
+    assert port is not None
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+    opened = time.monotonic()
+    for sock in socks:
+        sock.sendall(SLOW_BODY_HEAD)
+    time.sleep(0.3)
+    assert chat(url) == "Hello from upstream"  # the oldest trickler made room
+    answers: dict[int, bytes] = {}
+    closed_at: dict[int, float] = {}
+    while len(closed_at) < len(socks) and time.monotonic() < opened + 6:
+        for n, sock in enumerate(socks):
+            if n in closed_at:
+                continue
+            try:
+                sock.send(b" ")
+                sock.settimeout(0.05)
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            answers[n] = answers.get(n, b"") + data
+            if not data or data.endswith(b"}"):
+                closed_at[n] = time.monotonic()
+        time.sleep(0.2)
+    assert answers[0] == b""  # closed for room
+    for n in range(1, 5):
+        assert answers[n].startswith(b"HTTP/1.1 408 "), answers[n]
+        assert b"slower than 1024 bytes a second" in answers[n]
+        assert 1.5 <= closed_at[n] - opened <= 3.5
+    assert "(still sending a request head or body): 1" in cap_lines(log)[0]
+
+
+def test_the_memory_api_ends_a_body_that_stops_arriving(serve) -> None:  # type: ignore[no-untyped-def]
+    url, _ = serve(server_body_timeout_s="1")
+    port = urlsplit(url).port
+    assert port is not None
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST /memory/v1/users/bob/memories HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{")
+    sent = time.monotonic()
+    answer = read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert b"no more of the request body arrived for 1 s" in answer
+    assert 0.9 <= time.monotonic() - sent <= 2.5
+    sock.close()
 
 
 def test_the_default_cap_leaves_room_for_the_provider_connections_and_the_store() -> None:

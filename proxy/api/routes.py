@@ -7,6 +7,7 @@ template, never the ids or text in it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from proxy.api.jsonl import parse_lines, to_line
 from proxy.api.schema import openapi
 from proxy.api.search import search
 from proxy.api.users import user_counts
+from proxy.body_deadline import BodyDeadline
 from proxy.errors import NotFound, ProxyError
 from proxy.ids import new_id
 from proxy.memory.hooks import HookContext, Hooks
@@ -56,23 +58,34 @@ def answer(data: Any, status: int = 200) -> Response:
     return Response(records.dumps(data), status_code=status, media_type="application/json")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or 413 as soon as it passes `limit` bytes."""
+async def read_body(request: Request, limit: int, idle_s: float) -> bytes:
+    """The request body, or 413 as soon as it passes `limit` bytes, or 408 when it stops
+    arriving or trickles (body_deadline.py)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the body is larger than the limit of {limit} bytes")
-    parts, size = [], 0
-    async for chunk in request.stream():
+    parts: list[bytes] = []
+    size = 0
+    deadline = BodyDeadline(idle_s)
+    chunks = aiter(request.stream())
+    while True:
+        try:
+            async with asyncio.timeout(deadline.wait_s()):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return b"".join(parts)
+        except TimeoutError:
+            raise deadline.expired() from None
         size += len(chunk)
+        deadline.received(len(chunk))
         if size > limit:
             raise PayloadTooLarge(f"the body is larger than the limit of {limit} bytes")
         parts.append(chunk)
-    return b"".join(parts)
 
 
-async def read_json(request: Request) -> Any:
+async def read_json(request: Request, idle_s: float) -> Any:
     """The JSON body, or 400."""
-    body = await read_body(request, JSON_BODY_LIMIT)
+    body = await read_body(request, JSON_BODY_LIMIT, idle_s)
     try:
         return json.loads(body)
     except (ValueError, RecursionError):
@@ -126,13 +139,13 @@ class MemoryApi:
 
     async def search(self, request: Request) -> Response:
         scope = user_scope(request)
-        query = records.parse_search(await read_json(request))
+        query = records.parse_search(await read_json(request, self.settings.server.body_timeout_s))
         memory = self.settings.memory
         return answer(await search(self.retriever, scope, query, memory.max_memories, memory.block_header))
 
     async def store_memory(self, request: Request) -> Response:
         scope = user_scope(request)
-        memory = records.parse_memory(await read_json(request))
+        memory = records.parse_memory(await read_json(request, self.settings.server.body_timeout_s))
         content = await self._written(scope, redact(memory.content))
         op = StoreMemory(scope, new_id(), content, memory.type, datetime.now(timezone.utc),
                          memory.confidence, tuple(redact(tag) for tag in memory.tags))
@@ -141,7 +154,7 @@ class MemoryApi:
     async def correct_memory(self, request: Request) -> Response:
         scope = user_scope(request)
         memory_id = records.path_id(request.path_params["id"], "id")
-        content = await self._written(scope, redact(records.parse_correction(await read_json(request))))
+        content = await self._written(scope, redact(records.parse_correction(await read_json(request, self.settings.server.body_timeout_s))))
         outcome = await self.store.update_memory(scope, memory_id, content)
         if outcome is None:
             raise ItemNotFound(f"user {scope.user} has no memory {memory_id}")
@@ -258,7 +271,8 @@ class MemoryApi:
 
     async def import_records(self, request: Request) -> Response:
         scope = user_scope(request)
-        found = parse_lines(await read_body(request, self.settings.server.max_body_bytes))
+        found = parse_lines(await read_body(request, self.settings.server.max_body_bytes,
+                                           self.settings.server.body_timeout_s))
         return answer(await self.store.import_records(scope, found))
 
     def _deleter(self, kind: str) -> Endpoint:
