@@ -63,7 +63,7 @@ class ScopeResolver:
         self.settings = settings
         self._session_headers = [name.lower().encode("latin-1") for name in settings.scope.session_headers]
         self._networks = [ipaddress.ip_network(n, strict=False) for n in settings.auth.trusted_networks]
-        self._keys = [(_key_digest(entry["key"], i), entry["user"]) for i, entry in enumerate(settings.auth.api_keys)]
+        self._keys = _distinct_keys(settings.auth.api_keys)
 
     def resolve(self, asgi_scope: dict[str, Any]) -> RequestScope:
         """The scope of a chat request, from its headers (the body's user comes later)."""
@@ -257,6 +257,21 @@ def _api_key_header(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
     if len(values) > 1:
         raise DuplicateAuthorization("x-api-key appears more than once")
     return values[0].decode("latin-1").strip() or None if values else None
+
+
+def _distinct_keys(entries: list[dict[str, str]]) -> list[tuple[bytes, str]]:
+    """Each configured key's digest with its user; the same key twice (also once in the clear and
+    once as its sha256) stops start-up: which user it names would depend on the order."""
+    keys: list[tuple[bytes, str]] = []
+    first: dict[bytes, int] = {}
+    for index, entry in enumerate(entries):
+        digest = _key_digest(entry["key"], index)
+        if digest in first:
+            raise ConfigError(f"auth.api_keys[{index}].key: the same key as auth.api_keys[{first[digest]}].key; "
+                              "each key names one user")
+        first[digest] = index
+        keys.append((digest, entry["user"]))
+    return keys
 
 
 def _key_digest(configured: str, index: int) -> bytes:

@@ -199,6 +199,14 @@ def test_a_malformed_sha256_key_stops_start_up() -> None:
         ScopeResolver(settings)
 
 
+@pytest.mark.parametrize("second", ["k1", "sha256:" + hashlib.sha256(b"k1").hexdigest().upper()])
+def test_one_key_for_two_users_stops_start_up(second: str) -> None:
+    settings = load_settings(environ={}, overrides={"auth.mode": "api-keys", "auth.api_keys": [
+        {"key": "k1", "user": "alice"}, {"key": "k2", "user": "carol"}, {"key": second, "user": "bob"}]})
+    with pytest.raises(ConfigError, match=r"auth\.api_keys\[2\]\.key: the same key as auth\.api_keys\[0\]\.key"):
+        ScopeResolver(settings)
+
+
 # --- signed -------------------------------------------------------------------------------
 
 
