@@ -92,6 +92,19 @@ def test_deleting_a_user_with_nothing_saved_yet_still_ends_its_turn_in_flight(ba
     run(body())
 
 
+def test_deleting_a_conversation_with_nothing_saved_yet_still_ends_its_turn_in_flight(backend: Backend) -> None:
+    """Its first turn is in flight (a slow pre_memory_write hook holds its start): the delete finds
+    nothing (404), and the turn's writes still save nothing; another conversation's do."""
+    async def body() -> None:
+        async with backend.opened() as store:
+            assert await store.delete_item(ALICE, "conversation", "c1") is None
+            await store.apply(turn_writes(ALICE, "t1", "c1", 0) + turn_writes(ALICE, "t2", "c2", 0))
+            assert await backend.sql("SELECT turn_key, conversation_id FROM turns") == [("t2", "c2")]
+            assert await store.messages(ALICE, "c1") == []
+
+    run(body())
+
+
 def test_deleting_a_conversation_ends_only_its_turns_in_flight(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

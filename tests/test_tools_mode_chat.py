@@ -4,6 +4,7 @@ their results."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import gzip
 import json
 import sqlite3
@@ -16,7 +17,7 @@ import pytest
 
 from proxy.memory.tools import NOTHING_FOUND, REFUSED, ROUNDS_USED, STORED, STORING
 from tests.api_helpers import api_url
-from tests.fake_upstream import JsonReply, SSEReply, model_round, stream_events
+from tests.fake_upstream import JsonReply, SSEReply, SlowHeaders, model_round, stream_events
 from tests.proxy_db import eventually, rows, store_path
 
 TOOLS = {"X-Memory-User": "alice", "X-Memory-Mode": "tools"}
@@ -174,6 +175,26 @@ def test_store_then_answer_is_stored_and_injected_later(tproxy, fake):
     tproxy.client(**{"X-Memory-User": "alice", "X-Memory-Conversation": "later"}).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "what is my dog called?"}])
     assert "The user's dog is called Biscuit" in sent(fake)[-1]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("deleted", ["user", "conversation"])
+def test_a_memory_stored_after_its_user_or_conversation_was_deleted_does_not_bring_it_back(tproxy, fake, deleted):
+    """The model's round with store_memory comes 1.5 s after the turn began; the user (or the
+    conversation) is deleted meanwhile: neither the fact nor the interaction is saved."""
+    calls = [call("call_s1", "store_memory", {"content": "The user's passport is in the desk", "type": "fact"}),
+             call("call_s2", "store_memory", {"content": "Asked where the passport is", "type": "interaction"})]
+    fake.queue(lambda request: SlowHeaders(1.5, model_round(None, calls)(request)), model_round("Noted."))
+    path = api_url("alice") if deleted == "user" else api_url("alice", "conversations/doomed")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask, tproxy, "remember where my passport is", **{"X-Memory-Conversation": "doomed"})
+        eventually(lambda: len(fake.chat_requests()) == 1)
+        time.sleep(0.3)
+        with tproxy.http() as http:
+            assert http.delete(path).status_code == 200
+        assert answer.result(10).parse().choices[0].message.content == "Noted."
+    assert sent(fake)[1]["messages"][-1]["content"] == STORED
+    assert rows(tproxy, "SELECT count(*) FROM entities WHERE user_id = 'alice'") == [(0,)]
+    assert rows(tproxy, "SELECT count(*) FROM messages WHERE conversation_id = 'doomed'") == [(0,)]
 
 
 def test_store_memory_is_redacted_like_the_api(tproxy, fake):

@@ -412,7 +412,8 @@ async def _counts(conn: asyncpg.Connection, user: str, tables: Sequence[str]) ->
 
 
 async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
-    """Delete one item (cascading); rows deleted per table, or None when it does not exist."""
+    """Delete one item (cascading); rows deleted per table, or None when it does not exist (a
+    conversation is marked deleted even then, as a user is)."""
     kinds: Sequence[str] = ("entity", "message") if kind == "memory" else (kind,)
     tables = await user_tables(conn)
     before = await _counts(conn, scope.user, tables)
@@ -432,6 +433,8 @@ async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, it
             await _deleted(conn, scope.user, ended)
             after = await _counts(conn, scope.user, tables)
             return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
+    if kind == "conversation":  # none saved yet, but its first turn may be in flight: it saves nothing
+        await _deleted(conn, scope.user, [conversation_deleted_key(scope.user, item_id)])
     return None
 
 

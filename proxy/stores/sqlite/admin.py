@@ -414,7 +414,8 @@ def _counts(conn: sqlite3.Connection, user: str, tables: Sequence[str]) -> dict[
 
 
 def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id: str) -> dict[str, int] | None:
-    """Delete one item (cascading); rows deleted per table, or None when it does not exist."""
+    """Delete one item (cascading); rows deleted per table, or None when it does not exist (a
+    conversation is marked deleted even then, as a user is)."""
     kinds: Sequence[str] = ("entity", "message") if kind == "memory" else (kind,)
     tables = user_tables(conn)
     before = _counts(conn, scope.user, tables)
@@ -432,6 +433,8 @@ def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id:
             _deleted(conn, scope.user, ended)
             after = _counts(conn, scope.user, tables)
             return {t: before[t] - after[t] for t in tables if before[t] != after[t]}
+    if kind == "conversation":  # none saved yet, but its first turn may be in flight: it saves nothing
+        _deleted(conn, scope.user, [conversation_deleted_key(scope.user, item_id)])
     return None
 
 
