@@ -154,7 +154,8 @@ class MemoryApi:
     async def correct_memory(self, request: Request) -> Response:
         scope = user_scope(request)
         memory_id = records.path_id(request.path_params["id"], "id")
-        content = await self._written(scope, redact(records.parse_correction(await read_json(request, self.settings.server.body_timeout_s))))
+        correction = records.parse_correction(await read_json(request, self.settings.server.body_timeout_s))
+        content = await self._written(scope, redact(correction))
         outcome = await self.store.update_memory(scope, memory_id, content)
         if outcome is None:
             raise ItemNotFound(f"user {scope.user} has no memory {memory_id}")

@@ -104,15 +104,15 @@ def _char_reads_as(char: str) -> str:
 
 # What a char may read as in the secrets' view, at most: its length is coded in one char < 8.
 _VIEW_MAX_CHARS = 7
-_VIEW_PLANES = chain(range(0x80, 0xD800), range(0xE000, 0x30000), range(0xE0000, 0xE1000))
+_VIEW_PLANES = (range(0x80, 0xD800), range(0xE000, 0x30000), range(0xE0000, 0xE1000))
 
 
 @lru_cache(maxsize=1)
 def _view_tables() -> tuple[dict[int, str], dict[int, str]]:
     """How each char reads in the secrets' view where that is not itself, and the length of
-    that reading where it is not one char (ASCII controls coded as one, see visible_ascii)."""
+    that reading where it is not one char (ASCII controls coded as one, see visible_ascii_mapped)."""
     reading: dict[int, str] = {}
-    for code in _VIEW_PLANES:
+    for code in chain(*_VIEW_PLANES):
         char = chr(code)
         if INVISIBLE.match(char):
             reading[code] = ""
