@@ -102,43 +102,39 @@ def _char_reads_as(char: str) -> str:
     return reads_as(char)
 
 
-# What a char may read as in the secrets' view, at most: its length is coded in one char < 8.
-_VIEW_MAX_CHARS = 7
+# The code points the secrets' view maps (past them every char reads as itself): the planes
+# with letters and punctuation, and the tag characters.
 _VIEW_PLANES = (range(0x80, 0xD800), range(0xE000, 0x30000), range(0xE0000, 0xE1000))
+_VIEW_END = 0xE1000
+_DROPPED = np.uint32(0xFFFFFFFF)
 
 
 @lru_cache(maxsize=1)
-def _view_tables() -> tuple[dict[int, str], dict[int, str]]:
-    """How each char reads in the secrets' view where that is not itself, and the length of
-    that reading where it is not one char (ASCII controls coded as one, see visible_ascii_mapped)."""
-    reading: dict[int, str] = {}
+def _view_table() -> np.ndarray:
+    """For each code point below _VIEW_END, the one it reads as in the secrets' view: itself,
+    the ASCII char it reads as (when it reads as exactly one), or _DROPPED (invisible)."""
+    table = np.arange(_VIEW_END, dtype=np.uint32)
     for code in chain(*_VIEW_PLANES):
         char = chr(code)
         if INVISIBLE.match(char):
-            reading[code] = ""
+            table[code] = _DROPPED
         elif char == BRAILLE_BLANK:
-            reading[code] = " "
-        elif (reads := reads_as(char)) != char and reads.isascii() and len(reads) <= _VIEW_MAX_CHARS:
-            reading[code] = reads
-    lengths = {code: chr(len(reads)) for code, reads in reading.items() if len(reads) != 1}
-    lengths.update({code: "\x01" for code in range(_VIEW_MAX_CHARS + 1)})
-    return reading, lengths
+            table[code] = ord(" ")
+        elif (reads := reads_as(char)) != char and len(reads) == 1 and reads.isascii():
+            table[code] = ord(reads)
+    return table
 
 
-_view_tables()  # built at import (0.15 s), not by the first request that needs it
-
-
-def visible_ascii(text: str) -> str:
-    """`text` as the secret rules read it: invisible characters out, and every character that
-    reads as ASCII (`ｐａｓｓｗｏｒｄ`, a Cyrillic `а`, a no-break space) made that ASCII."""
-    return text.translate(_view_tables()[0])
+_view_table()  # built at import (0.15 s), not by the first request that needs it
 
 
 def visible_ascii_mapped(text: str) -> tuple[str, np.ndarray]:
-    """`visible_ascii(text)`, and for each of its characters, and one past its end, the index
-    in `text` it came from. Vectorised: a text of megabytes is read in milliseconds."""
-    reading, lengths = _view_tables()
-    codes = np.frombuffer(text.translate(lengths).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    counts = np.where(codes <= _VIEW_MAX_CHARS, codes, 1)
-    origins = np.repeat(np.arange(len(text), dtype=np.int64), counts)
-    return text.translate(reading), np.append(origins, len(text))
+    """`text` as the secret rules read it: invisible characters out, and every character that
+    reads as one ASCII char (`ｐａｓｓｗｏｒｄ`, a Cyrillic `а`, a no-break space) made that char;
+    and for each char of it the index in `text` it came from. Vectorised: a megabyte costs
+    milliseconds."""
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    inside = codes < _VIEW_END
+    mapped = np.where(inside, _view_table()[np.where(inside, codes, 0)], codes)
+    kept = mapped != _DROPPED
+    return mapped[kept].tobytes().decode("utf-32-le", "surrogatepass"), np.flatnonzero(kept)

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.memory.confusables import visible_ascii, visible_ascii_mapped
+from proxy.memory.confusables import visible_ascii_mapped
 from proxy.memory.secret_shapes import (
     LOOKBEHIND_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered, mark,
 )
@@ -37,7 +37,7 @@ INLINE_REDACT_CHARS = 65_536
 def redact(text: str) -> str:
     """The text with every secret found replaced by `[REDACTED:<kind>]`."""
     if len(text) <= TINY_CHARS and _ANY_NEEDLE.search(
-            (text if text.isascii() else visible_ascii(text)).lower()) is None:
+            (text if text.isascii() else visible_ascii_mapped(text)[0]).lower()) is None:
         return text  # most log fields: one regex call
     spans = secret_spans(text)
     if not spans:
@@ -88,9 +88,11 @@ def _found_as_it_reads(text: str) -> list[tuple[int, int, int, str]]:
     found: list[tuple[int, int, int, str]] = []
     for start in range(0, len(text), WINDOW_CHARS):
         window = text[start:start + WINDOW_CHARS + REACH_CHARS]
-        if window.isascii() or visible_ascii(window) == window:
+        if window.isascii():
             continue
         view, origins = visible_ascii_mapped(window)
+        if view == window:
+            continue
         for first, rank, last, kind in _found(view):
             found.append((start + int(origins[first]), rank, start + int(origins[last - 1]) + 1, kind))
     return found
