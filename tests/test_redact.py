@@ -24,6 +24,10 @@ KINDS = [
     ("ASIAY34FZKBOKMUTVV7A", "[REDACTED:aws_access_key]"),
     ("test key sk_test_4eC39HqLyjWDarjtT1zdp7dc", "test key [REDACTED:stripe_key]"),
     ("my password is hunter2x, keep it", "my password is [REDACTED:password], keep it"),
+    ("curl -u admin:admin https://api.internal/x", "curl -u admin:[REDACTED:password] https://api.internal/x"),
+    ("curl --user 'deploy:s3cr3tPass' -X POST", "curl --user 'deploy:[REDACTED:password]' -X POST"),
+    ("mysql -h db -u root -pHunter22 app", "mysql -h db -u root -p[REDACTED:password] app"),
+    ("<config><password>Tr0ub4dor</password></config>", "<config><password>[REDACTED:password]</password></config>"),
     ('the wifi password was "sunnyday"', 'the wifi password was "[REDACTED:password]"'),
     ("webhook whsec_MfKQ9r8GKYqrTwjUPD8ILPZIK2LWGHQX", "webhook [REDACTED:stripe_key]"),
     ("xapp-1-A0123BCDEFG-1234567890123-abcdef0123456789", "[REDACTED:slack_token]"),
@@ -96,6 +100,8 @@ def test_each_kind(text: str, expected: str) -> None:
 
 UNCHANGED = [
     "my password is strong enough", "the password is required", "your password was changed",
+    "sort -u names.txt", "ssh -u deploy host", "curl -u $USER:$TOKEN https://x", "git log -u", "mysql -h db -p",
+    "mkdir -p build/out", "<token></token>",
     "the request id is 550e8400-e29b-41d4-a716-446655440000",
     "fixed in 3f9c2ab4d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6 and 3f9c2ab",
     "ssh to db-primary.prod.internal or https://example.com/path?q=1",
@@ -237,7 +243,7 @@ ADVERSARIAL = {
     "BEGIN": "-----BEGIN PRIVATE KEY-----", "bearer": "Bearer ", "@": "a:b@",
     # Read a second time as they read: every char of the first folded, of the second dropped.
     "fullwidth": "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=", "zero-width": "pass\u200bword=",
-    "cyrillic": "\u043f\u0430\u0440\u043e\u043b\u044c ",
+    "cyrillic": "\u043f\u0430\u0440\u043e\u043b\u044c ", "curl": " -u a:", "mysql": "mysql -", "tag": "<token>a",
 }
 
 

@@ -259,6 +259,29 @@ def _said_password(text: str, m: re.Match[str], offset: int) -> Found | None:
     return _secret(m, offset, "password")
 
 
+def _given_password(text: str, m: re.Match[str], offset: int) -> Found | None:
+    """A password a command line or markup gives outright: any value but a placeholder."""
+    return None if is_placeholder(m.group("secret")) else _secret(m, offset, "password")
+
+
+# `curl -u user:X`, `--user user:X`, `mysql ... -pX`, `<password>X</password>`: a password by
+# its place, whatever it looks like (`admin:admin` is one too).
+_COMMAND_PASSWORDS = (
+    Rule("password", "-u", re.compile(
+        r"-u(?<![\w-]-u)[ \t]{1,8}[\"']?[^\s:\"']{1,128}:(?P<secret>[^\s\"'@]{3,256})(?![^\s\"']*@)"),
+        check=_given_password),
+    Rule("password", "--user", re.compile(
+        r"--user(?<![\w-]--user)[ \t=]{1,8}[\"']?[^\s:\"']{1,128}:(?P<secret>[^\s\"'@]{3,256})"),
+        check=_given_password),
+    Rule("password", "mysql", re.compile(
+        r"mysql(?<![\w-]mysql)(?:dump|admin)?[^\n;|&]{0,256}?[ \t]-p(?P<secret>[^\s\"']{3,256})"),
+        lower=False, check=_given_password),
+    Rule("password", "<", re.compile(
+        r"<(?P<tag>password|passwd|secret|token|api_?key)>(?P<secret>[^<>\n]{3,512})</(?P=tag)>"),
+        lower=True, check=_given_password),
+)
+
+
 _SAID_PASSWORD = Rule("password", "password", re.compile(
     r"password(?<![a-z0-9_]password)[ \t]{1,8}(?:is|was)[ \t]{0,8}:?[ \t]{0,32}(?P<open>[\"']?)"
     r"(?P<secret>[^\s\"',;<>()\[\]{}]{4,512})"), lower=True, check=_said_password)
@@ -311,6 +334,7 @@ RULES: tuple[Rule | PemRule, ...] = (
         r"bearer(?<![a-z0-9_]bearer)\s{1,32}(?P<secret>[a-z0-9._~+/=-]{8,1024})"), lower=True, check=_bearer),
     *_credential_rules(),
     _SAID_PASSWORD,
+    *_COMMAND_PASSWORDS,
 )
 
 
