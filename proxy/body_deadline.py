@@ -23,7 +23,6 @@ class BodyDeadline:
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.time()
         self._received = 0
-        self._pace_binds = False  # whether the last wait_s() was cut short by the pace
 
     def received(self, size: int) -> None:
         self._received += size
@@ -32,16 +31,12 @@ class BodyDeadline:
         """Seconds the next part may take; RequestTimeout when the body is already too slow."""
         left = self._started + self.idle_s + self._received / MIN_BYTES_PER_S - self._loop.time()
         if left <= 0:
-            raise self._too_slow()
-        self._pace_binds = left < self.idle_s
+            raise self.expired()
         return min(self.idle_s, left)
 
     def expired(self) -> RequestTimeout:
-        """The error for a next part that did not come within wait_s()."""
-        if self._pace_binds:
-            return self._too_slow()
-        return RequestTimeout(f"no more of the request body arrived for {self.idle_s:g} s")
-
-    def _too_slow(self) -> RequestTimeout:
-        return RequestTimeout(f"the request body arrived slower than {MIN_BYTES_PER_S} bytes a second "
-                              f"({self._received} bytes in {self._loop.time() - self._started:.0f} s)")
+        """The error for a body that missed its deadline."""
+        return RequestTimeout(
+            f"the request body did not arrive in time: no part of it for {self.idle_s:g} s, or slower than "
+            f"{MIN_BYTES_PER_S} bytes a second after the first {self.idle_s:g} s (server.body_timeout_s); "
+            f"{self._received} bytes in {self._loop.time() - self._started:.1f} s")
