@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -101,7 +102,9 @@ def test_each_kind(text: str, expected: str) -> None:
 UNCHANGED = [
     "my password is strong enough", "the password is required", "your password was changed",
     "sort -u names.txt", "ssh -u deploy host", "curl -u $USER:$TOKEN https://x", "git log -u", "mysql -h db -p",
-    "mkdir -p build/out", "<token></token>",
+    "mkdir -p build/out", "<token></token>", "docker run -u 1000:1000 myimage", "docker run --user 1000:1000 img",
+    "docker exec -u www-data:www-data app ls", "gcc a.c $(mysql_config --cflags --libs) -pthread",
+    "mysql_config --libs -pipe", "OLDPWD=/home/ann/projects",
     "the request id is 550e8400-e29b-41d4-a716-446655440000",
     "fixed in 3f9c2ab4d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6 and 3f9c2ab",
     "ssh to db-primary.prod.internal or https://example.com/path?q=1",
@@ -318,3 +321,34 @@ def test_a_long_text_not_all_ascii_is_read_as_it_reads_in_windows() -> None:
     pad = "\u043c\u0438\u0440 " * (WINDOW_CHARS // 2)
     text = pad + "pass\u200bword=Qa3sD5fG7h " + pad
     assert redact(text) == pad + "pass\u200bword=[REDACTED:password] " + pad
+
+
+@pytest.mark.parametrize("arguments", [
+    {"cmd": 'sh -c "mysql -u root -pS3cretPw"'},
+    {"cmd": 'sh -c "curl -u admin:pw12345 https://x"'},
+    {"note": 'she said "my password is hunter22X"'},
+    {"cmd": "set password=C:\\dir\\"},
+    {"content": 'DB_PASSWORD = "Qa20xyzAB"', "more": "password='Zx9cvB7nm'"},
+])
+def test_a_tool_calls_json_arguments_stay_json(arguments: dict[str, str]) -> None:
+    """Arguments are stored as the model sent them, JSON text: a secret inside one of its strings
+    ends before the backslash that escapes a quote, never with it."""
+    raw = json.dumps(arguments)
+    redacted = redact(raw)
+    assert redacted != raw
+    assert "[REDACTED:password]" in json.loads(redacted)[next(iter(arguments))]
+
+
+def test_a_disguised_secret_at_a_window_edge_is_judged_with_what_comes_before_it() -> None:
+    """The second reading looks back past its window's start as the first does: `bypass=` is no
+    password there either, and a key glued to a word is no key."""
+    for pad in (WINDOW_CHARS - 2, WINDOW_CHARS - 12):
+        text = "x" * pad + "bypass=hunter2XYz caf\u00e9"  # not all ASCII: read a second time
+        assert redact(text) == text
+
+
+def test_a_disguised_private_key_across_a_window_edge_goes_whole() -> None:
+    body = "\n".join("MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC" for _ in range(400))
+    block = f"-----BEGIN PRIVATE\u200b KEY-----\n{body}\n-----END PRIVATE KEY-----"
+    text = "a" * (WINDOW_CHARS - 100) + block + " after"
+    assert redact(text) == "a" * (WINDOW_CHARS - 100) + "[REDACTED:private_key] after"

@@ -22,7 +22,7 @@ from typing import Any
 
 from proxy.memory.confusables import visible_ascii_mapped
 from proxy.memory.secret_shapes import (
-    LOOKBEHIND_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered, mark,
+    LOOKBEHIND_CHARS, MAX_PEM_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered, mark,
 )
 
 WINDOW_CHARS = 1 << 18  # 256 KiB: one rule's scan of a window takes well under a millisecond
@@ -76,7 +76,17 @@ def secret_spans(text: str) -> list[tuple[int, int, str]]:
     found = _found(text)
     if not text.isascii():
         found += _found_as_it_reads(text)
-    return _joined(found)
+    return [(start, _before_escaped_quote(text, start, end), kind) for start, end, kind in _joined(found)]
+
+
+def _before_escaped_quote(text: str, start: int, end: int) -> int:
+    """`end`, less the backslash that escapes the quote right after it: a secret inside a JSON
+    string (a tool call's arguments) ends before `\\"`, and the text stays valid JSON."""
+    if end < len(text) and text[end] in "\"'" and text[end - 1] == "\\":
+        backslashes = end - start - len(text[start:end].rstrip("\\"))
+        if backslashes % 2:
+            return end - 1
+    return end
 
 
 def _found_as_it_reads(text: str) -> list[tuple[int, int, int, str]]:
@@ -87,14 +97,18 @@ def _found_as_it_reads(text: str) -> list[tuple[int, int, int, str]]:
     """
     found: list[tuple[int, int, int, str]] = []
     for start in range(0, len(text), WINDOW_CHARS):
-        window = text[start:start + WINDOW_CHARS + REACH_CHARS]
+        # With what the rules look back at before it, and as far past it as a match (a private
+        # key block the longest) may reach: what a window shares with the next is found twice
+        # and joined.
+        base = max(0, start - LOOKBEHIND_CHARS)
+        window = text[base:start + WINDOW_CHARS + max(REACH_CHARS, MAX_PEM_CHARS + LOOKBEHIND_CHARS)]
         if window.isascii():
             continue
         view, origins = visible_ascii_mapped(window)
         if view == window:
             continue
         for first, rank, last, kind in _found(view):
-            found.append((start + int(origins[first]), rank, start + int(origins[last - 1]) + 1, kind))
+            found.append((base + int(origins[first]), rank, base + int(origins[last - 1]) + 1, kind))
     return found
 
 

@@ -190,8 +190,8 @@ _ASSIGN = r"[\"']?[ \t]{0,32}[:=][ \t]{0,32}[\"']?"
 _BASE64_KEY = r"(?:[a-z0-9+/]|%[0-9a-f]{2}){20,256}+(?:=|%3d){0,2}"
 _PASS_WORDS = frozenset({"pass", "password", "passwd", "passphrase"})
 # Names that end in these words are credentials even glued to what names them (`PGPASSWORD`,
-# `APITOKEN`, `clientsecret`); a bare `pass` is not (`bypass`, `compass`).
-_GLUED_WORDS = frozenset({"password", "passwd", "passphrase", "pwd", "secret", "token"})
+# `APITOKEN`, `clientsecret`); a bare `pass` is not (`bypass`, `compass`), nor `pwd` (`OLDPWD`).
+_GLUED_WORDS = frozenset({"password", "passwd", "passphrase", "secret", "token"})
 _CREDENTIAL_KIND = {"pwd": "password", "secret": "secret", "token": "token", "credential": "secret",
                     "credentials": "secret"}
 # What follows `name:` / `name=`: the value, up to a quote, a space or a delimiter. Quotes
@@ -239,8 +239,6 @@ def _credential(text: str, m: re.Match[str], offset: int) -> Found | None:
     if value is None or is_placeholder(secret := value.group("secret")):
         return None
     end = value.end("secret")
-    if secret.endswith("\\") and text.startswith(("\"", "'"), end):
-        secret, end = secret[:-1], end - 1  # the escape of the closing quote stays with it
     if kind == "password":
         quoted = "'" in m.group("quote") or '"' in m.group("quote") or bool(value.group("open"))
         strong = quoted or low[m.end() - 1] == "="
@@ -261,21 +259,20 @@ def _said_password(text: str, m: re.Match[str], offset: int) -> Found | None:
 
 def _given_password(text: str, m: re.Match[str], offset: int) -> Found | None:
     """A password a command line or markup gives outright: any value but a placeholder."""
-    return None if is_placeholder(m.group("secret")) else _secret(m, offset, "password")
+    found = _secret(m, offset, "password")
+    return None if is_placeholder(text[found[0]:found[1]]) else found  # judged as written, not lower-cased
 
 
-# `curl -u user:X`, `--user user:X`, `mysql ... -pX`, `<password>X</password>`: a password by
-# its place, whatever it looks like (`admin:admin` is one too).
+# `curl -u user:X`, `curl --user user:X`, `mysql ... -pX`, `<password>X</password>`: a password
+# by its place, whatever it looks like (`admin:admin` is one too). Only after the command that
+# gives it: `docker run -u 1000:1000` is a user and group, `gcc -pthread` a flag.
 _COMMAND_PASSWORDS = (
-    Rule("password", "-u", re.compile(
-        r"-u(?<![\w-]-u)[ \t]{1,8}[\"']?[^\s:\"']{1,128}:(?P<secret>[^\s\"'@]{3,256})(?![^\s\"']*@)"),
-        check=_given_password),
-    Rule("password", "--user", re.compile(
-        r"--user(?<![\w-]--user)[ \t=]{1,8}[\"']?[^\s:\"']{1,128}:(?P<secret>[^\s\"'@]{3,256})"),
-        check=_given_password),
+    Rule("password", "curl", re.compile(
+        r"curl(?<![\w-]curl)[ \t][^\n|;&]{0,256}?(?<=[ \t])(?:-u|--user)[ \t=]{1,8}[\"']?[^\s:\"']{1,128}:"
+        r"(?P<secret>[^\s\"'@]{3,256})"), lower=True, check=_given_password),
     Rule("password", "mysql", re.compile(
-        r"mysql(?<![\w-]mysql)(?:dump|admin)?[^\n;|&]{0,256}?[ \t]-p(?P<secret>[^\s\"']{3,256})"),
-        lower=False, check=_given_password),
+        r"mysql(?<![\w-]mysql)(?:dump|admin)?[ \t][^\n|;&]{0,256}?(?<=[ \t])-p(?P<secret>[^\s\"'-][^\s\"']{2,255})"),
+        lower=True, check=_given_password),
     Rule("password", "<", re.compile(
         r"<(?P<tag>password|passwd|secret|token|api_?key)>(?P<secret>[^<>\n]{3,512})</(?P=tag)>"),
         lower=True, check=_given_password),
