@@ -6,10 +6,9 @@ for ever (its keep-alive timer only runs between requests, and `limit_concurrenc
 503 to new requests without closing idle sockets). 1,100 clients sending a header byte every
 5 s held 1,001 sockets, the process reached its open-file limit and a normal chat failed.
 So each connection here must finish its head within `server.header_timeout_s`, and past
-`server.max_connections` the connection that has waited longest for its request (a head, or
-a body still arriving: a trickled body holds a slot as long as its pace allows,
-body_deadline.py) is closed to make room; only when every open connection has a whole request
-running is a new one refused.
+`server.max_connections` the connection that has waited longest for a head is closed to make
+room, or else one whose body trickles in slower than body_deadline.py's pace (a steady upload
+is never closed for room); only when neither is open is a new one refused.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from proxy.body_deadline import MIN_BYTES_PER_S
 from proxy.settings import Settings
 
 log = logging.getLogger("memproxy.connections")
@@ -29,6 +29,8 @@ log = logging.getLogger("memproxy.connections")
 # Descriptors kept for the store, log files, embedding and extraction calls.
 RESERVED_FILES = 64
 CAP_LOG_INTERVAL_S = 10.0  # under a flood, one line this often, with counts, not one a connection
+BODY_GRACE_S = 1.0  # a body is not judged slow before it has had this long
+SLOW_BODIES_TRIED = 8  # bodies looked at for a slow one per connection let in: bounded work under a flood
 
 
 def max_client_connections(settings: Settings) -> int:
@@ -55,26 +57,37 @@ class ConnectionGuard:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self._open: set[GuardedHttpProtocol] = set()
-        self._waiting: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()
+        self._waiting: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()  # for a head, oldest first
+        self._sending: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()  # a body, oldest first
         self._closed_for_room = 0
         self._refused = 0
         self._next_log_at = 0.0
 
     def admit(self, connection: GuardedHttpProtocol) -> bool:
-        """Count a new connection in; at the cap, close the one waiting longest for its head to
-        make room, or answer False when every open connection has a request running."""
+        """Count a new connection in; at the cap, close the one waiting longest for its head, or
+        one whose body trickles in, to make room, or answer False when there is neither."""
         if len(self._open) >= self.max_connections:
-            if not self._waiting:
+            victim = self._victim()
+            if victim is None:
                 self._refused += 1
                 self._log_cap()
                 return False
-            oldest, _ = self._waiting.popitem(last=False)
-            self._open.discard(oldest)  # its slot is the new one's now, though closing takes a moment
-            oldest.close_for_room()
+            self._open.discard(victim)  # its slot is the new one's now, though closing takes a moment
+            victim.close_for_room()
             self._closed_for_room += 1
             self._log_cap()
         self._open.add(connection)
         return True
+
+    def _victim(self) -> GuardedHttpProtocol | None:
+        if self._waiting:
+            return self._waiting.popitem(last=False)[0]
+        for _ in range(min(SLOW_BODIES_TRIED, len(self._sending))):
+            connection, _ = self._sending.popitem(last=False)
+            if connection.body_is_slow():
+                return connection
+            self._sending[connection] = None  # steady: looked at again after the others
+        return None
 
     def waiting(self, connection: GuardedHttpProtocol) -> None:
         self._waiting[connection] = None
@@ -82,8 +95,15 @@ class ConnectionGuard:
     def not_waiting(self, connection: GuardedHttpProtocol) -> None:
         self._waiting.pop(connection, None)
 
+    def sending(self, connection: GuardedHttpProtocol) -> None:
+        self._sending[connection] = None
+
+    def sent(self, connection: GuardedHttpProtocol) -> None:
+        self._sending.pop(connection, None)
+
     def release(self, connection: GuardedHttpProtocol) -> None:
         self._waiting.pop(connection, None)
+        self._sending.pop(connection, None)
         self._open.discard(connection)
 
     def _log_cap(self) -> None:
@@ -91,8 +111,8 @@ class ConnectionGuard:
         if now < self._next_log_at:
             return
         log.warning("server.max_connections (%d) reached; since the last such line, connections closed to make "
-                    "room (still sending a request head or body): %d, new connections refused with 503 (all open "
-                    "ones busy): %d", self.max_connections, self._closed_for_room, self._refused)
+                    "room (still sending a request head, or a body too slowly): %d, new connections refused with "
+                    "503 (all open ones busy): %d", self.max_connections, self._closed_for_room, self._refused)
         self._closed_for_room = self._refused = 0
         self._next_log_at = now + CAP_LOG_INTERVAL_S
 
@@ -105,6 +125,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._guard = guard
         self._head_deadline: asyncio.TimerHandle | None = None
         self._head_started = False
+        self._body_since = 0.0
+        self._body_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -126,11 +148,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stop_head_deadline()
         super().on_headers_complete()
-        self._guard.waiting(self)  # until its body has come whole (at once, when there is none)
+        self._body_since = self.loop.time()
+        self._body_bytes = 0
+        self._guard.sending(self)  # until its body has come whole (at once, when there is none)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._guard.not_waiting(self)
+        self._guard.sent(self)
         super().on_message_complete()
+
+    def body_is_slow(self) -> bool:
+        """Whether the body now arriving trickles in slower than a body may (body_deadline.py)."""
+        elapsed = self.loop.time() - self._body_since
+        return self._body_bytes < (elapsed - BODY_GRACE_S) * MIN_BYTES_PER_S
 
     def on_response_complete(self) -> None:
         next_is_queued = bool(self.pipeline)  # a queued request's head has arrived already
