@@ -9,7 +9,7 @@ redaction of a long text run in a thread (the pipeline does so past INLINE_REDAC
 leaves the event loop free between steps. Every rule's matches are collected as spans,
 overlapping spans are joined (the first rule's kind wins), and the text is rebuilt once.
 
-A text that is not all ASCII is read a second time as it reads (`visible_ascii`): invisible
+A text that is not all ASCII is read a second time as it reads (`visible_ascii_mapped`): invisible
 characters out and look-alikes folded, so `pass\u200bword=`, `ｐａｓｓｗｏｒｄ=` or a
 Cyrillic `а` hide nothing; what that reading finds is cut from the text as written.
 """
@@ -22,7 +22,8 @@ from typing import Any
 
 from proxy.memory.confusables import visible_ascii_mapped
 from proxy.memory.secret_shapes import (
-    LOOKBEHIND_CHARS, MAX_PEM_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered, mark,
+    LOOKBEHIND_CHARS, MAX_PEM_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered,
+    mark,
 )
 
 WINDOW_CHARS = 1 << 18  # 256 KiB: one rule's scan of a window takes well under a millisecond
