@@ -251,10 +251,11 @@ def _credential(text: str, m: re.Match[str], offset: int) -> Found | None:
 
 def _said_password(text: str, m: re.Match[str], offset: int) -> Found | None:
     """`my password is X`: X when quoted, or when it looks like a secret, not a word (`is long`)."""
-    secret = m.group("secret")
+    found = _secret(m, offset, "password")
+    secret = text[found[0]:found[1]]  # judged as written: the rule reads a lower-cased copy
     if is_placeholder(secret) or not (len(secret) >= 4 if m.group("open") else looks_secret(secret, 6)):
         return None
-    return _secret(m, offset, "password")
+    return found
 
 
 def _given_password(text: str, m: re.Match[str], offset: int) -> Found | None:
