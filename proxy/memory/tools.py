@@ -127,11 +127,11 @@ class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
     def __init__(self, scope: Scope, search: Search, save: Save, log_query: LogQuery, persist: bool,
-                 turn_key: str, conversation_id: str, bounds: CallBounds, hooks: ToolHooks | None = None,
+                 turn_key: str, conversation_id: str | None, bounds: CallBounds, hooks: ToolHooks | None = None,
                  generation: Generation | None = None) -> None:
         self.scope = scope
         self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
-        self.conversation_id = conversation_id  # where an `interaction` goes
+        self.conversation_id = conversation_id  # where an `interaction` goes (None: the user's latest)
         self.generation = generation  # the turn's: what it stores goes with a deletion made meanwhile
         self.search = search
         self.save = save
