@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import threading
 import time
 from typing import Any
@@ -84,6 +85,11 @@ def test_a_memory_stored_over_mcp_is_committed_found_and_injected_on_every_wire(
     assert (text, error) == ("Stored as memory for later conversations.", False)
     assert entities(mem, "alice") == [(FACT, "user_preference")]
     assert entities(mem, "bob") == []
+    # Where it came from, as the memory API (and the inspector's Memories view) shows it.
+    (listed,) = mem.http().get("/memory/v1/users/alice/memories").json()["data"]
+    assert (listed["content"], listed["stored_via"], listed["tags"]) == (FACT, "mcp", ["editor"])
+    exported = [json.loads(line) for line in mem.http().get("/memory/v1/users/alice/export").text.splitlines()]
+    assert [(r["name"], r["stored_via"]) for r in exported if r["kind"] == "entity"] == [(FACT, "mcp")]
 
     text, error = call(mem, "query_memory", {"query": "which editor do I like?"}, **{"X-Memory-User": "alice"})
     assert (text, error) == (f"{HEADER}\n1. [long-term] {FACT}", False)

@@ -244,7 +244,7 @@ class MemoryService:
         bounds = CallBounds(OUTSIDE_TURN_COMMIT_WAIT_S, self._degraded)
         return MemoryTools(scope, self._searcher(scope, scope.conversation or "", ()), self._saver(), _unlogged,
                            resolved.persist and self.memory.persist_interactions, call_key, scope.conversation,
-                           bounds, hooks, generation)
+                           bounds, hooks, generation, stored_via=wire)
 
     async def _generation(self, scope: Scope) -> Generation | None:
         """The user's deletion generation now; None (not checked) when the store cannot say."""

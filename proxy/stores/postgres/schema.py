@@ -483,8 +483,13 @@ ALTER TABLE turn_tool_calls DROP CONSTRAINT IF EXISTS turn_tool_calls_pkey;
 ALTER TABLE turn_tool_calls ADD CONSTRAINT turn_tool_calls_pkey PRIMARY KEY (user_id, call_id, turn_key);
 """
 
+# Where an explicitly stored memory came from (memory_api, tools, mcp); NULL for extracted ones.
+_V11 = """
+ALTER TABLE entities ADD COLUMN IF NOT EXISTS stored_via text;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

@@ -445,8 +445,13 @@ CREATE INDEX IF NOT EXISTS relationships_from_newest ON relationships(user_id, f
 CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_id, valid_from);
 """
 
+# Where an explicitly stored memory came from (memory_api, tools, mcp); NULL for extracted ones.
+_V15 = """
+ALTER TABLE entities ADD COLUMN stored_via TEXT;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
