@@ -110,7 +110,12 @@ class McpEndpoint:
         return self._manager.run()
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["method"] != "POST":
+            # No stream for server-initiated messages (memproxy sends none) and no session to end:
+            # a GET held open would only hold a connection. The protocol's answer for that is 405.
+            await _answer(send, 405, {"jsonrpc": "2.0", "id": None, "error": {
+                "code": types.INVALID_REQUEST, "message": "memproxy: /mcp takes POST (stateless, no event stream)"}},
+                [(b"allow", b"POST")])
             return
         refused = self._guard.refusal(scope["headers"])
         if refused is not None:
@@ -158,8 +163,9 @@ class McpEndpoint:
         return found
 
 
-async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
+async def _answer(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+                  ) -> None:
     raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *(headers or [])]})
     await send({"type": "http.response.body", "body": raw})

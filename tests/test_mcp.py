@@ -226,3 +226,11 @@ def test_any_replica_answers_and_metrics_count_the_calls(make_proxy):
     metrics = second.http().get("/metrics").text
     assert 'memproxy_mcp_calls_total{outcome="ok",tool="query_memory"} 1.0' in metrics
     assert 'memproxy_mcp_calls_total{outcome="no_identity",tool="query_memory"} 1.0' in metrics
+
+
+def test_a_get_is_answered_405_at_once_and_holds_no_connection(mem):
+    # Stateless: no event stream for server messages and no session to delete.
+    with mem.http(timeout=5) as http:
+        for method in ("GET", "DELETE"):
+            answer = http.request(method, "/mcp", headers={"accept": "text/event-stream"})
+            assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
