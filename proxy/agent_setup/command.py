@@ -10,7 +10,9 @@ import getpass
 import os
 import sys
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TextIO
 
 from proxy.agent_setup import AGENT_NAMES
@@ -22,7 +24,7 @@ from proxy.agent_setup.edits import Target, apply, apply_undo, diff, plan, plan_
 from proxy.ids import SCOPE_ID_RULE, is_scope_id
 from proxy.settings import Settings
 
-AGENTS: dict[str, Agent] = {agent.name: agent for agent in (ClaudeCode(), Codex())}
+AGENTS: Mapping[str, Agent] = MappingProxyType({agent.name: agent for agent in (ClaudeCode(), Codex())})
 assert tuple(AGENTS) == AGENT_NAMES, "proxy/agent_setup/__init__.py names the agents for the command line's help"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
 

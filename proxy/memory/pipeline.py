@@ -250,9 +250,8 @@ class MemoryService:
         """The user's deletion generation now; None (not checked) when the store cannot say."""
         try:
             found = await self.store.find_turn(scope, (), "", datetime.now(timezone.utc))
-        except Exception as exc:  # memory never fails the call: the write goes on, unchecked
-            log.warning("deletion generation unread, the write goes unchecked (%s: %s)", type(exc).__name__,
-                        redact(str(exc))[:200])
+        except StoreError as exc:  # the write goes on, unchecked, and the writer retries it
+            log.warning("deletion generation unread, the write goes unchecked (%s)", redact(str(exc))[:200])
             return None
         return Generation(found.generation, scope.conversation or "")
 
