@@ -185,7 +185,7 @@ def test_the_tool_hooks_see_wire_mcp_and_no_conversation(hooked, hook_server):  
                     {"event": "pre_memory_write", "url": hook_server.url("/write")},
                     {"event": "post_tool_use", "python": H + "mark_output"}])
     text, error = call(proxy, "store_memory", {"content": f"{FACT}, key {SECRET}", "type": "fact"},
-                       **{"X-Memory-User": "alice"})
+                       **{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"})
     assert (text, error) == ("Stored as memory for later conversations.\n[checked by python]", False)
     (pre,) = hook_server.inputs("/pre")
     assert (pre["wire"], pre["conversation"], pre["turn"], pre["user"], pre["tool"]) == (
@@ -194,6 +194,11 @@ def test_the_tool_hooks_see_wire_mcp_and_no_conversation(hooked, hook_server):  
     # Redacted before any policy or the store sees it.
     assert write["turns"] == [{"role": "memory", "content": f"{FACT}, key [REDACTED:openai_key]"}]
     assert SECRET not in str(rows(proxy, "SELECT name FROM entities"))
+    # An interaction goes to the conversation the client names (the hooks still see none).
+    call(proxy, "store_memory", {"content": "We agreed to deploy on Fridays", "type": "interaction"},
+         **{"X-Memory-User": "alice", "X-Memory-Conversation": "c1"})
+    assert rows(proxy, "SELECT conversation_id, role, content FROM messages WHERE user_id = 'alice'") == [
+        ("c1", "assistant", "We agreed to deploy on Fridays")]
 
     denied = hooked([{"event": "pre_tool_use", "python": H + "deny_writes"}])
     assert call(denied, "store_memory", {"content": "I use vim", "type": "fact"}, **{"X-Memory-User": "bob"}) == (

@@ -231,8 +231,9 @@ class MemoryService:
         return recall
 
     async def tools_outside_turn(self, resolved: RequestScope, wire: str, *, writes: bool) -> MemoryTools:
-        """The memory tools for a caller with no chat turn (the MCP endpoint): the caller's scope, no
-        conversation but the one it names, hooks told `wire` and no turn. `writes`: a store_memory is
+        """The memory tools for a caller with no chat turn (the MCP endpoint): the caller's scope (an
+        `interaction` goes to the conversation it names, else the user's latest), hooks told `wire`
+        and neither a turn nor a conversation. `writes`: a store_memory is
         coming, so the user's deletion generation is read first, as a turn reads it when it starts: a
         deletion while the write is in flight wins, on any replica."""
         assert resolved.scope is not None
@@ -240,7 +241,7 @@ class MemoryService:
         call_key = new_id()  # what the call's memory id derives from, as a turn's key in tools mode
         generation = await self._generation(scope) if writes else None
         hooks = None if self.hooks is None else ToolHooks(
-            self.hooks, HookContext(scope.user, scope.conversation, scope.agent, None, wire))
+            self.hooks, HookContext(scope.user, None, scope.agent, None, wire))  # no turn, no conversation
         bounds = CallBounds(OUTSIDE_TURN_COMMIT_WAIT_S, self._degraded)
         return MemoryTools(scope, self._searcher(scope, scope.conversation or "", ()), self._saver(), _unlogged,
                            resolved.persist and self.memory.persist_interactions, call_key, scope.conversation,
