@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -25,7 +26,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from starlette.types import Receive, Send
+from starlette.types import Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from proxy.errors import ProxyError
@@ -110,6 +111,24 @@ class McpEndpoint:
         return self._manager.run()
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        status: list[int] = []
+
+        async def tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, tracked)
+        finally:
+            seconds = time.perf_counter() - started
+            outcome = f"status_{status[0] if status else 0}"
+            self._metrics.request_done("mcp", outcome, seconds)
+            log.info("mcp request", extra={"method": scope.get("method"), "outcome": outcome,
+                                           "ms": round(seconds * 1000, 2)})
+
+    async def _serve(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
             # No stream for server-initiated messages (memproxy sends none) and no session to end:
             # a GET held open would only hold a connection. The protocol's answer for that is 405.

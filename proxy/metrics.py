@@ -14,7 +14,7 @@ _ROUTES = frozenset({
     "evals", "files", "fine_tuning", "images", "messages", "models", "moderations", "organization", "realtime",
     "responses", "threads", "uploads", "vector_stores",
 })
-_OWN_LABELS = frozenset({"memory_api", "other"})
+_OWN_LABELS = frozenset({"memory_api", "mcp", "other"})
 
 
 def route_label(path: str) -> str:

@@ -231,6 +231,7 @@ def test_any_replica_answers_and_metrics_count_the_calls(make_proxy):
     metrics = second.http().get("/metrics").text
     assert 'memproxy_mcp_calls_total{outcome="ok",tool="query_memory"} 1.0' in metrics
     assert 'memproxy_mcp_calls_total{outcome="no_identity",tool="query_memory"} 1.0' in metrics
+    assert "memproxy_requests_total{outcome=\"status_200\",path=\"mcp\"}" in metrics
 
 
 def test_a_get_is_answered_405_at_once_and_holds_no_connection(mem):
