@@ -91,7 +91,6 @@ class McpEndpoint:
     """The ASGI app mounted at /mcp, and the lifespan of the SDK's request handling."""
 
     def __init__(self, settings: Settings, scopes: ScopeResolver, memory: MemoryService, metrics: Metrics) -> None:
-        self._settings = settings
         self._scopes = scopes
         self._memory = memory
         self._metrics = metrics
