@@ -2,8 +2,9 @@
 
 Each agent is one small module (`claude_code.py`, `codex.py`) that names the files it edits
 and the keys it sets; `documents.py` reads and writes JSON and TOML keeping the rest of a
-file; `edits.py` plans, applies and undoes the change (atomic writes, the file's mode kept,
-what undo needs kept in memproxy's own state directory); `command.py` is the command line.
+file; `edits.py` plans and writes the change (atomically, the file's mode kept); `undo.py`
+keeps what --undo needs in memproxy's own state directory, and undoes; `command.py` is the
+command line.
 """
 
 # The agents `memproxy setup` knows, for the command line's help (command.AGENTS holds their

@@ -20,7 +20,8 @@ from proxy.agent_setup.agent import Agent, SetupRequest
 from proxy.agent_setup.claude_code import ClaudeCode
 from proxy.agent_setup.codex import Codex, ProjectUnsupported
 from proxy.agent_setup.documents import Unparseable
-from proxy.agent_setup.edits import Target, apply, apply_undo, diff, plan, plan_undo, state_dir
+from proxy.agent_setup.edits import Target, diff, plan
+from proxy.agent_setup.undo import apply, apply_undo, plan_undo, state_dir
 from proxy.ids import SCOPE_ID_RULE, is_scope_id
 from proxy.settings import Settings
 
