@@ -73,6 +73,14 @@ def test_claude_calls_the_mcp_tool_and_gets_the_stored_fact(mem, fake, tmp_path)
     assert result["content"][0]["text"].endswith(f"\n1. [long-term] {FACT}")
 
 
+@pytest.fixture
+def claude_home(tmp_path) -> Path:
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".claude" / "settings.json").write_bytes(b'{\n\t"cleanupPeriodDays": 30\n}')
+    return home
+
+
 def test_after_setup_a_bare_claude_goes_through_memproxy_and_undo_gives_the_file_back(claude_home, mem, fake):
     home = claude_home
     settings = home / ".claude" / "settings.json"
@@ -84,14 +92,6 @@ def test_after_setup_a_bare_claude_goes_through_memproxy_and_undo_gives_the_file
     assert f"[long-term] {FACT}" in texts(request.json())
     assert "restored" in setup(home, "claude-code", "--undo")
     assert settings.read_bytes() == original
-
-
-@pytest.fixture
-def claude_home(tmp_path) -> Path:
-    home = tmp_path / "home"
-    (home / ".claude").mkdir(parents=True)
-    (home / ".claude" / "settings.json").write_bytes(b'{\n\t"cleanupPeriodDays": 30\n}')
-    return home
 
 
 def test_after_setup_a_bare_codex_exec_goes_through_memproxy_and_undo_gives_the_file_back(mem, fake, tmp_path):
