@@ -1,50 +1,40 @@
 """/mcp: tools mode's memory tools over the Model Context Protocol (docs/mcp.md).
 
-The protocol is the official `mcp` SDK's streamable HTTP transport, stateless with JSON
-answers: no session lives in a process, so any worker or replica serves any request, and
-each request proves its identity by itself (headers from trusted clients, a memproxy key, a
-signed token: scope.py, as on every other path). Identity is resolved here, before the SDK
-reads the body; what it found rides in the request's ASGI scope to the tool call. A call
-without an identity gets a JSON-RPC error naming what is missing, never an HTTP 401 (a 401
-sends an MCP client into OAuth discovery, which memproxy does not offer).
-
-The calls themselves are tools mode's (memory/tools.py): same schemas, results, hooks,
-redaction and writer, outside any chat turn.
+This module is the endpoint's edge: the Host and Origin guard against DNS rebinding, 405 for
+anything but a POST, identity resolved for each request (headers from trusted clients, a
+memproxy key, a signed token: scope.py, as on every other path) before the SDK reads the
+body, one log line and the request metrics. The server itself (mcp_tools_server.py, on the
+official SDK) is stateless, so any worker or replica serves any request; it is loaded on
+the first /mcp request, in a task of its own that holds the SDK's task group until the app
+stops.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib
 import json
 import logging
 import time
-from contextlib import AbstractAsyncContextManager
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-import mcp_types as types
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel.server import Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
-from mcp.shared.exceptions import MCPError
 from starlette.types import Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from proxy.errors import ProxyError
 from proxy.memory.pipeline import MemoryService
-from proxy.memory.redact import redact
-from proxy.memory.tools import NAMES, SCHEMAS, STORE
 from proxy.metrics import Metrics
-from proxy.models import ToolCall
 from proxy.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 
+if TYPE_CHECKING:
+    from proxy.mcp_tools_server import ToolsServer
+
 log = logging.getLogger("memproxy.mcp")
 
-WIRE = "mcp"  # what the hooks' input says
-# The JSON-RPC error of a call memproxy cannot name a user for (missing, malformed or refused
-# identity); `data` carries the HTTP status and code the other paths would answer with.
-IDENTITY_ERROR = -32010
-_IDENTITY_KEY = "memproxy.identity"  # the request's resolved identity, in its ASGI scope
+INVALID_REQUEST = -32600  # JSON-RPC's code for a request the server will not take
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 _ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
 
@@ -88,26 +78,45 @@ def _allowed(value: str, allowed: list[str]) -> bool:
 
 
 class McpEndpoint:
-    """The ASGI app mounted at /mcp, and the lifespan of the SDK's request handling."""
+    """The ASGI app mounted at /mcp."""
 
     def __init__(self, settings: Settings, scopes: ScopeResolver, memory: MemoryService, metrics: Metrics) -> None:
         self._scopes = scopes
         self._memory = memory
         self._metrics = metrics
-        server: Server[Any] = Server("memproxy", version="1", instructions=(
-            "Long-term memory of the user: query_memory before answering from what the user said in earlier "
-            "conversations, store_memory for what is worth remembering."),
-            on_list_tools=self._list_tools, on_call_tool=self._call_tool)
-        server.middleware.clear()  # no OpenTelemetry span per message: memproxy has its own metrics
         self._guard = RebindingGuard(settings)
-        # The guard is memproxy's own (its `name:*` and `*` rules, its error body); the SDK's is off.
-        self._manager = StreamableHTTPSessionManager(
-            server, json_response=True, stateless=True,
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        self._server: asyncio.Future[ToolsServer] | None = None  # set by the first request
+        self._host: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
-    def running(self) -> AbstractAsyncContextManager[None]:
-        """Held for the app's lifetime: the SDK's task group for requests in flight."""
-        return self._manager.run()
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The app's lifetime: at its end the server's task (if a request started it) leaves the SDK."""
+        try:
+            yield
+        finally:
+            self._stop.set()
+            if self._host is not None:
+                await asyncio.gather(self._host, return_exceptions=True)
+
+    async def _tools_server(self) -> ToolsServer:
+        if self._server is None:
+            self._server = asyncio.get_running_loop().create_future()
+            self._host = asyncio.get_running_loop().create_task(self._hosted(self._server), name="memproxy-mcp")
+        return await asyncio.shield(self._server)
+
+    async def _hosted(self, ready: asyncio.Future[ToolsServer]) -> None:
+        """Load the SDK (in a thread: the event loop goes on serving), then hold its task group."""
+        try:
+            module = await asyncio.to_thread(importlib.import_module, "proxy.mcp_tools_server")
+            server = module.ToolsServer(self._memory, self._metrics)
+            async with server.running():
+                ready.set_result(server)
+                await self._stop.wait()
+        except Exception as exc:  # every request then gets the error: /mcp is down, the rest is not
+            log.exception("the MCP server did not start")
+            if not ready.done():
+                ready.set_exception(exc)
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -131,59 +140,28 @@ class McpEndpoint:
         if scope["method"] != "POST":
             # No stream for server-initiated messages (memproxy sends none) and no session to end:
             # a GET held open would only hold a connection. The protocol's answer for that is 405.
-            await _answer(send, 405, {"jsonrpc": "2.0", "id": None, "error": {
-                "code": types.INVALID_REQUEST, "message": "memproxy: /mcp takes POST (stateless, no event stream)"}},
-                [(b"allow", b"POST")])
+            await _answer(send, 405, "memproxy: /mcp takes POST (stateless, no event stream)", [(b"allow", b"POST")])
             return
         refused = self._guard.refusal(scope["headers"])
         if refused is not None:
             self._metrics.mcp_calls.labels("any", "rebinding_refused").inc()
-            await _answer(send, 403, {"jsonrpc": "2.0", "id": None,
-                                      "error": {"code": types.INVALID_REQUEST, "message": f"memproxy: {refused}"}})
+            await _answer(send, 403, f"memproxy: {refused}")
             return
         try:
             found: RequestScope | ProxyError = self._scopes.resolve(dict(scope))
         except ProxyError as error:  # told to the tool call that needs it, as a JSON-RPC error
             found = error
-        await self._manager.handle_request({**scope, _IDENTITY_KEY: found}, receive, send)
-
-    async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-                          ) -> types.ListToolsResult:
-        # Listed without an identity: the tools are the same for everyone, and naming them tells nothing.
-        return types.ListToolsResult(tools=[types.Tool(name=name, description=SCHEMAS[name][0],
-                                                       input_schema=SCHEMAS[name][1]) for name in NAMES])
-
-    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-                         ) -> types.CallToolResult:
-        if params.name not in NAMES:
-            self._metrics.mcp_calls.labels("other", "unknown_tool").inc()
-            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}: memproxy offers {', '.join(NAMES)}")
-        resolved = self._identity(ctx, params.name)
-        tools = await self._memory.tools_outside_turn(resolved, WIRE, writes=params.name == STORE)
-        call = ToolCall(str(ctx.request_id or ""), params.name, json.dumps(params.arguments or {}))
-        result = await tools.run(call)
-        self._metrics.mcp_calls.labels(params.name, "error" if result.error else "ok").inc()
-        return types.CallToolResult(content=[types.TextContent(text=result.text)], is_error=result.error)
-
-    def _identity(self, ctx: ServerRequestContext[Any], tool: str) -> RequestScope:
-        """The caller's scope, or the JSON-RPC error that says what is missing or wrong."""
-        request = ctx.request
-        found = request.scope.get(_IDENTITY_KEY) if request is not None else None
-        if isinstance(found, ProxyError):
-            self._metrics.mcp_calls.labels(tool, "no_identity").inc()
-            log.info("mcp call refused: %s", redact(str(found)))
-            raise MCPError(IDENTITY_ERROR, f"memproxy: {found}", {"status": found.status, "code": found.code})
-        if not isinstance(found, RequestScope) or found.scope is None:
-            self._metrics.mcp_calls.labels(tool, "no_identity").inc()
-            raise MCPError(IDENTITY_ERROR, "memproxy: no identity, no memory: send X-Memory-User with the user's id "
-                           "(from loopback or auth.trusted_networks)",
-                           {"status": 401, "code": "invalid_memory_identity"})
-        return found
+        try:
+            server = await self._tools_server()
+        except Exception:  # logged once where it failed; /mcp is down, the rest of memproxy is not
+            await _answer(send, 503, "memproxy: the MCP server is unavailable (see memproxy's log)")
+            return
+        await server.handle(scope, found, receive, send)
 
 
-async def _answer(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
-                  ) -> None:
-    raw = json.dumps(body).encode()
+async def _answer(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A JSON-RPC error (no request id) with an HTTP status, for what never reaches the server."""
+    raw = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *(headers or [])]})
     await send({"type": "http.response.body", "body": raw})
