@@ -27,7 +27,7 @@ GRAPH_NOTE = "A [graph] line is a stored relationship, written (subject)-[RELATI
 SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
 ELLIPSIS = "…"
 
-# Control characters but the line breaks (`str.splitlines`'), which a role marker starting a
+# Control characters but the line breaks `str.splitlines` knows, which a role marker starting a
 # line needs; every run of whitespace becomes one space at the end.
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _CONTROL = re.compile("[\x00-\x09\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
