@@ -27,7 +27,7 @@ from proxy.responses import end_interrupted, relay_chat, relay_plain
 from proxy.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 from proxy.side_requests import RequestFacts, SideRequests
-from proxy.upstream import Upstream, provider_for, request_headers
+from proxy.upstream import Upstream, provider_for, query_without_credentials, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
@@ -118,8 +118,13 @@ class ProxyEndpoint:
         if resolved.uses_proxy_key and not api_key:
             raise Unauthenticated(f"{_KEY_SETTING[provider]} is not configured: in api-keys mode the client's "
                                   "key is memproxy's own and never goes upstream")
-        return request_headers(headers, api_key=api_key, drop_authorization=resolved.uses_proxy_key,
-                               provider=provider)
+        return request_headers(headers, api_key=api_key, proxy_key=resolved.proxy_key, provider=provider)
+
+    def _url(self, path: str, query: bytes, provider: Provider, resolved: RequestScope) -> str:
+        """The provider URL; in api-keys mode without a key the client may have put in the query."""
+        if resolved.proxy_key is not None and query:
+            query = query_without_credentials(query, resolved.proxy_key)
+        return self.upstream.url(path, query, provider)
 
     def _family(self, path: str | None) -> Wire | None:
         """The wire whose chat path a path sits under (`/messages/count_tokens`), if any."""
@@ -139,7 +144,7 @@ class ProxyEndpoint:
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
         has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
-        url = self.upstream.url(path, scope["query_string"], provider)
+        url = self._url(path, scope["query_string"], provider, identity)
         async with DisconnectWatch(receive, armed=not has_body) as watch:
             content = (body_stream(receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
                        if has_body else None)
@@ -203,7 +208,7 @@ class ProxyEndpoint:
                     # We read a copy of the answer (to save it, to find memory calls): ask for it uncompressed.
                     upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
                     upstream_headers.append((b"accept-encoding", b"identity"))
-                url = self.upstream.url(path, scope["query_string"], provider)
+                url = self._url(path, scope["query_string"], provider, resolved)
                 if tool_format is not None and recall.tools is not None and request is not None:
                     tools = ToolsStep(self.upstream, self.metrics, tool_format, recall.tools, url, upstream_headers,
                                       self.settings.memory.tool_rounds, recall)
