@@ -35,8 +35,11 @@ _STATELESS = frozenset({
 _NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container"}
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
-# A body holding none of these cannot name an object (`\u`: a key may be written escaped).
-_NEEDLES = (*(key.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES)), b"\\u")
+# A body holding none of these keys cannot name an object (`\u`: a key may be written escaped).
+_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES)), b"\\u")
+# What a model does with a request and forgets (Gemini's calls, `POST /models/{model}:action`).
+_MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
+                            "batchEmbedContents"})
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,10 @@ def access(method: str, path: str) -> Access:
     if (method, path) in _STATELESS:
         return Access("stateless")
     segments = path.split("/")[1:]
-    if method == "GET" and len(segments) == 2 and segments[0] == "models" and segments[1]:
-        return Access("stateless")  # a model's card (deleting a fine-tuned model is not)
+    if len(segments) == 2 and segments[0] == "models" and segments[1]:
+        action = segments[1].rpartition(":")[2] if ":" in segments[1] else None
+        if method == "GET" and action is None or method == "POST" and action in _MODEL_ACTIONS:
+            return Access("stateless")  # a model's card, or a call to it (deleting a fine-tuned model is not)
     kind = OWNED_COLLECTIONS.get(segments[0]) if segments else None
     if kind is None:
         return Access("unattributed")

@@ -9,6 +9,7 @@ what each user gets, and what reaches the provider.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import anthropic
@@ -16,7 +17,9 @@ import httpx
 import openai
 import pytest
 
-from tests.fake_responses import output, response, stream
+from proxy import provider_objects
+from tests.api_helpers import sign
+from tests.fake_responses import call_item, message_item, model_round, output, response, stream
 from tests.fake_upstream import JsonReply, SSEReply
 
 UPSTREAM_KEY = "sk-upstream-own-key-0001"
@@ -185,3 +188,62 @@ def test_trusted_mode_and_a_clients_own_key_keep_no_ownership(make_proxy: Any, f
         assert bob.get("/v1/responses/resp_anyone").status_code == 200
         assert bob.post("/v1/threads", json={}).status_code == 200
     assert json.loads(fake.received[0].body or b"{}") == {}
+
+
+@pytest.mark.parametrize(("method", "path", "verdict"), [
+    ("POST", "/responses", ("creates", "response", "")), ("POST", "/files", ("creates", "file", "")),
+    ("GET", "/files", ("unattributed", "", "")), ("GET", "/responses/resp%5F1", ("names", "response", "resp_1")),
+    ("POST", "/responses/input_tokens", ("stateless", "", "")), ("GET", "/models/gpt-4o", ("stateless", "", "")),
+    ("POST", "/models/gemini-2.5-pro:streamGenerateContent", ("stateless", "", "")),
+    ("POST", "/models/gemini-2.5-pro:tuneModel", ("unattributed", "", "")),
+    ("DELETE", "/models/ft:gpt-4o:acme:1", ("unattributed", "", "")),
+    ("POST", "//responses/resp_1", ("unattributed", "", "")), ("GET", "/Files/file-1", ("unattributed", "", "")),
+])
+def test_what_a_path_does_with_provider_objects(method: str, path: str, verdict: tuple[str, str, str]) -> None:
+    found = provider_objects.access(method, path)
+    assert (found.verdict, found.kind, found.object_id) == verdict
+
+
+def test_references_in_a_body() -> None:
+    body = {"previous_response_id": "resp_1", "conversation": {"id": "conv_1"},
+            "metadata": {"conversation": "not-an-id", "previous_response_id": "nor-this"},
+            "tools": [{"type": "file_search", "vector_store_ids": ["vs_1", "vs_2"]},
+                      {"type": "code_interpreter", "container": {"type": "auto", "file_ids": ["file-2"]}}],
+            "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}
+    assert sorted(provider_objects.references(json.dumps(body).encode())) == [
+        ("conversation", "conv_1"), ("file", "file-1"), ("file", "file-2"), ("response", "resp_1"),
+        ("vector_store", "vs_1"), ("vector_store", "vs_2")]
+    assert provider_objects.references(b'{"input": "my conversation about file_id"}') == []
+    with pytest.raises(provider_objects.Unreadable):
+        provider_objects.references(b'{"file_id": ')
+
+
+def test_signed_mode_keeps_them_per_user_where_memproxys_key_goes(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    secret = "signing-secret-for-tests-32-bytes-or-more"
+    proxy = make_proxy(auth__mode="signed", auth__signing_secret=secret, upstream__api_key=UPSTREAM_KEY,
+                       store__url=f"sqlite:///{tmp_path}/m.db")
+
+    def client(user: str) -> httpx.Client:
+        token = sign({"sub": user, "exp": int(time.time()) + 300}, secret)
+        return httpx.Client(base_url=proxy.url, headers={"X-Memory-Scope-Token": token}, timeout=30)
+
+    fake.queue(JsonReply({"id": "conv_signed", "object": "conversation"}))
+    with client("alice") as alice, client("bob") as bob:
+        assert alice.post("/v1/conversations", json={}).json()["id"] == "conv_signed"
+        not_found(bob.get("/v1/conversations/conv_signed"), "Conversation with id 'conv_signed' not found.")
+        assert alice.get("/v1/conversations/conv_signed").status_code == 200
+    assert [r.header("authorization") for r in fake.received] == [f"Bearer {UPSTREAM_KEY}"] * 2
+
+
+def test_tools_mode_records_the_id_the_client_sees(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    proxy = make_proxy(**settings(fake, tmp_path, extraction__from_roles=[]))
+    fake.queue(model_round([call_item("call_q1", "query_memory", json.dumps({"query": "editor"}))], "resp_r1"),
+               model_round([message_item("Nothing known.")], "resp_r2"))
+    alice = openai.OpenAI(base_url=proxy.url + "/v1", api_key=ALICE_KEY, max_retries=0,
+                          default_headers={"X-Memory-Mode": "tools"})
+    with alice.responses.stream(model="m", input="which editor do I like?") as events:
+        assert events.get_final_response().id == "resp_r1"
+    with http(proxy, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_r1"), "Response with id 'resp_r1' not found.")
+    with http(proxy, ALICE_KEY) as client:
+        assert client.get("/v1/responses/resp_r1").status_code == 200
