@@ -147,6 +147,9 @@ class Recorded:
             if size <= CREATED_BODY_MAX else None
         if object_id is not None:
             await self._ownership.record(*self._owner, object_id)
+        else:
+            log.warning("a provider %s was created but its id could not be read from the answer; "
+                        "no user reaches it through memproxy", self._owner[2])
         if held is not None:
             yield held
 
