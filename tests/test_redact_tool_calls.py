@@ -155,3 +155,19 @@ def test_a_store_memory_call_spelling_a_password_keeps_it_out_of_the_trace(make_
     assert [r["name"] for r in lines(exported) if r["kind"] == "entity"] == [
         f"The billing database pass\u200bword={MARK}"]
     assert b"Sm9kW2pQ" not in _files(proxy) and b"Sm9kW2pQ" not in exported
+
+
+def test_a_large_tool_call_is_recorded_without_the_password_it_spells(make_proxy: Any, fake: Any) -> None:
+    """Arguments past 64 KiB (a file written out) are redacted off the event loop, as thoroughly."""
+    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    code = 'def f(x):\n    return "a\\tb" + x\n' * 4000 + "export pass\u200bword=Lg3xV8kQ\n"
+    arguments = json.dumps({"path": "setup.sh", "content": code})
+    fake.queue(JsonReply(completion(None, tool_calls=[{"id": "call_w", "name": "write", "arguments": arguments}])))
+    with proxy.http() as http:
+        answer = http.post("/v1/chat/completions", headers={"X-Memory-User": "alice"},
+                           json={"model": "m", "messages": [{"role": "user", "content": TASK}]})
+    assert answer.status_code == 200 and len(arguments) > 65_536
+    assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM turn_tool_calls")) == 1)
+    assert rows(proxy, "SELECT call_id, name, arguments FROM turn_tool_calls") == [
+        ("call_w", "write", arguments.replace("Lg3xV8kQ", MARK))]
+    assert b"Lg3xV8kQ" not in _files(proxy)

@@ -43,21 +43,24 @@ def unescaped_mapped(text: str) -> tuple[str, np.ndarray]:
     its one character, a lone surrogate by U+FFFD), and for each character of that, plus one
     past the end, the index in `text` where it begins: the view's [a, b) is the text's
     [starts[a], starts[b])."""
-    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
-    padded = np.concatenate([codes, np.zeros(6, dtype=np.int64)])  # room to look past the end
-    index = np.arange(len(codes))
-    slash = codes == _BACKSLASH
-    first = slash & ~np.concatenate([[False], slash[:-1]])
-    run_start = np.maximum.accumulate(np.where(first, index, 0)) if len(codes) else index
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    padded = np.concatenate([codes, np.zeros(6, dtype=np.uint32)])  # room to look past the end
+    slashes = np.flatnonzero(codes == _BACKSLASH)
     # Read left to right, a run of backslashes is pairs (`\\`) and maybe one more: an escape
     # begins at each even place in the run.
-    at = np.flatnonzero(slash & ((index - run_start) % 2 == 0))
-    after = padded[at + 1]
+    order = np.arange(len(slashes))
+    place = order - np.maximum.accumulate(np.where(np.diff(slashes, prepend=-2) != 1, order, 0))
+    at = slashes[place % 2 == 0]
+    after = padded[at + 1].astype(np.int64)
     short = _SHORT[_ascii(after)]
-    digits = _HEX[_ascii(padded[at[:, None] + np.arange(2, 6)])]
     is_short = short > 0
-    is_u = (after == _U) & (digits >= 0).all(axis=1)
-    code = digits @ _PLACES
+    # What each `\uXXXX` spells (-1 where there is none): only those escapes' digits are read.
+    code = np.full(len(at), -1, dtype=np.int64)
+    maybe = np.flatnonzero(after == _U)
+    digits = _HEX[_ascii(padded[at[maybe, None] + np.arange(2, 6)].astype(np.int64))]
+    whole = (digits >= 0).all(axis=1)
+    code[maybe[whole]] = digits[whole] @ _PLACES
+    is_u = code >= 0
     high = is_u & (code >= _HIGH) & (code < _LOW)
     low = is_u & (code >= _LOW) & (code < _SURROGATES_END)
     pair = np.zeros(len(at), dtype=bool)
@@ -70,11 +73,11 @@ def unescaped_mapped(text: str) -> tuple[str, np.ndarray]:
     escape = (is_short | is_u) & ~second
     begins, values, ends = at[escape], value[escape], at[escape] + length[escape]
     # Each escape's chars after its backslash are dropped; its backslash becomes what it spells.
-    depth = np.zeros(len(codes) + 1, dtype=np.int32)
+    depth = np.zeros(len(codes) + 1, dtype=np.int8)
     depth[begins + 1] += 1
     depth[ends] -= 1
-    kept = np.cumsum(depth[:-1]) == 0
+    kept = np.cumsum(depth[:-1], dtype=np.int8) == 0  # escapes never overlap: 0 or 1
     spelled = codes.copy()
     spelled[begins] = values
-    view = spelled[kept].astype(np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
+    view = spelled[kept].tobytes().decode("utf-32-le", "surrogatepass")
     return view, np.append(np.flatnonzero(kept), len(codes))
