@@ -445,8 +445,17 @@ CREATE INDEX IF NOT EXISTS relationships_from_newest ON relationships(user_id, f
 CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_id, valid_from);
 """
 
+# v15: extraction items leased to the process that claimed them (sqlite/queue.py): the
+# worker processes of one file share its queue, and one user's items go to one at a time.
+_V15 = """
+ALTER TABLE extraction_queue ADD COLUMN claimed_until REAL;
+ALTER TABLE extraction_queue ADD COLUMN claimed_by TEXT;
+CREATE INDEX IF NOT EXISTS extraction_queue_leased ON extraction_queue(user_id, claimed_until)
+    WHERE claimed_until IS NOT NULL;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from proxy.extracted import USER_TYPE
+from proxy.ids import new_id
 from proxy.models import (
     Entity,
     ReasoningTrace,
@@ -53,6 +54,7 @@ from proxy.stores.sqlite.entity_index import EntityIndexes
 from proxy.stores.sqlite.file import FileChanged, OpenedFiles
 from proxy.stores.sqlite.message_index import MessageIndexes
 from proxy.stores.sqlite.postings_cache import PostingsCache
+from proxy.stores.sqlite.queue import anything_due, claim, new_claimant, release, release_all
 from proxy.stores.sqlite.readers import ReadPool
 from proxy.stores.sqlite.rows import (
     EXPORT,
@@ -158,6 +160,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._on_file_lost = on_file_lost
         self._lost: str | None = None  # why the store is unavailable while it opens its path again
         self._reopening: asyncio.Task[None] | None = None
+        self._claimant = new_claimant(new_id())  # names the extraction leases this store takes (sqlite/queue.py)
         self._fresh_search_state()
 
     def _fresh_search_state(self) -> None:
@@ -225,6 +228,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         if reopening is not None:
             reopening.cancel()
             await asyncio.gather(reopening, return_exceptions=True)
+        if self._writer is not None and self._lost is None:
+            try:  # its extraction items are due again at once, for whichever process goes on
+                await self._write(lambda conn: release_all(conn, self._claimant))
+            except StoreError as exc:
+                log.warning("store %s: cannot hand back the extraction items claimed (%s); their lease will"
+                            " run out", self._path, exc)
         self._lost = None
         await self._release()
         thread, self._write_thread = self._write_thread, None
@@ -600,21 +609,32 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
                                ) -> list[QueuedMessage]:
-        """Unparked items due at `now`, oldest first, each with its scope and message (text cut at `max_chars`)."""
-        # Only the head of a long text crosses into Python: the worker reads no more.
-        content = "m.content" if max_chars is None else f"substr(m.content, 1, {int(max_chars)})"
-        rows = await self._rows(
-            "SELECT q.id AS queue_id, q.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
-            f" m.agent_id, {content} AS content FROM extraction_queue q"
-            " JOIN messages m ON m.user_id = q.user_id AND m.id = q.message_id"
-            " WHERE q.parked = 0 AND q.next_attempt_at <= ? ORDER BY q.next_attempt_at, q.id LIMIT ?",
-            [to_ts(now), limit],
-        )
-        return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]), message_from_row(row),
-                              row["attempts"]) for row in rows]
+        """Due, unparked items, oldest first, each with its scope and message (text cut at `max_chars`).
+
+        The processes on one file share the queue: the items are leased to this store for
+        CLAIM_LEASE, and a user another process holds items of is skipped, so one user's items
+        are extracted and applied once, in queue order (sqlite/queue.py)."""
+        if not await self._read(lambda conn: anything_due(conn, self._claimant, now)):
+            return []
+        return await self._write(lambda conn: claim(conn, self._claimant, limit, now, max_chars))
 
     async def release_extraction(self, queue_ids: Sequence[int]) -> None:
-        """Nothing to do: one process claims, and an item nobody recorded is due again at once."""
+        """End this process's leases on the items: they are due again at once."""
+        if queue_ids:
+            ids = list(queue_ids)
+            await self._write(lambda conn: release(conn, self._claimant, ids))
+
+    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """`work(write connection)` in one IMMEDIATE transaction on the write thread; StoreError on failure."""
+        def run(conn: sqlite3.Connection) -> T:
+            done: list[T] = []
+            transaction(conn, lambda: done.append(work(conn)))
+            return done[0]
+
+        try:
+            return await self._on_write_thread(run)
+        except sqlite3.Error as exc:
+            raise StoreError(_reason(exc)) from exc
 
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries included) and given up on (`parked`)."""
