@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -39,7 +38,7 @@ from proxy.models import (
     Turn,
 )
 from proxy.stores.base import (
-    RESPONSE_CHAIN_MAX, FinishTurn, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
+    RESPONSE_CHAIN_MAX, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
 )
 from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.generations import generation_key
@@ -75,7 +74,6 @@ from proxy.stores.sqlite.search import (
     MESSAGES,
     REASONING,
     PostingsNotReady,
-    indexed_rows,
 )
 from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.stores.sqlite.search import search_entities as search_entity_index
@@ -99,10 +97,6 @@ READERS = 2
 # A lookup by at most this many keys (a request's assistant texts) runs on the event loop's
 # connection (sqlite/readers.py); a longer one goes to a reader thread.
 LOOKUP_MAX_KEYS = 64
-# Once a search finds no reasoning trace in the whole store (no one uses tools), searches
-# answer without a read for this long; a trace this process saves ends it at once, one
-# saved by another process is found within it.
-NO_TRACES_RECHECK_S = 1.0
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 # Once the file was found deleted or replaced, the path is opened again at once, then after
 # this long, doubling up to REOPEN_MAX_S: its directory may be gone until someone makes it again.
@@ -171,7 +165,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._reasoning_counts = UserCounts(REASONING, SMALL_INDEX_ROWS)
         self._message_indexes = MessageIndexes(self._path, self._pragmas, self._search_cache_bytes, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(self._path, self._pragmas, self._search_cache_bytes, ENTITY_WEIGHTS)
-        self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
     def message_indexes(self) -> MessageIndexes:
@@ -356,18 +349,10 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         batch = list(ops)
         try:
             await self._on_write_thread(lambda conn: apply_batch(conn, batch))
-            if any(isinstance(op, FinishTurn) and op.steps for op in ops):
-                self._no_traces_until = 0.0  # a trace is in the store now
         except _INVALID_WRITE as exc:
             raise StoreError(_reason(exc), transient=False) from exc
         except sqlite3.Error as exc:
             raise StoreError(_reason(exc)) from exc
-
-    async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-        """SQLiteAdmin's import; a reasoning trace it brings is searched at once."""
-        counts = await super().import_records(scope, records)
-        self._no_traces_until = 0.0
-        return counts
 
     # --- reads
 
@@ -678,14 +663,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[ReasoningTrace, float]]:
-        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite/search.py)."""
-        if time.monotonic() < self._no_traces_until:
+        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite/search.py).
+
+        Most users have no trace (no one uses tools): one lookup by the user's index on the
+        event loop's connection says so, and only a user with traces goes to a reader thread.
+        Asked at every search, not remembered: another process may have saved one since."""
+        if not (await self._lookup("SELECT 1 FROM reasoning WHERE user_id = ? LIMIT 1", [scope.user])):
             return []
-
-        def search(conn: sqlite3.Connection) -> list[tuple[ReasoningTrace, float]]:
-            if indexed_rows(conn, REASONING) == 0:
-                self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
-                return []
-            return search_reasoning_index(conn, self._reasoning_counts, scope, terms, limit=limit)
-
-        return await self._read(search)
+        return await self._read(lambda conn: search_reasoning_index(conn, self._reasoning_counts, scope, terms,
+                                                                    limit=limit))
