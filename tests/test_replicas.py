@@ -13,21 +13,30 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 from typing import Any
 
 import pytest
 
 from proxy.memory.breaker import CircuitBreaker
+from tests.api_helpers import api_url
 from tests.conftest import RunningProxy
+from tests.fake_responses import output, response
 from tests.fake_upstream import (
     FakeUpstream,
     JsonReply,
     Received,
     Reply,
     SlowHeaders,
+    SSEReply,
     completion,
     default_reply,
+    stream_events,
 )
+from tests.test_hooks import HookServer, hook_server, with_hooks  # noqa: F401 (fixtures)
+from tests.test_wire_openai_responses import FACT, HEADER, QUESTION
+from tests.test_wire_openai_responses import client as responses_client
+from tests.test_wire_openai_responses import sent as responses_sent
 from tests.pg_server import PostgresServer
 from tests.proxy_db import eventually
 from tests.store_backends import Backend, PostgresBackend, SQLiteBackend
@@ -281,3 +290,78 @@ def test_a_correction_never_lands_before_the_statement_another_replica_is_extrac
     assert [r.json()["messages"][-1]["content"] for r in fake.chat_requests() if b"response_format" in r.body] == [
         statement, correction]  # each extracted once
     assert shared.rows("SELECT name, aliases FROM entities WHERE user_id = 'alice'") == [("Alicia", '["Alice"]')]
+
+
+def test_a_response_relayed_by_one_replica_is_continued_on_another(shared: Shared, make_proxy: Any,
+                                                                   fake: FakeUpstream) -> None:
+    first, second = (make_proxy(store__url=shared.url, memory__commit_timeout_ms=5000, extraction__from_roles=[])
+                     for _ in range(2))
+    fake.queue(JsonReply(response(output("Noted."), "resp_a")))
+    responses_client(first).responses.create(model="gpt-test", input=FACT)
+    # The fact is in the chain the provider holds for resp_a: not injected again.
+    responses_client(second).responses.create(model="gpt-test", input=QUESTION, previous_response_id="resp_a")
+    assert responses_sent(fake)["input"] == QUESTION
+    # An id neither replica relayed: the other conversation rules, and the fact is recalled.
+    responses_client(second).responses.create(model="gpt-test", input=QUESTION, previous_response_id="resp_unknown")
+    recalled = responses_sent(fake)["input"]
+    assert recalled.startswith(HEADER) and FACT in recalled and recalled.endswith(f"\n\n{QUESTION}")
+
+
+def test_hooks_fire_once_per_turn_whichever_replica_serves_its_steps(
+        shared: Shared, with_hooks: Any, fake: FakeUpstream, hook_server: HookServer) -> None:
+    hooks = [{"event": "user_prompt_submit", "url": hook_server.url("/submit")},
+             {"event": "stop", "url": hook_server.url("/stop")}]
+    a, b = (with_hooks(hooks, **{"store.url": shared.url}) for _ in range(2))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "check the deploy"}]
+    for step, proxy in enumerate([a, b, a]):
+        reply, added = tool_step(step)
+        fake.queue(JsonReply(completion("Deployed.")) if step == 2 else reply)
+        proxy.client(**USER).chat.completions.create(model="m", messages=messages)
+        messages += [] if step == 2 else added
+    assert eventually(lambda: len(hook_server.inputs("/stop")) == 1)
+    fake.queue(JsonReply(completion("Deployed, again.")))
+    b.client(**USER).chat.completions.create(model="m", messages=messages)  # the client's retry of the last step
+    assert eventually(lambda: shared.rows("SELECT count(*) FROM messages WHERE role = 'assistant'") == [(2,)])
+    assert shared.rows("SELECT count(*), min(status) FROM turns") == [(1, "complete")]
+    assert len(hook_server.inputs("/submit")) == 1
+    assert [event["answer"] for event in hook_server.inputs("/stop")] == ["Deployed."]
+
+
+def test_a_user_deleted_on_one_replica_is_never_recalled_by_the_other(
+        replicas: tuple[RunningProxy, RunningProxy], fake: FakeUpstream, shared: Shared) -> None:
+    a, b = replicas
+    token = secrets.token_hex(5).upper()
+    a.client(**USER, **{"X-Memory-Conversation": "teach"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": f"My locker code at the gym is {token}."}])
+    for n in range(3):  # b recalls it, and its postings of the user are built meanwhile
+        b.client(**USER, **{"X-Memory-Conversation": f"ask-{n}"}).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "What is my gym locker code?"}])
+        assert token in last_user_content(fake)
+    if shared.backend.name == "sqlite":  # its in-memory postings hold the user
+        assert eventually(lambda: b.app.state.parts.store.message_indexes.holds("alice"))
+    with a.http() as http:
+        http.delete(api_url("alice")).raise_for_status()
+    b.client(**USER, **{"X-Memory-Conversation": "after"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "What is my gym locker code?"}])
+    assert last_user_content(fake) == "What is my gym locker code?"
+    assert shared.rows("SELECT content FROM messages") == [("What is my gym locker code?",), ("Hello from upstream",)]
+
+
+def test_a_replica_starting_leaves_the_turns_in_flight_on_another_pending(
+        shared: Shared, make_proxy: Any, fake: FakeUpstream) -> None:
+    """Recovery at start-up marks as interrupted only turns no live process may still serve."""
+    serving = make_proxy(store__url=shared.url, **PATIENT)
+    fake.queue(SSEReply(stream_events("a slow answer"), delay=0.4))
+
+    def ask() -> None:
+        for _ in serving.client(**USER).chat.completions.create(
+                model="m", stream=True, messages=[{"role": "user", "content": "a slow question"}]):
+            pass
+
+    stream = threading.Thread(target=ask, daemon=True)
+    stream.start()
+    assert eventually(lambda: shared.rows("SELECT status FROM turns") == [("pending",)])
+    make_proxy(store__url=shared.url, **PATIENT)  # another worker starts meanwhile
+    assert shared.rows("SELECT status FROM turns") == [("pending",)]
+    stream.join(10)
+    assert eventually(lambda: shared.rows("SELECT status FROM turns") == [("complete",)])

@@ -12,22 +12,21 @@ when both run in one `BEGIN IMMEDIATE` transaction: no advisory locks are needed
 polls find nothing due; `anything_due` answers that on a read connection first, so an idle
 worker never takes the write lock.
 
-Every process on one SQLite file runs on one host, so a claimant names its host and process
-id, and a lease of a process of this host that is gone (killed, crashed) counts as ended at
-once: the worker that takes its place goes on with its items without waiting CLAIM_LEASE.
-A store closing ends its own leases (`release_all`).
+A claimant is named as a process (sqlite/processes.py): a lease of a process of this host
+that is gone (killed, crashed) counts as ended at once, and the worker that takes its place
+goes on with its items without waiting CLAIM_LEASE. A store closing ends its own leases
+(`release_all`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sqlite3
 from datetime import datetime, timedelta
 
 from proxy.models import Scope
 from proxy.stores.base import QueuedMessage
+from proxy.stores.sqlite.processes import gone
 from proxy.stores.sqlite.rows import message_from_row, to_ts
 
 # How long a claimed extraction item stays with the process that claimed it (as on PostgreSQL).
@@ -61,30 +60,10 @@ _CLAIMED = (
 )
 
 
-def new_claimant(name: str) -> str:
-    """A claimant id: this host, this process, then `name` (unique to the store)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{name}"
-
-
-def _gone(claimant: str) -> bool:
-    """True when `claimant` was a process of this host that no longer runs."""
-    host, _, rest = claimant.partition(":")
-    pid, _, _ = rest.partition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another host's (or an older form): only its lease running out ends it
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # it runs, as another user
-    return False
-
-
 def _claimants_gone(conn: sqlite3.Connection, claimant: str, at: float) -> str:
     """The claimants holding live leases whose process is gone, as a JSON list."""
     held = [name for (name,) in conn.execute(_CLAIMANTS, (at, claimant))]
-    return json.dumps([name for name in held if _gone(name)])
+    return json.dumps([name for name in held if gone(name)])
 
 
 def anything_due(conn: sqlite3.Connection, claimant: str, now: datetime) -> bool:

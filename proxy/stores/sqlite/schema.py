@@ -447,7 +447,10 @@ CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_
 
 # v15: extraction items leased to the process that claimed them (sqlite/queue.py): the
 # worker processes of one file share its queue, and one user's items go to one at a time.
+# The processes with the file open (sqlite/processes.py): one starting leaves alone the turns
+# another is serving.
 _V15 = """
+CREATE TABLE IF NOT EXISTS processes (id TEXT PRIMARY KEY, opened_at REAL NOT NULL);
 ALTER TABLE extraction_queue ADD COLUMN claimed_until REAL;
 ALTER TABLE extraction_queue ADD COLUMN claimed_by TEXT;
 CREATE INDEX IF NOT EXISTS extraction_queue_leased ON extraction_queue(user_id, claimed_until)

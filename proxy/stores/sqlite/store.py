@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -28,7 +29,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from proxy.extracted import USER_TYPE
-from proxy.ids import new_id
 from proxy.models import (
     Entity,
     ReasoningTrace,
@@ -53,7 +53,8 @@ from proxy.stores.sqlite.entity_index import EntityIndexes
 from proxy.stores.sqlite.file import FileChanged, OpenedFiles
 from proxy.stores.sqlite.message_index import MessageIndexes
 from proxy.stores.sqlite.postings_cache import PostingsCache
-from proxy.stores.sqlite.queue import anything_due, claim, new_claimant, release, release_all
+from proxy.stores.sqlite.processes import deregister, new_process_id, register
+from proxy.stores.sqlite.queue import anything_due, claim, release, release_all
 from proxy.stores.sqlite.readers import ReadPool
 from proxy.stores.sqlite.rows import (
     EXPORT,
@@ -154,7 +155,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._on_file_lost = on_file_lost
         self._lost: str | None = None  # why the store is unavailable while it opens its path again
         self._reopening: asyncio.Task[None] | None = None
-        self._claimant = new_claimant(new_id())  # names the extraction leases this store takes (sqlite/queue.py)
+        # This process among those with the file open (sqlite/processes.py), and the claimant of
+        # the extraction leases it takes (sqlite/queue.py).
+        self._claimant = new_process_id()
         self._fresh_search_state()
 
     def _fresh_search_state(self) -> None:
@@ -208,7 +211,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             migrate(conn)
-            transaction(conn, lambda: recover(conn))
+            transaction(conn, lambda: recover(conn, register(conn, self._claimant, time.time())))
             self._files = OpenedFiles(self._path)  # once WAL mode has made the WAL and its index
         except BaseException:
             conn.close()
@@ -223,15 +226,19 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             await asyncio.gather(reopening, return_exceptions=True)
         if self._writer is not None and self._lost is None:
             try:  # its extraction items are due again at once, for whichever process goes on
-                await self._write(lambda conn: release_all(conn, self._claimant))
-            except StoreError as exc:
-                log.warning("store %s: cannot hand back the extraction items claimed (%s); their lease will"
-                            " run out", self._path, exc)
+                await self._write(self._leave)
+            except StoreError as exc:  # the next process to open the file finds this one gone
+                log.warning("store %s: cannot record this process leaving the file (%s)", self._path, exc)
         self._lost = None
         await self._release()
         thread, self._write_thread = self._write_thread, None
         if thread is not None:
             thread.shutdown(wait=False)
+
+    def _leave(self, conn: sqlite3.Connection) -> None:
+        """On the write thread: this process closes the file, handing back its extraction items."""
+        release_all(conn, self._claimant)
+        deregister(conn, self._claimant)
 
     async def _release(self) -> None:
         """Close every connection, after the reads and writes queued on them (the write thread stays)."""
