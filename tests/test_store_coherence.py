@@ -4,15 +4,20 @@ Two SQLiteStores on one file stand for two worker processes: each has its own co
 its own in-memory postings (messages, entities), its own per-user BM25 counts and its own
 note of a store without reasoning traces. `reader` searches first, so its caches hold the
 user; `writer` then commits; `reader`'s very next search must answer from the commit. And
-a user deleted on one process is gone from the other's answers at once.
+a user deleted on one process is gone from the other's answers at once. Nor does a process
+opening the file take the turns another still serves for a crash's leftovers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -119,5 +124,29 @@ def test_a_reasoning_trace_another_process_saved_is_found_by_the_next_search(tmp
                                                            steps=steps)])
             assert [t.task for t, _ in await reader.search_reasoning(ALICE, query_terms("invoices"))] == [
                 "count invoices"]
+
+    run(body())
+
+
+def test_a_process_opening_the_file_ends_the_turns_of_a_process_gone_not_of_one_running(tmp_path: Path) -> None:
+    """Recovery at open: a turn pending on a process still running stays pending; once every
+    other process with the file open is gone, the turns they left pending are interrupted."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    path = tmp_path / "m.db"
+    backend = SQLiteBackend(path)
+
+    async def body() -> None:
+        now = datetime.now(UTC)
+        async with two_processes(path) as (running, _):
+            await running.apply([start(ALICE, "in-flight", at=now)])
+            async with backend.opened() as starting:  # a third process starts meanwhile
+                assert (await starting.turn(ALICE, "in-flight")).status == "pending"  # type: ignore[union-attr]
+        # Both closed; a process killed with its turn in flight left its row behind.
+        await backend.sql("INSERT INTO processes (id, opened_at) VALUES (?, 0)", f"{socket.gethostname()}:{gone}:x")
+        await backend.sql("UPDATE turns SET status = 'pending'")
+        async with backend.opened() as starting:
+            assert (await starting.turn(ALICE, "in-flight")).status == "interrupted"  # type: ignore[union-attr]
+        assert await backend.sql("SELECT count(*) FROM processes") == [(0,)]
 
     run(body())
