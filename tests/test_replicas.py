@@ -365,3 +365,13 @@ def test_a_replica_starting_leaves_the_turns_in_flight_on_another_pending(
     assert shared.rows("SELECT status FROM turns") == [("pending",)]
     stream.join(10)
     assert eventually(lambda: shared.rows("SELECT status FROM turns") == [("complete",)])
+
+
+def test_a_fact_told_on_one_replica_is_in_the_graph_the_next_request_on_the_other_recalls(
+        replicas: tuple[RunningProxy, RunningProxy], fake: FakeUpstream) -> None:
+    a, b = replicas
+    a.client(**USER, **{"X-Memory-Conversation": "teach"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "My manager is Dana Whitfield."}])
+    b.client(**USER, **{"X-Memory-Conversation": "ask"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Who is my manager?"}])
+    assert "[graph] (User)-[HAS_MANAGER]->(Dana Whitfield)" in last_user_content(fake)
