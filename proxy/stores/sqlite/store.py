@@ -226,7 +226,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             await asyncio.gather(reopening, return_exceptions=True)
         if self._writer is not None and self._lost is None:
             try:  # its extraction items are due again at once, for whichever process goes on
-                await self._write(self._leave)
+                await self._on_writer(self._leave)
             except StoreError as exc:  # the next process to open the file finds this one gone
                 log.warning("store %s: cannot record this process leaving the file (%s)", self._path, exc)
         self._lost = None
@@ -608,25 +608,13 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         are extracted and applied once, in queue order (sqlite/queue.py)."""
         if not await self._read(lambda conn: anything_due(conn, self._claimant, now)):
             return []
-        return await self._write(lambda conn: claim(conn, self._claimant, limit, now, max_chars))
+        return await self._on_writer(lambda conn: claim(conn, self._claimant, limit, now, max_chars))
 
     async def release_extraction(self, queue_ids: Sequence[int]) -> None:
         """End this process's leases on the items: they are due again at once."""
         if queue_ids:
             ids = list(queue_ids)
-            await self._write(lambda conn: release(conn, self._claimant, ids))
-
-    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """`work(write connection)` in one IMMEDIATE transaction on the write thread; StoreError on failure."""
-        def run(conn: sqlite3.Connection) -> T:
-            done: list[T] = []
-            transaction(conn, lambda: done.append(work(conn)))
-            return done[0]
-
-        try:
-            return await self._on_write_thread(run)
-        except sqlite3.Error as exc:
-            raise StoreError(_reason(exc)) from exc
+            await self._on_writer(lambda conn: release(conn, self._claimant, ids))
 
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries included) and given up on (`parked`)."""
