@@ -16,11 +16,14 @@ import secrets
 import threading
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from proxy.memory.breaker import CircuitBreaker
 from tests.api_helpers import api_url
 from tests.conftest import RunningProxy
+from tests.test_crash import start_server
 from tests.fake_responses import output, response
 from tests.fake_upstream import (
     FakeUpstream,
@@ -375,3 +378,33 @@ def test_a_fact_told_on_one_replica_is_in_the_graph_the_next_request_on_the_othe
     b.client(**USER, **{"X-Memory-Conversation": "ask"}).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Who is my manager?"}])
     assert "[graph] (User)-[HAS_MANAGER]->(Dana Whitfield)" in last_user_content(fake)
+
+
+def test_two_serve_processes_on_one_sqlite_file_share_one_memory(tmp_path: Any, fake: FakeUpstream) -> None:
+    """The same promises with `memproxy serve` twice, each a process of its own, on one file:
+    what one learns the other recalls, a retry on the other is the same turn, and a user
+    deleted through one is never recalled by the other (whose postings held the user)."""
+    db = tmp_path / "shared.db"
+    servers = [start_server(db, fake.url, memory_commit_timeout_ms="5000", memory_retrieval_timeout_ms="5000")
+               for _ in range(2)]
+    try:
+        a, b = (openai.OpenAI(base_url=url + "/v1", api_key="sk-client-key", default_headers=USER, max_retries=0)
+                for _, url in servers)
+        token = secrets.token_hex(5).upper()
+        taught = a.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": f"My locker code at the gym is {token}."}])
+        retried = b.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": f"My locker code at the gym is {token}."}])
+        assert retried.headers["x-memory-turn"] == taught.headers["x-memory-turn"]
+        for _ in range(3):
+            b.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is my gym locker code?"}])
+            assert token in last_user_content(fake)
+        httpx.delete(servers[0][1] + api_url("alice"), timeout=30).raise_for_status()
+        b.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is my gym locker code?"}])
+        assert last_user_content(fake) == "What is my gym locker code?"
+    finally:
+        for process, _ in servers:
+            process.terminate()
+            process.wait(10)
+    # Each left the file as it stopped.
+    assert asyncio.run(SQLiteBackend(db).sql("SELECT count(*) FROM processes")) == [(0,)]
