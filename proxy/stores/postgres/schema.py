@@ -497,7 +497,7 @@ CREATE TABLE IF NOT EXISTS provider_objects (
 CREATE INDEX IF NOT EXISTS provider_objects_user ON provider_objects(user_id);
 """
 
-# v12: as SQLite's v16. Where an explicitly stored memory came from (memory_api, tools, mcp); NULL
+# v12: as SQLite's v17. Where an explicitly stored memory came from (memory_api, tools, mcp); NULL
 # for extracted ones.
 _V12 = """
 ALTER TABLE entities ADD COLUMN IF NOT EXISTS stored_via text;
