@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 
@@ -38,7 +39,11 @@ class StreamCut(Exception):
         self.message = message
 
 
-_CREDENTIALS = (b"authorization", b"x-api-key")
+_CREDENTIALS = (b"authorization", b"x-api-key", b"x-goog-api-key")
+# The header each provider takes memproxy's own key in, and how it is written.
+_KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"Bearer "),
+                                                 "anthropic": (b"x-api-key", b""),
+                                                 "gemini": (b"x-goog-api-key", b"")}
 
 
 def request_headers(
@@ -50,8 +55,9 @@ def request_headers(
     Hop-by-hop headers (and any the client's Connection header names) and memproxy's own
     X-Memory-* headers are dropped. With our own key for the provider the client's
     credentials never leave (towards Anthropic both `x-api-key` and `Authorization`, our key
-    going as `x-api-key`); `drop_authorization` (the client sent memproxy's own proxy key)
-    drops them without a replacement.
+    going as `x-api-key`; towards Gemini every one of them, ours going as `x-goog-api-key`);
+    `drop_authorization` (the client sent memproxy's own proxy key) drops them without a
+    replacement.
     """
     pairs = list(raw)
     named = _named_by_connection(pairs)
@@ -59,7 +65,7 @@ def request_headers(
     if drop_authorization:
         dropped = _CREDENTIALS  # memproxy's own proxy key, in either header, never leaves
     elif api_key:
-        dropped = _CREDENTIALS if provider == "anthropic" else (b"authorization",)
+        dropped = _CREDENTIALS if provider in ("anthropic", "gemini") else (b"authorization",)
     out = []
     for name, value in pairs:
         lower = name.lower()
@@ -68,18 +74,31 @@ def request_headers(
         if lower in dropped:
             continue
         out.append((lower, value))
-    if api_key and provider == "anthropic":
-        out.append((b"x-api-key", api_key.encode()))
-    elif api_key:
-        out.append((b"authorization", b"Bearer " + api_key.encode()))
+    if api_key:
+        name, scheme = _KEY_HEADERS[provider]
+        out.append((name, scheme + api_key.encode()))
     return out
+
+
+def without_key_parameter(query: bytes) -> bytes:
+    """A query string without its `key` parameters (Gemini's other place for the API key), the
+    rest byte for byte."""
+    if b"key=" not in query:
+        return query
+    kept = [pair for pair in query.split(b"&")
+            if urllib.parse.unquote_to_bytes(pair.split(b"=", 1)[0]) != b"key"]
+    return b"&".join(kept)
 
 
 def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None) -> Provider:
     """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
-    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else OpenAI."""
-    if any(name.lower() == b"anthropic-version" for name, _ in headers):
+    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else Gemini for one
+    carrying `x-goog-api-key`; else OpenAI."""
+    names = {name.lower() for name, _ in headers}
+    if b"anthropic-version" in names:
         return "anthropic"
+    if wire_provider is None and b"x-goog-api-key" in names:
+        return "gemini"
     return wire_provider or "openai"
 
 
@@ -198,16 +217,24 @@ class Upstream:
         self.settings = settings
         self.base_url = settings.base_url.rstrip("/")
         self._base_urls: dict[str, str] = {"openai": self.base_url,
-                                           "anthropic": settings.anthropic_base_url.rstrip("/")}
-        self._keys: dict[str, str | None] = {"openai": settings.api_key, "anthropic": settings.anthropic_api_key}
+                                           "anthropic": settings.anthropic_base_url.rstrip("/"),
+                                           "gemini": settings.gemini_base_url.rstrip("/")}
+        self._keys: dict[str, str | None] = {"openai": settings.api_key, "anthropic": settings.anthropic_api_key,
+                                             "gemini": settings.gemini_api_key}
         # The pooled transport is used without httpx.AsyncClient's layers: a proxy wants none
         # of them (redirects, auth flows, default headers) and must not keep a cookie jar,
         # since one pool serves every user. Skipping them is ~10% of a request's CPU.
         self.transport = AiohttpTransport(max_connections=settings.max_connections,
                                           connect_timeout_s=settings.connect_timeout_s)
 
-    def url(self, path: str, query: bytes, provider: Provider = "openai") -> str:
-        """The provider URL for a path after memproxy's /v1, query kept byte for byte."""
+    def url(self, path: str, query: bytes, provider: Provider = "openai", version: str = "/v1") -> str:
+        """The provider URL for a path after memproxy's /v1 (or the client's `version` prefix), query kept
+        byte for byte. Gemini's base has no version: the client's goes in front of the path; with
+        memproxy's own Gemini key the client's `key` parameter never leaves."""
+        if provider == "gemini":
+            path = version + path
+            if self._keys["gemini"]:
+                query = without_key_parameter(query)
         return self._base_urls[provider] + path + ("?" + query.decode("latin-1") if query else "")
 
     def api_key(self, provider: Provider) -> str | None:

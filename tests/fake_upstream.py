@@ -294,6 +294,10 @@ class EmbeddingsReply(Reply):
 
 def default_reply(request: Received) -> Reply:
     """What the upstream answers when no script is queued."""
+    if "/models/" in request.target and ":" in request.target.split("/models/", 1)[1]:
+        from tests.fake_gemini import default_reply as gemini_reply  # it builds on this module
+
+        return gemini_reply(request)
     if "/messages" in request.target and request.method == "POST":
         from tests.fake_anthropic import default_reply as anthropic_reply  # it builds on this module
 

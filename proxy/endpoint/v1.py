@@ -1,8 +1,9 @@
-"""The /v1 proxy endpoint: one chat endpoint for every wire, and the pass-through.
+"""The /v1 proxy endpoint (and Gemini's /v1beta): one chat endpoint for every wire, and the pass-through.
 
 A POST to a wire's chat path with a user scope gets memory (recall before, persistence
 after); every other /v1 path, and any request without a scope, is a transparent
-pass-through to the upstream its wire (or its `anthropic-version` header) names.
+pass-through to the upstream its wire (or its `anthropic-version` header) names. Every
+path under /v1beta is Gemini's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from proxy.upstream import Upstream, provider_for, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
+from proxy.wires.gemini import GeminiGenerateContent, model_method
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
@@ -41,7 +43,9 @@ log = logging.getLogger("memproxy.request")
 
 T = TypeVar("T")
 
-_KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key"}
+_KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key",
+                                     "gemini": "upstream.gemini_api_key"}
+_GEMINI_VERSION = "/v1beta"  # every path under it is Gemini's
 
 
 class ProxyEndpoint:
@@ -60,6 +64,9 @@ class ProxyEndpoint:
             "/chat/completions": OpenAIChat(),
             "/messages": AnthropicMessages(settings.scope.context_tags),
             "/responses": OpenAIResponses(settings.scope.context_tags),
+            # Gemini's model is in its path: `/models/{model}:method` is looked up as `/models/*:method`.
+            "/models/*:generateContent": GeminiGenerateContent(settings.scope.context_tags),
+            "/models/*:streamGenerateContent": GeminiGenerateContent(settings.scope.context_tags, stream=True),
         }
         # Each wire's tool format for tools mode, by the same path.
         self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools(),
@@ -69,16 +76,21 @@ class ProxyEndpoint:
             "/chat/completions": chat_tools_unsupported}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
-                                                   "anthropic": self.wires["/messages"]}
+                                                   "anthropic": self.wires["/messages"],
+                                                   "gemini": self.wires["/models/*:generateContent"]}
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        path = _path_after_v1(scope)
+        version, path = _versioned_path(scope)
         outcome = "ok"
         send = Sent(send)
-        wire = self.wires.get(path) if path is not None else None
+        wire = self.wires.get(_table_key(path)) if path is not None else None
+        if wire is not None and version == _GEMINI_VERSION and wire.provider != "gemini":
+            wire = None  # under /v1beta only Gemini's paths are a wire's
         family = wire or self._family(path)
-        send.shape = family or self.shapes[provider_for(scope["headers"], None)]
+        if family is not None and version == _GEMINI_VERSION and family.provider != "gemini":
+            family = None
+        send.shape = family or self.shapes[provider_for(scope["headers"], _version_provider(version))]
         if wire is not None:
             send.error_headers = _status_header("off")  # every response to a chat path says the memory status
         try:
@@ -89,9 +101,9 @@ class ProxyEndpoint:
             if length is not None and length > limit:
                 raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
             if scope["method"] == "POST" and wire is not None:
-                outcome = await self._chat(scope, receive, send, path, wire)
+                outcome = await self._chat(scope, receive, send, path, wire, version)
             else:
-                outcome = await self._passthrough(scope, receive, send, path, family, wire is not None)
+                outcome = await self._passthrough(scope, receive, send, path, family, wire is not None, version)
         except ProxyError as error:
             outcome = error.code
             needs_status = wire is not None and "x-memory-status" not in error.headers
@@ -122,24 +134,27 @@ class ProxyEndpoint:
                                provider=provider)
 
     def _family(self, path: str | None) -> Wire | None:
-        """The wire whose chat path a path sits under (`/messages/count_tokens`), if any."""
+        """The wire whose chat path a path sits under (`/messages/count_tokens`, Gemini's
+        `/models/{model}:countTokens`), if any."""
         if path is None:
             return None
+        if model_method(path) is not None:
+            return self.wires["/models/*:generateContent"]
         return next((wire for chat_path, wire in self.wires.items() if path.startswith(chat_path + "/")), None)
 
     async def _passthrough(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str,
-                           family: Wire | None, chat_path: bool) -> str:
+                           family: Wire | None, chat_path: bool, version: str) -> str:
         headers = scope["headers"]
         limit = self.settings.server.max_body_bytes
         length = declared_length(headers)
         identity = self.scopes.authenticate_passthrough(scope)
         self._count_side_request(RequestFacts(scope["method"], path, headers), family)
-        provider = provider_for(headers, family.provider if family is not None else None)
+        provider = provider_for(headers, family.provider if family is not None else _version_provider(version))
         upstream_headers = self._upstream_headers(headers, provider, identity)
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
         has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
-        url = self.upstream.url(path, scope["query_string"], provider)
+        url = self.upstream.url(path, scope["query_string"], provider, version)
         async with DisconnectWatch(receive, armed=not has_body) as watch:
             content = (body_stream(receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
                        if has_body else None)
@@ -148,7 +163,7 @@ class ProxyEndpoint:
             try:
                 # Every response to a chat path says the memory status (a GET: off).
                 await relay_plain(send, response, extra_headers=_status_header("off") if chat_path else [],
-                                  shape=send.shape, heartbeat_s=self.settings.server.heartbeat_s)
+                                  shape=send.shape, heartbeat_s=self._heartbeat_s(send.shape))
             finally:
                 await response.aclose()
         return "client_gone" if watch.gone else f"status_{response.status}"
@@ -169,7 +184,12 @@ class ProxyEndpoint:
             return replace(resolved, mode="off")
         return resolved
 
-    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire) -> str:
+    def _heartbeat_s(self, shape: ErrorShape) -> float:
+        """How often a silent stream gets a `: ping`; never on a wire whose clients cannot skip one."""
+        return self.settings.server.heartbeat_s if shape.sse_comments else 0.0
+
+    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire,
+                    version: str) -> str:
         resolved = self.scopes.resolve(scope)
         provider = provider_for(scope["headers"], wire.provider)
         upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
@@ -203,7 +223,7 @@ class ProxyEndpoint:
                     # We read a copy of the answer (to save it, to find memory calls): ask for it uncompressed.
                     upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
                     upstream_headers.append((b"accept-encoding", b"identity"))
-                url = self.upstream.url(path, scope["query_string"], provider)
+                url = self.upstream.url(path, scope["query_string"], provider, version)
                 if tool_format is not None and recall.tools is not None and request is not None:
                     tools = ToolsStep(self.upstream, self.metrics, tool_format, recall.tools, url, upstream_headers,
                                       self.settings.memory.tool_rounds, recall)
@@ -213,7 +233,7 @@ class ProxyEndpoint:
                     response = await step.run(out_body, body, recall)
                 try:
                     await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
-                                     self.settings.server.heartbeat_s)
+                                     self._heartbeat_s(wire))
                 finally:
                     await response.aclose()
         except asyncio.CancelledError:
@@ -276,16 +296,29 @@ async def _off_loop_if(large: bool, function: Callable[..., T], *args: Any) -> T
     return await asyncio.to_thread(function, *args) if large else function(*args)
 
 
-def _path_after_v1(scope: dict[str, Any]) -> str | None:
+def _versioned_path(scope: dict[str, Any]) -> tuple[str, str | None]:
+    """The request's version prefix (/v1, or Gemini's /v1beta) and its path after it (None: no path
+    memproxy serves)."""
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.split(b"?", 1)[0].decode("latin-1")
-    if not path.startswith("/v1/"):
-        return None
-    rest = path[3:]
+    version = next((v for v in ("/v1", _GEMINI_VERSION) if path.startswith(v + "/")), None)
+    if version is None:
+        return "/v1", None
+    rest = path[len(version):]
     segments = rest.lower().replace("%2e", ".").split("/")
     if any(segment in (".", "..") for segment in segments):
-        return None  # no path may climb out of the provider's /v1 prefix
-    return rest
+        return version, None  # no path may climb out of the provider's version prefix
+    return version, rest
+
+
+def _table_key(path: str) -> str:
+    """A path as the wire table holds it: Gemini's `/models/{model}:method` without its model."""
+    found = model_method(path)
+    return f"/models/*:{found[1]}" if found is not None else path
+
+
+def _version_provider(version: str) -> Provider | None:
+    return "gemini" if version == _GEMINI_VERSION else None
 
 
 def _status_header(status: str) -> list[tuple[bytes, bytes]]:
