@@ -344,6 +344,11 @@ class FakeUpstream:
         with self._lock:
             self._scripts.extend(replies)
 
+    def clear_queue(self) -> None:
+        """Drop the replies still queued (a client made fewer requests than were scripted)."""
+        with self._lock:
+            self._scripts.clear()
+
     def reset(self) -> None:
         with self._lock:
             self._scripts.clear()

@@ -195,7 +195,10 @@ def test_gemini_base_url_with_a_version_is_a_start_up_error(make_proxy, fake):
         make_proxy(upstream__gemini_base_url=gemini_base(fake) + "/v1beta")
 
 
-def test_function_calls_without_ids_are_one_turn_saved_once(mem, fake):
+@pytest.mark.parametrize("client_ids", [False, True])
+def test_function_calls_without_ids_are_one_turn_saved_once(mem, fake, client_ids):
+    """The provider gives no call ids; a client may send the history back with ids of its own
+    (Gemini CLI does): the steps are matched by name, in order, either way."""
     tools = [types.Tool(function_declarations=[types.FunctionDeclaration(
         name="get_weather", description="weather", parameters_json_schema={
             "type": "object", "properties": {"city": {"type": "string"}}})])]
@@ -206,10 +209,12 @@ def test_function_calls_without_ids_are_one_turn_saved_once(mem, fake):
     first = gemini.models.generate_content(model=MODEL, contents="weather in Oslo?", config=config)
     assert first.function_calls[0].name == "get_weather" and first.function_calls[0].id is None
     assert saved(mem) == [("user", "weather in Oslo?")]  # an app call is left: no answer yet
-    history = [types.Content(role="user", parts=[types.Part(text="weather in Oslo?")]),
-               first.candidates[0].content,
-               types.Content(role="user", parts=[types.Part.from_function_response(
-                   name="get_weather", response={"result": "rain, 7 C"})])]
+    call = first.candidates[0].content
+    result = types.Part.from_function_response(name="get_weather", response={"result": "rain, 7 C"})
+    if client_ids:
+        call.parts[0].function_call.id = result.function_response.id = "get_weather_1796527278603_0"
+    history = [types.Content(role="user", parts=[types.Part(text="weather in Oslo?")]), call,
+               types.Content(role="user", parts=[result])]
     fake.queue(JsonReply(answer("Rain in Oslo.")))
     second = gemini.models.generate_content(model=MODEL, contents=history, config=config)
     assert second.text == "Rain in Oslo."

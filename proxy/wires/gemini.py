@@ -186,9 +186,10 @@ def _content_problem(content: Any) -> str | None:
 
 
 def _tool_steps(after: list[dict[str, Any]]) -> tuple[ToolStep, ...]:
-    """The calls the model made after the prompt with their results: a result names its call's id,
-    or, without one, the next call of its name not yet answered."""
-    calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
+    """The calls the model made after the prompt with their results: a result naming a call's own
+    `id` is that call's; one without (or naming none of them) is the next call of its name not yet
+    answered."""
+    calls: list[tuple[str, str | None, str, str]] = []  # (memproxy's id, the call's own, name, arguments)
     for content in after:
         if _role(content) != "model":
             continue
@@ -197,7 +198,8 @@ def _tool_steps(after: list[dict[str, Any]]) -> tuple[ToolStep, ...]:
             call = part.get("functionCall")
             if isinstance(call, dict):
                 name = _str(call.get("name"))
-                calls.append((call_id(part, seen.get(name, 0)), name,
+                own = call.get("id")
+                calls.append((call_id(part, seen.get(name, 0)), own if isinstance(own, str) else None, name,
                               json.dumps(call.get("args"), ensure_ascii=False)))
                 seen[name] = seen.get(name, 0) + 1
     results: dict[str, str] = {}
@@ -206,12 +208,12 @@ def _tool_steps(after: list[dict[str, Any]]) -> tuple[ToolStep, ...]:
             response = part.get("functionResponse")
             if not isinstance(response, dict):
                 continue
-            own = response.get("id")
-            target = own if isinstance(own, str) and own else next(
-                (cid for cid, name, _ in calls if name == response.get("name") and cid not in results), None)
+            target = next((key for key, own, _, _ in calls if own is not None and own == response.get("id")),
+                          None) or next((key for key, _, name, _ in calls
+                                         if name == response.get("name") and key not in results), None)
             if target is not None:
                 results[target] = json.dumps(response.get("response"), ensure_ascii=False)
-    return tuple(ToolStep(cid, name, arguments, results.get(cid, "")) for cid, name, arguments in calls)
+    return tuple(ToolStep(key, name, arguments, results.get(key, "")) for key, _, name, arguments in calls)
 
 
 def _text(parts: list[Any], *, markers: bool = True) -> str:

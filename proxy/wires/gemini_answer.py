@@ -21,14 +21,13 @@ DEFAULT_MAX_CHARS = 1 << 20  # text kept per stream: the accumulator is bounded
 
 
 def call_id(part: dict[str, Any], ordinal: int) -> str:
-    """A function call's id: its own where the provider gave one; else one made of its name, its
-    arguments and its place among the calls of that name in one answer, so the answer and the
-    request that returns its result name it alike (calls without ids are matched by name, in order)."""
+    """The id memproxy knows a function call by: its name, its arguments and its place among the
+    calls of that name in one answer. Never the call's own `id`: the provider may give none, and
+    a client then writes one of its own into the history it sends back (Gemini CLI does), so the
+    answer and the request returning its result would name the call differently. Calls are
+    thereby matched by name, in order."""
     call = part.get("functionCall")
     call = call if isinstance(call, dict) else {}
-    own = call.get("id")
-    if isinstance(own, str) and own:
-        return own
     name = _str(call.get("name"))
     args = json.dumps(call.get("args"), ensure_ascii=False, sort_keys=True)
     digest = hashlib.sha256(json.dumps([name, args, ordinal]).encode("utf-8", "surrogatepass")).hexdigest()
