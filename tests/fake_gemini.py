@@ -122,3 +122,23 @@ def user_texts(body: dict[str, Any]) -> list[str]:
     """The text parts of a request's user contents, in order."""
     return [part["text"] for content in body["contents"] if content.get("role", "user") == "user"
             for part in content["parts"] if "text" in part]
+
+
+def model_round(text: str | None = "Hello from Gemini", calls: list[dict[str, Any]] | None = None,
+                thought: str | None = None) -> Any:
+    """A scripted answer for one round, JSON or an `alt=sse` stream as the request asks; like the real
+    API, a 400 for a history whose function calls lack their responses."""
+    def reply(request: Received) -> Reply:
+        contents = request.json()["contents"]
+        for i, content in enumerate(contents):
+            called = [p["functionCall"]["name"] for p in content["parts"] if "functionCall" in p]
+            answered = [p["functionResponse"]["name"] for p in (contents[i + 1]["parts"] if i + 1 < len(contents)
+                                                                else []) if "functionResponse" in p]
+            if content.get("role") == "model" and called and sorted(called) != sorted(answered):
+                return JsonReply(error(400, "Please ensure that the number of function response parts is equal "
+                                            "to the number of function call parts of the function call turn.",
+                                       "INVALID_ARGUMENT"), status=400)
+        if "alt=sse" in request.target:
+            return SSEReply(sse(pieces(text or "", calls=calls, thought=thought)))
+        return JsonReply(answer(text, calls=calls, thought=thought))
+    return reply

@@ -33,6 +33,7 @@ from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.gemini import GeminiGenerateContent, model_method
+from proxy.wires.gemini_tools import GeminiTools
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
@@ -70,7 +71,9 @@ class ProxyEndpoint:
         }
         # Each wire's tool format for tools mode, by the same path.
         self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools(),
-                                                    "/responses": ResponsesTools()}
+                                                    "/responses": ResponsesTools(),
+                                                    "/models/*:generateContent": GeminiTools(),
+                                                    "/models/*:streamGenerateContent": GeminiTools()}
         # What tools mode cannot serve on a wire, refused before the turn starts.
         self.tools_refusals: dict[str, Callable[[dict[str, Any]], ProxyError | None]] = {
             "/chat/completions": chat_tools_unsupported}
@@ -211,7 +214,7 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
                                                   wire.name)
-                tool_format = self.tool_formats.get(path) if recall.tools is not None else None
+                tool_format = self.tool_formats.get(_table_key(path)) if recall.tools is not None else None
                 if recall.tools is not None and tool_format is None:
                     recall.status = f"degraded: no memory tools on the {wire.name} wire"
                 send.error_headers = recall.headers()
