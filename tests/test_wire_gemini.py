@@ -252,3 +252,23 @@ def test_upstream_error_in_a_stream_is_relayed_and_nothing_saved(mem, fake):
         for _ in gemini.models.generate_content_stream(model=MODEL, contents="hello"):
             pass
     assert [r for r in saved(mem) if r[0] == "assistant"] == []
+
+
+def test_api_keys_mode_takes_the_proxy_key_as_googles_key_and_never_forwards_it(make_proxy, fake):
+    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), upstream__gemini_api_key="server-gemini-key",
+                       auth__mode="api-keys", auth__api_keys=[{"key": "mp-alice-key", "user": "alice"}],
+                       memory__commit_timeout_ms=5000)
+    gemini = genai.Client(api_key="mp-alice-key", http_options=types.HttpOptions(base_url=proxy.url))
+    assert gemini.models.generate_content(model=MODEL, contents="I live in Porto.").text == "Hello from Gemini"
+    with httpx.Client(base_url=proxy.url) as http:
+        by_query = http.post(f"/v1beta/models/{MODEL}:generateContent?key=mp-alice-key",
+                             json={"contents": [{"parts": [{"text": "and I like tea"}]}]})
+        unknown = http.post(f"/v1beta/models/{MODEL}:generateContent?key=nope",
+                            json={"contents": [{"parts": [{"text": "hi"}]}]})
+    assert by_query.status_code == 200 and by_query.headers["x-memory-status"] == "ok"
+    assert unknown.status_code == 401 and unknown.json()["error"]["status"] == "UNAUTHENTICATED"
+    assert eventually(lambda: [c for r, c in saved(proxy) if r == "user"] == ["I live in Porto.", "and I like tea"])
+    for request in gemini_requests(fake.received):
+        assert "mp-alice-key" not in request.target
+        assert [v for k, v in request.headers if k.lower() in ("x-goog-api-key", "authorization")] == \
+            ["server-gemini-key"]
