@@ -103,3 +103,13 @@ def test_app_call_in_the_last_round_reaches_the_client_and_the_loop_is_saved_onc
     assert eventually(lambda: saved(tproxy) == [("user", "weather at home?"), ("assistant", "Rain in Bergen.")])
     ((trace,),) = rows(tproxy, "SELECT steps FROM reasoning")
     assert [s["name"] for s in json.loads(trace)] == ["query_memory", "get_weather"]
+
+
+def test_a_json_array_stream_is_refused_in_tools_mode_before_the_provider_is_asked(tproxy, fake):
+    with tproxy.http() as http:
+        got = http.post("/v1beta/models/gemini-test:streamGenerateContent", headers={**TOOLS, "x-goog-api-key": "k"},
+                        json={"contents": [{"parts": [{"text": QUESTION}]}]})
+    assert got.status_code == 400 and got.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert "alt=sse" in got.json()["error"]["message"]
+    assert got.headers["x-memory-proxy-error"] == "unsupported_in_tools_mode"
+    assert gemini_requests(fake.received) == []

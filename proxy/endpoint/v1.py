@@ -33,7 +33,7 @@ from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.gemini import GeminiGenerateContent, model_method
-from proxy.wires.gemini_tools import GeminiTools
+from proxy.wires.gemini_tools import GeminiTools, unsupported_stream as gemini_stream_unsupported
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
@@ -75,8 +75,10 @@ class ProxyEndpoint:
                                                     "/models/*:generateContent": GeminiTools(),
                                                     "/models/*:streamGenerateContent": GeminiTools()}
         # What tools mode cannot serve on a wire, refused before the turn starts.
-        self.tools_refusals: dict[str, Callable[[dict[str, Any]], ProxyError | None]] = {
-            "/chat/completions": chat_tools_unsupported}
+        # (the request's body and query string)
+        self.tools_refusals: dict[str, Callable[[dict[str, Any], bytes], ProxyError | None]] = {
+            "/chat/completions": lambda body, query: chat_tools_unsupported(body),
+            "/models/*:streamGenerateContent": lambda body, query: gemini_stream_unsupported(query)}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"],
@@ -205,8 +207,9 @@ class ProxyEndpoint:
             else:
                 resolved = self._complete_identity(scope, path, resolved, wire, parsed)
         request = parsed if isinstance(parsed, WireRequest) else None
-        if request is not None and resolved.memory_on and resolved.mode == "tools" and path in self.tools_refusals:
-            refusal = self.tools_refusals[path](request.body)
+        refuse = self.tools_refusals.get(_table_key(path))
+        if request is not None and resolved.memory_on and resolved.mode == "tools" and refuse is not None:
+            refusal = refuse(request.body, scope["query_string"])
             if refusal is not None:
                 raise refusal
         recall: Recall | None = None  # None: the client left during the recall itself

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.errors import UnsupportedInToolsMode
 from proxy.wires.base import dump_json
 from proxy.wires.gemini_answer import call_id, candidate, candidate_parts, parts_text, tool_calls
 from proxy.wires.sse import SSEEvent, json_object
@@ -225,3 +226,14 @@ def _contents(stored: str) -> list[Any]:
     """The contents a stored exchange holds."""
     value = json.loads(stored)
     return value if isinstance(value, list) else [value]
+
+
+def unsupported_stream(query: bytes) -> UnsupportedInToolsMode | None:
+    """Why tools mode cannot serve a `streamGenerateContent`, if it cannot: without `alt=sse` the
+    answer is one JSON array, which the rounds cannot filter as it comes (memory calls would reach
+    the client)."""
+    if b"alt=sse" in query.split(b"&"):
+        return None
+    return UnsupportedInToolsMode(
+        "streamGenerateContent without alt=sse is not supported in tools mode (X-Memory-Mode: tools, or "
+        "memory.mode: tools): add alt=sse, as Google's SDKs do, or send X-Memory-Mode: inject", param="alt")
