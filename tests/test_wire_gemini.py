@@ -278,3 +278,18 @@ def test_api_keys_mode_takes_the_proxy_key_as_googles_key_and_never_forwards_it(
         assert "mp-alice-key" not in request.target
         assert [v for k, v in request.headers if k.lower() in ("x-goog-api-key", "authorization")] == \
             ["server-gemini-key"]
+
+
+def test_gemini_clis_router_is_a_side_request_and_an_apps_json_request_a_turn(mem, fake):
+    gemini = client(mem, **{"X-Memory-User": "alice"})
+    json_out = types.GenerateContentConfig(response_mime_type="application/json")
+    router = types.GenerateContentConfig(response_mime_type="application/json", system_instruction=(
+        "\nYou are a specialized Task Routing AI. Your sole function is to analyze the user's request"))
+    gemini.models.generate_content(model="gemini-3.5-flash-lite", contents=FACT, config=router)
+    assert saved(mem) == []
+    assert user_texts(sent(fake)) == [FACT]  # no block, nothing saved: only counted
+    gemini.models.generate_content(model=MODEL, contents="List my films as JSON", config=json_out)
+    assert saved(mem) == [("user", "List my films as JSON"), ("assistant", "Hello from Gemini")]
+    with mem.http() as http:
+        metrics = http.get("/metrics").text
+    assert 'memproxy_side_requests_total{rule="gemini_cli_router",wire="gemini"} 1.0' in metrics
