@@ -293,3 +293,30 @@ def test_gemini_clis_router_is_a_side_request_and_an_apps_json_request_a_turn(me
     with mem.http() as http:
         metrics = http.get("/metrics").text
     assert 'memproxy_side_requests_total{rule="gemini_cli_router",wire="gemini"} 1.0' in metrics
+
+
+def test_the_history_names_the_conversation(mem, fake):
+    gemini = client(mem, **{"X-Memory-User": "alice"})
+    first = gemini.models.generate_content(model=MODEL, contents="I moved to Porto last year")
+    fake.queue(JsonReply(answer("Porto is lovely.")))
+    gemini.models.generate_content(model=MODEL, contents=[
+        types.Content(role="user", parts=[types.Part(text="I moved to Porto last year")]),
+        first.candidates[0].content,
+        types.Content(role="user", parts=[types.Part(text="what should I see there?")])])
+    gemini.models.generate_content(model=MODEL, contents="an unrelated new chat")
+    conversations = rows(mem, "SELECT conversation_id FROM messages WHERE user_id = 'alice' ORDER BY seq")
+    assert len(conversations) == 6
+    assert len(set(conversations[:4])) == 1 and conversations[4] != conversations[0]
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"contents": "hello"}', b'{"contents": [{"parts": "x"}]}',
+                                  b'{"contents": [{"role": 7, "parts": []}]}'])
+def test_a_body_memory_cannot_read_is_forwarded_untouched(mem, fake, body):
+    fake.queue(JsonReply(error(400, "Invalid JSON payload received.", "INVALID_ARGUMENT"), status=400))
+    with httpx.Client(base_url=mem.url) as http:
+        got = http.post(f"/v1beta/models/{MODEL}:generateContent", content=body,
+                        headers={"x-goog-api-key": "k", "X-Memory-User": "alice", "content-type": "application/json"})
+    assert got.status_code == 400 and got.json()["error"]["message"] == "Invalid JSON payload received."
+    assert got.headers["x-memory-status"] == "off: not a turn"
+    assert gemini_requests(fake.received)[-1].body == body
+    assert saved(mem) == []
