@@ -83,7 +83,7 @@ def request_headers(
 def without_key_parameter(query: bytes) -> bytes:
     """A query string without its `key` parameters (Gemini's other place for the API key), the
     rest byte for byte."""
-    if b"key=" not in query:
+    if not query:
         return query
     kept = [pair for pair in query.split(b"&")
             if urllib.parse.unquote_to_bytes(pair.split(b"=", 1)[0]) != b"key"]
