@@ -79,7 +79,8 @@ def test_a_stream_and_a_json_array_read_as_the_same_answer():
     ("/models/gemini-2.5-flash:generateContent", ("gemini-2.5-flash", "generateContent")),
     ("/models/gemini-2.5-flash:streamGenerateContent", ("gemini-2.5-flash", "streamGenerateContent")),
     ("/models", None), ("/models/gemini-2.5-flash", None), ("/chat/completions", None),
-    ("/models/a/b:generateContent", None),
+    ("/models/a/b:generateContent", None), ("/models/gemini-2.5-flash:countTokens", ("gemini-2.5-flash", "countTokens")),
+    ("/models/ft:custom", None),  # an OpenAI fine-tuned model's id, not a Gemini method
 ])
 def test_model_method(path, expected):
     assert model_method(path) == expected

@@ -37,10 +37,18 @@ _STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_D
 _CUT_CODE = 503
 
 
+# The Gemini API's methods on a model: a path under /v1 naming one is Gemini's (an OpenAI model id
+# may hold a colon too: `GET /v1/models/ft:...`).
+_MODEL_METHODS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
+                            "batchEmbedContents", "batchGenerateContent", "asyncBatchEmbedContent", "predict",
+                            "predictLongRunning"})
+
+
 def model_method(path: str) -> tuple[str, str] | None:
-    """(model, method) of a path after the version prefix, `/models/{model}:{method}`; None otherwise."""
+    """(model, method) of a path after the version prefix, `/models/{model}:{method}` with one of the
+    Gemini API's methods; None otherwise."""
     match = re.fullmatch(r"/models/([^/:]+):([A-Za-z]+)", path)
-    return (match.group(1), match.group(2)) if match else None
+    return (match.group(1), match.group(2)) if match and match.group(2) in _MODEL_METHODS else None
 
 
 class GeminiGenerateContent:
