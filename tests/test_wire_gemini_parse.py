@@ -92,3 +92,26 @@ def test_model_method(path, expected):
 ])
 def test_the_key_parameter_is_removed_and_the_rest_kept_byte_for_byte(query, expected):
     assert without_key_parameter(query) == expected
+
+
+def test_a_rounds_last_response_sends_its_text_and_holds_its_end():
+    from proxy.wires.gemini_tools import GeminiStreamState, GeminiTools
+
+    tools = GeminiTools()
+    state = GeminiStreamState()
+    first = tools.stream_round(state, frozenset({"query_memory"}), first=True)
+    sent = first.feed(SSEEvent(None, json.dumps({"candidates": [{"content": {"parts": [
+        {"text": "Checking."}, {"functionCall": {"name": "query_memory", "args": {"query": "x"}}}]},
+        "finishReason": "STOP"}]})))
+    assert json.loads(sent.removeprefix(b"data: "))["candidates"][0] == {"content": {"role": "model", "parts": [
+        {"text": "Checking."}]}}
+    assert first.ended and [c.name for c in first.finish().memory_calls] == ["query_memory"]
+    last = tools.stream_round(state, frozenset({"query_memory"}), first=False)
+    sent = last.feed(SSEEvent(None, json.dumps({"candidates": [{"content": {"parts": [
+        {"text": "Done."}, {"functionCall": {"name": "app_tool", "args": {}}}]}, "finishReason": "STOP"}],
+        "usageMetadata": {"totalTokenCount": 9}})))
+    assert json.loads(sent.removeprefix(b"data: "))["candidates"][0]["content"]["parts"] == [
+        {"text": "\n\n"}, {"text": "Done."}]
+    end = json.loads(last.tail().removeprefix(b"data: "))
+    assert end["candidates"][0]["content"]["parts"] == [{"functionCall": {"name": "app_tool", "args": {}}}]
+    assert end["candidates"][0]["finishReason"] == "STOP" and end["usageMetadata"] == {"totalTokenCount": 9}

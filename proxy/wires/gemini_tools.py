@@ -111,9 +111,9 @@ class GeminiStreamRound:
             self.usage = payload["usageMetadata"]
         shown = self._shown_now([p for p in parts if "functionCall" not in p])
         if isinstance(candidate(payload).get("finishReason"), str):
+            # The round's end (and the last round's app calls) wait for `tail`; its text goes now.
             self.ended = True
-            self.last = {**payload, "_shown": shown}
-            return b""
+            self.last = payload
         return _event(_with_parts(payload, shown, last=False)) if shown else b""
 
     def _shown_now(self, parts: list[Any]) -> list[Any]:
@@ -128,11 +128,10 @@ class GeminiStreamRound:
         return _round(self.parts, self.offered, self.usage)
 
     def tail(self) -> bytes:
-        last = dict(self.last or {"candidates": [{"content": {"role": "model", "parts": []},
-                                                  "finishReason": "STOP", "index": 0}]})
-        shown = last.pop("_shown", [])
+        last = self.last or {"candidates": [{"content": {"role": "model", "parts": []}, "finishReason": "STOP",
+                                             "index": 0}]}
         calls = [p for p in self.parts if _is_app_call(p, self.offered)]
-        return _event(_with_parts(last, [*shown, *calls], last=True))
+        return _event(_with_parts(last, calls, last=True))
 
 
 class GeminiTools:
