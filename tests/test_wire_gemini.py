@@ -335,3 +335,16 @@ def test_a_silent_stream_gets_no_ping_the_google_sdk_would_choke_on(make_proxy, 
         got = http.post(f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse", headers={"x-goog-api-key": "k"},
                         json={"contents": [{"parts": [{"text": "hi"}]}]})
     assert got.content == b"".join(events)  # no `: ping` between them, memory on or off
+
+
+def test_the_openai_and_anthropic_keys_never_go_to_gemini(make_proxy, fake):
+    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), upstream__api_key="sk-openai-own",
+                       upstream__anthropic_api_key="sk-ant-own")
+    with httpx.Client(base_url=proxy.url) as http:
+        http.post(f"/v1beta/models/{MODEL}:generateContent", headers={"x-goog-api-key": "client-gemini-key"},
+                  json={"contents": [{"parts": [{"text": "hi"}]}]})
+        http.get("/v1beta/models", headers={"x-goog-api-key": "client-gemini-key"})
+    for request in fake.received[-2:]:
+        assert "sk-openai-own" not in str(request.headers) and "sk-ant-own" not in str(request.headers)
+        assert request.header("x-goog-api-key") == "client-gemini-key"
+    assert fake.received[-1].target == "/v1beta/models"
