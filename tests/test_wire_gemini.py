@@ -348,3 +348,13 @@ def test_the_openai_and_anthropic_keys_never_go_to_gemini(make_proxy, fake):
         assert "sk-openai-own" not in str(request.headers) and "sk-ant-own" not in str(request.headers)
         assert request.header("x-goog-api-key") == "client-gemini-key"
     assert fake.received[-1].target == "/v1beta/models"
+
+
+def test_a_cut_stream_ends_with_googles_error_object_on_a_line_of_its_own(mem, fake):
+    events = sse(pieces("never finished", end=False))
+    fake.queue(SSEReply(events, cut_after=2))
+    with httpx.Client(base_url=mem.url) as http:
+        got = http.post(f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse", headers={"x-goog-api-key": "k"},
+                        json={"contents": [{"parts": [{"text": "hi"}]}]})
+    assert got.content == b"".join(events[:2]) + json.dumps({"error": {
+        "code": 503, "message": "upstream stream ended before completion", "status": "UNAVAILABLE"}}).encode() + b"\n"

@@ -32,8 +32,9 @@ _STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_D
              408: "DEADLINE_EXCEEDED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
              500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
              504: "DEADLINE_EXCEEDED"}
-# A cut stream ends with an error the SDK raises on (its `{"error": ...}` chunk); 503 is the
-# code Google's clients treat as a passing failure.
+# A cut stream ends with Google's error object as a plain JSON line, not a `data:` event: the
+# Python SDK raises on any chunk that is one, the JavaScript SDK (Gemini CLI's) only on a read
+# that is one; 503 is the code Google's clients treat as a passing failure.
 _CUT_CODE = 503
 
 
@@ -131,7 +132,7 @@ class GeminiGenerateContent:
         return json.dumps(_error(error.status, error.message)).encode()
 
     def stream_error(self, message: str, code: str, type_: str = "upstream_error", after: bytes = b"") -> bytes:
-        return b"data: " + json.dumps(_error(_CUT_CODE, message)).encode() + b"\r\n\r\n"
+        return json.dumps(_error(_CUT_CODE, message)).encode() + b"\n"
 
     def _is_own_words(self, part: Any) -> bool:
         """A part of the user's own: words (not a thought, not a context element), or a file."""
