@@ -14,6 +14,7 @@ from google import genai
 from google.genai import errors, types
 
 from proxy.logs import JsonFormatter
+from tests.conftest import free_port
 from tests.fake_gemini import (
     ArrayReply, answer, error, function_call, gemini_requests, pieces, sse, too_long, user_texts,
 )
@@ -358,3 +359,17 @@ def test_a_cut_stream_ends_with_googles_error_object_on_a_line_of_its_own(mem, f
                         json={"contents": [{"parts": [{"text": "hi"}]}]})
     assert got.content == b"".join(events[:2]) + json.dumps({"error": {
         "code": 503, "message": "upstream stream ended before completion", "status": "UNAVAILABLE"}}).encode() + b"\n"
+
+
+def test_memproxys_own_errors_take_googles_shape_on_every_gemini_path(make_proxy, fake):
+    proxy = make_proxy(upstream__gemini_base_url=f"http://127.0.0.1:{free_port()}", server__max_body_bytes=2000)
+    gemini = client(proxy, **{"X-Memory-User": "alice"})
+    with pytest.raises(errors.ServerError) as raised:
+        gemini.models.generate_content(model=MODEL, contents="hi")
+    assert (raised.value.code, raised.value.status) == (502, "UNAVAILABLE")
+    with httpx.Client(base_url=proxy.url) as http:
+        too_big = http.post(f"/v1beta/models/{MODEL}:countTokens", content=b"x" * 3000)
+        climbing = http.get("/v1beta/models/%2e%2e/%2e%2e/secrets")
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == 413
+    assert climbing.status_code == 404 and climbing.json()["error"]["status"] == "NOT_FOUND"
+    assert too_big.headers["x-memory-proxy-error"] and climbing.headers["x-memory-proxy-error"]
