@@ -324,14 +324,14 @@ def test_a_body_memory_cannot_read_is_forwarded_untouched(mem, fake, body):
 
 
 def test_a_silent_stream_gets_no_ping_the_google_sdk_would_choke_on(make_proxy, fake):
-    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), server__heartbeat_s=0.1,
+    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), server__heartbeat_s=0.05,
                        memory__commit_timeout_ms=5000, extraction__from_roles=[])
     events = sse(pieces("Slow but whole.", parts=2))
-    fake.queue(SSEReply(events, delay=0.4))
+    fake.queue(SSEReply(events, delay=0.2))
     gemini = client(proxy, **{"X-Memory-User": "alice"})
     assert "".join(c.text or "" for c in gemini.models.generate_content_stream(model=MODEL, contents="hi")) == \
         "Slow but whole."
-    fake.queue(SSEReply(events, delay=0.4))
+    fake.queue(SSEReply(events, delay=0.2))
     with httpx.Client(base_url=proxy.url) as http:
         got = http.post(f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse", headers={"x-goog-api-key": "k"},
                         json={"contents": [{"parts": [{"text": "hi"}]}]})
