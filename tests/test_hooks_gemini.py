@@ -37,7 +37,7 @@ def test_a_rewritten_prompt_keeps_the_context_part_and_reaches_the_store(with_ho
     assert gemini_requests(fake.received)[-1].json()["contents"] == [
         {"role": "user", "parts": [{"text": CONTEXT}, {"text": "deploy it [python] [http]"}]}]
     (event,) = hook_server.inputs("/rewrite")
-    assert (event["prompt"], event["wire"]) == ("deploy it [python]", "gemini")
+    assert (event["prompt"], event["wire"]) == ("deploy it [python]", "gemini_generate_content")
     assert settled(proxy, 2) == [("user", "deploy it [python] [http]"), ("assistant", "Hello from Gemini")]
 
 

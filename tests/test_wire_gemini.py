@@ -293,7 +293,7 @@ def test_gemini_clis_router_is_a_side_request_and_an_apps_json_request_a_turn(me
     assert saved(mem) == [("user", "List my films as JSON"), ("assistant", "Hello from Gemini")]
     with mem.http() as http:
         metrics = http.get("/metrics").text
-    assert 'memproxy_side_requests_total{rule="gemini_cli_router",wire="gemini"} 1.0' in metrics
+    assert 'memproxy_side_requests_total{rule="gemini_cli_router",wire="gemini_generate_content"} 1.0' in metrics
 
 
 def test_the_history_names_the_conversation(mem, fake):

@@ -55,7 +55,7 @@ def model_method(path: str) -> tuple[str, str] | None:
 class GeminiGenerateContent:
     """The Gemini wire, for one of its two methods (`stream`: `streamGenerateContent`)."""
 
-    name = "gemini"
+    name = "gemini_generate_content"
     provider: Provider = "gemini"
     sse_comments = False  # Google's SDKs read a `: ping` comment line as a broken JSON chunk
 
