@@ -130,7 +130,7 @@ def test_cut_stream_ends_with_an_error_the_sdk_raises(mem, fake):
     with pytest.raises(errors.ServerError) as raised:
         for _ in stream:
             pass
-    assert raised.value.code == 503
+    assert (raised.value.code, raised.value.status) == (500, "INTERNAL")
     assert eventually(lambda: rows(mem, "SELECT status FROM turns WHERE user_id = 'alice'") == [("truncated",)])
     assert saved(mem) == [("user", "hello")]
 
@@ -358,7 +358,7 @@ def test_a_cut_stream_ends_with_googles_error_object_on_a_line_of_its_own(mem, f
         got = http.post(f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse", headers={"x-goog-api-key": "k"},
                         json={"contents": [{"parts": [{"text": "hi"}]}]})
     assert got.content == b"".join(events[:2]) + json.dumps({"error": {
-        "code": 503, "message": "upstream stream ended before completion", "status": "UNAVAILABLE"}}).encode() + b"\n"
+        "code": 500, "message": "upstream stream ended before completion", "status": "INTERNAL"}}).encode() + b"\n"
 
 
 def test_memproxys_own_errors_take_googles_shape_on_every_gemini_path(make_proxy, fake):

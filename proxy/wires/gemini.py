@@ -33,9 +33,9 @@ _STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_D
              500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
              504: "DEADLINE_EXCEEDED"}
 # A cut stream ends with Google's error object as a plain JSON line, not a `data:` event: the
-# Python SDK raises on any chunk that is one, the JavaScript SDK (Gemini CLI's) only on a read
-# that is one; 503 is the code Google's clients treat as a passing failure.
-_CUT_CODE = 503
+# Python SDK raises on either, but the JavaScript SDK (Gemini CLI's) only on a read that is
+# one such object, and takes a `data:` event as an empty response.
+_CUT_CODE = 500
 
 
 # The Gemini API's methods on a model: a path under /v1 naming one is Gemini's (an OpenAI model id
