@@ -74,6 +74,11 @@ def test_a_fact_told_in_one_session_reaches_the_provider_in_the_next(mem, fake, 
     second = session(mem, fake, tmp_path, QUESTION, "Your dog is Biscuit-7731.", call=True)
     steps = turn_requests(second)
     assert len(steps) == 2  # the step asking for the listing, and the one with its result
+    routers = [r.json() for r in first + second if ROUTER in json.dumps(r.json().get("systemInstruction"))]
+    assert len(routers) == 2 and not any(FACT in json.dumps(r["contents"]) for r in routers[1:])  # no block
+    with mem.http() as http:
+        assert 'memproxy_side_requests_total{rule="gemini_cli_router",wire="gemini_generate_content"} 2.0' in \
+            http.get("/metrics").text
     for step in steps:
         prompt = next(c for c in steps[0]["contents"] if c.get("role") == "user")
         assert step["contents"][0] == prompt  # the same bytes on every step
