@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 import aiohttp
 import httpx
@@ -39,7 +39,16 @@ class StreamCut(Exception):
         self.message = message
 
 
-_CREDENTIALS = (b"authorization", b"x-api-key", b"x-goog-api-key")
+# Where each provider reads a key: OpenAI `Authorization`, Azure OpenAI `api-key`, Anthropic
+# `x-api-key`, Google `x-goog-api-key`. memproxy's key for the provider replaces all of them.
+_PROVIDER_CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"})
+# In api-keys mode the client's credential is memproxy's own key, and the provider account is
+# memproxy's: nothing the client sends may authenticate to it or pick a part of it (a session
+# cookie, an organisation or project of memproxy's key).
+_PROXY_MODE_DROPPED = _PROVIDER_CREDENTIALS | {b"cookie", b"proxy-authorization", b"openai-organization",
+                                               b"openai-project"}
+# A query parameter Google reads a key from (`?key=`).
+_KEY_PARAMETER = "key"
 # The header each provider takes memproxy's own key in, and how it is written.
 _KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"Bearer "),
                                                  "anthropic": (b"x-api-key", b""),
@@ -47,31 +56,32 @@ _KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"B
 
 
 def request_headers(
-    raw: Iterable[tuple[bytes, bytes]], *, api_key: str | None, drop_authorization: bool = False,
+    raw: Iterable[tuple[bytes, bytes]], *, api_key: str | None, proxy_key: str | None = None,
     provider: Provider = "openai",
 ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the provider should see them.
 
     Hop-by-hop headers (and any the client's Connection header names) and memproxy's own
     X-Memory-* headers are dropped. With our own key for the provider the client's
-    credentials never leave (towards Anthropic both `x-api-key` and `Authorization`, our key
-    going as `x-api-key`; towards Gemini every one of them, ours going as `x-goog-api-key`);
-    `drop_authorization` (the client sent memproxy's own proxy key) drops them without a
-    replacement.
+    credentials never leave (every header a provider reads a key from), our key going where
+    that provider reads it. `proxy_key` (api-keys mode: the client authenticated with
+    memproxy's own key) drops those, cookies and account selectors, and any header whose value
+    holds that key, whatever its name.
     """
     pairs = list(raw)
     named = _named_by_connection(pairs)
-    dropped: tuple[bytes, ...] = ()
-    if drop_authorization:
-        dropped = _CREDENTIALS  # memproxy's own proxy key, in either header, never leaves
+    dropped: frozenset[bytes] = frozenset()
+    if proxy_key is not None:
+        dropped = _PROXY_MODE_DROPPED
     elif api_key:
-        dropped = _CREDENTIALS if provider in ("anthropic", "gemini") else (b"authorization",)
+        dropped = _PROVIDER_CREDENTIALS
+    secret = proxy_key.encode("latin-1", "replace") if proxy_key else None
     out = []
     for name, value in pairs:
         lower = name.lower()
         if lower.decode("latin-1") in _NOT_FORWARDED or lower in named or lower.startswith(b"x-memory-"):
             continue
-        if lower in dropped:
+        if lower in dropped or (secret is not None and secret in value):
             continue
         out.append((lower, value))
     if api_key:
@@ -81,24 +91,33 @@ def request_headers(
 
 
 def without_key_parameter(query: bytes) -> bytes:
-    """A query string without its `key` parameters (Gemini's other place for the API key), the
-    rest byte for byte."""
+    """A query string without its `key` parameters (Gemini's other place for the API key, replaced by
+    memproxy's own), every other parameter byte for byte, in order."""
     if not query:
         return query
-    kept = [pair for pair in query.split(b"&")
-            if urllib.parse.unquote_to_bytes(pair.split(b"=", 1)[0]) != b"key"]
+    return b"&".join(pair for pair in query.split(b"&")
+                     if unquote_plus(pair.partition(b"=")[0].decode("latin-1")) != _KEY_PARAMETER)
+
+
+def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
+    """The query string without a key parameter or any parameter holding the client's memproxy
+    key (api-keys mode); every other parameter byte for byte, in order."""
+    kept = []
+    for pair in query.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if unquote_plus(name.decode("latin-1")) == _KEY_PARAMETER:
+            continue
+        if proxy_key in unquote_plus(value.decode("latin-1")) or proxy_key.encode("latin-1", "replace") in value:
+            continue
+        kept.append(pair)
     return b"&".join(kept)
 
 
 def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None) -> Provider:
     """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
-    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else Gemini for one
-    carrying `x-goog-api-key`; else OpenAI."""
-    names = {name.lower() for name, _ in headers}
-    if b"anthropic-version" in names:
+    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else OpenAI."""
+    if any(name.lower() == b"anthropic-version" for name, _ in headers):
         return "anthropic"
-    if wire_provider is None and b"x-goog-api-key" in names:
-        return "gemini"
     return wire_provider or "openai"
 
 
