@@ -1,6 +1,6 @@
 """/mcp through the real proxy under uvicorn, with the official `mcp` client (streamable HTTP):
 the memory tools, identity on every request, the rebinding guard, hooks, deletion, metrics, and
-a memory stored over MCP reaching the provider on every wire."""
+a memory stored over MCP reaching the provider on every wire (the four of them)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 
 from proxy.settings import load_settings, parse_hooks
 from tests.conftest import RunningProxy
+from tests.fake_gemini import gemini_requests
 from tests.proxy_db import rows
 from tests.test_hooks import HookServer, hook_server  # noqa: F401
 
@@ -65,7 +66,8 @@ def entities(proxy: RunningProxy, user: str) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def mem(make_proxy, fake):
-    return make_proxy(upstream__anthropic_base_url=fake.url, extraction__from_roles=[])
+    return make_proxy(upstream__anthropic_base_url=fake.url, upstream__gemini_base_url=fake.url.removesuffix("/v1"),
+                      extraction__from_roles=[])
 
 
 def test_the_tools_are_tools_modes_own(mem):
@@ -103,8 +105,12 @@ def test_a_memory_stored_over_mcp_is_committed_found_and_injected_on_every_wire(
     anthropic.Anthropic(base_url=mem.url, api_key="sk-ant-x", max_retries=0,
                         default_headers={"X-Memory-User": "alice"}).messages.create(
         model="claude-test", max_tokens=50, messages=[{"role": "user", "content": question}])
-    bodies = [r.body.decode() for r in (*fake.chat_requests(), *fake.responses_requests(), *fake.messages_requests())]
-    assert len(bodies) == 3 and all(f"[long-term] {FACT}" in body for body in bodies)
+    with mem.http() as http:
+        http.post("/v1beta/models/gemini-test:generateContent", headers={"X-Memory-User": "alice"},
+                  json={"contents": [{"role": "user", "parts": [{"text": question}]}]}).raise_for_status()
+    bodies = [r.body.decode() for r in (*fake.chat_requests(), *fake.responses_requests(), *fake.messages_requests(),
+                                        *gemini_requests(fake.received))]
+    assert len(bodies) == 4 and all(f"[long-term] {FACT}" in body for body in bodies)
 
 
 def test_no_identity_is_a_json_rpc_error_naming_the_header_never_a_401(mem):
