@@ -130,8 +130,8 @@ def test_no_identity_is_a_json_rpc_error_naming_the_header_never_a_401(mem):
 
 def test_api_keys_mode_names_the_user_by_the_key_whatever_the_header_claims(make_proxy):
     key = "mp-key-alice-0123456789"
-    proxy = make_proxy(auth__mode="api-keys", auth__api_keys=[{"key": f"sha256:{hashlib.sha256(key.encode()).hexdigest()}",
-                                                               "user": "alice"}])
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    proxy = make_proxy(auth__mode="api-keys", auth__api_keys=[{"key": f"sha256:{digest}", "user": "alice"}])
     assert call(proxy, "store_memory", {"content": FACT, "type": "fact"},
                 Authorization=f"Bearer {key}", **{"X-Memory-User": "mallory"})[1] is False
     assert entities(proxy, "alice") == [(FACT, "fact")] and entities(proxy, "mallory") == []

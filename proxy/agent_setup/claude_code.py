@@ -28,9 +28,11 @@ class ClaudeCode:
             Change(("env", "ANTHROPIC_CUSTOM_HEADERS"), lambda old: with_header(old, HEADER, request.user)),
         ))]
         if request.mcp:
-            servers = request.cwd / ".mcp.json" if request.project else Path(configured or request.home) / ".claude.json"
+            servers = (request.cwd / ".mcp.json" if request.project
+                       else Path(configured or request.home) / ".claude.json")
             server = {"type": "http", "url": f"{request.url}/mcp", "headers": {HEADER: request.user}}
-            found.append(Target(servers, "json", (Change(("mcpServers", "memproxy"), lambda _: server, announce=True),)))
+            change = Change(("mcpServers", "memproxy"), lambda _: server, announce=True)
+            found.append(Target(servers, "json", (change,)))
         return found
 
     def instead(self, mode: str, url: str) -> str:

@@ -83,7 +83,8 @@ def run(agent_name: str, settings: Settings, *, user: str | None, url: str | Non
         raise SetupError(f"{exc}; nothing was written") from None
 
 
-def _setup(agent: Agent, request: SetupRequest, targets: list[Target], directory: Path, dry_run: bool, out: TextIO) -> int:
+def _setup(agent: Agent, request: SetupRequest, targets: list[Target], directory: Path, dry_run: bool,
+           out: TextIO) -> int:
     edits = [plan(target) for target in targets]
     for note in (note for edit in edits for note in edit.notes):
         print(note, file=out)
