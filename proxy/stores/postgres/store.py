@@ -179,9 +179,10 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
         async with pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn, conn.transaction():
             # Ascending key order: two replicas' transactions never wait on each other in a cycle.
             keys = sorted(user_lock_key(user) for user in users)
-            await conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k", keys)
             # Writes take generic plans: planning the APPLY statement anew each time doubled its cost.
-            await conn.execute("SET LOCAL plan_cache_mode = auto")
+            # One statement for both: under load each round trip waits for the event loop's next pass.
+            await conn.execute("SELECT set_config('plan_cache_mode', 'auto', true),"
+                               " (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k)", keys)
             result = await body(conn)
             await conn.execute("SELECT fold_stats($1::text[])", users)  # the search counts, one row a key
             return result
