@@ -63,9 +63,8 @@ ANSWERED = ("SELECT u.content FROM messages u JOIN messages a ON a.user_id = u.u
 
 
 def ended(wire: str, data: bytes) -> bool:
-    """Whether a stream of the wire ended complete: its end event is the last thing it sent."""
-    end = WIRES[wire][2]
-    return data.rstrip().endswith(end.rstrip()) or end in data[-400:]
+    """Whether a stream of the wire ended complete: its end event came last."""
+    return data.rstrip().rsplit(b"\n\n", 1)[-1].startswith(WIRES[wire][2])
 
 
 async def stream_one(client: httpx.AsyncClient, wire: str, text: str, user: str) -> bool:

@@ -212,8 +212,7 @@ class ProxyEndpoint:
                     step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)
                     response = await step.run(out_body, body, recall)
                 try:
-                    await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
-                                     self.settings.server.heartbeat_s)
+                    await relay_chat(send, response, recall, wire, self.settings.server.heartbeat_s)
                 finally:
                     await response.aclose()
         except asyncio.CancelledError:
