@@ -152,9 +152,11 @@ class Writer:
 
     @property
     def moving(self) -> bool:
-        """Whether the writer gets through its work: no batch failed since the last commit, and the
-        one in the store's hands (if any) has not been there for STALLED_S."""
-        return not self.failing and (self._batch_began is None or time.monotonic() - self._batch_began < STALLED_S)
+        """Whether the writer gets through its work: it runs, no batch failed since the last commit,
+        and the one in the store's hands (if any) has not been there for STALLED_S."""
+        running = self._task is not None and not self._task.done()
+        return running and not self.failing and (self._batch_began is None
+                                                 or time.monotonic() - self._batch_began < STALLED_S)
 
     async def committed(self, waiter: asyncio.Future[None], timeout_s: float, *, patient: bool = True) -> bool:
         """Wait for the commit a response's last event waits for (`waiter` ends when it is done or failed).
@@ -173,20 +175,22 @@ class Writer:
                 return not waiter.cancelled() and waiter.exception() is None
             waited = loop.time() - began
             if not (patient and self.moving and self._pending) or waited >= COMMIT_WAIT_MAX_S:
-                self._unsaved(waited)
+                self._unsaved(waited, patient)
                 waiter.add_done_callback(_seen)  # a write that fails later was counted where it failed
                 return False
             wait_s = min(PATIENCE_STEP_S, COMMIT_WAIT_MAX_S - waited)
 
-    def _unsaved(self, waited_s: float) -> None:
+    def _unsaved(self, waited_s: float, patient: bool) -> None:
         self.answers_unsaved += 1
         self.metrics.answers_unsaved.inc()
         now = time.monotonic()
         logged_at, logged = self._unsaved_logged
         if now - logged_at >= UNSAVED_LOG_EVERY_S:
             self._unsaved_logged = (now, self.answers_unsaved)
-            why = ("the store is failing" if self.failing else "a batch is stuck" if not self.moving
-                   else "its write was not handed to the writer" if not self._pending else "the queue is that long")
+            why = ("a hook holds its save" if not patient else "the store is failing" if self.failing
+                   else "the writer is stuck or stopped" if not self.moving
+                   else "its write is not with the writer yet" if not self._pending
+                   else f"still queued after {COMMIT_WAIT_MAX_S:.0f} s")
             log.warning("answer sent before its commit after %.0f ms (%s); %d such answers since the last such line,"
                         " %d in all (memproxy_answers_unsaved_total)", waited_s * 1000, why,
                         self.answers_unsaved - logged, self.answers_unsaved)
