@@ -56,6 +56,7 @@ def start_server(db: Path | str, upstream: str, log: Path | None = None, **env_s
         except httpx.HTTPError:
             time.sleep(0.05)
     process.kill()
+    process.wait(10)  # reaped: an unreaped child warns in a later test
     raise RuntimeError("proxy did not start")
 
 
