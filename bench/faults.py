@@ -1,12 +1,23 @@
 """kill -9 rounds: memproxy killed at a random moment while turns stream.
 
-Each round starts memproxy on one SQLite file, streams `--streams` turns through it at
-once, kills it with SIGKILL at a random moment, and checks the file with
-`PRAGMA integrity_check`. After the last round memproxy starts once more (its start-up
-recovery runs), and every turn whose stream the client saw end with `data: [DONE]` must
-be in the store with its answer: turns lost = 0.
+Each round starts memproxy on one store, streams turns through it, kills it with SIGKILL,
+and (SQLite) checks the file with `PRAGMA integrity_check`. After the last round memproxy
+starts once more (its start-up recovery runs), and every turn whose stream the client saw
+end (`data: [DONE]`, `message_stop`, `response.completed`) must be in the store with its
+answer: turns lost = 0.
+
+Two shapes of round:
+- a burst (the default): `--streams` turns at once on Chat Completions, killed 50-600 ms in;
+- under load (`--clients N`): N clients stream turns back to back on the three wires (Chat
+  Completions, Responses, Messages) over 12 users, killed after 2-4 s. The turns the
+  server answers right before each kill are the ones a lagging writer would lose.
+
+`--store postgres` runs a throwaway PostgreSQL (tests/pg_server.py; its binaries must be
+installed). It runs with fsync off, as a test server: only memproxy is killed, never the
+database, so what is measured is whether memproxy committed before the last event.
 
     python bench/faults.py [--rounds 50] [--streams 50] [--json]
+    python bench/faults.py --clients 36 --rounds 10 --store postgres
 """
 
 from __future__ import annotations
@@ -15,18 +26,58 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
+import asyncpg
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processes import Server, start_memproxy, start_mock  # noqa: E402
+from processes import REPO, Server, start_memproxy, start_mock  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+from tests.pg_server import PostgresServer, find_binaries  # noqa: E402
 
 DONE = b"data: [DONE]\n\n"
+# Each wire's path, request body for a text, and the bytes its stream ends with when complete.
+WIRES: dict[str, tuple[str, Callable[[str], dict[str, Any]], bytes]] = {
+    "chat": ("/v1/chat/completions",
+             lambda text: {"model": "m", "stream": True, "messages": [{"role": "user", "content": text}]},
+             DONE),
+    "responses": ("/v1/responses", lambda text: {"model": "m", "stream": True, "input": text},
+                  b"event: response.completed"),
+    "messages": ("/v1/messages",
+                 lambda text: {"model": "m", "max_tokens": 64, "stream": True,
+                               "messages": [{"role": "user", "content": text}]},
+                 b"event: message_stop"),
+}
+LOAD_USERS = 12
+ANSWERED = ("SELECT u.content FROM messages u JOIN messages a ON a.user_id = u.user_id AND a.turn_key = u.turn_key"
+            " WHERE u.role = 'user' AND a.role = 'assistant'")
+
+
+def ended(wire: str, data: bytes) -> bool:
+    """Whether a stream of the wire ended complete: its end event came last."""
+    return data.rstrip().rsplit(b"\n\n", 1)[-1].startswith(WIRES[wire][2])
+
+
+async def stream_one(client: httpx.AsyncClient, wire: str, text: str, user: str) -> float | None:
+    """One streamed turn; its duration in seconds when the client saw it end complete, else None."""
+    path, body, _ = WIRES[wire]
+    began = time.perf_counter()
+    try:
+        async with client.stream("POST", path, json=body(text), headers={"x-memory-user": user}) as response:
+            data = b"".join([piece async for piece in response.aiter_raw()])
+    except httpx.HTTPError:
+        return None
+    return time.perf_counter() - began if response.status_code == 200 and ended(wire, data) else None
 
 
 async def stream_turns(url: str, round_no: int, streams: int) -> list[str]:
@@ -35,14 +86,7 @@ async def stream_turns(url: str, round_no: int, streams: int) -> list[str]:
 
     async def one(i: int, client: httpx.AsyncClient) -> None:
         text = f"round {round_no} turn {i}"
-        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": text}]}
-        try:
-            async with client.stream("POST", "/v1/chat/completions", json=body,
-                                     headers={"x-memory-user": f"user{i % 10}"}) as response:
-                data = b"".join([piece async for piece in response.aiter_raw()])
-        except httpx.HTTPError:
-            return
-        if data.endswith(DONE):
+        if await stream_one(client, "chat", text, f"user{i % 10}") is not None:
             completed.append(text)
 
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=streams)) as client:
@@ -58,12 +102,59 @@ async def kill_during(server: Server, round_no: int, streams: int, rng: random.R
     return await task
 
 
+async def kill_under_load(server: Server, round_no: int, clients: int, rng: random.Random
+                          ) -> tuple[list[str], int, list[float]]:
+    """`clients` clients stream back to back on the three wires; SIGKILL after 2-4 s.
+    The texts of the turns that ended complete, how many streams were started, and how long
+    each completed one took."""
+    completed: list[str] = []
+    durations: list[float] = []
+    started = 0
+    stop = asyncio.Event()
+    wires = list(WIRES)
+
+    async def client_loop(i: int, client: httpx.AsyncClient) -> None:
+        nonlocal started
+        n = 0
+        while not stop.is_set():
+            text = f"round {round_no} client {i} turn {n}"
+            started += 1
+            took = await stream_one(client, wires[i % len(wires)], text, f"user{i % LOAD_USERS}")
+            if took is not None:
+                completed.append(text)
+                durations.append(took)
+            n += 1
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30, limits=limits) as client:
+        loops = [asyncio.create_task(client_loop(i, client)) for i in range(clients)]
+        await asyncio.sleep(rng.uniform(2.0, 4.0))
+        server.process.kill()
+        stop.set()
+        await asyncio.gather(*loops)
+    return completed, started, durations
+
+
+def unsaved_answers(log: Path) -> int:
+    """Answers the server sent before their commit, as its last such log line counts them (a lower
+    bound: the lines are at most one every 10 s, and the process is killed)."""
+    counts = [int(found) for found in re.findall(r"(\d+) in all \(memproxy_answers_unsaved_total\)",
+                                                 log.read_text(errors="replace"))]
+    return max(counts, default=0)
+
+
 def answered_turns(db: Path) -> set[str]:
     """User texts of turns stored with an answer."""
     with sqlite3.connect(db) as check:
-        return {row[0] for row in check.execute(
-            "SELECT u.content FROM messages u JOIN messages a ON a.user_id = u.user_id AND a.turn_key = u.turn_key"
-            " WHERE u.role = 'user' AND a.role = 'assistant'")}
+        return {row[0] for row in check.execute(ANSWERED)}
+
+
+async def answered_turns_pg(url: str) -> set[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        return {row[0] for row in await conn.fetch(ANSWERED)}
+    finally:
+        await conn.close()
 
 
 def integrity(db: Path) -> str:
@@ -71,44 +162,87 @@ def integrity(db: Path) -> str:
         return str(check.execute("PRAGMA integrity_check").fetchone()[0])
 
 
-def run(rounds: int, streams: int, seed: int) -> dict[str, object]:
+@contextmanager
+def store_url(store: str, work: Path) -> Iterator[str]:
+    """The store.url of a fresh store of the kind."""
+    if store == "sqlite":
+        yield f"sqlite:///{work / 'memproxy.db'}"
+        return
+    binaries = find_binaries()
+    if binaries is None:
+        raise SystemExit("PostgreSQL server binaries (initdb, pg_ctl) not found")
+    postgres = PostgresServer(binaries)
+    try:
+        postgres.init()
+        postgres.start()
+        yield postgres.url()
+    finally:
+        postgres.remove()
+
+
+def run(rounds: int, streams: int, seed: int, store: str = "sqlite", clients: int = 0) -> dict[str, object]:
     """All rounds; integrity and turns lost (docs/performance.md)."""
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="memproxy-faults-"))
     mock = start_mock(work, events=20, delay_ms=10)
-    db = work / "memproxy.db"
+    upstream = f"http://127.0.0.1:{mock.port}/v1"
     completed: list[str] = []
-    ok_rounds = 0
-    started = time.monotonic()
+    durations: list[float] = []
+    ok_rounds = started_streams = unsaved = 0
+    began = time.monotonic()
     try:
-        for round_no in range(rounds):
-            server = start_memproxy(work, f"http://127.0.0.1:{mock.port}/v1", "warning")
-            completed += asyncio.run(kill_during(server, round_no, streams, rng))
-            server.process.wait(10)
-            ok_rounds += integrity(db) == "ok"
-            print(f"round {round_no + 1}/{rounds}: {len(completed)} completed so far", file=sys.stderr)
-        start_memproxy(work, f"http://127.0.0.1:{mock.port}/v1", "warning").stop()  # recovery at start-up
-        lost = sorted(set(completed) - answered_turns(db))
+        with store_url(store, work) as url:
+            for round_no in range(rounds):
+                server = start_memproxy(work, upstream, "info", name=f"memproxy-{round_no + 1}", store_url=url)
+                if clients:
+                    done, tried, took = asyncio.run(kill_under_load(server, round_no, clients, rng))
+                    started_streams += tried
+                    durations += took
+                else:
+                    done = asyncio.run(kill_during(server, round_no, streams, rng))
+                completed += done
+                server.process.wait(10)
+                unsaved += unsaved_answers(server.log)
+                ok_rounds += store != "sqlite" or integrity(work / "memproxy.db") == "ok"
+                print(f"round {round_no + 1}/{rounds}: {len(completed)} completed so far", file=sys.stderr)
+            start_memproxy(work, upstream, "warning", name="memproxy-last", store_url=url).stop()  # recovery at start-up
+            stored = answered_turns(work / "memproxy.db") if store == "sqlite" else asyncio.run(answered_turns_pg(url))
+        lost = sorted(set(completed) - stored)
     finally:
         mock.stop()
-    return {"rounds": rounds, "streams_per_round": streams, "integrity_ok": ok_rounds,
-            "completed_turns": len(completed), "turns_lost": len(lost), "lost": lost[:10],
-            "seconds": round(time.monotonic() - started, 1)}
+    return {"store": store, "rounds": rounds, "clients": clients, "streams_per_round": streams,
+            "streams_started": started_streams, "integrity_ok": ok_rounds, "completed_turns": len(completed),
+            "turns_lost": len(lost), "lost": lost[:10], "answers_unsaved_at_least": unsaved,
+            "stream_ms_p50": _percentile(durations, 0.5), "stream_ms_p95": _percentile(durations, 0.95),
+            "seconds": round(time.monotonic() - began, 1)}
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(share * len(ordered)))], 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=50)
-    parser.add_argument("--streams", type=int, default=50)
+    parser.add_argument("--streams", type=int, default=50, help="a burst round's streams")
+    parser.add_argument("--clients", type=int, default=0,
+                        help="rounds under load: this many clients streaming back to back, killed after 2-4 s")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    result = run(args.rounds, args.streams, args.seed)
+    result = run(args.rounds, args.streams, args.seed, args.store, args.clients)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"integrity_check ok: {result['integrity_ok']}/{result['rounds']}")
-        print(f"turns completed (client saw [DONE]): {result['completed_turns']}, turns lost: {result['turns_lost']}")
+        print(f"store: {result['store']}; integrity_check ok: {result['integrity_ok']}/{result['rounds']}")
+        print(f"turns completed (client saw the end event): {result['completed_turns']}, turns lost:"
+              f" {result['turns_lost']}; answers sent before their commit: at least {result['answers_unsaved_at_least']}")
+        if args.clients:
+            print(f"completed streams, ms: p50 {result['stream_ms_p50']}, p95 {result['stream_ms_p95']}")
     raise SystemExit(0 if result["turns_lost"] == 0 and result["integrity_ok"] == result["rounds"] else 1)
 
 

@@ -57,6 +57,9 @@ class Metrics:
                                       registry=r)
         self.turns_dropped = Counter("memproxy_turns_dropped", "Turns that lost at least one write to a full "
                                      "queue (each counted once)", registry=r)
+        self.answers_unsaved = Counter("memproxy_answers_unsaved", "Responses completed before their answer's "
+                                       "commit (the store failing or stalled, or a hook holding the save)",
+                                       registry=r)
         self.extraction_failures = Counter("memproxy_extraction_failures", "Failed extraction attempts",
                                            registry=r)
         self.extraction_fallbacks = Counter("memproxy_extraction_fallbacks",

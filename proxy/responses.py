@@ -235,19 +235,17 @@ async def _forward_events(send: Send, response: Any, heartbeat_s: float,
     return None, stream.tail, stream.recent
 
 
-async def relay_chat(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float,
-                     heartbeat_s: float = 0.0) -> None:
+async def relay_chat(send: Send, response: Any, recall: Answerable, wire: Wire, heartbeat_s: float = 0.0) -> None:
     """Forward a chat answer on any wire and hand it to memory before the last event."""
     sse = _is_sse(response) and response.status == 200
     await send(_start(response, recall.headers(), sse))
     if sse:
-        await _relay_stream(send, response, recall, wire, commit_timeout_s, heartbeat_s)
+        await _relay_stream(send, response, recall, wire, heartbeat_s)
     else:
-        await _relay_json(send, response, recall, wire, commit_timeout_s)
+        await _relay_json(send, response, recall, wire)
 
 
-async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float,
-                        heartbeat_s: float) -> None:
+async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wire, heartbeat_s: float) -> None:
     decoder = SSEDecoder()
     # Only an answer that will be saved is rebuilt; otherwise just watch how the stream ends.
     answer = wire.answer_reader(keep_answer=recall.active)
@@ -262,7 +260,7 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wir
             committed = True
             # The answer is in the store before the wire's end event reaches the client.
             if recall.active and answer.error is None and not answer.too_large:
-                await _commit(recall.answered(answer.message()), commit_timeout_s)
+                await _commit(recall.answered(answer.message()))
 
     async def read_events(chunk: bytes) -> None:
         await take(decoder.feed(chunk if read is None else read(chunk)))
@@ -328,7 +326,7 @@ def _after_event(tail: bytes) -> bytes:
     return b"" if tail.endswith(_EVENT_ENDS) else b"\n\n"
 
 
-async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire, commit_timeout_s: float) -> None:
+async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire) -> None:
     # One chunk is held back so the commit can happen before the body's last bytes go out.
     copy: list[bytes] = []
     held = b""
@@ -350,19 +348,18 @@ async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire,
             if message is None:
                 recall.failed("unparseable")
             else:
-                await _commit(recall.answered(message), commit_timeout_s)
+                await _commit(recall.answered(message))
         else:
             recall.failed("upstream_failed")
     await send({"type": "http.response.body", "body": held, "more_body": False})
 
 
-async def _commit(waiter: asyncio.Future[None] | None, timeout_s: float) -> None:
-    """Wait for the answer's commit, but never longer than memory.commit_timeout_ms."""
+async def _commit(waiter: asyncio.Future[None] | None) -> None:
+    """Wait for the answer's commit: memory bounds the wait (memory.commit_timeout_ms once its store
+    fails or stalls; proxy/memory/writer.py) and ends it without raising."""
     if waiter is None:
         return
     try:
-        await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
-    except TimeoutError:
-        log.info("commit still queued after %.0f ms; responding anyway", timeout_s * 1000)
+        await asyncio.shield(waiter)
     except Exception:  # the write path logs its own failures; the response goes out regardless
         log.debug("commit failed", exc_info=True)

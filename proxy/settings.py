@@ -188,7 +188,8 @@ class MemorySettings:
     graph_expansion_limit: int = _help("Entity hits expanded into relationships.", 2)
     persist_interactions: bool = _help("Save turns. false = read-only memory.", True)
     retrieval_timeout_ms: int = _help("Retrieval deadline; past it the request goes on without a block.", 250)
-    commit_timeout_ms: int = _help("Longest wait for the answer's commit before the last event.", 100)
+    commit_timeout_ms: int = _help("Longest wait for the answer's commit before the last event while the store "
+                                   "fails or stalls (a store that is committing is waited for).", 100)
     required: bool = _help("true: a request whose memory cannot be read (store down, circuit open, deadline "
                            "passed) gets 503 instead of going on without it.", False)
     retry_window_s: float = _help("A request repeating a turn's history within this window is a retry.", 30.0)

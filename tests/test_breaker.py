@@ -96,6 +96,43 @@ def test_recalls_that_time_out_while_the_store_answers_nobody_open_the_circuit(m
     assert statuses[first_open:] == [OPEN] * (16 - first_open)
 
 
+def test_recalls_that_time_out_while_postgres_answers_reads_leave_the_circuit_closed(pg_url):
+    # Load on PostgreSQL: for longer than the breaker's quiet period no recall gets back to its
+    # result in time (the event loop is kept busy past their budget, round after round), while the
+    # database answers the reads the requests beside them make. That is a busy proxy, not a broken
+    # store: the circuit stays closed and the next recall is served. PostgreSQL told the breaker of
+    # no read it answered, so such timeouts counted: 64 busy clients got memory on 0.3% of requests.
+    settings = load_settings(environ={}, overrides={
+        "store.url": pg_url, "memory.retrieval_timeout_ms": BUDGET_MS, "extraction.from_roles": []})
+    alice = RequestScope(Scope("alice"))
+
+    async def scenario() -> tuple[str, list[str], bool, str]:
+        parts = Parts(settings)
+        await parts.start()
+        try:
+            memory = parts.memory
+            before = (await memory.recall(alice, chat("which editor do I use?"))).status
+            statuses: list[str] = []
+            for round_no in range(4):  # 4 x 2 budgets: twice the quiet period of 4 budgets
+                recalls = [asyncio.create_task(memory.recall(alice, chat(f"question {round_no}.{n} about my editor")))
+                           for n in range(4)]
+                await asyncio.sleep(0.02)  # each recall takes its turn or queues, and asks the store
+                time.sleep(2 * BUDGET_MS / 1000)  # the event loop busy for twice the budget
+                statuses += [recall.status for recall in await asyncio.gather(*recalls)]
+                await parts.store.recent_conversations(Scope("bob"), 1)  # another request's read, answered
+            opened = memory.breaker.is_open
+            after: Recall = await memory.recall(alice, chat("and which editor again?"))
+            return before, statuses, opened, after.status
+        finally:
+            await parts.stop()
+
+    before, statuses, opened, after = asyncio.run(scenario())
+    assert before == "ok"
+    assert statuses == [TIMEOUT] * 16
+    assert not opened
+    assert after == "ok"
+
+
 def test_memory_calls_against_a_failing_store_open_the_circuit_and_stop_waiting_on_it(
         make_proxy, fake, pg_server: PostgresServer, pg_url: str):
     # Tools mode: the request began with its store up (the model is offered the memory tools);

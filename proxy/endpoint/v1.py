@@ -266,8 +266,7 @@ class ProxyEndpoint:
                 if creates is not None and owner is not None:
                     response = self.ownership.recorded(response, owner, provider, creates)
                 try:
-                    await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
-                                     self._heartbeat_s(wire))
+                    await relay_chat(send, response, recall, wire, self._heartbeat_s(wire))
                 finally:
                     await response.aclose()
         except asyncio.CancelledError:

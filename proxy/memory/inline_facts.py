@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from proxy.memory.extraction.facts import record_of
 from proxy.memory.extraction_worker import head
 from proxy.memory.extractors import Extractor
-from proxy.memory.writer import Writer
+from proxy.memory.writer import WriteQueueFull, Writer
 from proxy.models import Scope
 
 log = logging.getLogger("memproxy.extraction")
@@ -71,6 +71,8 @@ class InlineFacts:
         try:
             found = await self._rules(head(text), None)
             await self._writer.submit(record_of(scope, None, message_id, at, found))
+        except WriteQueueFull:  # the writer counted and logged it; the worker mines the message later
+            pass
         except Exception as exc:  # the queue item stays: the worker mines the message later
             log.warning("extraction: facts of message %s of user %s not written with it (%s: %s); the queue has it",
                         message_id, scope.user, type(exc).__name__, str(exc)[:200])

@@ -551,9 +551,19 @@ class TurnRecall(Recall):
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
     def answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
+        """What the response's last event waits for: the step's commit, for as long as the writer gets
+        through its queue (Writer.committed), so a completed response's turn is saved under load
+        too. It never raises: a write that failed was counted and logged by the writer."""
         waiter = self._with_facts(self._answered(message))
         self._ending_facts()
-        return waiter
+        if waiter is None:
+            return None
+        return asyncio.ensure_future(self._committed(waiter))
+
+    async def _committed(self, waiter: asyncio.Future[None]) -> None:
+        # A save behind hooks waits for them off the response's path (turn_hooks.HookedSaves).
+        await self._service.writer.committed(waiter, self._service.memory.commit_timeout_ms / 1000,
+                                             patient=self._saves is None)
 
     def _ending_facts(self) -> None:
         """The step ends: the facts of the turn's message, if still being written, are pending for the

@@ -1,8 +1,17 @@
 """The single writer: a bounded queue drained in batches, one transaction per batch.
 
-Writes never delay a response beyond `memory.commit_timeout_ms` and never fail one: a
-failing store is retried with backoff while new writes wait in the bounded queue; an
-overflow is counted and logged with the number of writes dropped, never silent.
+Writes never fail a response: a failing store is retried with backoff while new writes
+wait in the bounded queue; an overflow is counted (every write and turn dropped) and
+logged when it begins and when it ends, never once per write: a full queue under load
+drops hundreds a second.
+
+A response waits for its answer's commit before its last event (`committed`), so a turn
+whose response completed is in the store even if the process dies right after. Under
+load the queue may hold more than `memory.commit_timeout_ms` of work: the answer then
+waits for as long as the writer is getting through it, which also holds each client back
+to the pace the store commits at. Only a store that fails or stalls ends the wait at
+`memory.commit_timeout_ms` (its outage must not hold every response): such answers go
+out unsaved, counted and logged, never silently.
 
 Group commit: a write nobody is waiting for (a turn's start, its block) waits up to
 COMMIT_DELAY_S for company; an urgent one (an answer the response waits for) commits the
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -33,6 +43,23 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
 # Turns remembered as having lost a write, so each is counted once: the log says exactly how many.
 DROPPED_TURNS_KEPT = 10_000
+# A batch in the store's hands this long is stuck, not slow (a batch of hundreds of writes
+# commits in well under a second under load): the answers waiting on it go out.
+STALLED_S = 2.0
+# The longest an answer waits for its commit while the writer still moves; past it the answer goes
+# out unsaved (counted). The PostgreSQL store's statements time out at 30 s.
+COMMIT_WAIT_MAX_S = 30.0
+# How often an answer still waiting past memory.commit_timeout_ms asks whether the writer moves.
+PATIENCE_STEP_S = 0.05
+# Answers sent before their commit are logged at most this often (with how many), not each one.
+UNSAVED_LOG_EVERY_S = 10.0
+
+
+class WriteQueueFull(StoreError):
+    """The bounded queue refused a write: counted and logged by the writer, once per overflow."""
+
+    def __init__(self) -> None:
+        super().__init__("write queue full")
 
 
 class Writer:
@@ -48,8 +75,13 @@ class Writer:
         self._pending: dict[asyncio.Future[None], WriteOp] = {}  # queued or being committed
         self._hurry = asyncio.Event()  # commit what is queued now, without waiting for company
         self._dropped_turns: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.writes_dropped = 0  # writes a full queue refused
         self.turns_dropped = 0  # turns that lost a write to a full queue, each counted once
+        self._overflow: tuple[int, int] | None = None  # while the queue is full: writes and turns dropped before
         self.failing = False
+        self._batch_began: float | None = None  # time.monotonic() the batch in the store's hands was first tried
+        self._unsaved_logged: tuple[float, int] = (float("-inf"), 0)  # when, and how many answers went unsaved by then
+        self.answers_unsaved = 0  # responses that ended before their answer's commit
 
     def start(self) -> None:
         """Begin draining (inside the running loop)."""
@@ -67,7 +99,7 @@ class Writer:
             done.add_done_callback(self._settled)
         except asyncio.QueueFull:
             self._dropped(op)
-            done.set_exception(StoreError("write queue full"))
+            done.set_exception(WriteQueueFull())
             done.exception()  # retrieved: nobody else need wait on a dropped write
         if urgent or self._queue.qsize() >= BATCH_MAX:
             self._hurry.set()
@@ -75,21 +107,32 @@ class Writer:
         return done
 
     def _dropped(self, op: WriteOp) -> None:
-        """Count and log a write the full queue refused, and its turn once, so no loss is silent."""
+        """Count a write the full queue refused, and its turn once; the first of an overflow is logged."""
+        self.writes_dropped += 1
         self.metrics.writes_dropped.inc()
         turn = getattr(op, "turn_key", None)
-        if turn is None:  # not a turn's: an extraction result stays queued and is retried
-            log.error("write queue full: dropped one %s for user %s", type(op).__name__, op.scope.user)
-            return
-        key = (op.scope.user, turn)
-        if key not in self._dropped_turns:
-            self.turns_dropped += 1
-            self.metrics.turns_dropped.inc()
-            self._dropped_turns[key] = None
-            if len(self._dropped_turns) > DROPPED_TURNS_KEPT:
-                self._dropped_turns.popitem(last=False)
-        log.error("write queue full: dropped the %s of turn %s for user %s (turns that lost a write so far: %d)",
-                  type(op).__name__, turn, op.scope.user, self.turns_dropped)
+        if turn is not None:  # a turn's (an extraction result without one stays queued and is retried)
+            key = (op.scope.user, turn)
+            if key not in self._dropped_turns:
+                self.turns_dropped += 1
+                self.metrics.turns_dropped.inc()
+                self._dropped_turns[key] = None
+                if len(self._dropped_turns) > DROPPED_TURNS_KEPT:
+                    self._dropped_turns.popitem(last=False)
+        if self._overflow is None:
+            self._overflow = (self.writes_dropped - 1, self.turns_dropped - (turn is not None))
+            log.error("write queue full (%d writes): dropping new writes until it drains, first a %s of user %s;"
+                      " counted in memproxy_writes_dropped_total and memproxy_turns_dropped_total",
+                      self._queue.maxsize, type(op).__name__, op.scope.user)
+
+    def _drained(self) -> None:
+        """An overflow ends once the queue is half empty: one line says what it cost."""
+        if self._overflow is not None and self._queue.qsize() <= self._queue.maxsize // 2:
+            writes, turns = self._overflow
+            self._overflow = None
+            log.warning("write queue drained: %d writes dropped while it was full, %d turns lost a write"
+                        " (turns that lost a write so far: %d)", self.writes_dropped - writes,
+                        self.turns_dropped - turns, self.turns_dropped)
 
     def _settled(self, done: asyncio.Future[None]) -> None:
         self._pending.pop(done, None)
@@ -106,6 +149,51 @@ class Writer:
     @property
     def depth(self) -> int:
         return self._queue.qsize()
+
+    @property
+    def moving(self) -> bool:
+        """Whether the writer gets through its work: it runs, no batch failed since the last commit,
+        and the one in the store's hands (if any) has not been there for STALLED_S."""
+        running = self._task is not None and not self._task.done()
+        return running and not self.failing and (self._batch_began is None
+                                                 or time.monotonic() - self._batch_began < STALLED_S)
+
+    async def committed(self, waiter: asyncio.Future[None], timeout_s: float, *, patient: bool = True) -> bool:
+        """Wait for the commit a response's last event waits for (`waiter` ends when it is done or failed).
+
+        At least `timeout_s` (memory.commit_timeout_ms); past it, when `patient`, for as long as the
+        writer moves and holds writes, up to COMMIT_WAIT_MAX_S: under load the answer is saved late
+        rather than not at all. Not `patient`: a save behind a hook, which must not hold the response.
+        True once committed; an answer sent before is counted and logged here.
+        """
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        wait_s = timeout_s
+        while True:
+            finished, _ = await asyncio.wait({waiter}, timeout=wait_s)
+            if finished:  # a write that failed was counted and logged where it failed
+                return not waiter.cancelled() and waiter.exception() is None
+            waited = loop.time() - began
+            if not (patient and self.moving and self._pending) or waited >= COMMIT_WAIT_MAX_S:
+                self._unsaved(waited, patient)
+                waiter.add_done_callback(_seen)  # a write that fails later was counted where it failed
+                return False
+            wait_s = min(PATIENCE_STEP_S, COMMIT_WAIT_MAX_S - waited)
+
+    def _unsaved(self, waited_s: float, patient: bool) -> None:
+        self.answers_unsaved += 1
+        self.metrics.answers_unsaved.inc()
+        now = time.monotonic()
+        logged_at, logged = self._unsaved_logged
+        if now - logged_at >= UNSAVED_LOG_EVERY_S:
+            self._unsaved_logged = (now, self.answers_unsaved)
+            why = ("a hook holds its save" if not patient else "the store is failing" if self.failing
+                   else "the writer is stuck or stopped" if not self.moving
+                   else "its write is not with the writer yet" if not self._pending
+                   else f"still queued after {COMMIT_WAIT_MAX_S:.0f} s")
+            log.warning("answer sent before its commit after %.0f ms (%s); %d such answers since the last such line,"
+                        " %d in all (memproxy_answers_unsaved_total)", waited_s * 1000, why,
+                        self.answers_unsaved - logged, self.answers_unsaved)
 
     async def flush(self, timeout_s: float) -> bool:
         """Wait until everything queued so far is committed (or the timeout passes)."""
@@ -129,7 +217,12 @@ class Writer:
             await self._company()
             while len(batch) < BATCH_MAX and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            await self._commit(batch)
+            self._batch_began = time.monotonic()
+            try:
+                await self._commit(batch)
+            finally:
+                self._batch_began = None
+            self._drained()
             self.metrics.queue_depth.labels("writes").set(self._queue.qsize())
 
     async def _company(self) -> None:
@@ -180,6 +273,12 @@ class Writer:
         if not done.done():
             done.set_exception(exc)
             done.exception()
+
+
+def _seen(done: asyncio.Future[None]) -> None:
+    """Mark a future's exception retrieved: asyncio would log it once per future otherwise."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _resolve(batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:

@@ -8,16 +8,24 @@ from the transaction-scoped advisory locks `PostgresStore.apply` takes first.
 Each op but the graph's is one execution of the APPLY statement (its parts joined by
 data-modifying CTEs and guarded by the op's kind), so a run of them goes to the server as
 one pipelined `executemany`: a round trip to the database costs far more than the work of
-a write, so a batch costs a round trip, not one per op. A graph merge (RecordFacts,
-StoreMemory) reads as it writes and runs op by op (postgres/facts.py, postgres/admin.py).
+a write, so a batch costs a round trip, not one per op. Under load a round trip costs more
+still: its reply waits for the event loop's next pass among hundreds of streams. A graph
+merge (RecordFacts with facts, StoreMemory) reads as it writes and runs op by op
+(postgres/facts.py, postgres/admin.py); a RecordFacts with nothing to merge (most messages
+state no fact, and every answer is passed over so) only dequeues, as one more kind of APPLY.
+
+Ops of different users touch different rows, so a batch need not run in submission order,
+only each user's ops in theirs: `runs` groups the batch so that each statement runs once for
+as many users' ops as it can (a graph merge or a response id between two turns' writes of one
+user no longer splits every other user's run of APPLY in two).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from itertools import groupby
 from typing import Any
 
 import asyncpg
@@ -66,7 +74,7 @@ _PARAMETERS = (
     "call_ids", "call_names", "call_args", "exchange",  # tool calls
     "status",  # status
     "block", "injected", "log", "keep", "prompt", "hook_context",  # block
-    "queue_id", "error", "park",  # extraction failed
+    "queue_id", "error", "park",  # extraction failed (and dequeue: queue_id, message_id)
     "deleted_keys", "generation",  # a turn's op: skipped once its user or conversation was deleted since it began
     "user_generation_key",  # tool calls: their exchange is dropped once anything of the user was deleted since
 )
@@ -119,6 +127,22 @@ trimmed AS (DELETE FROM injections WHERE user_id = {user} AND EXISTS (SELECT 1 F
 failed AS (UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = {at}, last_error = {error},
     parked = {park}, claimed_until = NULL, claimed_by = NULL
     WHERE {kind} = 'failed' AND id = {queue_id} AND user_id = {user}),
+-- A RecordFacts with nothing to merge: graph_merge.Dequeue, then EnsureUser (postgres/facts.py does the
+-- same for one with facts). Facts extracted as the message was saved wait while an earlier message of the
+-- user waits for the worker: its item is made due now, and the worker applies the two in order.
+waits AS (SELECT EXISTS (SELECT 1 FROM extraction_queue mine JOIN extraction_queue e ON e.user_id = mine.user_id
+    JOIN messages em ON em.user_id = e.user_id AND em.id = e.message_id AND em.role = 'user'
+    WHERE mine.user_id = {user} AND mine.message_id = {message_id} AND e.id != mine.id AND NOT e.parked
+    AND e.next_attempt_at <= {at} AND e.created_at <= mine.created_at) AS yes
+    WHERE {kind} = 'dequeue' AND {queue_id}::bigint IS NULL),
+postponed AS (UPDATE extraction_queue SET next_attempt_at = {at}
+    WHERE {kind} = 'dequeue' AND coalesce((SELECT yes FROM waits), false)
+    AND user_id = {user} AND message_id = {message_id}),
+dequeued AS (DELETE FROM extraction_queue WHERE {kind} = 'dequeue' AND NOT coalesce((SELECT yes FROM waits), false)
+    AND ({queue_id}::bigint IS NULL OR id = {queue_id}) AND user_id = {user} AND message_id = {message_id}
+    RETURNING id),
+known AS (INSERT INTO users (id, created_at) SELECT {user}, {at} WHERE EXISTS (SELECT 1 FROM dequeued)
+    ON CONFLICT DO NOTHING),
 -- The message unless its turn holds the same text in this role, queued for extraction if new.
 m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash, terms,
     context, created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
@@ -156,10 +180,11 @@ async def recover(conn: asyncpg.Connection) -> None:
 
 
 async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
-    """Apply `ops` in order on a connection inside a transaction."""
-    for alone, run in groupby(ops, key=lambda op: isinstance(op, _ONE_AT_A_TIME)):
-        group = list(run)
-        if alone:  # a merge reads the graph as it goes, and a response id is rare: one op at a time
+    """Apply `ops`, each user's in order, on a connection inside a transaction."""
+    for kind, group in runs(ops):
+        if kind is RecordResponse and len(group) > 1:
+            await conn.executemany(RECORD_RESPONSE, [_response_arguments(op) for op in group])  # type: ignore[arg-type]
+        elif kind is not _APPLIED:  # a merge reads the graph as it goes: one op at a time
             for op in group:
                 await _apply_one(conn, op)
         elif len(group) == 1:
@@ -170,6 +195,42 @@ async def apply_ops(conn: asyncpg.Connection, ops: Sequence[WriteOp]) -> None:
 
 # A graph merge reads the graph as it goes; a response id and hook context are rare: one op at a time.
 _ONE_AT_A_TIME = (RecordFacts, StoreMemory, RecordResponse, QueueHookContext, DropHookContext, SaveHookStart)
+_APPLIED = object()  # the statement kind of the ops APPLY runs
+
+
+def _statement(op: WriteOp) -> object:
+    """Which statement runs the op: APPLY's (_APPLIED), or the op's own (its type)."""
+    if isinstance(op, RecordFacts) and _only_dequeues(op):
+        return _APPLIED
+    return type(op) if isinstance(op, _ONE_AT_A_TIME) else _APPLIED
+
+
+def _only_dequeues(op: RecordFacts) -> bool:
+    """A RecordFacts with nothing to merge: graph_merge.merge would only dequeue and ensure the user."""
+    return not (op.entities or op.relationships or op.user_node or op.user_alias)
+
+
+def runs(ops: Sequence[WriteOp]) -> Iterator[tuple[object, list[WriteOp]]]:
+    """The batch as runs of one statement kind each, every user's ops in their order.
+
+    Each run takes, from every user, the ops of the kind at the head of that user's line: the kind
+    of the earliest op not yet run. Ops of different users commute (every row is one user's), so
+    only each user's order is kept; within a run the ops keep the batch's order.
+    """
+    lines: dict[str, deque[tuple[int, WriteOp, object]]] = {}
+    for index, op in enumerate(ops):
+        lines.setdefault(op.scope.user, deque()).append((index, op, _statement(op)))
+    while lines:
+        kind = min((line[0] for line in lines.values()), key=lambda head: head[0])[2]
+        taken: list[tuple[int, WriteOp]] = []
+        for user in list(lines):
+            line = lines[user]
+            while line and line[0][2] is kind:
+                index, op, _ = line.popleft()
+                taken.append((index, op))
+            if not line:
+                del lines[user]
+        yield kind, [op for _, op in sorted(taken, key=lambda item: item[0])]
 
 
 async def _apply_one(conn: asyncpg.Connection, op: WriteOp) -> None:
@@ -198,15 +259,20 @@ async def _deleted_since(conn: asyncpg.Connection, op: StoreMemory) -> bool:
         deleted_keys(op.scope.user, op.generation.conversation_id), op.generation.number))
 
 
+RECORD_RESPONSE = (
+    "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at, provider_id)"
+    " SELECT user_id, $1, turn_key, conversation_id, $2, $3, $6 FROM turns WHERE user_id = $4 AND turn_key = $5"
+    " ON CONFLICT DO NOTHING")
+
+
 async def record_response(conn: asyncpg.Connection, op: RecordResponse) -> None:
     """Remember a response id in its turn's conversation (skipped when the turn is unknown)."""
-    await conn.execute(
-        "INSERT INTO responses (user_id, response_id, turn_key, conversation_id, parent_id, created_at, provider_id)"
-        " SELECT user_id, $1, turn_key, conversation_id, $2, $3, $6 FROM turns WHERE user_id = $4 AND turn_key = $5"
-        " ON CONFLICT DO NOTHING",
-        clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), utc(op.at), op.scope.user, op.turn_key,
-        op.provider_id and clean_text(op.provider_id),
-    )
+    await conn.execute(RECORD_RESPONSE, *_response_arguments(op))
+
+
+def _response_arguments(op: RecordResponse) -> tuple[Any, ...]:
+    return (clean_text(op.response_id), op.parent_id and clean_text(op.parent_id), utc(op.at), op.scope.user,
+            op.turn_key, op.provider_id and clean_text(op.provider_id))
 
 
 async def queue_hook_context(conn: asyncpg.Connection, op: QueueHookContext) -> None:
@@ -242,7 +308,7 @@ async def save_hook_start(conn: asyncpg.Connection, op: SaveHookStart) -> None:
 
 
 def arguments(op: WriteOp) -> tuple[Any, ...]:
-    """The APPLY arguments of an op (all but RecordFacts and StoreMemory), in _PARAMETERS order."""
+    """The APPLY arguments of an op (all but StoreMemory and a RecordFacts with facts), in _PARAMETERS order."""
     values: dict[str, Any] = {"user": op.scope.user, "agent": op.scope.agent, "deleted_keys": [], "generation": 0}
     if isinstance(op, TURN_OPS) and op.generation is not None:
         values.update(deleted_keys=deleted_keys(op.scope.user, op.generation.conversation_id),
@@ -269,6 +335,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
                       block=clean_text(op.block), injected=op.injected, log=json.dumps(op.log, default=str),
                       keep=INJECTION_LOG_KEEP, prompt=clean_text(op.prompt) if op.prompt is not None else None,
                       hook_context=clean_text(op.context) if op.context is not None else None)
+    elif isinstance(op, RecordFacts):  # one with nothing to merge (_only_dequeues)
+        values.update(kind="dequeue", at=utc(op.at), queue_id=op.queue_id, message_id=op.message_id)
     elif isinstance(op, ExtractionFailed):
         values.update(kind="failed", at=utc(op.retry_at), queue_id=op.queue_id,
                       error=clean_text(op.error)[:ERROR_MAX_CHARS], park=op.park)

@@ -126,7 +126,8 @@ class PostgresReads:
     """Reads and searches of one user's memory (the host provides `_fetch`)."""
 
     matches_any_term = True  # a row holding any one of the search terms matches (Store protocol)
-    # The pool does not note when a read was answered: the breaker goes by recalls alone.
+    # time.monotonic() of the last read the database answered (PostgresStore._fetch): a recall that
+    # timed out while reads are answered met a busy store, not a broken one (memory/breaker.py).
     answered_at = float("-inf")
 
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:  # provided by PostgresStore

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -180,9 +181,10 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors, PostgresProvi
         async with pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn, conn.transaction():
             # Ascending key order: two replicas' transactions never wait on each other in a cycle.
             keys = sorted(user_lock_key(user) for user in users)
-            await conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k", keys)
             # Writes take generic plans: planning the APPLY statement anew each time doubled its cost.
-            await conn.execute("SET LOCAL plan_cache_mode = auto")
+            # One statement for both: under load each round trip waits for the event loop's next pass.
+            await conn.execute("SELECT set_config('plan_cache_mode', 'auto', true),"
+                               " (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k)", keys)
             result = await body(conn)
             await conn.execute("SELECT fold_stats($1::text[])", users)  # the search counts, one row a key
             return result
@@ -208,21 +210,27 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors, PostgresProvi
         not due, and this replica went on with their users' later items first."""
         if queue_ids:
             await self._fetch("UPDATE extraction_queue SET claimed_until = NULL, claimed_by = NULL"
-                              " WHERE id = ANY($1::bigint[]) AND claimed_by = $2", [list(queue_ids), self._claimant])
+                              " WHERE id = ANY($1::bigint[]) AND claimed_by = $2", [list(queue_ids), self._claimant],
+                              served=False)
 
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries and claimed ones included) and given up on (`parked`)."""
-        rows = await self._fetch("SELECT parked, count(*) AS n FROM extraction_queue GROUP BY parked", [])
+        rows = await self._fetch("SELECT parked, count(*) AS n FROM extraction_queue GROUP BY parked", [], served=False)
         counts = {bool(row["parked"]): int(row["n"]) for row in rows}
         return {"pending": counts.get(False, 0), "parked": counts.get(True, 0)}
 
     # --- reads
 
-    async def _fetch(self, sql: str, args: Sequence[Any]) -> list[asyncpg.Record]:
+    async def _fetch(self, sql: str, args: Sequence[Any], *, served: bool = True) -> list[asyncpg.Record]:
+        """The rows of a read; `served`: one a request makes, noted in answered_at when answered (the
+        extraction worker's polls are not: they say nothing of whether requests' reads are answered)."""
         try:
-            return list(await self._open_pool().fetch(sql, *args))
+            rows = list(await self._open_pool().fetch(sql, *args))
         except _ERRORS as exc:
             raise _error(exc) from exc
+        if served:
+            self.answered_at = time.monotonic()
+        return rows
 
     # --- turn and conversation identity
 
