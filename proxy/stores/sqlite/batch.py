@@ -57,8 +57,10 @@ def _apply_all(conn: sqlite3.Connection, ops: Sequence[WriteOp]) -> None:
 
 
 def recover(conn: sqlite3.Connection) -> None:
-    """Turns pending at start-up died with the process that served them."""
+    """Turns pending at start-up died with the process that served them, and so did the leases
+    on extraction items (sqlite/queue.py): those items are due again at once."""
     now = now_ts()
+    conn.execute("UPDATE extraction_queue SET claimed_until = NULL, claimed_by = NULL WHERE claimed_until IS NOT NULL")
     # A pending turn whose answer was saved did finish; only the status write was lost.
     conn.execute(
         "UPDATE turns SET status = 'complete', updated_at = ? WHERE status = 'pending' AND EXISTS (SELECT 1"

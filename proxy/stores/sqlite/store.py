@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from proxy.extracted import USER_TYPE
+from proxy.ids import new_id
 from proxy.models import (
     Entity,
     ReasoningTrace,
@@ -53,6 +54,7 @@ from proxy.stores.sqlite.entity_index import EntityIndexes
 from proxy.stores.sqlite.file import FileChanged, OpenedFiles
 from proxy.stores.sqlite.message_index import MessageIndexes
 from proxy.stores.sqlite.postings_cache import PostingsCache
+from proxy.stores.sqlite.queue import ANY_DUE, lease, release
 from proxy.stores.sqlite.readers import ReadPool
 from proxy.stores.sqlite.rows import (
     EXPORT,
@@ -139,8 +141,10 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL", search_cache_mb: int = 256,
                  checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES,
-                 on_file_lost: Callable[[], None] | None = None) -> None:
-        """`on_file_lost` is called each time the file is found deleted or replaced under the store."""
+                 on_file_lost: Callable[[], None] | None = None, recover_pending: bool = True) -> None:
+        """`on_file_lost` is called each time the file is found deleted or replaced under the store;
+        `recover_pending`: turns found pending at open died with a crash (False when other processes
+        may be serving them: the workers of one `memproxy serve --workers N`)."""
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}")
         self._path = path
@@ -156,6 +160,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._wal_truncate_bytes = wal_truncate_bytes
         self._search_cache_bytes = search_cache_mb << 20
         self._on_file_lost = on_file_lost
+        self._recover_pending = recover_pending
+        self._claimant = new_id()  # names the extraction leases this process takes (sqlite/queue.py)
         self._lost: str | None = None  # why the store is unavailable while it opens its path again
         self._reopening: asyncio.Task[None] | None = None
         self._fresh_search_state()
@@ -212,7 +218,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             migrate(conn)
-            transaction(conn, lambda: recover(conn))
+            if self._recover_pending:
+                transaction(conn, lambda: recover(conn))
             self._files = OpenedFiles(self._path)  # once WAL mode has made the WAL and its index
         except BaseException:
             conn.close()
@@ -600,21 +607,28 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
                                ) -> list[QueuedMessage]:
-        """Unparked items due at `now`, oldest first, each with its scope and message (text cut at `max_chars`)."""
-        # Only the head of a long text crosses into Python: the worker reads no more.
-        content = "m.content" if max_chars is None else f"substr(m.content, 1, {int(max_chars)})"
-        rows = await self._rows(
-            "SELECT q.id AS queue_id, q.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
-            f" m.agent_id, {content} AS content FROM extraction_queue q"
-            " JOIN messages m ON m.user_id = q.user_id AND m.id = q.message_id"
-            " WHERE q.parked = 0 AND q.next_attempt_at <= ? ORDER BY q.next_attempt_at, q.id LIMIT ?",
-            [to_ts(now), limit],
-        )
+        """Unparked items due at `now`, oldest first, each with its scope and message (text cut at `max_chars`).
+
+        The workers of one `serve` share the queue: the items are leased to this store, and a user
+        another process holds items of is skipped (sqlite/queue.py).
+        """
+        at = to_ts(now)
+        if not await self._lookup(ANY_DUE, [at, self._claimant]):
+            return []
+        try:
+            rows = await self._on_write_thread(lambda conn: lease(conn, self._claimant, limit, at, max_chars))
+        except sqlite3.Error as exc:
+            raise StoreError(_reason(exc)) from exc
         return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]), message_from_row(row),
                               row["attempts"]) for row in rows]
 
     async def release_extraction(self, queue_ids: Sequence[int]) -> None:
-        """Nothing to do: one process claims, and an item nobody recorded is due again at once."""
+        """End this process's leases on the items: they are due again at once, ahead of their users' later items."""
+        if queue_ids:
+            try:
+                await self._on_write_thread(lambda conn: release(conn, self._claimant, queue_ids))
+            except sqlite3.Error as exc:
+                raise StoreError(_reason(exc)) from exc
 
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries included) and given up on (`parked`)."""
