@@ -26,8 +26,8 @@ ROUNDS = 3
 STREAMS = 20
 
 
-def start_server(db: Path, upstream: str, log: Path | None = None, **env_settings: str
-                 ) -> tuple[subprocess.Popen, str]:
+def start_server(db: Path, upstream: str, log: Path | None = None, *, start_within: float = 15.0,
+                 **env_settings: str) -> tuple[subprocess.Popen, str]:
     """`memproxy serve` in its own process; `env_settings` are MEMPROXY_* variables (server_grace_period_s=...)."""
     port = free_port()
     env = {**os.environ, "MEMPROXY_STORE_URL": f"sqlite:///{db}", "MEMPROXY_UPSTREAM_BASE_URL": upstream,
@@ -41,7 +41,7 @@ def start_server(db: Path, upstream: str, log: Path | None = None, **env_setting
             process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env, stdout=output,
                                        stderr=output)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + start_within
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
