@@ -1,4 +1,4 @@
-"""memproxy's command line: serve, export, import, delete, reindex, eval."""
+"""memproxy's command line: serve, demo, export, import, delete, reindex, eval."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=_positive,
                        help="worker processes sharing the port and the store (server.workers)")
     serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser("demo", help="see memory work with no provider key: memproxy in front of a"
+                               " built-in echo provider, a fact told and asked about")
+    demo.add_argument("--port", type=int, default=8080, help="port memproxy listens on (default 8080)")
+    demo.add_argument("--serve", action="store_true", help="after the tour, keep serving until Ctrl-C")
+    demo.set_defaults(run=_demo)
 
     export = commands.add_parser("export", help="write a user's memory as JSON Lines to stdout")
     export.add_argument("--user", required=True, help="the user id")
@@ -153,6 +159,17 @@ def _announce(settings: Settings) -> None:
         "store": settings.store.where(),
         "workers": settings.server.workers,
     })
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from proxy.demo.tour import run
+
+    for stop in (signal.SIGTERM, signal.SIGINT):  # as serve: a stop after the shutdown exits 0
+        signal.signal(stop, lambda *_: None)
+    asyncio.run(run(args.port, args.serve, lambda text: print(text, flush=True)))
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -221,6 +221,11 @@ class AuthSettings:
                                        "naming any audience is refused.")
     trusted_networks: list[str] = _help("trusted mode: CIDRs besides loopback whose scope headers count.", None,
                                         default_factory=list)
+    provider_objects: Literal["per-user", "shared"] = _help(
+        "api-keys and signed modes, where memproxy's provider key goes upstream: per-user = a provider object "
+        "(response, conversation, file) reaches only the user who created it through memproxy, and endpoints "
+        "whose objects memproxy cannot attribute (assistants, threads, batches, vector stores, ...) are refused; "
+        "shared = every authenticated user reaches every object (one tenant).", "per-user")
 
 
 @dataclass(frozen=True)

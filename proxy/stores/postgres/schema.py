@@ -483,8 +483,22 @@ ALTER TABLE turn_tool_calls DROP CONSTRAINT IF EXISTS turn_tool_calls_pkey;
 ALTER TABLE turn_tool_calls ADD CONSTRAINT turn_tool_calls_pkey PRIMARY KEY (user_id, call_id, turn_key);
 """
 
+# v11: as SQLite's v15. Who created each provider object memproxy saw created with its own
+# provider key, shared by every replica.
+_V11 = f"""
+CREATE TABLE IF NOT EXISTS provider_objects (
+    provider text {_C} NOT NULL,
+    object_id text {_C} NOT NULL,
+    user_id text {_C} NOT NULL,
+    kind text NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (provider, object_id)
+);
+CREATE INDEX IF NOT EXISTS provider_objects_user ON provider_objects(user_id);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

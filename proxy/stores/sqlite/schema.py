@@ -445,16 +445,31 @@ CREATE INDEX IF NOT EXISTS relationships_from_newest ON relationships(user_id, f
 CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_id, valid_from);
 """
 
-# v15: a claimed extraction item is leased to the process that claimed it (sqlite/queue.py):
+# v15: who created each provider object memproxy saw created with its own provider key (a
+# response, a conversation, a file): the key is shared, so the provider alone would answer
+# any user naming the id. Not the user's memory, but deleted with the user as every row naming them.
+_V15 = """
+CREATE TABLE IF NOT EXISTS provider_objects (
+    provider TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (provider, object_id)
+);
+CREATE INDEX IF NOT EXISTS provider_objects_user ON provider_objects(user_id);
+"""
+
+# v16: a claimed extraction item is leased to the process that claimed it (sqlite/queue.py):
 # the workers of one `memproxy serve --workers N` share the queue, and none may extract an
 # item another is extracting, nor a user's later items meanwhile.
-_V15 = """
+_V16 = """
 ALTER TABLE extraction_queue ADD COLUMN claimed_until REAL;
 ALTER TABLE extraction_queue ADD COLUMN claimed_by TEXT;
 """
 
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

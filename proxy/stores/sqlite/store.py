@@ -53,6 +53,7 @@ from proxy.stores.sqlite.checkpoint import (
 from proxy.stores.sqlite.entity_index import EntityIndexes
 from proxy.stores.sqlite.file import FileChanged, OpenedFiles
 from proxy.stores.sqlite.message_index import MessageIndexes
+from proxy.stores.sqlite.owners import SQLiteProviderObjects
 from proxy.stores.sqlite.postings_cache import PostingsCache
 from proxy.stores.sqlite.queue import ANY_DUE, lease, release
 from proxy.stores.sqlite.readers import ReadPool
@@ -131,7 +132,7 @@ def _current_turn(row: sqlite3.Row) -> Turn:
     return turn if row["block_current"] else replace(turn, block=None, injected=0)
 
 
-class SQLiteStore(SQLiteAdmin, SQLiteVectors):
+class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
     """The Store protocol on one SQLite file (the memory API's operations: sqlite/admin.py; embeddings:
     sqlite/vectors.py)."""
 
