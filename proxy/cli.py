@@ -111,7 +111,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load(args)
     logs.configure(settings.server.log_level)
     _announce(settings)
-    guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s)
+    guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s,
+                            settings.server.max_header_bytes)
     options: dict[str, Any] = dict(
         host=settings.server.host,
         port=settings.server.port,

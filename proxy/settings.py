@@ -70,6 +70,8 @@ class ServerSettings:
                          "connections, pools and caches: docs/deployment.md). 1: the `memproxy serve` process "
                          "serves alone.", 1)
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
+    max_header_bytes: int = _help("Largest request line and headers accepted (`memproxy serve`); larger gets 431.",
+                                  32 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
     body_timeout_s: float = _help("Longest pause while a client sends a request body, and the time after which "
                                   "it must keep 1 KiB/s on average; past either, 408.", 30.0)
@@ -491,7 +493,7 @@ def _check(s: Settings) -> None:
     """Cross-field and range rules, each naming its key."""
     positive = {
         "server.port": s.server.port, "server.workers": s.server.workers,
-        "server.max_body_bytes": s.server.max_body_bytes,
+        "server.max_body_bytes": s.server.max_body_bytes, "server.max_header_bytes": s.server.max_header_bytes,
         "server.body_timeout_s": s.server.body_timeout_s, "server.header_timeout_s": s.server.header_timeout_s,
         "server.max_connections": 1 if s.server.max_connections is None else s.server.max_connections,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,
