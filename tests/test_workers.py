@@ -290,15 +290,27 @@ def test_sigterm_drains_every_worker_saves_their_turns_and_exits_0(shared, fake)
         fake.queue(SSEReply(stream_events("a full answer", pieces=20), delay=0.05))  # about 1 s each
 
     async def run() -> tuple[list[int], list[bytes]]:
-        async def one(n: int) -> tuple[int, bytes]:
+        # Three connections accepted by each worker (the kernel picks the worker of each).
+        clients: dict[int, list[httpx.AsyncClient]] = {pid: [] for pid in served.pids}
+        deadline = time.monotonic() + START_WITHIN_S
+        while any(len(kept) < 3 for kept in clients.values()) and time.monotonic() < deadline:
+            client = httpx.AsyncClient(base_url=served.url, timeout=30, limits=httpx.Limits(max_connections=1))
+            pid = (await client.get("/readyz")).json()["process"]
+            if len(clients.get(pid, [None] * 3)) < 3:
+                clients[pid].append(client)
+            else:
+                await client.aclose()
+        pinned = [(pid, client) for pid, kept in clients.items() for client in kept]
+
+        async def one(n: int, pid: int, client: httpx.AsyncClient) -> tuple[int, bytes]:
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": f"drained {n}"}]}
-            async with httpx.AsyncClient(base_url=served.url, timeout=30,
-                                         limits=httpx.Limits(max_connections=1)) as client:
-                pid = (await client.get("/readyz")).json()["process"]
+            try:
                 async with client.stream("POST", "/v1/chat/completions", json=body, headers=USER) as response:
                     return pid, b"".join([piece async for piece in response.aiter_raw()])
+            finally:
+                await client.aclose()
 
-        streams = [asyncio.create_task(one(n)) for n in range(6)]
+        streams = [asyncio.create_task(one(n, pid, client)) for n, (pid, client) in enumerate(pinned)]
         await asyncio.sleep(0.4)
         os.kill(served.process.pid, signal.SIGTERM)
         done = await asyncio.gather(*streams)
