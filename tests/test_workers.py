@@ -88,6 +88,33 @@ def pin(url: str, pids: set[int], timeout: float = 20.0) -> dict[int, httpx.Clie
     return clients
 
 
+async def pin_async(url: str, pids: set[int], each: int) -> list[tuple[int, httpx.AsyncClient]]:
+    """`each` async clients per worker, each on one connection that worker accepted."""
+    clients: dict[int, list[httpx.AsyncClient]] = {pid: [] for pid in pids}
+    deadline = time.monotonic() + START_WITHIN_S
+    while any(len(kept) < each for kept in clients.values()) and time.monotonic() < deadline:
+        client = httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=1))
+        pid = (await client.get("/readyz")).json()["process"]
+        if pid in clients and len(clients[pid]) < each:
+            clients[pid].append(client)
+        else:
+            await client.aclose()
+    assert all(len(kept) == each for kept in clients.values()), "no connections reached every worker"
+    return [(pid, client) for pid, kept in clients.items() for client in kept]
+
+
+async def stream_on(client: httpx.AsyncClient, text: str) -> bytes:
+    """One streamed chat on the pinned client, then the client closed ('' when the connection broke)."""
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": text}]}
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=USER) as response:
+            return b"".join([piece async for piece in response.aiter_raw()])
+    except httpx.HTTPError:
+        return b""
+    finally:
+        await client.aclose()
+
+
 def served_by(client: httpx.Client) -> int:
     return int(client.get("/readyz").json()["process"])
 
@@ -231,16 +258,9 @@ def test_a_worker_killed_with_9_is_replaced_and_the_other_keeps_serving(shared, 
         fake.queue(SSEReply(stream_events("a full answer", pieces=20), delay=0.05))
 
     async def streams_while_one_dies() -> list[bytes]:
-        async def one(n: int) -> bytes:
-            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": f"streamed {n}"}]}
-            try:
-                async with httpx.AsyncClient(base_url=served.url, timeout=30) as client, client.stream(
-                        "POST", "/v1/chat/completions", json=body, headers=USER) as response:
-                    return b"".join([piece async for piece in response.aiter_raw()])
-            except httpx.HTTPError:
-                return b""
-
-        running_streams = [asyncio.create_task(one(n)) for n in range(4)]
+        pinned = await pin_async(served.url, served.pids, 2)  # two streams on each worker
+        running_streams = [asyncio.create_task(stream_on(client, f"streamed {n}"))
+                           for n, (_, client) in enumerate(pinned)]
         await asyncio.sleep(0.3)
         os.kill(victim, signal.SIGKILL)
         return list(await asyncio.gather(*running_streams))
@@ -261,7 +281,7 @@ def test_a_worker_killed_with_9_is_replaced_and_the_other_keeps_serving(shared, 
     chat(served.clients[newcomer], served.url).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "to the new worker"}])
     completed = {f"streamed {n}" for n, body in enumerate(bodies) if body.endswith(b"data: [DONE]\n\n")}
-    assert completed, "no stream survived: the survivor served none"
+    assert len(completed) >= 2, "the survivor's streams did not finish"
     with sqlite3.connect(served.db) as db:
         answered = {row[0] for row in db.execute(
             "SELECT u.content FROM messages u JOIN turns t ON t.user_id = u.user_id AND t.turn_key = u.turn_key"
@@ -290,31 +310,11 @@ def test_sigterm_drains_every_worker_saves_their_turns_and_exits_0(shared, fake)
         fake.queue(SSEReply(stream_events("a full answer", pieces=20), delay=0.05))  # about 1 s each
 
     async def run() -> tuple[list[int], list[bytes]]:
-        # Three connections accepted by each worker (the kernel picks the worker of each).
-        clients: dict[int, list[httpx.AsyncClient]] = {pid: [] for pid in served.pids}
-        deadline = time.monotonic() + START_WITHIN_S
-        while any(len(kept) < 3 for kept in clients.values()) and time.monotonic() < deadline:
-            client = httpx.AsyncClient(base_url=served.url, timeout=30, limits=httpx.Limits(max_connections=1))
-            pid = (await client.get("/readyz")).json()["process"]
-            if len(clients.get(pid, [None] * 3)) < 3:
-                clients[pid].append(client)
-            else:
-                await client.aclose()
-        pinned = [(pid, client) for pid, kept in clients.items() for client in kept]
-
-        async def one(n: int, pid: int, client: httpx.AsyncClient) -> tuple[int, bytes]:
-            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": f"drained {n}"}]}
-            try:
-                async with client.stream("POST", "/v1/chat/completions", json=body, headers=USER) as response:
-                    return pid, b"".join([piece async for piece in response.aiter_raw()])
-            finally:
-                await client.aclose()
-
-        streams = [asyncio.create_task(one(n, pid, client)) for n, (pid, client) in enumerate(pinned)]
+        pinned = await pin_async(served.url, served.pids, 3)  # three streams on each worker
+        streams = [asyncio.create_task(stream_on(client, f"drained {n}")) for n, (_, client) in enumerate(pinned)]
         await asyncio.sleep(0.4)
         os.kill(served.process.pid, signal.SIGTERM)
-        done = await asyncio.gather(*streams)
-        return [pid for pid, _ in done], [body for _, body in done]
+        return [pid for pid, _ in pinned], list(await asyncio.gather(*streams))
 
     pids, bodies = asyncio.run(run())
     assert served.process.wait(15) == 0
