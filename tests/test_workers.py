@@ -329,7 +329,8 @@ def test_sigterm_drains_every_worker_saves_their_turns_and_exits_0(shared, fake)
 
 
 def test_a_worker_failing_at_start_up_stops_the_supervisor_with_a_clear_message(fake, tmp_path):
-    env = {**os.environ, "MEMPROXY_STORE_URL": f"sqlite:///{tmp_path}/memory.db", "MEMPROXY_UPSTREAM_BASE_URL": fake.url,
+    env = {**os.environ, "MEMPROXY_STORE_URL": f"sqlite:///{tmp_path}/memory.db",
+           "MEMPROXY_UPSTREAM_BASE_URL": fake.url,
            "MEMPROXY_SERVER_PORT": str(free_port()), "MEMPROXY_SERVER_WORKERS": "2",
            "MEMPROXY_HOOKS": '[{"event": "stop", "python": "no_such_module_here:handler"}]'}
     process = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=env, capture_output=True, text=True,
