@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -46,6 +47,9 @@ log = logging.getLogger("memproxy.app")
 # A store that did not open at start-up is tried again after 0.5 s, then ever less often.
 REOPEN_FIRST_S = 0.5
 REOPEN_MAX_S = 30.0
+# With several workers, each refreshes its own gauges in the shared metrics this often (the
+# worker answering /metrics refreshes its own at once).
+SHARED_GAUGES_EVERY_S = 5.0
 
 
 def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None) -> Store:
@@ -63,9 +67,11 @@ def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | No
 class Parts:
     """Everything one app instance owns, built here and passed down (no globals)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics_dir: str | None = None) -> None:
+        """`metrics_dir`: this is one worker of several, sharing metrics in that directory."""
         self.settings = settings
-        self.metrics = Metrics()
+        self.metrics = Metrics(metrics_dir)
+        self.one_of_workers = metrics_dir is not None
         self.upstream = Upstream(settings.upstream)
         self.scopes = ScopeResolver(settings)
         # A database file deleted under the store lost what it held: a persistence failure.
@@ -85,6 +91,7 @@ class Parts:
                                            extractor=extractor, pending=self.pending_facts)
         self.store_open = False
         self._opening: asyncio.Task[None] | None = None  # retrying a store that did not open at start-up
+        self._gauges: asyncio.Task[None] | None = None  # with several workers: this one's, refreshed
 
     def _embeddings(self, settings: Settings) -> tuple[Vectors | None, EmbeddingWorker | None]:
         """Vector search and the worker that fills vectors in, when embeddings are configured (else None)."""
@@ -98,6 +105,9 @@ class Parts:
 
     async def start(self) -> None:
         self.writer.start()
+        if self.one_of_workers:
+            self._gauges = asyncio.get_running_loop().create_task(self._refresh_gauges(),
+                                                                  name="memproxy-shared-gauges")
         if not await self._open_store():
             # Memory fails open: the proxy serves without it, says so in /readyz, and keeps
             # trying, so a replica started before its database (a compose file's usual
@@ -128,10 +138,21 @@ class Parts:
                 return
             delay = min(delay * 2, REOPEN_MAX_S)
 
+    def refresh_gauges(self) -> None:
+        """Set the gauges only read when asked for (the users whose searches are answered from memory)."""
+        for index, users in self.store.searched_in_memory().items():
+            self.metrics.searched_in_memory.labels(index).set(users)
+
+    async def _refresh_gauges(self) -> None:
+        while True:
+            self.refresh_gauges()
+            await asyncio.sleep(SHARED_GAUGES_EVERY_S)
+
     async def stop(self) -> None:
-        if self._opening is not None:
-            self._opening.cancel()
-            await asyncio.gather(self._opening, return_exceptions=True)
+        for task in (self._opening, self._gauges):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.embedding is not None:
             await self.embedding.stop()
         await self.extraction.stop()
@@ -152,6 +173,8 @@ class Parts:
                                            ("memory_circuit_open", self.memory.breaker.is_open)) if bad]
         return {
             "status": f"degraded: {', '.join(problems)}" if problems else "ready",
+            "workers": self.settings.server.workers,  # processes serving this port, this one among them
+            "process": os.getpid(),
             "store": "ok" if store_ok else "unavailable",
             "writes": "failing" if self.writer.failing else "ok",
             "write_queue": self.writer.depth,
@@ -166,13 +189,15 @@ class Parts:
             return "unavailable"
 
 
-def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
+def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: str | None = None) -> Starlette:
     """The proxy app: /v1/* to the provider, health, readiness and metrics.
 
     `own_process`: the app is the process's only one (`memproxy serve`), so what exists once
     it has started lives as long as the process, and is frozen out of garbage collection.
+    `metrics_dir`: the app is one worker of `memproxy serve --workers N` (proxy/workers.py),
+    and /metrics sums the workers' values kept in that directory.
     """
-    parts = Parts(settings)
+    parts = Parts(settings, metrics_dir)
     logs.mark_expected_aborts()
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics,
                           SideRequests(settings.scope.side_requests),
@@ -203,8 +228,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
         return JSONResponse(await parts.readiness())
 
     async def metrics_endpoint(request: Request) -> Response:
-        for index, users in parts.store.searched_in_memory().items():
-            parts.metrics.searched_in_memory.labels(index).set(users)
+        parts.refresh_gauges()
         return Response(parts.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
     serve.add_argument("--upstream", help="provider base URL with its /v1 prefix (upstream.base_url)")
+    serve.add_argument("--workers", type=_positive,
+                       help="worker processes sharing the port and the store (server.workers)")
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="see memory work with no provider key: memproxy in front of a"
@@ -108,7 +110,8 @@ def _positive(text: str) -> int:
 def load(args: argparse.Namespace) -> Settings:
     """Settings from --config, the environment and the command's flags."""
     overrides: dict[str, Any] = {}
-    for flag, key in (("host", "server.host"), ("port", "server.port"), ("upstream", "upstream.base_url")):
+    for flag, key in (("host", "server.host"), ("port", "server.port"), ("workers", "server.workers"),
+                      ("upstream", "upstream.base_url")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides[key] = value
@@ -116,47 +119,60 @@ def load(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from proxy import logs
-    from proxy.app import create_app
     from proxy.connections import ConnectionGuard, GuardedHttpProtocol, max_client_connections
 
     settings = load(args)
     logs.configure(settings.server.log_level)
     _announce(settings)
-    app = create_app(settings, own_process=True)
     guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s,
                             settings.server.max_header_bytes)
-    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
-    # under the handler it found at start: a no-op one makes a finished shutdown exit 0
-    # (an orchestrator reads 0 as a clean stop) instead of dying of the signal (143) or a KeyboardInterrupt.
-    for stop in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stop, lambda *_: None)
-    uvicorn.run(
-        app,
+    options: dict[str, Any] = dict(
         host=settings.server.host,
         port=settings.server.port,
         log_config=None,
         access_log=False,
         server_header=False,  # the provider's headers reach the client, not ours
         date_header=False,
-        timeout_graceful_shutdown=settings.server.grace_period_s,  # type: ignore[arg-type]  # a float works
+        timeout_graceful_shutdown=settings.server.grace_period_s,  # a float works
         loop="auto",
-        # uvicorn only calls it, as it would a protocol class: the guard rides in with it.
-        http=functools.partial(GuardedHttpProtocol, guard=guard),  # type: ignore[arg-type]
+        # uvicorn only calls it, as it would a protocol class: the guard rides in with it
+        # (each worker gets its own copy: the cap is per process).
+        http=functools.partial(GuardedHttpProtocol, guard=guard),
     )
+    if settings.server.workers > 1:
+        from proxy.workers import serve_workers
+
+        return serve_workers(settings, options)
+    return _serve_alone(settings, options)
+
+
+def _serve_alone(settings: Settings, options: dict[str, Any]) -> int:
+    """One process serves: this one."""
+    import uvicorn
+
+    from proxy.app import create_app
+
+    app = create_app(settings, own_process=True)
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
+    # under the handler it found at start: a no-op one makes a finished shutdown exit 0
+    # (an orchestrator reads 0 as a clean stop) instead of dying of the signal (143) or a KeyboardInterrupt.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda *_: None)
+    uvicorn.run(app, **options)
     return 0
 
 
 def _announce(settings: Settings) -> None:
-    """One line at start-up: where memproxy listens, where it forwards, where memory lives."""
+    """One line at start-up: where memproxy listens, where it forwards, where memory lives, how many
+    processes serve."""
     import logging
 
     logging.getLogger("memproxy").info("memproxy starting", extra={
         "listen": f"{settings.server.host}:{settings.server.port}",
         "upstream": settings.upstream.base_url,
         "store": settings.store.where(),
+        "workers": settings.server.workers,
     })
 
 

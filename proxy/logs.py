@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -21,7 +22,11 @@ _NOT_LOGGED = _STANDARD | {"color_message"}
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record and its `extra` fields as compact JSON."""
+    """Formats a record and its `extra` fields as compact JSON (`pid`: each line names the process)."""
+
+    def __init__(self, *, pid: bool = False) -> None:
+        super().__init__()
+        self._pid = os.getpid() if pid else None
 
     def format(self, record: logging.LogRecord) -> str:
         extras = {k: v for k, v in vars(record).items() if k not in _NOT_LOGGED}
@@ -33,7 +38,9 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
-        # Only what the record carries can hold outside text; the three fields above are ours.
+        if self._pid is not None:
+            entry["pid"] = self._pid
+        # Only what the record carries can hold outside text; the fields above are ours.
         entry.update(redact_mapping(_plain(extras)))
         return json.dumps(entry, separators=(",", ":"))
 
@@ -75,8 +82,9 @@ def mark_expected_aborts() -> None:
         uvicorn_error.addFilter(_ExpectedAbort())
 
 
-def configure(level: str) -> None:
-    """Route memproxy's and uvicorn's loggers through the JSON formatter."""
+def configure(level: str, *, pid: bool = False) -> None:
+    """Route memproxy's and uvicorn's loggers through the JSON formatter (`pid`: name the process
+    on each line, as the workers of `memproxy serve --workers N` do)."""
     # A line carries none of the caller's file, thread or process: the logging HOWTO's
     # "Optimization" switches spare every record their lookup (a stack walk among them).
     logging._srcfile = None
@@ -84,7 +92,7 @@ def configure(level: str) -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(pid=pid))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,8 +1,17 @@
-"""Prometheus metrics, one registry per app (no module-level state)."""
+"""Prometheus metrics, one registry per app (no module-level state).
+
+Under `memproxy serve --workers N` every worker writes its values to files in one directory
+(prometheus_client's multiprocess mode, switched on by PROMETHEUS_MULTIPROC_DIR in the
+worker's environment before prometheus_client is imported), and /metrics, whichever worker
+answers it, reads them all: counters and histograms are summed over every worker that ever
+ran in this `serve`, including one that died; each gauge says how it combines the workers'
+values (its `multiprocess_mode`, docs/operations.md).
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -28,8 +37,10 @@ def route_label(path: str) -> str:
 class Metrics:
     """The counters and histograms of /metrics (docs/operations.md)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared_dir: str | None = None) -> None:
+        """`shared_dir`: the workers' multiprocess directory (None: this process alone)."""
         self.registry = CollectorRegistry()
+        self._shared_dir = shared_dir
         r = self.registry
         self.requests = Counter("memproxy_requests", "Proxied requests by path and outcome",
                                 ["path", "outcome"], registry=r)
@@ -74,12 +85,17 @@ class Metrics:
                                      "by event and reason", ["event", "reason"], registry=r)
         self.mcp_calls = Counter("memproxy_mcp_calls", "Memory tool calls over /mcp by tool and outcome (ok, error, "
                                  "no_identity, unknown_tool, rebinding_refused)", ["tool", "outcome"], registry=r)
-        self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r)
+        # Across workers: the fullest worker's write queue (each has its own, capped at
+        # memory.write_queue_size) and the store's extraction queue, which all of them read.
+        self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r,
+                                 multiprocess_mode="livemax")
+        # Each worker has its own breaker: 1 while any live worker's is open.
         self.circuit_open = Gauge("memproxy_circuit_open", "1 while the store circuit breaker is open",
-                                  registry=r)
+                                  registry=r, multiprocess_mode="livemax")
+        # Each worker holds its own postings: summed, as the memory they take is.
         self.searched_in_memory = Gauge("memproxy_search_memory_users",
                                         "Users whose searches of an index are answered from memory", ["index"],
-                                        registry=r)
+                                        registry=r, multiprocess_mode="livesum")
 
     def request_done(self, path: str, outcome: str, seconds: float) -> None:
         """Count one request under its route (`/files`, not `/files/file-abc`: labels must stay few)."""
@@ -88,5 +104,9 @@ class Metrics:
         self.request_seconds.labels(path).observe(seconds)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition: of every worker's values when there are several."""
+        if self._shared_dir is None:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, path=self._shared_dir)
+        return generate_latest(every_worker)

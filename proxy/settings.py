@@ -82,6 +82,9 @@ MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the 
 class ServerSettings:
     host: str = _help("Address to listen on. Keep 127.0.0.1 for a sidecar.", "127.0.0.1")
     port: int = _help("TCP port to listen on.", 8080)
+    workers: int = _help("Worker processes serving the port, all on the one store (each with its own "
+                         "connections, pools and caches: docs/deployment.md). 1: the `memproxy serve` process "
+                         "serves alone.", 1)
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
     max_header_bytes: int = _help("Largest request line and headers accepted (`memproxy serve`); larger gets 431.",
                                   32 * 1024)
@@ -523,8 +526,8 @@ def _bad(name: str, expected: str, value: Any) -> typing.NoReturn:
 def _check(s: Settings) -> None:
     """Cross-field and range rules, each naming its key."""
     positive = {
-        "server.port": s.server.port, "server.max_body_bytes": s.server.max_body_bytes,
-        "server.max_header_bytes": s.server.max_header_bytes,
+        "server.port": s.server.port, "server.workers": s.server.workers,
+        "server.max_body_bytes": s.server.max_body_bytes, "server.max_header_bytes": s.server.max_header_bytes,
         "server.body_timeout_s": s.server.body_timeout_s, "server.header_timeout_s": s.server.header_timeout_s,
         "server.max_connections": 1 if s.server.max_connections is None else s.server.max_connections,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,

@@ -31,8 +31,8 @@ ROUNDS = 3
 STREAMS = 20
 
 
-def start_server(db: Path | str, upstream: str, log: Path | None = None, **env_settings: str
-                 ) -> tuple[subprocess.Popen, str]:
+def start_server(db: Path | str, upstream: str, log: Path | None = None, *, start_within: float = 15.0,
+                 **env_settings: str) -> tuple[subprocess.Popen, str]:
     """`memproxy serve` in its own process on the SQLite file `db` (or the store.url `db` names);
     `env_settings` are MEMPROXY_* variables (server_grace_period_s=...)."""
     port = free_port()
@@ -48,7 +48,7 @@ def start_server(db: Path | str, upstream: str, log: Path | None = None, **env_s
             process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env, stdout=output,
                                        stderr=output)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + start_within
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
