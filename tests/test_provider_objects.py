@@ -9,6 +9,7 @@ what each user gets, and what reaches the provider.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any
 
@@ -247,3 +248,34 @@ def test_tools_mode_records_the_id_the_client_sees(make_proxy: Any, fake: Any, t
         not_found(bob.get("/v1/responses/resp_r1"), "Response with id 'resp_r1' not found.")
     with http(proxy, ALICE_KEY) as client:
         assert client.get("/v1/responses/resp_r1").status_code == 200
+
+
+def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    # Another process holds the SQLite file's write lock: recording who created the response
+    # waits for it, but the client's stream does not wait longer than memory.commit_timeout_ms;
+    # the record lands once the lock is free, and the id is its creator's from then on.
+    proxy = make_proxy(**settings(fake, tmp_path, memory__commit_timeout_ms=100))
+    fake.queue(SSEReply(stream(output("hi"), "resp_while_busy")))
+    alice = openai.OpenAI(base_url=proxy.url + "/v1", api_key=ALICE_KEY, max_retries=0,
+                          default_headers={"X-Memory-Mode": "off"})
+    holder = sqlite3.connect(tmp_path / "shared.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with alice.responses.create(model="m", input="hello", stream=True) as events:
+            first = next(iter(events))
+            waited = time.monotonic() - started
+            assert first.type == "response.created" and first.response.id == "resp_while_busy"
+            assert waited < 1.5, waited
+            list(events)
+    finally:
+        time.sleep(0.5)
+        holder.execute("ROLLBACK")
+        holder.close()
+    deadline = time.monotonic() + 10
+    with http(proxy, ALICE_KEY) as client:
+        while client.get("/v1/responses/resp_while_busy").status_code != 200:
+            assert time.monotonic() < deadline, "the record never landed"
+            time.sleep(0.1)
+    with http(proxy, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_while_busy"), "Response with id 'resp_while_busy' not found.")
