@@ -35,8 +35,16 @@ _STATELESS = frozenset({
 _NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container"}
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
+# Top-level lists of Responses input items (a request's `input`, a conversation's `items`):
+# an item there may be a reference to a stored item of any response (`{"type":
+# "item_reference", "id": ...}`, the type optional). memproxy records no item ids, so every
+# such reference is refused: an `item_reference` typed anywhere, and an item in these lists
+# with an `id` but neither a `type` nor a `role`.
+_ITEM_LISTS = ("input", "items")
+ITEM_REFERENCE = "item_reference"
 # A body holding none of these keys cannot name an object (`\u`: a key may be written escaped).
-_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES)), b"\\u")
+_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_ITEM_LISTS)),
+            f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
 # What a model does with a request and forgets (Gemini's calls, `POST /models/{model}:action`).
 _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
                             "batchEmbedContents"})
@@ -82,6 +90,8 @@ def references(body: bytes) -> list[tuple[str, str]]:
 
     def collect(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         nested.extend((key, value) for key, value in pairs if key in _NESTED_REFERENCES)
+        if any(key == "type" and value == ITEM_REFERENCE for key, value in pairs):
+            nested.extend((ITEM_REFERENCE, value) for key, value in pairs if key == "id")
         top[:] = [pairs]  # the outermost object is the last one completed
         return dict(pairs)
 
@@ -89,11 +99,19 @@ def references(body: bytes) -> list[tuple[str, str]]:
         document = json.loads(body, object_pairs_hook=collect)
     except (ValueError, RecursionError):
         raise Unreadable("the body is not JSON") from None
-    found = [(_NESTED_REFERENCES[key], each) for key, value in nested for each in _ids(value)]
+    found = [(_NESTED_REFERENCES.get(key, "item"), each) for key, value in nested for each in _ids(value)]
     if isinstance(document, dict) and top:
         found += [(_TOP_REFERENCES[key], each) for key, value in top[0] if key in _TOP_REFERENCES
                   for each in _ids(value)]
+        found += [("item", item["id"]) for key, value in top[0] if key in _ITEM_LISTS and isinstance(value, list)
+                  for item in value if _untyped_reference(item)]
     return found
+
+
+def _untyped_reference(item: Any) -> bool:
+    """An input item naming a stored item by id alone (an `item_reference` whose type is left out)."""
+    return (isinstance(item, dict) and isinstance(item.get("id"), str) and "type" not in item
+            and "role" not in item)
 
 
 def _ids(value: Any) -> list[str]:

@@ -215,6 +215,10 @@ def test_references_in_a_body() -> None:
         ("conversation", "conv_1"), ("file", "file-1"), ("file", "file-2"), ("response", "resp_1"),
         ("vector_store", "vs_1"), ("vector_store", "vs_2")]
     assert provider_objects.references(b'{"input": "my conversation about file_id"}') == []
+    items = {"input": [{"type": "item_reference", "id": "msg_1"}, {"id": "rs_2"}, {"role": "user", "content": "x"},
+                       {"type": "message", "id": "msg_3", "role": "assistant", "content": []}],
+             "metadata": {"input": [{"id": "not-an-item"}]}}
+    assert provider_objects.references(json.dumps(items).encode()) == [("item", "msg_1"), ("item", "rs_2")]
     with pytest.raises(provider_objects.Unreadable):
         provider_objects.references(b'{"file_id": ')
 
@@ -279,3 +283,25 @@ def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fak
             time.sleep(0.1)
     with http(proxy, BOB_KEY) as bob:
         not_found(bob.get("/v1/responses/resp_while_busy"), "Response with id 'resp_while_busy' not found.")
+
+
+def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
+    # An input item may name an item of any stored response by id; memproxy records no item
+    # ids, so such a reference is refused, typed or not, wherever the input list sits.
+    fake.queue(JsonReply(response(output("the codeword is swordfish"), "resp_alice_item")))
+    assert sdk(keyed, ALICE_KEY).responses.create(model="m", input="hello").id == "resp_alice_item"
+    item = message_item("the codeword is swordfish")["id"]
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for reference in ({"type": "item_reference", "id": item}, {"id": item}):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [reference]}),
+                      f"Item with id '{item}' not found.")
+            not_found(bob.post("/v1/responses/input_tokens", json={"model": "m", "input": [reference]}),
+                      f"Item with id '{item}' not found.")
+            not_found(bob.post("/v1/conversations", json={"items": [reference]}), f"Item with id '{item}' not found.")
+    assert fake.received == []
+    # Items given whole (a client's own history, with the ids the provider gave them) go as usual.
+    with http(keyed, BOB_KEY) as bob:
+        history = [{"role": "user", "content": "hi"}, message_item("hello bob")]
+        assert bob.post("/v1/responses", json={"model": "m", "input": history}).status_code == 200
+    assert [r.target for r in fake.received] == ["/v1/responses"]
