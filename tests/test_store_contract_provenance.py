@@ -106,3 +106,47 @@ def test_a_rules_note_on_a_remaining_sentence_stays() -> None:
     assert isinstance(change, KeepEntity)
     assert (change.description, change.provenance) == ("cat; I live with my cat Miso.", '["m1"]')
     assert entity_change(row, {"m1", "m2"}, []) == Drop(7)
+
+
+async def current_edges(backend: Backend) -> list[tuple[str, str, str, bool]]:
+    rows = await backend.sql(
+        "SELECT f.name, r.type, t.name, r.invalid_at FROM relationships r JOIN entities f ON f.user_id = r.user_id"
+        " AND f.id = r.from_id JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id WHERE r.user_id = ?"
+        " ORDER BY r.type, t.name", "alice")
+    return [(f, t, to, invalid is None) for f, t, to, invalid in rows]
+
+
+def test_a_deleted_fact_no_longer_closes_the_one_it_replaced(backend: Backend) -> None:
+    # "I live in Berlin", said only in the deleted conversation, had closed "I live in Paris":
+    # with it gone, Paris is where the user lives again, as if it had never been said.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await say(store, ALICE, "m-paris", "kept", 0, "I live in Paris.",
+                      (EntityFact("Paris", "city", "I live in Paris."),),
+                      (RelationFact("User", "LIVES_IN", "Paris", single_valued=True),))
+            await say(store, ALICE, "m-berlin", "gone", 1, "I live in Berlin.",
+                      (EntityFact("Berlin", "city", "I live in Berlin."),),
+                      (RelationFact("User", "LIVES_IN", "Berlin", single_valued=True),))
+            assert await current_edges(backend) == [("User", "LIVES_IN", "Berlin", True),
+                                                    ("User", "LIVES_IN", "Paris", False)]
+            await store.delete_item(ALICE, "conversation", "gone")
+            assert await current_edges(backend) == [("User", "LIVES_IN", "Paris", True)]
+
+    asyncio.run(body())
+
+
+def test_an_entity_a_remaining_edge_names_stays(backend: Backend) -> None:
+    # Jane's own provenance is only the deleted message, but a kept message's edge names her
+    # (an extractor may relate a stored entity without describing it again): the edge, and
+    # Jane, stay; what only the deleted message said of her goes.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await say(store, ALICE, "m-jane", "gone", 0, "My sister is Jane, her PIN is 4471.",
+                      (EntityFact("Jane", "person", "My sister is Jane, her PIN is 4471."),))
+            await say(store, ALICE, "m-call", "kept", 1, "I called Jane today.", (),
+                      (RelationFact("User", "CALLED", "Jane"),))
+            await store.delete_item(ALICE, "conversation", "gone")
+            assert await edges(backend) == [("User", "CALLED", "Jane", ["m-call"])]
+            assert (await graph(backend))["Jane"] == ("", [], ["m-call"])
+
+    asyncio.run(body())

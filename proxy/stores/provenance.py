@@ -4,7 +4,13 @@ Entities and edges keep, as provenance, the ids of the messages they were extrac
 (graph_merge.py). When messages are deleted (one, or a conversation's), what was derived
 only from them goes too, as it would with the user's deletion:
 
-- an edge or entity whose provenance is all deleted is deleted (an entity's edges with it);
+- an edge whose provenance is all deleted is deleted, and an edge of the same subject and
+  type it had closed (a single-valued fact it replaced) is current again, or closed by the
+  next one that remains;
+- an entity whose provenance is all deleted is deleted (its edges with it), unless an edge
+  that remains names it: an extractor may relate a stored entity without describing it
+  again, and a kept message's edge must not go with it. It then keeps what those edges'
+  messages state, and their ids as its provenance;
 - an entity also said elsewhere keeps only the description parts and aliases a remaining
   message of its provenance still holds, and loses the deleted ids. Rules extraction
   describes an entity by the sentence that stated it (after a short note of its own), so a
@@ -21,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
 
-from proxy.stores.graph_merge import DESCRIPTION_SEPARATOR, Row
+from proxy.stores.graph_merge import DESCRIPTION_SEPARATOR, PROVENANCE_KEEP, Row
 from proxy.stores.indexed_text import entity_terms
 
 NOTE_SEPARATOR = "; "  # rules extraction's `note; sentence` (memory/extraction/rules.py)
@@ -67,10 +73,12 @@ def edge_change(row: Row, deleted: set[str]) -> Drop | KeepEdge:
     return KeepEdge(row["seq"], json.dumps(kept)) if kept else Drop(row["seq"])
 
 
-def entity_change(row: Row, deleted: set[str], texts: Iterable[str]) -> Drop | KeepEntity:
+def entity_change(row: Row, deleted: set[str], texts: Iterable[str], named_by: Sequence[str] = ()
+                  ) -> Drop | KeepEntity:
     """What becomes of an entity whose provenance names a deleted message; `texts` are the
-    contents of the remaining messages of its provenance."""
-    kept = remaining(row["provenance"], deleted)
+    contents of the remaining messages of its provenance (else of `named_by`, the remaining
+    provenance of the edges that name it)."""
+    kept = remaining(row["provenance"], deleted) or list(named_by)
     if not kept:
         return Drop(row["seq"])
     said = [_folded(text) for text in texts]
@@ -79,6 +87,12 @@ def entity_change(row: Row, deleted: set[str], texts: Iterable[str]) -> Drop | K
     aliases = [alias for alias in json.loads(row["aliases"]) if _held(alias, said)]
     return KeepEntity(row["seq"], description, json.dumps(aliases), json.dumps(kept),
                       entity_terms(row["name"], row["type"], description, aliases))
+
+
+def edges_provenance(provenances: Iterable[str]) -> list[str]:
+    """The message ids of the edges naming an entity (JSON lists), once each, the most recent kept."""
+    ids = list(dict.fromkeys(message for provenance in provenances for message in json.loads(provenance)))
+    return ids[-PROVENANCE_KEEP:]
 
 
 def _folded(text: str) -> str:

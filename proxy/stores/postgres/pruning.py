@@ -6,7 +6,16 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from proxy.stores.provenance import Change, Drop, KeepEdge, KeepEntity, edge_change, entity_change, remaining
+from proxy.stores.provenance import (
+    Change,
+    Drop,
+    KeepEdge,
+    KeepEntity,
+    edge_change,
+    edges_provenance,
+    entity_change,
+    remaining,
+)
 
 # Rows of the user whose provenance (a JSON list in text) names one of the messages in $2.
 _NAMING = "WHERE user_id = $1 AND provenance::jsonb ?| $2::text[]"
@@ -24,15 +33,30 @@ async def prune_graph(conn: asyncpg.Connection, user: str, deleted_messages: Seq
     if not deleted_messages:
         return
     deleted, listed = set(deleted_messages), list(deleted_messages)
-    for edge in await conn.fetch(f"SELECT seq, provenance FROM relationships {_NAMING}", user, listed):
-        await _apply(conn, "relationships", edge_change(edge, deleted))
-    entities = await conn.fetch(f"SELECT seq, name, type, description, aliases, provenance FROM entities {_NAMING}",
-                                user, listed)
+    for edge in await conn.fetch(f"SELECT seq, from_id, type, valid_from, provenance FROM relationships {_NAMING}",
+                                 user, listed):
+        change = edge_change(edge, deleted)
+        await _apply(conn, "relationships", change)
+        if isinstance(change, Drop):
+            # What it had closed is current again, or closed by the next fact that remains.
+            await conn.execute(
+                "UPDATE relationships AS r SET invalid_at = (SELECT min(n.valid_from) FROM relationships n"
+                " WHERE n.user_id = r.user_id AND n.from_id = r.from_id AND n.type = r.type"
+                " AND n.valid_from > r.valid_from)"
+                " WHERE r.user_id = $1 AND r.from_id = $2 AND r.type = $3 AND r.invalid_at = $4",
+                user, edge["from_id"], edge["type"], edge["valid_from"])
+    entities = await conn.fetch(
+        f"SELECT seq, id, name, type, description, aliases, provenance FROM entities {_NAMING}", user, listed)
     for entity in entities:
+        named_by: list[str] = []
         kept = remaining(entity["provenance"], deleted)
+        if not kept:
+            named_by = kept = edges_provenance(row["provenance"] for row in await conn.fetch(
+                "SELECT provenance FROM relationships WHERE user_id = $1 AND (from_id = $2 OR to_id = $2)"
+                " ORDER BY seq", user, entity["id"]))
         texts = [row["content"] for row in await conn.fetch(
             "SELECT content FROM messages WHERE user_id = $1 AND id = ANY($2::text[])", user, kept)]
-        await _apply(conn, "entities", entity_change(entity, deleted, texts))
+        await _apply(conn, "entities", entity_change(entity, deleted, texts, named_by))
 
 
 async def _apply(conn: asyncpg.Connection, table: str, change: Change) -> None:
