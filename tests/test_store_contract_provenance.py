@@ -150,3 +150,28 @@ def test_an_entity_a_remaining_edge_names_stays(backend: Backend) -> None:
             assert (await graph(backend))["Jane"] == ("", [], ["m-call"])
 
     asyncio.run(body())
+
+
+def test_a_name_stated_only_in_a_deleted_conversation_leaves_the_users_node(backend: Backend) -> None:
+    # "My name is Zelda Quux" renamed the user's node; deleted, the node is "User" again
+    # (its facts kept), unless a remaining message still says the name.
+    async def body() -> None:
+        async with backend.opened() as store:
+            for scope in (ALICE, BOB):
+                await say(store, scope, "m-paris", "kept", 0, "I live in Paris.",
+                          (EntityFact("Paris", "city", "I live in Paris."),),
+                          (RelationFact("User", "LIVES_IN", "Paris", single_valued=True),))
+                at = T0 + timedelta(days=1)
+                await store.apply([StartTurn(scope, "t-name", "gone", "h-name", at, "My name is Zelda Quux.",
+                                             message_id="m-name")])
+                await store.apply([RecordFacts(scope, None, "m-name", (), (), at, "Zelda Quux")])
+            await say(store, BOB, "m-again", "kept", 2, "As I said, I am Zelda Quux.", ())
+            for scope in (ALICE, BOB):
+                await store.delete_item(scope, "conversation", "gone")
+            assert (await graph(backend))["User"] == ("", [], ["m-paris"])
+            assert await edges(backend) == [("User", "LIVES_IN", "Paris", ["m-paris"])]
+            exported = json.dumps([record async for record in store.export(ALICE)])
+            assert "Zelda" not in exported
+            assert "Zelda Quux" in await graph(backend, "bob")
+
+    asyncio.run(body())

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
 
+from proxy.extracted import USER_NODE, USER_TYPE, canonical_name
 from proxy.stores.graph_merge import DESCRIPTION_SEPARATOR, PROVENANCE_KEEP, Row
 from proxy.stores.indexed_text import entity_terms
 
@@ -53,6 +54,8 @@ class KeepEntity:
     """An entity also said elsewhere, rewritten from what remains."""
 
     seq: int
+    name: str
+    canonical: str  # canonical_name(name)
     description: str
     aliases: str  # JSON list
     provenance: str  # JSON list of message ids
@@ -73,11 +76,13 @@ def edge_change(row: Row, deleted: set[str]) -> Drop | KeepEdge:
     return KeepEdge(row["seq"], json.dumps(kept)) if kept else Drop(row["seq"])
 
 
-def entity_change(row: Row, deleted: set[str], texts: Iterable[str], named_by: Sequence[str] = ()
-                  ) -> Drop | KeepEntity:
+def entity_change(row: Row, deleted: set[str], texts: Iterable[str], named_by: Sequence[str] = (),
+                  name_said: bool = True) -> Drop | KeepEntity:
     """What becomes of an entity whose provenance names a deleted message; `texts` are the
     contents of the remaining messages of its provenance (else of `named_by`, the remaining
-    provenance of the edges that name it)."""
+    provenance of the edges that name it). `name_said` is False for the user's node when no
+    remaining message of the user holds its name: the name was stated only in what was
+    deleted, and the node is the user's again, unnamed."""
     kept = remaining(row["provenance"], deleted) or list(named_by)
     if not kept:
         return Drop(row["seq"])
@@ -85,8 +90,16 @@ def entity_change(row: Row, deleted: set[str], texts: Iterable[str], named_by: S
     parts = [part for part in row["description"].split(DESCRIPTION_SEPARATOR) if _stated(part, said)]
     description = DESCRIPTION_SEPARATOR.join(parts)
     aliases = [alias for alias in json.loads(row["aliases"]) if _held(alias, said)]
-    return KeepEntity(row["seq"], description, json.dumps(aliases), json.dumps(kept),
-                      entity_terms(row["name"], row["type"], description, aliases))
+    name = row["name"] if name_said or row["type"] != USER_TYPE else USER_NODE
+    return KeepEntity(row["seq"], name, canonical_name(name), description, json.dumps(aliases), json.dumps(kept),
+                      entity_terms(name, row["type"], description, aliases))
+
+
+def user_name_check(row: Row) -> str | None:
+    """The name to look for in the user's remaining messages: the user's node's stated name."""
+    if row["type"] != USER_TYPE or canonical_name(row["name"]) == canonical_name(USER_NODE):
+        return None
+    return str(row["name"])
 
 
 def edges_provenance(provenances: Iterable[str]) -> list[str]:

@@ -6,6 +6,7 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
+from proxy.extracted import USER_NODE, canonical_name
 from proxy.stores.provenance import (
     Change,
     Drop,
@@ -15,6 +16,7 @@ from proxy.stores.provenance import (
     edges_provenance,
     entity_change,
     remaining,
+    user_name_check,
 )
 
 # Rows of the user whose provenance names one of the messages in the JSON list parameter.
@@ -47,7 +49,7 @@ def prune_graph(conn: sqlite3.Connection, user: str, deleted_messages: Sequence[
                          " AND n.valid_from > r.valid_from)"
                          " WHERE r.user_id = ? AND r.from_id = ? AND r.type = ? AND r.invalid_at = ?",
                          (user, edge["from_id"], edge["type"], edge["valid_from"]))
-    entities = cursor.execute(f"SELECT seq, id, name, type, description, aliases, provenance FROM entities"
+    entities = cursor.execute(f"SELECT seq, id, agent_id, name, type, description, aliases, provenance FROM entities"
                               f" {_NAMING.format('entities')}", (user, listed)).fetchall()
     for entity in entities:
         named_by: list[str] = []
@@ -59,7 +61,21 @@ def prune_graph(conn: sqlite3.Connection, user: str, deleted_messages: Sequence[
         texts = [row[0] for row in conn.execute(
             "SELECT content FROM messages WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
             (user, json.dumps(kept)))]
-        _apply(conn, "entities", entity_change(entity, deleted, texts, named_by))
+        _apply(conn, "entities", entity_change(entity, deleted, texts, named_by, _name_said(conn, user, entity)))
+
+
+def _name_said(conn: sqlite3.Connection, user: str, entity: sqlite3.Row) -> bool:
+    """Whether a remaining message of the user holds the user's node's stated name (any, not
+    only its provenance: that keeps the newest ids only), or its name cannot go back to the
+    unnamed node's (another entity has it)."""
+    name = user_name_check(entity)
+    if name is None:
+        return True
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM messages WHERE user_id = ? AND instr(content, ?) > 0)"
+        " OR EXISTS (SELECT 1 FROM entities WHERE user_id = ? AND ifnull(agent_id, '') = ifnull(?, '')"
+        " AND canonical_name = ? AND seq <> ?)",
+        (user, name, user, entity["agent_id"], canonical_name(USER_NODE), entity["seq"])).fetchone()[0] == 1
 
 
 def _apply(conn: sqlite3.Connection, table: str, change: Change) -> None:
@@ -68,7 +84,7 @@ def _apply(conn: sqlite3.Connection, table: str, change: Change) -> None:
             conn.execute(f"DELETE FROM {table} WHERE seq = ?", (seq,))
         case KeepEdge(seq, provenance):
             conn.execute("UPDATE relationships SET provenance = ? WHERE seq = ?", (provenance, seq))
-        case KeepEntity(seq, description, aliases, provenance, terms):
-            conn.execute("UPDATE entities SET description = ?, aliases = ?, provenance = ?, name_terms = ?,"
-                         " type_terms = ?, description_terms = ? WHERE seq = ?",
-                         (description, aliases, provenance, *terms, seq))
+        case KeepEntity(seq, name, canonical, description, aliases, provenance, terms):
+            conn.execute("UPDATE entities SET name = ?, canonical_name = ?, description = ?, aliases = ?,"
+                         " provenance = ?, name_terms = ?, type_terms = ?, description_terms = ? WHERE seq = ?",
+                         (name, canonical, description, aliases, provenance, *terms, seq))
