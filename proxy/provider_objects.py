@@ -13,6 +13,7 @@ Pure rules, no I/O.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -32,7 +33,13 @@ _STATELESS = frozenset({
 })
 # Keys that name a stored object wherever they sit in a request body (a content part's
 # file, a tool's vector stores or container), and the kind each names.
-_NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container"}
+_NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container",
+                      "cachedContent": "cached_content", "cached_content": "cached_content"}
+# Gemini names a stored file by its URI (`fileData.fileUri`, `.../v1beta/files/{id}`, or its
+# name `files/{id}`); a URI
+# of anything else (a video's address) names no stored object.
+_FILE_URIS = ("fileUri", "file_uri")
+_FILE_URI_ID = re.compile(r"^\s*(?:https?://[^/]*googleapis\.com/(?:[^/]+/)*)?files/([^/?#]+)", re.IGNORECASE)
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
 # Top-level lists of Responses input items (a request's `input`, a conversation's `items`):
@@ -43,7 +50,7 @@ _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversa
 _ITEM_LISTS = ("input", "items")
 ITEM_REFERENCE = "item_reference"
 # A body holding none of these keys cannot name an object (`\u`: a key may be written escaped).
-_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_ITEM_LISTS)),
+_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_ITEM_LISTS, *_FILE_URIS)),
             f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
 # What a model does with a request and forgets (Gemini's calls, `POST /models/{model}:action`).
 _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
@@ -90,6 +97,8 @@ def references(body: bytes) -> list[tuple[str, str]]:
 
     def collect(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         nested.extend((key, value) for key, value in pairs if key in _NESTED_REFERENCES)
+        nested.extend(("file_id", unquote(found[1])) for key, value in pairs
+                      if key in _FILE_URIS and isinstance(value, str) and (found := _FILE_URI_ID.match(value)))
         if any(key == "type" and value == ITEM_REFERENCE for key, value in pairs):
             nested.extend((ITEM_REFERENCE, value) for key, value in pairs if key == "id")
         top[:] = [pairs]  # the outermost object is the last one completed

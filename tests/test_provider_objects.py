@@ -305,3 +305,31 @@ def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
         history = [{"role": "user", "content": "hi"}, message_item("hello bob")]
         assert bob.post("/v1/responses", json={"model": "m", "input": history}).status_code == 200
     assert [r.target for r in fake.received] == ["/v1/responses"]
+
+
+def test_gemini_files_and_cached_contents_named_in_a_body_are_refused(make_proxy: Any, fake: Any,
+                                                                       tmp_path: Any) -> None:
+    # Gemini names a stored file by its URI and a cache by its name; memproxy's Gemini key
+    # holds every user's (and the operator's), and no upload or cache is made through memproxy.
+    proxy = make_proxy(**settings(fake, tmp_path, upstream__gemini_base_url=fake.url.removesuffix("/v1"),
+                                  upstream__gemini_api_key="gemini-upstream-own-0003"))
+    uri = "https://generativelanguage.googleapis.com/v1beta/files/abc123"
+    file_part = {"fileData": {"mimeType": "application/pdf", "fileUri": uri}}
+    bodies = [({"contents": [{"role": "user", "parts": [file_part]}]}, "File with id 'abc123' not found."),
+              ({"contents": [{"role": "user", "parts": [{"file_data": {"file_uri": uri}}]}]},
+               "File with id 'abc123' not found."),
+              ({"contents": [{"role": "user", "parts": [{"fileData": {"fileUri": "files/abc123"}}]}]},
+               "File with id 'abc123' not found."),
+              ({"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "cachedContent": "cachedContents/c1"},
+               "Cached content with id 'cachedContents/c1' not found.")]
+    with httpx.Client(base_url=proxy.url, headers={"x-goog-api-key": BOB_KEY}, timeout=30) as bob:
+        for body, message in bodies:
+            refused = bob.post("/v1beta/models/gemini-2.5-flash:generateContent", json=body)
+            assert refused.status_code == 404, refused.text
+            assert message in refused.text
+        # A file named by a URI of no stored file (a video's address) goes as sent.
+        video = {"fileData": {"mimeType": "video/mp4", "fileUri": "https://www.youtube.com/watch?v=abc"}}
+        fake.queue(JsonReply({"candidates": [{"content": {"role": "model", "parts": [{"text": "ok"}]}}]}))
+        assert bob.post("/v1beta/models/gemini-2.5-flash:generateContent",
+                        json={"contents": [{"role": "user", "parts": [video]}]}).status_code == 200
+    assert [r.target for r in fake.received] == ["/v1beta/models/gemini-2.5-flash:generateContent"]
