@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -256,31 +257,30 @@ def test_tools_mode_records_the_id_the_client_sees(make_proxy: Any, fake: Any, t
 
 def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
     # Another process holds the SQLite file's write lock: recording who created the response
-    # waits for it, but the client's stream does not wait longer than memory.commit_timeout_ms;
-    # the record lands once the lock is free, and the id is its creator's from then on.
+    # waits for it, but the client's stream does not wait longer than memory.commit_timeout_ms.
+    # Its creator's next request, on this process, waits for the record rather than be refused;
+    # the id is its creator's once the lock is free.
     proxy = make_proxy(**settings(fake, tmp_path, memory__commit_timeout_ms=100))
     fake.queue(SSEReply(stream(output("hi"), "resp_while_busy")))
     alice = openai.OpenAI(base_url=proxy.url + "/v1", api_key=ALICE_KEY, max_retries=0,
                           default_headers={"X-Memory-Mode": "off"})
     holder = sqlite3.connect(tmp_path / "shared.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
-    try:
-        started = time.monotonic()
-        with alice.responses.create(model="m", input="hello", stream=True) as events:
-            first = next(iter(events))
-            waited = time.monotonic() - started
-            assert first.type == "response.created" and first.response.id == "resp_while_busy"
-            assert waited < 1.5, waited
-            list(events)
-    finally:
-        time.sleep(0.5)
-        holder.execute("ROLLBACK")
-        holder.close()
-    deadline = time.monotonic() + 10
-    with http(proxy, ALICE_KEY) as client:
-        while client.get("/v1/responses/resp_while_busy").status_code != 200:
-            assert time.monotonic() < deadline, "the record never landed"
-            time.sleep(0.1)
+    with ThreadPoolExecutor(1) as pool, http(proxy, ALICE_KEY) as client:
+        try:
+            started = time.monotonic()
+            with alice.responses.create(model="m", input="hello", stream=True) as events:
+                first = next(iter(events))
+                waited = time.monotonic() - started
+                assert first.type == "response.created" and first.response.id == "resp_while_busy"
+                assert waited < 1.5, waited
+                list(events)
+            follow_up = pool.submit(client.get, "/v1/responses/resp_while_busy")
+            time.sleep(0.5)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert follow_up.result(timeout=20).status_code == 200
     with http(proxy, BOB_KEY) as bob:
         not_found(bob.get("/v1/responses/resp_while_busy"), "Response with id 'resp_while_busy' not found.")
 

@@ -5,7 +5,8 @@ store (so every process and replica agrees), refuses what a request may not reac
 records the id a creation's answer carries before the client has it whole: the first event
 of a stream (Responses' `response.created`) waits for the record, a JSON answer's last chunk does,
 each for at most memory.commit_timeout_ms (a busy store does not hold the answer; the record
-lands after, and until then the id is refused to everyone, its creator included).
+lands after: a request of this process naming the id waits for it, another process refuses it
+until then).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class Ownership:
         self._upstream = upstream
         self._store = store
         self._wait_s = settings.memory.commit_timeout_ms / 1000
-        self._writing: set[asyncio.Task[None]] = set()  # records still going after their answer went on
+        # Records still going after their answer went on, by (provider, id): a request of this
+        # process naming one waits for it rather than find it unrecorded.
+        self._writing: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def owner(self, resolved: RequestScope, provider: Provider) -> str | None:
         """The user whose objects this request may reach, None when they are not kept per user: a
@@ -80,6 +83,9 @@ class Ownership:
 
     async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
                      ) -> None:
+        writing = self._writing.get((provider, object_id))
+        if writing is not None:
+            await asyncio.shield(writing)
         try:
             owner = await self._store.owner_of(provider, object_id)
         except StoreError as exc:
@@ -98,8 +104,8 @@ class Ownership:
     async def record(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
         """Record `user` as the object's creator, waiting at most memory.commit_timeout_ms for it."""
         task = asyncio.create_task(self._write(user, provider, kind, object_id))
-        self._writing.add(task)
-        task.add_done_callback(self._writing.discard)
+        self._writing[provider, object_id] = task
+        task.add_done_callback(lambda _: self._writing.pop((provider, object_id), None))
         try:
             await asyncio.wait_for(asyncio.shield(task), self._wait_s)
         except TimeoutError:
