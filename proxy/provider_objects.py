@@ -49,9 +49,11 @@ _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversa
 # with an `id` but neither a `type` nor a `role`.
 _ITEM_LISTS = ("input", "items")
 ITEM_REFERENCE = "item_reference"
-# A body holding none of these keys cannot name an object (`\u`: a key may be written escaped).
-_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_ITEM_LISTS, *_FILE_URIS)),
+# A body holding none of these keys cannot name an object (`\u`: a key may be written escaped),
+# nor one holding an item list but no `"id"` (most Responses requests: not parsed twice).
+_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_FILE_URIS)),
             f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
+_LIST_NEEDLES = tuple(f'"{key}"'.encode() for key in _ITEM_LISTS)
 # What a model does with a request and forgets (Gemini's calls, `POST /models/{model}:action`).
 _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
                             "batchEmbedContents"})
@@ -90,7 +92,8 @@ class Unreadable(ValueError):
 def references(body: bytes) -> list[tuple[str, str]]:
     """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
     some but cannot be read. Duplicate keys count each time (a provider may read either)."""
-    if not any(needle in body for needle in _NEEDLES):
+    if not any(needle in body for needle in _NEEDLES) and not (
+            b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)):
         return []
     nested: list[tuple[str, Any]] = []
     top: list[list[tuple[str, Any]]] = []
