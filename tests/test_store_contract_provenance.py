@@ -10,7 +10,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from proxy.models import Scope
-from proxy.stores.base import EntityFact, RecordFacts, RelationFact, StartTurn, Store
+from proxy.stores.base import EntityFact, RecordFacts, RelationFact, StartTurn, Store, StoreMemory
 from proxy.stores.provenance import Drop, KeepEntity, entity_change
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
@@ -173,5 +173,19 @@ def test_a_name_stated_only_in_a_deleted_conversation_leaves_the_users_node(back
             exported = json.dumps([record async for record in store.export(ALICE)])
             assert "Zelda" not in exported
             assert "Zelda Quux" in await graph(backend, "bob")
+
+    asyncio.run(body())
+
+
+def test_a_memory_stored_explicitly_stays_when_a_message_that_named_it_goes(backend: Backend) -> None:
+    # The user stored "Miso" through the memory API; a later message described it too. That
+    # message deleted, the stored memory stays, without what only the message said.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.store_memory(StoreMemory(ALICE, "mem-miso", "Miso", "fact", T0, stored_via="memory_api"))
+            await say(store, ALICE, "m-miso", "gone", 1, "My cat Miso knows the vault code 4471.",
+                      (EntityFact("Miso", "pet", "My cat Miso knows the vault code 4471."),))
+            await store.delete_item(ALICE, "conversation", "gone")
+            assert (await graph(backend))["Miso"] == ("", [], [])
 
     asyncio.run(body())

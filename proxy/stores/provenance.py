@@ -17,7 +17,8 @@ only from them goes too, as it would with the user's deletion:
   part is found in its message;
   one an LLM extractor wrote in its own words cannot be traced to a message, and goes.
 
-Entities with no provenance (a memory stored through the API or a tool) are no message's.
+Entities with no provenance, or stored explicitly (`stored_via`: the memory API, a tool,
+MCP) and merged with extracted ones since, are no message's: they stay.
 """
 
 from __future__ import annotations
@@ -77,14 +78,16 @@ def edge_change(row: Row, deleted: set[str]) -> Drop | KeepEdge:
 
 
 def entity_change(row: Row, deleted: set[str], texts: Iterable[str], named_by: Sequence[str] = (),
-                  name_said: bool = True) -> Drop | KeepEntity:
+                  name_said: bool = True, stored: bool = False) -> Drop | KeepEntity:
     """What becomes of an entity whose provenance names a deleted message; `texts` are the
     contents of the remaining messages of its provenance (else of `named_by`, the remaining
     provenance of the edges that name it). `name_said` is False for the user's node when no
     remaining message of the user holds its name: the name was stated only in what was
-    deleted, and the node is the user's again, unnamed."""
+    deleted, and the node is the user's again, unnamed. A `stored` entity (a memory the user
+    stored explicitly, `stored_via`) is no message's: it stays, with what no remaining message
+    states taken out."""
     kept = remaining(row["provenance"], deleted) or list(named_by)
-    if not kept:
+    if not kept and not stored:
         return Drop(row["seq"])
     said = [_folded(text) for text in texts]
     parts = [part for part in row["description"].split(DESCRIPTION_SEPARATOR) if _stated(part, said)]

@@ -48,7 +48,7 @@ async def prune_graph(conn: asyncpg.Connection, user: str, deleted_messages: Seq
                 " WHERE r.user_id = $1 AND r.from_id = $2 AND r.type = $3 AND r.invalid_at = $4",
                 user, edge["from_id"], edge["type"], edge["valid_from"])
     entities = await conn.fetch(
-        f"SELECT seq, id, agent_id, name, type, description, aliases, provenance FROM entities {_NAMING}", user, listed)
+        f"SELECT seq, id, agent_id, name, type, description, aliases, provenance, stored_via FROM entities {_NAMING}", user, listed)
     for entity in entities:
         named_by: list[str] = []
         kept = remaining(entity["provenance"], deleted)
@@ -59,7 +59,8 @@ async def prune_graph(conn: asyncpg.Connection, user: str, deleted_messages: Seq
         texts = [row["content"] for row in await conn.fetch(
             "SELECT content FROM messages WHERE user_id = $1 AND id = ANY($2::text[])", user, kept)]
         await _apply(conn, "entities", entity_change(entity, deleted, texts, named_by,
-                                                     await _name_said(conn, user, entity)))
+                                                     await _name_said(conn, user, entity),
+                                                     stored=entity["stored_via"] is not None))
 
 
 async def _name_said(conn: asyncpg.Connection, user: str, entity: asyncpg.Record) -> bool:

@@ -49,7 +49,7 @@ def prune_graph(conn: sqlite3.Connection, user: str, deleted_messages: Sequence[
                          " AND n.valid_from > r.valid_from)"
                          " WHERE r.user_id = ? AND r.from_id = ? AND r.type = ? AND r.invalid_at = ?",
                          (user, edge["from_id"], edge["type"], edge["valid_from"]))
-    entities = cursor.execute(f"SELECT seq, id, agent_id, name, type, description, aliases, provenance FROM entities"
+    entities = cursor.execute(f"SELECT seq, id, agent_id, name, type, description, aliases, provenance, stored_via FROM entities"
                               f" {_NAMING.format('entities')}", (user, listed)).fetchall()
     for entity in entities:
         named_by: list[str] = []
@@ -61,7 +61,8 @@ def prune_graph(conn: sqlite3.Connection, user: str, deleted_messages: Sequence[
         texts = [row[0] for row in conn.execute(
             "SELECT content FROM messages WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
             (user, json.dumps(kept)))]
-        _apply(conn, "entities", entity_change(entity, deleted, texts, named_by, _name_said(conn, user, entity)))
+        _apply(conn, "entities", entity_change(entity, deleted, texts, named_by, _name_said(conn, user, entity),
+                                               stored=entity["stored_via"] is not None))
 
 
 def _name_said(conn: sqlite3.Connection, user: str, entity: sqlite3.Row) -> bool:
