@@ -13,6 +13,7 @@ Pure rules, no I/O.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -32,11 +33,27 @@ _STATELESS = frozenset({
 })
 # Keys that name a stored object wherever they sit in a request body (a content part's
 # file, a tool's vector stores or container), and the kind each names.
-_NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container"}
+_NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container",
+                      "cachedContent": "cached_content", "cached_content": "cached_content"}
+# Gemini names a stored file by its URI (`fileData.fileUri`, `.../v1beta/files/{id}`, or its
+# name `files/{id}`); a URI
+# of anything else (a video's address) names no stored object.
+_FILE_URIS = ("fileUri", "file_uri")
+_FILE_URI_ID = re.compile(r"^\s*(?:https?://[^/]*googleapis\.com/(?:[^/]+/)*)?files/([^/?#]+)", re.IGNORECASE)
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
-# A body holding none of these keys cannot name an object (`\u`: a key may be written escaped).
-_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES)), b"\\u")
+# Top-level lists of Responses input items (a request's `input`, a conversation's `items`):
+# an item there may be a reference to a stored item of any response (`{"type":
+# "item_reference", "id": ...}`, the type optional). memproxy records no item ids, so every
+# such reference is refused: an `item_reference` typed anywhere, and an item in these lists
+# with an `id` but neither a `type` nor a `role`.
+_ITEM_LISTS = ("input", "items")
+ITEM_REFERENCE = "item_reference"
+# A body holding none of these keys cannot name an object (`\u`: a key may be written escaped),
+# nor one holding an item list but no `"id"` (most Responses requests: not parsed twice).
+_NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_FILE_URIS)),
+            f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
+_LIST_NEEDLES = tuple(f'"{key}"'.encode() for key in _ITEM_LISTS)
 # What a model does with a request and forgets (Gemini's calls, `POST /models/{model}:action`).
 _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
                             "batchEmbedContents"})
@@ -75,13 +92,18 @@ class Unreadable(ValueError):
 def references(body: bytes) -> list[tuple[str, str]]:
     """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
     some but cannot be read. Duplicate keys count each time (a provider may read either)."""
-    if not any(needle in body for needle in _NEEDLES):
+    if not any(needle in body for needle in _NEEDLES) and not (
+            b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)):
         return []
     nested: list[tuple[str, Any]] = []
     top: list[list[tuple[str, Any]]] = []
 
     def collect(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         nested.extend((key, value) for key, value in pairs if key in _NESTED_REFERENCES)
+        nested.extend(("file_id", unquote(found[1])) for key, value in pairs
+                      if key in _FILE_URIS and isinstance(value, str) and (found := _FILE_URI_ID.match(value)))
+        if any(key == "type" and value == ITEM_REFERENCE for key, value in pairs):
+            nested.extend((ITEM_REFERENCE, value) for key, value in pairs if key == "id")
         top[:] = [pairs]  # the outermost object is the last one completed
         return dict(pairs)
 
@@ -89,11 +111,19 @@ def references(body: bytes) -> list[tuple[str, str]]:
         document = json.loads(body, object_pairs_hook=collect)
     except (ValueError, RecursionError):
         raise Unreadable("the body is not JSON") from None
-    found = [(_NESTED_REFERENCES[key], each) for key, value in nested for each in _ids(value)]
+    found = [(_NESTED_REFERENCES.get(key, "item"), each) for key, value in nested for each in _ids(value)]
     if isinstance(document, dict) and top:
         found += [(_TOP_REFERENCES[key], each) for key, value in top[0] if key in _TOP_REFERENCES
                   for each in _ids(value)]
+        found += [("item", item["id"]) for key, value in top[0] if key in _ITEM_LISTS and isinstance(value, list)
+                  for item in value if _untyped_reference(item)]
     return found
+
+
+def _untyped_reference(item: Any) -> bool:
+    """An input item naming a stored item by id alone (an `item_reference` whose type is left out)."""
+    return (isinstance(item, dict) and isinstance(item.get("id"), str) and "type" not in item
+            and "role" not in item)
 
 
 def _ids(value: Any) -> list[str]:

@@ -101,13 +101,13 @@ def without_key_parameter(query: bytes) -> bytes:
 
 def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
     """The query string without a key parameter or any parameter holding the client's memproxy
-    key (api-keys mode); every other parameter byte for byte, in order."""
+    key, in its name or its value (api-keys mode); every other parameter byte for byte, in order."""
     kept = []
     for pair in query.split(b"&"):
         name, _, value = pair.partition(b"=")
         if unquote_plus(name.decode("latin-1")) == _KEY_PARAMETER:
             continue
-        if proxy_key in unquote_plus(value.decode("latin-1")) or proxy_key.encode("latin-1", "replace") in value:
+        if proxy_key in unquote_plus(pair.decode("latin-1")) or proxy_key.encode("latin-1", "replace") in pair:
             continue
         kept.append(pair)
     return b"&".join(kept)

@@ -9,7 +9,9 @@ what each user gets, and what reaches the provider.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -214,6 +216,10 @@ def test_references_in_a_body() -> None:
         ("conversation", "conv_1"), ("file", "file-1"), ("file", "file-2"), ("response", "resp_1"),
         ("vector_store", "vs_1"), ("vector_store", "vs_2")]
     assert provider_objects.references(b'{"input": "my conversation about file_id"}') == []
+    items = {"input": [{"type": "item_reference", "id": "msg_1"}, {"id": "rs_2"}, {"role": "user", "content": "x"},
+                       {"type": "message", "id": "msg_3", "role": "assistant", "content": []}],
+             "metadata": {"input": [{"id": "not-an-item"}]}}
+    assert provider_objects.references(json.dumps(items).encode()) == [("item", "msg_1"), ("item", "rs_2")]
     with pytest.raises(provider_objects.Unreadable):
         provider_objects.references(b'{"file_id": ')
 
@@ -247,3 +253,83 @@ def test_tools_mode_records_the_id_the_client_sees(make_proxy: Any, fake: Any, t
         not_found(bob.get("/v1/responses/resp_r1"), "Response with id 'resp_r1' not found.")
     with http(proxy, ALICE_KEY) as client:
         assert client.get("/v1/responses/resp_r1").status_code == 200
+
+
+def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    # Another process holds the SQLite file's write lock: recording who created the response
+    # waits for it, but the client's stream does not wait longer than memory.commit_timeout_ms.
+    # Its creator's next request, on this process, waits for the record rather than be refused;
+    # the id is its creator's once the lock is free.
+    proxy = make_proxy(**settings(fake, tmp_path, memory__commit_timeout_ms=100))
+    fake.queue(SSEReply(stream(output("hi"), "resp_while_busy")))
+    alice = openai.OpenAI(base_url=proxy.url + "/v1", api_key=ALICE_KEY, max_retries=0,
+                          default_headers={"X-Memory-Mode": "off"})
+    holder = sqlite3.connect(tmp_path / "shared.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    with ThreadPoolExecutor(1) as pool, http(proxy, ALICE_KEY) as client:
+        try:
+            started = time.monotonic()
+            with alice.responses.create(model="m", input="hello", stream=True) as events:
+                first = next(iter(events))
+                waited = time.monotonic() - started
+                assert first.type == "response.created" and first.response.id == "resp_while_busy"
+                assert waited < 1.5, waited
+                list(events)
+            follow_up = pool.submit(client.get, "/v1/responses/resp_while_busy")
+            time.sleep(0.5)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert follow_up.result(timeout=20).status_code == 200
+    with http(proxy, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_while_busy"), "Response with id 'resp_while_busy' not found.")
+
+
+def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
+    # An input item may name an item of any stored response by id; memproxy records no item
+    # ids, so such a reference is refused, typed or not, wherever the input list sits.
+    fake.queue(JsonReply(response(output("the codeword is swordfish"), "resp_alice_item")))
+    assert sdk(keyed, ALICE_KEY).responses.create(model="m", input="hello").id == "resp_alice_item"
+    item = message_item("the codeword is swordfish")["id"]
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for reference in ({"type": "item_reference", "id": item}, {"id": item}):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [reference]}),
+                      f"Item with id '{item}' not found.")
+            not_found(bob.post("/v1/responses/input_tokens", json={"model": "m", "input": [reference]}),
+                      f"Item with id '{item}' not found.")
+            not_found(bob.post("/v1/conversations", json={"items": [reference]}), f"Item with id '{item}' not found.")
+    assert fake.received == []
+    # Items given whole (a client's own history, with the ids the provider gave them) go as usual.
+    with http(keyed, BOB_KEY) as bob:
+        history = [{"role": "user", "content": "hi"}, message_item("hello bob")]
+        assert bob.post("/v1/responses", json={"model": "m", "input": history}).status_code == 200
+    assert [r.target for r in fake.received] == ["/v1/responses"]
+
+
+def test_gemini_files_and_cached_contents_named_in_a_body_are_refused(make_proxy: Any, fake: Any,
+                                                                       tmp_path: Any) -> None:
+    # Gemini names a stored file by its URI and a cache by its name; memproxy's Gemini key
+    # holds every user's (and the operator's), and no upload or cache is made through memproxy.
+    proxy = make_proxy(**settings(fake, tmp_path, upstream__gemini_base_url=fake.url.removesuffix("/v1"),
+                                  upstream__gemini_api_key="gemini-upstream-own-0003"))
+    uri = "https://generativelanguage.googleapis.com/v1beta/files/abc123"
+    file_part = {"fileData": {"mimeType": "application/pdf", "fileUri": uri}}
+    bodies = [({"contents": [{"role": "user", "parts": [file_part]}]}, "File with id 'abc123' not found."),
+              ({"contents": [{"role": "user", "parts": [{"file_data": {"file_uri": uri}}]}]},
+               "File with id 'abc123' not found."),
+              ({"contents": [{"role": "user", "parts": [{"fileData": {"fileUri": "files/abc123"}}]}]},
+               "File with id 'abc123' not found."),
+              ({"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "cachedContent": "cachedContents/c1"},
+               "Cached content with id 'cachedContents/c1' not found.")]
+    with httpx.Client(base_url=proxy.url, headers={"x-goog-api-key": BOB_KEY}, timeout=30) as bob:
+        for body, message in bodies:
+            refused = bob.post("/v1beta/models/gemini-2.5-flash:generateContent", json=body)
+            assert refused.status_code == 404, refused.text
+            assert message in refused.text
+        # A file named by a URI of no stored file (a video's address) goes as sent.
+        video = {"fileData": {"mimeType": "video/mp4", "fileUri": "https://www.youtube.com/watch?v=abc"}}
+        fake.queue(JsonReply({"candidates": [{"content": {"role": "model", "parts": [{"text": "ok"}]}}]}))
+        assert bob.post("/v1beta/models/gemini-2.5-flash:generateContent",
+                        json={"contents": [{"role": "user", "parts": [video]}]}).status_code == 200
+    assert [r.target for r in fake.received] == ["/v1beta/models/gemini-2.5-flash:generateContent"]

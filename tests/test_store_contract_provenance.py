@@ -10,7 +10,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from proxy.models import Scope
-from proxy.stores.base import EntityFact, RecordFacts, RelationFact, StartTurn, Store
+from proxy.stores.base import EntityFact, RecordFacts, RelationFact, StartTurn, Store, StoreMemory
 from proxy.stores.provenance import Drop, KeepEntity, entity_change
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
@@ -106,3 +106,86 @@ def test_a_rules_note_on_a_remaining_sentence_stays() -> None:
     assert isinstance(change, KeepEntity)
     assert (change.description, change.provenance) == ("cat; I live with my cat Miso.", '["m1"]')
     assert entity_change(row, {"m1", "m2"}, []) == Drop(7)
+
+
+async def current_edges(backend: Backend) -> list[tuple[str, str, str, bool]]:
+    rows = await backend.sql(
+        "SELECT f.name, r.type, t.name, r.invalid_at FROM relationships r JOIN entities f ON f.user_id = r.user_id"
+        " AND f.id = r.from_id JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id WHERE r.user_id = ?"
+        " ORDER BY r.type, t.name", "alice")
+    return [(f, t, to, invalid is None) for f, t, to, invalid in rows]
+
+
+def test_a_deleted_fact_no_longer_closes_the_one_it_replaced(backend: Backend) -> None:
+    # "I live in Berlin", said only in the deleted conversation, had closed "I live in Paris":
+    # with it gone, Paris is where the user lives again, as if it had never been said.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await say(store, ALICE, "m-paris", "kept", 0, "I live in Paris.",
+                      (EntityFact("Paris", "city", "I live in Paris."),),
+                      (RelationFact("User", "LIVES_IN", "Paris", single_valued=True),))
+            await say(store, ALICE, "m-berlin", "gone", 1, "I live in Berlin.",
+                      (EntityFact("Berlin", "city", "I live in Berlin."),),
+                      (RelationFact("User", "LIVES_IN", "Berlin", single_valued=True),))
+            assert await current_edges(backend) == [("User", "LIVES_IN", "Berlin", True),
+                                                    ("User", "LIVES_IN", "Paris", False)]
+            await store.delete_item(ALICE, "conversation", "gone")
+            assert await current_edges(backend) == [("User", "LIVES_IN", "Paris", True)]
+
+    asyncio.run(body())
+
+
+def test_an_entity_a_remaining_edge_names_stays(backend: Backend) -> None:
+    # Jane's own provenance is only the deleted message, but a kept message's edge names her
+    # (an extractor may relate a stored entity without describing it again): the edge, and
+    # Jane, stay; what only the deleted message said of her goes.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await say(store, ALICE, "m-jane", "gone", 0, "My sister is Jane, her PIN is 4471.",
+                      (EntityFact("Jane", "person", "My sister is Jane, her PIN is 4471."),))
+            await say(store, ALICE, "m-call", "kept", 1, "I called Jane today.", (),
+                      (RelationFact("User", "CALLED", "Jane"),))
+            await store.delete_item(ALICE, "conversation", "gone")
+            assert await edges(backend) == [("User", "CALLED", "Jane", ["m-call"])]
+            assert (await graph(backend))["Jane"] == ("", [], ["m-call"])
+
+    asyncio.run(body())
+
+
+def test_a_name_stated_only_in_a_deleted_conversation_leaves_the_users_node(backend: Backend) -> None:
+    # "My name is Zelda Quux" renamed the user's node; deleted, the node is "User" again
+    # (its facts kept), unless a remaining message still says the name.
+    async def body() -> None:
+        async with backend.opened() as store:
+            for scope in (ALICE, BOB):
+                await say(store, scope, "m-paris", "kept", 0, "I live in Paris.",
+                          (EntityFact("Paris", "city", "I live in Paris."),),
+                          (RelationFact("User", "LIVES_IN", "Paris", single_valued=True),))
+                at = T0 + timedelta(days=1)
+                await store.apply([StartTurn(scope, "t-name", "gone", "h-name", at, "My name is Zelda Quux.",
+                                             message_id="m-name")])
+                await store.apply([RecordFacts(scope, None, "m-name", (), (), at, "Zelda Quux")])
+            await say(store, BOB, "m-again", "kept", 2, "As I said, I am Zelda Quux.", ())
+            for scope in (ALICE, BOB):
+                await store.delete_item(scope, "conversation", "gone")
+            assert (await graph(backend))["User"] == ("", [], ["m-paris"])
+            assert await edges(backend) == [("User", "LIVES_IN", "Paris", ["m-paris"])]
+            exported = json.dumps([record async for record in store.export(ALICE)])
+            assert "Zelda" not in exported
+            assert "Zelda Quux" in await graph(backend, "bob")
+
+    asyncio.run(body())
+
+
+def test_a_memory_stored_explicitly_stays_when_a_message_that_named_it_goes(backend: Backend) -> None:
+    # The user stored "Miso" through the memory API; a later message described it too. That
+    # message deleted, the stored memory stays, without what only the message said.
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.store_memory(StoreMemory(ALICE, "mem-miso", "Miso", "fact", T0, stored_via="memory_api"))
+            await say(store, ALICE, "m-miso", "gone", 1, "My cat Miso knows the vault code 4471.",
+                      (EntityFact("Miso", "pet", "My cat Miso knows the vault code 4471."),))
+            await store.delete_item(ALICE, "conversation", "gone")
+            assert (await graph(backend))["Miso"] == ("", [], [])
+
+    asyncio.run(body())

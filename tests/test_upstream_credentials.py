@@ -86,3 +86,12 @@ def test_a_configured_key_replaces_every_provider_key_header_outside_api_keys_mo
     # headers memproxy's key replaces go.
     assert sorted(_forwarded(request)) == [("authorization", f"Bearer {UPSTREAM_KEY}"), ("cookie", "c=1")]
     assert request.target == "/v1/models?key=client-own"
+
+
+def test_a_key_as_a_query_parameters_name_never_leaves(keyed: Any, fake: Any) -> None:
+    # A parameter with no value (`?<key>`) or the key as its name: the key leaves all the same.
+    with keyed.http() as client:
+        for query in (f"?{ALICE_KEY}&limit=2", f"?{ALICE_KEY.replace('-', '%2D')}=1&limit=2"):
+            response = client.get(f"/v1/models{query}", headers={"Authorization": f"Bearer {ALICE_KEY}"})
+            assert response.status_code == 200
+    assert [r.target for r in fake.received] == ["/v1/models?limit=2"] * 2

@@ -3,7 +3,10 @@
 The rules are provider_objects.py's; this module reads and records who created what in the
 store (so every process and replica agrees), refuses what a request may not reach, and
 records the id a creation's answer carries before the client has it whole: the first event
-of a stream (Responses' `response.created`) waits for the record, a JSON answer's last chunk does.
+of a stream (Responses' `response.created`) waits for the record, a JSON answer's last chunk does,
+each for at most memory.commit_timeout_ms (a busy store does not hold the answer; the record
+lands after: a request of this process naming the id waits for it, another process refuses it
+until then).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ log = logging.getLogger("memproxy.ownership")
 # A creation's JSON answer longer than this is relayed without its id recorded (the object
 # is then refused to everyone): an object's description is a few KiB.
 CREATED_BODY_MAX = 4 * 1024 * 1024
+# A record the store refused for a transient reason (locked, unreachable) is tried again this
+# many times in all, this long apart: unrecorded, the object is lost to its creator too.
+RECORD_ATTEMPTS = 3
+RECORD_RETRY_S = 1.0
 
 
 class Ownership:
@@ -39,6 +46,10 @@ class Ownership:
         self._per_user = settings.auth.provider_objects == "per-user"
         self._upstream = upstream
         self._store = store
+        self._wait_s = settings.memory.commit_timeout_ms / 1000
+        # Records still going after their answer went on, by (provider, id): a request of this
+        # process naming one waits for it rather than find it unrecorded.
+        self._writing: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def owner(self, resolved: RequestScope, provider: Provider) -> str | None:
         """The user whose objects this request may reach, None when they are not kept per user: a
@@ -72,6 +83,9 @@ class Ownership:
 
     async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
                      ) -> None:
+        writing = self._writing.get((provider, object_id))
+        if writing is not None:
+            await asyncio.shield(writing)
         try:
             owner = await self._store.owner_of(provider, object_id)
         except StoreError as exc:
@@ -88,12 +102,27 @@ class Ownership:
         return Recorded(response, self, user, provider, kind)
 
     async def record(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
+        """Record `user` as the object's creator, waiting at most memory.commit_timeout_ms for it."""
+        task = asyncio.create_task(self._write(user, provider, kind, object_id))
+        self._writing[provider, object_id] = task
+        task.add_done_callback(lambda _: self._writing.pop((provider, object_id), None))
         try:
-            owner = await self._store.record_owner(provider, object_id, user, kind, datetime.now(UTC))
-        except StoreError as exc:
-            # The object exists at the provider; unrecorded, no one reaches it through memproxy.
-            log.error("could not record who created a provider %s: %s", kind, exc)
-            return
+            await asyncio.wait_for(asyncio.shield(task), self._wait_s)
+        except TimeoutError:
+            log.warning("recording who created a provider %s is slow; the answer goes on, the record after", kind)
+
+    async def _write(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
+        for attempt in range(1, RECORD_ATTEMPTS + 1):
+            try:
+                owner = await self._store.record_owner(provider, object_id, user, kind, datetime.now(UTC))
+                break
+            except StoreError as exc:
+                if exc.transient and attempt < RECORD_ATTEMPTS:
+                    await asyncio.sleep(RECORD_RETRY_S)
+                    continue
+                # The object exists at the provider; unrecorded, no one reaches it through memproxy.
+                log.error("could not record who created a provider %s: %s", kind, exc)
+                return
         if owner != user:
             log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
 
