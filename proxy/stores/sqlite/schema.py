@@ -460,8 +460,27 @@ CREATE TABLE IF NOT EXISTS provider_objects (
 CREATE INDEX IF NOT EXISTS provider_objects_user ON provider_objects(user_id);
 """
 
+# v16: extraction items leased to the process that claimed them (sqlite/queue.py): the
+# worker processes of one file share its queue, and one user's items go to one at a time.
+# The processes with the file open (sqlite/processes.py): one starting leaves alone the turns
+# another is serving.
+_V16 = """
+CREATE TABLE IF NOT EXISTS processes (id TEXT PRIMARY KEY, opened_at REAL NOT NULL);
+ALTER TABLE extraction_queue ADD COLUMN claimed_until REAL;
+ALTER TABLE extraction_queue ADD COLUMN claimed_by TEXT;
+CREATE INDEX IF NOT EXISTS extraction_queue_leased ON extraction_queue(user_id, claimed_until)
+    WHERE claimed_until IS NOT NULL;
+"""
+
+# v17 (PostgreSQL v12): where an explicitly stored memory came from (memory_api, tools, mcp); NULL
+# for extracted ones.
+_V17 = """
+ALTER TABLE entities ADD COLUMN stored_via TEXT;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15,
+                               _V16, _V17)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
