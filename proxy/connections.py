@@ -202,7 +202,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         next_is_queued = bool(self.pipeline)  # a queued request's head has arrived already
         super().on_response_complete()
-        if not next_is_queued and not self.transport.is_closing():
+        if next_is_queued or self.transport.is_closing():
+            return
+        if self._head_refused:
+            self._answer_too_large()  # the requests before it are answered
+        else:
             self._await_head()
 
     def _count_head(self, size: int) -> None:
@@ -211,9 +215,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refuse_head()
 
     def _refuse_head(self) -> None:
-        """431, once; the parser's callbacks for the rest of what came are then ignored."""
+        """431, once; the parser's callbacks for the rest of what came are then ignored. Behind
+        requests still being answered (pipelined), after their answers: answers keep the
+        requests' order, and one written now would land inside a response being written."""
         self._head_refused = True
         self._stop_head_deadline()
+        if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+            self.flow.pause_reading()
+            return
+        self._answer_too_large()
+
+    def _answer_too_large(self) -> None:
         self._answer_and_close(431, f"Request line and headers too large: at most {self._guard.max_header_bytes} "
                                     "bytes (server.max_header_bytes).")
 

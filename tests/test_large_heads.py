@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import DONE, FakeUpstream, SSEReply, stream_events
 from tests.test_crash import start_server
 
 MAX_HEADER_BYTES = 32 * 1024  # the default
@@ -86,3 +86,17 @@ def test_pipelined_heads_are_each_held_to_the_cap(port: int) -> None:
     one = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"p" * 20_000 + b"\r\n"
     answer = exchange(port, one + b"\r\n" + one + b"Connection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == 2
+
+
+def test_a_head_past_the_cap_behind_a_request_in_flight_is_answered_after_it(port: int, fake: FakeUpstream) -> None:
+    """Pipelined behind a streamed answer: the answer comes whole, then the 431 (answers keep the
+    requests' order; a 431 written at once would read as the first request's, or land inside
+    its stream)."""
+    fake.queue(SSEReply(stream_events(), delay=0.1))
+    chat = head(b"X-Memory-User: alice", body=CHAT.replace(b'"m",', b'"m", "stream": true,'))
+    big = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n"
+    answer = exchange(port, chat + big)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answer.endswith(b"%x\r\n%s\r\n0\r\n\r\n" % (len(DONE), DONE) + TOO_LARGE)
+    assert answer.count(b"HTTP/1.1 ") == 2
+    assert len(fake.chat_requests()) == 1

@@ -371,6 +371,14 @@ SPELLED = [
      '{"code": "{\\"cmd\\": \\"pass\\\\u200bword=[REDACTED:password]\\"}"}'),
     ('{"code": "{\\"code\\": \\"cfg = {\\\\\\"password\\\\\\": \\\\\\"Qa27xyzAB\\\\\\"}\\"}"}',
      '{"code": "{\\"code\\": \\"cfg = {\\\\\\"password\\\\\\": \\\\\\"[REDACTED:password]\\\\\\"}\\"}"}'),
+    # A secret right after an escape, or ending where a string two levels down closes: the cut
+    # takes neither the escape's backslash nor the closing quote's.
+    ('{"t": "password:\\tQa31xyzAB"}', '{"t": "password:\\t[REDACTED:password]"}'),
+    ('{"t": "password=\\\\Qa32xyzAB"}', '{"t": "password=\\\\[REDACTED:password]"}'),
+    (json.dumps({"c": json.dumps([json.dumps(["password=Qa34xyzAB"])])}),
+     json.dumps({"c": json.dumps([json.dumps(["password=[REDACTED:password]"])])})),
+    (json.dumps({"c": json.dumps({"k": json.dumps({"s": "api_key=Qa35xyzABcd"})})}),
+     json.dumps({"c": json.dumps({"k": json.dumps({"s": "api_key=[REDACTED:api_key]"})})})),
 ]
 
 

@@ -48,8 +48,8 @@ def _redacted(arguments: str) -> str:
     return arguments
 
 
-def _chat_loop(http: httpx.Client, fake: Any, headers: dict[str, str]) -> list[str]:
-    calls = [{"id": f"call_{n}", "name": "shell", "arguments": json.dumps(args)} for n, (args, _) in enumerate(CALLS)]
+def _chat_loop(http: httpx.Client, fake: Any, headers: dict[str, str], inputs: list[Any] = CALLS) -> list[str]:
+    calls = [{"id": f"call_{n}", "name": "shell", "arguments": json.dumps(args)} for n, (args, _) in enumerate(inputs)]
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     fake.queue(JsonReply(completion(None, tool_calls=calls)), JsonReply(completion(ANSWER)))
     first = http.post("/v1/chat/completions", headers=headers, json={"model": "m", "messages": messages})
@@ -60,8 +60,8 @@ def _chat_loop(http: httpx.Client, fake: Any, headers: dict[str, str]) -> list[s
     return [c["arguments"] for c in calls]
 
 
-def _responses_loop(http: httpx.Client, fake: Any, headers: dict[str, str]) -> list[str]:
-    items = [call_item(f"call_{n}", "shell", json.dumps(args)) for n, (args, _) in enumerate(CALLS)]
+def _responses_loop(http: httpx.Client, fake: Any, headers: dict[str, str], inputs: list[Any] = CALLS) -> list[str]:
+    items = [call_item(f"call_{n}", "shell", json.dumps(args)) for n, (args, _) in enumerate(inputs)]
     history: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     fake.queue(JsonReply(response(items)), JsonReply(response([{
         "type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
@@ -73,8 +73,8 @@ def _responses_loop(http: httpx.Client, fake: Any, headers: dict[str, str]) -> l
     return [item["arguments"] for item in items]
 
 
-def _messages_loop(http: httpx.Client, fake: Any, headers: dict[str, str]) -> list[str]:
-    uses = [{"id": f"toolu_{n}", "name": "shell", "input": args} for n, (args, _) in enumerate(CALLS)]
+def _messages_loop(http: httpx.Client, fake: Any, headers: dict[str, str], inputs: list[Any] = CALLS) -> list[str]:
+    uses = [{"id": f"toolu_{n}", "name": "shell", "input": args} for n, (args, _) in enumerate(inputs)]
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     fake.queue(JsonReply(message(None, tool_uses=uses)), JsonReply(message(ANSWER)))
     body = {"model": "claude-test", "max_tokens": 100, "messages": messages}
@@ -134,6 +134,30 @@ def test_secrets_tool_call_arguments_spell_reach_no_file_export_search_or_later_
         for where, content in (("database files", _files(proxy)), ("export", exported), ("search", found.content),
                                ("prompt", prompt.encode())):
             assert canary.encode() not in content, (canary, where)
+
+
+# A password right after an escape (`\t`), and one ending where strings two and three levels
+# down close (`\\\"]\"]`): the cut takes neither the escape's backslash nor the quotes'.
+AT_ESCAPES = [
+    ({"t": "password:\tTb5mR2cK"}, "Tb5mR2cK"),
+    ({"c": json.dumps([json.dumps(["password=Vx7pN4qH"])])}, "Vx7pN4qH"),
+]
+
+
+@pytest.mark.parametrize("wire", list(LOOPS))
+def test_a_password_next_to_an_escape_is_cut_and_every_level_stays_json(make_proxy: Any, fake: Any,
+                                                                      wire: str) -> None:
+    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[],
+                       upstream__anthropic_base_url=fake.url)
+    with proxy.http() as http:
+        sent = LOOPS[wire](http, fake, {"X-Memory-User": "alice"}, AT_ESCAPES)
+        assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM reasoning")) == 1)
+    ((steps,),) = rows(proxy, "SELECT steps FROM reasoning")
+    saved = [step["arguments"] for step in json.loads(steps)]
+    assert saved == [arguments.replace(canary, MARK) for arguments, (_, canary) in zip(sent, AT_ESCAPES, strict=True)]
+    assert json.loads(saved[0]) == {"t": f"password:\t{MARK}"}
+    assert json.loads(json.loads(json.loads(saved[1])["c"])[0]) == [f"password={MARK}"]
+    assert b"Tb5mR2cK" not in _files(proxy) and b"Vx7pN4qH" not in _files(proxy)
 
 
 def test_a_store_memory_call_spelling_a_password_keeps_it_out_of_the_trace(make_proxy: Any, fake: Any) -> None:

@@ -59,7 +59,8 @@ _HEADER_IMITATIONS = (
 )
 # Tags a client gives meaning to in the user's role: Claude Code's `<system-reminder>`, Codex's
 # `<environment_context>` and `<user_instructions>`, Gemini CLI's `<session_context>`. Opening
-# or closing, with attributes: a memory that closes one and opens another speaks as the client.
+# or closing, with attributes, or left unclosed (a model reads `</system-reminder` as closing
+# it): a memory that closes one and opens another speaks as the client.
 CLIENT_TAGS = ("system-reminder", "environment_context", "user_instructions", "session_context")
 # Roles a transcript gives its turns: a memory line that starts one (`Human: ...`) speaks as it.
 ROLES = ("human", "assistant", "system", "user", "developer")
@@ -68,10 +69,10 @@ _IMITATIONS: tuple[tuple[re.Pattern[str], str], ...] = (
     *((pattern, "") for pattern in _HEADER_IMITATIONS),
     # A role that starts a turn: at the start of the text or a line, or after punctuation (as
     # after every marker below, so it is looked for first); not a word in a sentence (`the
-    # operating system: Arch`), nor memproxy's own `... | user: ... | assistant: ...` that joins
-    # a message line's turns.
+    # operating system: Arch`), nor a URL's user (`postgres://user:...@db`), nor memproxy's own
+    # `... | user: ... | assistant: ...` that joins a message line's turns.
     (re.compile(
-        r"(?:\A|(?<=[^\w\s])|(?<=\n))\s{0,8}+(?!(?<=\| )(?-i:(?:user|assistant):))\b(?:"
+        r"(?:\A|(?<=[^\w\s/])|(?<=\n))\s{0,8}+(?!(?<=\| )(?-i:(?:user|assistant):))\b(?:"
         + "|".join(_reads(role) for role in ROLES) + r")\s{0,8}+:",
         re.IGNORECASE,
     ), ":"),
@@ -90,7 +91,7 @@ _IMITATIONS: tuple[tuple[re.Pattern[str], str], ...] = (
     ), "["),
     (re.compile(
         r"<\s*/?\s*(?:" + "|".join(_reads(re.sub(r"[-_]", r"[\\s_-]*", tag)) for tag in CLIENT_TAGS)
-        + r")\b[^<>]{0,256}>",
+        + r")\b(?:[^<>]{0,256}>)?",
         re.IGNORECASE,
     ), "<"),
     # Chat templates' special tokens, which some servers read as the tokens themselves: ChatML's

@@ -24,6 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from proxy.memory.confusables import visible_ascii_mapped
 from proxy.memory.json_escapes import unescaped_mapped
 from proxy.memory.secret_shapes import (
@@ -42,6 +44,9 @@ INLINE_REDACT_CHARS = 65_536
 # strings (2), a string literal in that (3).
 UNESCAPE_LEVELS = 3
 _SPELLED_RANK = len(RULES)  # a span found in what escapes spell yields, on a tie, to one found as written
+# Text read before and after a window to find the escapes a span's end may fall inside: a char
+# three levels deep is at most 6 ** 3 chars as written, and a surrogate pair twice that.
+_ESCAPE_CONTEXT = 512
 
 
 def redact(text: str) -> str:
@@ -89,7 +94,41 @@ def secret_spans(text: str, levels: int = UNESCAPE_LEVELS) -> list[tuple[int, in
         found += _found_as_it_reads(text)
     if levels and "\\" in text:
         found += _found_as_spelled(text, levels)
-    return [(start, _before_escaped_quote(text, start, end), kind) for start, end, kind in _joined(found)]
+    spans = [(start, _before_escaped_quote(text, start, end), kind) for start, end, kind in _joined(found)]
+    if levels and "\\" in text:
+        spans = _whole_escapes(text, spans, levels)
+    return spans
+
+
+def _whole_escapes(text: str, spans: list[tuple[int, int, str]], levels: int) -> list[tuple[int, int, str]]:
+    """The spans narrowed to whole escapes at every level, those left with none dropped: a rule
+    reading the text as written starts inside `\\t` or `\\u0027`, or stops inside the `\\\\\\"`
+    that closes a string two levels down, and cutting there would leave a lone backslash
+    (invalid JSON) or take one of the string's own. What the escapes spell is found whole by
+    the reading of it. A window at a time, as the rules read."""
+    points = np.array([edge for start, end, _ in spans for edge in (start, end)], dtype=np.int64)
+    forward = np.arange(len(points)) % 2 == 0  # a start moves forward, an end back
+    windows = points // WINDOW_CHARS
+    for window in np.unique(windows):
+        mine = windows == window
+        base = max(0, int(window) * WINDOW_CHARS - _ESCAPE_CONTEXT)
+        while base and text[base - 1] == "\\":  # a run of backslashes is read from its start
+            base -= 1
+        stop = (int(window) + 1) * WINDOW_CHARS + _ESCAPE_CONTEXT
+        points[mine] = base + _narrowed(text[base:stop], points[mine] - base, forward[mine], levels)
+    edges = points.tolist()
+    return [(edges[2 * n], edges[2 * n + 1], kind) for n, (_, _, kind) in enumerate(spans)
+            if edges[2 * n] < edges[2 * n + 1]]
+
+
+def _narrowed(text: str, points: np.ndarray, forward: np.ndarray, levels: int) -> np.ndarray:
+    """Each point of `text` moved to the nearest boundary of a char that the text's escapes
+    spell, `levels` deep: forward where `forward` says so, else back."""
+    if not levels or "\\" not in text:
+        return points
+    view, starts = unescaped_mapped(text)
+    index = np.where(forward, np.searchsorted(starts, points), np.searchsorted(starts, points, side="right") - 1)
+    return starts[_narrowed(view, index, forward, levels - 1)]
 
 
 def _before_escaped_quote(text: str, start: int, end: int) -> int:
