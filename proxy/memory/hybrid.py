@@ -1,13 +1,24 @@
 """The vector stream of a source and its fusion with the lexical one (docs/retrieval.md).
 
-With embeddings configured, each request's query is embedded once (`Vectors.query`),
-within `embeddings.query_timeout_ms` of the start of retrieval; every lexical source then
-also ranks the user's vectors of its kind by cosine (proxy.memory.vectors), keeping its own
-filters, and the two ranked lists are combined by weighted reciprocal rank fusion (k = 60,
-normalised over the streams that returned something, a bonus for a candidate both found).
+With embeddings on (the embedded model by default), each request's query is embedded
+once (`Vectors.query`), within `embeddings.query_timeout_ms` of the start of retrieval,
+and the store's marks of the user's newest vectors are read beside it (the cache is
+current to them, proxy.memory.vectors); every lexical source then also ranks the user's
+vectors of its kind by cosine, keeping its own filters, and the two are fused by score:
+
+    fused = lexical_weight x bm25 / best bm25 + vector_weight x closeness
+
+where closeness is how far a cosine stands above this query's mean cosine, in standard
+deviations, relative to the query's best (0 at or below the mean, 1 for the nearest). A
+static model's cosines are small and bunched (a right answer often at 0.1-0.3), so a
+fixed cosine floor cannot tell near from far; this calibration per query can. A vector
+hit the lexical stream did not find enters only when it stands at least MIN_Z standard
+deviations above the mean and clears `embeddings.min_cosine`: when nothing is close,
+no vector-only line is shown. Rank fusion (RRF) was tried and lost 4 points on LoCoMo.
+
 When the query cannot be embedded in time, or the endpoint fails (it is then left alone
-for a while), or the vectors cannot be read, the lexical stream stands alone. With no
-embeddings configured none of this runs: `SourceQuery.vectors` is None.
+for a while), or the vectors cannot be read, the lexical stream stands alone. With
+`embeddings.model: off` none of this runs: `SourceQuery.vectors` is None.
 """
 
 from __future__ import annotations
@@ -21,22 +32,23 @@ from typing import Any, TypeVar
 import numpy as np
 
 from proxy.memory.embeddings import Embed, EmbeddingFailed
-from proxy.memory.fusion import rrf
 from proxy.memory.sources import Found, SourceQuery, normalised
-from proxy.memory.vectors import RowFilter, VectorIndex, row_filter, unit
+from proxy.memory.vectors import RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import EmbeddingsSettings
-from proxy.stores.base import EmbeddingKind, StoreError
+from proxy.stores.base import EmbeddingKind, StoreError, VectorMark
 
 log = logging.getLogger("memproxy.vectors")
 
 T = TypeVar("T")
 VECTOR_REASON = "vector"
-LEXICAL, VECTOR = "lexical", "vector"
 QUIET_FIRST_S = 1.0  # after a failed query embedding, the endpoint is left alone this long, doubling
 QUIET_MAX_S = 60.0
 MAX_CANDIDATES = 500  # vector candidates asked per source, at most
+# A vector hit the lexical stream missed enters only this many standard deviations above
+# the query's mean cosine (tuned on LoCoMo dev, docs/retrieval.md).
+MIN_Z = 3.0
 
 
 @dataclass
@@ -49,17 +61,13 @@ class _Quiet:
 
 @dataclass
 class Vectors:
-    """Vector search for one app: the embeddings call, the cached matrices, the fusion weights."""
+    """Vector search for one app: the embeddings call, the cached matrices, the fusion settings."""
 
     embed: Embed
     index: VectorIndex
     settings: EmbeddingsSettings
     metrics: Metrics
     _quiet: _Quiet = field(default_factory=_Quiet)
-
-    @property
-    def weights(self) -> dict[str, float]:
-        return {LEXICAL: self.settings.lexical_weight, VECTOR: self.settings.vector_weight}
 
     def query(self, scope: Scope, text: str) -> VectorQuery | None:
         """Start embedding this request's query; None while the endpoint is being left alone."""
@@ -70,7 +78,8 @@ class Vectors:
             return None
         timeout_s = self.settings.query_timeout_ms / 1000
         task = loop.create_task(self._embed(text, timeout_s), name="memproxy-query-embedding")
-        return VectorQuery(self, scope, task, loop.time() + timeout_s)
+        marks = loop.create_task(self.index.marks(scope), name="memproxy-vector-marks")
+        return VectorQuery(self, scope, task, marks, loop.time() + timeout_s)
 
     async def _embed(self, text: str, timeout_s: float) -> np.ndarray | None:
         try:
@@ -95,37 +104,37 @@ class VectorQuery:
     vectors: Vectors
     scope: Scope
     task: asyncio.Task[np.ndarray | None]
+    marks: asyncio.Task[dict[EmbeddingKind, VectorMark]]  # the store's newest vectors when the request began
     deadline: float  # loop time past which the vector stream gives up
 
-    @property
-    def weights(self) -> dict[str, float]:
-        return self.vectors.weights
-
-    async def search(self, kind: EmbeddingKind, limit: int, **conversations: Any) -> list[tuple[Any, float]]:
-        """(item, cosine) of the user's nearest relevant items of `kind`, best first; [] when that cannot be had."""
+    async def search(self, kind: EmbeddingKind, limit: int, **conversations: Any
+                     ) -> tuple[list[tuple[Any, float]], Spread]:
+        """(item, cosine) of the user's nearest items of `kind`, best first, and the spread of the
+        query's cosines; nothing when that cannot be had."""
         where: RowFilter = row_filter(self.scope, kind, **conversations)
         index = self.vectors.index
         try:
             async with asyncio.timeout_at(self.deadline):
                 query = await asyncio.shield(self.task)
                 if query is None:
-                    return []
-                near = await index.nearest(self.scope, kind, query, where, floor=self.vectors.settings.min_cosine,
-                                           limit=limit)
+                    return [], Spread()
+                marks = await asyncio.shield(self.marks)
+                near, spread = await index.nearest(self.scope, kind, query, where, mark=marks.get(kind),
+                                                   floor=-1.0, limit=limit)
                 if not near:
-                    return []
+                    return [], spread
                 items = await index.store.embedded_items(self.scope, kind, [item_id for item_id, _ in near],
                                                          index.model)
         except TimeoutError:
-            return []
+            return [], Spread()
         except StoreError as exc:
             log.warning("vectors: the %s vectors could not be read (%s)", kind, exc)
-            return []
+            return [], Spread()
         except Exception:  # the vector stream's boundary: whatever breaks it, the lexical stream stands
             log.exception("vectors: the %s search failed", kind)
-            return []
+            return [], Spread()
         by_id = {item.id: item for item in items}
-        return [(by_id[item_id], score) for item_id, score in near if item_id in by_id]
+        return [(by_id[item_id], score) for item_id, score in near if item_id in by_id], spread
 
 
 async def with_vectors(
@@ -137,32 +146,52 @@ async def with_vectors(
     if vq is None:
         return await lexical
     limit = min(MAX_CANDIDATES, q.candidates + len(q.visible))  # the request may show many of the nearest
-    found, near = await asyncio.gather(lexical, vq.search(kind, limit, **conversations))
+    found, (near, spread) = await asyncio.gather(lexical, vq.search(kind, limit, **conversations))
     near = [(item, score) for item, score in near if keep(item)]
-    return fuse(found, near, vq.weights, key=key, text=text) if near else found
+    return fuse(found, near, spread, vq.vectors.settings, key=key, text=text) if near else found
 
 
-def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], weights: dict[str, float], *,
-         key: Callable[[T], str], text: Callable[[T], str]) -> list[Found[T]]:
-    """Weighted RRF of the lexical candidates and the vector ones; each text once."""
-    lexical = {key(f.item): f for f in found}
+def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spread, settings: EmbeddingsSettings,
+         *, key: Callable[[T], str], text: Callable[[T], str]) -> list[Found[T]]:
+    """The lexical candidates and the close vector ones, by fused score (module doc); each text once."""
+    best_bm25 = max((f.score for f in found), default=0.0)
+    best_z = max((spread.z(score) for _, score in near), default=0.0)
     cosine = {key(item): (item, score) for item, score in near}
-    fused = rrf({LEXICAL: list(lexical), VECTOR: list(cosine)}, weights)
+    ranked: list[tuple[float, int, Found[T]]] = []
+    for n, f in enumerate(found):
+        lexical = f.score / best_bm25 if best_bm25 > 0 else 0.0
+        parts = dict(f.parts)
+        closeness = 0.0
+        if (pair := cosine.pop(key(f.item), None)) is not None:
+            z = spread.z(pair[1])
+            closeness = _closeness(z, best_z)
+            if _close(z, pair[1], settings):  # the `cosine` part marks a hit close in meaning
+                parts.update(cosine=pair[1], z=round(z, 2))
+        fused = settings.lexical_weight * lexical + settings.vector_weight * closeness
+        ranked.append((fused, n, Found(f.item, f.score, f.reason, {**parts, "fused": round(fused, 6)})))
+    for n, (item, score) in enumerate(cosine.values(), start=len(found)):
+        z = spread.z(score)
+        if not _close(z, score, settings):
+            continue  # nothing the lexical stream missed is shown unless it is close
+        fused = settings.vector_weight * _closeness(z, best_z)
+        ranked.append((fused, n, Found(item, score, VECTOR_REASON,
+                                       {"cosine": score, "z": round(z, 2), "fused": round(fused, 6)})))
+    ranked.sort(key=lambda r: (-round(r[0], 9), r[1]))
     out: list[Found[T]] = []
     texts: set[str] = set()
-    for item_id, score, ranks in fused:
-        if item_id in lexical:
-            f = lexical[item_id]
-            item, base, reason, parts = f.item, f.score, f.reason, dict(f.parts)
-        else:
-            item, base = cosine[item_id]
-            reason, parts = VECTOR_REASON, {}
-        words = normalised(text(item)).casefold()
-        if words in texts:
-            continue
-        texts.add(words)
-        if item_id in cosine:
-            parts["cosine"] = cosine[item_id][1]
-        parts["rrf"] = round(score, 6)
-        out.append(Found(item, base, reason, parts))
+    for _, _, f in ranked:
+        words = normalised(text(f.item)).casefold()
+        if words not in texts:
+            texts.add(words)
+            out.append(f)
     return out
+
+
+def _close(z: float, cosine: float, settings: EmbeddingsSettings) -> bool:
+    """Near enough in meaning to be shown on its vector alone."""
+    return z >= MIN_Z and cosine >= settings.min_cosine
+
+
+def _closeness(z: float, best_z: float) -> float:
+    """A cosine's z-score relative to the query's best: 0 at or below the mean, 1 for the nearest."""
+    return max(0.0, z) / best_z if best_z > 0 else 0.0

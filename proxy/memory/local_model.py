@@ -61,6 +61,7 @@ class LocalModel:
     """Texts in, float32 little-endian vectors out; the async `Embed` shape the app calls."""
 
     model = MODEL_NAME
+    in_process = True
 
     def __init__(self, folder: Path | None = None) -> None:
         folder = folder if folder is not None else package_folder()

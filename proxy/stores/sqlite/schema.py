@@ -445,8 +445,15 @@ CREATE INDEX IF NOT EXISTS relationships_from_newest ON relationships(user_id, f
 CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_id, valid_from);
 """
 
+# v15: a user's newest vector of a kind and model in one index probe (rowid is the index's
+# last column): each recall checks that the cached vectors are current, since another
+# process sharing the store may have saved some since, and reads only those after.
+_V15 = """
+CREATE INDEX IF NOT EXISTS embeddings_newest ON embeddings(user_id, kind, model);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
