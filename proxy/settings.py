@@ -203,7 +203,7 @@ class EmbeddingsSettings:
                               "stand out from the query's other cosines).", 0.1)
     lexical_weight: float = _help("Weight of the normalised BM25 score in a source's score fusion.", 1.0)
     vector_weight: float = _help("Weight of the vector closeness in a source's score fusion; 0 = lexical only.",
-                                 0.3)
+                                 0.1)
     cache_max_mb: int = _help("Most memory the cached vectors of all users take (MiB); the least recently "
                               "used user's are dropped past it.", 512)
 

@@ -49,6 +49,9 @@ MAX_CANDIDATES = 500  # vector candidates asked per source, at most
 # A vector hit the lexical stream missed enters only this many standard deviations above
 # the query's mean cosine (tuned on LoCoMo dev, docs/retrieval.md).
 MIN_Z = 3.0
+# With too few vectors for a spread (a new user), a hit is close at this cosine, and
+# closeness is the cosine relative to the best one.
+FEW_ROWS_COSINE = 0.3
 
 
 @dataclass
@@ -155,7 +158,9 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
          *, key: Callable[[T], str], text: Callable[[T], str]) -> list[Found[T]]:
     """The lexical candidates and the close vector ones, by fused score (module doc); each text once."""
     best_bm25 = max((f.score for f in found), default=0.0)
-    best_z = max((spread.z(score) for _, score in near), default=0.0)
+    z_of = spread.z if spread.telling else (lambda cosine: cosine)  # a new user's: the cosine itself
+    best_z = max((z_of(score) for _, score in near), default=0.0)
+    min_z = MIN_Z if spread.telling else FEW_ROWS_COSINE
     cosine = {key(item): (item, score) for item, score in near}
     ranked: list[tuple[float, int, Found[T]]] = []
     for n, f in enumerate(found):
@@ -163,15 +168,15 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
         parts = dict(f.parts)
         closeness = 0.0
         if (pair := cosine.pop(key(f.item), None)) is not None:
-            z = spread.z(pair[1])
+            z = z_of(pair[1])
             closeness = _closeness(z, best_z)
-            if _close(z, pair[1], settings):  # the `cosine` part marks a hit close in meaning
+            if _close(z, pair[1], min_z, settings):  # the `cosine` part marks a hit close in meaning
                 parts.update(cosine=pair[1], z=round(z, 2))
         fused = settings.lexical_weight * lexical + settings.vector_weight * closeness
         ranked.append((fused, n, Found(f.item, f.score, f.reason, {**parts, "fused": round(fused, 6)})))
     for n, (item, score) in enumerate(cosine.values(), start=len(found)):
-        z = spread.z(score)
-        if not _close(z, score, settings):
+        z = z_of(score)
+        if not _close(z, score, min_z, settings):
             continue  # nothing the lexical stream missed is shown unless it is close
         fused = settings.vector_weight * _closeness(z, best_z)
         ranked.append((fused, n, Found(item, score, VECTOR_REASON,
@@ -187,9 +192,9 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
     return out
 
 
-def _close(z: float, cosine: float, settings: EmbeddingsSettings) -> bool:
+def _close(z: float, cosine: float, min_z: float, settings: EmbeddingsSettings) -> bool:
     """Near enough in meaning to be shown on its vector alone."""
-    return z >= MIN_Z and cosine >= settings.min_cosine
+    return z >= min_z and cosine >= settings.min_cosine
 
 
 def _closeness(z: float, best_z: float) -> float:

@@ -38,8 +38,9 @@ MAX_MATRICES = 256
 # Past this many matrix cells a product runs in a thread, not on the event loop, so other streams keep flowing.
 INLINE_CELLS = 1_000_000
 COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder equals
-# Below this many rows a query's spread of cosines says too little for a z-score.
-MIN_SPREAD_ROWS = 8
+# Below this many rows a query's spread of cosines says too little for a z-score (a few
+# near rows among ten move the mean and the deviation as much as they stand out).
+MIN_SPREAD_ROWS = 50
 
 
 def unit(vector: bytes | np.ndarray) -> np.ndarray | None:
@@ -75,9 +76,14 @@ class Spread:
     std: float = 0.0
     rows: int = 0
 
+    @property
+    def telling(self) -> bool:
+        """Enough rows for a z-score to mean something."""
+        return self.rows >= MIN_SPREAD_ROWS and self.std > 0
+
     def z(self, cosine: float) -> float:
-        """Standard deviations above the query's mean cosine; 0 with too few rows to tell."""
-        return (cosine - self.mean) / self.std if self.rows >= MIN_SPREAD_ROWS and self.std > 0 else 0.0
+        """Standard deviations above the query's mean cosine (0 when not `telling`)."""
+        return (cosine - self.mean) / self.std if self.telling else 0.0
 
 
 @dataclass
