@@ -48,7 +48,7 @@ QUIET_MAX_S = 60.0
 MAX_CANDIDATES = 500  # vector candidates asked per source, at most
 # A vector hit the lexical stream missed enters only this many standard deviations above
 # the query's mean cosine (tuned on LoCoMo dev, docs/retrieval.md).
-MIN_Z = 3.0
+MIN_Z = 2.5
 # With too few vectors for a spread (a new user), a hit is close at this cosine, and
 # closeness is the cosine relative to the best one.
 FEW_ROWS_COSINE = 0.3
