@@ -1,4 +1,4 @@
-"""memproxy's command line: serve, export, import, delete, reindex, eval."""
+"""memproxy's command line: serve, demo, export, import, delete, reindex, eval."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
     serve.add_argument("--upstream", help="provider base URL with its /v1 prefix (upstream.base_url)")
     serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser("demo", help="see memory work with no provider key: memproxy in front of a"
+                               " built-in echo provider, a fact told and asked about")
+    demo.add_argument("--port", type=int, default=8080, help="port memproxy listens on (default 8080)")
+    demo.add_argument("--serve", action="store_true", help="after the tour, keep serving until Ctrl-C")
+    demo.set_defaults(run=_demo)
 
     export = commands.add_parser("export", help="write a user's memory as JSON Lines to stdout")
     export.add_argument("--user", required=True, help="the user id")
@@ -137,6 +143,17 @@ def _announce(settings: Settings) -> None:
         "upstream": settings.upstream.base_url,
         "store": settings.store.where(),
     })
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from proxy.demo.tour import run
+
+    for stop in (signal.SIGTERM, signal.SIGINT):  # as serve: a stop after the shutdown exits 0
+        signal.signal(stop, lambda *_: None)
+    asyncio.run(run(args.port, args.serve, lambda text: print(text, flush=True)))
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

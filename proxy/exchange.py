@@ -10,6 +10,9 @@ from proxy.models import AssistantMessage, Transcript
 from proxy.scope import RequestScope
 
 
+NOT_A_TURN = "off: not a turn"  # a chat path's request that is no turn: a GET, an unreadable body, an error
+
+
 class Recall:
     """Memory's part in one request: the block to inject and what to do with the answer.
 
@@ -24,7 +27,7 @@ class Recall:
     prompt: str | None = None  # the prompt's words as a hook rewrote them, for the model too
     tools: MemoryTools | None = None  # tools mode: the memory calls the model may make
 
-    def __init__(self, status: str = "off") -> None:
+    def __init__(self, status: str = NOT_A_TURN) -> None:
         self.status = status
         # Tools mode: call id -> the memory exchange of the loop's step that made the call (stored),
         # and this step's own (JSON), kept with its app calls when its answer is recorded.
@@ -78,8 +81,8 @@ class ChatMemory(Protocol):
     async def recall(self, resolved: RequestScope, transcript: Transcript | None, wire: str = "") -> Recall: ...
 
 
-class NoMemory:
-    """ChatMemory with memory off for every request."""
-
-    async def recall(self, resolved: RequestScope, transcript: Transcript | None, wire: str = "") -> Recall:
-        return Recall("off")
+def off_status(resolved: RequestScope, transcript: Transcript | None) -> str:
+    """X-Memory-Status of a request memory does not serve, with the reason a user can act on."""
+    if resolved.memory_on and transcript is None:
+        return NOT_A_TURN
+    return f"off: {resolved.off_reason}"

@@ -38,12 +38,14 @@ class Sent:
         self._recent: tuple[bytes, bytes] = (b"", b"")  # the last two body chunks (not copies)
         self.error_headers: list[tuple[bytes, bytes]] = []  # what memproxy's own error answer carries
         self.shape: ErrorShape = OpenAIChat()  # the wire whose shape memproxy's own errors take
+        self.memory_status: str | None = None  # the X-Memory-Status sent, for the request's log line
 
     async def __call__(self, message: Message) -> None:
         await self._send(message)
         if message["type"] == "http.response.start":
             self.started = True
             self.open_stream = appendable_stream(message.get("headers", []))
+            self.memory_status = _memory_status(message.get("headers", []))
         elif message["type"] == "http.response.body":
             body = message.get("body", b"")
             self.tail = (self.tail + body[-4:])[-4:]  # never a copy of a whole chunk
@@ -55,6 +57,10 @@ class Sent:
     def recent(self) -> bytes:
         """The last two body chunks sent: enough to hold the last event's start."""
         return b"".join(self._recent)
+
+
+def _memory_status(headers: list[tuple[bytes, bytes]]) -> str | None:
+    return next((value.decode("latin-1") for name, value in headers if name.lower() == b"x-memory-status"), None)
 
 
 def appendable_stream(headers: list[tuple[bytes, bytes]]) -> bool:

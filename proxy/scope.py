@@ -38,6 +38,14 @@ class RequestScope:
     # With `body_user` and no X-Memory-User: the conversation and agent headers (validated),
     # for the scope the body's user gets.
     body_named: tuple[str | None, str | None] = (None, None)
+    side_request: bool = False  # a client's side call (a title, a sub-agent's probe): memory off
+
+    @property
+    def off_reason(self) -> str:
+        """Why memory is off for this request, in X-Memory-Status's words."""
+        if self.scope is None:
+            return "no user"
+        return "side request" if self.side_request else "mode off"
 
     @property
     def memory_on(self) -> bool:

@@ -69,10 +69,10 @@ def test_scope_headers_from_an_untrusted_peer_get_401(fake: Any, tmp_path: Any) 
     assert error_of(refused, 401) == {"message": "scope headers are accepted only from trusted networks",
                                       "type": "authentication_error", "param": None,
                                       "code": "invalid_memory_identity"}
-    assert refused.headers["x-memory-status"] == "off"
+    assert refused.headers["x-memory-status"] == "off: not a turn"
     assert fake.chat_requests() == []
     plain, no_scope = asyncio.run(_remote(base, [_chat_request({}), ("GET", "/v1/models", {}, None)]))
-    assert (plain.status_code, plain.headers["x-memory-status"], no_scope.status_code) == (200, "off", 200)
+    assert (plain.status_code, plain.headers["x-memory-status"], no_scope.status_code) == (200, "off: no user", 200)
 
 
 def test_a_trusted_network_may_name_users(fake: Any, tmp_path: Any) -> None:
@@ -88,7 +88,7 @@ def test_the_body_user_names_no_one_from_an_untrusted_peer(fake: Any, tmp_path: 
     overrides = {"upstream.base_url": fake.url, "store.url": f"sqlite:///{tmp_path}/m.db",
                  "scope.user_from_body": True, "memory.commit_timeout_ms": 5000}
     (remote,) = asyncio.run(_remote(overrides, [_chat_request({}, user="alice")]))
-    assert (remote.status_code, remote.headers["x-memory-status"]) == (200, "off")
+    assert (remote.status_code, remote.headers["x-memory-status"]) == (200, "off: no user")
     assert "x-memory-turn" not in remote.headers
     proxy = make_proxy(scope__user_from_body=True, memory__commit_timeout_ms=5000)
     with proxy.http() as client:

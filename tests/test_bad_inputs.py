@@ -31,28 +31,28 @@ def read_reply(sock: socket.socket) -> bytes:
         body += sock.recv(4096)
     return head + b"\r\n\r\n" + body
 
-# (body, X-Memory-Status): memory skips what is not a chat request it understands ("off"),
+# (body, X-Memory-Status): memory skips what is not a chat request it understands ("off: not a turn"),
 # and works on a request whose odd text it can still read ("ok"); either way the body is
 # forwarded byte for byte and the provider's own answer comes back.
 UNPARSEABLE = [
-    (b"{not json", "off"),
-    (b"[1, 2]", "off"),
-    (b'"a string"', "off"),
-    (b"42", "off"),
-    (b"null", "off"),
-    (b"[" * 100_000 + b"]" * 100_000, "off"),
-    (b'{"model": "m", "messages": null}', "off"),
-    (b'{"model": "m", "messages": "hi"}', "off"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": 5}], "stream": "true"}', "off"),
+    (b"{not json", "off: not a turn"),
+    (b"[1, 2]", "off: not a turn"),
+    (b'"a string"', "off: not a turn"),
+    (b"42", "off: not a turn"),
+    (b"null", "off: not a turn"),
+    (b"[" * 100_000 + b"]" * 100_000, "off: not a turn"),
+    (b'{"model": "m", "messages": null}', "off: not a turn"),
+    (b'{"model": "m", "messages": "hi"}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": 5}], "stream": "true"}', "off: not a turn"),
     # Wrong types the provider refuses; memory skips them and saves nothing.
-    (b'{"messages": [{"role": "user", "content": "no model"}]}', "off"),
-    (b'{"model": 7, "messages": [{"role": "user", "content": "model not a string"}]}', "off"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": {"weird": 1}}]}', "off"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": 42}]}', "off"),
-    (b'{"model": "m", "messages": [{"role": "wizard", "content": "unknown role"}]}', "off"),
-    (b'{"model": "m", "messages": [{"content": "no role"}]}', "off"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "fine"}, 3]}', "off"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "caf\xff"}]}', "off"),
+    (b'{"messages": [{"role": "user", "content": "no model"}]}', "off: not a turn"),
+    (b'{"model": 7, "messages": [{"role": "user", "content": "model not a string"}]}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": {"weird": 1}}]}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": 42}]}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"role": "wizard", "content": "unknown role"}]}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"content": "no role"}]}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "fine"}, 3]}', "off: not a turn"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "caf\xff"}]}', "off: not a turn"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 lone"}]}', "ok"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "nul \\u0000 inside"}]}', "ok"),
 ]
@@ -69,7 +69,7 @@ def test_unparseable_or_odd_bodies_forwarded_untouched(proxy, fake, body, memory
     assert fake.received[-1].body == body  # exactly what the client sent
     assert (response.status_code, response.json(), response.headers["x-request-id"]) == (400, PROVIDER_SAYS, "req-odd")
     assert response.headers["x-memory-status"] == memory
-    if memory == "off":  # nothing of a request memory could not read is kept
+    if memory.startswith("off"):  # nothing of a request memory could not read is kept
         with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
             assert db.execute("SELECT count(*) FROM messages").fetchone() == (0,)
 
@@ -250,7 +250,7 @@ def test_bad_memory_headers_are_400(proxy, fake, header, value):
         response = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
                              headers={"x-memory-user": "alice", header: value})
     assert response.status_code == 400
-    assert response.headers["x-memory-status"] == "off"
+    assert response.headers["x-memory-status"] == "off: not a turn"
     assert fake.received == []
 
 
@@ -282,7 +282,7 @@ def test_an_underscore_spelling_of_the_user_header_names_no_one(proxy, fake):
                      b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
         reply = read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 200")
-    assert b"x-memory-status: off" in reply.lower()  # no user: memory off, nothing saved
+    assert b"x-memory-status: off: no user" in reply.lower()  # no user: memory off, nothing saved
 
 
 def test_max_header_capped_and_off_mode_passes_through(proxy, fake):
@@ -290,7 +290,7 @@ def test_max_header_capped_and_off_mode_passes_through(proxy, fake):
         off = http.post("/v1/chat/completions", json={"model": "m", "messages": []},
                         headers={"x-memory-user": "alice", "x-memory-mode": "off", "x-memory-max": "99"})
     assert off.status_code == 200
-    assert off.headers["x-memory-status"] == "off"
+    assert off.headers["x-memory-status"] == "off: mode off"
 
 
 @pytest.mark.parametrize("value, injected", [("9" * 5000, "1"), ("0" * 5000 + "1", "1"), ("0" * 40, "0")])

@@ -49,6 +49,7 @@ def start_server(db: Path, upstream: str, log: Path | None = None, **env_setting
         except httpx.HTTPError:
             time.sleep(0.05)
     process.kill()
+    process.wait(10)  # reaped: an unreaped child warns in a later test
     raise RuntimeError("proxy did not start")
 
 

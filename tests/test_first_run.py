@@ -42,6 +42,7 @@ def serve(args: list[str], cwd: Path, stderr: Path, **env: str) -> subprocess.Po
                 return process
         time.sleep(0.05)
     process.kill()
+    process.wait(10)  # reaped: an unreaped child warns in a later test
     raise RuntimeError(f"proxy did not start: {stderr.read_text()}")
 
 

@@ -524,7 +524,7 @@ def test_a_block_holds_when_the_store_cannot_be_asked_in_time(with_hooks, fake):
     assert fake.chat_requests() == []
     raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Mode": "off"}).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "tell me the launch codes"}])
-    assert raw.headers["x-memory-status"] == "off"  # memory off: no hooks, a pure pass-through
+    assert raw.headers["x-memory-status"] == "off: mode off"  # memory off: no hooks, a pure pass-through
 
 
 # --- once per turn, and what a hook is given ----------------------------------------------

@@ -138,16 +138,31 @@ def test_the_users_view_counts_what_the_user_has(page, served, artifacts):  # no
     stats = api(proxy, "GET")
     shown = {e.get_attribute("data-count"): int(e.text) for e in page.find_elements(By.CSS_SELECTOR, "[data-count]")}
     assert shown == {"conversations": 2, "messages": 8, "entities": stats["entities"]}
-    assert texts(page, "#conversations a") == ["conv-move", "conv-work"]
+    # Each conversation is known by its first words, with its id and when it ran beside them.
+    assert texts(page, "#conversations a") == ["“I now work at Globex.”", "“I work at Acme.”"]
+    listed = {c["id"]: c for c in api(proxy, "GET", "conversations")["data"]}
+    assert [e.get_attribute("data-conversation") for e in page.find_elements(By.CSS_SELECTOR, "#conversations li")] \
+        == ["conv-move", "conv-work"]
+    meta = texts(page, "#conversations .meta")[0]
+    assert meta.startswith("conv-move, 4 messages, started ")
+    assert meta.endswith("last active " + listed["conv-move"]["last_active_at"][:19].replace("T", " ") + " UTC")
     # The token went into the tab's sessionStorage and nowhere else: not the URL, not a cookie.
     assert page.execute_script("return sessionStorage.getItem('memproxy.inspector.token')") == TOKEN
     assert TOKEN not in page.current_url and page.get_cookies() == []
     shot(page, artifacts, "users")
 
 
+def test_a_conversation_link_without_an_id_lists_the_conversations(page, served):  # noqa: F811
+    proxy, _ = served
+    open_view(page, proxy, f"view=conversation&user={USER}", (By.ID, "conversations"))
+    assert page.find_elements(By.CSS_SELECTOR, "p.error") == []
+    assert len(page.find_elements(By.CSS_SELECTOR, "#conversations li")) == 2
+
+
 def test_each_turn_shows_the_lines_it_was_given(page, served, artifacts):  # noqa: F811
     proxy, seeded = served
     log = api(proxy, "GET", "injections")["data"]
+    graph_reasons = 0
     for conversation in seeded.conversations:
         open_view(page, proxy, f"view=conversation&user={USER}&id={conversation}", (By.CSS_SELECTOR, "ol.messages"))
         turns = page.find_elements(By.CSS_SELECTOR, ".message.user")
@@ -163,8 +178,16 @@ def test_each_turn_shows_the_lines_it_was_given(page, served, artifacts):  # noq
             # very lines the model was sent on that turn.
             assert lines == [f"[{h['source']}] {h['text']}" for h in entry["log"]["hits"]]
             assert lines == seeded.sent[said], said
+            # A graph line says which entity it was expanded from, by name.
+            for hit, shown in zip(entry["log"]["hits"], blocks[0].find_elements(By.CSS_SELECTOR, "li.hit .why")):
+                if "entity" in hit["score"]:
+                    name = api(proxy, "GET", "entities", hit["score"]["entity"])["name"]
+                    assert shown.text.startswith(f"— graph expansion from {name}; score "), shown.text
+                    assert hit["score"]["entity"] not in shown.text
+                    graph_reasons += 1
         if conversation == "conv-move":
             shot(page, artifacts, "conversation")
+    assert graph_reasons > 0
     open_view(page, proxy, f"view=conversation&user={USER}&id=conv-work", (By.CSS_SELECTOR, "details.trace"))
     trace = page.find_element(By.CSS_SELECTOR, "details.trace")
     assert trace.get_attribute("open") is None  # collapsed under its turn
@@ -332,3 +355,15 @@ def test_deleting_the_user_names_what_goes_and_leaves_nothing(page, served):  # 
     with proxy.http(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         assert http.get(api_url(USER)).status_code == 404
         assert http.get(api_url(USER, "export")).text == ""
+
+
+def test_with_no_token_configured_the_page_opens_on_loopback_at_once(browser, tmp_path):  # noqa: F811
+    proxy = RunningProxy(load_settings(environ={}, overrides={"store.url": f"sqlite:///{tmp_path}/open.db"}))
+    try:
+        browser.get(f"{proxy.url}/memory/ui/#view=users&user=nobody")
+        loaded = "return document.getElementById('main').getAttribute('data-view')"
+        assert wait(browser).until(lambda d: d.execute_script(loaded)) == "#view=users&user=nobody"
+        assert browser.find_elements(By.ID, "token") == []  # no sign-in form to click through
+        assert browser.find_element(By.ID, "nav").get_attribute("hidden") is None
+    finally:
+        proxy.stop()

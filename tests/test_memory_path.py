@@ -222,7 +222,7 @@ def test_a_get_of_the_chat_path_says_memory_is_off(mem, fake):
     with mem.http() as http:
         response = http.get("/v1/chat/completions", headers={"x-memory-user": "alice"})
     assert response.status_code == 200 and response.json() == {"object": "list", "data": []}
-    assert response.headers["x-memory-status"] == "off"
+    assert response.headers["x-memory-status"] == "off: not a turn"
 
 
 @pytest.mark.parametrize("persist", ["true", "false"])

@@ -124,14 +124,16 @@ def test_one_log_line_per_request_without_text_or_credentials(make_proxy: Any, c
     text = "\n".join(json.dumps(line) for line in lines)
     for secret in (CANARY, CLIENT_KEY, API_TOKEN, "wrong-token"):
         assert secret not in text
-    requests = [(line["path"], line["method"], line["outcome"]) for line in lines if line["msg"] == "request"]
-    assert requests == [("/chat/completions", "POST", "status_200"), ("/chat/completions", "POST", "status_200"),
-                        ("/models", "GET", "status_200")]
+    requests = [(line["path"], line["method"], line["outcome"], line["memory"]) for line in lines
+                if line["msg"] == "request"]
+    assert requests == [("/chat/completions", "POST", "status_200", "ok"),
+                        ("/chat/completions", "POST", "status_200", "ok"), ("/models", "GET", "status_200", None)]
     api = [(line["route"], line["method"], line["outcome"]) for line in lines if line["msg"] == "memory api request"]
     assert api == [("/users/{user}/search", "POST", "status_200"), ("/users/{user}/memories", "GET", "status_401")]
     for line in lines:
         if line["msg"] in ("request", "memory api request"):
-            assert set(line) - {"path", "route"} == {"ts", "level", "logger", "msg", "method", "outcome", "ms"}
+            assert set(line) - {"path", "route", "memory"} == {"ts", "level", "logger", "msg", "method", "outcome",
+                                                               "ms"}
             assert "logged-user" not in json.dumps(line)
 
 
@@ -144,3 +146,38 @@ def test_the_formatter_redacts_what_code_might_log() -> None:
     assert line["msg"] == "store said [REDACTED:openai_key]"
     assert (line["authorization"], line["password"]) == ("[REDACTED:authorization]", "[REDACTED:password]")
     assert line["detail"] == {"url": "postgres://app:[REDACTED:password]@db.internal/mem", "n": 3}
+
+
+def test_memory_off_says_why_in_the_status_and_the_log_line(make_proxy: Any, fake: Any, caplog: Any) -> None:
+    caplog.set_level(logging.INFO)
+    proxy = make_proxy()
+    turn = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
+    with proxy.http() as client:
+        statuses = [
+            client.post("/v1/chat/completions", json=turn).headers["x-memory-status"],
+            client.post("/v1/chat/completions", json=turn, headers={"X-Memory-Usr": "alice"}).headers["x-memory-status"],
+            client.post("/v1/chat/completions", json=turn,
+                        headers={"X-Memory-User": "alice", "X-Memory-Mode": "off"}).headers["x-memory-status"],
+            client.post("/v1/chat/completions", content=b"{not json",
+                        headers={"X-Memory-User": "alice"}).headers["x-memory-status"],
+            client.get("/v1/chat/completions", headers={"X-Memory-User": "alice"}).headers["x-memory-status"],
+        ]
+    assert statuses == ["off: no user", "off: no user", "off: mode off", "off: not a turn", "off: not a turn"]
+    logged = [line["memory"] for line in _lines(caplog) if line["msg"] == "request"]
+    assert logged == statuses
+
+
+def test_a_404_on_a_chat_path_names_the_base_url_setting_once(make_proxy: Any, fake: Any, caplog: Any) -> None:
+    caplog.set_level(logging.INFO)
+    proxy = make_proxy()
+    not_found = {"error": {"message": "Not found", "type": "invalid_request_error", "param": None, "code": None}}
+    for _ in range(2):
+        fake.queue(JsonReply(not_found, status=404))
+    with proxy.http() as client:
+        for _ in range(2):
+            answer = client.post("/v1/chat/completions", headers={"X-Memory-User": "alice"},
+                                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            assert (answer.status_code, answer.json()) == (404, not_found)  # the provider's answer, unchanged
+    hints = [line["msg"] for line in _lines(caplog) if line["logger"] == "memproxy.request" and "404" in line["msg"]]
+    assert hints == [f"the provider answered 404 on a chat path ({fake.url}/chat/completions); upstream.base_url "
+                     "must include the provider's version prefix, for example https://api.openai.com/v1"]

@@ -36,7 +36,7 @@ def test_upstream_down_is_502_with_openai_error(make_proxy):
         assert caught.value.status_code == 502
         assert caught.value.code == "upstream_unavailable"
         assert caught.value.response.headers["x-memory-proxy-error"] == "upstream_unavailable"
-        assert caught.value.response.headers["x-memory-status"] == "off"
+        assert caught.value.response.headers["x-memory-status"] == "off: no user"
     with proxy.http() as http:
         assert http.get("/v1/models").status_code == 502
 

@@ -20,7 +20,7 @@ def test_chat_json_reaches_client_unchanged(proxy, fake):
     assert response.content == json.dumps(body).encode()
     assert response.headers["x-request-id"] == "req-123"
     assert response.headers["openai-processing-ms"] == "12"
-    assert response.headers["x-memory-status"] == "off"
+    assert response.headers["x-memory-status"] == "off: no user"
 
 
 def test_request_forwarded_byte_for_byte_without_memory_headers(proxy, fake):

@@ -73,7 +73,7 @@ def test_a_side_request_gets_no_block_saves_nothing_and_is_counted(make_proxy, f
         probe = http.post("/v1/messages", headers=user, json={
             "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "what is my dog called"}]})
         metrics = http.get("/metrics").text
-    assert probe.status_code == 200 and probe.headers["x-memory-status"] == "off"
+    assert probe.status_code == 200 and probe.headers["x-memory-status"] == "off: side request"
     assert fake.messages_requests()[-1].json()["messages"][0]["content"] == "what is my dog called"
     assert rows(proxy, "SELECT content FROM messages ORDER BY seq") == [("My dog is called Rex",),
                                                                          ("Hello from Claude",)]
@@ -103,7 +103,7 @@ def test_claude_codes_compaction_request_as_recorded_gets_no_block_and_saves_not
         ]}
         answered = http.post("/v1/messages?beta=true", headers=user, json=compaction)
         metrics = http.get("/metrics").text
-    assert answered.status_code == 200 and answered.headers["x-memory-status"] == "off"
+    assert answered.status_code == 200 and answered.headers["x-memory-status"] == "off: side request"
     assert fake.messages_requests()[-1].json() == compaction  # forwarded as sent, no block
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [("user", "my cat is Tom"),
                                                                              ("assistant", "Hello from Claude")]
@@ -166,7 +166,7 @@ def test_codex_side_requests_as_recorded_get_no_block_and_save_nothing(make_prox
         side = http.post("/v1/responses", headers=codex_headers(kind, **extra), json=body)
         metrics = http.get("/metrics").text
     assert turn.headers["x-memory-status"] == "ok"
-    assert side.status_code == 200 and side.headers["x-memory-status"] == "off"
+    assert side.status_code == 200 and side.headers["x-memory-status"] == "off: side request"
     assert "event: response.completed" in side.text
     assert fake.responses_requests()[-1].json() == body  # forwarded as sent, no block
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [("user", "my dog is Rex"),

@@ -50,29 +50,38 @@ def test_sigterm_lets_running_streams_finish_saves_their_turns_and_exits_0(fake,
     try:
         async def run() -> tuple[list[bytes], bool]:
             streams = [asyncio.create_task(stream(url, n)) for n in range(STREAMS)]
-            await asyncio.sleep(0.3)  # every stream under way
+            # Every stream under way at the provider, however long a busy machine took to get there.
+            while len(fake.chat_requests()) < STREAMS:
+                await asyncio.sleep(0.01)
             os.kill(process.pid, signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            try:
-                async with httpx.AsyncClient(timeout=1) as client:
-                    await client.get(url + "/healthz")
-                accepted = True
-            except httpx.ConnectError:
-                accepted = False
-            return list(await asyncio.gather(*streams)), accepted
+            refused_while_streaming = await _refuses_connections(url, until=asyncio.gather(*streams))
+            return list(await asyncio.gather(*streams)), refused_while_streaming
 
-        bodies, accepted_after_sigterm = asyncio.run(run())
+        bodies, refused_while_streaming = asyncio.run(run())
         assert process.wait(15) == 0
     finally:
         if process.poll() is None:
             process.kill()
-    assert not accepted_after_sigterm
+            process.wait(10)  # reaped: an unreaped child warns in a later test
+    assert refused_while_streaming  # no new connection once SIGTERM came, though streams still ran
     assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
     with sqlite3.connect(db) as conn:
         saved = conn.execute("SELECT role, content FROM messages ORDER BY role, content").fetchall()
         statuses = conn.execute("SELECT status, count(*) FROM turns GROUP BY status").fetchall()
     assert saved == [("assistant", "a full answer")] * STREAMS + [("user", f"question {n}") for n in range(STREAMS)]
     assert statuses == [("complete", STREAMS)]
+
+
+async def _refuses_connections(url: str, until: asyncio.Future[Any]) -> bool:
+    """True once a new connection is refused (or reset unserved) while `until` still runs (the streams)."""
+    while not until.done():
+        try:
+            async with httpx.AsyncClient(timeout=1) as client:  # a new connection each time
+                await client.get(url + "/healthz")
+        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+            return not until.done()
+        await asyncio.sleep(0.02)
+    return False
 
 
 def test_sigterm_with_nothing_running_exits_at_once(fake, tmp_path):
@@ -84,6 +93,7 @@ def test_sigterm_with_nothing_running_exits_at_once(fake, tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait(10)  # reaped: an unreaped child warns in a later test
     assert time.monotonic() - started < 5
 
 
@@ -111,6 +121,7 @@ def test_at_the_end_of_the_grace_period_a_stream_gets_an_error_event_and_a_waiti
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait(10)  # reaped: an unreaped child warns in a later test
     assert 1.4 < took < 4  # the grace period (1.5 s), not the 6 s the provider would have taken
     assert b"[DONE]" not in body
     assert body.endswith(b'data: {"error":{"message":"memproxy is shutting down and could not finish this response",'

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from proxy.endpoint.steps import InjectStep, open_upstream
 from proxy.endpoint.tools_step import ToolsStep
 from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
-from proxy.exchange import ChatMemory, Recall
+from proxy.exchange import NOT_A_TURN, ChatMemory, Recall
 from proxy.metrics import Metrics
 from proxy.relay import (
     DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
@@ -42,6 +42,7 @@ log = logging.getLogger("memproxy.request")
 T = TypeVar("T")
 
 _KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key"}
+_URL_SETTING: dict[Provider, str] = {"openai": "upstream.base_url", "anthropic": "upstream.anthropic_base_url"}
 
 
 class ProxyEndpoint:
@@ -55,6 +56,7 @@ class ProxyEndpoint:
         self.memory = memory
         self.metrics = metrics
         self.side_requests = side_requests
+        self.hinted_404: set[Provider] = set()  # providers whose 404 on a chat path was explained once
         # Each wire's chat path (after /v1); adding a wire is one line here and its module.
         self.wires: dict[str, Wire] = {
             "/chat/completions": OpenAIChat(),
@@ -80,7 +82,7 @@ class ProxyEndpoint:
         family = wire or self._family(path)
         send.shape = family or self.shapes[provider_for(scope["headers"], None)]
         if wire is not None:
-            send.error_headers = _status_header("off")  # every response to a chat path says the memory status
+            send.error_headers = _status_header(NOT_A_TURN)  # every response to a chat path says the memory status
         try:
             if path is None:
                 raise NotFound("no such path")
@@ -95,7 +97,7 @@ class ProxyEndpoint:
         except ProxyError as error:
             outcome = error.code
             needs_status = wire is not None and "x-memory-status" not in error.headers
-            await send_error(send, error, _status_header("off") if needs_status else None, send.shape)
+            await send_error(send, error, _status_header(NOT_A_TURN) if needs_status else None, send.shape)
         except ClientGone:
             outcome = "client_gone"
         except ResponseAborted:
@@ -108,7 +110,7 @@ class ProxyEndpoint:
             elapsed = time.perf_counter() - started
             self.metrics.request_done(path or "other", outcome, elapsed)
             log.info("request", extra={"path": path, "method": scope["method"], "outcome": outcome,
-                                       "ms": round(elapsed * 1000, 2)})
+                                       "memory": send.memory_status, "ms": round(elapsed * 1000, 2)})
 
     def _upstream_headers(self, headers: list[tuple[bytes, bytes]], provider: Provider,
                           resolved: RequestScope) -> list[tuple[bytes, bytes]]:
@@ -146,8 +148,8 @@ class ProxyEndpoint:
             response = await open_upstream(self.upstream, self.metrics, scope["method"], url, upstream_headers,
                                            content)
             try:
-                # Every response to a chat path says the memory status (a GET: off).
-                await relay_plain(send, response, extra_headers=_status_header("off") if chat_path else [],
+                # Every response to a chat path says the memory status (a GET: not a turn).
+                await relay_plain(send, response, extra_headers=_status_header(NOT_A_TURN) if chat_path else [],
                                   shape=send.shape, heartbeat_s=self.settings.server.heartbeat_s)
             finally:
                 await response.aclose()
@@ -166,7 +168,7 @@ class ProxyEndpoint:
         resolved = self.scopes.with_body_user(resolved, request.transcript.body_user)
         facts = RequestFacts(scope["method"], path, scope["headers"], request.body, request.transcript.prompt)
         if resolved.memory_on and self._count_side_request(facts, wire):
-            return replace(resolved, mode="off")
+            return replace(resolved, mode="off", side_request=True)
         return resolved
 
     async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire) -> str:
@@ -220,11 +222,22 @@ class ProxyEndpoint:
             if recall is not None:
                 recall.failed("interrupted")  # a turn already complete stays complete
             raise
+        if response.status == 404:
+            self._hint_404(provider, url)
         if watch.gone:
             if recall is not None:
                 recall.aborted()
             return "client_gone"
         return f"status_{response.status}"
+
+    def _hint_404(self, provider: Provider, url: str) -> None:
+        """A provider answering 404 on a chat path most often means a base URL without its
+        version prefix (`https://api.openai.com` for `.../v1`): say so once a provider."""
+        if provider in self.hinted_404:
+            return
+        self.hinted_404.add(provider)
+        log.warning("the provider answered 404 on a chat path (%s); %s must include the provider's version "
+                    "prefix, for example https://api.openai.com/v1", url.split("?")[0], _URL_SETTING[provider])
 
 
 async def _run_tools(step: ToolsStep, recall: Recall, request: WireRequest) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from proxy.errors import MemoryUnavailable, PolicyBlocked
 from proxy.ids import new_id
-from proxy.exchange import Recall
+from proxy.exchange import Recall, off_status
 from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
@@ -132,7 +132,7 @@ class MemoryService:
     async def recall(self, resolved: RequestScope, request: Transcript | None, wire: str = "") -> Recall:
         """The Recall of one chat request (its identity already complete)."""
         if not resolved.memory_on or request is None or resolved.scope is None:
-            return Recall("off")
+            return Recall(off_status(resolved, request))
         scope = resolved.scope
         persist = resolved.persist and self.memory.persist_interactions
         now = datetime.now(timezone.utc)

@@ -9,6 +9,7 @@ const API = "/memory/v1";
 const TOKEN_KEY = "memproxy.inspector.token";
 const PAGE = 1000;
 const GRAPH_MAX_NODES = 60;
+const FIRST_WORDS_OF = 50;  // conversations whose first words the users view fetches
 const SVG = "http://www.w3.org/2000/svg";
 
 // --- DOM -------------------------------------------------------------------------------
@@ -145,14 +146,14 @@ async function render() {
 }
 
 async function renderView() {
-  if (token() === null) return login();
+  if (token() === null && !(await openWithoutToken())) return login();
   const params = route();
   const user = params.get("user") || "";
   const view = params.get("view") || "users";
   nav(user, view === "conversation" ? "users" : view);
   try {
     if (!user || view === "users") await usersView(user);
-    else if (view === "conversation") await conversationView(user, params.get("id"));
+    else if (view === "conversation" && params.get("id")) await conversationView(user, params.get("id"));
     else if (view === "memories") await memoriesView(user);
     else if (view === "graph") await graphView(user);
     else if (view === "search") await searchView(user, params.get("q") || "");
@@ -164,6 +165,15 @@ async function renderView() {
 }
 
 // --- sign in -----------------------------------------------------------------------------
+
+// With no memory_api.token configured the API answers loopback clients without one: the page
+// opens at once instead of asking for a token there is none of.
+async function openWithoutToken() {
+  const probe = await fetch(API + "/users/token-check", { credentials: "omit", cache: "no-store" }).catch(() => null);
+  if (!probe || probe.status === 401 || probe.status === 403) return false;
+  sessionStorage.setItem(TOKEN_KEY, "");
+  return true;
+}
 
 function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
@@ -259,6 +269,7 @@ async function usersView(user) {
     return section.append(el("p", { class: "empty" }, error.message));
   }
   const conversations = await all(userPath(user, "conversations"));
+  const opening = await firstWords(user, conversations.slice(0, FIRST_WORDS_OF));
   section.append(
     el("dl", { class: "stats", id: "user-stats" },
       el("dt", {}, "User"), el("dd", {}, stats.user),
@@ -266,14 +277,32 @@ async function usersView(user) {
       el("dt", {}, "Messages"), el("dd", { "data-count": "messages" }, stats.messages),
       el("dt", {}, "Entities"), el("dd", { "data-count": "entities" }, stats.entities)),
     el("h3", {}, "Conversations"),
-    el("ul", { class: "list", id: "conversations" }, conversations.map((c) => el("li", {},
-      link(c.id, { user, view: "conversation", id: c.id }),
-      el("span", { class: "meta" }, " " + c.message_count + " messages, last active " + when(c.last_active_at))))),
+    el("ul", { class: "list", id: "conversations" }, conversations.map((c) => el("li", { "data-conversation": c.id },
+      link(opening.get(c.id) || c.id, { user, view: "conversation", id: c.id }),
+      el("span", { class: "meta" }, " " + c.id + ", " + plural(c.message_count, "message") + ", started " +
+        when(c.created_at) + ", last active " + when(c.last_active_at))))),
     el("h3", {}, "Delete this user"),
     el("p", {}, deleteButton(user, "user", "", user,
       `Everything memproxy holds for user ${user}: ${stats.conversations} conversations, ${stats.messages} messages, ` +
       `${stats.entities} entities, their relationships, reasoning traces and the injection log. This cannot be undone.`,
       () => go({ view: "users", user }))));
+}
+
+// Each conversation's first words, to know it by (the listing holds ids and times only).
+async function firstWords(user, conversations) {
+  const firsts = await Promise.all(conversations.map((c) =>
+    api("GET", userPath(user, "conversations", c.id, "messages") + "?limit=1").catch(() => null)));
+  return new Map(conversations.map((c, i) => {
+    const first = firsts[i] && firsts[i].data.length ? firsts[i].data[0].content.trim() : "";
+    return [c.id, first ? "“" + short(first.replace(/\s+/g, " "), 80) + "”" : ""];
+  }));
+}
+
+// The names of the entities a graph line was expanded from (the log keeps their ids).
+async function entityNames(user, hits) {
+  const ids = [...new Set(hits.map((h) => h.score && h.score.entity).filter(Boolean))];
+  const found = await Promise.all(ids.map((id) => api("GET", userPath(user, "entities", id)).catch(() => null)));
+  return new Map(ids.map((id, i) => [id, found[i] ? found[i].name : null]));
 }
 
 // --- Conversation --------------------------------------------------------------------------
@@ -298,6 +327,8 @@ async function conversationView(user, id) {
     const m = owner(trace.created_at);
     if (m) turns.get(m.id).traces.push(trace);
   }
+  const names = await entityNames(user, injections.data.filter((e) => e.conversation_id === id)
+    .flatMap((e) => (e.log && e.log.hits) || []));
   const reload = () => conversationView(user, id);
   const head = el("div", { class: "message-head" }, el("h2", {}, "Conversation " + id),
     deleteButton(user, "conversation", "conversations/" + id, id,
@@ -311,12 +342,12 @@ async function conversationView(user, id) {
         deleteButton(user, "message", "messages/" + m.id, m.id, `Message ${m.id} (${m.role}, ${when(m.created_at)}): "${m.content}"`,
           reload)),
       el("p", { class: "text" }, m.content),
-      turns.has(m.id) ? turnDetails(turns.get(m.id)) : null)))));
+      turns.has(m.id) ? turnDetails(turns.get(m.id), names) : null)))));
 }
 
-function turnDetails(turn) {
+function turnDetails(turn, names) {
   const parts = [];
-  for (const entry of turn.entries) parts.push(injected(entry));
+  for (const entry of turn.entries) parts.push(injected(entry, names));
   if (!turn.entries.length) parts.push(el("p", { class: "meta" }, "No injection logged for this turn (nothing found, memory off, or older than the last 20 turns)."));
   for (const trace of turn.traces) {
     parts.push(el("details", { class: "trace" }, el("summary", {}, "Tool loop: " + plural(trace.steps.length, "step") + " and the reasoning trace"),
@@ -327,29 +358,37 @@ function turnDetails(turn) {
   return el("div", { class: "turn" }, parts);
 }
 
-function injected(entry) {
+function injected(entry, names) {
   const log = entry.log || {};
   const hits = log.hits || [];
   return el("div", { class: "injection", "data-turn": entry.turn_id },
     el("p", { class: "meta" }, (entry.injected ? `Injected ${plural(entry.injected, "memory", "memories")}` :
       "Nothing injected") + ", " + when(entry.created_at) +
       (log.budget_cut ? " (token budget cut some)" : "") + (log.cache ? " (cached block)" : "")),
-    el("ol", { class: "hits" }, hits.map(hitItem)),
+    el("ol", { class: "hits" }, hits.map((hit) => hitItem(hit, names))),
     el("details", {}, el("summary", {}, "Retrieval details"),
       el("p", { class: "meta" }, "Candidates per source: " + JSON.stringify(log.candidates || {})),
       el("p", { class: "meta" }, "Milliseconds per source: " + JSON.stringify(log.sources_ms || {})),
       Object.keys(log.errors || {}).length ? el("p", { class: "error" }, "Errors: " + JSON.stringify(log.errors)) : null));
 }
 
-function hitItem(hit) {
+function hitItem(hit, names) {
   const state = hit.now && hit.now !== "current" ? el("span", { class: "badge " + hit.now }, hit.now === "deleted" ?
     "deleted since" : "changed since") : null;
   return el("li", { class: "hit", "data-source": hit.source, "data-id": hit.id },
     el("span", { class: "source" }, "[" + hit.source + "]"), " ",
     el("span", { class: "hit-text" }, hit.text === undefined ? hit.content : hit.text === null ? "(deleted)" : hit.text),
     state,
-    el("span", { class: "why" }, " — " + hit.reason + "; score " + scoreText(hit.score) +
+    el("span", { class: "why" }, " — " + reasonText(hit, names) + "; score " + scoreText(hit.score) +
       (hit.tokens !== undefined && hit.tokens !== null ? "; " + hit.tokens + " tokens" : "")));
+}
+
+// A graph line's reason names the entity it was expanded from, by name when it still exists.
+function reasonText(hit, names) {
+  const entity = hit.score && hit.score.entity;
+  if (!entity) return hit.reason;
+  const name = names.get(entity);
+  return hit.reason + " from " + (name ? name : "entity " + entity + (names.has(entity) ? " (deleted)" : ""));
 }
 
 function plural(count, one, many) {
@@ -357,7 +396,7 @@ function plural(count, one, many) {
 }
 
 function scoreText(score) {
-  const parts = Object.entries(score || {}).map(([k, v]) => k + " " + (typeof v === "number" ? +v.toPrecision(3) : v));
+  const parts = Object.entries(score || {}).filter(([k]) => k !== "entity").map(([k, v]) => k + " " + (typeof v === "number" ? +v.toPrecision(3) : v));
   return parts.length ? parts.join(", ") : "—";
 }
 
@@ -503,7 +542,7 @@ async function nodeFacts(user, entity, box, reload) {
     [id, await api("GET", userPath(user, "memories", id)).catch(() => null)])));
   const saidIn = (provenance) => el("ul", { class: "list provenance" }, provenance.map((id) => el("li", {},
     found.get(id) ? [el("span", { class: "text" }, found.get(id).content), " ",
-      link("conversation", { user, view: "conversation", id: found.get(id).conversation_id })]
+      found.get(id).conversation_id ? link("conversation", { user, view: "conversation", id: found.get(id).conversation_id }) : null]
       : "message " + id + " (deleted)")));
   fill(box, {}, [el("h3", {}, entity.name),
     el("p", { class: "meta" }, entity.type + (entity.aliases.length ? "; also " + entity.aliases.join(", ") : "")),
@@ -533,15 +572,15 @@ async function searchView(user, query) {
       results.replaceChildren(el("p", { class: "error" }, e.message));
       return null;
     });
-    if (found) results.replaceChildren(searchResults(found));
+    if (found) results.replaceChildren(searchResults(found, await entityNames(user, found.hits)));
   } }, el("label", { for: "query" }, "What would be injected for this text?"), area, el("button", { type: "submit" }, "Search"));
   show(el("section", { id: "search" }, el("h2", {}, "Search " + user), form, results));
   area.focus();
 }
 
-function searchResults(found) {
+function searchResults(found, names) {
   if (!found.hits.length) return el("p", { class: "empty" }, "Nothing would be injected.");
-  return el("div", {}, el("ol", { class: "hits" }, found.hits.map(hitItem)),
+  return el("div", {}, el("ol", { class: "hits" }, found.hits.map((hit) => hitItem(hit, names))),
     found.budget_cut ? el("p", { class: "meta" }, "The token budget cut some hits.") : null,
     el("details", {}, el("summary", {}, "The block as the model reads it"), el("pre", { class: "block" }, found.block)));
 }
