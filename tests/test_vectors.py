@@ -105,7 +105,8 @@ def test_fuse_orders_by_normalised_bm25_plus_weighted_closeness_and_admits_only_
     # twin says l1's words: dropped.
     assert [f.item for f in fused] == ["both", "l1", "v1"]
     assert fused[0].parts["cosine"] == 0.5 and fused[0].parts["z"] == 4.0 and fused[0].parts["bm25"] == 8.0
-    assert fused[2].reason == VECTOR_REASON and fused[2].parts == {"cosine": 0.45, "z": 3.5,
+    # v1 stands 3.5 deviations out: below FULL_Z it only fills what the lexical hits leave.
+    assert fused[2].reason == VECTOR_REASON and fused[2].parts == {"cosine": 0.45, "z": 3.5, "filler": True,
                                                                     "fused": round(0.3 * 3.5 / 4.0, 6)}
     assert "cosine" not in fused[1].parts
     # Nothing close: no vector-only hit, the lexical order stands.
@@ -113,7 +114,7 @@ def test_fuse_orders_by_normalised_bm25_plus_weighted_closeness_and_admits_only_
     assert [f.item for f in flat] == ["l1", "both"]
     # A new user (too few rows for a spread): a vector hit is close at a cosine of 0.3.
     few = fuse([], [("v1", 0.35), ("far", 0.2)], Spread(0.1, 0.1, rows=10), settings, key=lambda i: i, text=text)
-    assert [f.item for f in few] == ["v1"]
+    assert [f.item for f in few] == ["v1"] and few[0].parts == {"cosine": 0.35, "fused": 0.3}
 
 
 # --- VectorIndex over a real SQLite store ----------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from proxy.memory.embeddings import Embed, EmbeddingFailed
-from proxy.memory.sources import Found, SourceQuery, normalised
+from proxy.memory.sources import FILLER, Found, SourceQuery, normalised
 from proxy.memory.vectors import RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.metrics import Metrics
 from proxy.models import Scope
@@ -49,6 +49,9 @@ MAX_CANDIDATES = 500  # vector candidates asked per source, at most
 # A vector hit the lexical stream missed enters only this many standard deviations above
 # the query's mean cosine (tuned on LoCoMo dev, docs/retrieval.md).
 MIN_Z = 2.5
+# Below this it only fills slots the lexical hits leave: on LoCoMo, vector-only hits between
+# 2.5 and 4 deviations taking full slots cost 0.6 points, displacing lexical hits.
+FULL_Z = 4.0
 # With too few vectors for a spread (a new user), a hit is close at this cosine, and
 # closeness is the cosine relative to the best one.
 FEW_ROWS_COSINE = 0.3
@@ -161,6 +164,7 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
     z_of = spread.z if spread.telling else (lambda cosine: cosine)  # a new user's: the cosine itself
     best_z = max((z_of(score) for _, score in near), default=0.0)
     min_z = MIN_Z if spread.telling else FEW_ROWS_COSINE
+    full_z = FULL_Z if spread.telling else FEW_ROWS_COSINE
     cosine = {key(item): (item, score) for item, score in near}
     ranked: list[tuple[float, int, Found[T]]] = []
     for n, f in enumerate(found):
@@ -170,8 +174,9 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
         if (pair := cosine.pop(key(f.item), None)) is not None:
             z = z_of(pair[1])
             closeness = _closeness(z, best_z)
-            if _close(z, pair[1], min_z, settings):  # the `cosine` part marks a hit close in meaning
-                parts.update(cosine=pair[1], z=round(z, 2))
+            # The `cosine` part marks a hit close in meaning (an entity so marked is never weak).
+            if _close(z, pair[1], full_z, settings):
+                parts.update(_why(pair[1], z, spread))
         fused = settings.lexical_weight * lexical + settings.vector_weight * closeness
         ranked.append((fused, n, Found(f.item, f.score, f.reason, {**parts, "fused": round(fused, 6)})))
     for n, (item, score) in enumerate(cosine.values(), start=len(found)):
@@ -179,8 +184,9 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
         if not _close(z, score, min_z, settings):
             continue  # nothing the lexical stream missed is shown unless it is close
         fused = settings.vector_weight * _closeness(z, best_z)
+        weak = {FILLER: True} if spread.telling and z < FULL_Z else {}
         ranked.append((fused, n, Found(item, score, VECTOR_REASON,
-                                       {"cosine": score, "z": round(z, 2), "fused": round(fused, 6)})))
+                                       {**_why(score, z, spread), "fused": round(fused, 6), **weak})))
     ranked.sort(key=lambda r: (-round(r[0], 9), r[1]))
     out: list[Found[T]] = []
     texts: set[str] = set()
@@ -190,6 +196,12 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
             texts.add(words)
             out.append(f)
     return out
+
+
+def _why(cosine: float, z: float, spread: Spread) -> dict[str, float]:
+    """The score parts the injection log shows for a close hit: its cosine and, where the
+    query's cosines spread over enough rows, how many deviations above their mean it stood."""
+    return {"cosine": cosine, "z": round(z, 2)} if spread.telling else {"cosine": cosine}
 
 
 def _close(z: float, cosine: float, min_z: float, settings: EmbeddingsSettings) -> bool:

@@ -233,9 +233,14 @@ class VectorIndex:
             if load is None:
                 load = self._loads[key] = loop.create_task(self._load(key, scope, kind, mark),
                                                            name="memproxy-vectors-load")
-                load.add_done_callback(lambda task: self._loads.pop(key, None))
+                load.add_done_callback(lambda task: self._loaded(key, task))
             # Shielded: a request that stops waiting leaves the load to finish for the next one.
             await asyncio.shield(load)
+
+    def _loaded(self, key: tuple[str, str], task: asyncio.Task[Matrix]) -> None:
+        self._loads.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a request that stopped waiting left no one to see it (it logs its own)
 
     async def _load(self, key: tuple[str, str], scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix:
         """The vectors saved since the cached ones (all of them when none are cached or a row was replaced)."""
