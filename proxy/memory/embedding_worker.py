@@ -170,6 +170,10 @@ class EmbeddingWorker:
     async def _page_each_kind(self) -> bool:
         counts = FillCounts()
         more = False
+        # Read before the pages: a kind found with nothing to embed past its cursor moves the
+        # cursor up to here, so the next look (after every commit, with the embedded model)
+        # reads only what is newer instead of walking the whole table again.
+        newest = await self.filler.store.newest_seqs()
         for kind in EMBEDDING_KINDS:
             rejected, saved = counts.rejected[kind], counts.saved[kind]
             after, done = await self.filler.page(kind, self._cursors[kind], counts)
@@ -179,6 +183,6 @@ class EmbeddingWorker:
             if after != self._cursors[kind]:  # a call was made: answered, or its texts refused
                 outcome = "skipped" if counts.rejected[kind] > rejected else "ok"
                 self.metrics.embedding_calls.labels("background", outcome).inc()
-            self._cursors[kind] = after
+            self._cursors[kind] = max(after, newest[kind]) if done else after
             more = more or not done
         return more

@@ -565,6 +565,9 @@ class EmbeddingQueue(Protocol):
     async def save_embeddings(self, model: str, vectors: Sequence[NewEmbedding]) -> int:
         """Save vectors (replacing the model's old ones) whose items still read their `text`; how many were saved."""
 
+    async def newest_seqs(self) -> dict[EmbeddingKind, int]:
+        """The highest item seq of each kind, every user's (0 for none): one index probe each."""
+
 
 class Admin(Protocol):
     """The memory API, export and import, and the command line's maintenance."""

@@ -87,6 +87,13 @@ class PostgresVectors:
 
         return await self._locked(sorted({v.user for v in vectors}), save)
 
+    async def newest_seqs(self) -> dict[EmbeddingKind, int]:
+        """The highest item seq of each kind, every user's (0 for none)."""
+        columns = ", ".join(f"(SELECT coalesce(max(seq), 0) FROM {table_of(kind).table}) AS {kind}"
+                            for kind in EMBEDDING_KINDS)
+        (row,) = await self._fetch(f"SELECT {columns}", [])
+        return {kind: int(row[kind]) for kind in EMBEDDING_KINDS}
+
     async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
         """Every vector of the user for this kind and model saved after row seq `after`, each agent's, by seq."""
         t = table_of(kind)

@@ -78,6 +78,13 @@ class SQLiteVectors:
 
         return await self._on_writer(save)
 
+    async def newest_seqs(self) -> dict[EmbeddingKind, int]:
+        """The highest item seq of each kind, every user's (0 for none)."""
+        sql = "SELECT " + ", ".join(f"(SELECT ifnull(max(seq), 0) FROM {table_of(kind).table})"
+                                    for kind in EMBEDDING_KINDS)
+        row = await self._read(lambda conn: conn.execute(sql).fetchone())
+        return {kind: int(row[n]) for n, kind in enumerate(EMBEDDING_KINDS)}
+
     async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
         """Every vector of the user for this kind and model saved after row `after`, each agent's, by rowid."""
         t = table_of(kind)
