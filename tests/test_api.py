@@ -13,6 +13,7 @@ from proxy.app import create_app
 from proxy.settings import load_settings
 from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines
 from tests.fake_upstream import JsonReply, completion
+from tests.proxy_db import eventually, rows
 
 USER = "alice"
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -391,13 +392,16 @@ def test_deleting_an_entity_takes_its_relationships(loaded: httpx.Client) -> Non
 
 def test_delete_a_user(proxy: Any, loaded: httpx.Client) -> None:
     chat(loaded, {"X-Memory-User": USER}, "ok, thanks")
+    # Every item has its vector from the embedded model (the imported ones from the background
+    # worker): 5 messages, 2 entities, 1 reasoning trace; the deletion takes all 8.
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM embeddings WHERE user_id = ?", (USER,)) == [(8,)])
     response = loaded.delete(api_url(USER))
     assert response.status_code == 200
     deleted = response.json()["deleted"]
     # The background extractor may or may not have taken the new turn's two messages off its queue yet.
     assert deleted.pop("extraction_queue") in (0, 1, 2)
     assert response.json()["user"] == USER
-    assert deleted == {"conversations": 3, "embeddings": 0, "entities": 2, "hook_context": 0, "injections": 1,
+    assert deleted == {"conversations": 3, "embeddings": 8, "entities": 2, "hook_context": 0, "injections": 1,
                        "messages": 5, "reasoning": 1, "relationships": 1, "responses": 0, "turn_tool_calls": 0,
                        "turns": 1, "users": 1}
     assert loaded.get(api_url(USER, "export")).content == b""
