@@ -175,6 +175,8 @@ class EmbeddingWorker:
         # reads only what is newer instead of walking the whole table again.
         newest = await self.filler.store.newest_seqs()
         for kind in EMBEDDING_KINDS:
+            # Newest items deleted: SQLite gives their seqs to the next ones, so look from there.
+            self._cursors[kind] = min(self._cursors[kind], newest[kind])
             rejected, saved = counts.rejected[kind], counts.saved[kind]
             after, done = await self.filler.page(kind, self._cursors[kind], counts)
             # Counted page by page: a page saved is counted even when a later kind's fails
