@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.memory.hybrid import VECTOR_REASON, fuse
+from proxy.memory.hybrid import VECTOR_REASON, Calibration, fuse
 from proxy.memory.sources import Found
 from proxy.memory.vectors import Matrix, RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.models import Scope
@@ -96,11 +96,13 @@ def test_rows_added_batch_after_batch_land_in_order_and_an_earlier_view_stays_wh
 
 def test_fuse_orders_by_normalised_bm25_plus_weighted_closeness_and_admits_only_close_vector_hits() -> None:
     lexical = [Found("l1", 9.0, parts={"bm25": 9.0}), Found("both", 8.0, parts={"bm25": 8.0})]
-    near = [("both", 0.5), ("v1", 0.45), ("far", 0.16), ("twin", 0.44)]
+    cosines = {"both": 0.5, "v1": 0.45, "twin": 0.44, "far": 0.16, "l1": 0.1}
+    alone = [("v1", 0.45), ("twin", 0.44), ("far", 0.16)]
     text = {"l1": "one", "both": "two", "v1": "three", "far": "four", "twin": "ONE "}.__getitem__
-    spread = Spread(mean=0.1, std=0.1, rows=100)  # z: both 4.0, v1 3.5, twin 3.4, far 0.6
     settings = EmbeddingsSettings(vector_weight=0.3, min_cosine=0.1)
-    fused = fuse(lexical, near, spread, settings, key=lambda i: i, text=text)
+    # z: both 4.0, v1 3.5, twin 3.4, far 0.6, l1 0.0
+    calibration = Calibration(Spread(mean=0.1, std=0.1, rows=100), best=0.5, min_cosine=0.1)
+    fused = fuse(lexical, cosines, alone, calibration, settings, key=lambda i: i, text=text)
     # both: 8/9 + 0.3 x 1.0 = 1.19 above l1's 1.0; v1 close (z >= MIN_Z): 0.3 x 3.5/4; far stays out;
     # twin says l1's words: dropped.
     assert [f.item for f in fused] == ["both", "l1", "v1"]
@@ -110,11 +112,13 @@ def test_fuse_orders_by_normalised_bm25_plus_weighted_closeness_and_admits_only_
                                                                     "fused": round(0.3 * 3.5 / 4.0, 6)}
     assert "cosine" not in fused[1].parts
     # Nothing close: no vector-only hit, the lexical order stands.
-    flat = fuse(lexical, [("v1", 0.12)], spread, settings, key=lambda i: i, text=text)
+    flat = fuse(lexical, {"v1": 0.12}, [("v1", 0.12)], calibration, settings, key=lambda i: i, text=text)
     assert [f.item for f in flat] == ["l1", "both"]
     # A new user (too few rows for a spread): a vector hit is close at a cosine of 0.3.
-    few = fuse([], [("v1", 0.35), ("far", 0.2)], Spread(0.1, 0.1, rows=10), settings, key=lambda i: i, text=text)
-    assert [f.item for f in few] == ["v1"] and few[0].parts == {"cosine": 0.35, "fused": 0.3}
+    few = Calibration(Spread(0.1, 0.1, rows=10), best=0.35, min_cosine=0.1)
+    alone_few = [("v1", 0.35), ("far", 0.2)]
+    found_few = fuse([], dict(alone_few), alone_few, few, settings, key=lambda i: i, text=text)
+    assert [f.item for f in found_few] == ["v1"] and found_few[0].parts == {"cosine": 0.35, "fused": 0.3}
 
 
 # --- VectorIndex over a real SQLite store ----------------------------------------------

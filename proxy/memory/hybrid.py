@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -113,24 +113,19 @@ class VectorQuery:
     marks: asyncio.Task[dict[EmbeddingKind, VectorMark]]  # the store's newest vectors when the request began
     deadline: float  # loop time past which the vector stream gives up
 
-    async def search(self, kind: EmbeddingKind, limit: int, **conversations: Any
-                     ) -> tuple[list[tuple[Any, float]], Spread]:
-        """(item, cosine) of the user's nearest items of `kind`, best first, and the spread of the
-        query's cosines; nothing when that cannot be had."""
+    async def nearest(self, kind: EmbeddingKind, limit: int, **conversations: Any
+                      ) -> tuple[list[tuple[str, float]], Spread]:
+        """(item id, cosine) of the user's nearest items of `kind`, best first, and the spread of the
+        query's cosines; nothing when that cannot be had. Nothing is read from the store but the marks."""
         where: RowFilter = row_filter(self.scope, kind, **conversations)
-        index = self.vectors.index
         try:
             async with asyncio.timeout_at(self.deadline):
                 query = await asyncio.shield(self.task)
                 if query is None:
                     return [], Spread()
                 marks = await asyncio.shield(self.marks)
-                near, spread = await index.nearest(self.scope, kind, query, where, mark=marks.get(kind),
-                                                   floor=-1.0, limit=limit)
-                if not near:
-                    return [], spread
-                items = await index.store.embedded_items(self.scope, kind, [item_id for item_id, _ in near],
-                                                         index.model)
+                return await self.vectors.index.nearest(self.scope, kind, query, where, mark=marks.get(kind),
+                                                        floor=-1.0, limit=limit)
         except TimeoutError:
             return [], Spread()
         except StoreError as exc:
@@ -139,54 +134,100 @@ class VectorQuery:
         except Exception:  # the vector stream's boundary: whatever breaks it, the lexical stream stands
             log.exception("vectors: the %s search failed", kind)
             return [], Spread()
-        by_id = {item.id: item for item in items}
-        return [(by_id[item_id], score) for item_id, score in near if item_id in by_id], spread
+
+    async def items(self, kind: EmbeddingKind, item_ids: Sequence[str]) -> dict[str, Any]:
+        """The items among `item_ids` that still hold a vector (read back: one deleted or edited since
+        is never shown), by id; none when they cannot be read in time."""
+        if not item_ids:
+            return {}
+        index = self.vectors.index
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                found = await index.store.embedded_items(self.scope, kind, item_ids, index.model)
+        except TimeoutError:
+            return {}
+        except StoreError as exc:
+            log.warning("vectors: the %s items could not be read (%s)", kind, exc)
+            return {}
+        return {item.id: item for item in found}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One query's cosines over one source's rows, as the fusion judges them (module doc)."""
+
+    spread: Spread
+    best: float  # the query's best cosine there
+    min_cosine: float
+
+    def z(self, cosine: float) -> float:
+        """Deviations above the query's mean cosine; a new user's (too few rows): the cosine itself."""
+        return self.spread.z(cosine) if self.spread.telling else cosine
+
+    def closeness(self, cosine: float) -> float:
+        """0 at or below the query's mean cosine, 1 for its best."""
+        best = self.z(self.best)
+        return max(0.0, self.z(cosine)) / best if best > 0 else 0.0
+
+    def enters(self, cosine: float) -> bool:
+        """Close enough to be shown on its vector alone (the lexical stream missed it)."""
+        return self.z(cosine) >= (MIN_Z if self.spread.telling else FEW_ROWS_COSINE) and cosine >= self.min_cosine
+
+    def takes_a_slot(self, cosine: float) -> bool:
+        """Close enough to count as a full hit, not only a filler; a lexical hit this close is marked so."""
+        return self.z(cosine) >= (FULL_Z if self.spread.telling else FEW_ROWS_COSINE) and cosine >= self.min_cosine
+
+    def why(self, cosine: float) -> dict[str, float]:
+        """The parts the injection log shows: the cosine and, where the spread tells, its deviations."""
+        return {"cosine": cosine, "z": round(self.z(cosine), 2)} if self.spread.telling else {"cosine": cosine}
 
 
 async def with_vectors(
     q: SourceQuery, lexical: Awaitable[list[Found[T]]], kind: EmbeddingKind, *, key: Callable[[T], str],
     text: Callable[[T], str], keep: Callable[[T], bool] = lambda item: True, **conversations: Any,
 ) -> list[Found[T]]:
-    """The lexical candidates alone, or fused with the vector stream when the query has one."""
+    """The lexical candidates alone, or fused with the vector stream when the query has one.
+
+    Only the vector hits the lexical stream missed and that are close are read from the
+    store; the others are known already, or not shown."""
     vq = q.vectors
     if vq is None:
         return await lexical
     limit = min(MAX_CANDIDATES, q.candidates + len(q.visible))  # the request may show many of the nearest
-    found, (near, spread) = await asyncio.gather(lexical, vq.search(kind, limit, **conversations))
-    near = [(item, score) for item, score in near if keep(item)]
-    return fuse(found, near, spread, vq.vectors.settings, key=key, text=text) if near else found
+    found, (near, spread) = await asyncio.gather(lexical, vq.nearest(kind, limit, **conversations))
+    if not near:
+        return found
+    calibration = Calibration(spread, near[0][1], vq.vectors.settings.min_cosine)
+    lexical_ids = {key(f.item) for f in found}
+    missed = [(item_id, score) for item_id, score in near if item_id not in lexical_ids and calibration.enters(score)]
+    read = await vq.items(kind, [item_id for item_id, _ in missed])
+    alone = [(read[item_id], score) for item_id, score in missed if item_id in read and keep(read[item_id])]
+    return fuse(found, dict(near), alone, calibration, vq.vectors.settings, key=key, text=text)
 
 
-def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spread, settings: EmbeddingsSettings,
-         *, key: Callable[[T], str], text: Callable[[T], str]) -> list[Found[T]]:
-    """The lexical candidates and the close vector ones, by fused score (module doc); each text once."""
+def fuse(found: Sequence[Found[T]], cosines: Mapping[str, float], alone: Sequence[tuple[T, float]],
+         calibration: Calibration, settings: EmbeddingsSettings, *, key: Callable[[T], str],
+         text: Callable[[T], str]) -> list[Found[T]]:
+    """The lexical candidates (each with its cosine, if near) and the close vector-only ones
+    (`alone`), by fused score (module doc); each text once."""
     best_bm25 = max((f.score for f in found), default=0.0)
-    z_of = spread.z if spread.telling else (lambda cosine: cosine)  # a new user's: the cosine itself
-    best_z = max((z_of(score) for _, score in near), default=0.0)
-    min_z = MIN_Z if spread.telling else FEW_ROWS_COSINE
-    full_z = FULL_Z if spread.telling else FEW_ROWS_COSINE
-    cosine = {key(item): (item, score) for item, score in near}
     ranked: list[tuple[float, int, Found[T]]] = []
     for n, f in enumerate(found):
         lexical = f.score / best_bm25 if best_bm25 > 0 else 0.0
         parts = dict(f.parts)
-        closeness = 0.0
-        if (pair := cosine.pop(key(f.item), None)) is not None:
-            z = z_of(pair[1])
-            closeness = _closeness(z, best_z)
-            # The `cosine` part marks a hit close in meaning (an entity so marked is never weak).
-            if _close(z, pair[1], full_z, settings):
-                parts.update(_why(pair[1], z, spread))
+        cosine = cosines.get(key(f.item))
+        closeness = calibration.closeness(cosine) if cosine is not None else 0.0
+        if cosine is not None and calibration.takes_a_slot(cosine):
+            parts.update(calibration.why(cosine))  # marks it close in meaning (an entity so marked is never weak)
         fused = settings.lexical_weight * lexical + settings.vector_weight * closeness
         ranked.append((fused, n, Found(f.item, f.score, f.reason, {**parts, "fused": round(fused, 6)})))
-    for n, (item, score) in enumerate(cosine.values(), start=len(found)):
-        z = z_of(score)
-        if not _close(z, score, min_z, settings):
+    for n, (item, cosine) in enumerate(alone, start=len(found)):
+        if not calibration.enters(cosine):
             continue  # nothing the lexical stream missed is shown unless it is close
-        fused = settings.vector_weight * _closeness(z, best_z)
-        weak = {FILLER: True} if spread.telling and z < FULL_Z else {}
-        ranked.append((fused, n, Found(item, score, VECTOR_REASON,
-                                       {**_why(score, z, spread), "fused": round(fused, 6), **weak})))
+        fused = settings.vector_weight * calibration.closeness(cosine)
+        weak = {} if calibration.takes_a_slot(cosine) else {FILLER: True}
+        ranked.append((fused, n, Found(item, cosine, VECTOR_REASON,
+                                       {**calibration.why(cosine), "fused": round(fused, 6), **weak})))
     ranked.sort(key=lambda r: (-round(r[0], 9), r[1]))
     out: list[Found[T]] = []
     texts: set[str] = set()
@@ -196,19 +237,3 @@ def fuse(found: Sequence[Found[T]], near: Sequence[tuple[T, float]], spread: Spr
             texts.add(words)
             out.append(f)
     return out
-
-
-def _why(cosine: float, z: float, spread: Spread) -> dict[str, float]:
-    """The score parts the injection log shows for a close hit: its cosine and, where the
-    query's cosines spread over enough rows, how many deviations above their mean it stood."""
-    return {"cosine": cosine, "z": round(z, 2)} if spread.telling else {"cosine": cosine}
-
-
-def _close(z: float, cosine: float, min_z: float, settings: EmbeddingsSettings) -> bool:
-    """Near enough in meaning to be shown on its vector alone."""
-    return z >= min_z and cosine >= settings.min_cosine
-
-
-def _closeness(z: float, best_z: float) -> float:
-    """A cosine's z-score relative to the query's best: 0 at or below the mean, 1 for the nearest."""
-    return max(0.0, z) / best_z if best_z > 0 else 0.0

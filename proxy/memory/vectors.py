@@ -36,7 +36,9 @@ log = logging.getLogger("memproxy.vectors")
 
 MAX_MATRICES = 256
 # Past this many matrix cells a product runs in a thread, not on the event loop, so other streams keep flowing.
-INLINE_CELLS = 1_000_000
+# 4M cells (16 MB of float32, about 1 ms): 10,000 items of the embedded model's 256 stay
+# inline, where a thread's hop cost more than the product.
+INLINE_CELLS = 4_000_000
 COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder equals
 # Below this many rows a query's spread of cosines says too little for a z-score (a few
 # near rows among ten move the mean and the deviation as much as they stand out).
@@ -86,6 +88,28 @@ class Spread:
         return (cosine - self.mean) / self.std if self.telling else 0.0
 
 
+class _Codes:
+    """Small integer codes of a column's values (conversations, agents), grown as rows are
+    added: a filter is then one vectorised comparison, not a Python loop over every row."""
+
+    def __init__(self) -> None:
+        self._of: dict[str | None, int] = {}
+        self._array = np.zeros(0, dtype=np.int32)
+
+    def up_to(self, values: Sequence[str | None], n: int) -> np.ndarray:
+        """The codes of the first `n` values."""
+        have = self._array.size
+        if have < n:
+            added = np.fromiter((self._of.setdefault(v, len(self._of)) for v in values[have:n]), dtype=np.int32,
+                                count=n - have)
+            self._array = np.concatenate([self._array, added])
+        return self._array[:n]
+
+    def code(self, value: str | None) -> int:
+        """The value's code; -1 (no row's) for a value no row holds."""
+        return self._of.get(value, -1)
+
+
 @dataclass
 class Matrix:
     """One (user, kind)'s unit vectors, with the conversation and agent of each row."""
@@ -99,6 +123,8 @@ class Matrix:
     # whole matrix only when the room runs out (then doubled). Copying it at every batch took
     # the event loop 34 ms at 50,000 rows of 1,536 floats.
     _room: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32), repr=False)
+    _group_codes: _Codes = field(default_factory=lambda: _Codes(), repr=False)
+    _agent_codes: _Codes = field(default_factory=lambda: _Codes(), repr=False)
 
     def __post_init__(self) -> None:
         self.rows = {item_id: n for n, item_id in enumerate(self.ids)}
@@ -156,14 +182,16 @@ class Matrix:
     def mask(self, where: RowFilter, n: int) -> np.ndarray:
         """True for the first `n` rows that `where` lets a source see."""
         keep = np.ones(n, dtype=bool)
-        if where.conversation is not None:
-            keep &= np.fromiter((g == where.conversation for g in self.groups), dtype=bool, count=n)
-        if where.exclude is not None:
-            keep &= np.fromiter((g != where.exclude for g in self.groups), dtype=bool, count=n)
-        if where.within is not None:
-            keep &= np.fromiter((g in where.within for g in self.groups), dtype=bool, count=n)
+        if where.conversation is not None or where.exclude is not None or where.within is not None:
+            groups = self._group_codes.up_to(self.groups, n)
+            if where.conversation is not None:
+                keep &= groups == self._group_codes.code(where.conversation)
+            if where.exclude is not None:
+                keep &= groups != self._group_codes.code(where.exclude)
+            if where.within is not None:
+                keep &= np.isin(groups, [self._group_codes.code(g) for g in where.within])
         if where.by_agent:
-            keep &= np.fromiter((a == where.agent for a in self.agents), dtype=bool, count=n)
+            keep &= self._agent_codes.up_to(self.agents, n) == self._agent_codes.code(where.agent)
         return keep
 
     def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int
