@@ -11,9 +11,8 @@ import pytest
 
 from proxy.app import create_app
 from proxy.settings import load_settings
-from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines
+from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines, wait_for_vectors
 from tests.fake_upstream import JsonReply, completion
-from tests.proxy_db import eventually, rows
 
 USER = "alice"
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -367,13 +366,14 @@ def test_imported_text_is_redacted_before_it_is_saved(api: httpx.Client) -> None
 # --- deletes -----------------------------------------------------------------------------
 
 
-def test_delete_one_item_of_each_kind(loaded: httpx.Client) -> None:
+def test_delete_one_item_of_each_kind(proxy: Any, loaded: httpx.Client) -> None:
+    wait_for_vectors(proxy, USER, 6)  # each imported message, entity and trace has its vector: it goes too
     cases = [
         ("relationships", "r1", {"relationships": 1}),
-        ("messages", "m3", {"messages": 1}),
-        ("entities", "e-acme", {"entities": 1}),
-        ("memories", "e-alice", {"entities": 1}),
-        ("conversations", "conv-a", {"conversations": 1, "messages": 2, "reasoning": 1}),
+        ("messages", "m3", {"messages": 1, "embeddings": 1}),
+        ("entities", "e-acme", {"entities": 1, "embeddings": 1}),
+        ("memories", "e-alice", {"entities": 1, "embeddings": 1}),
+        ("conversations", "conv-a", {"conversations": 1, "messages": 2, "reasoning": 1, "embeddings": 3}),
     ]
     for plural, item, counts in cases:
         response = loaded.delete(api_url(USER, plural, item))
@@ -394,7 +394,7 @@ def test_delete_a_user(proxy: Any, loaded: httpx.Client) -> None:
     chat(loaded, {"X-Memory-User": USER}, "ok, thanks")
     # Every item has its vector from the embedded model (the imported ones from the background
     # worker): 5 messages, 2 entities, 1 reasoning trace; the deletion takes all 8.
-    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM embeddings WHERE user_id = ?", (USER,)) == [(8,)])
+    wait_for_vectors(proxy, USER, 8)
     response = loaded.delete(api_url(USER))
     assert response.status_code == 200
     deleted = response.json()["deleted"]
