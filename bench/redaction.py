@@ -35,6 +35,10 @@ TEXTS: dict[str, Callable[[int], str]] = {
     "url://u:": lambda n: "postgres://" + _fill("u:", n),
     "word: word:": lambda n: _fill("setup: ", n),
     "a.b.c": lambda n: _fill("a.", n) + "://",
+    # A file's code as a tool call's JSON arguments: an escape every dozen chars, read again as
+    # the escapes spell it (two levels: the arguments, then the code's own `\t`).
+    "json arguments": lambda n: json.dumps({"content": _fill('def f(x):\n    return "a\\tb" + x  # cfg\n', n)}),
+    "\\u escapes": lambda n: _fill("pass\\u0077ord=\\\"a", n),
 }
 
 

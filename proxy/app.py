@@ -31,6 +31,7 @@ from proxy.memory.retrieval import Retrieval
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.model_calls import extractor_for
+from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.v1 import ProxyEndpoint
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
@@ -165,7 +166,8 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
     parts = Parts(settings)
     logs.mark_expected_aborts()
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics,
-                          SideRequests(settings.scope.side_requests))
+                          SideRequests(settings.scope.side_requests),
+                          Ownership(settings, parts.upstream, parts.store))
     memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks), ApiGuard(settings.memory_api.token),
                         parts.metrics)
 

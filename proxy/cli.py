@@ -112,7 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(settings.server.log_level)
     _announce(settings)
     app = create_app(settings, own_process=True)
-    guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s)
+    guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s,
+                            settings.server.max_header_bytes)
     # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again
     # under the handler it found at start: a no-op one makes a finished shutdown exit 0
     # (an orchestrator reads 0 as a clean stop) instead of dying of the signal (143) or a KeyboardInterrupt.

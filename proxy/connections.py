@@ -9,6 +9,12 @@ So each connection here must finish its head within `server.header_timeout_s`, a
 `server.max_connections` the connection that has waited longest for a head is closed to make
 room, or else one whose body trickles in slower than body_deadline.py's pace (a steady upload
 is never closed for room); only when neither is open is a new one refused.
+
+uvicorn's parser also takes a request line and headers of any size (a 1 MiB header was read,
+passed to the application and forwarded to the provider). A head past
+`server.max_header_bytes` gets 431 and the connection is closed before the request runs: as
+soon as its lines add up past the cap, or as soon as that many bytes came with the head still
+unfinished (a single endless line the parser holds until it ends).
 """
 
 from __future__ import annotations
@@ -53,9 +59,10 @@ def max_client_connections(settings: Settings) -> int:
 class ConnectionGuard:
     """One server's open connections, and the ones still waiting for a request head, oldest first."""
 
-    def __init__(self, max_connections: int, header_timeout_s: float) -> None:
+    def __init__(self, max_connections: int, header_timeout_s: float, max_header_bytes: int) -> None:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
+        self.max_header_bytes = max_header_bytes
         self._open: set[GuardedHttpProtocol] = set()
         self._waiting: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()  # for a head, oldest first
         self._sending: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()  # a body, oldest first
@@ -127,6 +134,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_started = False
         self._body_since = 0.0
         self._body_bytes = 0
+        self._in_head = True  # the bytes coming in are a request head's
+        self._head_bytes = 0  # its request line and header lines as parsed
+        self._head_received = 0  # bytes received while it was unfinished
+        self._head_refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -141,11 +152,29 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._head_refused:
+            return  # answered 431; the connection is closing
         if self._head_deadline is not None:
             self._head_started = True
+        if self._in_head:
+            self._head_received += len(data)
         super().data_received(data)
+        if self._in_head and self._head_received > self._guard.max_header_bytes:
+            self._refuse_head()  # all of it head, and still no end to it
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + len(b": \r\n"))
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self._head_refused:
+            return  # the rest of a refused head's packet: no request runs
+        self._in_head = False
+        self._head_bytes = self._head_received = 0
         self._stop_head_deadline()
         super().on_headers_complete()
         self._body_since = self.loop.time()
@@ -153,10 +182,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._guard.sending(self)  # until its body has come whole (at once, when there is none)
 
     def on_body(self, body: bytes) -> None:
+        if self._head_refused:
+            return
         self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._head_refused:
+            return
+        self._in_head = True  # a pipelined request's head may follow
         self._guard.sent(self)
         super().on_message_complete()
 
@@ -170,6 +204,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if not next_is_queued and not self.transport.is_closing():
             self._await_head()
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self._guard.max_header_bytes and not self._head_refused:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """431, once; the parser's callbacks for the rest of what came are then ignored."""
+        self._head_refused = True
+        self._stop_head_deadline()
+        self._answer_and_close(431, f"Request line and headers too large: at most {self._guard.max_header_bytes} "
+                                    "bytes (server.max_header_bytes).")
 
     def close_for_room(self) -> None:
         """Closed by the guard to let a newer connection in."""

@@ -64,6 +64,31 @@ class NotFound(ProxyError):
     status, type, code = 404, "invalid_request_error", "not_found"
 
 
+class ProviderObjectNotFound(ProxyError):
+    """A provider object another user created through memproxy, or one memproxy never saw
+    created (404, as the provider answers an id it does not know)."""
+
+    status, type, code = 404, "invalid_request_error", "provider_object_not_found"
+
+
+class ProviderObjectsUnattributed(ProxyError):
+    """An endpoint whose objects memproxy cannot tell apart by user, where they are kept per user (403)."""
+
+    status, type, code = 403, "permission_error", "provider_objects_per_user"
+
+
+class UnreadableReferences(ProxyError):
+    """A body that may name provider objects but is no JSON memproxy can read, where objects are kept per user."""
+
+    status, type, code = 400, "invalid_request_error", "unreadable_body"
+
+
+class OwnershipUnavailable(ProxyError):
+    """Who owns a named provider object cannot be read now (the store does not answer): 503, retried."""
+
+    status, type, code = 503, "server_error", "provider_objects_unavailable"
+
+
 # The rest of such a request's body is never read, so the connection cannot carry another.
 _CLOSE = {"connection": "close"}
 

@@ -11,7 +11,7 @@ import hmac
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.errors import BadScope, Forbidden, Unauthenticated
@@ -33,7 +33,11 @@ class RequestScope:
     mode: str = "inject"
     persist: bool = True
     max_memories: int | None = None  # X-Memory-Max
-    uses_proxy_key: bool = False  # Authorization held a memproxy key, not a provider key
+    # The memproxy key the client authenticated with (api-keys mode): it never goes upstream.
+    proxy_key: str | None = field(default=None, repr=False)
+    # The user a proxy key or a signed token proved (pass-through paths included): whose
+    # provider objects the request may reach.
+    authenticated_user: str | None = None
     body_user: bool = False  # scope.user_from_body applies: trusted mode, a trusted peer
     # With `body_user` and no X-Memory-User: the conversation and agent headers (validated),
     # for the scope the body's user gets.
@@ -46,6 +50,11 @@ class RequestScope:
         if self.scope is None:
             return "no user"
         return "side request" if self.side_request else "mode off"
+
+    @property
+    def uses_proxy_key(self) -> bool:
+        """True when the client's credential is memproxy's own key, not a provider key."""
+        return self.proxy_key is not None
 
     @property
     def memory_on(self) -> bool:
@@ -79,11 +88,13 @@ class ScopeResolver:
         options = _options(headers, self.settings.memory.mode)
         mode = self.settings.auth.mode
         if mode == "api-keys":
-            user = self._user_for_key(asgi_scope["headers"])
+            user, key = self._user_for_key(asgi_scope["headers"])
             keyed = self._scope(user, headers.get("x-memory-conversation"), headers.get("x-memory-agent"))
-            return self._in_session(RequestScope(keyed, uses_proxy_key=True, **options), asgi_scope)
+            return self._in_session(RequestScope(keyed, proxy_key=key, authenticated_user=user, **options),
+                                    asgi_scope)
         if mode == "signed":
-            return self._in_session(RequestScope(self._from_token(headers), **options), asgi_scope)
+            signed = self._from_token(headers)
+            return self._in_session(RequestScope(signed, authenticated_user=signed.user, **options), asgi_scope)
         trusted = self._is_trusted_peer(asgi_scope.get("client"))
         scope = self._trusted(trusted, headers)
         body_user = trusted and self.settings.scope.user_from_body
@@ -131,10 +142,11 @@ class ScopeResolver:
         """Pass-through paths need an identity too in api-keys and signed modes (no open relay)."""
         mode = self.settings.auth.mode
         if mode == "api-keys":
-            self._user_for_key(asgi_scope["headers"])
-            return RequestScope(None, mode="off", uses_proxy_key=True)
+            user, key = self._user_for_key(asgi_scope["headers"])
+            return RequestScope(None, mode="off", proxy_key=key, authenticated_user=user)
         if mode == "signed":
-            self._from_token(_memory_headers(asgi_scope["headers"]))
+            return RequestScope(None, mode="off",
+                                authenticated_user=self._from_token(_memory_headers(asgi_scope["headers"])).user)
         return RequestScope(None, mode="off")
 
     def _scope(self, user: str, conversation: str | None, agent: str | None) -> Scope:
@@ -167,7 +179,8 @@ class ScopeResolver:
             address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
         return address.is_loopback or any(address in network for network in self._networks)
 
-    def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> str:
+    def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> tuple[str, str]:
+        """The user of the request's proxy key, and the key as the client sent it."""
         try:
             token = bearer(raw_headers) or _api_key_header(raw_headers)
         except DuplicateAuthorization as exc:
@@ -177,7 +190,7 @@ class ScopeResolver:
         digest = hashlib.sha256(token.encode()).digest()
         for expected, user in self._keys:
             if hmac.compare_digest(digest, expected):
-                return user
+                return user, token
         raise Unauthenticated("unknown API key")
 
     def _from_token(self, headers: dict[str, str]) -> Scope:

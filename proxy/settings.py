@@ -67,6 +67,8 @@ class ServerSettings:
     host: str = _help("Address to listen on. Keep 127.0.0.1 for a sidecar.", "127.0.0.1")
     port: int = _help("TCP port to listen on.", 8080)
     max_body_bytes: int = _help("Largest request body accepted; larger gets 413.", 32 * 1024 * 1024)
+    max_header_bytes: int = _help("Largest request line and headers accepted (`memproxy serve`); larger gets 431.",
+                                  32 * 1024)
     grace_period_s: float = _help("On SIGTERM, how long running streams may finish.", 25.0)
     body_timeout_s: float = _help("Longest pause while a client sends a request body, and the time after which "
                                   "it must keep 1 KiB/s on average; past either, 408.", 30.0)
@@ -219,6 +221,11 @@ class AuthSettings:
                                        "naming any audience is refused.")
     trusted_networks: list[str] = _help("trusted mode: CIDRs besides loopback whose scope headers count.", None,
                                         default_factory=list)
+    provider_objects: Literal["per-user", "shared"] = _help(
+        "api-keys and signed modes, where memproxy's provider key goes upstream: per-user = a provider object "
+        "(response, conversation, file) reaches only the user who created it through memproxy, and endpoints "
+        "whose objects memproxy cannot attribute (assistants, threads, batches, vector stores, ...) are refused; "
+        "shared = every authenticated user reaches every object (one tenant).", "per-user")
 
 
 @dataclass(frozen=True)
@@ -484,6 +491,7 @@ def _check(s: Settings) -> None:
     """Cross-field and range rules, each naming its key."""
     positive = {
         "server.port": s.server.port, "server.max_body_bytes": s.server.max_body_bytes,
+        "server.max_header_bytes": s.server.max_header_bytes,
         "server.body_timeout_s": s.server.body_timeout_s, "server.header_timeout_s": s.server.header_timeout_s,
         "server.max_connections": 1 if s.server.max_connections is None else s.server.max_connections,
         "upstream.connect_timeout_s": s.upstream.connect_timeout_s,

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 import aiohttp
 import httpx
@@ -38,34 +39,45 @@ class StreamCut(Exception):
         self.message = message
 
 
-_CREDENTIALS = (b"authorization", b"x-api-key")
+# Where each provider reads a key: OpenAI `Authorization`, Azure OpenAI `api-key`, Anthropic
+# `x-api-key`, Google `x-goog-api-key`. memproxy's key for the provider replaces all of them.
+_PROVIDER_CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"})
+# In api-keys mode the client's credential is memproxy's own key, and the provider account is
+# memproxy's: nothing the client sends may authenticate to it or pick a part of it (a session
+# cookie, an organisation or project of memproxy's key).
+_PROXY_MODE_DROPPED = _PROVIDER_CREDENTIALS | {b"cookie", b"proxy-authorization", b"openai-organization",
+                                               b"openai-project"}
+# A query parameter Google reads a key from (`?key=`).
+_KEY_PARAMETER = "key"
 
 
 def request_headers(
-    raw: Iterable[tuple[bytes, bytes]], *, api_key: str | None, drop_authorization: bool = False,
+    raw: Iterable[tuple[bytes, bytes]], *, api_key: str | None, proxy_key: str | None = None,
     provider: Provider = "openai",
 ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the provider should see them.
 
     Hop-by-hop headers (and any the client's Connection header names) and memproxy's own
     X-Memory-* headers are dropped. With our own key for the provider the client's
-    credentials never leave (towards Anthropic both `x-api-key` and `Authorization`, our key
-    going as `x-api-key`); `drop_authorization` (the client sent memproxy's own proxy key)
-    drops them without a replacement.
+    credentials never leave (every header a provider reads a key from), our key going where
+    that provider reads it. `proxy_key` (api-keys mode: the client authenticated with
+    memproxy's own key) drops those, cookies and account selectors, and any header whose value
+    holds that key, whatever its name.
     """
     pairs = list(raw)
     named = _named_by_connection(pairs)
-    dropped: tuple[bytes, ...] = ()
-    if drop_authorization:
-        dropped = _CREDENTIALS  # memproxy's own proxy key, in either header, never leaves
+    dropped: frozenset[bytes] = frozenset()
+    if proxy_key is not None:
+        dropped = _PROXY_MODE_DROPPED
     elif api_key:
-        dropped = _CREDENTIALS if provider == "anthropic" else (b"authorization",)
+        dropped = _PROVIDER_CREDENTIALS
+    secret = proxy_key.encode("latin-1", "replace") if proxy_key else None
     out = []
     for name, value in pairs:
         lower = name.lower()
         if lower.decode("latin-1") in _NOT_FORWARDED or lower in named or lower.startswith(b"x-memory-"):
             continue
-        if lower in dropped:
+        if lower in dropped or (secret is not None and secret in value):
             continue
         out.append((lower, value))
     if api_key and provider == "anthropic":
@@ -73,6 +85,20 @@ def request_headers(
     elif api_key:
         out.append((b"authorization", b"Bearer " + api_key.encode()))
     return out
+
+
+def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
+    """The query string without a key parameter or any parameter holding the client's memproxy
+    key (api-keys mode); every other parameter byte for byte, in order."""
+    kept = []
+    for pair in query.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if unquote_plus(name.decode("latin-1")) == _KEY_PARAMETER:
+            continue
+        if proxy_key in unquote_plus(value.decode("latin-1")) or proxy_key.encode("latin-1", "replace") in value:
+            continue
+        kept.append(pair)
+    return b"&".join(kept)
 
 
 def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None) -> Provider:

@@ -402,14 +402,14 @@ def test_delete_a_user(proxy: Any, loaded: httpx.Client) -> None:
     assert deleted.pop("extraction_queue") in (0, 1, 2)
     assert response.json()["user"] == USER
     assert deleted == {"conversations": 3, "embeddings": 8, "entities": 2, "hook_context": 0, "injections": 1,
-                       "messages": 5, "reasoning": 1, "relationships": 1, "responses": 0, "turn_tool_calls": 0,
-                       "turns": 1, "users": 1}
+                       "messages": 5, "provider_objects": 0, "reasoning": 1, "relationships": 1, "responses": 0,
+                       "turn_tool_calls": 0, "turns": 1, "users": 1}
     assert loaded.get(api_url(USER, "export")).content == b""
     assert loaded.post(api_url(USER, "search"), json={"query": "Where does Alice Chen work?"}).json()["hits"] == []
     assert loaded.delete(api_url(USER)).json() == {"user": USER, "deleted": {
         "conversations": 0, "embeddings": 0, "entities": 0, "extraction_queue": 0, "hook_context": 0, "injections": 0,
-        "messages": 0, "reasoning": 0, "relationships": 0, "responses": 0, "turn_tool_calls": 0, "turns": 0,
-        "users": 0}}
+        "messages": 0, "provider_objects": 0, "reasoning": 0, "relationships": 0, "responses": 0,
+        "turn_tool_calls": 0, "turns": 0, "users": 0}}
 
 
 # --- errors, methods, limits ------------------------------------------------------------------

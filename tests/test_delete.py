@@ -135,7 +135,8 @@ def test_the_command_line_imports_exports_and_deletes(tmp_path: Path) -> None:
     assert removed.returncode == 0
     assert json.loads(removed.stdout) == {"user": "u1", "deleted": {
         "conversations": 1, "embeddings": 0, "entities": 0, "extraction_queue": 0, "hook_context": 0, "injections": 0,
-        "messages": 1, "reasoning": 0, "relationships": 0, "responses": 0, "turn_tool_calls": 0, "turns": 0,
+        "messages": 1, "provider_objects": 0, "reasoning": 0, "relationships": 0, "responses": 0,
+        "turn_tool_calls": 0, "turns": 0,
         "users": 1}}
     assert memproxy(["export", "--user", "u1"], db).stdout == b""
     assert grep(db, [token]) == {}

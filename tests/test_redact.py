@@ -247,19 +247,22 @@ ADVERSARIAL = {
     # Read a second time as they read: every char of the first folded, of the second dropped.
     "fullwidth": "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=", "zero-width": "pass\u200bword=",
     "cyrillic": "\u043f\u0430\u0440\u043e\u043b\u044c ", "curl": " -u a:", "mysql": "mysql -", "tag": "<token>a",
+    # Read again as their JSON escapes spell them, three levels deep.
+    "escape": "\\u200b", "escaped backslashes": '\\\\\\"', "escaped name": "pass\\u0077ord=\\\"a",
 }
 
 
 @pytest.mark.parametrize("unit", list(ADVERSARIAL.values()), ids=list(ADVERSARIAL))
 def test_adversarial_runs_cost_linear_time(unit: str) -> None:
     # Four times the text takes about four times as long, not sixteen (a quadratic rule).
+    # This thread's CPU time, not the clock: other processes on a busy machine do not count.
     small, large = unit * (100_000 // len(unit)), unit * (400_000 // len(unit))
     timings = []
     for text in (small, large):
-        start = time.perf_counter()
+        start = time.thread_time()
         redact(text)
-        timings.append(time.perf_counter() - start)
-    assert timings[1] < 2.0
+        timings.append(time.thread_time() - start)
+    assert timings[1] < 4.0
     assert timings[1] < 12 * timings[0] + 0.05
 
 
@@ -352,3 +355,49 @@ def test_a_disguised_private_key_across_a_window_edge_goes_whole() -> None:
     block = f"-----BEGIN PRIVATE\u200b KEY-----\n{body}\n-----END PRIVATE KEY-----"
     text = "a" * (WINDOW_CHARS - 100) + block + " after"
     assert redact(text) == "a" * (WINDOW_CHARS - 100) + "[REDACTED:private_key] after"
+
+
+# What a tool call's arguments say through JSON escapes (the text is JSON text, as sent).
+SPELLED = [
+    ('{"cmd": "pass\\u200bword=Qa21xyzAB"}', '{"cmd": "pass\\u200bword=[REDACTED:password]"}'),
+    ('{"cmd": "\\uff50\\uff41\\uff53\\uff53\\uff57\\uff4f\\uff52\\uff44=Qa22xyzAB"}',
+     '{"cmd": "\\uff50\\uff41\\uff53\\uff53\\uff57\\uff4f\\uff52\\uff44=[REDACTED:password]"}'),
+    ('{"pass\\u0077ord": "Qa23xyzAB"}', '{"pass\\u0077ord": "[REDACTED:password]"}'),
+    ('{"cmd": "password=\\u0051a24xyzAB"}', '{"cmd": "password=[REDACTED:password]"}'),
+    ('{"k": "sk-\\u0070roj-Ab3dEf6hIj9kLm2nOp5qRs8tUv"}', '{"k": "[REDACTED:openai_key]"}'),
+    ('{"k": "\\ud83d\\ude00 password=Qa25xyzAB \\ud800"}', '{"k": "\\ud83d\\ude00 password=[REDACTED:password] \\ud800"}'),
+    # A string holding JSON whose own strings escape again (Anthropic's `input` written out whole).
+    ('{"code": "{\\"cmd\\": \\"pass\\\\u200bword=Qa26xyzAB\\"}"}',
+     '{"code": "{\\"cmd\\": \\"pass\\\\u200bword=[REDACTED:password]\\"}"}'),
+    ('{"code": "{\\"code\\": \\"cfg = {\\\\\\"password\\\\\\": \\\\\\"Qa27xyzAB\\\\\\"}\\"}"}',
+     '{"code": "{\\"code\\": \\"cfg = {\\\\\\"password\\\\\\": \\\\\\"[REDACTED:password]\\\\\\"}\\"}"}'),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), SPELLED)
+def test_what_json_escapes_spell_is_redacted_and_the_rest_stays_as_written(text: str, expected: str) -> None:
+    assert redact(text) == expected
+    json.loads(expected)  # still the JSON it was
+    assert redact(expected) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "C:\\new\\table\\passwords.txt", '{"path": "C:\\\\tmp\\\\token"}', '{"re": "\\\\d+\\\\.\\\\w"}',
+    '{"note": "the password policy\\u2014strict"}', "a lone \\ud800 and a \\u12 cut short\\",
+])
+def test_escapes_that_spell_no_secret_leave_the_text_as_it_is(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_a_spelled_secret_past_the_first_window_is_found() -> None:
+    pad = "x\\n" * (WINDOW_CHARS // 3)
+    text = pad + "pass\\u200bword=Qa28xyzAB " + pad
+    assert redact(text) == pad + "pass\\u200bword=[REDACTED:password] " + pad
+
+
+def test_arguments_full_of_escapes_cost_little() -> None:
+    code = 'def f(x):\n    return "a\\tb" + x  # cfg\n' * 25000  # ~1 MB of code written as JSON
+    text = json.dumps({"path": "main.py", "content": code + "password = 'Qa29xyzAB'\n"})
+    start = time.perf_counter()
+    assert json.loads(redact(text))["content"] == code + "password = '[REDACTED:password]'\n"
+    assert time.perf_counter() - start < 1.5

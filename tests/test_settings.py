@@ -60,6 +60,7 @@ def test_precedence_flag_env_file_default(tmp_path):
     ("server:\n  port: 70000\n", "server.port: must be at most 65535"),
     ("server:\n  header_timeout_s: 0\n", "server.header_timeout_s: must be greater than 0"),
     ("server:\n  max_connections: 0\n", "server.max_connections: must be greater than 0"),
+    ("server:\n  max_header_bytes: 0\n", "server.max_header_bytes: must be greater than 0"),
     ("memory:\n  max_tokens: 0\n", "memory.max_tokens: must be greater than 0"),
     ("memory:\n  persist_interactions: sometimes\n", "memory.persist_interactions: expected true or false"),
     ("scope:\n  conversation: newest\n", "scope.conversation: must be one of history, latest"),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.steps import InjectStep, open_upstream
 from proxy.endpoint.tools_step import ToolsStep
 from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
@@ -27,7 +28,7 @@ from proxy.responses import end_interrupted, relay_chat, relay_plain
 from proxy.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 from proxy.side_requests import RequestFacts, SideRequests
-from proxy.upstream import Upstream, provider_for, request_headers
+from proxy.upstream import Upstream, provider_for, query_without_credentials, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
@@ -49,8 +50,9 @@ class ProxyEndpoint:
     """ASGI app for every path under /v1."""
 
     def __init__(self, settings: Settings, upstream: Upstream, scopes: ScopeResolver, memory: ChatMemory,
-                 metrics: Metrics, side_requests: SideRequests) -> None:
+                 metrics: Metrics, side_requests: SideRequests, ownership: Ownership) -> None:
         self.settings = settings
+        self.ownership = ownership
         self.upstream = upstream
         self.scopes = scopes
         self.memory = memory
@@ -120,8 +122,13 @@ class ProxyEndpoint:
         if resolved.uses_proxy_key and not api_key:
             raise Unauthenticated(f"{_KEY_SETTING[provider]} is not configured: in api-keys mode the client's "
                                   "key is memproxy's own and never goes upstream")
-        return request_headers(headers, api_key=api_key, drop_authorization=resolved.uses_proxy_key,
-                               provider=provider)
+        return request_headers(headers, api_key=api_key, proxy_key=resolved.proxy_key, provider=provider)
+
+    def _url(self, path: str, query: bytes, provider: Provider, resolved: RequestScope) -> str:
+        """The provider URL; in api-keys mode without a key the client may have put in the query."""
+        if resolved.proxy_key is not None and query:
+            query = query_without_credentials(query, resolved.proxy_key)
+        return self.upstream.url(path, query, provider)
 
     def _family(self, path: str | None) -> Wire | None:
         """The wire whose chat path a path sits under (`/messages/count_tokens`), if any."""
@@ -138,15 +145,27 @@ class ProxyEndpoint:
         self._count_side_request(RequestFacts(scope["method"], path, headers), family)
         provider = provider_for(headers, family.provider if family is not None else None)
         upstream_headers = self._upstream_headers(headers, provider, identity)
+        owner = self.ownership.owner(identity, provider)
+        creates = await self.ownership.admit(owner, provider, scope["method"], path) if owner is not None else None
+        if creates is not None:
+            upstream_headers = _uncompressed(upstream_headers)  # its id is read from the answer
+        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
+        held: bytes | None = None
+        if owner is not None and has_body and not _is_multipart(headers):
+            # Read whole to check the objects it names before any of it goes.
+            held = await read_body(receive, limit, self.settings.server.body_timeout_s)
+            await self.ownership.check_body(owner, provider, held)
+            length = len(held)
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
-        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
-        url = self.upstream.url(path, scope["query_string"], provider)
-        async with DisconnectWatch(receive, armed=not has_body) as watch:
-            content = (body_stream(receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
-                       if has_body else None)
+        url = self._url(path, scope["query_string"], provider, identity)
+        async with DisconnectWatch(receive, armed=not has_body or held is not None) as watch:
+            content = held if held is not None or not has_body else body_stream(
+                receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
             response = await open_upstream(self.upstream, self.metrics, scope["method"], url, upstream_headers,
                                            content)
+            if creates is not None and owner is not None:
+                response = self.ownership.recorded(response, owner, provider, creates)
             try:
                 # Every response to a chat path says the memory status (a GET: not a turn).
                 await relay_plain(send, response, extra_headers=_status_header(NOT_A_TURN) if chat_path else [],
@@ -175,7 +194,11 @@ class ProxyEndpoint:
         resolved = self.scopes.resolve(scope)
         provider = provider_for(scope["headers"], wire.provider)
         upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
+        owner = self.ownership.owner(resolved, provider)
+        creates = await self.ownership.admit(owner, provider, "POST", path) if owner is not None else None
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
+        if owner is not None:
+            await self.ownership.check_body(owner, provider, body)
         parsed: WireRequest | str | None = None
         if resolved.needs_body:
             parsed = wire.parse(body)
@@ -201,11 +224,11 @@ class ProxyEndpoint:
                     request, body = await _off_loop_if(request.large, _with_prompt, wire, request, recall.prompt, body)
                 out_body = await _off_loop_if(request is not None and request.large,
                                               _with_block, wire, request, recall, body)
-                if recall.active or tool_format is not None:
-                    # We read a copy of the answer (to save it, to find memory calls): ask for it uncompressed.
-                    upstream_headers = [(k, v) for k, v in upstream_headers if k != b"accept-encoding"]
-                    upstream_headers.append((b"accept-encoding", b"identity"))
-                url = self.upstream.url(path, scope["query_string"], provider)
+                if recall.active or tool_format is not None or creates is not None:
+                    # We read a copy of the answer (to save it, to find memory calls, to record its
+                    # id): ask for it uncompressed.
+                    upstream_headers = _uncompressed(upstream_headers)
+                url = self._url(path, scope["query_string"], provider, resolved)
                 if tool_format is not None and recall.tools is not None and request is not None:
                     tools = ToolsStep(self.upstream, self.metrics, tool_format, recall.tools, url, upstream_headers,
                                       self.settings.memory.tool_rounds, recall)
@@ -213,6 +236,8 @@ class ProxyEndpoint:
                 else:
                     step = InjectStep(self.upstream, self.metrics, wire, url, upstream_headers)
                     response = await step.run(out_body, body, recall)
+                if creates is not None and owner is not None:
+                    response = self.ownership.recorded(response, owner, provider, creates)
                 try:
                     await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
                                      self.settings.server.heartbeat_s)
@@ -299,6 +324,17 @@ def _path_after_v1(scope: dict[str, Any]) -> str | None:
     if any(segment in (".", "..") for segment in segments):
         return None  # no path may climb out of the provider's /v1 prefix
     return rest
+
+
+def _uncompressed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The headers asking the provider for an answer memproxy can read as it comes."""
+    return [(k, v) for k, v in headers if k != b"accept-encoding"] + [(b"accept-encoding", b"identity")]
+
+
+def _is_multipart(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A form upload (a file, audio): it names no stored object, and is streamed as it comes."""
+    return any(name.lower() == b"content-type" and value.lower().lstrip().startswith(b"multipart/")
+               for name, value in headers)
 
 
 def _status_header(status: str) -> list[tuple[bytes, bytes]]:

@@ -27,7 +27,15 @@ GRAPH_NOTE = "A [graph] line is a stored relationship, written (subject)-[RELATI
 SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
 ELLIPSIS = "…"
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Control characters but the line breaks `str.splitlines` knows, which a role marker starting a
+# line needs; every run of whitespace becomes one space at the end.
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_CONTROL = re.compile("[\x00-\x09\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+# Whitespace is made one space, or one line break where it holds one, before any pattern
+# runs: the patterns then look past a bounded run of it, in linear time.
+_AS_NEWLINE = str.maketrans(dict.fromkeys(_LINE_BREAKS, "\n"))
+_SPACE_RUN = re.compile(r"[^\S\n]+")
+_BREAK_RUN = re.compile(r" ?\n\s*")
 # Letters a reader cannot tell apart in most fonts, and Unicode's confusables.txt counts as one:
 # `[Iong-term]` (a capital i), `[l0ng-term]`, `[long-terrn]` read as the label they imitate.
 _SAME_TO_A_READER = {"l": "[li1|]", "i": "[li1|]", "o": "[o0]", "m": "(?:m|rn)"}
@@ -38,7 +46,7 @@ def _reads(words: str) -> str:
     return "".join(_SAME_TO_A_READER.get(char, char) for char in words)
 
 
-_IMITATIONS = (
+_HEADER_IMITATIONS = (
     re.compile(
         _reads(r"relevant\s+long[\s_-]*term\s+memor(?:y|ies)\s+about\s+(?:this|the)\s+user")
         + r"(?:\s*\([^()]{0,300}\))?\s*:?",
@@ -48,20 +56,54 @@ _IMITATIONS = (
         r"\(\s*" + _reads(r"use\s+it\s+to\s+personali[sz]e\s+your\s+answer") + r"[^()]{0,300}\)\s*:?",
         re.IGNORECASE,
     ),
-    re.compile(
+)
+# Tags a client gives meaning to in the user's role: Claude Code's `<system-reminder>`, Codex's
+# `<environment_context>` and `<user_instructions>`, Gemini CLI's `<session_context>`. Opening
+# or closing, with attributes: a memory that closes one and opens another speaks as the client.
+CLIENT_TAGS = ("system-reminder", "environment_context", "user_instructions", "session_context")
+# Roles a transcript gives its turns: a memory line that starts one (`Human: ...`) speaks as it.
+ROLES = ("human", "assistant", "system", "user", "developer")
+# What each pattern needs in the folded text to match at all (none: always looked for).
+_IMITATIONS: tuple[tuple[re.Pattern[str], str], ...] = (
+    *((pattern, "") for pattern in _HEADER_IMITATIONS),
+    # A role that starts a turn: at the start of the text or a line, or after punctuation (as
+    # after every marker below, so it is looked for first); not a word in a sentence (`the
+    # operating system: Arch`), nor memproxy's own `... | user: ... | assistant: ...` that joins
+    # a message line's turns.
+    (re.compile(
+        r"(?:\A|(?<=[^\w\s])|(?<=\n))\s{0,8}+(?!(?<=\| )(?-i:(?:user|assistant):))\b(?:"
+        + "|".join(_reads(role) for role in ROLES) + r")\s{0,8}+:",
+        re.IGNORECASE,
+    ), ":"),
+    (re.compile(
         _reads(r"a\s+\[\s*graph\s*\]\s+line\s+is\s+a\s+stored\s+relationship")
         + r"(?:\s*,?\s*" + _reads(r"written\s*\(\s*subject\s*\)\s*-\s*\[\s*relationship\s*\]\s*->"
                                   r"\s*\(\s*object\s*\)") + ")?"
         r"\s*\.?",
         re.IGNORECASE,
-    ),
+    ), "["),
     # A source label, with the numbering in front of it when there is one: `2. [long-term]`.
-    re.compile(
+    (re.compile(
         r"(?:\b\d{1,4}\s*[.)]\s*)?"
         r"\[\s*(?:" + _reads(r"long[\s_-]*term|graph|conversation|cross[\s_-]*session|reasoning") + r")\s*\]",
         re.IGNORECASE,
-    ),
+    ), "["),
+    (re.compile(
+        r"<\s*/?\s*(?:" + "|".join(_reads(re.sub(r"[-_]", r"[\\s_-]*", tag)) for tag in CLIENT_TAGS)
+        + r")\b[^<>]{0,256}>",
+        re.IGNORECASE,
+    ), "<"),
+    # Chat templates' special tokens, which some servers read as the tokens themselves: ChatML's
+    # `<|im_start|>`, Llama 3's `<|eot_id|>`, harmony's `<|channel|>` (any `<|...|>`, DeepSeek's
+    # fullwidth bars folded), Llama 2's `[INST]` and `<<SYS>>`, Gemma's `<start_of_turn>`, `</s>`.
+    (re.compile(
+        r"<\|[^|<>\n]{1,48}\|>|\[\s*/?\s*(?:" + _reads(r"inst|system_prompt") + r")\s*\]|<<\s*/?\s*sys\s*>>"
+        r"|<\s*/?\s*s\s*>|<\s*(?:start|end)_" + _reads("of_turn") + r"\s*>",
+        re.IGNORECASE,
+    ), "<["),
 )
+_BRACKETS = frozenset("[]<>|")
+_ANY_ROLE = re.compile(r"\b(?:" + "|".join(_reads(role) for role in ROLES) + r")(?:\s*:)+", re.IGNORECASE)
 _LABELS = "|".join(re.escape(source) for source in SOURCES)
 # What the caches below hold stays bounded whatever users paste: short texts' answers
 # (three caches of 4,096, each entry at most ~4,000 chars), long texts' lines (two caches
@@ -127,12 +169,14 @@ def _neutralised(text: str) -> str:
 def _neutralise(text: str) -> str:
     if not (text.isascii() and text.isprintable()):  # the common case needs neither pass
         text = _CONTROL.sub(" ", INVISIBLE.sub("", text)).replace(BRAILLE_BLANK, " ")
+        text = _BREAK_RUN.sub("\n", _SPACE_RUN.sub(" ", text.translate(_AS_NEWLINE)))
+    elif "  " in text:
+        text = _SPACE_RUN.sub(" ", text)
     # Imitations are looked for in the text as it reads (`［graph］`, `[long‐term]` with U+2010,
     # a Cyrillic `е`), and cut from the text as written.
     folded = reads_as(text)
-    # Only the header imitations can match without a bracket; skipping the rest when there
-    # is none keeps this cheap on the request path.
-    patterns = _IMITATIONS if "[" in folded else _IMITATIONS[:2]
+    # Most patterns need a char most texts lack: skipping them keeps this cheap on the request path.
+    patterns = [pattern for pattern, needs in _IMITATIONS if not needs or any(char in folded for char in needs)]
     for _ in range(_MAX_PASSES):  # removing one imitation can join the halves of another
         removed = 0
         for pattern in patterns:
@@ -141,10 +185,11 @@ def _neutralise(text: str) -> str:
         if not removed:
             return " ".join(text.split())
     # Imitations nested deeper than any honest text (`[graph[graph[...]]]`): one more pass per
-    # level would make this quadratic; without brackets no source label can be formed.
-    text = "".join(" " if char in "[]" or reads_as(char) in ("[", "]") else char for char in text)
+    # level would make this quadratic. Without brackets no source label, tag or token can be
+    # formed, and a role loses every colon after it at once.
+    text = "".join(" " if char in _BRACKETS or reads_as(char) in _BRACKETS else char for char in text)
     folded = reads_as(text)
-    for pattern in _IMITATIONS[:2]:
+    for pattern in (*_HEADER_IMITATIONS, _ANY_ROLE):
         text, folded, _ = _cut_matches(text, folded, pattern)
     return " ".join(text.split())
 

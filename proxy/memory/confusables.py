@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
 
@@ -86,8 +87,10 @@ def reads_as(text: str) -> str:
     return _MARKS.sub("", unicodedata.normalize("NFKD", text)).translate(_TABLE)
 
 
-def reads_as_mapped(text: str) -> tuple[str, list[int]]:
+def reads_as_mapped(text: str) -> tuple[str, Sequence[int]]:
     """`reads_as(text)`, and for each of its characters the index in `text` it came from."""
+    if text.isascii():
+        return text, range(len(text))
     pieces: list[str] = []
     origins: list[int] = []
     for index, char in enumerate(text):

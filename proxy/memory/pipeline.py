@@ -555,10 +555,12 @@ class TurnRecall(Recall):
             # even when nothing else of the turn is saved.
             mapped = recorded if self.provider_id is not None else None
         if message.tool_calls:
-            calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             # The step's memory calls wait with its exchange for the turn's final step, which saves the
             # trace (not kept for a turn that is not persisted: they do not route the next step).
             kept = None if self.exchange is None else packed(self.exchange, self._memory_steps if self._persist else ())
+            if self.active and sum(len(c.arguments) for c in message.tool_calls) > INLINE_REDACT_CHARS:
+                return asyncio.ensure_future(self._record_calls(message, now, kept))
+            calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self.generation, kept),
                                urgent=True)
         if message.continues:
@@ -581,6 +583,16 @@ class TurnRecall(Recall):
         # `stop` fired with the first one: it fires once per turn.
         existing = self._identity.existing
         return self._saves.finish(finish, stop=existing is None or existing.status != "complete")
+
+    async def _record_calls(self, message: AssistantMessage, now: datetime, kept: str | None) -> None:
+        """A step's tool calls with large arguments (a file's code written out), redacted in a thread
+        as a large request is (`saved`): reading what their escapes spell costs more than a hop."""
+        redacted = await asyncio.to_thread(lambda: [redact(c.arguments) for c in message.tool_calls])
+        calls = tuple((c.id, c.name, arguments) for c, arguments in zip(message.tool_calls, redacted, strict=True))
+        recorded = self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self.generation, kept),
+                               urgent=True)
+        if recorded is not None:
+            await recorded
 
     def memory_called(self, name: str, arguments: str, result: str) -> None:
         """The memory exchanges go into the turn's reasoning trace, not into its conversation."""

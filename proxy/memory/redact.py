@@ -12,6 +12,10 @@ overlapping spans are joined (the first rule's kind wins), and the text is rebui
 A text that is not all ASCII is read a second time as it reads (`visible_ascii_mapped`): invisible
 characters out and look-alikes folded, so `pass\u200bword=`, `ｐａｓｓｗｏｒｄ=` or a
 Cyrillic `а` hide nothing; what that reading finds is cut from the text as written.
+
+A text with JSON escapes is also read as they spell it (`proxy.memory.json_escapes`), a few
+levels deep: a tool call's arguments say `pass\\u200bword=` or `{\\"password\\": ...}` with
+them, and what they say is redacted as a user's message is.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.memory.confusables import visible_ascii_mapped
+from proxy.memory.json_escapes import unescaped_mapped
 from proxy.memory.secret_shapes import (
     LOOKBEHIND_CHARS, MAX_PEM_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered,
     mark,
@@ -33,11 +38,15 @@ _NEEDLES = tuple(enumerate(rule.needle for rule in RULES))
 _ANY_NEEDLE = re.compile("|".join(re.escape(rule.needle) for rule in RULES))
 # Past this many chars the pipeline redacts in a thread: what is shorter costs less than the hop.
 INLINE_REDACT_CHARS = 65_536
+# JSON escapes read through: a tool call's arguments (1), a JSON document in one of their
+# strings (2), a string literal in that (3).
+UNESCAPE_LEVELS = 3
+_SPELLED_RANK = len(RULES)  # a span found in what escapes spell yields, on a tie, to one found as written
 
 
 def redact(text: str) -> str:
     """The text with every secret found replaced by `[REDACTED:<kind>]`."""
-    if len(text) <= TINY_CHARS and _ANY_NEEDLE.search(
+    if len(text) <= TINY_CHARS and "\\" not in text and _ANY_NEEDLE.search(
             (text if text.isascii() else visible_ascii_mapped(text)[0]).lower()) is None:
         return text  # most log fields: one regex call
     spans = secret_spans(text)
@@ -72,11 +81,14 @@ def restored(redacted: str, source: str) -> str:
     return "".join(pieces)
 
 
-def secret_spans(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, kind) of every secret in the text, in order, none overlapping."""
+def secret_spans(text: str, levels: int = UNESCAPE_LEVELS) -> list[tuple[int, int, str]]:
+    """(start, end, kind) of every secret in the text, in order, none overlapping; also of those
+    its JSON escapes spell, `levels` deep."""
     found = _found(text)
     if not text.isascii():
         found += _found_as_it_reads(text)
+    if levels and "\\" in text:
+        found += _found_as_spelled(text, levels)
     return [(start, _before_escaped_quote(text, start, end), kind) for start, end, kind in _joined(found)]
 
 
@@ -110,6 +122,25 @@ def _found_as_it_reads(text: str) -> list[tuple[int, int, int, str]]:
             continue
         for first, rank, last, kind in _found(view):
             found.append((base + int(origins[first]), rank, base + int(origins[last - 1]) + 1, kind))
+    return found
+
+
+def _found_as_spelled(text: str, levels: int) -> list[tuple[int, int, int, str]]:
+    """What the rules find in the text as its JSON escapes spell it, as spans of the text: a
+    window at a time, as `_found_as_it_reads` reads, up to the window that reaches the end
+    (the rules find every match in it, also those past its first WINDOW_CHARS)."""
+    found: list[tuple[int, int, int, str]] = []
+    for start in range(0, len(text), WINDOW_CHARS):
+        base = max(0, start - LOOKBEHIND_CHARS)
+        stop = start + WINDOW_CHARS + max(REACH_CHARS, MAX_PEM_CHARS + LOOKBEHIND_CHARS)
+        window = text[base:stop]
+        if "\\" in window:
+            view, starts = unescaped_mapped(window)
+            if view != window:
+                found += [(base + int(starts[first]), _SPELLED_RANK, base + int(starts[last]), kind)
+                          for first, last, kind in secret_spans(view, levels - 1)]
+        if stop >= len(text):
+            break
     return found
 
 

@@ -643,5 +643,18 @@ class Admin(Protocol):
         """Add records (validated by proxy.api.jsonl) to the user, skipping ids it has: imported/skipped per kind."""
 
 
-class Store(Lifecycle, Writes, TurnReads, RecallReads, ExtractionQueue, EmbeddingQueue, Admin, Protocol):
+class ProviderObjects(Protocol):
+    """Which user created each provider object (a response, a conversation, a file) memproxy saw
+    created with its own provider key: several users share that key, so the provider would
+    answer any of them (endpoint/ownership.py)."""
+
+    async def record_owner(self, provider: str, object_id: str, user: str, kind: str, at: datetime) -> str:
+        """Record `user` as the creator of the object unless a creator is recorded already; the creator."""
+
+    async def owner_of(self, provider: str, object_id: str) -> str | None:
+        """The user recorded as the object's creator, None when memproxy never saw it created."""
+
+
+class Store(Lifecycle, Writes, TurnReads, RecallReads, ExtractionQueue, EmbeddingQueue, Admin, ProviderObjects,
+            Protocol):
     """A user-scoped memory database (SQLite or PostgreSQL): every role, as the app holds it."""

@@ -38,6 +38,7 @@ from proxy.stores.export_records import INJECTIONS_SELECT
 from proxy.stores.generations import BUMP_SQL, MARK_SQL, conversation_deleted_key, generation_key, user_deleted_key
 from proxy.stores.postgres.import_records import import_records
 from proxy.stores.postgres.reads import Args
+from proxy.stores.postgres.pruning import conversation_messages, prune_graph
 from proxy.stores.postgres.rows import (
     EXPORT,
     clean_text,
@@ -424,10 +425,14 @@ async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, it
                                        " RETURNING conversation_id, created_at, seq", scope.user, item_id)
             if gone is not None:
                 await _refresh_followers(conn, scope.user, *gone)
+                await prune_graph(conn, scope.user, [item_id])
             deleted = None if gone is None else item_id
         else:
+            said = await conversation_messages(conn, scope.user, item_id) if each == "conversation" else []
             deleted = await conn.fetchval(f"DELETE FROM {table} WHERE user_id = $1 AND id = $2 RETURNING id",
                                           scope.user, item_id)
+            if deleted is not None:
+                await prune_graph(conn, scope.user, said)  # what its messages alone said goes with them
         if deleted is not None:
             ended = [conversation_deleted_key(scope.user, item_id)] if each == "conversation" else []
             await _deleted(conn, scope.user, ended)

@@ -34,6 +34,7 @@ from proxy.stores.base import RESPONSE_CHAIN_MAX, FoundTurn, QueuedMessage, Resp
 from proxy.stores.generations import generation_key
 from proxy.stores.postgres.admin import PostgresAdmin
 from proxy.stores.postgres.batch import apply_ops, recover
+from proxy.stores.postgres.owners import PostgresProviderObjects
 from proxy.stores.postgres.queue import claim
 from proxy.stores.postgres.reads import Args, PostgresReads, agent_clause
 from proxy.stores.postgres.rows import clean_text, turn_from_record, utc
@@ -88,7 +89,7 @@ def user_lock_key(user: str) -> int:
 
 _TURN_COLUMNS = ("t.turn_key, t.conversation_id, t.status, t.created_at, t.block, t.injected, t.prompt,"
                  " t.hook_context")
-class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors):
+class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors, PostgresProviderObjects):
     """The Store protocol on a PostgreSQL database shared by any number of replicas.
 
     Reads and search: postgres/reads.py; the memory API: postgres/admin.py; embeddings: postgres/vectors.py.

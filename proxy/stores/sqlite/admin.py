@@ -56,6 +56,7 @@ from proxy.stores.reindex_terms import (
 from proxy.stores.sqlite.entity_index import EntityIndexes
 from proxy.stores.sqlite.import_records import import_records, message_context
 from proxy.stores.sqlite.message_index import MessageIndexes
+from proxy.stores.sqlite.pruning import conversation_messages, prune_graph
 from proxy.stores.sqlite.rows import (
     EXPORT,
     agent_clause,
@@ -426,8 +427,12 @@ def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id:
                                 " created_at, seq", (scope.user, item_id)).fetchone()
             if gone is not None:
                 _refresh_followers(conn, scope.user, *gone)
+                prune_graph(conn, scope.user, [item_id])
         else:
+            said = conversation_messages(conn, scope.user, item_id) if each == "conversation" else []
             gone = conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND id = ?", (scope.user, item_id)).rowcount
+            if gone:
+                prune_graph(conn, scope.user, said)  # what its messages alone said goes with them
         if gone:
             ended = [conversation_deleted_key(scope.user, item_id)] if each == "conversation" else []
             _deleted(conn, scope.user, ended)

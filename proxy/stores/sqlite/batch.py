@@ -31,6 +31,9 @@ from proxy.stores.indexed_text import (
     steps_json,
 )
 
+# A turn still pending this long after its last write died with the process serving it (as on
+# PostgreSQL); a younger one may be in flight on another process of the file.
+STALE_PENDING_S = 600.0
 INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns
 
 
@@ -56,16 +59,21 @@ def _apply_all(conn: sqlite3.Connection, ops: Sequence[WriteOp]) -> None:
         batch.run(op)
 
 
-def recover(conn: sqlite3.Connection) -> None:
-    """Turns pending at start-up died with the process that served them."""
+def recover(conn: sqlite3.Connection, others_open: bool) -> None:
+    """Turns left pending by a process that died are ended: all of them when no other process has
+    the file open, else only those pending for longer than STALE_PENDING_S (the others' may be
+    in flight)."""
     now = now_ts()
+    before = now - STALE_PENDING_S if others_open else now + 1
     # A pending turn whose answer was saved did finish; only the status write was lost.
     conn.execute(
-        "UPDATE turns SET status = 'complete', updated_at = ? WHERE status = 'pending' AND EXISTS (SELECT 1"
-        " FROM messages m WHERE m.user_id = turns.user_id AND m.turn_key = turns.turn_key AND m.role = 'assistant')",
-        (now,),
+        "UPDATE turns SET status = 'complete', updated_at = ? WHERE status = 'pending' AND updated_at < ?"
+        " AND EXISTS (SELECT 1 FROM messages m WHERE m.user_id = turns.user_id AND m.turn_key = turns.turn_key"
+        " AND m.role = 'assistant')",
+        (now, before),
     )
-    conn.execute("UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'pending'", (now,))
+    conn.execute("UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'pending' AND updated_at < ?",
+                 (now, before))
 
 
 class Batch:

@@ -31,10 +31,10 @@ def runner(conn: sqlite3.Connection) -> Run:
 
 
 def record_failure(conn: sqlite3.Connection, op: ExtractionFailed) -> None:
-    """Count the attempt; the item waits until `retry_at`, or is parked with its error."""
+    """Count the attempt and end the item's lease; it waits until `retry_at`, or is parked with its error."""
     conn.execute(
-        "UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = ?, last_error = ?, parked = ?"
-        " WHERE id = ? AND user_id = ?",
+        "UPDATE extraction_queue SET attempts = attempts + 1, next_attempt_at = ?, last_error = ?, parked = ?,"
+        " claimed_until = NULL, claimed_by = NULL WHERE id = ? AND user_id = ?",
         (to_ts(op.retry_at), clean_text(op.error)[:ERROR_MAX_CHARS], int(op.park), op.queue_id, op.scope.user),
     )
 

@@ -445,15 +445,43 @@ CREATE INDEX IF NOT EXISTS relationships_from_newest ON relationships(user_id, f
 CREATE INDEX IF NOT EXISTS relationships_to_newest ON relationships(user_id, to_id, valid_from);
 """
 
-# v15: a user's newest vector of a kind and model in one index probe (rowid is the index's
+# v15: who created each provider object memproxy saw created with its own provider key (a
+# response, a conversation, a file): the key is shared, so the provider alone would answer
+# any user naming the id. Not the user's memory, but deleted with the user as every row naming them.
+_V15 = """
+CREATE TABLE IF NOT EXISTS provider_objects (
+    provider TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (provider, object_id)
+);
+CREATE INDEX IF NOT EXISTS provider_objects_user ON provider_objects(user_id);
+"""
+
+# v16: extraction items leased to the process that claimed them (sqlite/queue.py): the
+# worker processes of one file share its queue, and one user's items go to one at a time.
+# The processes with the file open (sqlite/processes.py): one starting leaves alone the turns
+# another is serving.
+_V16 = """
+CREATE TABLE IF NOT EXISTS processes (id TEXT PRIMARY KEY, opened_at REAL NOT NULL);
+ALTER TABLE extraction_queue ADD COLUMN claimed_until REAL;
+ALTER TABLE extraction_queue ADD COLUMN claimed_by TEXT;
+CREATE INDEX IF NOT EXISTS extraction_queue_leased ON extraction_queue(user_id, claimed_until)
+    WHERE claimed_until IS NOT NULL;
+"""
+
+# v17: a user's newest vector of a kind and model in one index probe (rowid is the index's
 # last column): each recall checks that the cached vectors are current, since another
 # process sharing the store may have saved some since, and reads only those after.
-_V15 = """
+_V17 = """
 CREATE INDEX IF NOT EXISTS embeddings_newest ON embeddings(user_id, kind, model);
 """
 
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15,
+                                _V16, _V17)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -38,7 +38,7 @@ from proxy.models import (
     Turn,
 )
 from proxy.stores.base import (
-    RESPONSE_CHAIN_MAX, FinishTurn, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
+    RESPONSE_CHAIN_MAX, FoundTurn, QueuedMessage, ResponseChain, StoreError, WriteOp,
 )
 from proxy.stores.export_records import EXPORT_PAGE, RELATIONSHIP_SELECT, pages
 from proxy.stores.generations import generation_key
@@ -52,7 +52,10 @@ from proxy.stores.sqlite.checkpoint import (
 from proxy.stores.sqlite.entity_index import EntityIndexes
 from proxy.stores.sqlite.file import FileChanged, OpenedFiles
 from proxy.stores.sqlite.message_index import MessageIndexes
+from proxy.stores.sqlite.owners import SQLiteProviderObjects
 from proxy.stores.sqlite.postings_cache import PostingsCache
+from proxy.stores.sqlite.processes import deregister, new_process_id, register
+from proxy.stores.sqlite.queue import anything_due, claim, release, release_all
 from proxy.stores.sqlite.readers import ReadPool
 from proxy.stores.sqlite.rows import (
     EXPORT,
@@ -73,7 +76,6 @@ from proxy.stores.sqlite.search import (
     MESSAGES,
     REASONING,
     PostingsNotReady,
-    indexed_rows,
 )
 from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.stores.sqlite.search import search_entities as search_entity_index
@@ -97,10 +99,6 @@ READERS = 2
 # A lookup by at most this many keys (a request's assistant texts) runs on the event loop's
 # connection (sqlite/readers.py); a longer one goes to a reader thread.
 LOOKUP_MAX_KEYS = 64
-# Once a search finds no reasoning trace in the whole store (no one uses tools), searches
-# answer without a read for this long; a trace this process saves ends it at once, one
-# saved by another process is found within it.
-NO_TRACES_RECHECK_S = 1.0
 _SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 # Once the file was found deleted or replaced, the path is opened again at once, then after
 # this long, doubling up to REOPEN_MAX_S: its directory may be gone until someone makes it again.
@@ -129,7 +127,7 @@ def _current_turn(row: sqlite3.Row) -> Turn:
     return turn if row["block_current"] else replace(turn, block=None, injected=0)
 
 
-class SQLiteStore(SQLiteAdmin, SQLiteVectors):
+class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
     """The Store protocol on one SQLite file (the memory API's operations: sqlite/admin.py; embeddings:
     sqlite/vectors.py)."""
 
@@ -158,6 +156,9 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._on_file_lost = on_file_lost
         self._lost: str | None = None  # why the store is unavailable while it opens its path again
         self._reopening: asyncio.Task[None] | None = None
+        # This process among those with the file open (sqlite/processes.py), and the claimant of
+        # the extraction leases it takes (sqlite/queue.py).
+        self._claimant = new_process_id()
         self._fresh_search_state()
 
     def _fresh_search_state(self) -> None:
@@ -168,7 +169,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         self._reasoning_counts = UserCounts(REASONING, SMALL_INDEX_ROWS)
         self._message_indexes = MessageIndexes(self._path, self._pragmas, self._search_cache_bytes, MESSAGE_WEIGHTS)
         self._entity_indexes = EntityIndexes(self._path, self._pragmas, self._search_cache_bytes, ENTITY_WEIGHTS)
-        self._no_traces_until = 0.0  # monotonic time until which the store is known to hold no trace
 
     @property
     def message_indexes(self) -> MessageIndexes:
@@ -212,7 +212,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             migrate(conn)
-            transaction(conn, lambda: recover(conn))
+            transaction(conn, lambda: recover(conn, register(conn, self._claimant, time.time())))
             self._files = OpenedFiles(self._path)  # once WAL mode has made the WAL and its index
         except BaseException:
             conn.close()
@@ -225,11 +225,21 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         if reopening is not None:
             reopening.cancel()
             await asyncio.gather(reopening, return_exceptions=True)
+        if self._writer is not None and self._lost is None:
+            try:  # its extraction items are due again at once, for whichever process goes on
+                await self._on_writer(self._leave)
+            except StoreError as exc:  # the next process to open the file finds this one gone
+                log.warning("store %s: cannot record this process leaving the file (%s)", self._path, exc)
         self._lost = None
         await self._release()
         thread, self._write_thread = self._write_thread, None
         if thread is not None:
             thread.shutdown(wait=False)
+
+    def _leave(self, conn: sqlite3.Connection) -> None:
+        """On the write thread: this process closes the file, handing back its extraction items."""
+        release_all(conn, self._claimant)
+        deregister(conn, self._claimant)
 
     async def _release(self) -> None:
         """Close every connection, after the reads and writes queued on them (the write thread stays)."""
@@ -347,18 +357,10 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
         batch = list(ops)
         try:
             await self._on_write_thread(lambda conn: apply_batch(conn, batch))
-            if any(isinstance(op, FinishTurn) and op.steps for op in ops):
-                self._no_traces_until = 0.0  # a trace is in the store now
         except _INVALID_WRITE as exc:
             raise StoreError(_reason(exc), transient=False) from exc
         except sqlite3.Error as exc:
             raise StoreError(_reason(exc)) from exc
-
-    async def import_records(self, scope: Scope, records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-        """SQLiteAdmin's import; a reasoning trace it brings is searched at once."""
-        counts = await super().import_records(scope, records)
-        self._no_traces_until = 0.0
-        return counts
 
     # --- reads
 
@@ -600,21 +602,20 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
 
     async def claim_extraction(self, limit: int, now: datetime, *, max_chars: int | None = None
                                ) -> list[QueuedMessage]:
-        """Unparked items due at `now`, oldest first, each with its scope and message (text cut at `max_chars`)."""
-        # Only the head of a long text crosses into Python: the worker reads no more.
-        content = "m.content" if max_chars is None else f"substr(m.content, 1, {int(max_chars)})"
-        rows = await self._rows(
-            "SELECT q.id AS queue_id, q.attempts, m.id, m.conversation_id, m.role, m.created_at, m.user_id,"
-            f" m.agent_id, {content} AS content FROM extraction_queue q"
-            " JOIN messages m ON m.user_id = q.user_id AND m.id = q.message_id"
-            " WHERE q.parked = 0 AND q.next_attempt_at <= ? ORDER BY q.next_attempt_at, q.id LIMIT ?",
-            [to_ts(now), limit],
-        )
-        return [QueuedMessage(row["queue_id"], Scope(row["user_id"], agent=row["agent_id"]), message_from_row(row),
-                              row["attempts"]) for row in rows]
+        """Due, unparked items, oldest first, each with its scope and message (text cut at `max_chars`).
+
+        The processes on one file share the queue: the items are leased to this store for
+        CLAIM_LEASE, and a user another process holds items of is skipped, so one user's items
+        are extracted and applied once, in queue order (sqlite/queue.py)."""
+        if not await self._read(lambda conn: anything_due(conn, self._claimant, now)):
+            return []
+        return await self._on_writer(lambda conn: claim(conn, self._claimant, limit, now, max_chars))
 
     async def release_extraction(self, queue_ids: Sequence[int]) -> None:
-        """Nothing to do: one process claims, and an item nobody recorded is due again at once."""
+        """End this process's leases on the items: they are due again at once."""
+        if queue_ids:
+            ids = list(queue_ids)
+            await self._on_writer(lambda conn: release(conn, self._claimant, ids))
 
     async def queue_depth(self) -> dict[str, int]:
         """Items waiting for extraction (`pending`, retries included) and given up on (`parked`)."""
@@ -658,14 +659,12 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors):
     async def search_reasoning(
         self, scope: Scope, terms: Sequence[str], *, limit: int = 20
     ) -> list[tuple[ReasoningTrace, float]]:
-        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite/search.py)."""
-        if time.monotonic() < self._no_traces_until:
+        """BM25 over the user's reasoning traces (task, steps, answer), best first (sqlite/search.py).
+
+        Most users have no trace (no one uses tools): one lookup by the user's index on the
+        event loop's connection says so, and only a user with traces goes to a reader thread.
+        Asked at every search, not remembered: another process may have saved one since."""
+        if not (await self._lookup("SELECT 1 FROM reasoning WHERE user_id = ? LIMIT 1", [scope.user])):
             return []
-
-        def search(conn: sqlite3.Connection) -> list[tuple[ReasoningTrace, float]]:
-            if indexed_rows(conn, REASONING) == 0:
-                self._no_traces_until = time.monotonic() + NO_TRACES_RECHECK_S
-                return []
-            return search_reasoning_index(conn, self._reasoning_counts, scope, terms, limit=limit)
-
-        return await self._read(search)
+        return await self._read(lambda conn: search_reasoning_index(conn, self._reasoning_counts, scope, terms,
+                                                                    limit=limit))

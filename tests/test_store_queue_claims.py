@@ -1,13 +1,19 @@
-"""Extraction claims on one PostgreSQL database shared by replicas (postgres/queue.py).
+"""Extraction claims on one store shared by replicas or worker processes (postgres/queue.py,
+sqlite/queue.py).
 
-Each replica is a PostgresStore of its own (its own pool and claimant id) on one real
-database. A user's items go to one replica at a time, in queue order, so one user's facts
-land in the order they were said; other users' items go to any replica.
+Each replica is a store of its own (its own connections and claimant id) on one real
+database: a PostgreSQL schema, or one SQLite file. A user's items go to one replica at a
+time, in queue order, so one user's facts land in the order they were said; other users'
+items go to any replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -17,10 +23,12 @@ import asyncpg
 
 from proxy.memory.extraction.facts import no_facts
 from proxy.models import Scope
-from proxy.stores.base import ExtractionFailed, QueuedMessage, StartTurn
+from proxy.stores.base import ExtractionFailed, QueuedMessage, StartTurn, Store
 from proxy.stores.postgres.store import PostgresStore
 from proxy.stores.postgres.queue import CLAIM_LEASE
 from proxy.stores.postgres.schema import MIGRATIONS
+from proxy.stores.sqlite.queue import CLAIM_LEASE as SQLITE_CLAIM_LEASE
+from tests.store_backends import Backend, SQLiteBackend, backend  # noqa: F401 (fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=1)
@@ -31,9 +39,10 @@ def run(coro: Any) -> Any:
 
 
 @asynccontextmanager
-async def replicas(url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    """Two stores on one database, as two replicas have."""
-    one, two = PostgresStore(url), PostgresStore(url)
+async def replicas(backend: Backend | str) -> AsyncIterator[tuple[Store, Store]]:
+    """Two stores on one database (a PostgreSQL URL, or a backend's), as two replicas have."""
+    one, two = (PostgresStore(backend), PostgresStore(backend)) if isinstance(backend, str) else (
+        backend.store(), backend.store())
     await asyncio.gather(one.open(), two.open())
     try:
         yield one, two
@@ -41,7 +50,7 @@ async def replicas(url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore
         await asyncio.gather(one.close(), two.close())
 
 
-async def enqueue(store: PostgresStore, said: Sequence[tuple[str, str]], tag: str = "") -> None:
+async def enqueue(store: Store, said: Sequence[tuple[str, str]], tag: str = "") -> None:
     """Save each (user, text) as a user message, a second apart: queued in this order."""
     await store.apply([StartTurn(Scope(user), f"t{tag}{i}", "c1", f"h{tag}{i}", T0 + timedelta(seconds=i), text)
                        for i, (user, text) in enumerate(said)])
@@ -51,9 +60,13 @@ def texts(items: Sequence[QueuedMessage]) -> list[str]:
     return [item.message.content for item in items]
 
 
-def test_a_users_later_items_stay_with_the_replica_holding_the_earlier_ones(pg_url: str) -> None:
+def lease(backend: Backend) -> timedelta:
+    return SQLITE_CLAIM_LEASE if backend.name == "sqlite" else CLAIM_LEASE
+
+
+def test_a_users_later_items_stay_with_the_replica_holding_the_earlier_ones(backend: Backend) -> None:
     async def body() -> None:
-        async with replicas(pg_url) as (one, two):
+        async with replicas(backend) as (one, two):
             await enqueue(one, [("u", "u1"), ("v", "v1"), ("u", "u2"), ("v", "v2"), ("u", "u3"), ("u", "u4")])
             first = await one.claim_extraction(1, NOW)
             assert texts(first) == ["u1"]
@@ -70,25 +83,27 @@ def test_a_users_later_items_stay_with_the_replica_holding_the_earlier_ones(pg_u
     run(body())
 
 
-def test_a_lease_that_runs_out_lets_another_replica_take_the_user_over(pg_url: str) -> None:
+def test_a_lease_that_runs_out_lets_another_replica_take_the_user_over(backend: Backend) -> None:
+    over = NOW + lease(backend)
+
     async def body() -> None:
-        async with replicas(pg_url) as (one, two):
+        async with replicas(backend) as (one, two):
             await enqueue(one, [("u", "u1"), ("u", "u2")])
             assert texts(await one.claim_extraction(1, NOW)) == ["u1"]
-            assert await two.claim_extraction(10, NOW + CLAIM_LEASE - timedelta(seconds=1)) == []
+            assert await two.claim_extraction(10, over - timedelta(seconds=1)) == []
             # One died holding u1: two takes u over from u1, in order.
-            assert texts(await two.claim_extraction(10, NOW + CLAIM_LEASE)) == ["u1", "u2"]
-            assert await one.claim_extraction(10, NOW + CLAIM_LEASE) == []
+            assert texts(await two.claim_extraction(10, over)) == ["u1", "u2"]
+            assert await one.claim_extraction(10, over) == []
 
     run(body())
 
 
-def test_an_item_waiting_for_its_retry_holds_back_no_later_item(pg_url: str) -> None:
+def test_an_item_waiting_for_its_retry_holds_back_no_later_item(backend: Backend) -> None:
     """As on one replica: a failed item waits for its retry while the user's later items go on."""
     retry_at = NOW + timedelta(minutes=1)
 
     async def body() -> None:
-        async with replicas(pg_url) as (one, two):
+        async with replicas(backend) as (one, two):
             await enqueue(one, [("u", "u1"), ("u", "u2"), ("u", "u3")])
             (failed,) = await one.claim_extraction(1, NOW)
             await one.apply([ExtractionFailed(failed.scope, failed.queue_id, "model down", retry_at)])
@@ -104,29 +119,25 @@ def test_an_item_waiting_for_its_retry_holds_back_no_later_item(pg_url: str) -> 
     run(body())
 
 
-def test_claims_at_the_same_moment_never_split_a_user(pg_url: str) -> None:
+def test_claims_at_the_same_moment_never_split_a_user(backend: Backend) -> None:
     """Two replicas claim at once, round after round: each user's items go to one of them at
     most, oldest first, and one of them at least gets items."""
     users = ("a", "b")
 
     async def body() -> None:
-        clearing = await asyncpg.connect(pg_url)
-        try:
-            async with replicas(pg_url) as (one, two):
-                for round_ in range(60):
-                    said = [(f"{user}{round_}", f"{user}{round_}-{n}") for n in range(4) for user in users]
-                    await enqueue(one, said, tag=f"r{round_}-")
-                    claims = await asyncio.gather(one.claim_extraction(3, NOW), two.claim_extraction(3, NOW))
-                    owners = [{item.scope.user for item in claim} for claim in claims]
-                    assert not owners[0] & owners[1], (round_, [texts(claim) for claim in claims])
-                    assert owners[0] | owners[1]
-                    for claim, claimed_users in zip(claims, owners):
-                        for user in claimed_users:
-                            taken = [item.message.content for item in claim if item.scope.user == user]
-                            assert taken == [f"{user}-{n}" for n in range(len(taken))]
-                    await clearing.execute("DELETE FROM extraction_queue")
-        finally:
-            await clearing.close()
+        async with replicas(backend) as (one, two):
+            for round_ in range(60):
+                said = [(f"{user}{round_}", f"{user}{round_}-{n}") for n in range(4) for user in users]
+                await enqueue(one, said, tag=f"r{round_}-")
+                claims = await asyncio.gather(one.claim_extraction(3, NOW), two.claim_extraction(3, NOW))
+                owners = [{item.scope.user for item in claim} for claim in claims]
+                assert not owners[0] & owners[1], (round_, [texts(claim) for claim in claims])
+                assert owners[0] | owners[1]
+                for claim, claimed_users in zip(claims, owners):
+                    for user in claimed_users:
+                        taken = [item.message.content for item in claim if item.scope.user == user]
+                        assert taken == [f"{user}-{n}" for n in range(len(taken))]
+                await backend.sql("DELETE FROM extraction_queue")
 
     run(body())
 
@@ -165,5 +176,26 @@ def test_a_version_1_database_migrates_and_its_replicas_leases_still_hold(pg_url
                 (version,) for version in range(1, len(MIGRATIONS) + 1)]
         finally:
             await conn.close()
+
+    run(body())
+
+
+def test_on_sqlite_a_lease_of_a_process_gone_ends_at_once(tmp_path: Any) -> None:
+    """Every process on one SQLite file runs on this host: a worker killed holding items hands
+    them over to the next claim, with no wait for the lease; one still running keeps them."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    backend = SQLiteBackend(tmp_path / "m.db")
+
+    async def body() -> None:
+        async with replicas(backend) as (one, two):
+            await enqueue(one, [("u", "u1"), ("v", "v1")])
+            await backend.sql("UPDATE extraction_queue SET claimed_until = ?, claimed_by = ?"
+                              " WHERE message_id = (SELECT id FROM messages WHERE content = 'u1')", (NOW + timedelta(minutes=1)).timestamp(),
+                              f"{socket.gethostname()}:{os.getpid()}:alive")
+            await backend.sql("UPDATE extraction_queue SET claimed_until = ?, claimed_by = ?"
+                              " WHERE message_id = (SELECT id FROM messages WHERE content = 'v1')", (NOW + timedelta(minutes=1)).timestamp(),
+                              f"{socket.gethostname()}:{gone}:killed")
+            assert texts(await two.claim_extraction(10, NOW)) == ["v1"]
 
     run(body())

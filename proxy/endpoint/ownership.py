@@ -1,0 +1,157 @@
+"""Provider objects kept per user where memproxy's own provider key serves several users.
+
+The rules are provider_objects.py's; this module reads and records who created what in the
+store (so every process and replica agrees), refuses what a request may not reach, and
+records the id a creation's answer carries before the client has it whole: the first event
+of a stream (Responses' `response.created`) waits for the record, a JSON answer's last chunk does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from proxy import provider_objects
+from proxy.errors import OwnershipUnavailable, ProviderObjectNotFound, ProviderObjectsUnattributed, UnreadableReferences
+from proxy.provider_objects import Unreadable
+from proxy.responses import is_readable_sse, readable_body, stream_inflater
+from proxy.scope import RequestScope
+from proxy.settings import Settings
+from proxy.stores.base import ProviderObjects, StoreError
+from proxy.upstream import Upstream
+from proxy.wires.base import LARGE_BODY_BYTES, Provider
+from proxy.wires.sse import SSEDecoder
+
+log = logging.getLogger("memproxy.ownership")
+
+# A creation's JSON answer longer than this is relayed without its id recorded (the object
+# is then refused to everyone): an object's description is a few KiB.
+CREATED_BODY_MAX = 4 * 1024 * 1024
+
+
+class Ownership:
+    """Who may reach which provider object, for the requests memproxy's key serves."""
+
+    def __init__(self, settings: Settings, upstream: Upstream, store: ProviderObjects) -> None:
+        self._per_user = settings.auth.provider_objects == "per-user"
+        self._upstream = upstream
+        self._store = store
+
+    def owner(self, resolved: RequestScope, provider: Provider) -> str | None:
+        """The user whose objects this request may reach, None when they are not kept per user: a
+        user proved by key or token, and memproxy's own key going to the provider."""
+        if not self._per_user or resolved.authenticated_user is None or not self._upstream.api_key(provider):
+            return None
+        return resolved.authenticated_user
+
+    async def admit(self, user: str, provider: Provider, method: str, path: str) -> str | None:
+        """Refuse what `user` may not reach at this path; the kind of object the request creates, if any."""
+        access = provider_objects.access(method, path)
+        if access.verdict == "unattributed":
+            raise ProviderObjectsUnattributed(
+                f"{method} /v1{path} reaches provider objects memproxy cannot attribute to a user; "
+                "auth.provider_objects: shared opens it where one tenant uses memproxy")
+        if access.verdict == "names":
+            await self._check(user, provider, access.kind, access.object_id)
+        return access.kind if access.verdict == "creates" else None
+
+    async def check_body(self, user: str, provider: Provider, body: bytes) -> None:
+        """Refuse a body naming an object that is not `user`'s (a previous response, a file, ...)."""
+        try:
+            named = (await asyncio.to_thread(provider_objects.references, body) if len(body) > LARGE_BODY_BYTES
+                     else provider_objects.references(body))
+        except Unreadable:
+            raise UnreadableReferences("the request body may name provider objects but is not JSON memproxy "
+                                       "can read") from None
+        for kind, object_id in dict.fromkeys(named):
+            await self._check(user, provider, kind, object_id,
+                              "previous_response_id" if kind == "response" else None)
+
+    async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
+                     ) -> None:
+        try:
+            owner = await self._store.owner_of(provider, object_id)
+        except StoreError as exc:
+            log.warning("cannot read who owns a provider object: %s", exc)
+            raise OwnershipUnavailable("memproxy cannot check who owns that object now; retry later") from None
+        if owner != user:
+            # The same answer for another user's object and for one that does not exist: no
+            # one learns which ids are taken.
+            raise ProviderObjectNotFound(f"{kind.replace('_', ' ').capitalize()} with id '{object_id}' not found.",
+                                         param=param)
+
+    def recorded(self, response: Any, user: str, provider: Provider, kind: str) -> Any:
+        """`response` relayed as it comes, the id of the object it created recorded as `user`'s."""
+        return Recorded(response, self, user, provider, kind)
+
+    async def record(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
+        try:
+            owner = await self._store.record_owner(provider, object_id, user, kind, datetime.now(UTC))
+        except StoreError as exc:
+            # The object exists at the provider; unrecorded, no one reaches it through memproxy.
+            log.error("could not record who created a provider %s: %s", kind, exc)
+            return
+        if owner != user:
+            log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
+
+
+class Recorded:
+    """A creation's response: chunks as they come, the object's id recorded on the way."""
+
+    def __init__(self, response: Any, ownership: Ownership, user: str, provider: Provider, kind: str) -> None:
+        self._inner = response
+        self.response = response.response
+        self.status = response.status
+        self.content_type = response.content_type
+        self._ownership = ownership
+        self._owner = (user, provider, kind)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if not 200 <= self.status < 300:
+            async for chunk in self._inner.chunks():
+                yield chunk
+        elif is_readable_sse(self._inner):
+            async for chunk in self._stream():
+                yield chunk
+        else:
+            async for chunk in self._json():
+                yield chunk
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        decoder, inflate, found = SSEDecoder(), stream_inflater(self._inner), False
+        async for chunk in self._inner.chunks():
+            if not found:
+                for event in decoder.feed(inflate(chunk) if inflate is not None else chunk):
+                    object_id = provider_objects.created_id_in_event(event.data)
+                    if object_id is not None:
+                        await self._ownership.record(*self._owner, object_id)
+                        found = True
+                        break
+            yield chunk
+
+    async def _json(self) -> AsyncIterator[bytes]:
+        """The body with its last chunk held until the id it carries is recorded."""
+        body: list[bytes] = []
+        size, held = 0, None
+        async for chunk in self._inner.chunks():
+            if held is not None:
+                yield held
+            size += len(chunk)
+            if size <= CREATED_BODY_MAX:
+                body.append(chunk)
+            held = chunk
+        object_id = provider_objects.created_id(readable_body(self._inner, b"".join(body))) \
+            if size <= CREATED_BODY_MAX else None
+        if object_id is not None:
+            await self._ownership.record(*self._owner, object_id)
+        else:
+            log.warning("a provider %s was created but its id could not be read from the answer; "
+                        "no user reaches it through memproxy", self._owner[2])
+        if held is not None:
+            yield held
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

@@ -1,0 +1,249 @@
+"""Provider objects are kept per user where memproxy's key serves several users (docs/auth.md).
+
+In api-keys mode every user shares memproxy's upstream key, so the provider would answer
+bob about alice's responses, conversations and files. A real proxy (two of them on one
+store for the cross-process case), the official clients and the recording fake upstream:
+what each user gets, and what reaches the provider.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from proxy import provider_objects
+from tests.api_helpers import sign
+from tests.fake_responses import call_item, message_item, model_round, output, response, stream
+from tests.fake_upstream import JsonReply, SSEReply
+
+UPSTREAM_KEY = "sk-upstream-own-key-0001"
+ANTHROPIC_KEY = "sk-ant-upstream-own-0002"
+ALICE_KEY = "mp-alice-key-7f3e9a"
+BOB_KEY = "mp-bob-key-c41d22"
+API_KEYS = [{"key": ALICE_KEY, "user": "alice"}, {"key": BOB_KEY, "user": "bob"}]
+
+
+def settings(fake: Any, tmp_path: Any, **extra: Any) -> dict[str, Any]:
+    return {"auth__mode": "api-keys", "auth__api_keys": API_KEYS, "upstream__api_key": UPSTREAM_KEY,
+            "upstream__anthropic_api_key": ANTHROPIC_KEY, "upstream__anthropic_base_url": fake.url,
+            "store__url": f"sqlite:///{tmp_path}/shared.db", "memory__commit_timeout_ms": 5000, **extra}
+
+
+@pytest.fixture
+def keyed(make_proxy: Any, fake: Any, tmp_path: Any) -> Any:
+    return make_proxy(**settings(fake, tmp_path))
+
+
+def sdk(proxy: Any, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+
+
+def http(proxy: Any, key: str) -> httpx.Client:
+    return httpx.Client(base_url=proxy.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def not_found(response: httpx.Response, message: str, param: str | None = None) -> None:
+    assert response.status_code == 404, response.text
+    assert response.json() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                         "code": "provider_object_not_found"}}
+    assert response.headers["x-memory-proxy-error"] == "provider_object_not_found"
+
+
+def test_a_response_reaches_only_the_user_who_created_it(keyed: Any, fake: Any) -> None:
+    fake.queue(JsonReply(response(output("first"), "resp_alice_json")),
+               SSEReply(stream(output("second"), "resp_alice_stream")))
+    alice, bob = sdk(keyed, ALICE_KEY), sdk(keyed, BOB_KEY)
+    assert alice.responses.create(model="m", input="hello").id == "resp_alice_json"
+    with alice.responses.create(model="m", input="again", stream=True) as events:
+        assert [e.response.id for e in events if e.type == "response.completed"] == ["resp_alice_stream"]
+    fake.received.clear()
+    for taken in ("resp_alice_json", "resp_alice_stream", "resp_never_seen"):
+        with pytest.raises(openai.NotFoundError) as refused:
+            bob.responses.create(model="m", input="what did alice say?", previous_response_id=taken)
+        assert refused.value.body == {"message": f"Response with id '{taken}' not found.",
+                                      "type": "invalid_request_error", "param": "previous_response_id",
+                                      "code": "provider_object_not_found"}
+        with http(keyed, BOB_KEY) as client:
+            not_found(client.get(f"/v1/responses/{taken}"), f"Response with id '{taken}' not found.")
+            not_found(client.get(f"/v1/responses/{taken}/input_items"), f"Response with id '{taken}' not found.")
+            not_found(client.delete(f"/v1/responses/{taken}"), f"Response with id '{taken}' not found.")
+    assert fake.received == []
+    # Its creator reaches it, through any path; a continuation is recorded as hers too.
+    fake.queue(JsonReply(response(output("third"), "resp_alice_next")))
+    assert alice.responses.create(model="m", input="go on", previous_response_id="resp_alice_json").id \
+        == "resp_alice_next"
+    with http(keyed, ALICE_KEY) as client:
+        assert client.get("/v1/responses/resp_alice_stream/input_items").status_code == 200
+        assert client.get("/v1/responses/resp_alice_next").status_code == 200
+    assert [(r.method, r.target) for r in fake.received] == [
+        ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_alice_stream/input_items"),
+        ("GET", "/v1/responses/resp_alice_next")]
+    assert fake.received[0].json()["previous_response_id"] == "resp_alice_json"
+
+
+def test_conversations_and_files_reach_only_their_creator(keyed: Any, fake: Any) -> None:
+    fake.queue(JsonReply({"id": "conv_alice", "object": "conversation"}),
+               JsonReply({"id": "file-alice", "object": "file", "purpose": "user_data"}))
+    with http(keyed, ALICE_KEY) as alice, http(keyed, BOB_KEY) as bob:
+        assert alice.post("/v1/conversations", json={}).json()["id"] == "conv_alice"
+        upload = alice.post("/v1/files", data={"purpose": "user_data"}, files={"file": ("a.txt", b"secret")})
+        assert upload.json()["id"] == "file-alice"
+        fake.received.clear()
+        not_found(bob.get("/v1/conversations/conv_alice/items"), "Conversation with id 'conv_alice' not found.")
+        not_found(bob.post("/v1/conversations/conv_alice/items", json={"items": []}),
+                  "Conversation with id 'conv_alice' not found.")
+        not_found(bob.get("/v1/files/file-alice/content"), "File with id 'file-alice' not found.")
+        not_found(bob.get("/v1/files/file%2Dalice"), "File with id 'file-alice' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": "hi", "conversation": "conv_alice"}),
+                  "Conversation with id 'conv_alice' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": "hi", "conversation": {"id": "conv_alice"}}),
+                  "Conversation with id 'conv_alice' not found.")
+        file_part = {"role": "user", "content": [{"type": "file", "file": {"file_id": "file-alice"}}]}
+        not_found(bob.post("/v1/chat/completions", json={"model": "m", "messages": [file_part]}),
+                  "File with id 'file-alice' not found.")
+        # A key written escaped, or twice, names the file all the same.
+        escaped = b'{"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", ' \
+                  b'"file\\u005fid": "file-mine", "file_id": "file-alice"}]}]}'
+        not_found(bob.post("/v1/responses", content=escaped, headers={"content-type": "application/json"}),
+                  "File with id 'file-mine' not found.")
+        assert fake.received == []
+        assert alice.get("/v1/conversations/conv_alice/items").status_code == 200
+        assert alice.get("/v1/files/file-alice/content").status_code == 200
+        assert alice.post("/v1/chat/completions", json={"model": "m", "messages": [file_part]}).status_code == 200
+    assert [(r.method, r.target) for r in fake.received] == [
+        ("GET", "/v1/conversations/conv_alice/items"), ("GET", "/v1/files/file-alice/content"),
+        ("POST", "/v1/chat/completions")]
+
+
+def test_the_messages_wire_refuses_in_its_own_shape(keyed: Any, fake: Any) -> None:
+    fake.queue(JsonReply({"id": "file_ant_alice", "type": "file", "filename": "a.txt"}))
+    with http(keyed, ALICE_KEY) as alice:
+        created = alice.post("/v1/files", headers={"anthropic-version": "2023-06-01",
+                                                   "anthropic-beta": "files-api-2025-04-14"},
+                             files={"file": ("a.txt", b"secret")})
+        assert created.json()["id"] == "file_ant_alice"
+    bob = anthropic.Anthropic(base_url=keyed.url, api_key=BOB_KEY, max_retries=0)
+    document = {"type": "document", "source": {"type": "file", "file_id": "file_ant_alice"}}
+    with pytest.raises(anthropic.NotFoundError) as refused:
+        bob.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": [document]}])
+    assert refused.value.body == {"type": "error", "error": {"type": "not_found_error",
+                                                             "message": "File with id 'file_ant_alice' not found."}}
+    assert [r.target for r in fake.received] == ["/v1/files"]
+
+
+UNATTRIBUTED = [("POST", "/v1/threads"), ("GET", "/v1/threads/thread_1/messages"), ("POST", "/v1/batches"),
+                ("GET", "/v1/vector_stores"), ("GET", "/v1/files"), ("GET", "/v1/chat/completions"),
+                ("GET", "/v1/chat/completions/chatcmpl-1"), ("POST", "/v1/uploads"),
+                ("DELETE", "/v1/models/ft:gpt-4o:acme:1"), ("POST", "/v1/messages/batches"),
+                ("POST", "/v1/realtime/client_secrets")]
+
+
+def test_endpoints_whose_objects_cannot_be_attributed_are_refused(keyed: Any, fake: Any) -> None:
+    with http(keyed, ALICE_KEY) as alice:
+        for method, path in UNATTRIBUTED:
+            refused = alice.request(method, path, json={} if method == "POST" else None)
+            assert refused.status_code == 403, (path, refused.text)
+            message = (f"{method} {path} reaches provider objects memproxy cannot attribute to a user; "
+                       "auth.provider_objects: shared opens it where one tenant uses memproxy")
+            if path.startswith("/v1/messages"):  # the Messages wire's own shape
+                assert refused.json() == {"type": "error", "error": {"type": "permission_error", "message": message}}
+            else:
+                assert refused.json()["error"] == {"message": message, "type": "permission_error", "param": None,
+                                                   "code": "provider_objects_per_user"}
+        assert alice.get("/v1/models").status_code == 200
+        assert alice.get("/v1/models/gpt-4o").status_code == 200
+        assert alice.post("/v1/embeddings", json={"model": "e", "input": "x"}).status_code == 200
+    assert [r.target for r in fake.received] == ["/v1/models", "/v1/models/gpt-4o", "/v1/embeddings"]
+
+
+def test_a_single_tenant_deployment_opens_them(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    proxy = make_proxy(**settings(fake, tmp_path, auth__provider_objects="shared"))
+    with http(proxy, BOB_KEY) as bob:
+        for method, path in [*UNATTRIBUTED, ("GET", "/v1/responses/resp_someone"),
+                             ("GET", "/v1/files/file-someone/content")]:
+            assert bob.request(method, path, json={} if method == "POST" else None).status_code == 200, path
+    assert len(fake.received) == len(UNATTRIBUTED) + 2
+
+
+def test_ownership_holds_across_processes(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    one = make_proxy(**settings(fake, tmp_path))
+    other = make_proxy(**settings(fake, tmp_path))
+    fake.queue(JsonReply(response(output("first"), "resp_made_on_one")))
+    assert sdk(one, ALICE_KEY).responses.create(model="m", input="hello").id == "resp_made_on_one"
+    with http(other, BOB_KEY) as bob, http(other, ALICE_KEY) as alice:
+        not_found(bob.get("/v1/responses/resp_made_on_one"), "Response with id 'resp_made_on_one' not found.")
+        assert alice.get("/v1/responses/resp_made_on_one").status_code == 200
+
+
+def test_trusted_mode_and_a_clients_own_key_keep_no_ownership(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    # Without memproxy's own key, each user's credentials reach their own provider account.
+    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/m.db")
+    with httpx.Client(base_url=proxy.url, headers={"X-Memory-User": "bob"}) as bob:
+        assert bob.get("/v1/responses/resp_anyone").status_code == 200
+        assert bob.post("/v1/threads", json={}).status_code == 200
+    assert json.loads(fake.received[0].body or b"{}") == {}
+
+
+@pytest.mark.parametrize(("method", "path", "verdict"), [
+    ("POST", "/responses", ("creates", "response", "")), ("POST", "/files", ("creates", "file", "")),
+    ("GET", "/files", ("unattributed", "", "")), ("GET", "/responses/resp%5F1", ("names", "response", "resp_1")),
+    ("POST", "/responses/input_tokens", ("stateless", "", "")), ("GET", "/models/gpt-4o", ("stateless", "", "")),
+    ("POST", "/models/gemini-2.5-pro:streamGenerateContent", ("stateless", "", "")),
+    ("POST", "/models/gemini-2.5-pro:tuneModel", ("unattributed", "", "")),
+    ("DELETE", "/models/ft:gpt-4o:acme:1", ("unattributed", "", "")),
+    ("POST", "//responses/resp_1", ("unattributed", "", "")), ("GET", "/Files/file-1", ("unattributed", "", "")),
+])
+def test_what_a_path_does_with_provider_objects(method: str, path: str, verdict: tuple[str, str, str]) -> None:
+    found = provider_objects.access(method, path)
+    assert (found.verdict, found.kind, found.object_id) == verdict
+
+
+def test_references_in_a_body() -> None:
+    body = {"previous_response_id": "resp_1", "conversation": {"id": "conv_1"},
+            "metadata": {"conversation": "not-an-id", "previous_response_id": "nor-this"},
+            "tools": [{"type": "file_search", "vector_store_ids": ["vs_1", "vs_2"]},
+                      {"type": "code_interpreter", "container": {"type": "auto", "file_ids": ["file-2"]}}],
+            "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}
+    assert sorted(provider_objects.references(json.dumps(body).encode())) == [
+        ("conversation", "conv_1"), ("file", "file-1"), ("file", "file-2"), ("response", "resp_1"),
+        ("vector_store", "vs_1"), ("vector_store", "vs_2")]
+    assert provider_objects.references(b'{"input": "my conversation about file_id"}') == []
+    with pytest.raises(provider_objects.Unreadable):
+        provider_objects.references(b'{"file_id": ')
+
+
+def test_signed_mode_keeps_them_per_user_where_memproxys_key_goes(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    secret = "signing-secret-for-tests-32-bytes-or-more"
+    proxy = make_proxy(auth__mode="signed", auth__signing_secret=secret, upstream__api_key=UPSTREAM_KEY,
+                       store__url=f"sqlite:///{tmp_path}/m.db")
+
+    def client(user: str) -> httpx.Client:
+        token = sign({"sub": user, "exp": int(time.time()) + 300}, secret)
+        return httpx.Client(base_url=proxy.url, headers={"X-Memory-Scope-Token": token}, timeout=30)
+
+    fake.queue(JsonReply({"id": "conv_signed", "object": "conversation"}))
+    with client("alice") as alice, client("bob") as bob:
+        assert alice.post("/v1/conversations", json={}).json()["id"] == "conv_signed"
+        not_found(bob.get("/v1/conversations/conv_signed"), "Conversation with id 'conv_signed' not found.")
+        assert alice.get("/v1/conversations/conv_signed").status_code == 200
+    assert [r.header("authorization") for r in fake.received] == [f"Bearer {UPSTREAM_KEY}"] * 2
+
+
+def test_tools_mode_records_the_id_the_client_sees(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    proxy = make_proxy(**settings(fake, tmp_path, extraction__from_roles=[]))
+    fake.queue(model_round([call_item("call_q1", "query_memory", json.dumps({"query": "editor"}))], "resp_r1"),
+               model_round([message_item("Nothing known.")], "resp_r2"))
+    alice = openai.OpenAI(base_url=proxy.url + "/v1", api_key=ALICE_KEY, max_retries=0,
+                          default_headers={"X-Memory-Mode": "tools"})
+    with alice.responses.stream(model="m", input="which editor do I like?") as events:
+        assert events.get_final_response().id == "resp_r1"
+    with http(proxy, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_r1"), "Response with id 'resp_r1' not found.")
+    with http(proxy, ALICE_KEY) as client:
+        assert client.get("/v1/responses/resp_r1").status_code == 200

@@ -1,0 +1,152 @@
+"""What one process keeps in memory never answers from data another process changed.
+
+Two SQLiteStores on one file stand for two worker processes: each has its own connections,
+its own in-memory postings (messages, entities), its own per-user BM25 counts and its own
+note of a store without reasoning traces. `reader` searches first, so its caches hold the
+user; `writer` then commits; `reader`'s very next search must answer from the commit. And
+a user deleted on one process is gone from the other's answers at once. Nor does a process
+opening the file take the turns another still serves for a crash's leftovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from proxy.models import ReasoningStep, Scope
+from proxy.stores.indexed_text import entity_terms
+from proxy.stores.sqlite.store import SQLiteStore
+from tests.store_backends import SQLiteBackend
+from tests.test_store_contract import finish, query_terms, start
+
+ALICE = Scope("alice")
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+@asynccontextmanager
+async def two_processes(path: Path, **options: Any) -> AsyncIterator[tuple[SQLiteStore, SQLiteStore]]:
+    """Two stores on one SQLite file: the reader's caches, the writer's commits."""
+    reader, writer = SQLiteStore(str(path), **options), SQLiteStore(str(path), **options)
+    await reader.open()
+    await writer.open()
+    try:
+        yield reader, writer
+    finally:
+        await asyncio.gather(reader.close(), writer.close())
+
+
+async def held(store: SQLiteStore, user: str, *, entities: bool = False) -> None:
+    """Wait until the store's postings of `user` are built (a search asked for them)."""
+    indexes = store.entity_indexes if entities else store.message_indexes
+    deadline = time.monotonic() + 10
+    while not indexes.holds(user):
+        assert time.monotonic() < deadline, "postings never built"
+        await asyncio.sleep(0.01)
+
+
+async def message_texts(store: SQLiteStore, question: str) -> list[str]:
+    return [m.content for m, _ in await store.search_messages(ALICE, query_terms(question))]
+
+
+def test_a_message_another_process_saved_is_found_by_the_next_search(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with two_processes(tmp_path / "m.db") as (reader, writer):
+            await writer.apply([start(ALICE, "t1", "the ferry to Lopud leaves at nine")])
+            assert await message_texts(reader, "when does the ferry leave?") == ["the ferry to Lopud leaves at nine"]
+            await held(reader, "alice")
+            await writer.apply([start(ALICE, "t2", "the ferry back leaves at six", conv="c2")])
+            searches = reader.message_indexes.searches
+            assert await message_texts(reader, "when does the ferry leave?") == [
+                "the ferry back leaves at six", "the ferry to Lopud leaves at nine"]
+            assert reader.message_indexes.searches == searches + 1  # the postings answered, caught up
+
+    run(body())
+
+
+def test_a_user_deleted_on_another_process_is_gone_from_its_postings_and_counts(tmp_path: Path) -> None:
+    async def body() -> None:
+        for cache_mb in (256, 0):  # postings; none (the per-user counts answer)
+            path = tmp_path / f"m{cache_mb}.db"
+            async with two_processes(path, search_cache_mb=cache_mb) as (reader, writer):
+                backend = SQLiteBackend(path)
+                await writer.apply([start(ALICE, "t1", "my ferry pass number is 4471")])
+                await backend.add_entity("alice", "Ferry pass", "document", "number 4471")
+                assert await message_texts(reader, "ferry pass") == ["my ferry pass number is 4471"]
+                assert [e.name for e, _ in await reader.search_entities(ALICE, query_terms("ferry"))] == ["Ferry pass"]
+                if cache_mb:
+                    await held(reader, "alice")
+                    await held(reader, "alice", entities=True)
+                await writer.delete_user(ALICE)
+                assert await message_texts(reader, "ferry pass") == []
+                assert await reader.search_entities(ALICE, query_terms("ferry")) == []
+                # The user's new life starts from nothing, on either process.
+                await writer.apply([start(ALICE, "t2", "a new ferry pass")])
+                assert await message_texts(reader, "ferry pass") == ["a new ferry pass"]
+
+    run(body())
+
+
+def test_an_entity_another_process_changed_is_searched_as_it_now_reads(tmp_path: Path) -> None:
+    async def body() -> None:
+        path = tmp_path / "m.db"
+        async with two_processes(path) as (reader, writer):
+            backend = SQLiteBackend(path)
+            await backend.add_entity("alice", "Lopud", "place", "an island")
+            assert [e.name for e, _ in await reader.search_entities(ALICE, query_terms("island"))] == ["Lopud"]
+            await held(reader, "alice", entities=True)
+            await backend.sql("UPDATE entities SET description = ?, name_terms = ?, type_terms = ?,"
+                              " description_terms = ? WHERE name = 'Lopud'", "a car-free village",
+                              *entity_terms("Lopud", "place", "a car-free village"))
+            await backend.add_entity("alice", "Sipan", "place", "the largest island")
+            assert [e.name for e, _ in await reader.search_entities(ALICE, query_terms("island"))] == ["Sipan"]
+            assert [e.name for e, _ in await reader.search_entities(ALICE, query_terms("village"))] == ["Lopud"]
+
+    run(body())
+
+
+def test_a_reasoning_trace_another_process_saved_is_found_by_the_next_search(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with two_processes(tmp_path / "m.db") as (reader, writer):
+            assert await reader.search_reasoning(ALICE, query_terms("invoices")) == []  # no trace in the store
+            steps = (ReasoningStep("run_sql", "SELECT * FROM invoices", "42 rows"),)
+            await writer.apply([start(ALICE, "t1"), finish(ALICE, "t1", "There are 42.", task="count invoices",
+                                                           steps=steps)])
+            assert [t.task for t, _ in await reader.search_reasoning(ALICE, query_terms("invoices"))] == [
+                "count invoices"]
+
+    run(body())
+
+
+def test_a_process_opening_the_file_ends_the_turns_of_a_process_gone_not_of_one_running(tmp_path: Path) -> None:
+    """Recovery at open: a turn pending on a process still running stays pending; once every
+    other process with the file open is gone, the turns they left pending are interrupted."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    path = tmp_path / "m.db"
+    backend = SQLiteBackend(path)
+
+    async def body() -> None:
+        now = datetime.now(UTC)
+        async with two_processes(path) as (running, _):
+            await running.apply([start(ALICE, "in-flight", at=now)])
+            async with backend.opened() as starting:  # a third process starts meanwhile
+                assert (await starting.turn(ALICE, "in-flight")).status == "pending"  # type: ignore[union-attr]
+        # Both closed; a process killed with its turn in flight left its row behind.
+        await backend.sql("INSERT INTO processes (id, opened_at) VALUES (?, 0)", f"{socket.gethostname()}:{gone}:x")
+        await backend.sql("UPDATE turns SET status = 'pending'")
+        async with backend.opened() as starting:
+            assert (await starting.turn(ALICE, "in-flight")).status == "interrupted"  # type: ignore[union-attr]
+        assert await backend.sql("SELECT count(*) FROM processes") == [(0,)]
+
+    run(body())
