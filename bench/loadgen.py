@@ -51,7 +51,7 @@ class Target:
     headers: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     wire: str = "chat"  # "chat": POST /v1/chat/completions; "messages": Anthropic's POST /v1/messages;
-    # "responses": OpenAI's POST /v1/responses
+    # "responses": OpenAI's POST /v1/responses; "gemini": POST /v1beta/models/bench-model:generateContent
 
 
 class Disconnect(Exception):
@@ -210,9 +210,27 @@ def responses_payload(target: Target, *, stream: bool, extra: dict[str, str] | N
     return make
 
 
+def gemini_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
+                   questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
+    """The same requests as chat_payload's on Gemini's generateContent wire (a stream: `alt=sse`)."""
+    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
+               "x-goog-api-key": "bench-gemini-key", **target.headers, **(extra or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    path = (b"/v1beta/models/bench-model:streamGenerateContent?alt=sse" if stream
+            else b"/v1beta/models/bench-model:generateContent")
+    templates = [b'{"contents":[{"role":"user","parts":[{"text":"%s"}]}]}' % q.encode() for q in questions]
+
+    def make(n: int) -> bytes:
+        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
+        return b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, head, len(body), body)
+
+    return make
+
+
 def wire_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None) -> MakeRequest:
     """The request factory of the target's wire."""
-    factory = {"messages": messages_payload, "responses": responses_payload}.get(target.wire, chat_payload)
+    factory = {"messages": messages_payload, "responses": responses_payload,
+               "gemini": gemini_payload}.get(target.wire, chat_payload)
     return factory(target, stream=stream, extra=extra)
 
 

@@ -1,4 +1,4 @@
-"""A fast mock OpenAI and Anthropic upstream for the benchmark: raw asyncio and httptools, no framework.
+"""A fast mock OpenAI, Anthropic and Gemini upstream for the benchmark: raw asyncio and httptools, no framework.
 
 POST /v1/chat/completions answers a fixed completion, or, with `"stream": true`, an SSE
 stream of `--events` chunk events plus `data: [DONE]`, each event its own chunked write,
@@ -8,7 +8,9 @@ events, content_block_stop, message_delta and message_stop, each its own write. 
 /v1/responses answers in the Responses shape: a `response`, or the stream Codex CLI gets
 (response.created, response.in_progress, output_item.added, content_part.added, `--events`
 output_text.delta events, output_text.done, content_part.done, output_item.done,
-response.completed), each its own write. The headers X-Mock-Events and X-Mock-Delay-Ms
+response.completed), each its own write. POST /v1beta/models/{model}:generateContent answers
+in Gemini's shape, and :streamGenerateContent with `--events` text responses and a last one
+carrying the finish reason (SSE, each its own write). The headers X-Mock-Events and X-Mock-Delay-Ms
 override the stream's length and pace per request; `--answer-ms` holds every chat answer
 back that long first, as a model's time to its first byte would. GET /_stats reports
 connection and stream counters, for leak checks. Any other path answers a small JSON
@@ -56,7 +58,13 @@ RESPONSE = json.dumps({
 # output_item.added, content_part.added, output_text.done, content_part.done, output_item.done,
 # response.completed.
 RESPONSES_FRAMING_EVENTS = 8
-WIRES = ("chat", "messages", "responses")
+# A Gemini stream's response carrying the finish reason and usage, after its text.
+GEMINI_FRAMING_EVENTS = 1
+GEMINI = json.dumps({
+    "candidates": [{"content": {"role": "model", "parts": [{"text": "pong"}]}, "finishReason": "STOP", "index": 0}],
+    "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 1, "totalTokenCount": 10},
+    "modelVersion": "bench-model", "responseId": "resp-bench"}, separators=(",", ":")).encode()
+WIRES = ("chat", "messages", "responses", "gemini")
 SMALL = b'{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"}]}'
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}
 
@@ -140,9 +148,25 @@ def responses_sse_frames(events: int) -> list[bytes]:
     return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
 
 
-_STREAMS = {"chat": sse_frames, "messages": messages_sse_frames, "responses": responses_sse_frames}
-_DOCUMENTS = {"chat": COMPLETION, "messages": MESSAGE, "responses": RESPONSE}
-_PATHS = {b"/chat/completions": "chat", b"/messages": "messages", b"/responses": "responses"}
+def gemini_sse_frames(events: int) -> list[bytes]:
+    """A streamed Gemini answer: `events` text responses, then the finish reason, each one HTTP chunk."""
+    def frame(parts: list[dict[str, Any]], finish: bool) -> bytes:
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        body: dict[str, Any] = {"candidates": [candidate], "modelVersion": "bench-model"}
+        if finish:
+            candidate["finishReason"] = "STOP"
+            body["usageMetadata"] = json.loads(GEMINI)["usageMetadata"]
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\r\n\r\n"
+
+    frames = [frame([{"text": f"tok{i} "}], False) for i in range(events)] + [frame([], True)]
+    return [b"%x\r\n%s\r\n" % (len(f), f) for f in frames]
+
+
+_STREAMS = {"chat": sse_frames, "messages": messages_sse_frames, "responses": responses_sse_frames,
+            "gemini": gemini_sse_frames}
+_DOCUMENTS = {"chat": COMPLETION, "messages": MESSAGE, "responses": RESPONSE, "gemini": GEMINI}
+_PATHS = {b"/chat/completions": "chat", b"/messages": "messages", b"/responses": "responses",
+          b":generateContent": "gemini", b":streamGenerateContent": "gemini"}
 
 
 def head(status: int, content_type: bytes, length: int | None) -> bytes:
@@ -225,7 +249,7 @@ class MockConnection(asyncio.Protocol):
         self._reset()
         wire = next((name for suffix, name in _PATHS.items() if path.endswith(suffix)), None)
         if method == b"POST" and wire is not None:
-            if _wants_stream(body):
+            if _wants_stream(body) or path.endswith(b":streamGenerateContent"):
                 self.transport.pause_reading()  # type: ignore[union-attr]
                 plan = self.server.plan(headers)
                 frames = self.server.frames(plan.events, wire)

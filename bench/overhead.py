@@ -40,10 +40,10 @@ MEMORY_USER = "bench-user"
 MEMORY_ON = ("memproxy-on", "memproxy-on-ro", "memproxy-hooks")
 TARGETS = ("direct", "reference", "memproxy-off", "memproxy-on")
 KNOWN_TARGETS = TARGETS + ("memproxy-on-ro", "reference-httpx", "memproxy-quiet", "memproxy-hooks")
-# With --wires naming messages or responses, each of these targets gets a twin on that wire, named
-# with the wire's suffix: the same server and headers, the same questions sent on the wire's path
-# (POST /v1/messages, POST /v1/responses).
-WIRE_SUFFIXES = {"messages": "-messages", "responses": "-responses"}
+# With --wires naming messages, responses or gemini, each of these targets gets a twin on that wire,
+# named with the wire's suffix: the same server and headers, the same questions sent on the wire's
+# path (POST /v1/messages, POST /v1/responses, POST /v1beta/models/bench-model:generateContent).
+WIRE_SUFFIXES = {"messages": "-messages", "responses": "-responses", "gemini": "-gemini"}
 WIRE_TWINS = ("direct", "memproxy-off", "memproxy-on", "memproxy-on-ro", "memproxy-hooks")
 # memproxy-hooks: memory on, with one no-op Python hook on every event (--hooks), beside memproxy-on.
 NO_OP_HOOKS = "hooks:\n" + "".join(
@@ -84,9 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "X-Memory-Persist: false; reference-httpx: httpx's own transport; "
                         "memproxy-quiet: a second memproxy, memory off, log level warning)")
     p.add_argument("--wires", default="chat",
-                   help="comma-separated, from chat, messages, responses: with messages (responses), direct and "
-                        "every memproxy-off/on target also run on Anthropic's Messages wire (OpenAI's Responses "
-                        "wire), named target + '-messages' ('-responses'), in the same rounds")
+                   help="comma-separated, from chat, messages, responses, gemini: with messages (responses, "
+                        "gemini), direct and every memproxy-off/on target also run on Anthropic's Messages wire "
+                        "(OpenAI's Responses wire, Gemini's generateContent), named target + '-messages' "
+                        "('-responses', '-gemini'), in the same rounds")
     p.add_argument("--steps", default=",".join(step.name for step in STEPS),
                    help="comma-separated subset of the steps to run (default: all)")
     p.add_argument("--stream-events", type=int, default=50, help="chunk events per measured stream (plus [DONE])")
@@ -113,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--targets must include direct and only name {', '.join(KNOWN_TARGETS)}")
     wires = {w.strip() for w in args.wires.split(",") if w.strip()}
     if not wires or wires - {"chat", *WIRE_SUFFIXES}:
-        p.error("--wires must name some of chat, messages, responses")
+        p.error("--wires must name some of chat, messages, responses, gemini")
     twins = [t + suffix for wire, suffix in WIRE_SUFFIXES.items() if wire in wires
              for t in args.targets if t in WIRE_TWINS]
     if twins:
@@ -131,20 +132,21 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, Server]:
     servers = {"direct": mock}
     upstream = f"http://127.0.0.1:{mock.port}/v1"
     wanted = {base_target(name)[0] for name in args.targets}
+    gemini = any(base_target(name)[1] == "gemini" for name in args.targets)
     try:
         if "reference" in wanted:
             servers["reference"] = start_reference(workdir, upstream, "aiohttp", "reference")
         if "reference-httpx" in wanted:
             servers["reference-httpx"] = start_reference(workdir, upstream, "httpx", "reference-httpx")
         if {"memproxy-off", *MEMORY_ON} & wanted:
-            memproxy = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir)
+            memproxy = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir, gemini=gemini)
             servers.update(dict.fromkeys(("memproxy-off", *MEMORY_ON), memproxy))
         if "memproxy-hooks" in wanted:
             servers["memproxy-hooks"] = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir,
-                                                       name="memproxy-hooks", hooks=NO_OP_HOOKS)
+                                                       name="memproxy-hooks", hooks=NO_OP_HOOKS, gemini=gemini)
         if "memproxy-quiet" in wanted:
             servers["memproxy-quiet"] = start_memproxy(workdir, upstream, "warning", args.memproxy_dir,
-                                                       name="memproxy-quiet")
+                                                       name="memproxy-quiet", gemini=gemini)
     except RuntimeError:
         stop_servers(servers)
         raise

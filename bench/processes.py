@@ -116,15 +116,17 @@ def start_reference(workdir: Path, upstream: str, transport: str, name: str) -> 
 
 
 def start_memproxy(workdir: Path, upstream: str, log_level: str, source: Path = REPO, name: str = "memproxy",
-                   store_path: Path | None = None, hooks: str = "") -> Server:
+                   store_path: Path | None = None, hooks: str = "", gemini: bool = False) -> Server:
     """memproxy as shipped (`python -m proxy serve`) from `source`, one worker; its SQLite store is
-    `store_path`, else a new one in the work dir; `hooks`: a `hooks:` list in YAML, appended to its config."""
+    `store_path`, else a new one in the work dir; `hooks`: a `hooks:` list in YAML, appended to its config;
+    `gemini`: the Gemini wire's upstream is the mock too (a memproxy from before that wire has no such key)."""
     port = free_port()
     config = workdir / f"{name}.yaml"
     store = (store_path or workdir / f"{name}.db").resolve()
     # The mock serves both wires, so the Messages wire's upstream is the same server.
+    gemini_upstream = f"  gemini_base_url: {upstream.removesuffix('/v1')}\n" if gemini else ""
     config.write_text(f"server:\n  log_level: {log_level}\nstore:\n  url: sqlite:///{store}\n"
-                      f"upstream:\n  anthropic_base_url: {upstream}\n{hooks}")
+                      f"upstream:\n  anthropic_base_url: {upstream}\n{gemini_upstream}{hooks}")
     argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
             "--upstream", upstream]
     return start(name, argv, port, workdir, source)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen import ClosedLoop, Run, Target, closed_loop, get_payload, one, wire_payload
-from mock_upstream import MESSAGES_FRAMING_EVENTS, RESPONSES_FRAMING_EVENTS
+from mock_upstream import GEMINI_FRAMING_EVENTS, MESSAGES_FRAMING_EVENTS, RESPONSES_FRAMING_EVENTS
 from processes import Server
 
 Figures = dict[str, float]
@@ -34,8 +34,10 @@ class StreamShape:
         return {"x-mock-events": str(self.events), "x-mock-delay-ms": str(self.gap_ms)}
 
     def expected_events(self, wire: str = "chat") -> int:
-        """SSE events a complete stream brings: the chunks and [DONE], or a Messages or Responses stream's framing."""
-        return self.events + {"messages": MESSAGES_FRAMING_EVENTS, "responses": RESPONSES_FRAMING_EVENTS}.get(wire, 1)
+        """SSE events a complete stream brings: the chunks and [DONE], or a Messages, Responses or Gemini
+        stream's framing."""
+        return self.events + {"messages": MESSAGES_FRAMING_EVENTS, "responses": RESPONSES_FRAMING_EVENTS,
+                              "gemini": GEMINI_FRAMING_EVENTS}.get(wire, 1)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,8 +1,8 @@
-"""The wires side by side: each Messages-wire and Responses-wire target against its Chat
-Completions twin.
+"""The wires side by side: each Messages-wire, Responses-wire and Gemini-wire target against its
+Chat Completions twin.
 
 A target's added latency is measured against its own wire's direct target (`direct-messages`,
-`direct-responses`: the mock answering that wire), a Chat Completions target's against
+`direct-responses`, `direct-gemini`: the mock answering that wire), a Chat Completions target's against
 `direct`, each round for itself.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from summary import DIRECT, Criterion, Summary, _num
 
 # The wires compared with Chat Completions, by the suffix their targets' names carry.
-SUFFIXES = {"messages": "-messages", "responses": "-responses"}
-TITLES = {"messages": "Messages", "responses": "Responses"}
+SUFFIXES = {"messages": "-messages", "responses": "-responses", "gemini": "-gemini"}
+TITLES = {"messages": "Messages", "responses": "Responses", "gemini": "Gemini"}
 PAIRS = ("memproxy-off", "memproxy-on", "memproxy-on-ro")
 # (label, step, metric, how): "added" is minus the wire's own direct, "value" the figure itself.
 ROWS: tuple[tuple[str, str, str, str], ...] = (

@@ -204,6 +204,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/{path:path}", proxy),
+        Route("/v1beta/{path:path}", proxy),  # Gemini's
         Mount("/memory/v1", app=memory_api),
         Mount("/memory/ui", app=Inspector()),
     ]

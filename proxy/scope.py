@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -88,7 +89,7 @@ class ScopeResolver:
         options = _options(headers, self.settings.memory.mode)
         mode = self.settings.auth.mode
         if mode == "api-keys":
-            user, key = self._user_for_key(asgi_scope["headers"])
+            user, key = self._user_for_key(asgi_scope["headers"], asgi_scope.get("query_string", b""))
             keyed = self._scope(user, headers.get("x-memory-conversation"), headers.get("x-memory-agent"))
             return self._in_session(RequestScope(keyed, proxy_key=key, authenticated_user=user, **options),
                                     asgi_scope)
@@ -142,7 +143,7 @@ class ScopeResolver:
         """Pass-through paths need an identity too in api-keys and signed modes (no open relay)."""
         mode = self.settings.auth.mode
         if mode == "api-keys":
-            user, key = self._user_for_key(asgi_scope["headers"])
+            user, key = self._user_for_key(asgi_scope["headers"], asgi_scope.get("query_string", b""))
             return RequestScope(None, mode="off", proxy_key=key, authenticated_user=user)
         if mode == "signed":
             return RequestScope(None, mode="off",
@@ -179,10 +180,11 @@ class ScopeResolver:
             address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
         return address.is_loopback or any(address in network for network in self._networks)
 
-    def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]]) -> tuple[str, str]:
+    def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]], query: bytes = b"") -> tuple[str, str]:
         """The user of the request's proxy key, and the key as the client sent it."""
         try:
-            token = bearer(raw_headers) or _api_key_header(raw_headers)
+            token = (bearer(raw_headers) or _api_key_header(raw_headers, b"x-api-key")
+                     or _api_key_header(raw_headers, b"x-goog-api-key") or _key_parameter(query))
         except DuplicateAuthorization as exc:
             raise BadScope(str(exc), param=str(exc).split(" ", 1)[0]) from None
         if token is None:
@@ -272,12 +274,21 @@ def bearer(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
     return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
 
 
-def _api_key_header(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The Messages wire's `x-api-key`, where a client sends its proxy key the Anthropic way."""
-    values = [value for name, value in raw if name.lower() == b"x-api-key"]
+def _api_key_header(raw: Iterable[tuple[bytes, bytes]], header: bytes) -> str | None:
+    """A key header where a client sends its proxy key its provider's way: the Messages wire's
+    `x-api-key`, the Gemini wire's `x-goog-api-key`."""
+    values = [value for name, value in raw if name.lower() == header]
     if len(values) > 1:
-        raise DuplicateAuthorization("x-api-key appears more than once")
+        raise DuplicateAuthorization(f"{header.decode()} appears more than once")
     return values[0].decode("latin-1").strip() or None if values else None
+
+
+def _key_parameter(query: bytes) -> str | None:
+    """The Gemini wire's `key` query parameter, its other place for the key."""
+    values = urllib.parse.parse_qs(query.decode("latin-1")).get("key", [])
+    if len(values) > 1:
+        raise DuplicateAuthorization("key appears more than once")
+    return values[0].strip() or None if values else None
 
 
 def _distinct_keys(entries: list[dict[str, str]]) -> list[tuple[bytes, str]]:

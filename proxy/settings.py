@@ -57,6 +57,22 @@ DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
      "prompt": "Your task is to create a detailed summary of the conversation so far"},
     {"name": "claude_code_title", "path": "/messages",
      "body:system": "(?i)(isNewTopic|write a \\d+-\\d+ word title|summarize this coding conversation)"},
+    # Gemini CLI's utility calls, each known by its system instruction or its whole prompt: the model
+    # router (before every turn), history compression, loop detection, edit correction, the next-speaker
+    # check, tool-output and session summaries.
+    {"name": "gemini_cli_router", "body:systemInstruction": "You are a specialized Task Routing AI"},
+    {"name": "gemini_cli_compression",
+     "body:systemInstruction": "distilling chat history into a structured XML <state_snapshot>"},
+    {"name": "gemini_cli_history_summary", "prompt": "^### State Update: Agent Continuity"},
+    {"name": "gemini_cli_loop_detection",
+     "body:systemInstruction": "You are a diagnostic agent that determines whether a conversational AI assistant is "
+                               "stuck in an unproductive loop"},
+    {"name": "gemini_cli_edit_corrector", "body:systemInstruction": "You are an expert code-editing assistant"},
+    {"name": "gemini_cli_next_speaker",
+     "prompt": "^Analyze \\*only\\* the content and structure of your immediately preceding response"},
+    {"name": "gemini_cli_tool_summary", "prompt": "^Summarize the following tool output to be a maximum of"},
+    {"name": "gemini_cli_session_summary",
+     "prompt": "^Summarize the user's primary intent or goal in this conversation in ONE sentence"},
 )
 
 MAX_RETRY_WINDOW_S = 86_400.0  # a retry comes within seconds; a day bounds the turn ids derived from it
@@ -93,6 +109,12 @@ class UpstreamSettings:
                                     "https://api.anthropic.com/v1")
     anthropic_api_key: str | None = _help("memproxy's own Anthropic key: when set it replaces the client's "
                                           "x-api-key and Authorization towards the Anthropic upstream.")
+    gemini_base_url: str = _help("Gemini upstream (the Gemini wire, and every path under /v1beta), without a "
+                                 "version prefix: the client's /v1beta/... or /v1/... path is appended.",
+                                 "https://generativelanguage.googleapis.com")
+    gemini_api_key: str | None = _help("memproxy's own Gemini API key: when set it replaces the client's "
+                                       "x-goog-api-key header and `key` query parameter towards the Gemini "
+                                       "upstream.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
     # Below the SDK's own 600 s, so the client gets memproxy's 504 rather
     # than its own timeout; silence of two minutes inside a body is a stalled provider.
@@ -148,7 +170,7 @@ class ScopeSettings:
     context_tags: list[str] = _help(
         "Tags of context a client adds in the user's role: a text block or message that is wholly one such "
         "element is not the user's words (neither searched by nor saved).", None,
-        default_factory=lambda: ["system-reminder", "environment_context", "user_instructions",
+        default_factory=lambda: ["system-reminder", "environment_context", "user_instructions", "session_context",
                                  "local-command-caveat", "command-name", "command-message", "command-args",
                                  "local-command-stdout", "local-command-stderr"])
     side_requests: list[dict[str, str]] = _help(
@@ -525,9 +547,14 @@ def _check(s: Settings) -> None:
         raise ConfigError("memory.block_header: must not be empty (the memory block starts with it)")
     _check_embeddings(s.embeddings)
     for name, url in (("upstream.base_url", s.upstream.base_url),
-                      ("upstream.anthropic_base_url", s.upstream.anthropic_base_url)):
+                      ("upstream.anthropic_base_url", s.upstream.anthropic_base_url),
+                      ("upstream.gemini_base_url", s.upstream.gemini_base_url)):
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{name}: must start with http:// or https://, got {url!r}")
+    if re.search(r"/v\d+(?:alpha|beta)?\d*/*$", s.upstream.gemini_base_url):
+        # The client's path carries its version (/v1beta, /v1): a base ending in one would double it.
+        raise ConfigError("upstream.gemini_base_url: give the host without a version prefix (the client's "
+                          f"/v1beta/... path is appended), got {s.upstream.gemini_base_url!r}")
     if not s.store.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError(f"store.url: must be sqlite:///PATH or postgresql://..., got {s.store.url!r}")
     if s.store.search_cache_mb < 0:

@@ -49,6 +49,10 @@ _PROXY_MODE_DROPPED = _PROVIDER_CREDENTIALS | {b"cookie", b"proxy-authorization"
                                                b"openai-project"}
 # A query parameter Google reads a key from (`?key=`).
 _KEY_PARAMETER = "key"
+# The header each provider takes memproxy's own key in, and how it is written.
+_KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"Bearer "),
+                                                 "anthropic": (b"x-api-key", b""),
+                                                 "gemini": (b"x-goog-api-key", b"")}
 
 
 def request_headers(
@@ -80,11 +84,19 @@ def request_headers(
         if lower in dropped or (secret is not None and secret in value):
             continue
         out.append((lower, value))
-    if api_key and provider == "anthropic":
-        out.append((b"x-api-key", api_key.encode()))
-    elif api_key:
-        out.append((b"authorization", b"Bearer " + api_key.encode()))
+    if api_key:
+        name, scheme = _KEY_HEADERS[provider]
+        out.append((name, scheme + api_key.encode()))
     return out
+
+
+def without_key_parameter(query: bytes) -> bytes:
+    """A query string without its `key` parameters (Gemini's other place for the API key, replaced by
+    memproxy's own), every other parameter byte for byte, in order."""
+    if not query:
+        return query
+    return b"&".join(pair for pair in query.split(b"&")
+                     if unquote_plus(pair.partition(b"=")[0].decode("latin-1")) != _KEY_PARAMETER)
 
 
 def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
@@ -224,16 +236,24 @@ class Upstream:
         self.settings = settings
         self.base_url = settings.base_url.rstrip("/")
         self._base_urls: dict[str, str] = {"openai": self.base_url,
-                                           "anthropic": settings.anthropic_base_url.rstrip("/")}
-        self._keys: dict[str, str | None] = {"openai": settings.api_key, "anthropic": settings.anthropic_api_key}
+                                           "anthropic": settings.anthropic_base_url.rstrip("/"),
+                                           "gemini": settings.gemini_base_url.rstrip("/")}
+        self._keys: dict[str, str | None] = {"openai": settings.api_key, "anthropic": settings.anthropic_api_key,
+                                             "gemini": settings.gemini_api_key}
         # The pooled transport is used without httpx.AsyncClient's layers: a proxy wants none
         # of them (redirects, auth flows, default headers) and must not keep a cookie jar,
         # since one pool serves every user. Skipping them is ~10% of a request's CPU.
         self.transport = AiohttpTransport(max_connections=settings.max_connections,
                                           connect_timeout_s=settings.connect_timeout_s)
 
-    def url(self, path: str, query: bytes, provider: Provider = "openai") -> str:
-        """The provider URL for a path after memproxy's /v1, query kept byte for byte."""
+    def url(self, path: str, query: bytes, provider: Provider = "openai", version: str = "/v1") -> str:
+        """The provider URL for a path after memproxy's /v1 (or the client's `version` prefix), query kept
+        byte for byte. Gemini's base has no version: the client's goes in front of the path; with
+        memproxy's own Gemini key the client's `key` parameter never leaves."""
+        if provider == "gemini":
+            path = version + path
+            if self._keys["gemini"]:
+                query = without_key_parameter(query)
         return self._base_urls[provider] + path + ("?" + query.decode("latin-1") if query else "")
 
     def api_key(self, provider: Provider) -> str | None:

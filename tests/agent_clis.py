@@ -1,4 +1,4 @@
-"""The coding-agent CLIs (Claude Code, Codex CLI) at the versions pinned in tests/clients/.
+"""The coding-agent CLIs (Claude Code, Codex CLI, Gemini CLI) at the versions pinned in tests/clients/.
 
 `.ci/run` installs them with `npm ci`; on a developer's machine the first test that needs
 them runs the same install. Without npm the tests skip with a message, except where
@@ -9,6 +9,7 @@ and a timeout, so a run is deterministic against a local fake upstream.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -76,4 +77,26 @@ def run_claude(prompt: str, *, base_url: str, home: Path, workdir: Path, headers
     }
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                           stdin=subprocess.DEVNULL)
+    return CliRun(done.returncode, done.stdout, done.stderr)
+
+
+def run_gemini(prompt: str, *, base_url: str, home: Path, workdir: Path, headers: dict[str, str]) -> CliRun:
+    """`gemini -p PROMPT` against `base_url` with an API key (the Gemini API, not Google sign-in), a
+    trusted workspace for a headless run, and the user named in GEMINI_CLI_CUSTOM_HEADERS."""
+    settings = home / ".gemini" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}},
+                                    "privacy": {"usageStatisticsEnabled": False},
+                                    "general": {"disableAutoUpdate": True}}))
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "GEMINI_API_KEY": "gemini-test-dummy",
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        "GEMINI_CLI_CUSTOM_HEADERS": ",".join(f"{name}: {value}" for name, value in headers.items()),
+        **QUIET_ENV,
+    }
+    done = subprocess.run([str(cli_path("gemini")), "-p", prompt], cwd=workdir, env=env, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
     return CliRun(done.returncode, done.stdout, done.stderr)

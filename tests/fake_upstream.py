@@ -294,6 +294,10 @@ class EmbeddingsReply(Reply):
 
 def default_reply(request: Received) -> Reply:
     """What the upstream answers when no script is queued."""
+    if "/models/" in request.target and ":" in request.target.split("/models/", 1)[1]:
+        from tests.fake_gemini import default_reply as gemini_reply  # it builds on this module
+
+        return gemini_reply(request)
     if "/messages" in request.target and request.method == "POST":
         from tests.fake_anthropic import default_reply as anthropic_reply  # it builds on this module
 
@@ -339,6 +343,11 @@ class FakeUpstream:
         """Answer the next requests with these, in order (then the default again)."""
         with self._lock:
             self._scripts.extend(replies)
+
+    def clear_queue(self) -> None:
+        """Drop the replies still queued (a client made fewer requests than were scripted)."""
+        with self._lock:
+            self._scripts.clear()
 
     def reset(self) -> None:
         with self._lock:

@@ -172,3 +172,41 @@ def test_codex_side_requests_as_recorded_get_no_block_and_save_nothing(make_prox
     assert rows(proxy, "SELECT role, content FROM messages ORDER BY seq") == [("user", "my dog is Rex"),
                                                                              ("assistant", "Hello from Responses")]
     assert f'memproxy_side_requests_total{{rule="{rule}",wire="openai_responses"}} 1.0' in metrics
+
+
+GEMINI = "/models/gemini-3.5-flash-lite:generateContent"
+
+
+def system_instruction(text: str) -> dict:
+    return {"systemInstruction": {"role": "user", "parts": [{"text": text}]}, "contents": []}
+
+
+# Gemini CLI 0.61's utility calls, their system instructions and prompts as its bundle writes them.
+@pytest.mark.parametrize("case, expected", [
+    (facts(GEMINI, body=system_instruction("\nYou are a specialized Task Routing AI. Your sole function is to "
+                                           "analyze the user's request and assign a **Complexity Score**")),
+     "gemini_cli_router"),
+    (facts(GEMINI, body=system_instruction("\nYou are a specialized system component responsible for distilling "
+                                           "chat history into a structured XML <state_snapshot>.")),
+     "gemini_cli_compression"),
+    (facts(GEMINI, prompt="### State Update: Agent Continuity\n\nThe conversation history has been truncated."),
+     "gemini_cli_history_summary"),
+    (facts(GEMINI, body=system_instruction(
+        "You are a diagnostic agent that determines whether a conversational AI assistant is stuck in an "
+        "unproductive loop. Analyze the conversation history")), "gemini_cli_loop_detection"),
+    (facts(GEMINI, body=system_instruction("\nYou are an expert code-editing assistant specializing in debugging")),
+     "gemini_cli_edit_corrector"),
+    (facts(GEMINI, prompt="Analyze *only* the content and structure of your immediately preceding response (your "
+                          "last turn in the conversation history)."), "gemini_cli_next_speaker"),
+    (facts(GEMINI, prompt="Summarize the following tool output to be a maximum of 2000 tokens."),
+     "gemini_cli_tool_summary"),
+    (facts(GEMINI, prompt="Summarize the user's primary intent or goal in this conversation in ONE sentence (max "
+                          "80 characters)."), "gemini_cli_session_summary"),
+    # An application's own request for JSON output is a turn: asking for JSON says nothing of who asks.
+    (facts(GEMINI, body={**system_instruction("Answer as JSON."),
+                         "generationConfig": {"responseMimeType": "application/json"}},
+           prompt="List my three favourite films"), None),
+    (facts(GEMINI, prompt="please summarize the following tool output for me"), None),
+])
+def test_gemini_cli_rules(case, expected):
+    assert DEFAULTS.match(case) == expected

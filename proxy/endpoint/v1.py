@@ -1,8 +1,9 @@
-"""The /v1 proxy endpoint: one chat endpoint for every wire, and the pass-through.
+"""The /v1 proxy endpoint (and Gemini's /v1beta): one chat endpoint for every wire, and the pass-through.
 
 A POST to a wire's chat path with a user scope gets memory (recall before, persistence
 after); every other /v1 path, and any request without a scope, is a transparent
-pass-through to the upstream its wire (or its `anthropic-version` header) names.
+pass-through to the upstream its wire (or its `anthropic-version` header) names. Every
+path under /v1beta is Gemini's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from proxy.upstream import Upstream, provider_for, query_without_credentials, re
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
+from proxy.wires.gemini import GeminiGenerateContent, model_method
+from proxy.wires.gemini_tools import GeminiTools, unsupported_stream as gemini_stream_unsupported
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
@@ -42,8 +45,11 @@ log = logging.getLogger("memproxy.request")
 
 T = TypeVar("T")
 
-_KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key"}
-_URL_SETTING: dict[Provider, str] = {"openai": "upstream.base_url", "anthropic": "upstream.anthropic_base_url"}
+_KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": "upstream.anthropic_api_key",
+                                     "gemini": "upstream.gemini_api_key"}
+_URL_SETTING: dict[Provider, str] = {"openai": "upstream.base_url", "anthropic": "upstream.anthropic_base_url",
+                                     "gemini": "upstream.gemini_base_url"}
+_GEMINI_VERSION = "/v1beta"  # every path under it is Gemini's
 
 
 class ProxyEndpoint:
@@ -64,25 +70,37 @@ class ProxyEndpoint:
             "/chat/completions": OpenAIChat(),
             "/messages": AnthropicMessages(settings.scope.context_tags),
             "/responses": OpenAIResponses(settings.scope.context_tags),
+            # Gemini's model is in its path: `/models/{model}:method` is looked up as `/models/*:method`.
+            "/models/*:generateContent": GeminiGenerateContent(settings.scope.context_tags),
+            "/models/*:streamGenerateContent": GeminiGenerateContent(settings.scope.context_tags, stream=True),
         }
         # Each wire's tool format for tools mode, by the same path.
         self.tool_formats: dict[str, ToolFormat] = {"/chat/completions": ChatTools(), "/messages": MessagesTools(),
-                                                    "/responses": ResponsesTools()}
+                                                    "/responses": ResponsesTools(),
+                                                    "/models/*:generateContent": GeminiTools(),
+                                                    "/models/*:streamGenerateContent": GeminiTools()}
         # What tools mode cannot serve on a wire, refused before the turn starts.
-        self.tools_refusals: dict[str, Callable[[dict[str, Any]], ProxyError | None]] = {
-            "/chat/completions": chat_tools_unsupported}
+        # (the request's body and query string)
+        self.tools_refusals: dict[str, Callable[[dict[str, Any], bytes], ProxyError | None]] = {
+            "/chat/completions": lambda body, query: chat_tools_unsupported(body),
+            "/models/*:streamGenerateContent": lambda body, query: gemini_stream_unsupported(query)}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
-                                                   "anthropic": self.wires["/messages"]}
+                                                   "anthropic": self.wires["/messages"],
+                                                   "gemini": self.wires["/models/*:generateContent"]}
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        path = _path_after_v1(scope)
+        version, path = _versioned_path(scope)
         outcome = "ok"
         send = Sent(send)
-        wire = self.wires.get(path) if path is not None else None
+        wire = self.wires.get(_table_key(path)) if path is not None else None
+        if wire is not None and version == _GEMINI_VERSION and wire.provider != "gemini":
+            wire = None  # under /v1beta only Gemini's paths are a wire's
         family = wire or self._family(path)
-        send.shape = family or self.shapes[provider_for(scope["headers"], None)]
+        if family is not None and version == _GEMINI_VERSION and family.provider != "gemini":
+            family = None
+        send.shape = family or self.shapes[provider_for(scope["headers"], _version_provider(version))]
         if wire is not None:
             send.error_headers = _status_header(NOT_A_TURN)  # every response to a chat path says the memory status
         try:
@@ -93,9 +111,9 @@ class ProxyEndpoint:
             if length is not None and length > limit:
                 raise BodyTooLarge(f"request body is larger than the limit of {limit} bytes")
             if scope["method"] == "POST" and wire is not None:
-                outcome = await self._chat(scope, receive, send, path, wire)
+                outcome = await self._chat(scope, receive, send, path, wire, version)
             else:
-                outcome = await self._passthrough(scope, receive, send, path, family, wire is not None)
+                outcome = await self._passthrough(scope, receive, send, path, family, wire is not None, version)
         except ProxyError as error:
             outcome = error.code
             needs_status = wire is not None and "x-memory-status" not in error.headers
@@ -124,26 +142,29 @@ class ProxyEndpoint:
                                   "key is memproxy's own and never goes upstream")
         return request_headers(headers, api_key=api_key, proxy_key=resolved.proxy_key, provider=provider)
 
-    def _url(self, path: str, query: bytes, provider: Provider, resolved: RequestScope) -> str:
+    def _url(self, path: str, query: bytes, provider: Provider, resolved: RequestScope, version: str) -> str:
         """The provider URL; in api-keys mode without a key the client may have put in the query."""
         if resolved.proxy_key is not None and query:
             query = query_without_credentials(query, resolved.proxy_key)
-        return self.upstream.url(path, query, provider)
+        return self.upstream.url(path, query, provider, version)
 
     def _family(self, path: str | None) -> Wire | None:
-        """The wire whose chat path a path sits under (`/messages/count_tokens`), if any."""
+        """The wire whose chat path a path sits under (`/messages/count_tokens`, Gemini's
+        `/models/{model}:countTokens`), if any."""
         if path is None:
             return None
+        if model_method(path) is not None:
+            return self.wires["/models/*:generateContent"]
         return next((wire for chat_path, wire in self.wires.items() if path.startswith(chat_path + "/")), None)
 
     async def _passthrough(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str,
-                           family: Wire | None, chat_path: bool) -> str:
+                           family: Wire | None, chat_path: bool, version: str) -> str:
         headers = scope["headers"]
         limit = self.settings.server.max_body_bytes
         length = declared_length(headers)
         identity = self.scopes.authenticate_passthrough(scope)
         self._count_side_request(RequestFacts(scope["method"], path, headers), family)
-        provider = provider_for(headers, family.provider if family is not None else None)
+        provider = provider_for(headers, family.provider if family is not None else _version_provider(version))
         upstream_headers = self._upstream_headers(headers, provider, identity)
         owner = self.ownership.owner(identity, provider)
         creates = await self.ownership.admit(owner, provider, scope["method"], path) if owner is not None else None
@@ -158,7 +179,7 @@ class ProxyEndpoint:
             length = len(held)
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
-        url = self._url(path, scope["query_string"], provider, identity)
+        url = self._url(path, scope["query_string"], provider, identity, version)
         async with DisconnectWatch(receive, armed=not has_body or held is not None) as watch:
             content = held if held is not None or not has_body else body_stream(
                 receive, limit, on_end=watch.arm, idle_s=self.settings.server.body_timeout_s)
@@ -169,7 +190,7 @@ class ProxyEndpoint:
             try:
                 # Every response to a chat path says the memory status (a GET: not a turn).
                 await relay_plain(send, response, extra_headers=_status_header(NOT_A_TURN) if chat_path else [],
-                                  shape=send.shape, heartbeat_s=self.settings.server.heartbeat_s)
+                                  shape=send.shape, heartbeat_s=self._heartbeat_s(send.shape))
             finally:
                 await response.aclose()
         return "client_gone" if watch.gone else f"status_{response.status}"
@@ -190,7 +211,12 @@ class ProxyEndpoint:
             return replace(resolved, mode="off", side_request=True)
         return resolved
 
-    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire) -> str:
+    def _heartbeat_s(self, shape: ErrorShape) -> float:
+        """How often a silent stream gets a `: ping`; never on a wire whose clients cannot skip one."""
+        return self.settings.server.heartbeat_s if shape.sse_comments else 0.0
+
+    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire,
+                    version: str) -> str:
         resolved = self.scopes.resolve(scope)
         provider = provider_for(scope["headers"], wire.provider)
         upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
@@ -207,8 +233,9 @@ class ProxyEndpoint:
             else:
                 resolved = self._complete_identity(scope, path, resolved, wire, parsed)
         request = parsed if isinstance(parsed, WireRequest) else None
-        if request is not None and resolved.memory_on and resolved.mode == "tools" and path in self.tools_refusals:
-            refusal = self.tools_refusals[path](request.body)
+        refuse = self.tools_refusals.get(_table_key(path))
+        if request is not None and resolved.memory_on and resolved.mode == "tools" and refuse is not None:
+            refusal = refuse(request.body, scope["query_string"])
             if refusal is not None:
                 raise refusal
         recall: Recall | None = None  # None: the client left during the recall itself
@@ -216,7 +243,7 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
                                                   wire.name)
-                tool_format = self.tool_formats.get(path) if recall.tools is not None else None
+                tool_format = self.tool_formats.get(_table_key(path)) if recall.tools is not None else None
                 if recall.tools is not None and tool_format is None:
                     recall.status = f"degraded: no memory tools on the {wire.name} wire"
                 send.error_headers = recall.headers()
@@ -228,7 +255,7 @@ class ProxyEndpoint:
                     # We read a copy of the answer (to save it, to find memory calls, to record its
                     # id): ask for it uncompressed.
                     upstream_headers = _uncompressed(upstream_headers)
-                url = self._url(path, scope["query_string"], provider, resolved)
+                url = self._url(path, scope["query_string"], provider, resolved, version)
                 if tool_format is not None and recall.tools is not None and request is not None:
                     tools = ToolsStep(self.upstream, self.metrics, tool_format, recall.tools, url, upstream_headers,
                                       self.settings.memory.tool_rounds, recall)
@@ -240,7 +267,7 @@ class ProxyEndpoint:
                     response = self.ownership.recorded(response, owner, provider, creates)
                 try:
                     await relay_chat(send, response, recall, wire, self.settings.memory.commit_timeout_ms / 1000,
-                                     self.settings.server.heartbeat_s)
+                                     self._heartbeat_s(wire))
                 finally:
                     await response.aclose()
         except asyncio.CancelledError:
@@ -261,6 +288,11 @@ class ProxyEndpoint:
         if provider in self.hinted_404:
             return
         self.hinted_404.add(provider)
+        if provider == "gemini":  # its client sends the version: the base has none (checked at start-up)
+            log.warning("the provider answered 404 on a chat path (%s): is the model's name right? %s takes the "
+                        "host alone, for example https://generativelanguage.googleapis.com", url.split("?")[0],
+                        _URL_SETTING[provider])
+            return
         log.warning("the provider answered 404 on a chat path (%s); %s must include the provider's version "
                     "prefix, for example https://api.openai.com/v1", url.split("?")[0], _URL_SETTING[provider])
 
@@ -314,16 +346,29 @@ async def _off_loop_if(large: bool, function: Callable[..., T], *args: Any) -> T
     return await asyncio.to_thread(function, *args) if large else function(*args)
 
 
-def _path_after_v1(scope: dict[str, Any]) -> str | None:
+def _versioned_path(scope: dict[str, Any]) -> tuple[str, str | None]:
+    """The request's version prefix (/v1, or Gemini's /v1beta) and its path after it (None: no path
+    memproxy serves)."""
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.split(b"?", 1)[0].decode("latin-1")
-    if not path.startswith("/v1/"):
-        return None
-    rest = path[3:]
+    version = next((v for v in ("/v1", _GEMINI_VERSION) if path.startswith(v + "/")), None)
+    if version is None:
+        return "/v1", None
+    rest = path[len(version):]
     segments = rest.lower().replace("%2e", ".").split("/")
     if any(segment in (".", "..") for segment in segments):
-        return None  # no path may climb out of the provider's /v1 prefix
-    return rest
+        return version, None  # no path may climb out of the provider's version prefix
+    return version, rest
+
+
+def _table_key(path: str) -> str:
+    """A path as the wire table holds it: Gemini's `/models/{model}:method` without its model."""
+    found = model_method(path)
+    return f"/models/*:{found[1]}" if found is not None else path
+
+
+def _version_provider(version: str) -> Provider | None:
+    return "gemini" if version == _GEMINI_VERSION else None
 
 
 def _uncompressed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

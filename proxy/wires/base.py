@@ -23,7 +23,7 @@ from proxy.wires.sse import SSEEvent
 # stream) for a large fraction of a second.
 LARGE_BODY_BYTES = 1 << 20
 
-Provider = Literal["openai", "anthropic"]
+Provider = Literal["openai", "anthropic", "gemini"]
 # What a wire says of a stream's opening event while a request with a block waits on it:
 # hold it back, send it (and all before it), or resend without the block (too long).
 Opening = Literal["hold", "send", "too_long"]
@@ -81,6 +81,9 @@ class AnswerReader(Protocol):
 
 class ErrorShape(Protocol):
     """How a wire writes the errors memproxy makes itself."""
+
+    # Whether the wire's clients skip SSE comment lines (a `: ping` while the provider is silent).
+    sse_comments: bool
 
     def error_body(self, error: ProxyError) -> bytes:
         """The JSON body of an error answer."""

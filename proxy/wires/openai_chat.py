@@ -242,6 +242,7 @@ class OpenAIChat:
 
     name = "openai_chat"
     provider: Provider = "openai"
+    sse_comments = True
 
     def parse(self, body: bytes) -> WireRequest | str:
         request = parse_chat_request(body)

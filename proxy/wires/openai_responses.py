@@ -42,6 +42,7 @@ class OpenAIResponses:
 
     name = "openai_responses"
     provider: Provider = "openai"
+    sse_comments = True
 
     def __init__(self, context_tags: Iterable[str] = DEFAULT_TAGS) -> None:
         self._context = ContextTags(context_tags)
