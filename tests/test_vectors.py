@@ -118,7 +118,8 @@ def test_fuse_orders_by_normalised_bm25_plus_weighted_closeness_and_admits_only_
     few = Calibration(Spread(0.1, 0.1, rows=10), best=0.35, min_cosine=0.1)
     alone_few = [("v1", 0.35), ("far", 0.2)]
     found_few = fuse([], dict(alone_few), alone_few, few, settings, key=lambda i: i, text=text)
-    assert [f.item for f in found_few] == ["v1"] and found_few[0].parts == {"cosine": 0.35, "fused": 0.3}
+    assert [f.item for f in found_few] == ["v1"]
+    assert found_few[0].parts == {"cosine": 0.35, "fused": 0.0, "filler": True}  # it only fills a free slot
 
 
 # --- VectorIndex over a real SQLite store ----------------------------------------------

@@ -165,7 +165,10 @@ class Calibration:
         return self.spread.z(cosine) if self.spread.telling else cosine
 
     def closeness(self, cosine: float) -> float:
-        """0 at or below the query's mean cosine, 1 for its best."""
+        """0 at or below the query's mean cosine, 1 for its best; 0 where the spread does not tell
+        (a new user's few items keep their lexical order)."""
+        if not self.spread.telling:
+            return 0.0
         best = self.z(self.best)
         return max(0.0, self.z(cosine)) / best if best > 0 else 0.0
 
@@ -174,8 +177,9 @@ class Calibration:
         return self.z(cosine) >= (MIN_Z if self.spread.telling else FEW_ROWS_COSINE) and cosine >= self.min_cosine
 
     def takes_a_slot(self, cosine: float) -> bool:
-        """Close enough to count as a full hit, not only a filler; a lexical hit this close is marked so."""
-        return self.z(cosine) >= (FULL_Z if self.spread.telling else FEW_ROWS_COSINE) and cosine >= self.min_cosine
+        """Close enough to count as a full hit, not only a filler; a lexical hit this close is marked
+        so. Only where the spread tells: among a new user's few items a vector hit only fills."""
+        return self.spread.telling and self.z(cosine) >= FULL_Z and cosine >= self.min_cosine
 
     def why(self, cosine: float) -> dict[str, float]:
         """The parts the injection log shows: the cosine and, where the spread tells, its deviations."""
@@ -217,10 +221,11 @@ def fuse(found: Sequence[Found[T]], cosines: Mapping[str, float], alone: Sequenc
         parts = dict(f.parts)
         cosine = cosines.get(key(f.item))
         closeness = calibration.closeness(cosine) if cosine is not None else 0.0
-        if cosine is not None and calibration.takes_a_slot(cosine):
-            parts.update(calibration.why(cosine))  # marks it close in meaning (an entity so marked is never weak)
         fused = settings.lexical_weight * lexical + settings.vector_weight * closeness
-        ranked.append((fused, n, Found(f.item, f.score, f.reason, {**parts, "fused": round(fused, 6)})))
+        if cosine is not None and calibration.takes_a_slot(cosine):
+            # Marks it close in meaning (an entity so marked is never weak).
+            parts.update({**calibration.why(cosine), "fused": round(fused, 6)})
+        ranked.append((fused, n, Found(f.item, f.score, f.reason, parts)))
     for n, (item, cosine) in enumerate(alone, start=len(found)):
         if not calibration.enters(cosine):
             continue  # nothing the lexical stream missed is shown unless it is close
