@@ -13,6 +13,7 @@ closed loop of memory-on requests beside them (bench/retrieval_streams.py). The 
 lines follow as PASS/FAIL; the exit status is 1 when one fails.
 
     python bench/retrieval.py [--sizes 1000,10000,100000] [--queries 200] [--rounds 3] [--json] [--keep DIR]
+                              [--embeddings off|local]
                               [--no-streams] [--stream-seconds 1.0] [--stream-rounds 3] [--retrieval-connections 4]
 """
 
@@ -37,14 +38,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from proxy.embedding_calls import vector_parts  # noqa: E402
 from proxy.memory.pipeline import Query  # noqa: E402
 from proxy.memory.retrieval import Retrieval  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.models import ReasoningStep, Scope  # noqa: E402
-from proxy.settings import MemorySettings  # noqa: E402
+from proxy.settings import MemorySettings, load_settings  # noqa: E402
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
 from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 from proxy.stores.indexed_text import entity_terms  # noqa: E402
+from proxy.upstream import Upstream  # noqa: E402
 from retrieval_streams import Ask, StreamLoad, no_batching, stream_batching, streams_table  # noqa: E402
 from summary import Criterion  # noqa: E402
 
@@ -212,25 +215,36 @@ def vm_mb(field: str) -> float:
     return 0.0
 
 
-def measure_fresh(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
+def measure_fresh(path: Path, size: int, count: int, seed: int, embeddings: str = "off") -> dict[str, Any]:
     """`measure` in a new process, so its memory figures hold the retrieval path and nothing else."""
     context = get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_measure_here, path, size, count, seed).result()
+        return pool.submit(_measure_here, path, size, count, seed, embeddings).result()
 
 
-def _measure_here(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
-    return asyncio.run(measure(path, size, count, seed))
+def _measure_here(path: Path, size: int, count: int, seed: int, embeddings: str) -> dict[str, Any]:
+    return asyncio.run(measure(path, size, count, seed, embeddings))
 
 
-async def measure(path: Path, size: int, count: int, seed: int) -> dict[str, Any]:
-    """Time the queries; resident memory once imported, with the store open, at the end, and its peak."""
+async def measure(path: Path, size: int, count: int, seed: int, embeddings: str = "off") -> dict[str, Any]:
+    """Time the queries; resident memory once imported, with the store open, at the end, and its peak.
+
+    With `embeddings` on (`local`: the embedded model), every item's vector is filled in first
+    (untimed, as memproxy writes them with each item) and each query is embedded and searched too."""
     memory = {"rss_mb_imported": vm_mb("VmRSS")}
     store = SQLiteStore(str(path))
     await store.open()
     memory["rss_mb_open"] = vm_mb("VmRSS")
     try:
-        retrieval = Retrieval(store, MemorySettings(), Metrics())
+        vectors = None
+        if embeddings != "off":
+            settings = load_settings(environ={"MEMPROXY_EMBEDDINGS_MODEL": embeddings})
+            parts = vector_parts(settings, Upstream(settings.upstream), store, Metrics())
+            if parts is None:
+                raise RuntimeError(f"embeddings {embeddings!r} could not be set up")
+            vectors = parts[0]
+            await parts[1].filler.fill_all()
+        retrieval = Retrieval(store, MemorySettings(), Metrics(), vectors)
         asked = queries(count, size, seed)
         started = time.perf_counter()
         for query in asked[:20]:  # warm the page cache and the stemmer; the first asks for the user's postings
@@ -333,6 +347,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queries", type=int, default=200, help="timed queries per size")
     p.add_argument("--rounds", type=int, default=1, help="time each size this many times; report the medians")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--embeddings", default="off",
+                   help="off (lexical only), local (the embedded model) or a provider's model, as embeddings.model")
     p.add_argument("--keep", type=Path, help="build the stores in this directory and keep them")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument("--no-streams", action="store_true", help="skip the streams beside retrieval (no servers)")
@@ -348,7 +364,7 @@ def run_size(path: Path, size: int, args: argparse.Namespace, logs: Path | None)
     built = 0.0
     if not path.exists():
         built = asyncio.run(build(path, size, args.seed))
-    rounds = [measure_fresh(path, size, args.queries, args.seed) for _ in range(max(1, args.rounds))]
+    rounds = [measure_fresh(path, size, args.queries, args.seed, args.embeddings) for _ in range(max(1, args.rounds))]
     row = median_of_rounds(rounds) if len(rounds) > 1 else rounds[0]
     row["build_s"] = round(built, 1)
     if len(rounds) > 1:

@@ -19,17 +19,16 @@ from proxy import logs
 from proxy.api.auth import ApiGuard
 from proxy.api.inspector import Inspector
 from proxy.api.routes import ApiApp, MemoryApi
-from proxy.embedding_calls import embeddings_caller
+from proxy.embedding_calls import vector_parts
 from proxy.errors import NotFound
 from proxy.hook_http import HookPoster
-from proxy.memory.embedding_worker import EmbeddingWorker, Filler
+from proxy.memory.embedding_worker import EmbeddingWorker
 from proxy.memory.extraction_worker import ExtractionWorker
+from proxy.memory.hybrid import Vectors
 from proxy.memory.pending_facts import PendingFacts
 from proxy.memory.hooks import load_hooks
-from proxy.memory.hybrid import Vectors
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval import Retrieval
-from proxy.memory.vectors import VectorIndex
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.model_calls import extractor_for
@@ -76,8 +75,11 @@ class Parts:
         self.scopes = ScopeResolver(settings)
         # A database file deleted under the store lost what it held: a persistence failure.
         self.store = open_store(settings.store, on_file_lost=self.metrics.write_failures.inc)
-        self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size)
-        self.vectors, self.embedding = self._embeddings(settings)
+        parts = vector_parts(settings, self.upstream, self.store, self.metrics)
+        self.vectors: Vectors | None = parts[0] if parts is not None else None
+        self.embedding: EmbeddingWorker | None = parts[1] if parts is not None else None
+        after_commit = self.embedding.after_commit if self.embedding is not None and self.embedding.with_writes else None
+        self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size, after_commit=after_commit)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
         self.pending_facts = PendingFacts()
         self.hook_poster = HookPoster() if any(spec.kind == "url" for spec in settings.hooks) else None
@@ -92,16 +94,6 @@ class Parts:
         self.store_open = False
         self._opening: asyncio.Task[None] | None = None  # retrying a store that did not open at start-up
         self._gauges: asyncio.Task[None] | None = None  # with several workers: this one's, refreshed
-
-    def _embeddings(self, settings: Settings) -> tuple[Vectors | None, EmbeddingWorker | None]:
-        """Vector search and the worker that fills vectors in, when embeddings are configured (else None)."""
-        embed = embeddings_caller(settings, self.upstream)
-        if embed is None:
-            return None, None
-        e = settings.embeddings
-        index = VectorIndex(self.store, embed.model, e.cache_ttl_s, max_bytes=e.cache_max_mb * 1024 * 1024)
-        filler = Filler(self.store, embed, embed.model, batch=e.batch_size, timeout_s=e.timeout_s, on_saved=index.add)
-        return Vectors(embed, index, e, self.metrics), EmbeddingWorker(filler, self.metrics)
 
     async def start(self) -> None:
         self.writer.start()

@@ -311,9 +311,8 @@ def _reindex(args: argparse.Namespace) -> int:
 
     settings = load(args)
     user = valid_id(args.user, "--user") if args.user is not None else None
-    if not settings.embeddings.model:
-        print("memproxy: reindex needs embeddings.model in the configuration (no embeddings are configured)",
-              file=sys.stderr)
+    if settings.embeddings.model == "off":
+        print("memproxy: reindex needs embeddings on (embeddings.model is off)", file=sys.stderr)
         return 2
 
     async def run() -> int:
@@ -324,8 +323,8 @@ def _reindex(args: argparse.Namespace) -> int:
         try:
             embed = embeddings_caller(settings, upstream)
             if embed is None:
-                print("memproxy: reindex needs a key of memproxy's own: embeddings.api_key or upstream.api_key",
-                      file=sys.stderr)
+                print("memproxy: reindex needs the embedded model installed (embeddings.model: local) or a key of "
+                      "memproxy's own for a provider's model: embeddings.api_key or upstream.api_key", file=sys.stderr)
                 return 2
             await store.open()
             e = settings.embeddings

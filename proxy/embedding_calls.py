@@ -1,9 +1,11 @@
-"""Embeddings calls memproxy makes on its own account: background work, its own key (never a client's).
+"""Which embedder memproxy uses, and the calls to a provider's embeddings endpoint.
 
-`embeddings.api_key`, else `upstream.api_key`; a client's key is never kept to make them.
-With no model, or no key of memproxy's own, embeddings are off and start-up says so. The
-endpoint is `embeddings.base_url` (else `upstream.base_url`) + `/embeddings`, reached
-through the upstream's connection pool with a timeout of the caller's choosing.
+`embeddings.model: local` (the default) is the embedded model (proxy.memory.local_model),
+in-process, no key and no network; `off` is lexical retrieval only; any other name is
+that model at `embeddings.base_url` (else `upstream.base_url`) + `/embeddings`, with
+`embeddings.api_key`, else `upstream.api_key`: a client's key is never kept to make these
+background calls, so with no key of memproxy's own they are off and start-up says so.
+Calls go through the upstream's connection pool with a timeout of the caller's choosing.
 """
 
 from __future__ import annotations
@@ -13,8 +15,14 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from proxy.errors import ProxyError
-from proxy.memory.embeddings import EmbeddingFailed, parse_vectors, request_body
+from proxy.memory.embedding_worker import EmbeddingWorker, Filler
+from proxy.memory.embeddings import Embedder, EmbeddingFailed, parse_vectors, request_body
+from proxy.memory.hybrid import Vectors
+from proxy.memory.local_model import LocalModel, ModelMissing
+from proxy.memory.vectors import VectorIndex
+from proxy.metrics import Metrics
 from proxy.settings import Settings
+from proxy.stores.base import Store
 from proxy.upstream import StreamCut, Upstream
 
 log = logging.getLogger("memproxy.embeddings")
@@ -22,6 +30,7 @@ log = logging.getLogger("memproxy.embeddings")
 # 64 vectors of 3,072 floats as JSON text are ~4 MB; far more is not an answer.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 _PASSING = frozenset({401, 403, 404, 408, 409, 429})
+LOCAL, OFF = "local", "off"  # embeddings.model's two names that are not a provider's model
 
 
 class EmbeddingsCaller:
@@ -33,6 +42,7 @@ class EmbeddingsCaller:
         self._headers = [(b"content-type", b"application/json"), (b"accept", b"application/json"),
                          (b"authorization", b"Bearer " + api_key.encode())]
         self.model = model
+        self.in_process = False
 
     async def __call__(self, texts: Sequence[str], timeout_s: float) -> list[bytes]:
         """One vector per text, in order; EmbeddingFailed on any other outcome (never naming the key)."""
@@ -67,18 +77,38 @@ async def _read(chunks: AsyncIterator[bytes]) -> bytes:
     return bytes(data)
 
 
-def embeddings_caller(settings: Settings, upstream: Upstream) -> EmbeddingsCaller | None:
-    """The caller `embeddings` configures, or None (logged) when embeddings are off."""
+def embeddings_caller(settings: Settings, upstream: Upstream) -> Embedder | None:
+    """The embedder `embeddings.model` names, or None (logged) when embeddings are off."""
     e = settings.embeddings
-    if not e.model:
-        log.info("embeddings: off (embeddings.model is not set); retrieval is lexical")
+    if e.model == OFF:
+        log.info("embeddings: off (embeddings.model: off); retrieval is lexical")
         return None
+    if e.model == LOCAL:
+        try:
+            model = LocalModel()
+        except ModelMissing as exc:
+            log.warning("embeddings: off: %s; retrieval is lexical", exc)
+            return None
+        log.info("embeddings: the embedded model %s, in-process", model.model)
+        return model
     key = e.api_key or settings.upstream.api_key
     if not key:
-        log.warning("embeddings: off: embeddings.model is set but memproxy has no key of its own "
+        log.warning("embeddings: off: embeddings.model is a provider's model but memproxy has no key of its own "
                     "(embeddings.api_key or upstream.api_key; a client's key is never kept for background "
                     "calls); retrieval is lexical")
         return None
     base = e.base_url or settings.upstream.base_url
     log.info("embeddings: model %s at %s", e.model, base)
     return EmbeddingsCaller(upstream, base, key, e.model)
+
+
+def vector_parts(settings: Settings, upstream: Upstream, store: Store, metrics: Metrics
+                 ) -> tuple[Vectors, EmbeddingWorker] | None:
+    """Vector search and the worker that fills vectors in, as `embeddings` configures them (None when off)."""
+    embed = embeddings_caller(settings, upstream)
+    if embed is None:
+        return None
+    e = settings.embeddings
+    index = VectorIndex(store, embed.model, max_bytes=e.cache_max_mb * 1024 * 1024)
+    filler = Filler(store, embed, embed.model, batch=e.batch_size, timeout_s=e.timeout_s)
+    return Vectors(embed, index, e, metrics), EmbeddingWorker(filler, metrics, with_writes=embed.in_process)

@@ -220,17 +220,18 @@ class ExtractionSettings:
 
 @dataclass(frozen=True)
 class EmbeddingsSettings:
-    model: str | None = _help("Embedding model; unset = lexical retrieval only.")
+    model: str = _help("local: the embedded model, in-process (default); off: lexical retrieval only; any other "
+                       "name: that model at embeddings.base_url.", "local")
     base_url: str | None = _help("Embeddings endpoint base (default: upstream.base_url).")
     api_key: str | None = _help("Key for embedding calls (else upstream.api_key).")
     batch_size: int = _help("Texts per background embeddings call.", 64)
     timeout_s: float = _help("Longest wait for a background embeddings call.", 30.0)
     query_timeout_ms: int = _help("Longest wait for the query's embedding, inside the retrieval deadline.", 200)
-    min_cosine: float = _help("Minimum cosine similarity for a vector hit to count as relevant.", 0.3)
-    lexical_weight: float = _help("Weight of the BM25 stream in a source's rank fusion.", 1.0)
-    vector_weight: float = _help("Weight of the vector stream in a source's rank fusion.", 1.0)
-    cache_ttl_s: float = _help("How long a user's cached vectors serve before a reload sees other replicas' "
-                               "new ones.", 60.0)
+    min_cosine: float = _help("Least cosine for a vector hit the lexical stream missed to be shown (it must also "
+                              "stand out from the query's other cosines).", 0.1)
+    lexical_weight: float = _help("Weight of the normalised BM25 score in a source's score fusion.", 1.0)
+    vector_weight: float = _help("Weight of the vector closeness in a source's score fusion; 0 = lexical only.",
+                                 0.1)
     cache_max_mb: int = _help("Most memory the cached vectors of all users take (MiB); the least recently "
                               "used user's are dropped past it.", 512)
 
@@ -597,8 +598,7 @@ def _check_mcp(m: McpSettings) -> None:
 
 def _check_embeddings(e: EmbeddingsSettings) -> None:
     positive = {"embeddings.batch_size": e.batch_size, "embeddings.timeout_s": e.timeout_s,
-                "embeddings.query_timeout_ms": e.query_timeout_ms, "embeddings.cache_ttl_s": e.cache_ttl_s,
-                "embeddings.cache_max_mb": e.cache_max_mb}
+                "embeddings.query_timeout_ms": e.query_timeout_ms, "embeddings.cache_max_mb": e.cache_max_mb}
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name}: must be greater than 0, got {value}")
@@ -611,8 +611,8 @@ def _check_embeddings(e: EmbeddingsSettings) -> None:
         raise ConfigError(f"embeddings.min_cosine: must be between -1 and 1, got {e.min_cosine}")
     if e.base_url is not None and not e.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"embeddings.base_url: must start with http:// or https://, got {e.base_url!r}")
-    if e.model is not None and not e.model.strip():
-        raise ConfigError("embeddings.model: must not be empty (leave it unset for lexical retrieval only)")
+    if not e.model.strip():
+        raise ConfigError("embeddings.model: must be local, off or a provider's model name, got an empty value")
 
 
 def _check_auth(auth: AuthSettings) -> None:

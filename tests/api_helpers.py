@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import json
+import sqlite3
+import time
+from contextlib import closing
 from typing import Any
 
+import asyncpg
 import httpx
 
 # A user's memory as export records, with fixed ids and times so answers are exact.
@@ -69,3 +74,29 @@ def chat(client: httpx.Client, headers: dict[str, str], text: str, **body: Any) 
     """One non-streamed chat turn through the proxy."""
     payload = {"model": "m", "messages": [{"role": "user", "content": text}], **body}
     return client.post("/v1/chat/completions", json=payload, headers=headers)
+
+
+def vectors_of(proxy: Any, user: str) -> int:
+    """How many vectors the proxy's store holds for the user, SQLite or PostgreSQL."""
+    url = str(proxy.settings.store.url)
+    sql = "SELECT count(*) FROM embeddings WHERE user_id = "
+    if url.startswith("sqlite:///"):
+        with closing(sqlite3.connect(url[len("sqlite:///"):])) as db:
+            return int(db.execute(sql + "?", (user,)).fetchone()[0])
+
+    async def count() -> int:
+        conn = await asyncpg.connect(url)
+        try:
+            return int(await conn.fetchval(sql + "$1", user))
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())
+
+
+def wait_for_vectors(proxy: Any, user: str, count: int, timeout: float = 10.0) -> None:
+    """Until the user's items all have their vectors (imported ones come from the background worker)."""
+    deadline = time.monotonic() + timeout
+    while (have := vectors_of(proxy, user)) != count:
+        assert time.monotonic() < deadline, f"{have} vectors of {count} after {timeout}s"
+        time.sleep(0.05)

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.settings import load_settings
-from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines
+from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines, wait_for_vectors
 from tests.fake_upstream import JsonReply, completion
 
 USER = "alice"
@@ -366,13 +366,14 @@ def test_imported_text_is_redacted_before_it_is_saved(api: httpx.Client) -> None
 # --- deletes -----------------------------------------------------------------------------
 
 
-def test_delete_one_item_of_each_kind(loaded: httpx.Client) -> None:
+def test_delete_one_item_of_each_kind(proxy: Any, loaded: httpx.Client) -> None:
+    wait_for_vectors(proxy, USER, 6)  # each imported message, entity and trace has its vector: it goes too
     cases = [
         ("relationships", "r1", {"relationships": 1}),
-        ("messages", "m3", {"messages": 1}),
-        ("entities", "e-acme", {"entities": 1}),
-        ("memories", "e-alice", {"entities": 1}),
-        ("conversations", "conv-a", {"conversations": 1, "messages": 2, "reasoning": 1}),
+        ("messages", "m3", {"messages": 1, "embeddings": 1}),
+        ("entities", "e-acme", {"entities": 1, "embeddings": 1}),
+        ("memories", "e-alice", {"entities": 1, "embeddings": 1}),
+        ("conversations", "conv-a", {"conversations": 1, "messages": 2, "reasoning": 1, "embeddings": 3}),
     ]
     for plural, item, counts in cases:
         response = loaded.delete(api_url(USER, plural, item))
@@ -391,13 +392,16 @@ def test_deleting_an_entity_takes_its_relationships(loaded: httpx.Client) -> Non
 
 def test_delete_a_user(proxy: Any, loaded: httpx.Client) -> None:
     chat(loaded, {"X-Memory-User": USER}, "ok, thanks")
+    # Every item has its vector from the embedded model (the imported ones from the background
+    # worker): 5 messages, 2 entities, 1 reasoning trace; the deletion takes all 8.
+    wait_for_vectors(proxy, USER, 8)
     response = loaded.delete(api_url(USER))
     assert response.status_code == 200
     deleted = response.json()["deleted"]
     # The background extractor may or may not have taken the new turn's two messages off its queue yet.
     assert deleted.pop("extraction_queue") in (0, 1, 2)
     assert response.json()["user"] == USER
-    assert deleted == {"conversations": 3, "embeddings": 0, "entities": 2, "hook_context": 0, "injections": 1,
+    assert deleted == {"conversations": 3, "embeddings": 8, "entities": 2, "hook_context": 0, "injections": 1,
                        "messages": 5, "provider_objects": 0, "reasoning": 1, "relationships": 1, "responses": 0,
                        "turn_tool_calls": 0, "turns": 1, "users": 1}
     assert loaded.get(api_url(USER, "export")).content == b""

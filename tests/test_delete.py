@@ -19,6 +19,7 @@ import httpx
 
 from tests.api_helpers import api_url, chat, jsonl, lines
 from tests.extraction_helpers import extracted
+from tests.proxy_db import eventually, rows
 
 DB_SUFFIXES = ("", "-wal", "-shm")
 
@@ -86,6 +87,11 @@ def test_export_delete_import_restores_the_user(make_proxy: Any) -> None:
     with proxy.http() as client:
         tokens = fill(client, "roundtrip")
         extracted(proxy)  # the chat turns' facts are saved in the background: all of them before the export
+        vectors = "SELECT count(*) FROM embeddings WHERE user_id = 'roundtrip'"
+        items = ("SELECT (SELECT count(*) FROM messages WHERE user_id = 'roundtrip') + (SELECT count(*) FROM entities"
+                 " WHERE user_id = 'roundtrip') + (SELECT count(*) FROM reasoning WHERE user_id = 'roundtrip')")
+        assert eventually(lambda: rows(proxy, vectors) == rows(proxy, items))  # every item has its vector
+        embedded = rows(proxy, vectors)
         before = client.get(api_url("roundtrip", "export")).content
         question = f"What is my locker code {tokens[0]}?"
         hits_before = client.post(api_url("roundtrip", "search"), json={"query": question}).json()["hits"]
@@ -95,6 +101,10 @@ def test_export_delete_import_restores_the_user(make_proxy: Any) -> None:
         assert imported["skipped"] == {}
         assert sum(imported["imported"].values()) == len(lines(before))
         assert client.get(api_url("roundtrip", "export")).content == before
+        # Vectors are not exported: `memproxy reindex` embeds the imported items again.
+        done = memproxy(["reindex", "--user", "roundtrip"], Path(proxy.settings.store.url[len("sqlite:///"):]))
+        assert done.returncode == 0, done.stderr
+        assert rows(proxy, vectors) == embedded
         hits_after = client.post(api_url("roundtrip", "search"), json={"query": question}).json()["hits"]
         assert [(h["source"], h["id"]) for h in hits_after] == [(h["source"], h["id"]) for h in hits_before]
 

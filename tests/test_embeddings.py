@@ -80,9 +80,9 @@ def test_a_paraphrase_in_a_fresh_conversation_finds_the_fact_by_its_vector(make_
     assert all(r.header("authorization") == "Bearer sk-client-key" for r in fake.chat_requests())
 
 
-def test_without_embeddings_the_paraphrase_finds_nothing_and_nothing_calls_embeddings(make_proxy: Any,
-                                                                                     fake: Any) -> None:
-    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+def test_with_embeddings_off_the_paraphrase_finds_nothing_and_nothing_calls_embeddings(make_proxy: Any,
+                                                                                      fake: Any) -> None:
+    proxy = make_proxy(embeddings__model="off", memory__commit_timeout_ms=5000, extraction__from_roles=[])
     say(proxy, FACT, conversation="teach-1")
     raw = say(proxy, PARAPHRASE, conversation="fresh")
     assert raw.headers["x-memory-injected"] == "0"
@@ -126,7 +126,8 @@ def test_a_failing_embeddings_endpoint_leaves_chat_working_and_the_block_lexical
 
 
 def test_reindex_fills_every_missing_vector(make_proxy: Any, fake: Any, tmp_path: Path, capsys: Any) -> None:
-    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    # A store saved with embeddings off: no vector of any model yet.
+    proxy = make_proxy(embeddings__model="off", memory__commit_timeout_ms=5000, extraction__from_roles=[])
     say(proxy, FACT, conversation="teach-1")
     say(proxy, NOISE, conversation="teach-2")
     say(proxy, "Bob's words", user="bob", conversation="bob-1")
@@ -149,7 +150,7 @@ def test_reindex_fills_every_missing_vector(make_proxy: Any, fake: Any, tmp_path
 
 def test_reindex_with_a_failing_endpoint_says_so_and_what_it_saved(make_proxy: Any, fake: Any, tmp_path: Path,
                                                                   capsys: Any) -> None:
-    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    proxy = make_proxy(embeddings__model="off", memory__commit_timeout_ms=5000, extraction__from_roles=[])
     say(proxy, FACT, conversation="teach-1")
     proxy.stop()
     config = tmp_path / "reindex.yaml"
@@ -163,11 +164,27 @@ def test_reindex_with_a_failing_endpoint_says_so_and_what_it_saved(make_proxy: A
     assert vector_count(db_path(proxy)) == 0
 
 
-def test_reindex_without_a_model_says_so(tmp_path: Path, capsys: Any) -> None:
+def test_reindex_with_embeddings_off_says_so(tmp_path: Path, capsys: Any) -> None:
     config = tmp_path / "plain.yaml"
-    config.write_text(json.dumps({"store": {"url": f"sqlite:///{tmp_path}/m.db"}}))
+    config.write_text(json.dumps({"store": {"url": f"sqlite:///{tmp_path}/m.db"}, "embeddings": {"model": "off"}}))
     assert main(["reindex", "--config", str(config)]) == 2
-    assert "embeddings.model" in capsys.readouterr().err
+    assert "embeddings.model is off" in capsys.readouterr().err
+
+
+def test_reindex_with_the_default_fills_an_existing_stores_vectors_with_the_embedded_model(
+        make_proxy: Any, tmp_path: Path, capsys: Any) -> None:
+    proxy = make_proxy(embeddings__model="off", memory__commit_timeout_ms=5000, extraction__from_roles=[])
+    say(proxy, FACT, conversation="teach-1")
+    proxy.stop()
+    config = tmp_path / "plain.yaml"
+    config.write_text(json.dumps({"store": {"url": proxy.settings.store.url}}))
+    assert main(["reindex", "--config", str(config)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "local:wordllama-l2_supercat-256"
+    assert out["embedded"] == {"message": 2, "entity": 0, "reasoning": 0}
+    with closing(sqlite3.connect(db_path(proxy))) as db:
+        assert db.execute("SELECT DISTINCT model, dim FROM embeddings").fetchall() == [
+            ("local:wordllama-l2_supercat-256", 256)]
 
 
 def _injections(proxy: Any, user: str) -> list[dict[str, Any]]:
@@ -215,7 +232,7 @@ def test_vector_hits_keep_the_sources_filters(make_proxy: Any, fake: Any) -> Non
 
 @pytest.mark.parametrize(("key", "value"), [("embeddings.min_cosine", 1.5), ("embeddings.batch_size", 0),
                                             ("embeddings.vector_weight", -1), ("embeddings.query_timeout_ms", 0),
-                                            ("embeddings.base_url", "ftp://x"), ("embeddings.cache_ttl_s", "soon")])
+                                            ("embeddings.base_url", "ftp://x"), ("embeddings.model", " ")])
 def test_a_bad_embeddings_setting_is_named(key: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_settings(environ={}, overrides={key: value})

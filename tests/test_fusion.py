@@ -8,7 +8,7 @@ import random
 import pytest
 
 from proxy.memory.block import DEFAULT_HEADER, GRAPH_NOTE, estimate_tokens, render
-from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin, rrf, snippet
+from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin, snippet
 from proxy.models import Hit
 from proxy.terms import query_terms
 
@@ -21,53 +21,6 @@ LONG_MESSAGE = (
 
 def hit(source: str, id: str, content: str | None = None, **fields: object) -> Hit:
     return Hit(source, id, content if content is not None else f"{source} memory {id}", **fields)  # type: ignore[arg-type]
-
-
-# --- rrf ---------------------------------------------------------------------------------
-
-
-def test_rrf_lone_stream_keeps_its_order() -> None:
-    fused = rrf({"lexical": ["m3", "m1", "m2"], "vector": []})
-    assert [item for item, _, _ in fused] == ["m3", "m1", "m2"]
-    assert fused[0][1] == 1.0
-    assert [parts for _, _, parts in fused] == [{"lexical": 1}, {"lexical": 2}, {"lexical": 3}]
-
-
-def test_rrf_two_streams_with_agreement_bonus() -> None:
-    fused = rrf({"lexical": ["a", "b", "c"], "vector": ["c", "a", "d"]})
-    assert [(item, parts) for item, _, parts in fused] == [
-        ("a", {"lexical": 1, "vector": 2}),
-        ("c", {"lexical": 3, "vector": 1}),
-        ("b", {"lexical": 2}),
-        ("d", {"vector": 3}),
-    ]
-    scores = {item: score for item, score, _ in fused}
-    assert scores["a"] == pytest.approx(0.5 + 0.5 * 61 / 62 + 0.02)
-    assert scores["d"] == pytest.approx(0.5 * 61 / 63)
-
-
-def test_rrf_weights_shift_the_order() -> None:
-    streams = {"lexical": ["a", "b"], "vector": ["b", "a"]}
-    assert [item for item, _, _ in rrf(streams, weights={"vector": 3.0})] == ["b", "a"]
-    assert [item for item, _, _ in rrf(streams, weights={"lexical": 3.0})] == ["a", "b"]
-    assert [item for item, _, _ in rrf(streams, weights={"vector": 0.0})] == ["a", "b"]
-
-
-def test_rrf_ties_break_by_id_whatever_the_stream_order() -> None:
-    streams = {"x": ["b", "d"], "y": ["a", "c"], "z": []}
-    expected = ["a", "b", "c", "d"]
-    assert [item for item, _, _ in rrf(streams)] == expected
-    reversed_streams = dict(reversed(list(streams.items())))
-    assert rrf(reversed_streams) == rrf(streams)
-
-
-def test_rrf_counts_a_repeated_id_at_its_first_rank() -> None:
-    assert rrf({"lexical": ["a", "b", "a"]}) == rrf({"lexical": ["a", "b"]})
-
-
-def test_rrf_with_nothing() -> None:
-    assert rrf({}) == []
-    assert rrf({"lexical": [], "vector": []}) == []
 
 
 # --- round robin ---------------------------------------------------------------------------

@@ -82,7 +82,13 @@ def test_vectors_round_trip_per_user_and_replace_on_a_second_save(backend: Backe
             assert await store.save_embeddings(MODEL, [new(i, exact) for i in items]) == 4
             alice = await store.vectors(ALICE, "message", MODEL)
             assert len(alice) == 2 and all(v.vector == exact and v.group == "a1" for v in alice)
-            assert [v.item_id for v in alice] == sorted(i.item_id for i in items if i.scope.user == "alice")
+            # In the order they were saved (their seq), and from a seq on: what a cache lacks.
+            assert sorted(v.item_id for v in alice) == sorted(i.item_id for i in items if i.scope.user == "alice")
+            assert alice[0].seq < alice[1].seq
+            assert [v.item_id for v in await store.vectors(ALICE, "message", MODEL, after=alice[0].seq)] == [
+                alice[1].item_id]
+            marks = await store.vector_marks(ALICE, MODEL)
+            assert list(marks) == ["message"] and marks["message"].seq == max(v.seq for v in alice)
             assert {v.item_id for v in await store.vectors(BOB, "message", MODEL)} == {
                 i.item_id for i in items if i.scope.user == "bob"}
             assert await store.vectors(ALICE, "message", "other-model") == []

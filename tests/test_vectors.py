@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.memory.hybrid import VECTOR_REASON, fuse
+from proxy.memory.hybrid import VECTOR_REASON, Calibration, fuse
 from proxy.memory.sources import Found
-from proxy.memory.vectors import Matrix, RowFilter, VectorIndex, row_filter, unit
+from proxy.memory.vectors import Matrix, RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.models import Scope
+from proxy.settings import EmbeddingsSettings
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector
 from proxy.stores.sqlite.store import SQLiteStore
 
@@ -40,16 +41,16 @@ def q(*values: float) -> np.ndarray:
 def test_nearest_is_best_first_above_the_floor_and_ties_break_by_id() -> None:
     m = matrix(("c", "g1", None, (1, 0)), ("a", "g1", None, (2, 0)), ("b", "g2", None, (1, 1)),
                ("d", "g2", None, (0, 1)), ("e", "g2", None, (-1, 0)))
-    assert m.nearest(q(1, 0), RowFilter(), 0.5, 10) == [("a", 1.0), ("c", 1.0), ("b", 0.707107)]
-    assert m.nearest(q(1, 0), RowFilter(), 0.5, 1) == [("a", 1.0)]  # equal cosines: the smaller id
-    assert m.nearest(q(1, 0), RowFilter(), -1.0, 10)[-1] == ("e", -1.0)
-    assert m.nearest(q(1, 0, 0), RowFilter(), 0.0, 10) == []  # another model's length: nothing
-    assert m.nearest(q(1, 0), RowFilter(), 0.0, 0) == []
+    assert m.nearest(q(1, 0), RowFilter(), 0.5, 10)[0] == [("a", 1.0), ("c", 1.0), ("b", 0.707107)]
+    assert m.nearest(q(1, 0), RowFilter(), 0.5, 1)[0] == [("a", 1.0)]  # equal cosines: the smaller id
+    assert m.nearest(q(1, 0), RowFilter(), -1.0, 10)[0][-1] == ("e", -1.0)
+    assert m.nearest(q(1, 0, 0), RowFilter(), 0.0, 10)[0] == []  # another model's length: nothing
+    assert m.nearest(q(1, 0), RowFilter(), 0.0, 0)[0] == []
 
 
 def test_filters_keep_a_sources_rows() -> None:
     m = matrix(("a", "g1", None, (1, 0)), ("b", "g2", "coder", (1, 0)), ("c", "g3", None, (1, 0)))
-    ids = lambda where: [i for i, _ in m.nearest(q(1, 0), where, 0.0, 10)]
+    ids = lambda where: [i for i, _ in m.nearest(q(1, 0), where, 0.0, 10)[0]]
     assert ids(RowFilter(conversation="g2")) == ["b"]
     assert ids(RowFilter(exclude="g2")) == ["a", "c"]
     assert ids(RowFilter(exclude="g1", within=frozenset({"g1", "g3"}))) == ["c"]
@@ -65,10 +66,10 @@ def test_build_skips_zero_vectors_and_other_lengths_and_add_replaces() -> None:
     assert m.ids == ["a", "b"]
     m.add([("a", None, None, q(0, 1)), ("c", None, None, q(1, 0)), ("w", None, None, q(1, 0, 0))])
     assert m.ids == ["a", "b", "c"]
-    assert m.nearest(q(0, 1), RowFilter(), 0.9, 10) == [("a", 1.0), ("b", 1.0)]
+    assert m.nearest(q(0, 1), RowFilter(), 0.9, 10)[0] == [("a", 1.0), ("b", 1.0)]
     empty = Matrix.build([])
     empty.add([("n", "g", None, q(3, 4))])
-    assert empty.nearest(q(3, 4), RowFilter(), 0.9, 10) == [("n", 1.0)]
+    assert empty.nearest(q(3, 4), RowFilter(), 0.9, 10)[0] == [("n", 1.0)]
 
 
 # --- fuse -----------------------------------------------------------------------------
@@ -90,58 +91,74 @@ def test_rows_added_batch_after_batch_land_in_order_and_an_earlier_view_stays_wh
     assert matrix.vectors.shape == (203, 8) and len(matrix.ids) == 203
     assert np.array_equal(matrix.vectors, np.vstack([first, np.stack(added)]))
     target = added[117]
-    assert matrix.nearest(target, RowFilter(), -1.0, 1) == [(matrix.ids[3 + 117], pytest.approx(1.0, abs=1e-5))]
+    assert matrix.nearest(target, RowFilter(), -1.0, 1)[0] == [(matrix.ids[3 + 117], pytest.approx(1.0, abs=1e-5))]
 
 
-def test_fuse_ranks_by_weighted_rrf_with_a_bonus_for_both_and_each_text_once() -> None:
-    lexical = [Found("l1", 9.0, parts={"bm25": 9.0}), Found("both", 5.0, parts={"bm25": 5.0})]
-    near = [("both", 0.8), ("v1", 0.7), ("twin", 0.6)]
-    text = {"l1": "one", "both": "two", "v1": "three", "twin": "ONE "}.__getitem__
-    fused = fuse(lexical, near, {"lexical": 1.0, "vector": 1.0}, key=lambda i: i, text=text)
-    assert [f.item for f in fused] == ["both", "l1", "v1"]  # twin says l1's words: dropped
-    assert fused[0].parts["cosine"] == 0.8 and fused[0].parts["bm25"] == 5.0
-    assert fused[2].reason == VECTOR_REASON and fused[2].parts == {"cosine": 0.7, "rrf": fused[2].parts["rrf"]}
-    vector_led = fuse(lexical, near, {"lexical": 1.0, "vector": 3.0}, key=lambda i: i, text=text)
-    assert [f.item for f in vector_led] == ["both", "v1", "twin"]  # twin now before l1, whose words it says
-    alone = fuse([], near, {"lexical": 1.0, "vector": 1.0}, key=lambda i: i, text=text)
-    assert [f.item for f in alone] == ["both", "v1", "twin"] and alone[0].parts["rrf"] == 1.0
+def test_fuse_orders_by_normalised_bm25_plus_weighted_closeness_and_admits_only_close_vector_hits() -> None:
+    lexical = [Found("l1", 9.0, parts={"bm25": 9.0}), Found("both", 8.0, parts={"bm25": 8.0})]
+    cosines = {"both": 0.5, "v1": 0.45, "twin": 0.44, "far": 0.16, "l1": 0.1}
+    alone = [("v1", 0.45), ("twin", 0.44), ("far", 0.16)]
+    text = {"l1": "one", "both": "two", "v1": "three", "far": "four", "twin": "ONE "}.__getitem__
+    settings = EmbeddingsSettings(vector_weight=0.3, min_cosine=0.1)
+    # z: both 4.0, v1 3.5, twin 3.4, far 0.6, l1 0.0
+    calibration = Calibration(Spread(mean=0.1, std=0.1, rows=100), best=0.5, min_cosine=0.1)
+    fused = fuse(lexical, cosines, alone, calibration, settings, key=lambda i: i, text=text)
+    # both: 8/9 + 0.3 x 1.0 = 1.19 above l1's 1.0; v1 close (z >= MIN_Z): 0.3 x 3.5/4; far stays out;
+    # twin says l1's words: dropped.
+    assert [f.item for f in fused] == ["both", "l1", "v1"]
+    assert fused[0].parts["cosine"] == 0.5 and fused[0].parts["z"] == 4.0 and fused[0].parts["bm25"] == 8.0
+    # v1 stands 3.5 deviations out: below FULL_Z it only fills what the lexical hits leave.
+    assert fused[2].reason == VECTOR_REASON and fused[2].parts == {"cosine": 0.45, "z": 3.5, "filler": True,
+                                                                    "fused": round(0.3 * 3.5 / 4.0, 6)}
+    assert "cosine" not in fused[1].parts
+    # Nothing close: no vector-only hit, the lexical order stands.
+    flat = fuse(lexical, {"v1": 0.12}, [("v1", 0.12)], calibration, settings, key=lambda i: i, text=text)
+    assert [f.item for f in flat] == ["l1", "both"]
+    # A new user (too few rows for a spread): a vector hit is close at a cosine of 0.3.
+    few = Calibration(Spread(0.1, 0.1, rows=10), best=0.35, min_cosine=0.1)
+    alone_few = [("v1", 0.35), ("far", 0.2)]
+    found_few = fuse([], dict(alone_few), alone_few, few, settings, key=lambda i: i, text=text)
+    assert [f.item for f in found_few] == ["v1"]
+    assert found_few[0].parts == {"cosine": 0.35, "fused": 0.0, "filler": True}  # it only fills a free slot
 
 
 # --- VectorIndex over a real SQLite store ----------------------------------------------
 
 
-def test_index_loads_once_takes_this_process_vectors_and_reloads_after_its_ttl(tmp_path: Path) -> None:
+def test_the_cache_sees_every_vector_another_process_committed_before_the_search(tmp_path: Path) -> None:
     async def body() -> None:
         store = SQLiteStore(str(tmp_path / "m.db"))
+        other = SQLiteStore(str(tmp_path / "m.db"))  # another process's store on the same file
         await store.open()
+        await other.open()
         try:
             alice = Scope("alice")
             for n in range(3):
                 await store.apply([StartTurn(alice, f"t{n}", f"c{n}", f"h{n}", T0, f"words {n}"),
                                    FinishTurn(alice, f"t{n}", f"c{n}", f"answer {n}", T0 + timedelta(seconds=1))])
-            items = await store.unembedded("m", "message")
-            first, second, third = items[0], items[1], items[2]
+            first, second, third = (await store.unembedded("m", "message"))[:3]
             await store.save_embeddings("m", [NewEmbedding("alice", "message", first.item_id, first.text, vec(1, 0))])
-            index = VectorIndex(store, "m", ttl_s=0.2)
+            index = VectorIndex(store, "m")
             where = RowFilter()
-            assert await index.nearest(alice, "message", q(1, 0), where, floor=0.5, limit=5) == [(first.item_id, 1.0)]
-            # Saved here: in the loaded matrix at once.
-            await store.save_embeddings("m", [NewEmbedding("alice", "message", second.item_id, second.text,
+
+            async def search() -> list[tuple[str, float]]:
+                marks = await index.marks(alice)
+                return (await index.nearest(alice, "message", q(1, 0), where, mark=marks.get("message"),
+                                            floor=0.5, limit=5))[0]
+
+            assert await search() == [(first.item_id, 1.0)]
+            await other.save_embeddings("m", [NewEmbedding("alice", "message", second.item_id, second.text,
                                                            vec(1, 0))])
-            index.add([second], [vec(1, 0)])
-            assert len(await index.nearest(alice, "message", q(1, 0), where, floor=0.5, limit=5)) == 2
-            # Saved elsewhere (another replica, reindex): seen once the matrix is older than its ttl.
-            await store.save_embeddings("m", [NewEmbedding("alice", "message", third.item_id, third.text,
-                                                           vec(1, 0))])
-            assert len(await index.nearest(alice, "message", q(1, 0), where, floor=0.5, limit=5)) == 2
-            await asyncio.sleep(0.25)
-            await index.nearest(alice, "message", q(1, 0), where, floor=0.5, limit=5)  # starts the reload
-            await asyncio.sleep(0.05)
-            assert len(await index.nearest(alice, "message", q(1, 0), where, floor=0.5, limit=5)) == 3
-            assert await index.nearest(Scope("bob"), "message", q(1, 0), where, floor=0.5, limit=5) == []
+            assert len(await search()) == 2  # at once: no time to live
+            # Each search reads only the rows saved after those it holds.
+            await other.save_embeddings("m", [NewEmbedding("alice", "message", third.item_id, third.text, vec(1, 0))])
+            assert len(await search()) == 3
+            assert (await index.nearest(Scope("bob"), "message", q(1, 0), where, mark=None, floor=0.5,
+                                        limit=5))[0] == []
             index.forget("alice")
             assert ("alice", "message") not in index._entries
         finally:
+            await other.close()
             await store.close()
 
     asyncio.run(body())
@@ -160,19 +177,19 @@ def test_the_cached_matrices_stay_within_their_memory_bound(tmp_path: Path) -> N
                     NewEmbedding(user.user, "message", item.item_id, item.text, vec(*([1.0] * 100)))
                     for item in await store.unembedded("m", "message") if item.scope.user == user.user])
             one_matrix = 10 * 100 * 4
-            index = VectorIndex(store, "m", ttl_s=60, max_bytes=2 * one_matrix + 100)
+            index = VectorIndex(store, "m", max_bytes=2 * one_matrix + 100)
             query, where = q(*([1.0] * 100)), RowFilter()
             for user in users[:2]:
-                assert len(await index.nearest(user, "message", query, where, floor=0.5, limit=20)) == 10
+                assert len((await index.nearest(user, "message", query, where, mark=(await index.marks(user))["message"], floor=0.5, limit=20))[0]) == 10
             assert list(index._entries) == [("ann", "message"), ("ben", "message")]
-            await index.nearest(users[0], "message", query, where, floor=0.5, limit=20)  # ann used last
-            assert len(await index.nearest(users[2], "message", query, where, floor=0.5, limit=20)) == 10
+            (await index.nearest(users[0], "message", query, where, mark=(await index.marks(users[0]))["message"], floor=0.5, limit=20))[0]  # ann used last
+            assert len((await index.nearest(users[2], "message", query, where, mark=(await index.marks(users[2]))["message"], floor=0.5, limit=20))[0]) == 10
             assert list(index._entries) == [("ann", "message"), ("cid", "message")]  # ben, least recent, left
             # One matrix past the bound on its own stays: the request using it needs it.
             index.max_bytes = one_matrix // 2
-            index.add([], [])
+            index._trim()
             assert list(index._entries) == [("cid", "message")]
-            assert len(await index.nearest(users[1], "message", query, where, floor=0.5, limit=20)) == 10
+            assert len((await index.nearest(users[1], "message", query, where, mark=(await index.marks(users[1]))["message"], floor=0.5, limit=20))[0]) == 10
             assert list(index._entries) == [("ben", "message")]
         finally:
             await store.close()

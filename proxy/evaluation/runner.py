@@ -20,9 +20,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from proxy.embedding_calls import vector_parts
 from proxy.evaluation.locomo import Sample, Session, turn_text
 from proxy.evaluation.scoring import Answer, Summary
+from proxy.memory.embeddings import EmbeddingFailed
 from proxy.memory.extraction_worker import ExtractionWorker
+from proxy.memory.hybrid import Vectors
 from proxy.memory.fusion import HARD_CAP
 from proxy.memory.pipeline import Query
 from proxy.memory.redact import redact
@@ -33,6 +36,7 @@ from proxy.models import Scope
 from proxy.settings import Settings
 from proxy.stores.base import SetTurnStatus, StartTurn, Store, text_hash
 from proxy.stores.sqlite.store import SQLiteStore
+from proxy.upstream import Upstream
 
 MESSAGE_SOURCES = frozenset({"conversation", "cross-session"})
 FACT_SOURCES = frozenset({"long-term", "graph"})
@@ -177,14 +181,34 @@ async def run(samples: list[Sample], settings: Settings, k: int, progress: Progr
     summary = Summary(k)
     total = sum(len(s.questions) for s in samples)
     done = 0
-    with tempfile.TemporaryDirectory(prefix="memproxy-eval-", dir=workdir) as tmp:
-        for sample in samples:
-            store = SQLiteStore(str(Path(tmp) / f"{sample.sample_id}.db"))
-            await store.open()
-            try:
-                memory = await ingest(store, settings, sample, summary)
-                retrieval = Retrieval(store, settings.memory, Metrics())
-                done = await ask(retrieval, memory, sample, k, summary, progress, done, total)
-            finally:
-                await store.close()
+    upstream = Upstream(settings.upstream)  # for a provider's embeddings model only
+    try:
+        with tempfile.TemporaryDirectory(prefix="memproxy-eval-", dir=workdir) as tmp:
+            for sample in samples:
+                store = SQLiteStore(str(Path(tmp) / f"{sample.sample_id}.db"))
+                await store.open()
+                try:
+                    memory = await ingest(store, settings, sample, summary)
+                    vectors = await embed_all(store, settings, upstream, summary)
+                    retrieval = Retrieval(store, settings.memory, Metrics(), vectors)
+                    done = await ask(retrieval, memory, sample, k, summary, progress, done, total)
+                finally:
+                    await store.close()
+    finally:
+        await upstream.aclose()
     return summary
+
+
+async def embed_all(store: Store, settings: Settings, upstream: Upstream, summary: Summary) -> Vectors | None:
+    """Every item's vector for the configured embeddings model (counted as ingest), and vector search;
+    None when embeddings are off."""
+    parts = vector_parts(settings, upstream, store, Metrics())
+    if parts is None:
+        return None
+    started = time.perf_counter()
+    try:
+        await parts[1].filler.fill_all()
+    except EmbeddingFailed as exc:
+        raise BenchmarkError(f"the embeddings model failed: {exc}") from None
+    summary.ingest_s += time.perf_counter() - started
+    return parts[0]

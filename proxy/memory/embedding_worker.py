@@ -1,8 +1,16 @@
-"""Filling in vectors: in the background after saving, and on `memproxy reindex`.
+"""Filling in vectors: with each write, in the background, and on `memproxy reindex`.
 
-Nothing waits for a vector: a message is saved and answered first, and this task later
-finds the items (messages, entities, reasoning traces) that have no vector for the
-configured model, embeds them in batches and saves them through the store. An item
+With the embedded model (in-process, tens of microseconds a text) the writer calls
+`after_commit` after each committed batch and before telling anyone it is committed, so a
+new message, fact or entity has its vector by the time the next request, on any process,
+looks: the items of that commit are embedded and saved right behind it (a page at most
+per kind; more waits for the background). That runs once the background task has caught
+up with the store, so a large history being filled in never holds up a write.
+
+With a provider's model nothing waits for a vector: a message is saved and answered
+first, and the background task later finds the items (messages, entities, reasoning
+traces) that have no vector for the configured model, embeds them in batches and saves
+them through the store. An item
 edited meanwhile keeps no stale vector (the store checks its text on save). A failing
 endpoint backs off; a batch the endpoint rejects outright (a 400 for its texts) is
 skipped until the next full pass.
@@ -17,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.memory.embeddings import Embed, EmbeddingFailed
@@ -28,13 +35,9 @@ from proxy.stores.base import (
     EmbeddingQueue,
     NewEmbedding,
     StoreError,
-    Unembedded,
 )
 
 log = logging.getLogger("memproxy.embeddings")
-
-# Told of every batch of vectors saved (the in-process vector cache).
-OnSaved = Callable[[Sequence[Unembedded], Sequence[bytes]], None]
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,12 @@ class FillCounts:
 class Filler:
     """Embeds one page of one kind's unembedded items and saves the vectors."""
 
-    def __init__(self, store: EmbeddingQueue, embed: Embed, model: str, *, batch: int, timeout_s: float,
-                 on_saved: OnSaved | None = None) -> None:
+    def __init__(self, store: EmbeddingQueue, embed: Embed, model: str, *, batch: int, timeout_s: float) -> None:
         self.store = store
         self.embed = embed
         self.model = model
         self.batch = batch
         self.timeout_s = timeout_s
-        self.on_saved = on_saved
 
     async def page(self, kind: EmbeddingKind, after: int, counts: FillCounts, *, user: str | None = None
                    ) -> tuple[int, bool]:
@@ -90,8 +91,6 @@ class Filler:
             for item, vector in zip(items, vectors)])
         counts.saved[kind] += saved
         counts.skipped[kind] += len(items) - saved
-        if self.on_saved is not None:
-            self.on_saved(items, vectors)
         return items[-1].seq, len(items) < self.batch
 
     async def fill_all(self, *, user: str | None = None, counts: FillCounts | None = None) -> FillCounts:
@@ -109,12 +108,25 @@ class Filler:
 class EmbeddingWorker:
     """Owns the background task that keeps every item's vector filled in."""
 
-    def __init__(self, filler: Filler, metrics: Metrics, limits: FillLimits = FillLimits()) -> None:
+    def __init__(self, filler: Filler, metrics: Metrics, limits: FillLimits = FillLimits(), *,
+                 with_writes: bool = False) -> None:
         self.filler = filler
         self.metrics = metrics
         self.limits = limits
+        self.with_writes = with_writes  # the writer waits for the vectors of each commit (in-process model)
         self._task: asyncio.Task[None] | None = None
         self._cursors: dict[EmbeddingKind, int] = dict.fromkeys(EMBEDDING_KINDS, 0)
+        self._filling = asyncio.Lock()  # one page at a time: the writer's and the background's share cursors
+        self._caught_up = False
+
+    async def after_commit(self) -> None:
+        """The vectors of what the writer just committed (see the module doc); never raises."""
+        if not self._caught_up:
+            return
+        try:
+            await self.fill_once()
+        except Exception as exc:  # memory never fails a write: the background task tries again
+            log.warning("embeddings: the vectors of a commit were left to the background (%s)", exc)
 
     def start(self) -> None:
         """Begin filling (inside the running loop)."""
@@ -134,6 +146,7 @@ class EmbeddingWorker:
         while True:
             try:
                 busy = await self.fill_once()
+                self._caught_up = not busy
                 backoff = self.limits.retry_first_s
                 pause = 0.0 if busy else self.limits.idle_poll_s
             except (EmbeddingFailed, StoreError) as exc:
@@ -151,9 +164,19 @@ class EmbeddingWorker:
 
     async def fill_once(self) -> bool:
         """One page of each kind not yet caught up; True when any kind may have more."""
+        async with self._filling:
+            return await self._page_each_kind()
+
+    async def _page_each_kind(self) -> bool:
         counts = FillCounts()
         more = False
+        # Read before the pages: a kind found with nothing to embed past its cursor moves the
+        # cursor up to here, so the next look (after every commit, with the embedded model)
+        # reads only what is newer instead of walking the whole table again.
+        newest = await self.filler.store.newest_seqs()
         for kind in EMBEDDING_KINDS:
+            # Newest items deleted: SQLite gives their seqs to the next ones, so look from there.
+            self._cursors[kind] = min(self._cursors[kind], newest[kind])
             rejected, saved = counts.rejected[kind], counts.saved[kind]
             after, done = await self.filler.page(kind, self._cursors[kind], counts)
             # Counted page by page: a page saved is counted even when a later kind's fails
@@ -162,6 +185,6 @@ class EmbeddingWorker:
             if after != self._cursors[kind]:  # a call was made: answered, or its texts refused
                 outcome = "skipped" if counts.rejected[kind] > rejected else "ok"
                 self.metrics.embedding_calls.labels("background", outcome).inc()
-            self._cursors[kind] = after
+            self._cursors[kind] = max(after, newest[kind]) if done else after
             more = more or not done
         return more

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 # texts, timeout in seconds -> one float32 little-endian vector per text, in order
 Embed = Callable[[Sequence[str], float], Awaitable[list[bytes]]]
+
+
+class Embedder(Protocol):
+    """An Embed with its model's name; `in_process` when a call costs no network round trip."""
+
+    model: str
+    in_process: bool
+
+    async def __call__(self, texts: Sequence[str], timeout_s: float, /) -> list[bytes]: ...
 
 
 class EmbeddingFailed(Exception):

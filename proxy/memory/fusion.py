@@ -1,7 +1,7 @@
-"""Combining ranked candidates: rank fusion within a source, the merge across sources, the budget.
+"""Combining ranked candidates: the merge across sources, the budget.
 
-Streams of one source are fused by weighted reciprocal rank; sources take turns in
-the merge; the rendered block, header and graph note included, fits `memory.max_tokens`.
+Sources take turns in the merge (a source's lexical and vector streams are fused in
+memory/hybrid.py); the rendered block, header and graph note included, fits `memory.max_tokens`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ from proxy.memory.block import (
 from proxy.models import Hit
 from proxy.terms import CACHED_TOKEN_CHARS, terms
 
-RRF_K = 60
-# Below the gap between ranks 1 and 3 of a lone stream (1 - 61/63 = 0.032), so finding a
-# candidate in two streams breaks near-ties instead of overruling rank.
-AGREEMENT_BONUS = 0.02
 HARD_CAP = 12  # max_memories is capped at 12 whatever is configured: a block stays short
 PER_HIT_SHARE = 3  # no single memory may take more than a third of the budget
 MIN_SNIPPET_CHARS = 40  # a shorter piece of a memory says nothing useful
@@ -41,34 +37,6 @@ _HEADS = {"conversation": DATE_END, "cross-session": DATE_END, "long-term": NAME
 _HEAD_MAX_CHARS = 80
 
 _WORD = re.compile(r"\S+")
-
-
-def rrf(
-    streams: Mapping[str, Sequence[str]],
-    weights: Mapping[str, float] | None = None,
-    k: int = RRF_K,
-    agreement_bonus: float = AGREEMENT_BONUS,
-) -> list[tuple[str, float, dict[str, int]]]:
-    """Weighted reciprocal rank fusion: (id, score, {stream: rank}) best first."""
-    weights = weights or {}
-    active = {
-        name: ids for name, ids in sorted(streams.items()) if ids and weights.get(name, 1.0) > 0
-    }
-    total = sum(weights.get(name, 1.0) for name in active)
-    scores: dict[str, float] = {}
-    parts: dict[str, dict[str, int]] = {}
-    for name, ids in active.items():
-        # Normalised so the top of a lone stream scores 1.0 and its order is kept as is.
-        share = weights.get(name, 1.0) / total * (k + 1)
-        for rank, item in enumerate(dict.fromkeys(ids), start=1):
-            scores[item] = scores.get(item, 0.0) + share / (k + rank)
-            parts.setdefault(item, {})[name] = rank
-    for item, found in parts.items():
-        if len(found) > 1:
-            scores[item] += agreement_bonus
-    # Rounded so sums that differ only in float noise still tie and fall back to the id.
-    fused = [(item, scores[item], parts[item]) for item in scores]
-    return sorted(fused, key=lambda row: (-round(row[1], 9), row[0]))
 
 
 def round_robin(

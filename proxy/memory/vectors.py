@@ -1,19 +1,22 @@
 """Cosine search over a user's vectors, from an in-process cache of one matrix per (user, kind).
 
-A request never reads a user's vectors from the database: the first search of a (user,
-kind) loads them once, in a task of its own that a request's deadline does not cancel (a
-request that cannot wait goes on with the lexical stream alone). After that:
-- vectors this process saves are added to the loaded matrices at once (`add`);
-- a matrix older than `embeddings.cache_ttl_s` keeps serving while it is reloaded in the
-  background: that is how vectors another replica (or `memproxy reindex`) saved get in.
-  Between reloads a replica may miss another's newest vectors; never the reverse:
-- an item deleted or edited since (its vector dropped by the store's triggers) is never
-  returned, because the candidates are read back from the store, which checks that each
-  still holds a vector for the model (Store.embedded_items), before anything uses them.
-The matrix is the model's vectors scaled to unit length, so a cosine is one dot product;
-it costs rows x dimensions x 4 bytes (10,000 vectors of 1,536 floats: 61 MB), and at most
-MAX_MATRICES taking at most `embeddings.cache_max_mb` together are kept, the least recently
-used dropped first (the one in use stays, even alone past the bound).
+Several processes share one store, so a cached matrix is never trusted on its own: each
+request reads the store's mark of the user's newest vector of each kind (one index probe
+per kind, Store.vector_marks) alongside embedding its query, and a matrix behind that mark
+reads just the rows saved after it (all of them again when a row was replaced in place).
+A search therefore sees every vector committed before its request began, by any process.
+The first load of a (user, kind) runs in a task of its own that a request's deadline does
+not cancel (a request that cannot wait goes on with the lexical stream alone).
+
+An item deleted or edited since (its vector dropped by the store's triggers) is never
+returned, because the candidates are read back from the store, which checks that each
+still holds a vector for the model (Store.embedded_items), before anything uses them.
+The matrix is the model's vectors scaled to unit length, so a cosine is one dot product.
+It is float32: numpy has no fast float16 or int8 product (at 100,000 rows of 256, float16
+took 104 ms and int8 27 ms against float32's 16 ms), so it costs rows x dimensions x 4
+bytes (the embedded model: 1 KB an item, 10 MB for 10,000 items, 100 MB for 100,000). At
+most MAX_MATRICES taking at most `embeddings.cache_max_mb` together are kept, the least
+recently used dropped first (the one in use stays, even alone past the bound).
 """
 
 from __future__ import annotations
@@ -27,14 +30,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxy.models import Scope
-from proxy.stores.base import EmbeddingKind, RecallReads, StoredVector, Unembedded
+from proxy.stores.base import EmbeddingKind, RecallReads, StoredVector, VectorMark
 
 log = logging.getLogger("memproxy.vectors")
 
 MAX_MATRICES = 256
 # Past this many matrix cells a product runs in a thread, not on the event loop, so other streams keep flowing.
-INLINE_CELLS = 1_000_000
+# 4M cells (16 MB of float32, about 1 ms): 10,000 items of the embedded model's 256 stay
+# inline, where a thread's hop cost more than the product.
+INLINE_CELLS = 4_000_000
 COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder equals
+# Below this many rows a query's spread of cosines says too little for a z-score (a few
+# near rows among ten move the mean and the deviation as much as they stand out).
+MIN_SPREAD_ROWS = 50
 
 
 def unit(vector: bytes | np.ndarray) -> np.ndarray | None:
@@ -61,6 +69,47 @@ def row_filter(scope: Scope, kind: EmbeddingKind, **conversations: object) -> Ro
     return RowFilter(agent=scope.agent, by_agent=by_agent, **conversations)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How one query's cosines spread over a source's rows: a static model's cosines are
+    small and bunched, so a hit is judged by how far it stands above this query's own."""
+
+    mean: float = 0.0
+    std: float = 0.0
+    rows: int = 0
+
+    @property
+    def telling(self) -> bool:
+        """Enough rows for a z-score to mean something."""
+        return self.rows >= MIN_SPREAD_ROWS and self.std > 0
+
+    def z(self, cosine: float) -> float:
+        """Standard deviations above the query's mean cosine (0 when not `telling`)."""
+        return (cosine - self.mean) / self.std if self.telling else 0.0
+
+
+class _Codes:
+    """Small integer codes of a column's values (conversations, agents), grown as rows are
+    added: a filter is then one vectorised comparison, not a Python loop over every row."""
+
+    def __init__(self) -> None:
+        self._of: dict[str | None, int] = {}
+        self._array = np.zeros(0, dtype=np.int32)
+
+    def up_to(self, values: Sequence[str | None], n: int) -> np.ndarray:
+        """The codes of the first `n` values."""
+        have = self._array.size
+        if have < n:
+            added = np.fromiter((self._of.setdefault(v, len(self._of)) for v in values[have:n]), dtype=np.int32,
+                                count=n - have)
+            self._array = np.concatenate([self._array, added])
+        return self._array[:n]
+
+    def code(self, value: str | None) -> int:
+        """The value's code; -1 (no row's) for a value no row holds."""
+        return self._of.get(value, -1)
+
+
 @dataclass
 class Matrix:
     """One (user, kind)'s unit vectors, with the conversation and agent of each row."""
@@ -74,6 +123,8 @@ class Matrix:
     # whole matrix only when the room runs out (then doubled). Copying it at every batch took
     # the event loop 34 ms at 50,000 rows of 1,536 floats.
     _room: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32), repr=False)
+    _group_codes: _Codes = field(default_factory=lambda: _Codes(), repr=False)
+    _agent_codes: _Codes = field(default_factory=lambda: _Codes(), repr=False)
 
     def __post_init__(self) -> None:
         self.rows = {item_id: n for n, item_id in enumerate(self.ids)}
@@ -131,115 +182,111 @@ class Matrix:
     def mask(self, where: RowFilter, n: int) -> np.ndarray:
         """True for the first `n` rows that `where` lets a source see."""
         keep = np.ones(n, dtype=bool)
-        if where.conversation is not None:
-            keep &= np.fromiter((g == where.conversation for g in self.groups), dtype=bool, count=n)
-        if where.exclude is not None:
-            keep &= np.fromiter((g != where.exclude for g in self.groups), dtype=bool, count=n)
-        if where.within is not None:
-            keep &= np.fromiter((g in where.within for g in self.groups), dtype=bool, count=n)
+        if where.conversation is not None or where.exclude is not None or where.within is not None:
+            groups = self._group_codes.up_to(self.groups, n)
+            if where.conversation is not None:
+                keep &= groups == self._group_codes.code(where.conversation)
+            if where.exclude is not None:
+                keep &= groups != self._group_codes.code(where.exclude)
+            if where.within is not None:
+                keep &= np.isin(groups, [self._group_codes.code(g) for g in where.within])
         if where.by_agent:
-            keep &= np.fromiter((a == where.agent for a in self.agents), dtype=bool, count=n)
+            keep &= self._agent_codes.up_to(self.agents, n) == self._agent_codes.code(where.agent)
         return keep
 
-    def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int) -> list[tuple[str, float]]:
-        """Up to `limit` (item id, cosine) at or above `floor`, best first, ties by id."""
+    def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int
+                ) -> tuple[list[tuple[str, float]], Spread]:
+        """Up to `limit` (item id, cosine) at or above `floor`, best first, ties by id; and the
+        spread of the query's cosines over every row `where` lets the source see."""
         vectors = self.vectors
         if not vectors.shape[0] or query.shape[0] != vectors.shape[1] or limit <= 0:
-            return []
+            return [], Spread()
         scores = np.round(vectors @ query, COSINE_DIGITS)
-        candidates = np.flatnonzero((scores >= floor) & self.mask(where, vectors.shape[0]))
+        visible = self.mask(where, vectors.shape[0])
+        seen = scores[visible]
+        spread = Spread(float(seen.mean()), float(seen.std()), int(seen.size)) if seen.size else Spread()
+        candidates = np.flatnonzero((scores >= floor) & visible)
         if candidates.size > limit:
             kth = np.partition(scores[candidates], -limit)[-limit]
             candidates = candidates[scores[candidates] >= kth]  # ties at the cut all stay, then by id
         ranked = sorted(((round(float(scores[n]), COSINE_DIGITS), self.ids[n]) for n in candidates),
                         key=lambda r: (-r[0], r[1]))
-        return [(item_id, score) for score, item_id in ranked[:limit]]
+        return [(item_id, score) for score, item_id in ranked[:limit]], spread
 
 
 @dataclass
 class _Entry:
     matrix: Matrix
-    loaded_at: float
-    reload: asyncio.Task[Matrix] | None = None
-    carried: list[tuple[str, str | None, str | None, np.ndarray]] = field(default_factory=list)
+    mark: VectorMark
 
 
 class VectorIndex:
-    """The cached matrices of one model, loaded from the store and kept current (see the module doc)."""
+    """The cached matrices of one model, each checked against the store's mark per search (see the module doc)."""
 
-    def __init__(self, store: RecallReads, model: str, ttl_s: float, *, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, store: RecallReads, model: str, *, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.store = store
         self.model = model
-        self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._loads: dict[tuple[str, str], asyncio.Task[Matrix]] = {}
 
+    async def marks(self, scope: Scope) -> dict[EmbeddingKind, VectorMark]:
+        """The store's newest vector of each kind for the user: read once per request."""
+        return await self.store.vector_marks(Scope(scope.user), self.model)
+
     async def nearest(self, scope: Scope, kind: EmbeddingKind, query: np.ndarray, where: RowFilter, *,
-                      floor: float, limit: int) -> list[tuple[str, float]]:
-        """The user's nearest items of `kind` to the (unit) query vector; waits for a first load."""
-        matrix = await self._matrix(scope, kind)
+                      mark: VectorMark | None, floor: float, limit: int) -> tuple[list[tuple[str, float]], Spread]:
+        """The user's nearest items of `kind` to the (unit) query vector, and how the query's cosines spread.
+
+        `mark` is the store's newest vector of the kind, read during this request: the matrix
+        searched holds every vector up to it."""
+        if mark is None:
+            return [], Spread()
+        matrix = await self._matrix(scope, kind, mark)
         if matrix.vectors.size > INLINE_CELLS:
             return await asyncio.to_thread(matrix.nearest, query, where, floor, limit)
         return matrix.nearest(query, where, floor, limit)
 
-    def add(self, items: Sequence[Unembedded], vectors: Sequence[bytes]) -> None:
-        """Vectors just saved: into every loaded matrix of their users (and any reload in flight)."""
-        rows: dict[tuple[str, str], list[tuple[str, str | None, str | None, np.ndarray]]] = {}
-        for item, vector in zip(items, vectors):
-            v = unit(vector)
-            if v is not None and (item.scope.user, item.kind) in self._entries:
-                rows.setdefault((item.scope.user, item.kind), []).append((item.item_id, item.group, item.scope.agent, v))
-        for key, batch in rows.items():
-            entry = self._entries[key]
-            entry.matrix.add(batch)
-            if entry.reload is not None:
-                entry.carried.extend(batch)
-        self._trim()
-
-    async def _matrix(self, scope: Scope, kind: EmbeddingKind) -> Matrix:
+    async def _matrix(self, scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix:
         key = (scope.user, kind)
-        entry = self._entries.get(key)
         loop = asyncio.get_running_loop()
-        if entry is None:
+        while True:
+            entry = self._entries.get(key)
+            if entry is not None and entry.mark == mark:
+                self._entries.move_to_end(key)
+                return entry.matrix
+            if entry is not None and mark.seq < entry.mark.seq:
+                return entry.matrix  # this request's mark predates the cache: it already holds more
             load = self._loads.get(key)
             if load is None:
-                load = self._loads[key] = loop.create_task(self._load(scope, kind), name="memproxy-vectors-load")
+                load = self._loads[key] = loop.create_task(self._load(key, scope, kind, mark),
+                                                           name="memproxy-vectors-load")
                 load.add_done_callback(lambda task: self._loaded(key, task))
             # Shielded: a request that stops waiting leaves the load to finish for the next one.
-            return await asyncio.shield(load)
-        self._entries.move_to_end(key)
-        if entry.reload is None and loop.time() - entry.loaded_at >= self.ttl_s:
-            entry.reload = loop.create_task(self._load(scope, kind), name="memproxy-vectors-reload")
-            entry.reload.add_done_callback(lambda task: self._reloaded(key, entry, task))
-        return entry.matrix
-
-    async def _load(self, scope: Scope, kind: EmbeddingKind) -> Matrix:
-        stored = await self.store.vectors(Scope(scope.user), kind, self.model)
-        if len(stored) > 1000:
-            return await asyncio.to_thread(Matrix.build, stored)
-        return Matrix.build(stored)
+            await asyncio.shield(load)
 
     def _loaded(self, key: tuple[str, str], task: asyncio.Task[Matrix]) -> None:
         self._loads.pop(key, None)
-        if not task.cancelled() and task.exception() is None:
-            self._keep(key, _Entry(task.result(), asyncio.get_running_loop().time()))
+        if not task.cancelled():
+            task.exception()  # retrieved: a request that stopped waiting left no one to see it (it logs its own)
 
-    def _reloaded(self, key: tuple[str, str], entry: _Entry, task: asyncio.Task[Matrix]) -> None:
-        entry.reload = None
-        if task.cancelled() or task.exception() is not None:
-            entry.loaded_at = asyncio.get_running_loop().time()  # try again after another ttl, not at once
-            entry.carried.clear()
-            return
-        matrix = task.result()
-        matrix.add(entry.carried)
-        if self._entries.get(key) is entry:
-            self._keep(key, _Entry(matrix, asyncio.get_running_loop().time()))
-
-    def _keep(self, key: tuple[str, str], entry: _Entry) -> None:
-        self._entries[key] = entry
+    async def _load(self, key: tuple[str, str], scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix:
+        """The vectors saved since the cached ones (all of them when none are cached or a row was replaced)."""
+        entry = self._entries.get(key)
+        if entry is not None and mark.seq > entry.mark.seq:
+            newer = await self.store.vectors(Scope(scope.user), kind, self.model, after=entry.mark.seq)
+            rows = [(s.item_id, s.group, s.agent, u) for s in newer if (u := unit(s.vector)) is not None]
+            if self._entries.get(key) is entry:
+                entry.matrix.add(rows)
+                entry.mark = mark
+                self._trim()
+            return entry.matrix
+        stored = await self.store.vectors(Scope(scope.user), kind, self.model)
+        matrix = await asyncio.to_thread(Matrix.build, stored) if len(stored) > 1000 else Matrix.build(stored)
+        self._entries[key] = _Entry(matrix, mark)
         self._entries.move_to_end(key)
         self._trim()
+        return matrix
 
     def _trim(self) -> None:
         """Drop the least recently used matrices past MAX_MATRICES or `max_bytes`, never the last one."""

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from proxy.metrics import Metrics
 from proxy.stores.base import StoreError, WriteOp, Writes
@@ -66,8 +66,12 @@ class Writer:
     """Owns every write to the store."""
 
     def __init__(self, store: Writes, metrics: Metrics, max_queue: int, *,
-                 commit_delay_s: float = COMMIT_DELAY_S) -> None:
+                 commit_delay_s: float = COMMIT_DELAY_S,
+                 after_commit: Callable[[], Awaitable[None]] | None = None) -> None:
         self.store = store
+        # Run after each committed batch, before its writes count as done (the vectors of
+        # its items, memory/embedding_worker.py); it never raises.
+        self.after_commit = after_commit
         self.commit_delay_s = commit_delay_s
         self.metrics = metrics
         self._queue: asyncio.Queue[tuple[WriteOp, asyncio.Future[None]]] = asyncio.Queue(max_queue)
@@ -257,6 +261,8 @@ class Writer:
                 log.exception("write batch of %d failed unexpectedly; retrying in %.2fs", len(batch), delay)
             else:
                 self.failing = False
+                if self.after_commit is not None:
+                    await self.after_commit()
                 _resolve(batch)
                 return
             await asyncio.sleep(delay)

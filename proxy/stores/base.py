@@ -353,6 +353,20 @@ class StoredVector:
     group: str | None
     agent: str | None
     vector: bytes  # float32, little-endian
+    seq: int = 0  # the vector row's place in the store's order of saves (see VectorMark)
+
+
+@dataclass(frozen=True)
+class VectorMark:
+    """The newest saved vector of a user's kind: its row's seq and when it was saved.
+
+    Cheap to read (one index probe): a cache holding the vectors up to this mark is
+    current; a higher seq means vectors were saved since (read those after the cached
+    seq); the same seq saved at another time means a row was replaced (read all again).
+    """
+
+    seq: int
+    saved_at: float
 
 
 @dataclass(frozen=True)
@@ -516,8 +530,12 @@ class RecallReads(Protocol):
         """For each of these messages that has one, the message just before it and the one just after it
         in its conversation (None for a side it has not)."""
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
-        """Every vector of the user for this kind and model, each agent's (the caller filters), by item id."""
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
+        """Every vector of the user for this kind and model saved after row seq `after`, each agent's
+        (the caller filters), by seq."""
+
+    async def vector_marks(self, scope: Scope, model: str) -> dict[EmbeddingKind, VectorMark]:
+        """The user's newest vector of each kind for `model` (a kind with none is absent)."""
 
     async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
                              ) -> list[Any]:
@@ -549,6 +567,9 @@ class EmbeddingQueue(Protocol):
 
     async def save_embeddings(self, model: str, vectors: Sequence[NewEmbedding]) -> int:
         """Save vectors (replacing the model's old ones) whose items still read their `text`; how many were saved."""
+
+    async def newest_seqs(self) -> dict[EmbeddingKind, int]:
+        """The highest item seq of each kind, every user's (0 for none): one index probe each."""
 
 
 class Admin(Protocol):

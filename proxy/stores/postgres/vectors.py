@@ -15,7 +15,7 @@ import asyncpg
 import numpy as np
 
 from proxy.models import Scope
-from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
+from proxy.stores.base import EMBEDDING_KINDS, EmbeddingKind, NewEmbedding, StoredVector, Unembedded, VectorMark
 from proxy.stores.postgres.reads import Args, agent_clause
 from proxy.stores.postgres.rows import entity_from_record, message_from_record, trace_from_record
 from proxy.stores.vector_sql import table_of
@@ -87,14 +87,32 @@ class PostgresVectors:
 
         return await self._locked(sorted({v.user for v in vectors}), save)
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
-        """Every vector of the user for this kind and model, each agent's, by item id."""
+    async def newest_seqs(self) -> dict[EmbeddingKind, int]:
+        """The highest item seq of each kind, every user's (0 for none)."""
+        columns = ", ".join(f"(SELECT coalesce(max(seq), 0) FROM {table_of(kind).table}) AS {kind}"
+                            for kind in EMBEDDING_KINDS)
+        (row,) = await self._fetch(f"SELECT {columns}", [])
+        return {kind: int(row[kind]) for kind in EMBEDDING_KINDS}
+
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
+        """Every vector of the user for this kind and model saved after row seq `after`, each agent's, by seq."""
         t = table_of(kind)
         rows = await self._fetch(
-            f"SELECT e.item_id, {t.group} AS grp, x.agent_id, array_send(e.vector) AS sent FROM embeddings e"
+            f"SELECT e.seq, e.item_id, {t.group} AS grp, x.agent_id, array_send(e.vector) AS sent FROM embeddings e"
             f" JOIN {t.table} x ON x.user_id = e.user_id AND x.id = e.item_id"
-            " WHERE e.user_id = $1 AND e.kind = $2 AND e.model = $3 ORDER BY e.item_id", [scope.user, kind, model])
-        return [StoredVector(row["item_id"], row["grp"], row["agent_id"], float32_bytes(row["sent"])) for row in rows]
+            " WHERE e.user_id = $1 AND e.kind = $2 AND e.model = $3 AND e.seq > $4 ORDER BY e.seq",
+            [scope.user, kind, model, after])
+        return [StoredVector(row["item_id"], row["grp"], row["agent_id"], float32_bytes(row["sent"]), row["seq"])
+                for row in rows]
+
+    async def vector_marks(self, scope: Scope, model: str) -> dict[EmbeddingKind, VectorMark]:
+        """The user's newest vector row of each kind for `model`: one probe of embeddings_newest each."""
+        rows = await self._fetch(
+            "SELECT k.kind, n.seq, extract(epoch FROM n.created_at)::float8 AS saved_at"
+            " FROM unnest($3::text[]) AS k(kind) CROSS JOIN LATERAL (SELECT e.seq, e.created_at FROM embeddings e"
+            " WHERE e.user_id = $1 AND e.kind = k.kind AND e.model = $2 ORDER BY e.seq DESC LIMIT 1) n",
+            [scope.user, model, list(EMBEDDING_KINDS)])
+        return {row["kind"]: VectorMark(int(row["seq"]), float(row["saved_at"])) for row in rows}
 
     async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
                              ) -> list[Any]:

@@ -478,9 +478,16 @@ _V17 = """
 ALTER TABLE entities ADD COLUMN stored_via TEXT;
 """
 
+# v18: a user's newest vector of a kind and model in one index probe (rowid is the index's
+# last column): each recall checks that the cached vectors are current, since another
+# process sharing the store may have saved some since, and reads only those after.
+_V18 = """
+CREATE INDEX IF NOT EXISTS embeddings_newest ON embeddings(user_id, kind, model);
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15,
-                               _V16, _V17)
+                               _V16, _V17, _V18)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from proxy.models import Scope
-from proxy.stores.base import EmbeddingKind, NewEmbedding, StoredVector, Unembedded
+from proxy.stores.base import EMBEDDING_KINDS, EmbeddingKind, NewEmbedding, StoredVector, Unembedded, VectorMark
 from proxy.stores.sqlite.rows import entity_from_row, message_from_row, now_ts, trace_from_row
 from proxy.stores.vector_sql import table_of
 
@@ -78,14 +78,37 @@ class SQLiteVectors:
 
         return await self._on_writer(save)
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str) -> list[StoredVector]:
-        """Every vector of the user for this kind and model, each agent's, by item id."""
+    async def newest_seqs(self) -> dict[EmbeddingKind, int]:
+        """The highest item seq of each kind, every user's (0 for none)."""
+        sql = "SELECT " + ", ".join(f"(SELECT ifnull(max(seq), 0) FROM {table_of(kind).table})"
+                                    for kind in EMBEDDING_KINDS)
+        row = await self._read(lambda conn: conn.execute(sql).fetchone())
+        return {kind: int(row[n]) for n, kind in enumerate(EMBEDDING_KINDS)}
+
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
+        """Every vector of the user for this kind and model saved after row `after`, each agent's, by rowid."""
         t = table_of(kind)
-        sql = (f"SELECT e.item_id, {t.group} AS grp, x.agent_id, e.vector FROM embeddings e"
+        sql = (f"SELECT e.rowid AS seq, e.item_id, {t.group} AS grp, x.agent_id, e.vector FROM embeddings e"
                f" JOIN {t.table} x ON x.user_id = e.user_id AND x.id = e.item_id"
-               " WHERE e.user_id = ? AND e.kind = ? AND e.model = ? ORDER BY e.item_id")
-        rows = await self._read(lambda conn: conn.execute(sql, (scope.user, kind, model)).fetchall())
-        return [StoredVector(row["item_id"], row["grp"], row["agent_id"], bytes(row["vector"])) for row in rows]
+               " WHERE e.user_id = ? AND e.kind = ? AND e.model = ? AND e.rowid > ? ORDER BY e.rowid")
+        rows = await self._read(lambda conn: conn.execute(sql, (scope.user, kind, model, after)).fetchall())
+        return [StoredVector(row["item_id"], row["grp"], row["agent_id"], bytes(row["vector"]), row["seq"])
+                for row in rows]
+
+    async def vector_marks(self, scope: Scope, model: str) -> dict[EmbeddingKind, VectorMark]:
+        """The user's newest vector row of each kind for `model`: one probe of embeddings_newest each."""
+        newest = ("SELECT rowid, created_at FROM embeddings WHERE user_id = ? AND kind = ? AND model = ?"
+                  " ORDER BY rowid DESC LIMIT 1")
+
+        def read(conn: sqlite3.Connection) -> dict[EmbeddingKind, VectorMark]:
+            marks: dict[EmbeddingKind, VectorMark] = {}
+            for kind in EMBEDDING_KINDS:
+                row = conn.execute(newest, (scope.user, kind, model)).fetchone()
+                if row is not None:
+                    marks[kind] = VectorMark(int(row[0]), float(row[1]))
+            return marks
+
+        return await self._read(read)
 
     async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
                              ) -> list[Any]:

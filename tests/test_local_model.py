@@ -1,0 +1,87 @@
+"""The embedded model (proxy/memory/local_model.py): read from the installed wheel, never fetched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from proxy.memory.local_model import MODEL_NAME, LocalModel
+
+# Every way out to the network raises and is recorded; then the script's body runs.
+BLOCKED = """
+import json, socket, sys
+tried = []
+def blocked(*args, **kwargs):
+    tried.append(repr(args[:2]))
+    raise OSError("network blocked by the test")
+socket.socket.connect = blocked
+socket.socket.connect_ex = blocked
+socket.getaddrinfo = blocked
+socket.create_connection = blocked
+"""
+
+LOAD_AND_EMBED = BLOCKED + """
+import asyncio
+from proxy.memory.local_model import LocalModel
+model = LocalModel()
+vectors = asyncio.run(model(["I keep my notes in plain text files.", "What is my dog called?"], 1.0))
+print(json.dumps({"tried": tried, "lengths": [len(v) for v in vectors],
+                  "hub": sorted(m for m in sys.modules if m.split(".")[0] in ("huggingface_hub", "requests", "wordllama"))}))
+"""
+
+WORDLLAMA_OWN_LOADER = BLOCKED + """
+from wordllama import WordLlama
+try:
+    WordLlama.load()
+except Exception as exc:
+    pass
+print(json.dumps({"tried": tried}))
+"""
+
+
+def _run(script: str, home: Path) -> dict[str, object]:
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "HF_HOME": str(home / "hf")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_model_loads_and_embeds_with_the_network_blocked_and_fetches_nothing(tmp_path: Path) -> None:
+    out = _run(LOAD_AND_EMBED, tmp_path)
+    assert out == {"tried": [], "lengths": [256 * 4, 256 * 4], "hub": []}
+    assert not any(tmp_path.rglob("*")), "nothing is cached under HOME"
+
+
+def test_the_block_is_real_wordllamas_own_loader_tries_to_download_under_it(tmp_path: Path) -> None:
+    out = _run(WORDLLAMA_OWN_LOADER, tmp_path)
+    assert out["tried"], "wordllama 0.4.0.post1's load() reaches for the network; the block must catch it"
+
+
+def _cosine(model: LocalModel, a: str, b: str) -> float:
+    va, vb = model.vectors([a, b])
+    return float(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb))
+
+
+def test_vectors_are_the_mean_of_the_token_rows_and_a_paraphrase_is_nearer_than_an_unrelated_text() -> None:
+    model = LocalModel()
+    text = "My dog is called Rex"
+    ids = model.tokenizer.encode(text, add_special_tokens=False).ids
+    (vector,) = model.vectors([text])
+    assert np.allclose(vector, model.table[ids].astype(np.float32).mean(axis=0))
+    assert np.array_equal(model.vectors([text, "x"])[0], vector)  # a batch gives what a single text does
+    assert _cosine(model, text, "what's the name of my pet") > 0.3 > _cosine(model, text, "how do I configure nginx")
+    (raw,) = asyncio.run(model([text], 1.0))
+    assert np.frombuffer(raw, dtype="<f4").tolist() == vector.tolist()
+    assert MODEL_NAME == "local:wordllama-l2_supercat-256"
+
+
+def test_an_empty_text_gives_a_zero_vector_not_an_error() -> None:
+    model = LocalModel()
+    assert not model.vectors([""]).any()
+    assert model.vectors([]).shape == (0, 256)
