@@ -113,8 +113,8 @@ class UpstreamSettings:
                                  "version prefix: the client's /v1beta/... or /v1/... path is appended.",
                                  "https://generativelanguage.googleapis.com")
     gemini_api_key: str | None = _help("memproxy's own Gemini API key: when set it replaces the client's "
-                                       "x-goog-api-key header and `key` query parameter towards the Gemini "
-                                       "upstream.")
+                                       "x-goog-api-key header and `key` query parameter (also spelt `$key`; and "
+                                       "any Authorization or `access_token`) towards the Gemini upstream.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
     # Below the SDK's own 600 s, so the client gets memproxy's 504 rather
     # than its own timeout; silence of two minutes inside a body is a stalled provider.

@@ -169,6 +169,22 @@ def test_own_key_replaces_the_clients_header_and_query_parameter(make_proxy, fak
     assert not [line for line in lines if "client-key" in line or "server-gemini-key" in line]
 
 
+@pytest.mark.parametrize("parameter", ["$key", "%24key", "access_token"])
+def test_own_key_replaces_every_query_spelling_of_googles_credentials(make_proxy, fake, parameter):
+    """Google reads an API key from `key` or `$key` (`%24key` escaped) and an OAuth token from
+    `access_token`, the query forms of the headers memproxy's own key replaces."""
+    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), upstream__gemini_api_key="server-gemini-key")
+    with httpx.Client(base_url=proxy.url) as http:
+        http.post(f"/v1beta/models/{MODEL}:countTokens?{parameter}=client-key&alt=json",
+                  json={"contents": [{"parts": [{"text": "hi"}]}]})
+        http.post(f"/v1beta/models/{MODEL}:generateContent?alt=json&{parameter}=client-key",
+                  headers={"X-Memory-User": "alice"}, json={"contents": [{"parts": [{"text": "hi"}]}]})
+    count, chat = fake.received[-2:]
+    assert count.target == f"/v1beta/models/{MODEL}:countTokens?alt=json"
+    assert chat.target == f"/v1beta/models/{MODEL}:generateContent?alt=json"
+    assert chat.header("x-goog-api-key") == "server-gemini-key"
+
+
 def test_other_paths_pass_through_untouched(mem, fake):
     fake.queue(JsonReply({"models": [{"name": "models/gemini-test"}]}))
     with httpx.Client(base_url=mem.url) as http:
