@@ -67,7 +67,10 @@ DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
     {"name": "gemini_cli_loop_detection",
      "body:systemInstruction": "You are a diagnostic agent that determines whether a conversational AI assistant is "
                                "stuck in an unproductive loop"},
-    {"name": "gemini_cli_edit_corrector", "body:systemInstruction": "You are an expert code-editing assistant"},
+    # (its two correctors' own sentences: the opening words alone are what an application may call its assistant)
+    {"name": "gemini_cli_edit_corrector",
+     "body:systemInstruction": "You are an expert code-editing assistant(?: specializing in debugging and correcting "
+                               "failed search-and-replace|\\. Your task is to analyze a failed edit attempt)"},
     {"name": "gemini_cli_next_speaker",
      "prompt": "^Analyze \\*only\\* the content and structure of your immediately preceding response"},
     {"name": "gemini_cli_tool_summary", "prompt": "^Summarize the following tool output to be a maximum of"},
