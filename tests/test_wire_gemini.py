@@ -16,7 +16,7 @@ from google.genai import errors, types
 from proxy.logs import JsonFormatter
 from tests.conftest import free_port
 from tests.fake_gemini import (
-    ArrayReply, answer, error, function_call, gemini_requests, pieces, sse, too_long, user_texts,
+    ArrayReply, answer, error, function_call, gemini_requests, part_text, pieces, response, sse, too_long, user_texts,
 )
 from tests.fake_upstream import JsonReply, SSEReply
 from tests.proxy_db import eventually, rows
@@ -324,6 +324,24 @@ def test_the_history_names_the_conversation(mem, fake):
     conversations = rows(mem, "SELECT conversation_id FROM messages WHERE user_id = 'alice' ORDER BY seq")
     assert len(conversations) == 6
     assert len(set(conversations[:4])) == 1 and conversations[4] != conversations[0]
+
+
+def test_a_streamed_chat_kept_one_content_per_chunk_stays_one_conversation(mem, fake):
+    """Google's Python SDK keeps a streamed answer in a chat's history as one model content per
+    chunk: together they are the answer memproxy saved, so the next turn continues its conversation."""
+    gemini = client(mem, **{"X-Memory-User": "alice"})
+    chat = gemini.chats.create(model=MODEL)
+    fake.queue(SSEReply(sse([response([part_text("Porto is ")], None, usage=False),
+                             response([part_text("lovely in ")], None, usage=False),
+                             response([part_text("spring.")], "STOP")])))
+    assert "".join(c.text or "" for c in chat.send_message_stream("I moved to Porto last year")) == \
+        "Porto is lovely in spring."
+    assert [c.role for c in chat.get_history(curated=True)] == ["user", "model", "model", "model"]
+    fake.queue(SSEReply(sse(pieces("See the Ribeira."))))
+    "".join(c.text or "" for c in chat.send_message_stream("what should I see there?"))
+    assert eventually(lambda: len(saved(mem)) == 4)
+    conversations = rows(mem, "SELECT conversation_id FROM messages WHERE user_id = 'alice' ORDER BY seq")
+    assert len(set(conversations)) == 1
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"contents": "hello"}', b'{"contents": [{"parts": "x"}]}',
