@@ -34,6 +34,7 @@ from proxy.metrics import Metrics
 from proxy.model_calls import extractor_for
 from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.v1 import ProxyEndpoint
+from proxy.mcp_endpoint import McpEndpoint
 from proxy.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
 from proxy.side_requests import SideRequests
@@ -178,6 +179,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
                           Ownership(settings, parts.upstream, parts.store))
     memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks), ApiGuard(settings.memory_api.token),
                         parts.metrics)
+    mcp = McpEndpoint(settings, parts.scopes, parts.memory, parts.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -188,7 +190,8 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
             gc.collect()
             gc.freeze()
         try:
-            yield
+            async with mcp.running():
+                yield
         finally:
             await parts.stop()
 
@@ -213,6 +216,7 @@ def create_app(settings: Settings, *, own_process: bool = False) -> Starlette:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/{path:path}", proxy),
         Route("/v1beta/{path:path}", proxy),  # Gemini's
+        Route("/mcp", mcp),
         Mount("/memory/v1", app=memory_api),
         Mount("/memory/ui", app=Inspector()),
     ]

@@ -1,4 +1,4 @@
-"""memproxy's command line: serve, demo, export, import, delete, reindex, eval."""
+"""memproxy's command line: serve, setup, demo, export, import, delete, reindex, eval."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from proxy.agent_setup import AGENT_NAMES
 from proxy.errors import ProxyError
 from proxy.settings import ConfigError, Settings, load_settings
 from proxy.stores.base import StoreError
@@ -66,6 +67,19 @@ def _parser() -> argparse.ArgumentParser:
     reindex.add_argument("--user", help="only this user's items (default: every user)")
     reindex.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
     reindex.set_defaults(run=_reindex)
+
+    setup = commands.add_parser("setup", help="point a coding agent at memproxy: write its own settings "
+                                "(docs/clients-claude-code.md, docs/clients-codex.md)")
+    setup.add_argument("agent", choices=AGENT_NAMES, help="the agent to set up")
+    setup.add_argument("--user", help="the user id memory is kept under (default: your login name)")
+    setup.add_argument("--url", help="memproxy's root URL, no path (default: from server.host and server.port)")
+    setup.add_argument("--mcp", action="store_true", help="also register memproxy's MCP server (docs/mcp.md)")
+    setup.add_argument("--project", action="store_true",
+                       help="Claude Code: this project's .claude/settings.local.json and .mcp.json")
+    setup.add_argument("--dry-run", action="store_true", help="print the change (keys masked), write nothing")
+    setup.add_argument("--undo", action="store_true", help="remove what setup added, restore what it replaced")
+    setup.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")
+    setup.set_defaults(run=_setup)
 
     evaluate = commands.add_parser("eval", help="run a retrieval benchmark")
     benchmarks = evaluate.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
@@ -189,6 +203,17 @@ def _export(args: argparse.Namespace) -> int:
         print(f"memproxy: nothing stored for user {args.user!r} in {settings.store.where()}", file=sys.stderr)
         return 1
     return 0
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from proxy.agent_setup.command import SetupError, run
+
+    try:
+        return run(args.agent, load(args), user=args.user, url=args.url, mcp=args.mcp, project=args.project,
+                   dry_run=args.dry_run, undo=args.undo)
+    except SetupError as exc:
+        print(f"memproxy setup: {exc}", file=sys.stderr)
+        return 2
 
 
 def _eval_locomo(args: argparse.Namespace) -> int:

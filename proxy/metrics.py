@@ -14,7 +14,7 @@ _ROUTES = frozenset({
     "evals", "files", "fine_tuning", "images", "messages", "models", "moderations", "organization", "realtime",
     "responses", "threads", "uploads", "vector_stores",
 })
-_OWN_LABELS = frozenset({"memory_api", "other"})
+_OWN_LABELS = frozenset({"memory_api", "mcp", "other"})
 
 
 def route_label(path: str) -> str:
@@ -69,6 +69,8 @@ class Metrics:
         self.hook_failures = Counter("memproxy_hook_failures", "Hooks that raised, answered garbage, could not be "
                                      "reached or timed out (skipped; a failed pre_memory_write drops its save), "
                                      "by event and reason", ["event", "reason"], registry=r)
+        self.mcp_calls = Counter("memproxy_mcp_calls", "Memory tool calls over /mcp by tool and outcome (ok, error, "
+                                 "no_identity, unknown_tool, rebinding_refused)", ["tool", "outcome"], registry=r)
         self.queue_depth = Gauge("memproxy_queue_depth", "Pending items per queue", ["queue"], registry=r)
         self.circuit_open = Gauge("memproxy_circuit_open", "1 while the store circuit breaker is open",
                                   registry=r)

@@ -257,6 +257,16 @@ class MemoryApiSettings:
     token: str | None = _help("Bearer token for /memory/v1; unset = loopback clients only.")
 
 
+@dataclass(frozen=True)
+class McpSettings:
+    allowed_hosts: list[str] = _help(
+        "Host header values /mcp answers besides loopback names and server.host (DNS rebinding guard); "
+        "`name:*` allows any port, `*` any host.", None, default_factory=list)
+    allowed_origins: list[str] = _help(
+        "Origin header values /mcp answers besides loopback origins (a request with no Origin, as agents "
+        "send, is allowed); `http://name:*` allows any port, `*` any origin.", None, default_factory=list)
+
+
 HOOK_EVENTS = ("session_start", "user_prompt_submit", "post_retrieval", "pre_tool_use", "post_tool_use",
                "pre_memory_write", "stop")
 HOOK_TIMEOUT_MS = 2000
@@ -328,6 +338,7 @@ class Settings:
     embeddings: EmbeddingsSettings = field(default_factory=EmbeddingsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     memory_api: MemoryApiSettings = field(default_factory=MemoryApiSettings)
+    mcp: McpSettings = field(default_factory=McpSettings)
     hooks: tuple[HookSpec, ...] = ()  # a list, not a section of keys: parse_hooks
 
 
@@ -570,6 +581,17 @@ def _check(s: Settings) -> None:
         except ValueError as exc:
             raise ConfigError(f"auth.trusted_networks[{i}]: {exc}") from exc
     _check_auth(s.auth)
+    _check_mcp(s.mcp)
+
+
+def _check_mcp(m: McpSettings) -> None:
+    for i, host in enumerate(m.allowed_hosts):
+        if not host.strip() or any(c.isspace() or c == "/" for c in host):
+            raise ConfigError(f"mcp.allowed_hosts[{i}]: must be a host name with an optional :port, got {host!r}")
+    for i, origin in enumerate(m.allowed_origins):
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ConfigError(f"mcp.allowed_origins[{i}]: must start with http:// or https:// (or be *), "
+                              f"got {origin!r}")
 
 
 def _check_embeddings(e: EmbeddingsSettings) -> None:

@@ -62,7 +62,7 @@ def test_store_a_fact_list_it_and_correct_it(api: httpx.Client) -> None:
         "id": memory["id"], "type": "user_preference", "content": "Prefers window seats on trains",
         "name": "Prefers window seats on trains", "entity_type": "user_preference", "description": "",
         "confidence": 0.9, "tags": ["travel", "seats"], "created_at": memory["created_at"],
-        "updated_at": memory["created_at"],
+        "updated_at": memory["created_at"], "stored_via": "memory_api",
     }
     assert api.get(api_url(USER, "memories")).json() == {"object": "list", "data": [memory], "next_cursor": None}
 
@@ -178,11 +178,11 @@ def test_memories_are_the_entities_seen_as_memories(loaded: httpx.Client) -> Non
     assert loaded.get(api_url(USER, "memories")).json()["data"] == [
         {"id": "e-acme", "type": "fact", "content": "Acme", "name": "Acme", "entity_type": "organization",
          "description": "", "confidence": 0.8, "tags": [], "created_at": "2026-01-01T10:00:00+00:00",
-         "updated_at": "2026-01-01T10:00:00+00:00"},
+         "updated_at": "2026-01-01T10:00:00+00:00", "stored_via": None},
         {"id": "e-alice", "type": "fact", "content": "staff engineer who works at Acme", "name": "Alice Chen",
          "entity_type": "person", "description": "staff engineer who works at Acme", "confidence": 0.9,
          "tags": ["work"],
-         "created_at": "2026-01-01T10:00:00+00:00", "updated_at": "2026-01-01T10:01:00+00:00"},
+         "created_at": "2026-01-01T10:00:00+00:00", "updated_at": "2026-01-01T10:01:00+00:00", "stored_via": None},
     ]
 
 

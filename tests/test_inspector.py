@@ -243,6 +243,9 @@ def test_hostile_memory_text_shows_as_text_and_runs_nothing(page, served, artifa
         if "memories" in fragment:
             hostile = page.find_element(By.CSS_SELECTOR, f'[data-memory="{seeded.memories[HOSTILE]}"] p.text')
             assert hostile.text == HOSTILE
+            # Where it came from: the memory API's stored_via, as the page words it.
+            meta = page.find_element(By.CSS_SELECTOR, f'[data-memory="{seeded.memories[HOSTILE]}"] .meta')
+            assert meta.text.endswith(", stored via the memory API")
             shot(page, artifacts, "memories")
         assert page.execute_script("return document.images.length") == 0
         assert page.execute_script("return document.scripts.length") == 1

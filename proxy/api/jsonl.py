@@ -150,7 +150,7 @@ def _entity(f: _Fields) -> dict[str, Any]:
             "memory_type": f.text("memory_type", "fact", non_empty=True, limit=LABEL_MAX_CHARS),
             "confidence": f.fraction("confidence", 0.7), "tags": f.strings("tags"), "aliases": f.strings("aliases"),
             "provenance": f.strings("provenance"), "created_at": f.time("created_at"),
-            "updated_at": f.time("updated_at", default_now=False)}
+            "updated_at": f.time("updated_at", default_now=False), "stored_via": f.optional_text("stored_via")}
 
 
 def _relationship(f: _Fields) -> dict[str, Any]:

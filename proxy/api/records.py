@@ -187,7 +187,7 @@ def memory_of_entity(entity: dict[str, Any]) -> dict[str, Any]:
     return {"id": entity["id"], "type": entity["memory_type"], "content": memory_content(entity),
             "name": entity["name"], "entity_type": entity["type"], "description": entity["description"],
             "confidence": entity["confidence"], "tags": entity["tags"], "created_at": entity["created_at"],
-            "updated_at": entity["updated_at"]}
+            "updated_at": entity["updated_at"], "stored_via": entity.get("stored_via")}
 
 
 def memory_of_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -45,10 +45,12 @@ def listing(item: str) -> dict[str, Any]:
 
 MEMORY = obj({"id": ID, "type": {"type": "string"}, "content": TEXT, "name": TEXT, "entity_type": TEXT,
               "description": TEXT, "conversation_id": ID, "role": TEXT, "confidence": {"type": "number"},
-              "tags": STRINGS, "created_at": TIME, "updated_at": TIME}, ["id", "type", "content", "created_at"])
+              "tags": STRINGS, "created_at": TIME, "updated_at": TIME,
+              "stored_via": NULLABLE_TEXT}, ["id", "type", "content", "created_at"])
 ENTITY_FIELDS = {"id": ID, "name": TEXT, "type": TEXT, "description": TEXT, "memory_type": TEXT,
                  "confidence": {"type": "number"}, "tags": STRINGS, "aliases": STRINGS, "provenance": STRINGS,
-                 "created_at": TIME, "updated_at": TIME, "agent_id": ID}
+                 "created_at": TIME, "updated_at": TIME, "agent_id": ID, "stored_via": TEXT}
+OPTIONAL_ENTITY_FIELDS = ("agent_id", "stored_via")  # only where set
 RELATIONSHIP = obj({"id": ID, "from": NULLABLE_TEXT, "from_id": ID, "type": TEXT, "to": NULLABLE_TEXT, "to_id": ID,
                     "valid_from": TIME, "invalid_at": NULLABLE_TIME, "provenance": STRINGS})
 STEP = obj({"name": TEXT, "arguments": TEXT, "result": TEXT})
@@ -82,9 +84,9 @@ SCHEMAS: dict[str, Any] = {
     "Conversation": obj({"id": ID, "agent_id": {**ID, "nullable": True}, "created_at": TIME, "last_active_at": TIME,
                          "message_count": {"type": "integer"}}),
     "Message": obj({"id": ID, "conversation_id": ID, "role": TEXT, "content": TEXT, "created_at": TIME}),
-    "Entity": obj(ENTITY_FIELDS, [k for k in ENTITY_FIELDS if k != "agent_id"]),
+    "Entity": obj(ENTITY_FIELDS, [k for k in ENTITY_FIELDS if k not in OPTIONAL_ENTITY_FIELDS]),
     "EntityDetail": obj({**ENTITY_FIELDS, "relationships": {"type": "array", "items": ref("Relationship")}},
-                        [k for k in ENTITY_FIELDS if k != "agent_id"] + ["relationships"]),
+                        [k for k in ENTITY_FIELDS if k not in OPTIONAL_ENTITY_FIELDS] + ["relationships"]),
     "Relationship": RELATIONSHIP,
     "Reasoning": obj({"id": ID, "conversation_id": ID, "task": TEXT, "steps": {"type": "array", "items": ref("Step")},
                       "answer": TEXT, "created_at": TIME, "agent_id": ID},

@@ -274,12 +274,12 @@ class ProxyEndpoint:
             if recall is not None:
                 recall.failed("interrupted")  # a turn already complete stays complete
             raise
-        if response.status == 404:
-            self._hint_404(provider, url)
-        if watch.gone:
+        if watch.gone:  # the client left, perhaps before any provider call (no response)
             if recall is not None:
                 recall.aborted()
             return "client_gone"
+        if response.status == 404:
+            self._hint_404(provider, url)
         return f"status_{response.status}"
 
     def _hint_404(self, provider: Provider, url: str) -> None:

@@ -22,7 +22,7 @@ from proxy.memory.admission import RecallGate
 from proxy.memory.block import DEFAULT_HEADER, strip_block
 from proxy.memory.breaker import CircuitBreaker
 from proxy.memory import turn_hooks
-from proxy.memory.hooks import Hooks
+from proxy.memory.hooks import HookContext, Hooks
 from proxy.memory.extractors import Extractor, RulesExtractor
 from proxy.memory.inline_facts import InlineFacts, queue_from
 from proxy.memory.kept_step import earlier_steps, packed
@@ -65,6 +65,9 @@ STEP_RESULT_READ_CHARS = STEP_RESULT_CHARS + 4096
 # The longest a request waits for its user's pending rules facts, as a share of
 # memory.retrieval_timeout_ms: the retrieval after it still has the rest.
 FACTS_WAIT_SHARE = 0.25
+# A store_memory outside a chat turn (MCP) answers once committed, so the caller's next
+# request finds it; a store locked past this gets "Accepted: it is being stored".
+OUTSIDE_TURN_COMMIT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,9 @@ class MemoryService:
             tool_hooks = (None if self.hooks is None else ToolHooks(
                 self.hooks, turn_hooks.hook_context(scope, identity.conversation_id, identity.key, wire)))
             bounds = CallBounds(self.memory.commit_timeout_ms / 1000, self._degraded)
-            recall.tools = MemoryTools(scope, self._searcher(scope, request, identity), self._saver(),
+            header = self.memory.block_header
+            shown = (user_text(request, header), *visible_texts(request, header), *identity.shown)
+            recall.tools = MemoryTools(scope, self._searcher(scope, identity.conversation_id, shown), self._saver(),
                                        recall.logged_query, persist, identity.key, identity.conversation_id,
                                        bounds, tool_hooks, recall.generation)
             recall.echoes = echoes
@@ -225,11 +230,36 @@ class MemoryService:
         recall.started(now)
         return recall
 
-    def _searcher(self, scope: Scope, request: Transcript, identity: TurnIdentity) -> Search:
+    async def tools_outside_turn(self, resolved: RequestScope, wire: str, *, writes: bool) -> MemoryTools:
+        """The memory tools for a caller with no chat turn (the MCP endpoint): the caller's scope (an
+        `interaction` goes to the conversation it names, else the user's latest), hooks told `wire`
+        and neither a turn nor a conversation. `writes`: a store_memory is
+        coming, so the user's deletion generation is read first, as a turn reads it when it starts: a
+        deletion while the write is in flight wins, on any replica."""
+        assert resolved.scope is not None
+        scope = resolved.scope
+        call_key = new_id()  # what the call's memory id derives from, as a turn's key in tools mode
+        generation = await self._generation(scope) if writes else None
+        hooks = None if self.hooks is None else ToolHooks(
+            self.hooks, HookContext(scope.user, None, scope.agent, None, wire))  # no turn, no conversation
+        bounds = CallBounds(OUTSIDE_TURN_COMMIT_WAIT_S, self._degraded)
+        return MemoryTools(scope, self._searcher(scope, scope.conversation or "", ()), self._saver(), _unlogged,
+                           resolved.persist and self.memory.persist_interactions, call_key, scope.conversation,
+                           bounds, hooks, generation, stored_via=wire)
+
+    async def _generation(self, scope: Scope) -> Generation | None:
+        """The user's deletion generation now; None (not checked) when the store cannot say."""
+        try:
+            found = await self.store.find_turn(scope, (), "", datetime.now(timezone.utc))
+        except StoreError as exc:  # the write goes on, unchecked, and the writer retries it
+            log.warning("deletion generation unread, the write goes unchecked (%s)", redact(str(exc))[:200])
+            return None
+        return Generation(found.generation, scope.conversation or "")
+
+    def _searcher(self, scope: Scope, conversation_id: str, shown: tuple[str, ...]) -> Search:
         """query_memory's search: inject mode's retrieval, in the request's scope and conversation; what
-        the request shows the model (its prompt too, saved before the model asks) is never found again."""
-        header = self.memory.block_header
-        shown = (user_text(request, header), *visible_texts(request, header), *identity.shown)
+        the request shows the model (`shown`: its prompt too, saved before the model asks) is never found
+        again."""
         visible = tuple(edges(text, QUERY_EDGE_CHARS) for text in shown)
 
         async def search(text: str, limit: int) -> Retrieved:
@@ -239,7 +269,7 @@ class MemoryService:
                 raise CircuitOpen()
             began = asyncio.get_running_loop().time()
             budget_s = self.memory.retrieval_timeout_ms / 1000
-            query = Query(edges(text, QUERY_EDGE_CHARS), identity.conversation_id, visible, min(limit, 12),
+            query = Query(edges(text, QUERY_EDGE_CHARS), conversation_id, visible, min(limit, 12),
                           answer_by=began + budget_s)
             reading = False  # its turn came (admission.py) and it asked the store
             try:
@@ -366,6 +396,10 @@ async def _paused(budget: asyncio.Timeout, hooks: Coroutine[Any, Any, T]) -> T:
         return await hooks
     finally:
         budget.reschedule(asyncio.get_running_loop().time() + max(left, 0))
+
+
+def _unlogged(block: str, injected: int, entry: dict[str, Any]) -> None:
+    """A query outside a turn has no injection-log entry to join: the log is per turn."""
 
 
 def user_text(request: Transcript, header: str = DEFAULT_HEADER, *, markers: bool = True) -> str:

@@ -127,11 +127,12 @@ class MemoryTools:
     """The memory calls of one request, in its user's scope."""
 
     def __init__(self, scope: Scope, search: Search, save: Save, log_query: LogQuery, persist: bool,
-                 turn_key: str, conversation_id: str, bounds: CallBounds, hooks: ToolHooks | None = None,
-                 generation: Generation | None = None) -> None:
+                 turn_key: str, conversation_id: str | None, bounds: CallBounds, hooks: ToolHooks | None = None,
+                 generation: Generation | None = None, stored_via: str = "tools") -> None:
         self.scope = scope
+        self.stored_via = stored_via  # what a stored memory says it came through
         self.turn_key = turn_key  # a retry is the same turn: what it stores again merges by id
-        self.conversation_id = conversation_id  # where an `interaction` goes
+        self.conversation_id = conversation_id  # where an `interaction` goes (None: the user's latest)
         self.generation = generation  # the turn's: what it stores goes with a deletion made meanwhile
         self.search = search
         self.save = save
@@ -202,7 +203,8 @@ class MemoryTools:
             content = texts[0]
         memory_id = derived_id(f"memory {self.turn_key} {kind} {content}", id_time_ns(self.turn_key))
         op = StoreMemory(self.scope, memory_id, content, kind, datetime.now(timezone.utc), confidence,
-                         tuple(redact(tag) for tag in tags), self.conversation_id, self.generation)
+                         tuple(redact(tag) for tag in tags), self.conversation_id, self.generation,
+                         self.stored_via)
         # The round waits at most the commit bound (the hooks above ran on their own timeouts);
         # past it the write is still the writer's, and lands.
         try:

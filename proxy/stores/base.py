@@ -250,6 +250,9 @@ class StoreMemory:
     # Written by a turn (the store_memory tool): the turn's generation, so a deletion after the
     # turn began takes it too. None from the memory API: a write after a deletion is a new one.
     generation: Generation | None = None
+    # Where it was stored from, shown with the memory (the inspector): `memory_api`, `tools`
+    # (tools mode's store_memory) or `mcp`. An entity keeps the first it got.
+    stored_via: str = "memory_api"
 
 
 @dataclass(frozen=True)

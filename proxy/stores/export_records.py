@@ -85,6 +85,8 @@ class ExportRecords:
                   "memory_type": e.memory_type, "confidence": e.confidence, "tags": list(e.tags),
                   "aliases": list(e.aliases), "provenance": list(e.provenance),
                   "created_at": self.iso(row["created_at"]), "updated_at": self.iso(row["updated_at"])}
+        if row["stored_via"] is not None:
+            record["stored_via"] = row["stored_via"]
         return _with_agent(record, row["agent_id"])
 
     def relationship(self, row: Any) -> dict[str, Any]:

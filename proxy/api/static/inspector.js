@@ -410,13 +410,17 @@ async function memoriesView(user) {
     el("ul", { class: "list" }, memories.map((m) => memoryItem(user, m, reload)))));
 }
 
+// How a memory stored explicitly came in (the memory API's `stored_via`).
+const STORED_VIA = { mcp: "MCP", tools: "tools mode", memory_api: "the memory API" };
+
 function memoryItem(user, memory, reload) {
   const text = el("p", { class: "text" }, memory.content);
   const item = el("li", { class: "memory", "data-memory": memory.id },
     el("div", { class: "message-head" },
       memory.name && memory.name !== memory.content ? el("strong", {}, memory.name) : null,
       el("span", { class: "meta" }, [...new Set([memory.type, memory.entity_type].filter(Boolean))].join(", ") +
-        ", " + when(memory.updated_at || memory.created_at))),
+        ", " + when(memory.updated_at || memory.created_at) +
+        (memory.stored_via ? ", stored via " + (STORED_VIA[memory.stored_via] || memory.stored_via) : ""))),
     text);
   const edit = el("button", { type: "button", class: "small", onclick: () => {
     const area = el("textarea", { rows: 3, "aria-label": "Corrected text of memory " + memory.id });

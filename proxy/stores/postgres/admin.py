@@ -278,15 +278,16 @@ async def _fact(conn: asyncpg.Connection, op: StoreMemory, at: datetime) -> str:
     if row is not None:
         held = json.loads(row["tags"])
         merged = (held + [t for t in dict.fromkeys(tags) if t not in held])[-TAGS_MAX:]  # the newest
-        await conn.execute("UPDATE entities SET memory_type = $1, confidence = $2, tags = $3, updated_at = $4"
-                           " WHERE seq = $5", op.memory_type, op.confidence, json.dumps(merged), at, row["seq"])
+        await conn.execute("UPDATE entities SET memory_type = $1, confidence = $2, tags = $3, updated_at = $4,"
+                           " stored_via = coalesce(stored_via, $6) WHERE seq = $5", op.memory_type, op.confidence,
+                           json.dumps(merged), at, row["seq"], op.stored_via)
         return str(row["id"])
     await conn.execute(
         "INSERT INTO entities (id, user_id, agent_id, name, canonical_name, type, description, memory_type, confidence,"
-        " tags, name_terms, type_terms, description_terms, created_at, updated_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, '', $6, $7, $8, $9, $10, $11, $12, $12)",
+        " tags, name_terms, type_terms, description_terms, created_at, updated_at, stored_via)"
+        " VALUES ($1, $2, $3, $4, $5, $6, '', $6, $7, $8, $9, $10, $11, $12, $12, $13)",
         op.memory_id, op.scope.user, agent, name, key, op.memory_type, op.confidence,
-        json.dumps(list(dict.fromkeys(tags))), *entity_terms(name, op.memory_type, ""), at,
+        json.dumps(list(dict.fromkeys(tags))), *entity_terms(name, op.memory_type, ""), at, op.stored_via,
     )
     return op.memory_id
 

@@ -130,11 +130,12 @@ class _Importer:
         created = _time(r["created_at"])
         return await self._insert(
             "INSERT INTO entities (id, user_id, agent_id, name, canonical_name, type, description, memory_type,"
-            " confidence, tags, aliases, provenance, name_terms, type_terms, description_terms, created_at, updated_at)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+            " confidence, tags, aliases, provenance, name_terms, type_terms, description_terms, created_at, updated_at,"
+            " stored_via) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
             r["id"], self._user, r["agent_id"], name, key, type_, description, clean_text(r["memory_type"]),
             r["confidence"], _json_list(r["tags"]), json.dumps(aliases), _json_list(r["provenance"]),
-            *entity_terms(name, type_, description, aliases), created, _time(r["updated_at"]) or created)
+            *entity_terms(name, type_, description, aliases), created, _time(r["updated_at"]) or created,
+            r.get("stored_via"))
 
     async def _entity_id(self, item_id: str | None, name: str | None) -> str | None:
         """The entity an edge end names: by id when the user has it, else by name."""

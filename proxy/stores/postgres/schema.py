@@ -497,8 +497,14 @@ CREATE TABLE IF NOT EXISTS provider_objects (
 CREATE INDEX IF NOT EXISTS provider_objects_user ON provider_objects(user_id);
 """
 
+# v12: as SQLite's v17. Where an explicitly stored memory came from (memory_api, tools, mcp); NULL
+# for extracted ones.
+_V12 = """
+ALTER TABLE entities ADD COLUMN IF NOT EXISTS stored_via text;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12)
 
 POSTINGS_TABLES = ("message_postings", "entity_postings", "reasoning_postings")
 # A new message's context column, given SQL for its user, conversation and time.

@@ -307,15 +307,16 @@ def _fact(conn: sqlite3.Connection, op: StoreMemory, at: float) -> str:
     if rows:
         held = json.loads(rows[0]["tags"])
         merged = (held + [t for t in dict.fromkeys(tags) if t not in held])[-TAGS_MAX:]  # the newest
-        conn.execute("UPDATE entities SET memory_type = ?, confidence = ?, tags = ?, updated_at = ? WHERE seq = ?",
-                     (op.memory_type, op.confidence, json.dumps(merged), at, rows[0]["seq"]))
+        conn.execute("UPDATE entities SET memory_type = ?, confidence = ?, tags = ?, updated_at = ?,"
+                     " stored_via = ifnull(stored_via, ?) WHERE seq = ?",
+                     (op.memory_type, op.confidence, json.dumps(merged), at, op.stored_via, rows[0]["seq"]))
         return str(rows[0]["id"])
     conn.execute(
         "INSERT INTO entities (id, user_id, agent_id, name, canonical_name, type, description, memory_type, confidence,"
-        " tags, name_terms, type_terms, description_terms, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?, ?, ?)",
+        " tags, name_terms, type_terms, description_terms, created_at, updated_at, stored_via)"
+        " VALUES (?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (op.memory_id, op.scope.user, agent, name, key, op.memory_type, op.memory_type, op.confidence,
-         json.dumps(list(dict.fromkeys(tags))), *entity_terms(name, op.memory_type, ""), at, at),
+         json.dumps(list(dict.fromkeys(tags))), *entity_terms(name, op.memory_type, ""), at, at, op.stored_via),
     )
     return op.memory_id
 

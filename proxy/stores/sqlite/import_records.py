@@ -100,11 +100,12 @@ class _Importer:
         aliases = [clean_text(a) for a in r["aliases"]]
         return self._insert(
             "INSERT INTO entities (id, user_id, agent_id, name, canonical_name, type, description, memory_type,"
-            " confidence, tags, aliases, provenance, name_terms, type_terms, description_terms, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " confidence, tags, aliases, provenance, name_terms, type_terms, description_terms, created_at, updated_at,"
+            " stored_via) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (r["id"], self._user, r["agent_id"], name, key, type_, description, clean_text(r["memory_type"]),
              r["confidence"], _json_list(r["tags"]), json.dumps(aliases), _json_list(r["provenance"]),
-             *entity_terms(name, type_, description, aliases), r["created_at"], r["updated_at"] or r["created_at"]))
+             *entity_terms(name, type_, description, aliases), r["created_at"], r["updated_at"] or r["created_at"],
+             r.get("stored_via")))
 
     def _entity_id(self, item_id: str | None, name: str | None) -> str | None:
         """The entity an edge end names: by id when the user has it, else by name."""

@@ -472,9 +472,15 @@ CREATE INDEX IF NOT EXISTS extraction_queue_leased ON extraction_queue(user_id, 
     WHERE claimed_until IS NOT NULL;
 """
 
+# v17 (PostgreSQL v12): where an explicitly stored memory came from (memory_api, tools, mcp); NULL
+# for extracted ones.
+_V17 = """
+ALTER TABLE entities ADD COLUMN stored_via TEXT;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15,
-                                _V16)
+                               _V16, _V17)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 

@@ -1,0 +1,214 @@
+"""`memproxy setup claude-code|codex` on real files in a temporary HOME: what it writes, what it
+keeps, running twice, modes, --dry-run, --undo byte for byte, files that cannot be parsed, and
+the auth modes where it writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from proxy.agent_setup import AGENT_NAMES
+from proxy.agent_setup.command import AGENTS
+from proxy.cli import main
+
+CLAUDE_SETTINGS = b"""{
+    "model": "opus",
+    "env": {
+        "ANTHROPIC_BASE_URL": "https://gateway.example",
+        "ANTHROPIC_CUSTOM_HEADERS": "X-Trace: on\\nX-Memory-User: old-me",
+        "ANTHROPIC_API_KEY": "sk-ant-api03-Zq8vN2kR7tY4wP1mX6cB9dF3hJ5lS0aE-AbCdEfGh"
+    },
+    "permissions": {"allow": ["Bash(ls:*)"]}
+}
+"""
+
+CODEX_CONFIG = b"""# my Codex settings
+model = "gpt-5"           # the model I like
+model_provider = "openai"
+
+[profiles.fast]
+model = "gpt-5-mini"
+
+[model_providers.other]
+name = "Other"
+base_url = "https://other.example/v1"
+"""
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_STATE_HOME", "MEMPROXY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    return home
+
+
+def setup(*args: str) -> int:
+    return main(["setup", *args])
+
+
+def test_every_agent_of_the_help_has_its_module():
+    assert tuple(AGENTS) == AGENT_NAMES == ("claude-code", "codex")
+
+
+def test_claude_code_gets_the_base_url_and_the_header_and_keeps_everything_else(home, capsys):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_bytes(CLAUDE_SETTINGS)
+    settings.chmod(0o640)
+    assert setup("claude-code", "--user", "alice", "--url", "http://127.0.0.1:8080/") == 0
+    out = capsys.readouterr().out
+    assert "replacing env.ANTHROPIC_BASE_URL = \"https://gateway.example\"" in out
+    written = json.loads(settings.read_bytes())
+    original = json.loads(CLAUDE_SETTINGS)
+    assert written == {**original, "env": {**original["env"], "ANTHROPIC_BASE_URL": "http://127.0.0.1:8080",
+                                           "ANTHROPIC_CUSTOM_HEADERS": "X-Trace: on\nX-Memory-User: alice"}}
+    assert list(written) == ["model", "env", "permissions"]  # order and indentation kept
+    assert settings.read_text().startswith('{\n    "model": "opus",')
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o640
+    assert not (home / ".claude.json").exists()  # no --mcp: the MCP list is not touched
+
+    after = settings.read_bytes()
+    assert setup("claude-code", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert "nothing to change" in capsys.readouterr().out
+    assert settings.read_bytes() == after
+
+    assert setup("claude-code", "--undo") == 0
+    assert settings.read_bytes() == CLAUDE_SETTINGS
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o640
+    assert list((home / ".local" / "state" / "memproxy" / "setup").iterdir()) == []
+    assert setup("claude-code", "--undo") == 0
+    assert "nothing to undo" in capsys.readouterr().out
+
+
+def test_claude_config_dir_is_honoured_and_new_files_are_0600_and_removed_by_undo(home, tmp_path, monkeypatch):
+    config = tmp_path / "claude-config"
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert setup("claude-code", "--user", "bob", "--url", "http://memproxy.internal:9000", "--mcp") == 0
+    settings, servers = config / "settings.json", config / ".claude.json"
+    assert json.loads(settings.read_bytes()) == {"env": {"ANTHROPIC_BASE_URL": "http://memproxy.internal:9000",
+                                                         "ANTHROPIC_CUSTOM_HEADERS": "X-Memory-User: bob"}}
+    assert json.loads(servers.read_bytes()) == {"mcpServers": {"memproxy": {
+        "type": "http", "url": "http://memproxy.internal:9000/mcp", "headers": {"X-Memory-User": "bob"}}}}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (settings, servers)} == {0o600}
+    assert not (home / ".claude").exists() and not (home / ".claude.json").exists()
+    assert len(list((tmp_path / "state" / "memproxy" / "setup").iterdir())) == 2
+    assert setup("claude-code", "--undo") == 0
+    assert not settings.exists() and not servers.exists()
+
+
+def test_undo_after_the_agent_rewrote_its_file_takes_out_only_what_setup_added(home):
+    servers = home / ".claude.json"
+    servers.write_text('{"numStartups": 3, "mcpServers": {"github": {"type": "http", "url": "https://gh.example"}}}')
+    assert setup("claude-code", "--user", "alice", "--mcp") == 0
+    # Claude Code rewrites its file as it runs: its own keys change, ours stay.
+    doc = json.loads(servers.read_bytes())
+    doc["numStartups"] = 4
+    servers.write_text(json.dumps(doc, indent=2))
+    assert setup("claude-code", "--undo") == 0
+    assert json.loads(servers.read_bytes()) == {"numStartups": 4,
+                                                "mcpServers": {"github": {"type": "http", "url": "https://gh.example"}}}
+    assert not (home / ".claude" / "settings.json").exists()
+
+
+def test_project_scope_writes_the_projects_local_settings_and_mcp_file(home):
+    project = Path.cwd()
+    assert setup("claude-code", "--user", "alice", "--project", "--mcp", "--url", "http://127.0.0.1:8080") == 0
+    assert json.loads((project / ".claude" / "settings.local.json").read_bytes())["env"]["ANTHROPIC_BASE_URL"] \
+        == "http://127.0.0.1:8080"
+    assert json.loads((project / ".mcp.json").read_bytes())["mcpServers"]["memproxy"]["url"] \
+        == "http://127.0.0.1:8080/mcp"
+    assert not (home / ".claude").exists()
+    assert setup("claude-code", "--project", "--undo") == 0
+    assert not (project / ".mcp.json").exists() and not (project / ".claude" / "settings.local.json").exists()
+
+
+def test_a_file_that_cannot_be_parsed_is_an_error_and_nothing_is_written(home, capsys):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"env": {')
+    servers = home / ".claude.json"
+    servers.write_text("{}")
+    assert setup("claude-code", "--user", "alice", "--mcp") == 2
+    assert "is not valid JSON" in capsys.readouterr().err
+    assert settings.read_text() == '{"env": {' and servers.read_text() == "{}"
+    assert not (home / ".local").exists()
+
+
+def test_dry_run_prints_the_change_with_keys_masked_and_writes_nothing(home, capsys):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_bytes(CLAUDE_SETTINGS)
+    assert setup("claude-code", "--user", "alice", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert '+        "ANTHROPIC_BASE_URL": "http://127.0.0.1:8080",' in out
+    assert '"ANTHROPIC_API_KEY": "****"' in out and "sk-ant-api03" not in out
+    assert settings.read_bytes() == CLAUDE_SETTINGS and not (home / ".local").exists()
+
+
+def test_codex_gets_its_provider_with_the_rest_of_the_file_kept(home, capsys):
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_bytes(CODEX_CONFIG)
+    config.chmod(0o644)
+    assert setup("codex", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert 'replacing model_provider = "openai"' in capsys.readouterr().out
+    text = config.read_text()
+    assert text.startswith('# my Codex settings\nmodel = "gpt-5"           # the model I like\n')
+    doc = tomllib.loads(text)
+    assert doc["model_provider"] == "memproxy" and doc["profiles"] == {"fast": {"model": "gpt-5-mini"}}
+    assert doc["model_providers"] == {
+        "other": {"name": "Other", "base_url": "https://other.example/v1"},
+        "memproxy": {"name": "memproxy", "base_url": "http://127.0.0.1:8080/v1", "wire_api": "responses",
+                     "env_key": "OPENAI_API_KEY", "supports_websockets": False,
+                     "http_headers": {"X-Memory-User": "alice"}}}
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644
+    written = config.read_bytes()
+    assert setup("codex", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert config.read_bytes() == written
+    assert setup("codex", "--undo") == 0
+    assert config.read_bytes() == CODEX_CONFIG
+
+
+def test_codex_home_is_honoured_and_mcp_registers_the_server(home, tmp_path, monkeypatch):
+    codex_home = tmp_path / "codex-home"
+    monkeypatch.setenv("CODEX_HOME", str(codex_home))
+    assert setup("codex", "--user", "alice", "--mcp") == 0
+    doc = tomllib.loads((codex_home / "config.toml").read_text())
+    assert doc["mcp_servers"] == {"memproxy": {"url": "http://127.0.0.1:8080/mcp",
+                                               "http_headers": {"X-Memory-User": "alice"}}}
+    assert stat.S_IMODE((codex_home / "config.toml").stat().st_mode) == 0o600
+    assert setup("codex", "--project") == 2  # Codex has no project-level provider
+    assert setup("codex", "--undo") == 0
+    assert not (codex_home / "config.toml").exists()
+
+
+@pytest.mark.parametrize("mode", ["api-keys", "signed"])
+def test_in_api_keys_or_signed_mode_setup_explains_and_writes_nothing(home, monkeypatch, capsys, mode):
+    monkeypatch.setenv("MEMPROXY_AUTH_MODE", mode)
+    monkeypatch.setenv("MEMPROXY_AUTH_SIGNING_SECRET", "s" * 40)
+    monkeypatch.setenv("MEMPROXY_AUTH_API_KEYS", '[{"key": "k-1234567890", "user": "alice"}]')
+    for agent in ("claude-code", "codex"):
+        assert setup(agent, "--user", "alice", "--mcp") == 1
+        err = capsys.readouterr().err
+        assert f"auth.mode: {mode}" in err and "Nothing was written." in err
+        assert ("memproxy key" if mode == "api-keys" else "X-Memory-Scope-Token") in err
+    assert os.listdir(home) == []
+
+
+def test_a_url_with_a_path_is_refused(home, capsys):
+    assert setup("claude-code", "--user", "alice", "--url", "http://127.0.0.1:8080/v1") == 2
+    assert "root URL with no path" in capsys.readouterr().err
+    assert setup("claude-code", "--user", "no/such user") == 2
+    assert os.listdir(home) == []
