@@ -67,7 +67,10 @@ DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
     {"name": "gemini_cli_loop_detection",
      "body:systemInstruction": "You are a diagnostic agent that determines whether a conversational AI assistant is "
                                "stuck in an unproductive loop"},
-    {"name": "gemini_cli_edit_corrector", "body:systemInstruction": "You are an expert code-editing assistant"},
+    # (its two correctors' own sentences: the opening words alone are what an application may call its assistant)
+    {"name": "gemini_cli_edit_corrector",
+     "body:systemInstruction": "You are an expert code-editing assistant(?: specializing in debugging and correcting "
+                               "failed search-and-replace|\\. Your task is to analyze a failed edit attempt)"},
     {"name": "gemini_cli_next_speaker",
      "prompt": "^Analyze \\*only\\* the content and structure of your immediately preceding response"},
     {"name": "gemini_cli_tool_summary", "prompt": "^Summarize the following tool output to be a maximum of"},
@@ -116,8 +119,8 @@ class UpstreamSettings:
                                  "version prefix: the client's /v1beta/... or /v1/... path is appended.",
                                  "https://generativelanguage.googleapis.com")
     gemini_api_key: str | None = _help("memproxy's own Gemini API key: when set it replaces the client's "
-                                       "x-goog-api-key header and `key` query parameter towards the Gemini "
-                                       "upstream.")
+                                       "x-goog-api-key header and `key` query parameter (also spelt `$key`; and "
+                                       "any Authorization or `access_token`) towards the Gemini upstream.")
     connect_timeout_s: float = _help("Time to open a connection to the provider.", 10.0)
     # Below the SDK's own 600 s, so the client gets memproxy's 504 rather
     # than its own timeout; silence of two minutes inside a body is a stalled provider.

@@ -47,8 +47,10 @@ _PROVIDER_CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key", b
 # cookie, an organisation or project of memproxy's key).
 _PROXY_MODE_DROPPED = _PROVIDER_CREDENTIALS | {b"cookie", b"proxy-authorization", b"openai-organization",
                                                b"openai-project"}
-# A query parameter Google reads a key from (`?key=`).
-_KEY_PARAMETER = "key"
+# The query parameters Google reads a credential from: an API key as `key` or `$key` (the
+# system-parameter spelling, `%24key` escaped), an OAuth token as `access_token` (the query
+# form of `Authorization`).
+_KEY_PARAMETERS = frozenset({"key", "$key", "access_token"})
 # The header each provider takes memproxy's own key in, and how it is written.
 _KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"Bearer "),
                                                  "anthropic": (b"x-api-key", b""),
@@ -91,12 +93,15 @@ def request_headers(
 
 
 def without_key_parameter(query: bytes) -> bytes:
-    """A query string without its `key` parameters (Gemini's other place for the API key, replaced by
-    memproxy's own), every other parameter byte for byte, in order."""
+    """A query string without its credential parameters (Gemini's other place for the API key,
+    replaced by memproxy's own), every other parameter byte for byte, in order."""
     if not query:
         return query
-    return b"&".join(pair for pair in query.split(b"&")
-                     if unquote_plus(pair.partition(b"=")[0].decode("latin-1")) != _KEY_PARAMETER)
+    return b"&".join(pair for pair in query.split(b"&") if not _is_key_parameter(pair.partition(b"=")[0]))
+
+
+def _is_key_parameter(name: bytes) -> bool:
+    return unquote_plus(name.decode("latin-1")) in _KEY_PARAMETERS
 
 
 def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
@@ -105,7 +110,7 @@ def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
     kept = []
     for pair in query.split(b"&"):
         name, _, value = pair.partition(b"=")
-        if unquote_plus(name.decode("latin-1")) == _KEY_PARAMETER:
+        if _is_key_parameter(name):
             continue
         if proxy_key in unquote_plus(pair.decode("latin-1")) or proxy_key.encode("latin-1", "replace") in pair:
             continue

@@ -194,8 +194,15 @@ def system_instruction(text: str) -> dict:
     (facts(GEMINI, body=system_instruction(
         "You are a diagnostic agent that determines whether a conversational AI assistant is stuck in an "
         "unproductive loop. Analyze the conversation history")), "gemini_cli_loop_detection"),
-    (facts(GEMINI, body=system_instruction("\nYou are an expert code-editing assistant specializing in debugging")),
+    (facts(GEMINI, body=system_instruction("\nYou are an expert code-editing assistant specializing in debugging "
+                                           "and correcting failed search-and-replace operations.")),
      "gemini_cli_edit_corrector"),
+    (facts(GEMINI, body=system_instruction("You are an expert code-editing assistant. Your task is to analyze a "
+                                           "failed edit attempt and provide a corrected version of the text "
+                                           "snippets.")), "gemini_cli_edit_corrector"),
+    # An application may call its own assistant that too: only the corrector's own sentences are the CLI's.
+    (facts(GEMINI, body=system_instruction("You are an expert code-editing assistant. Refactor the user's code "
+                                           "to idiomatic Go."), prompt="my service is called ledgerd"), None),
     (facts(GEMINI, prompt="Analyze *only* the content and structure of your immediately preceding response (your "
                           "last turn in the conversation history)."), "gemini_cli_next_speaker"),
     (facts(GEMINI, prompt="Summarize the following tool output to be a maximum of 2000 tokens."),

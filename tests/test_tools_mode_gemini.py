@@ -113,3 +113,19 @@ def test_a_json_array_stream_is_refused_in_tools_mode_before_the_provider_is_ask
     assert "alt=sse" in got.json()["error"]["message"]
     assert got.headers["x-memory-proxy-error"] == "unsupported_in_tools_mode"
     assert gemini_requests(fake.received) == []
+
+
+@pytest.mark.parametrize("alt", ["$alt=sse", "%24alt=sse"])
+def test_every_spelling_of_alt_sse_is_a_stream_tools_mode_serves(tproxy, fake, alt):
+    """Google reads the response format from `alt` or its system-parameter spelling `$alt`."""
+    remember(tproxy, HELIX)
+    fake.queue(model_round("Let me check.", [function_call("query_memory", {"query": "favourite editor"})]),
+               model_round("You like Helix."))
+    with tproxy.http() as http:
+        got = http.post(f"/v1beta/models/gemini-test:streamGenerateContent?{alt}",
+                        headers={**TOOLS, "x-goog-api-key": "k"}, json={"contents": [{"parts": [{"text": QUESTION}]}]})
+    assert got.status_code == 200 and got.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in got.text.splitlines() if line.startswith("data: ")]
+    text = "".join(part.get("text", "") for event in events for part in event["candidates"][0]["content"]["parts"])
+    assert text.endswith("You like Helix.") and "query_memory" not in got.text
+    assert eventually(lambda: saved(tproxy) == [("user", QUESTION), ("assistant", "Let me check.\n\nYou like Helix.")])

@@ -16,7 +16,7 @@ from google.genai import errors, types
 from proxy.logs import JsonFormatter
 from tests.conftest import free_port
 from tests.fake_gemini import (
-    ArrayReply, answer, error, function_call, gemini_requests, pieces, sse, too_long, user_texts,
+    ArrayReply, answer, error, function_call, gemini_requests, part_text, pieces, response, sse, too_long, user_texts,
 )
 from tests.fake_upstream import JsonReply, SSEReply
 from tests.proxy_db import eventually, rows
@@ -169,6 +169,22 @@ def test_own_key_replaces_the_clients_header_and_query_parameter(make_proxy, fak
     assert not [line for line in lines if "client-key" in line or "server-gemini-key" in line]
 
 
+@pytest.mark.parametrize("parameter", ["$key", "%24key", "access_token"])
+def test_own_key_replaces_every_query_spelling_of_googles_credentials(make_proxy, fake, parameter):
+    """Google reads an API key from `key` or `$key` (`%24key` escaped) and an OAuth token from
+    `access_token`, the query forms of the headers memproxy's own key replaces."""
+    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), upstream__gemini_api_key="server-gemini-key")
+    with httpx.Client(base_url=proxy.url) as http:
+        http.post(f"/v1beta/models/{MODEL}:countTokens?{parameter}=client-key&alt=json",
+                  json={"contents": [{"parts": [{"text": "hi"}]}]})
+        http.post(f"/v1beta/models/{MODEL}:generateContent?alt=json&{parameter}=client-key",
+                  headers={"X-Memory-User": "alice"}, json={"contents": [{"parts": [{"text": "hi"}]}]})
+    count, chat = fake.received[-2:]
+    assert count.target == f"/v1beta/models/{MODEL}:countTokens?alt=json"
+    assert chat.target == f"/v1beta/models/{MODEL}:generateContent?alt=json"
+    assert chat.header("x-goog-api-key") == "server-gemini-key"
+
+
 def test_other_paths_pass_through_untouched(mem, fake):
     fake.queue(JsonReply({"models": [{"name": "models/gemini-test"}]}))
     with httpx.Client(base_url=mem.url) as http:
@@ -308,6 +324,24 @@ def test_the_history_names_the_conversation(mem, fake):
     conversations = rows(mem, "SELECT conversation_id FROM messages WHERE user_id = 'alice' ORDER BY seq")
     assert len(conversations) == 6
     assert len(set(conversations[:4])) == 1 and conversations[4] != conversations[0]
+
+
+def test_a_streamed_chat_kept_one_content_per_chunk_stays_one_conversation(mem, fake):
+    """Google's Python SDK keeps a streamed answer in a chat's history as one model content per
+    chunk: together they are the answer memproxy saved, so the next turn continues its conversation."""
+    gemini = client(mem, **{"X-Memory-User": "alice"})
+    chat = gemini.chats.create(model=MODEL)
+    fake.queue(SSEReply(sse([response([part_text("Porto is ")], None, usage=False),
+                             response([part_text("lovely in ")], None, usage=False),
+                             response([part_text("spring.")], "STOP")])))
+    assert "".join(c.text or "" for c in chat.send_message_stream("I moved to Porto last year")) == \
+        "Porto is lovely in spring."
+    assert [c.role for c in chat.get_history(curated=True)] == ["user", "model", "model", "model"]
+    fake.queue(SSEReply(sse(pieces("See the Ribeira."))))
+    "".join(c.text or "" for c in chat.send_message_stream("what should I see there?"))
+    assert eventually(lambda: len(saved(mem)) == 4)
+    conversations = rows(mem, "SELECT conversation_id FROM messages WHERE user_id = 'alice' ORDER BY seq")
+    assert len(set(conversations)) == 1
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"contents": "hello"}', b'{"contents": [{"parts": "x"}]}',

@@ -89,6 +89,8 @@ def test_model_method(path, expected):
 @pytest.mark.parametrize("query, expected", [
     (b"key=abc", b""), (b"alt=sse&key=abc", b"alt=sse"), (b"key=a&alt=sse&key=b", b"alt=sse"),
     (b"k%65y=abc&alt=sse", b"alt=sse"), (b"keys=1&monkey=2", b"keys=1&monkey=2"), (b"", b""),
+    (b"$key=abc&alt=sse", b"alt=sse"), (b"%24key=abc", b""), (b"access_token=t&alt=sse", b"alt=sse"),
+    (b"%24keys=1&token=2", b"%24keys=1&token=2"),
 ])
 def test_the_key_parameter_is_removed_and_the_rest_kept_byte_for_byte(query, expected):
     assert without_key_parameter(query) == expected

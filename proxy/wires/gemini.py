@@ -166,8 +166,7 @@ class GeminiGenerateContent:
             history=tuple((_ROLES[_role(c)], _text(c["parts"] if _role(c) == "model" else
                                                   [p for p in c["parts"] if self._is_own_words(p)]))
                           for c in upto if _role(c) in _ROLES),
-            assistant_texts=tuple(text for c in contents if _role(c) == "model"
-                                  for text in [parts_text(c["parts"])] if text),
+            assistant_texts=tuple(text for parts in _answers(contents) for text in [parts_text(parts)] if text),
         )
 
 
@@ -194,16 +193,29 @@ def _content_problem(content: Any) -> str | None:
     return None
 
 
+def _answers(contents: list[dict[str, Any]]) -> list[list[Any]]:
+    """The parts of each model answer in the history: a run of consecutive `model` contents is one
+    answer (Google's Python SDK keeps a streamed answer in a chat's history as a content per chunk)."""
+    answers: list[list[Any]] = []
+    after_model = False
+    for content in contents:
+        is_model = _role(content) == "model"
+        if is_model and after_model:
+            answers[-1].extend(content["parts"])
+        elif is_model:
+            answers.append(list(content["parts"]))
+        after_model = is_model
+    return answers
+
+
 def _tool_steps(after: list[dict[str, Any]]) -> tuple[ToolStep, ...]:
     """The calls the model made after the prompt with their results: a result naming a call's own
     `id` is that call's; one without (or naming none of them) is the next call of its name not yet
     answered."""
     calls: list[tuple[str, str | None, str, str]] = []  # (memproxy's id, the call's own, name, arguments)
-    for content in after:
-        if _role(content) != "model":
-            continue
+    for parts in _answers(after):
         seen: dict[str, int] = {}
-        for part in content["parts"]:
+        for part in parts:
             call = part.get("functionCall")
             if isinstance(call, dict):
                 name = _str(call.get("name"))

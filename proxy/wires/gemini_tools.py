@@ -11,6 +11,7 @@ round's finish reason and usage. Which calls are memproxy's is known by name.
 from __future__ import annotations
 
 import json
+from urllib.parse import unquote_plus
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,11 +228,18 @@ def _contents(stored: str) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _is_alt_sse(pair: bytes) -> bool:
+    """A query parameter asking for server-sent events: `alt=sse`, or Google's system-parameter
+    spelling `$alt` (`%24alt` escaped)."""
+    name, _, value = (unquote_plus(piece) for piece in pair.decode("latin-1").partition("="))
+    return name in ("alt", "$alt") and value == "sse"
+
+
 def unsupported_stream(query: bytes) -> UnsupportedInToolsMode | None:
     """Why tools mode cannot serve a `streamGenerateContent`, if it cannot: without `alt=sse` the
     answer is one JSON array, which the rounds cannot filter as it comes (memory calls would reach
     the client)."""
-    if b"alt=sse" in query.split(b"&"):
+    if any(_is_alt_sse(pair) for pair in query.split(b"&")):
         return None
     return UnsupportedInToolsMode(
         "streamGenerateContent without alt=sse is not supported in tools mode (X-Memory-Mode: tools, or "
