@@ -11,7 +11,6 @@ opening the file take the turns another still serves for a crash's leftovers.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,18 @@ from tests.store_backends import SQLiteBackend
 from tests.test_store_contract import finish, query_terms, start
 
 ALICE = Scope("alice")
+
+
+def killed_process_id() -> str:
+    """The name a store gives its process (sqlite/processes.py), of a process that has ended."""
+    return subprocess.run([sys.executable, "-c", "from proxy.stores.sqlite.processes import new_process_id;"
+                           " print(new_process_id())"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def with_pid(process_id: str, pid: int) -> str:
+    """`process_id` as if its process had had `pid`."""
+    where, _, rest = process_id.partition(":")
+    return f"{where}:{pid}:{rest.partition(':')[2]}"
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -131,8 +142,6 @@ def test_a_reasoning_trace_another_process_saved_is_found_by_the_next_search(tmp
 def test_a_process_opening_the_file_ends_the_turns_of_a_process_gone_not_of_one_running(tmp_path: Path) -> None:
     """Recovery at open: a turn pending on a process still running stays pending; once every
     other process with the file open is gone, the turns they left pending are interrupted."""
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
     path = tmp_path / "m.db"
     backend = SQLiteBackend(path)
 
@@ -143,10 +152,42 @@ def test_a_process_opening_the_file_ends_the_turns_of_a_process_gone_not_of_one_
             async with backend.opened() as starting:  # a third process starts meanwhile
                 assert (await starting.turn(ALICE, "in-flight")).status == "pending"  # type: ignore[union-attr]
         # Both closed; a process killed with its turn in flight left its row behind.
-        await backend.sql("INSERT INTO processes (id, opened_at) VALUES (?, 0)", f"{socket.gethostname()}:{gone}:x")
+        await backend.sql("INSERT INTO processes (id, opened_at) VALUES (?, 0)", killed_process_id())
         await backend.sql("UPDATE turns SET status = 'pending'")
         async with backend.opened() as starting:
             assert (await starting.turn(ALICE, "in-flight")).status == "interrupted"  # type: ignore[union-attr]
         assert await backend.sql("SELECT count(*) FROM processes") == [(0,)]
 
     run(body())
+
+
+def test_a_killed_process_whose_pid_another_process_now_has_is_known_gone(tmp_path: Path) -> None:
+    """Process ids are reused (32,768 of them by default on Linux; a restarted container hands
+    out the same ones again): a process killed with a turn in flight and items leased, whose
+    pid an unrelated process took since, is gone all the same. The process opening the file
+    alone ends the turn and drops the row, and the items are claimed at once, not in 5 minutes."""
+    path = tmp_path / "m.db"
+    backend = SQLiteBackend(path)
+    killed = killed_process_id()
+    time.sleep(0.05)  # the kernel counts start times in hundredths of a second
+    unrelated = subprocess.Popen(["sleep", "60"])
+    killed = with_pid(killed, unrelated.pid)
+
+    async def body() -> None:
+        now = datetime.now(UTC)
+        async with backend.opened() as store:
+            await store.apply([start(ALICE, "in-flight", "my ferry leaves at nine", at=now)])
+        await backend.sql("INSERT INTO processes (id, opened_at) VALUES (?, 0)", killed)
+        await backend.sql("UPDATE turns SET status = 'pending'")
+        await backend.sql("UPDATE extraction_queue SET claimed_until = ?, claimed_by = ?", now.timestamp() + 300,
+                          killed)
+        async with backend.opened() as store:
+            assert (await store.turn(ALICE, "in-flight")).status == "interrupted"  # type: ignore[union-attr]
+            assert await backend.sql("SELECT id FROM processes WHERE id = ?", killed) == []
+            assert [q.message.content for q in await store.claim_extraction(10, now)] == ["my ferry leaves at nine"]
+
+    try:
+        run(body())
+    finally:
+        unrelated.kill()
+        unrelated.wait()
