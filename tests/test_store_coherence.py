@@ -11,6 +11,8 @@ opening the file take the turns another still serves for a crash's leftovers.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +21,8 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.indexed_text import entity_terms
@@ -191,3 +195,64 @@ def test_a_killed_process_whose_pid_another_process_now_has_is_known_gone(tmp_pa
     finally:
         unrelated.kill()
         unrelated.wait()
+
+
+_IN_ANOTHER_NAMESPACE = """
+import asyncio, os, sys
+from datetime import UTC, datetime
+from proxy.models import Scope
+from proxy.stores.base import StartTurn
+from proxy.stores.sqlite.store import SQLiteStore
+
+async def main() -> None:
+    store = SQLiteStore(sys.argv[1])
+    await store.open()
+    now = datetime.now(UTC)
+    await store.apply([StartTurn(Scope("alice"), "in-flight", "c1", "h", now, "my ferry leaves at nine")])
+    print(os.getpid(), len(await store.claim_extraction(10, now)), flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+def _free_pid() -> int:
+    """A process id no process of this namespace has."""
+    for pid in range(30000, 1000, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+    raise AssertionError("no free pid")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a pid namespace of its own needs Linux, root and unshare")
+def test_a_process_in_another_pid_namespace_is_never_taken_for_gone(tmp_path: Path) -> None:
+    """Two containers with one host name (host networking, or a name set alike) may share the
+    file, each with its own process ids. The other's pid says nothing here: its turn in flight
+    stays pending and its leased item stays with it, even when no process here has that pid."""
+    path = tmp_path / "m.db"
+    pid = _free_pid()
+    spawn = f"open('/proc/sys/kernel/ns_last_pid', 'w').write('{pid - 1}'); import subprocess, sys;" \
+            f" sys.exit(subprocess.call([sys.executable, '-c', {_IN_ANOTHER_NAMESPACE!r}, {str(path)!r}]))"
+
+    async def body() -> None:
+        async with SQLiteBackend(path).opened() as store:
+            assert (await store.turn(ALICE, "in-flight")).status == "pending"  # type: ignore[union-attr]
+            assert await store.claim_extraction(10, datetime.now(UTC)) == []
+
+    with subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", spawn],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as other:
+        assert other.stdout is not None and other.stdin is not None
+        try:
+            assert other.stdout.readline().split() == [str(pid), "1"]  # its pid there; one item leased
+            run(body())
+            other.stdin.close()
+            assert other.wait(30) == 0
+        finally:
+            if other.poll() is None:
+                other.kill()
