@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ import pytest
 
 from proxy.models import ReasoningStep, Scope
 from proxy.stores.indexed_text import entity_terms
+from proxy.stores.sqlite.processes import new_process_id
 from proxy.stores.sqlite.store import SQLiteStore
 from tests.store_backends import SQLiteBackend
 from tests.test_store_contract import finish, query_terms, start
@@ -165,17 +167,10 @@ def test_a_process_opening_the_file_ends_the_turns_of_a_process_gone_not_of_one_
     run(body())
 
 
-def test_a_killed_process_whose_pid_another_process_now_has_is_known_gone(tmp_path: Path) -> None:
-    """Process ids are reused (32,768 of them by default on Linux; a restarted container hands
-    out the same ones again): a process killed with a turn in flight and items leased, whose
-    pid an unrelated process took since, is gone all the same. The process opening the file
-    alone ends the turn and drops the row, and the items are claimed at once, not in 5 minutes."""
-    path = tmp_path / "m.db"
+def ends_its_turn_and_lease_at_open(path: Path, killed: str) -> None:
+    """A lone process opening the file takes `killed` for gone: it ends the turn left pending,
+    drops the row, and claims at once the item leased for 5 minutes more."""
     backend = SQLiteBackend(path)
-    killed = killed_process_id()
-    time.sleep(0.05)  # the kernel counts start times in hundredths of a second
-    unrelated = subprocess.Popen(["sleep", "60"])
-    killed = with_pid(killed, unrelated.pid)
 
     async def body() -> None:
         now = datetime.now(UTC)
@@ -190,11 +185,29 @@ def test_a_killed_process_whose_pid_another_process_now_has_is_known_gone(tmp_pa
             assert await backend.sql("SELECT id FROM processes WHERE id = ?", killed) == []
             assert [q.message.content for q in await store.claim_extraction(10, now)] == ["my ferry leaves at nine"]
 
-    try:
-        run(body())
-    finally:
-        unrelated.kill()
-        unrelated.wait()
+    run(body())
+
+
+def test_a_killed_process_whose_pid_another_process_now_has_is_known_gone(tmp_path: Path) -> None:
+    """Process ids are reused (32,768 of them by default on Linux; a restarted container hands
+    out the same ones again): a process killed with a turn in flight and items leased, whose
+    pid an unrelated process took since, is gone all the same."""
+    killed = killed_process_id()
+    time.sleep(0.05)  # the kernel counts start times in hundredths of a second
+    with subprocess.Popen(["sleep", "60"]) as unrelated:
+        try:
+            ends_its_turn_and_lease_at_open(tmp_path / "m.db", with_pid(killed, unrelated.pid))
+        finally:
+            unrelated.kill()
+
+
+@pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="Linux names the host's boot")
+def test_a_process_of_an_earlier_boot_is_known_gone(tmp_path: Path) -> None:
+    """After a power cut, a host booting the same way may give the new memproxy the pid, and
+    even the start time, of the one killed: a process of an earlier boot is gone all the same."""
+    host, pid, started, store = new_process_id().split(":")
+    name, _, namespace = host.split("/")
+    ends_its_turn_and_lease_at_open(tmp_path / "m.db", f"{name}/{uuid.uuid4()}/{namespace}:{pid}:{started}:{store}")
 
 
 _IN_ANOTHER_NAMESPACE = """
