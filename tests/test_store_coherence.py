@@ -269,3 +269,63 @@ def test_a_process_in_another_pid_namespace_is_never_taken_for_gone(tmp_path: Pa
         finally:
             if other.poll() is None:
                 other.kill()
+
+
+async def answers(store: SQLiteStore) -> list[list[tuple[str, float]]]:
+    """What each search of the user answers, with its score."""
+    messages = await store.search_messages(ALICE, query_terms("ferry leaves"))
+    entities = await store.search_entities(ALICE, query_terms("island ferry"))
+    traces = await store.search_reasoning(ALICE, query_terms("invoices ferry"))
+    return [[(m.content, round(s, 6)) for m, s in messages], [(e.name, round(s, 6)) for e, s in entities],
+            [(t.task, round(s, 6)) for t, s in traces]]
+
+
+def test_after_each_write_or_delete_of_another_process_a_process_answers_as_one_just_started(tmp_path: Path) -> None:
+    """Interleaved: `reader` searches (its postings and counts hold the user), `writer` adds,
+    corrects or deletes, and `reader`'s next answers, hits and scores, are those of a process
+    opening the file afresh; with postings and without (the per-user counts answer)."""
+    steps = (ReasoningStep("run_sql", "SELECT * FROM invoices", "42 rows"),)
+
+    async def body(path: Path, cache_mb: int) -> None:
+        backend = SQLiteBackend(path)
+        async with two_processes(path, search_cache_mb=cache_mb) as (reader, writer):
+            ids: dict[str, str] = {}
+
+            async def save(key: str, text: str) -> None:
+                await writer.apply([start(ALICE, key, text, conv=key)])
+                ids[key] = (await writer.search_messages(ALICE, query_terms(text)))[0][0].id
+
+            async def entity(name: str, description: str) -> None:
+                ids[name] = await backend.add_entity("alice", name, "place", description)
+
+            async def trace(key: str, task: str) -> None:
+                await writer.apply([start(ALICE, key, conv=key), finish(ALICE, key, "done", conv=key, task=task,
+                                                                       steps=steps)])
+
+            writes = [
+                lambda: save("t1", "the ferry to Lopud leaves at nine"),
+                lambda: save("t2", "the ferry back leaves at six"),
+                lambda: entity("Lopud", "a car-free island"),
+                lambda: trace("r1", "count the ferry invoices"),
+                lambda: save("t3", "the last ferry leaves at ten, the island sleeps"),
+                lambda: writer.delete_item(ALICE, "message", ids["t2"]),
+                lambda: writer.update_memory(ALICE, ids["t1"], "the bus to Lopud leaves at nine"),
+                lambda: entity("Sipan", "the largest island, a ferry away"),
+                lambda: writer.update_memory(ALICE, ids["Lopud"], "a quiet village"),
+                lambda: trace("r2", "sum the invoices"),
+                lambda: writer.delete_item(ALICE, "conversation", "r1"),
+                lambda: writer.delete_item(ALICE, "entity", ids["Sipan"]),
+                lambda: writer.delete_item(ALICE, "conversation", "t3"),
+                lambda: save("t4", "a new ferry leaves at noon"),
+            ]
+            await answers(reader)
+            for write in writes:
+                await write()
+                if cache_mb:
+                    await held(reader, "alice")
+                    await held(reader, "alice", entities=True)
+                async with backend.opened() as fresh:
+                    assert await answers(reader) == await answers(fresh)
+
+    for cache_mb in (256, 0):
+        run(body(tmp_path / f"m{cache_mb}.db", cache_mb))
