@@ -10,8 +10,6 @@ items go to any replica.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +25,7 @@ from proxy.stores.base import ExtractionFailed, QueuedMessage, StartTurn, Store
 from proxy.stores.postgres.store import PostgresStore
 from proxy.stores.postgres.queue import CLAIM_LEASE
 from proxy.stores.postgres.schema import MIGRATIONS
+from proxy.stores.sqlite.processes import new_process_id
 from proxy.stores.sqlite.queue import CLAIM_LEASE as SQLITE_CLAIM_LEASE
 from tests.store_backends import Backend, SQLiteBackend, backend  # noqa: F401 (fixture)
 
@@ -183,8 +182,8 @@ def test_a_version_1_database_migrates_and_its_replicas_leases_still_hold(pg_url
 def test_on_sqlite_a_lease_of_a_process_gone_ends_at_once(tmp_path: Any) -> None:
     """Every process on one SQLite file runs on this host: a worker killed holding items hands
     them over to the next claim, with no wait for the lease; one still running keeps them."""
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    gone = subprocess.run([sys.executable, "-c", "from proxy.stores.sqlite.processes import new_process_id;"
+                           " print(new_process_id())"], capture_output=True, text=True, check=True).stdout.strip()
     backend = SQLiteBackend(tmp_path / "m.db")
 
     async def body() -> None:
@@ -192,10 +191,10 @@ def test_on_sqlite_a_lease_of_a_process_gone_ends_at_once(tmp_path: Any) -> None
             await enqueue(one, [("u", "u1"), ("v", "v1")])
             await backend.sql("UPDATE extraction_queue SET claimed_until = ?, claimed_by = ?"
                               " WHERE message_id = (SELECT id FROM messages WHERE content = 'u1')", (NOW + timedelta(minutes=1)).timestamp(),
-                              f"{socket.gethostname()}:{os.getpid()}:alive")
+                              new_process_id())
             await backend.sql("UPDATE extraction_queue SET claimed_until = ?, claimed_by = ?"
                               " WHERE message_id = (SELECT id FROM messages WHERE content = 'v1')", (NOW + timedelta(minutes=1)).timestamp(),
-                              f"{socket.gethostname()}:{gone}:killed")
+                              gone)
             assert texts(await two.claim_extraction(10, NOW)) == ["v1"]
 
     run(body())
