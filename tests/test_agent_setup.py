@@ -299,3 +299,17 @@ def test_gemini_cli_dry_run_masks_the_api_key_and_writes_nothing(home, capsys):
     assert '+export GOOGLE_GEMINI_BASE_URL="http://127.0.0.1:8080"' in out
     assert " GEMINI_API_KEY=****" in out and "AIzaSy" not in out
     assert (folder / ".env").read_bytes() == GEMINI_ENV and os.listdir(folder) == [".env"]
+
+
+def test_a_gemini_env_file_with_crlf_duplicates_and_no_final_newline_comes_back_byte_for_byte(home):
+    env_file = home / ".gemini" / ".env"
+    env_file.parent.mkdir()
+    original = b"GOOGLE_GEMINI_BASE_URL=https://a.example\r\nDEBUG=1\r\nGOOGLE_GEMINI_BASE_URL='https://b.example'"
+    env_file.write_bytes(original)
+    assert setup("gemini-cli", "--user", "alice") == 0
+    # The last assignment is the one dotenv keeps, so it is the one set; the file's line ending stays.
+    assert env_file.read_bytes() == (b"GOOGLE_GEMINI_BASE_URL=https://a.example\r\nDEBUG=1\r\n"
+                                     b'GOOGLE_GEMINI_BASE_URL="http://127.0.0.1:8080"\r\n'
+                                     b'GEMINI_CLI_CUSTOM_HEADERS="X-Memory-User: alice"\r\n')
+    assert setup("gemini-cli", "--undo") == 0
+    assert env_file.read_bytes() == original
