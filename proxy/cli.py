@@ -71,13 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     reindex.set_defaults(run=_reindex)
 
     setup = commands.add_parser("setup", help="point a coding agent at memproxy: write its own settings "
-                                "(docs/clients-claude-code.md, docs/clients-codex.md)")
+                                "(docs/clients-claude-code.md, docs/clients-codex.md, docs/clients-gemini-cli.md)")
     setup.add_argument("agent", choices=AGENT_NAMES, help="the agent to set up")
     setup.add_argument("--user", help="the user id memory is kept under (default: your login name)")
     setup.add_argument("--url", help="memproxy's root URL, no path (default: from server.host and server.port)")
     setup.add_argument("--mcp", action="store_true", help="also register memproxy's MCP server (docs/mcp.md)")
     setup.add_argument("--project", action="store_true",
-                       help="Claude Code: this project's .claude/settings.local.json and .mcp.json")
+                       help="the project's files: Claude Code's .claude/settings.local.json and .mcp.json, "
+                       "Gemini CLI's .gemini/.env and .gemini/settings.json")
     setup.add_argument("--dry-run", action="store_true", help="print the change (keys masked), write nothing")
     setup.add_argument("--undo", action="store_true", help="remove what setup added, restore what it replaced")
     setup.add_argument("--config", default=os.environ.get("MEMPROXY_CONFIG"), help="YAML config file")

@@ -1,4 +1,4 @@
-"""`memproxy setup claude-code|codex` on real files in a temporary HOME: what it writes, what it
+"""`memproxy setup claude-code|codex|gemini-cli` on real files in a temporary HOME: what it writes, what it
 keeps, running twice, modes, --dry-run, --undo byte for byte, files that cannot be parsed, and
 the auth modes where it writes nothing."""
 
@@ -44,7 +44,7 @@ base_url = "https://other.example/v1"
 def home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
-    for name in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_STATE_HOME", "MEMPROXY_CONFIG"):
+    for name in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_STATE_HOME", "MEMPROXY_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(home))
     project = tmp_path / "project"
@@ -58,7 +58,7 @@ def setup(*args: str) -> int:
 
 
 def test_every_agent_of_the_help_has_its_module():
-    assert tuple(AGENTS) == AGENT_NAMES == ("claude-code", "codex")
+    assert tuple(AGENTS) == AGENT_NAMES == ("claude-code", "codex", "gemini-cli")
 
 
 def test_claude_code_gets_the_base_url_and_the_header_and_keeps_everything_else(home, capsys):
@@ -199,7 +199,7 @@ def test_in_api_keys_or_signed_mode_setup_explains_and_writes_nothing(home, monk
     monkeypatch.setenv("MEMPROXY_AUTH_MODE", mode)
     monkeypatch.setenv("MEMPROXY_AUTH_SIGNING_SECRET", "s" * 40)
     monkeypatch.setenv("MEMPROXY_AUTH_API_KEYS", '[{"key": "k-1234567890", "user": "alice"}]')
-    for agent in ("claude-code", "codex"):
+    for agent in ("claude-code", "codex", "gemini-cli"):
         assert setup(agent, "--user", "alice", "--mcp") == 1
         err = capsys.readouterr().err
         assert f"auth.mode: {mode}" in err and "Nothing was written." in err
@@ -212,3 +212,104 @@ def test_a_url_with_a_path_is_refused(home, capsys):
     assert "root URL with no path" in capsys.readouterr().err
     assert setup("claude-code", "--user", "no/such user") == 2
     assert os.listdir(home) == []
+
+
+GEMINI_ENV = b"""# my Gemini CLI
+export GOOGLE_GEMINI_BASE_URL=https://gateway.example  # the team's gateway
+GEMINI_API_KEY=AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW
+GEMINI_CLI_CUSTOM_HEADERS="X-Trace: on, X-Memory-User: old-me"
+"""
+
+
+def gemini_env(text: bytes) -> dict[str, str]:
+    """The variables a `.env` file gives, read the way Gemini CLI's dotenv reads these lines."""
+    found = {}
+    for line in text.decode().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, value = line.removeprefix("export ").split("=", 1)
+            found[name] = value.split("  #")[0].strip().strip('"')
+    return found
+
+
+def test_gemini_cli_gets_its_env_file_and_the_api_key_auth_and_keeps_everything_else(home, capsys):
+    folder = home / ".gemini"
+    folder.mkdir()
+    (folder / ".env").write_bytes(GEMINI_ENV)
+    (folder / ".env").chmod(0o640)
+    settings = b'{\n  "security": {"auth": {"selectedType": "oauth-personal"}},\n  "ui": {"theme": "Dracula"}\n}\n'
+    (folder / "settings.json").write_bytes(settings)
+    assert setup("gemini-cli", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    out = capsys.readouterr().out
+    assert 'replacing GOOGLE_GEMINI_BASE_URL = "https://gateway.example"' in out
+    assert 'replacing security.auth.selectedType = "oauth-personal"' in out
+    written = (folder / ".env").read_bytes()
+    assert written == (b"# my Gemini CLI\nexport GOOGLE_GEMINI_BASE_URL=\"http://127.0.0.1:8080\"\n"
+                       b"GEMINI_API_KEY=AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW\n"
+                       b'GEMINI_CLI_CUSTOM_HEADERS="X-Trace: on, X-Memory-User: alice"\n')
+    assert gemini_env(written)["GEMINI_CLI_CUSTOM_HEADERS"] == "X-Trace: on, X-Memory-User: alice"
+    assert stat.S_IMODE((folder / ".env").stat().st_mode) == 0o640
+    assert json.loads((folder / "settings.json").read_bytes()) == {
+        "security": {"auth": {"selectedType": "gemini-api-key"}}, "ui": {"theme": "Dracula"}}
+    assert setup("gemini-cli", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert "nothing to change" in capsys.readouterr().out
+    assert setup("gemini-cli", "--undo") == 0
+    assert (folder / ".env").read_bytes() == GEMINI_ENV and (folder / "settings.json").read_bytes() == settings
+
+
+def test_gemini_cli_home_is_honoured_new_files_are_0600_and_mcp_uses_http_url(home, tmp_path, monkeypatch):
+    elsewhere = tmp_path / "gemini-home"
+    monkeypatch.setenv("GEMINI_CLI_HOME", str(elsewhere))
+    assert setup("gemini-cli", "--user", "alice", "--url", "http://127.0.0.1:9000", "--mcp") == 0
+    env_file, settings = elsewhere / ".gemini" / ".env", elsewhere / ".gemini" / "settings.json"
+    assert env_file.read_text() == ('GOOGLE_GEMINI_BASE_URL="http://127.0.0.1:9000"\n'
+                                    'GEMINI_CLI_CUSTOM_HEADERS="X-Memory-User: alice"\n')
+    assert json.loads(settings.read_text()) == {
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "mcpServers": {"memproxy": {"httpUrl": "http://127.0.0.1:9000/mcp", "headers": {"X-Memory-User": "alice"}}}}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (env_file, settings)} == {0o600}
+    assert not (home / ".gemini").exists()
+    assert setup("gemini-cli", "--undo") == 0
+    assert os.listdir(elsewhere / ".gemini") == []
+
+
+def test_gemini_cli_project_scope_writes_the_projects_gemini_folder(home):
+    assert setup("gemini-cli", "--user", "alice", "--project") == 0
+    project = Path.cwd() / ".gemini"
+    assert gemini_env((project / ".env").read_bytes()) == {
+        "GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:8080", "GEMINI_CLI_CUSTOM_HEADERS": "X-Memory-User: alice"}
+    assert json.loads((project / "settings.json").read_text())["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert not (home / ".gemini").exists()
+
+
+def test_a_gemini_env_file_that_cannot_be_parsed_is_an_error_and_nothing_is_written(home, capsys):
+    folder = home / ".gemini"
+    folder.mkdir()
+    (folder / ".env").write_text('GEMINI_CLI_CUSTOM_HEADERS="X-Trace: on,\nX-Other: 1"\n')
+    assert setup("gemini-cli", "--user", "alice") == 2
+    assert "is not a valid .env file (line 1 is not NAME=value)" in capsys.readouterr().err
+    assert os.listdir(folder) == [".env"] and not (home / ".local").exists()
+
+
+def test_gemini_cli_dry_run_masks_the_api_key_and_writes_nothing(home, capsys):
+    folder = home / ".gemini"
+    folder.mkdir()
+    (folder / ".env").write_bytes(GEMINI_ENV)
+    assert setup("gemini-cli", "--user", "alice", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert '+export GOOGLE_GEMINI_BASE_URL="http://127.0.0.1:8080"' in out
+    assert " GEMINI_API_KEY=****" in out and "AIzaSy" not in out
+    assert (folder / ".env").read_bytes() == GEMINI_ENV and os.listdir(folder) == [".env"]
+
+
+def test_a_gemini_env_file_with_crlf_duplicates_and_no_final_newline_comes_back_byte_for_byte(home):
+    env_file = home / ".gemini" / ".env"
+    env_file.parent.mkdir()
+    original = b"GOOGLE_GEMINI_BASE_URL=https://a.example\r\nDEBUG=1\r\nGOOGLE_GEMINI_BASE_URL='https://b.example'"
+    env_file.write_bytes(original)
+    assert setup("gemini-cli", "--user", "alice") == 0
+    # The last assignment is the one dotenv keeps, so it is the one set; the file's line ending stays.
+    assert env_file.read_bytes() == (b"GOOGLE_GEMINI_BASE_URL=https://a.example\r\nDEBUG=1\r\n"
+                                     b'GOOGLE_GEMINI_BASE_URL="http://127.0.0.1:8080"\r\n'
+                                     b'GEMINI_CLI_CUSTOM_HEADERS="X-Memory-User: alice"\r\n')
+    assert setup("gemini-cli", "--undo") == 0
+    assert env_file.read_bytes() == original

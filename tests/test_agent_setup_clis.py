@@ -1,6 +1,6 @@
 """The pinned CLIs (tests/clients) against memproxy's MCP endpoint and after `memproxy setup`:
-Claude Code calls the memory tool over MCP; a bare `claude -p` and `codex exec` in a fresh HOME
-go through memproxy once setup has written their settings; `--undo` gives the files back."""
+Claude Code calls the memory tool over MCP; a bare `claude -p`, `codex exec` and `gemini -p` in a
+fresh HOME go through memproxy once setup has written their settings; `--undo` gives the files back."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest
 
 from tests.agent_clis import QUIET_ENV, RUN_TIMEOUT_S, cli_path
 from tests.fake_anthropic import stream as messages_stream
+from tests.fake_gemini import answer, gemini_requests, pieces, sse
 from tests.fake_responses import output, stream as responses_stream
-from tests.fake_upstream import SSEReply
+from tests.fake_upstream import JsonReply, Received, Reply, SSEReply
 
 FACT = "My dog's name is Biscuit-7731"
 QUESTION = "what is my dog's name?"
@@ -110,3 +111,34 @@ def test_after_setup_a_bare_codex_exec_goes_through_memproxy_and_undo_gives_the_
     assert f"[long-term] {FACT}" in texts(request.json())
     assert "restored" in setup(home, "codex", "--undo")
     assert config.read_bytes() == original
+
+
+def gemini_reply(request: Received) -> Reply:
+    """Gemini CLI's model router gets its JSON, the turn a streamed answer."""
+    if "You are a specialized Task Routing AI" in json.dumps(request.json().get("systemInstruction")):
+        return JsonReply(answer(json.dumps({"complexity_reasoning": "simple", "complexity_score": 10})))
+    return SSEReply(sse(pieces("Your dog is Biscuit-7731.")))
+
+
+def test_after_setup_a_bare_gemini_goes_through_memproxy_and_undo_gives_the_files_back(make_proxy, fake, tmp_path):
+    proxy = make_proxy(upstream__gemini_base_url=fake.url.removesuffix("/v1"), extraction__from_roles=[])
+    stored = httpx.post(proxy.url + "/memory/v1/users/alice/memories", json={"content": FACT, "type": "fact"})
+    assert stored.status_code == 201
+    home = tmp_path / "home"
+    settings = home / ".gemini" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    original = b'{\n\t"privacy": {"usageStatisticsEnabled": false},\n\t"general": {"enableAutoUpdate": false}\n}'
+    settings.write_bytes(original)
+    assert "created" in setup(home, "gemini-cli", "--user", "alice", "--url", proxy.url)
+    fake.queue(*[gemini_reply] * 4)
+    # The user's own key, and the trust a headless run needs in a folder never trusted before.
+    done = run([str(cli_path("gemini")), "-p", QUESTION], home, home / "work", GEMINI_API_KEY="gemini-test-dummy",
+               GEMINI_CLI_TRUST_WORKSPACE="true")
+    fake.clear_queue()
+    assert "Biscuit-7731" in done.stdout
+    requests = gemini_requests(fake.received)
+    assert requests and all(r.header("x-memory-user") is None for r in requests)
+    (turn,) = [r for r in requests if r.target.split("?")[0].endswith(":streamGenerateContent")]
+    assert f"[long-term] {FACT}" in texts(turn.json())
+    assert "restored" in setup(home, "gemini-cli", "--undo")
+    assert settings.read_bytes() == original and not (home / ".gemini" / ".env").exists()

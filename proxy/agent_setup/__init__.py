@@ -1,7 +1,7 @@
 """`memproxy setup AGENT`: write a coding agent's own configuration so it goes through memproxy.
 
-Each agent is one small module (`claude_code.py`, `codex.py`) that names the files it edits
-and the keys it sets; `documents.py` reads and writes JSON and TOML keeping the rest of a
+Each agent is one small module (`claude_code.py`, `codex.py`, `gemini_cli.py`) that names the files it edits
+and the keys it sets; `documents.py` reads and writes JSON, TOML and `.env` files keeping the rest of a
 file; `edits.py` plans and writes the change (atomically, the file's mode kept); `undo.py`
 keeps what --undo needs in memproxy's own state directory, and undoes; `command.py` is the
 command line.
@@ -9,4 +9,4 @@ command line.
 
 # The agents `memproxy setup` knows, for the command line's help (command.AGENTS holds their
 # modules; importing those costs the command line half a second, so only `setup` does).
-AGENT_NAMES = ("claude-code", "codex")
+AGENT_NAMES = ("claude-code", "codex", "gemini-cli")

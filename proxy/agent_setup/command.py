@@ -21,11 +21,12 @@ from proxy.agent_setup.claude_code import ClaudeCode
 from proxy.agent_setup.codex import Codex, ProjectUnsupported
 from proxy.agent_setup.documents import Unparseable
 from proxy.agent_setup.edits import Target, diff, plan
+from proxy.agent_setup.gemini_cli import GeminiCli
 from proxy.agent_setup.undo import apply, apply_undo, plan_undo, state_dir
 from proxy.ids import SCOPE_ID_RULE, is_scope_id
 from proxy.settings import Settings
 
-AGENTS: Mapping[str, Agent] = MappingProxyType({agent.name: agent for agent in (ClaudeCode(), Codex())})
+AGENTS: Mapping[str, Agent] = MappingProxyType({agent.name: agent for agent in (ClaudeCode(), Codex(), GeminiCli())})
 assert tuple(AGENTS) == AGENT_NAMES, "proxy/agent_setup/__init__.py names the agents for the command line's help"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
 

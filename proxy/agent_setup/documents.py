@@ -1,6 +1,6 @@
 """An agent's settings file as a document of nested tables: read, set and remove a key by its
 path, and write it back keeping everything else (JSON: its key order and indentation; TOML:
-comments and formatting, through tomlkit)."""
+comments and formatting, through tomlkit; a `.env` file: every line setup does not set)."""
 
 from __future__ import annotations
 
@@ -139,6 +139,88 @@ class TomlDocument:
         return tomlkit.dumps(self._doc).encode("utf-8")
 
 
+# A `.env` line: `[export ]NAME=value`, the value quoted or not (a ` #` starts a comment after it).
+_ASSIGNMENT = re.compile(r"^(\s*(?:export\s+)?)([\w.-]+)(\s*=\s*)(.*?)\s*$")
+_QUOTED = re.compile(r"""^(["'`])(.*)\1(\s+#.*)?$""")
+
+
+class EnvDocument:
+    """A `.env` file (`NAME=value`, one a line, as the `dotenv` package reads it), edited line by line so
+    the lines setup does not set stay byte for byte; `get(())` gives every variable as a dict. A line
+    that is neither blank, a comment nor `NAME=value` (a quoted value over several lines) is
+    Unparseable: only what setup can read back for certain is edited."""
+
+    def __init__(self, path: Path, raw: bytes | None) -> None:
+        self._path = path
+        try:
+            text = (raw or b"").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Unparseable(f"{path} is not a valid .env file ({exc})") from None
+        self._lines = text.splitlines(keepends=True)
+        self._values: dict[str, str] = {}
+        for number, line in enumerate(self._lines, 1):
+            name, value = _parsed(line)
+            if name is None and line.strip() and not line.lstrip().startswith("#"):
+                raise Unparseable(f"{path} is not a valid .env file (line {number} is not NAME=value)")
+            if name is not None:
+                self._values[name] = value
+        self._newline = "\r\n" if any(line.endswith("\r\n") for line in self._lines) else "\n"
+
+    def get(self, key: Key) -> Any:
+        if not key:
+            return dict(self._values)
+        return self._values.get(key[0], MISSING) if len(key) == 1 else MISSING
+
+    def set(self, key: Key, value: Any) -> None:
+        (name,) = key
+        text = str(value)
+        line = f"{name}={_quoted(self._path, name, text)}"
+        found = [i for i, old in enumerate(self._lines) if _parsed(old)[0] == name]
+        if found:
+            # The last assignment is the one read; an `export ` prefix and the line's ending stay.
+            old = self._lines[found[-1]]
+            match = _ASSIGNMENT.match(old.rstrip("\r\n"))
+            prefix = match.group(1) if match else ""
+            self._lines[found[-1]] = prefix + line + old[len(old.rstrip("\r\n")):]
+        else:
+            if self._lines and not self._lines[-1].endswith("\n"):
+                self._lines[-1] += self._newline
+            self._lines.append(line + self._newline)
+        self._values[name] = text
+
+    def delete(self, key: Key) -> None:
+        if len(key) != 1:
+            return
+        self._lines = [line for line in self._lines if _parsed(line)[0] != key[0]]
+        self._values.pop(key[0], None)
+
+    def dump(self) -> bytes:
+        return "".join(self._lines).encode("utf-8")
+
+
+def _parsed(line: str) -> tuple[str | None, str]:
+    """(name, value) of an assignment line, or (None, "") for anything else."""
+    match = _ASSIGNMENT.match(line.rstrip("\r\n"))
+    if match is None:
+        return None, ""
+    value = match.group(4)
+    quoted = _QUOTED.match(value)
+    if quoted is not None:
+        return match.group(2), quoted.group(2)
+    if value[:1] in ("'", '"', "`"):
+        return None, ""  # an opening quote closed on a later line: not read
+    return match.group(2), re.sub(r"\s+#.*$", "", value).strip()
+
+
+def _quoted(path: Path, name: str, value: str) -> str:
+    """`value` in quotes that keep it as it is: double quotes, or single ones when it holds `"` or `\\`."""
+    if not any(c in value for c in '"\\\n\r'):
+        return f'"{value}"'
+    if not any(c in value for c in "'\n\r"):
+        return f"'{value}'"
+    raise Unparseable(f"{path}: {name} would hold quotes and line breaks setup cannot write")
+
+
 def _indentation(text: str) -> int | str | None:
     """How the file indents: spaces (their number), a tab, or None for JSON on one line."""
     found = re.search(r"^([ \t]+)\S", text, re.M)
@@ -148,5 +230,7 @@ def _indentation(text: str) -> int | str | None:
 
 
 def document(kind: str, path: Path, raw: bytes | None) -> Document:
-    """The file's document; Unparseable when it is not valid `kind` ("json" or "toml")."""
+    """The file's document; Unparseable when it is not valid `kind` ("json", "toml" or "env")."""
+    if kind == "env":
+        return EnvDocument(path, raw)
     return JsonDocument(path, raw) if kind == "json" else TomlDocument(path, raw)

@@ -94,11 +94,17 @@ _SECRET_FIELD = re.compile(r"""(?i)(["']?[\w.-]*(?:api_?key|token|secret|passwor
                            r"""([^"']+)(["'])""")
 
 
+# A `.env` line (in a diff, after its +, - or space) setting a variable named like a key, unquoted.
+_SECRET_VARIABLE = re.compile(r"""(?i)^([+ -]?\s*(?:export\s+)?[\w.-]*(?:api_?key|token|secret|password)[\w.-]*"""
+                              r"""\s*=\s*)([^"'\s].*)$""")
+
+
 def masked(text: str) -> str:
     """`text` with keys and tokens hidden: secret-looking values, and values of fields named like keys."""
     # A JSON or TOML string's `\n` is read as the line break it stands for (headers, one a line).
     lines = "\n".join(redact(part) for part in text.split("\\n")).replace("\n", "\\n")
-    return _SECRET_FIELD.sub(lambda m: f"{m.group(1)}****{m.group(3)}", lines)
+    lines = _SECRET_FIELD.sub(lambda m: f"{m.group(1)}****{m.group(3)}", lines)
+    return _SECRET_VARIABLE.sub(lambda m: f"{m.group(1)}****", lines)
 
 
 def diff(edit: Edit) -> str:
