@@ -2,9 +2,9 @@
 
 This module is the endpoint's edge: the Host and Origin guard against DNS rebinding, 405 for
 anything but a POST, identity resolved for each request (headers from trusted clients, a
-memproxy key, a signed token: scope.py, as on every other path) before the SDK reads the
-body, one log line and the request metrics. The server itself (mcp_tools_server.py, on the
-official SDK) is stateless, so any worker or replica serves any request; it is loaded on
+memproxy key, a signed token: scope.py, as on every other path), the body read within
+server.max_body_bytes and server.body_timeout_s before the SDK sees it, one log line and
+the request metrics. The server itself (mcp_tools_server.py, on the official SDK) is stateless, so any worker or replica serves any request; it is loaded on
 the first /mcp request, in a task of its own that holds the SDK's task group until the app
 stops.
 """
@@ -18,14 +18,15 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Send
 from starlette.types import Scope as AsgiScope
 
-from proxy.errors import ProxyError
+from proxy.errors import ClientGone, ProxyError
 from proxy.memory.pipeline import MemoryService
 from proxy.metrics import Metrics
+from proxy.relay import Receive, read_body
 from proxy.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 
@@ -85,6 +86,8 @@ class McpEndpoint:
         self._memory = memory
         self._metrics = metrics
         self._guard = RebindingGuard(settings)
+        self._max_body_bytes = settings.server.max_body_bytes
+        self._body_timeout_s = settings.server.body_timeout_s
         self._server: asyncio.Future[ToolsServer] | None = None  # set by the first request
         self._host: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -152,11 +155,31 @@ class McpEndpoint:
         except ProxyError as error:  # told to the tool call that needs it, as a JSON-RPC error
             found = error
         try:
+            # Read here, with every path's bounds: the SDK's own limit is fixed and it waits on a
+            # stalled body forever.
+            body = await read_body(receive, self._max_body_bytes, self._body_timeout_s)
+        except ClientGone:
+            return
+        except ProxyError as error:
+            await _answer(send, error.status, f"memproxy: {error}", [(b"connection", b"close")])
+            return
+        try:
             server = await self._tools_server()
         except Exception:  # logged once where it failed; /mcp is down, the rest of memproxy is not
             await _answer(send, 503, "memproxy: the MCP server is unavailable (see memproxy's log)")
             return
-        await server.handle(scope, found, receive, send)
+        await server.handle(scope, found, _replay(body, receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for a body already read: the body, then whatever the connection says next."""
+    pending = [body]
+
+    async def replayed() -> dict[str, Any]:
+        if pending:
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
+        return await receive()
+    return replayed
 
 
 async def _answer(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -246,3 +247,21 @@ def test_a_get_is_answered_405_at_once_and_holds_no_connection(mem):
         for method in ("GET", "DELETE"):
             answer = http.request(method, "/mcp", headers={"accept": "text/event-stream"})
             assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
+
+
+def test_a_body_over_the_limit_or_stalled_gets_the_bounds_of_every_other_path(make_proxy):
+    proxy = make_proxy(server__max_body_bytes=10_000, server__body_timeout_s=0.5)
+    accept = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18",
+              "X-Memory-User": "alice"}
+    big = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+           "params": {"name": "query_memory", "arguments": {"query": "x" * 20_000}}}
+    with proxy.http() as http:
+        answer = http.post("/mcp", json=big, headers=accept)
+    assert answer.status_code == 413
+    assert answer.json()["error"]["message"] == "memproxy: request body is larger than the limit of 10000 bytes"
+    # A body that stops arriving is answered, not waited on forever (the SDK alone would wait).
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as stalled:
+        stalled.sendall(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                        b"accept: application/json, text/event-stream\r\ncontent-length: 100\r\n\r\n{")
+        head = stalled.recv(4096)
+    assert head.startswith(b"HTTP/1.1 408 ") and b"server.body_timeout_s" in head
