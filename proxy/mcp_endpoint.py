@@ -4,9 +4,9 @@ This module is the endpoint's edge: the Host and Origin guard against DNS rebind
 anything but a POST, identity resolved for each request (headers from trusted clients, a
 memproxy key, a signed token: scope.py, as on every other path), the body read within
 server.max_body_bytes and server.body_timeout_s before the SDK sees it, one log line and
-the request metrics. The server itself (mcp_tools_server.py, on the official SDK) is stateless, so any worker or replica serves any request; it is loaded on
-the first /mcp request, in a task of its own that holds the SDK's task group until the app
-stops.
+the request metrics. The server itself (mcp_tools_server.py, on the official SDK) is
+stateless, so any worker or replica serves any request; it is loaded on the first /mcp
+request, in a task of its own that holds the SDK's task group until the app stops.
 """
 
 from __future__ import annotations
