@@ -146,6 +146,21 @@ def test_a_file_that_cannot_be_parsed_is_an_error_and_nothing_is_written(home, c
     assert not (home / ".local").exists()
 
 
+def test_a_file_that_cannot_be_written_is_an_error_and_no_other_file_is_written(home, capsys):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_bytes(CLAUDE_SETTINGS)
+    # The server list's file lives where nothing can be created (a directory of /proc): the
+    # settings file, planned first, must not be written alone either.
+    (home / ".claude.json").symlink_to("/proc/self/memproxy-test/claude.json")
+    assert setup("claude-code", "--user", "alice", "--mcp") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memproxy setup: cannot write /proc/") and err.endswith("; nothing was written\n")
+    assert settings.read_bytes() == CLAUDE_SETTINGS
+    assert sorted(p.name for p in settings.parent.iterdir()) == ["settings.json"]  # no temporary file left
+    assert not any(path.is_file() for path in (home / ".local").rglob("*"))
+
+
 def test_dry_run_prints_the_change_with_keys_masked_and_writes_nothing(home, capsys):
     settings = home / ".claude" / "settings.json"
     settings.parent.mkdir()

@@ -111,8 +111,29 @@ def diff(edit: Edit) -> str:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` in one rename, keeping its mode (0600 for a new file); a
-    symlinked file is written where the link points, and the link stays."""
+    """Replace `path` with `data` in one rename (write_all)."""
+    write_all([(path, data)])
+
+
+def write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Write every file or none: each is staged in a temporary file beside it first, so a
+    directory that refuses a write stops the run before any file changed; then each is
+    renamed into place, keeping its mode (0600 for a new file). A symlinked file is written
+    where the link points, and the link stays."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            staged.append(_staged(path, data))
+    except BaseException:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
+        raise
+    for temporary, path in staged:
+        os.replace(temporary, path)
+
+
+def _staged(path: Path, data: bytes) -> tuple[Path, Path]:
+    """`data` in a temporary file beside `path` with `path`'s mode: (the temporary file, the real path)."""
     path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -126,7 +147,7 @@ def write_atomically(path: Path, data: bytes) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temporary, mode)
-        os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    return Path(temporary), path

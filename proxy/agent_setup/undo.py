@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.agent_setup.documents import MISSING, Document, Key, document
-from proxy.agent_setup.edits import Edit, Target, dotted, read, write_atomically
+from proxy.agent_setup.edits import Edit, Target, dotted, read, write_all, write_atomically
 
 STATE_VERSION = 1
 
@@ -73,9 +73,16 @@ def _decoded(slot: dict[str, Any]) -> Any:
     return slot["value"] if "value" in slot else MISSING
 
 
-def apply(edit: Edit, directory: Path, agent: str) -> None:
-    """Write the edit and keep (or extend) what --undo needs: the state is written first, so an
-    interrupted run never leaves a change that cannot be undone."""
+def apply(edits: list[Edit], directory: Path, agent: str) -> None:
+    """Write the edits and keep (or extend) what --undo needs, all or none: the states are
+    renamed into place first, so an interrupted run never leaves a change that cannot be undone."""
+    states = [_state(edit, directory, agent) for edit in edits]
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_all([*states, *((edit.target.path, edit.after) for edit in edits)])
+
+
+def _state(edit: Edit, directory: Path, agent: str) -> tuple[Path, bytes]:
+    """Where --undo's state for the edit's file goes, and its new bytes."""
     path = edit.target.path
     where = state_path(directory, path)
     old = _load_state(where)
@@ -99,9 +106,7 @@ def apply(edit: Edit, directory: Path, agent: str) -> None:
              "written_sha256": _sha(edit.after),
              "back": [] if created else None if original is None else _back(edit.after, original),
              "keys": list(keys.values()), "created_tables": [list(key) for key in tables]}
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    write_atomically(where, json.dumps(state, indent=1).encode())
-    write_atomically(path, edit.after)
+    return where, json.dumps(state, indent=1).encode()
 
 
 def _load_state(where: Path) -> dict[str, Any] | None:
