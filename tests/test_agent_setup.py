@@ -172,6 +172,24 @@ def test_dry_run_prints_the_change_with_keys_masked_and_writes_nothing(home, cap
     assert settings.read_bytes() == CLAUDE_SETTINGS and not (home / ".local").exists()
 
 
+def test_dry_run_masks_keys_under_any_spelling_of_their_name(home, capsys):
+    # Values no secret pattern knows (a gateway's own keys), under names written as headers are.
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"env": {"ANTHROPIC_CUSTOM_HEADERS": "x-api-key: gatewaysecret\nX-Trace: on"}}))
+    assert setup("claude-code", "--user", "alice", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert '"ANTHROPIC_CUSTOM_HEADERS": "x-api-key: ****\\nX-Trace: on\\nX-Memory-User: alice"' in out
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('model_provider = "azure"\n\n[model_providers.azure]\n'
+                      'http_headers = { "api-key" = "azuresecret" }\n')
+    assert setup("codex", "--user", "alice", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert ' http_headers = { "api-key" = "****" }' in out
+    assert "gatewaysecret" not in out and "azuresecret" not in out
+
+
 def test_codex_gets_its_provider_with_the_rest_of_the_file_kept(home, capsys):
     config = home / ".codex" / "config.toml"
     config.parent.mkdir()

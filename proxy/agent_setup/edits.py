@@ -90,14 +90,17 @@ def dotted(key: Key) -> str:
     return ".".join(key)
 
 
-_SECRET_FIELD = re.compile(r"""(?i)(["']?[\w.-]*(?:api_?key|token|secret|password|authorization)["']?\s*[:=]\s*["'])"""
-                           r"""([^"']+)(["'])""")
+_SECRET_NAME = r"[\w.-]*(?:api[-_]?key|token|secret|password|authorization|cookie)"
+_SECRET_FIELD = re.compile(rf"""(?i)(["']?{_SECRET_NAME}["']?\s*[:=]\s*["'])([^"']+)(["'])""")
+# A header line inside a string value (ANTHROPIC_CUSTOM_HEADERS holds `Name: value`, one a line).
+_SECRET_HEADER = re.compile(rf"""(?i)((?:^|(?<=["\s])){_SECRET_NAME}:[ \t]*)([^"\\]+)""")
 
 
 def masked(text: str) -> str:
     """`text` with keys and tokens hidden: secret-looking values, and values of fields named like keys."""
     # A JSON or TOML string's `\n` is read as the line break it stands for (headers, one a line).
-    lines = "\n".join(redact(part) for part in text.split("\\n")).replace("\n", "\\n")
+    parts = (_SECRET_HEADER.sub(r"\1****", redact(part)) for part in text.split("\\n"))
+    lines = "\n".join(parts).replace("\n", "\\n")
     return _SECRET_FIELD.sub(lambda m: f"{m.group(1)}****{m.group(3)}", lines)
 
 
