@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -53,20 +54,26 @@ class RebindingGuard:
         host = settings.server.host
         if host not in _ANY_ADDRESS and host not in names:
             names.append(f"[{host}]" if ":" in host else host)
-        self._hosts = [*names, *(f"{name}:*" for name in names), *settings.mcp.allowed_hosts]
+        self._hosts = [*names, *(f"{name}:*" for name in names), *map(_dns_form, settings.mcp.allowed_hosts)]
         self._origins = [f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names
-                         for port in ("", ":*")] + list(settings.mcp.allowed_origins)
+                         for port in ("", ":*")] + [_dns_form(origin) for origin in settings.mcp.allowed_origins]
 
     def refusal(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """What is wrong with the request's Host or Origin; None when both are allowed."""
         found = {name.lower(): value.decode("latin-1") for name, value in headers
                  if name.lower() in (b"host", b"origin")}
-        host, origin = found.get(b"host"), found.get(b"origin")
+        host, origin = (None if value is None else _dns_form(value) for value in (found.get(b"host"),
+                                                                                  found.get(b"origin")))
         if host is None or not _allowed(host, self._hosts):
             return "Host is not one /mcp answers (add it to mcp.allowed_hosts)"
         if origin is not None and not _allowed(origin, self._origins):
             return "Origin is not one /mcp answers (add it to mcp.allowed_origins)"
         return None
+
+
+def _dns_form(value: str) -> str:
+    """A Host or Origin as DNS reads its name: in any case, and with a root dot (`localhost.`) or without."""
+    return re.sub(r"\.(?=(:\d*)?$)", "", value.lower())
 
 
 def _allowed(value: str, allowed: list[str]) -> bool:

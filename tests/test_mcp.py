@@ -161,11 +161,18 @@ def test_host_and_origin_are_checked_against_dns_rebinding(make_proxy):
         assert http.post("/mcp", json=body, headers=accept).status_code == 200
         assert http.post("/mcp", json=body, headers={**accept, "origin": f"http://localhost:{proxy.port}"}) \
             .status_code == 200
+        # A name is the same name in any case and with DNS's root dot.
+        for host, origin in (("LOCALHOST", None), (f"localhost.:{proxy.port}", f"http://LocalHost:{proxy.port}")):
+            headers = {**accept, "host": host, **({"origin": origin} if origin else {})}
+            assert http.post("/mcp", json=body, headers=headers).status_code == 200, host
+        for host in ("evil.localhost", "localhost.evil", "localhost..", "::1"):
+            assert http.post("/mcp", json=body, headers={**accept, "host": host}).status_code == 403, host
+        assert http.post("/mcp", json=body, headers={**accept, "origin": "null"}).status_code == 403
         rebound = http.post("/mcp", json=body, headers={**accept, "host": "attacker.example"})
         assert rebound.status_code == 403 and "mcp.allowed_hosts" in rebound.json()["error"]["message"]
         page = http.post("/mcp", json=body, headers={**accept, "origin": "http://attacker.example"})
         assert page.status_code == 403 and "mcp.allowed_origins" in page.json()["error"]["message"]
-    opened = make_proxy(mcp__allowed_hosts=["memproxy.internal:*"], mcp__allowed_origins=["https://ide.example"])
+    opened = make_proxy(mcp__allowed_hosts=["Memproxy.Internal:*"], mcp__allowed_origins=["https://ide.example"])
     with opened.http() as http:
         assert http.post("/mcp", json=body, headers={**accept, "host": "memproxy.internal:8080",
                                                      "origin": "https://ide.example"}).status_code == 200
