@@ -161,6 +161,20 @@ def test_a_file_that_cannot_be_written_is_an_error_and_no_other_file_is_written(
     assert not any(path.is_file() for path in (home / ".local").rglob("*"))
 
 
+def test_an_unreadable_undo_state_is_an_error_and_nothing_is_written(home, capsys):
+    assert setup("claude-code", "--user", "alice") == 0
+    settings = home / ".claude" / "settings.json"
+    written = settings.read_bytes()
+    (state,) = (home / ".local" / "state" / "memproxy" / "setup").iterdir()
+    state.write_text("not json")
+    capsys.readouterr()
+    for args in (("--undo",), ("--user", "bob")):
+        assert setup("claude-code", *args) == 2
+        assert capsys.readouterr().err == (f"memproxy setup: {state} is not a memproxy setup state file this version "
+                                           "reads; nothing was written\n")
+    assert settings.read_bytes() == written and state.read_text() == "not json"
+
+
 def test_dry_run_prints_the_change_with_keys_masked_and_writes_nothing(home, capsys):
     settings = home / ".claude" / "settings.json"
     settings.parent.mkdir()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.agent_setup.documents import MISSING, Document, Key, document
+from proxy.agent_setup.documents import MISSING, Document, Key, Unparseable, document
 from proxy.agent_setup.edits import Edit, Target, dotted, read, write_all, write_atomically
 
 STATE_VERSION = 1
@@ -113,9 +113,12 @@ def _load_state(where: Path) -> dict[str, Any] | None:
     raw = read(where)
     if raw is None:
         return None
-    state = json.loads(raw)
+    try:
+        state = json.loads(raw)
+    except ValueError:
+        state = None
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise ValueError(f"{where}: not a memproxy setup state file this version reads")
+        raise Unparseable(f"{where} is not a memproxy setup state file this version reads")
     return state
 
 
