@@ -241,6 +241,22 @@ def test_codex_home_is_honoured_and_mcp_registers_the_server(home, tmp_path, mon
     assert not (codex_home / "config.toml").exists()
 
 
+def test_undo_after_the_user_edited_config_toml_keeps_the_users_edits(home, capsys):
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_bytes(CODEX_CONFIG)
+    assert setup("codex", "--user", "alice", "--mcp") == 0
+    # The user changes a value setup wrote and adds a comment at the end (under setup's last table).
+    edited = config.read_text().replace('wire_api = "responses"', 'wire_api = "chat"') + "\n# keep: mine\n"
+    config.write_text(edited)
+    assert setup("codex", "--undo") == 0
+    assert "model_providers.memproxy.wire_api was changed since setup; left as it is" in capsys.readouterr().out
+    undone = config.read_text()
+    assert undone.endswith("# keep: mine\n")
+    providers = {"other": {"name": "Other", "base_url": "https://other.example/v1"}, "memproxy": {"wire_api": "chat"}}
+    assert tomllib.loads(undone) == {**tomllib.loads(CODEX_CONFIG.decode()), "model_providers": providers}
+
+
 @pytest.mark.parametrize("mode", ["api-keys", "signed"])
 def test_in_api_keys_or_signed_mode_setup_explains_and_writes_nothing(home, monkeypatch, capsys, mode):
     monkeypatch.setenv("MEMPROXY_AUTH_MODE", mode)

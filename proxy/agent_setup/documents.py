@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import tomlkit
 import tomlkit.exceptions
-from tomlkit.items import Item
+from tomlkit.items import Comment, Item, Table
 
 Key = tuple[str, ...]
 
@@ -133,10 +133,23 @@ class TomlDocument:
                 return
             node = node[part]
         if isinstance(node, dict) and key[-1] in node:
+            kept = _comments(node[key[-1]])
             del node[key[-1]]
+            # A comment the user wrote under a table setup takes out (the file's last table, where
+            # a comment added at the end lands) is the user's: it stays, at the end of the file.
+            for comment in kept:
+                self._doc.add(comment)
 
     def dump(self) -> bytes:
         return tomlkit.dumps(self._doc).encode("utf-8")
+
+
+def _comments(item: Any) -> list[Comment]:
+    """The comments inside a table and the tables under it."""
+    if not isinstance(item, Table):
+        return []
+    return [found for _, child in item.value.body
+            for found in ([child] if isinstance(child, Comment) else _comments(child))]
 
 
 def _indentation(text: str) -> int | str | None:
