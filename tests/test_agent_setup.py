@@ -161,6 +161,20 @@ def test_a_file_that_cannot_be_written_is_an_error_and_no_other_file_is_written(
     assert not any(path.is_file() for path in (home / ".local").rglob("*"))
 
 
+@pytest.mark.parametrize(("agent", "name", "content", "message"), [
+    ("claude-code", ".claude/settings.json", '{"env": ["A=1"]}', "env must be an object"),
+    ("codex", ".codex/config.toml", 'model_providers = "mine"\n', "model_providers must be a table")])
+def test_a_value_where_setup_needs_a_table_is_an_error_and_nothing_is_written(home, capsys, agent, name, content,
+                                                                                message):
+    path = home / name
+    path.parent.mkdir()
+    path.write_text(content)
+    assert setup(agent, "--user", "alice") == 2
+    assert capsys.readouterr().err == (f"memproxy setup: {path}: {message} for setup to add its keys there; "
+                                       "nothing was written\n")
+    assert path.read_text() == content and not (home / ".local").exists()
+
+
 def test_an_unreadable_undo_state_is_an_error_and_nothing_is_written(home, capsys):
     assert setup("claude-code", "--user", "alice") == 0
     settings = home / ".claude" / "settings.json"

@@ -50,6 +50,7 @@ class JsonDocument:
     """A JSON object file, written back with its indentation and key order."""
 
     def __init__(self, path: Path, raw: bytes | None) -> None:
+        self._path = path
         self._root: dict[str, Any] = {}
         self._indent: int | str | None = 2
         self._newline = True
@@ -76,10 +77,12 @@ class JsonDocument:
 
     def set(self, key: Key, value: Any) -> None:
         node = self._root
-        for part in key[:-1]:
+        for depth, part in enumerate(key[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
+            if child is None:
                 child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise _not_a_table(self._path, key[:depth + 1], "an object")
             node = child
         node[key[-1]] = value
 
@@ -97,6 +100,7 @@ class TomlDocument:
     """A TOML file edited through tomlkit: comments, order and formatting of the rest stay."""
 
     def __init__(self, path: Path, raw: bytes | None) -> None:
+        self._path = path
         try:
             self._doc = tomlkit.parse(raw.decode("utf-8")) if raw else tomlkit.document()
         except (UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
@@ -114,7 +118,9 @@ class TomlDocument:
         node: Any = self._doc
         for depth, part in enumerate(key[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
+            if child is not None and not isinstance(child, dict):
+                raise _not_a_table(self._path, key[:depth + 1], "a table")
+            if child is None:
                 # `[model_providers.memproxy]` alone: the table above it is implied, not written.
                 child = tomlkit.table(is_super_table=depth < len(key) - 2)
                 node[part] = child
@@ -150,6 +156,11 @@ def _comments(item: Any) -> list[Comment]:
         return []
     return [found for _, child in item.value.body
             for found in ([child] if isinstance(child, Comment) else _comments(child))]
+
+
+def _not_a_table(path: Path, key: Key, kind: str) -> Unparseable:
+    """Setup would have to replace a user's value to put its keys under it: it refuses."""
+    return Unparseable(f"{path}: {'.'.join(key)} must be {kind} for setup to add its keys there")
 
 
 def _indentation(text: str) -> int | str | None:
