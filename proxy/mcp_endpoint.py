@@ -119,7 +119,7 @@ class McpEndpoint:
         """Load the SDK (in a thread: the event loop goes on serving), then hold its task group."""
         try:
             module = await asyncio.to_thread(importlib.import_module, "proxy.mcp_tools_server")
-            server = module.ToolsServer(self._memory, self._metrics)
+            server = module.ToolsServer(self._memory, self._metrics, self._max_body_bytes)
             async with server.running():
                 ready.set_result(server)
                 await self._stop.wait()

@@ -272,3 +272,9 @@ def test_a_body_over_the_limit_or_stalled_gets_the_bounds_of_every_other_path(ma
                         b"accept: application/json, text/event-stream\r\ncontent-length: 100\r\n\r\n{")
         head = stalled.recv(4096)
     assert head.startswith(b"HTTP/1.1 408 ") and b"server.body_timeout_s" in head
+    # Up to the limit a body is the server's to judge, past the SDK's own 4 MiB too.
+    roomy = make_proxy(server__max_body_bytes=6 * 1024 * 1024)
+    big["params"]["arguments"]["query"] = "x" * (5 * 1024 * 1024)
+    with roomy.http() as http:
+        answer = http.post("/mcp", json=big, headers=accept)
+    assert answer.status_code == 200 and answer.json()["result"]["content"][0]["text"].startswith("No relevant")
