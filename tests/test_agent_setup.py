@@ -122,9 +122,11 @@ def test_undo_after_the_agent_rewrote_its_file_takes_out_only_what_setup_added(h
     assert not (home / ".claude" / "settings.json").exists()
 
 
-def test_project_scope_writes_the_projects_local_settings_and_mcp_file(home):
+def test_project_scope_writes_the_projects_local_settings_and_mcp_file(home, capsys):
     project = Path.cwd()
     assert setup("claude-code", "--user", "alice", "--project", "--mcp", "--url", "http://127.0.0.1:8080") == 0
+    # The undo it names is the one for these files (without --project it finds nothing to undo).
+    assert capsys.readouterr().out.endswith("`memproxy setup claude-code --project --undo` takes it back\n")
     assert json.loads((project / ".claude" / "settings.local.json").read_bytes())["env"]["ANTHROPIC_BASE_URL"] \
         == "http://127.0.0.1:8080"
     assert json.loads((project / ".mcp.json").read_bytes())["mcpServers"]["memproxy"]["url"] \

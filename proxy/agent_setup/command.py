@@ -106,7 +106,7 @@ def _setup(agent: Agent, request: SetupRequest, targets: list[Target], directory
     for edit in changing:
         print(f"{'created' if edit.before is None else 'updated'} {edit.target.path}", file=out)
     print(f"{agent.name} now goes through memproxy at {request.url} as {request.user}; "
-          f"`memproxy setup {agent.name} --undo` takes it back", file=out)
+          f"`memproxy setup {agent.name}{' --project' if request.project else ''} --undo` takes it back", file=out)
     return 0
 
 
