@@ -2,11 +2,11 @@
 
 This module is the endpoint's edge: the Host and Origin guard against DNS rebinding, 405 for
 anything but a POST, identity resolved for each request (headers from trusted clients, a
-memproxy key, a signed token: scope.py, as on every other path) before the SDK reads the
-body, one log line and the request metrics. The server itself (mcp_tools_server.py, on the
-official SDK) is stateless, so any worker or replica serves any request; it is loaded on
-the first /mcp request, in a task of its own that holds the SDK's task group until the app
-stops.
+memproxy key, a signed token: scope.py, as on every other path), the body read within
+server.max_body_bytes and server.body_timeout_s before the SDK sees it, one log line and
+the request metrics. The server itself (mcp_tools_server.py, on the official SDK) is
+stateless, so any worker or replica serves any request; it is loaded on the first /mcp
+request, in a task of its own that holds the SDK's task group until the app stops.
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ import contextlib
 import importlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Send
 from starlette.types import Scope as AsgiScope
 
-from proxy.errors import ProxyError
+from proxy.errors import ClientGone, ProxyError
 from proxy.memory.pipeline import MemoryService
 from proxy.metrics import Metrics
+from proxy.relay import Receive, read_body
 from proxy.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 
@@ -52,20 +54,26 @@ class RebindingGuard:
         host = settings.server.host
         if host not in _ANY_ADDRESS and host not in names:
             names.append(f"[{host}]" if ":" in host else host)
-        self._hosts = [*names, *(f"{name}:*" for name in names), *settings.mcp.allowed_hosts]
+        self._hosts = [*names, *(f"{name}:*" for name in names), *map(_dns_form, settings.mcp.allowed_hosts)]
         self._origins = [f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names
-                         for port in ("", ":*")] + list(settings.mcp.allowed_origins)
+                         for port in ("", ":*")] + [_dns_form(origin) for origin in settings.mcp.allowed_origins]
 
     def refusal(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """What is wrong with the request's Host or Origin; None when both are allowed."""
         found = {name.lower(): value.decode("latin-1") for name, value in headers
                  if name.lower() in (b"host", b"origin")}
-        host, origin = found.get(b"host"), found.get(b"origin")
+        host, origin = (None if value is None else _dns_form(value) for value in (found.get(b"host"),
+                                                                                  found.get(b"origin")))
         if host is None or not _allowed(host, self._hosts):
             return "Host is not one /mcp answers (add it to mcp.allowed_hosts)"
         if origin is not None and not _allowed(origin, self._origins):
             return "Origin is not one /mcp answers (add it to mcp.allowed_origins)"
         return None
+
+
+def _dns_form(value: str) -> str:
+    """A Host or Origin as DNS reads its name: in any case, and with a root dot (`localhost.`) or without."""
+    return re.sub(r"\.(?=(:\d*)?$)", "", value.lower())
 
 
 def _allowed(value: str, allowed: list[str]) -> bool:
@@ -85,6 +93,8 @@ class McpEndpoint:
         self._memory = memory
         self._metrics = metrics
         self._guard = RebindingGuard(settings)
+        self._max_body_bytes = settings.server.max_body_bytes
+        self._body_timeout_s = settings.server.body_timeout_s
         self._server: asyncio.Future[ToolsServer] | None = None  # set by the first request
         self._host: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -109,7 +119,7 @@ class McpEndpoint:
         """Load the SDK (in a thread: the event loop goes on serving), then hold its task group."""
         try:
             module = await asyncio.to_thread(importlib.import_module, "proxy.mcp_tools_server")
-            server = module.ToolsServer(self._memory, self._metrics)
+            server = module.ToolsServer(self._memory, self._metrics, self._max_body_bytes)
             async with server.running():
                 ready.set_result(server)
                 await self._stop.wait()
@@ -152,11 +162,31 @@ class McpEndpoint:
         except ProxyError as error:  # told to the tool call that needs it, as a JSON-RPC error
             found = error
         try:
+            # Read here, with every path's bounds: the SDK's own limit is fixed and it waits on a
+            # stalled body forever.
+            body = await read_body(receive, self._max_body_bytes, self._body_timeout_s)
+        except ClientGone:
+            return
+        except ProxyError as error:
+            await _answer(send, error.status, f"memproxy: {error}", [(b"connection", b"close")])
+            return
+        try:
             server = await self._tools_server()
         except Exception:  # logged once where it failed; /mcp is down, the rest of memproxy is not
             await _answer(send, 503, "memproxy: the MCP server is unavailable (see memproxy's log)")
             return
-        await server.handle(scope, found, receive, send)
+        await server.handle(scope, found, _replay(body, receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for a body already read: the body, then whatever the connection says next."""
+    pending = [body]
+
+    async def replayed() -> dict[str, Any]:
+        if pending:
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
+        return await receive()
+    return replayed
 
 
 async def _answer(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -42,7 +42,7 @@ IDENTITY_KEY = "memproxy.identity"  # the request's resolved identity, in its AS
 class ToolsServer:
     """The SDK's server and its request handling, for one app."""
 
-    def __init__(self, memory: MemoryService, metrics: Metrics) -> None:
+    def __init__(self, memory: MemoryService, metrics: Metrics, max_body_bytes: int) -> None:
         self._memory = memory
         self._metrics = metrics
         server: Server[Any] = Server("memproxy", version="1", instructions=(
@@ -50,9 +50,10 @@ class ToolsServer:
             "conversations, store_memory for what is worth remembering."),
             on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         server.middleware.clear()  # no OpenTelemetry span per message: memproxy has its own metrics
-        # The rebinding guard is memproxy's own (mcp_endpoint.py); the SDK's is off.
+        # The rebinding guard and the body's bounds are memproxy's own (mcp_endpoint.py): the SDK's
+        # guard is off, and its body limit is server.max_body_bytes, not its own 4 MiB.
         self._manager = StreamableHTTPSessionManager(
-            server, json_response=True, stateless=True,
+            server, json_response=True, stateless=True, max_request_body_size=max_body_bytes,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
 
     def running(self) -> AbstractAsyncContextManager[None]:

@@ -594,9 +594,11 @@ def _check_mcp(m: McpSettings) -> None:
         if not host.strip() or any(c.isspace() or c == "/" for c in host):
             raise ConfigError(f"mcp.allowed_hosts[{i}]: must be a host name with an optional :port, got {host!r}")
     for i, origin in enumerate(m.allowed_origins):
-        if origin != "*" and not origin.startswith(("http://", "https://")):
-            raise ConfigError(f"mcp.allowed_origins[{i}]: must start with http:// or https:// (or be *), "
-                              f"got {origin!r}")
+        # An Origin header is scheme://host[:port] and nothing more: `https://ide.example/` never matches.
+        if origin != "*" and (not origin.startswith(("http://", "https://"))
+                              or "/" in origin.split("://", 1)[1] or any(c.isspace() for c in origin)):
+            raise ConfigError(f"mcp.allowed_origins[{i}]: must be http:// or https:// and a host with an optional "
+                              f":port, no path (or *), got {origin!r}")
 
 
 def _check_embeddings(e: EmbeddingsSettings) -> None:

@@ -122,9 +122,11 @@ def test_undo_after_the_agent_rewrote_its_file_takes_out_only_what_setup_added(h
     assert not (home / ".claude" / "settings.json").exists()
 
 
-def test_project_scope_writes_the_projects_local_settings_and_mcp_file(home):
+def test_project_scope_writes_the_projects_local_settings_and_mcp_file(home, capsys):
     project = Path.cwd()
     assert setup("claude-code", "--user", "alice", "--project", "--mcp", "--url", "http://127.0.0.1:8080") == 0
+    # The undo it names is the one for these files (without --project it finds nothing to undo).
+    assert capsys.readouterr().out.endswith("`memproxy setup claude-code --project --undo` takes it back\n")
     assert json.loads((project / ".claude" / "settings.local.json").read_bytes())["env"]["ANTHROPIC_BASE_URL"] \
         == "http://127.0.0.1:8080"
     assert json.loads((project / ".mcp.json").read_bytes())["mcpServers"]["memproxy"]["url"] \
@@ -146,6 +148,49 @@ def test_a_file_that_cannot_be_parsed_is_an_error_and_nothing_is_written(home, c
     assert not (home / ".local").exists()
 
 
+def test_a_file_that_cannot_be_written_is_an_error_and_no_other_file_is_written(home, capsys):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_bytes(CLAUDE_SETTINGS)
+    # The server list's file lives where nothing can be created (a directory of /proc): the
+    # settings file, planned first, must not be written alone either.
+    (home / ".claude.json").symlink_to("/proc/self/memproxy-test/claude.json")
+    assert setup("claude-code", "--user", "alice", "--mcp") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memproxy setup: cannot write /proc/") and err.endswith("; nothing was written\n")
+    assert settings.read_bytes() == CLAUDE_SETTINGS
+    assert sorted(p.name for p in settings.parent.iterdir()) == ["settings.json"]  # no temporary file left
+    assert not any(path.is_file() for path in (home / ".local").rglob("*"))
+
+
+@pytest.mark.parametrize(("agent", "name", "content", "message"), [
+    ("claude-code", ".claude/settings.json", '{"env": ["A=1"]}', "env must be an object"),
+    ("codex", ".codex/config.toml", 'model_providers = "mine"\n', "model_providers must be a table")])
+def test_a_value_where_setup_needs_a_table_is_an_error_and_nothing_is_written(home, capsys, agent, name, content,
+                                                                                message):
+    path = home / name
+    path.parent.mkdir()
+    path.write_text(content)
+    assert setup(agent, "--user", "alice") == 2
+    assert capsys.readouterr().err == (f"memproxy setup: {path}: {message} for setup to add its keys there; "
+                                       "nothing was written\n")
+    assert path.read_text() == content and not (home / ".local").exists()
+
+
+def test_an_unreadable_undo_state_is_an_error_and_nothing_is_written(home, capsys):
+    assert setup("claude-code", "--user", "alice") == 0
+    settings = home / ".claude" / "settings.json"
+    written = settings.read_bytes()
+    (state,) = (home / ".local" / "state" / "memproxy" / "setup").iterdir()
+    state.write_text("not json")
+    capsys.readouterr()
+    for args in (("--undo",), ("--user", "bob")):
+        assert setup("claude-code", *args) == 2
+        assert capsys.readouterr().err == (f"memproxy setup: {state} is not a memproxy setup state file this version "
+                                           "reads; nothing was written\n")
+    assert settings.read_bytes() == written and state.read_text() == "not json"
+
+
 def test_dry_run_prints_the_change_with_keys_masked_and_writes_nothing(home, capsys):
     settings = home / ".claude" / "settings.json"
     settings.parent.mkdir()
@@ -155,6 +200,24 @@ def test_dry_run_prints_the_change_with_keys_masked_and_writes_nothing(home, cap
     assert '+        "ANTHROPIC_BASE_URL": "http://127.0.0.1:8080",' in out
     assert '"ANTHROPIC_API_KEY": "****"' in out and "sk-ant-api03" not in out
     assert settings.read_bytes() == CLAUDE_SETTINGS and not (home / ".local").exists()
+
+
+def test_dry_run_masks_keys_under_any_spelling_of_their_name(home, capsys):
+    # Values no secret pattern knows (a gateway's own keys), under names written as headers are.
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"env": {"ANTHROPIC_CUSTOM_HEADERS": "x-api-key: gatewaysecret\nX-Trace: on"}}))
+    assert setup("claude-code", "--user", "alice", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert '"ANTHROPIC_CUSTOM_HEADERS": "x-api-key: ****\\nX-Trace: on\\nX-Memory-User: alice"' in out
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('model_provider = "azure"\n\n[model_providers.azure]\n'
+                      'http_headers = { "api-key" = "azuresecret" }\n')
+    assert setup("codex", "--user", "alice", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert ' http_headers = { "api-key" = "****" }' in out
+    assert "gatewaysecret" not in out and "azuresecret" not in out
 
 
 def test_codex_gets_its_provider_with_the_rest_of_the_file_kept(home, capsys):
@@ -192,6 +255,22 @@ def test_codex_home_is_honoured_and_mcp_registers_the_server(home, tmp_path, mon
     assert setup("codex", "--project") == 2  # Codex has no project-level provider
     assert setup("codex", "--undo") == 0
     assert not (codex_home / "config.toml").exists()
+
+
+def test_undo_after_the_user_edited_config_toml_keeps_the_users_edits(home, capsys):
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_bytes(CODEX_CONFIG)
+    assert setup("codex", "--user", "alice", "--mcp") == 0
+    # The user changes a value setup wrote and adds a comment at the end (under setup's last table).
+    edited = config.read_text().replace('wire_api = "responses"', 'wire_api = "chat"') + "\n# keep: mine\n"
+    config.write_text(edited)
+    assert setup("codex", "--undo") == 0
+    assert "model_providers.memproxy.wire_api was changed since setup; left as it is" in capsys.readouterr().out
+    undone = config.read_text()
+    assert undone.endswith("# keep: mine\n")
+    providers = {"other": {"name": "Other", "base_url": "https://other.example/v1"}, "memproxy": {"wire_api": "chat"}}
+    assert tomllib.loads(undone) == {**tomllib.loads(CODEX_CONFIG.decode()), "model_providers": providers}
 
 
 @pytest.mark.parametrize("mode", ["api-keys", "signed"])

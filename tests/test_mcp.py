@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -160,11 +161,18 @@ def test_host_and_origin_are_checked_against_dns_rebinding(make_proxy):
         assert http.post("/mcp", json=body, headers=accept).status_code == 200
         assert http.post("/mcp", json=body, headers={**accept, "origin": f"http://localhost:{proxy.port}"}) \
             .status_code == 200
+        # A name is the same name in any case and with DNS's root dot.
+        for host, origin in (("LOCALHOST", None), (f"localhost.:{proxy.port}", f"http://LocalHost:{proxy.port}")):
+            headers = {**accept, "host": host, **({"origin": origin} if origin else {})}
+            assert http.post("/mcp", json=body, headers=headers).status_code == 200, host
+        for host in ("evil.localhost", "localhost.evil", "localhost..", "::1"):
+            assert http.post("/mcp", json=body, headers={**accept, "host": host}).status_code == 403, host
+        assert http.post("/mcp", json=body, headers={**accept, "origin": "null"}).status_code == 403
         rebound = http.post("/mcp", json=body, headers={**accept, "host": "attacker.example"})
         assert rebound.status_code == 403 and "mcp.allowed_hosts" in rebound.json()["error"]["message"]
         page = http.post("/mcp", json=body, headers={**accept, "origin": "http://attacker.example"})
         assert page.status_code == 403 and "mcp.allowed_origins" in page.json()["error"]["message"]
-    opened = make_proxy(mcp__allowed_hosts=["memproxy.internal:*"], mcp__allowed_origins=["https://ide.example"])
+    opened = make_proxy(mcp__allowed_hosts=["Memproxy.Internal:*"], mcp__allowed_origins=["https://ide.example"])
     with opened.http() as http:
         assert http.post("/mcp", json=body, headers={**accept, "host": "memproxy.internal:8080",
                                                      "origin": "https://ide.example"}).status_code == 200
@@ -246,3 +254,27 @@ def test_a_get_is_answered_405_at_once_and_holds_no_connection(mem):
         for method in ("GET", "DELETE"):
             answer = http.request(method, "/mcp", headers={"accept": "text/event-stream"})
             assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
+
+
+def test_a_body_over_the_limit_or_stalled_gets_the_bounds_of_every_other_path(make_proxy):
+    proxy = make_proxy(server__max_body_bytes=10_000, server__body_timeout_s=0.5)
+    accept = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18",
+              "X-Memory-User": "alice"}
+    big = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+           "params": {"name": "query_memory", "arguments": {"query": "x" * 20_000}}}
+    with proxy.http() as http:
+        answer = http.post("/mcp", json=big, headers=accept)
+    assert answer.status_code == 413
+    assert answer.json()["error"]["message"] == "memproxy: request body is larger than the limit of 10000 bytes"
+    # A body that stops arriving is answered, not waited on forever (the SDK alone would wait).
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as stalled:
+        stalled.sendall(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                        b"accept: application/json, text/event-stream\r\ncontent-length: 100\r\n\r\n{")
+        head = stalled.recv(4096)
+    assert head.startswith(b"HTTP/1.1 408 ") and b"server.body_timeout_s" in head
+    # Up to the limit a body is the server's to judge, past the SDK's own 4 MiB too.
+    roomy = make_proxy(server__max_body_bytes=6 * 1024 * 1024)
+    big["params"]["arguments"]["query"] = "x" * (5 * 1024 * 1024)
+    with roomy.http() as http:
+        answer = http.post("/mcp", json=big, headers=accept)
+    assert answer.status_code == 200 and answer.json()["result"]["content"][0]["text"].startswith("No relevant")

@@ -94,17 +94,20 @@ def _setup(agent: Agent, request: SetupRequest, targets: list[Target], directory
         print(f"{agent.name} already goes through memproxy at {request.url} as {request.user}: nothing to change",
               file=out)
         return 0
-    for edit in changing:
-        if dry_run:
-            out.write(diff(edit))
-            continue
-        apply(edit, directory, agent.name)
-        print(f"{'created' if edit.before is None else 'updated'} {edit.target.path}", file=out)
     if dry_run:
+        for edit in changing:
+            out.write(diff(edit))
         print("(dry run: nothing was written)", file=out)
-    else:
-        print(f"{agent.name} now goes through memproxy at {request.url} as {request.user}; "
-              f"`memproxy setup {agent.name} --undo` takes it back", file=out)
+        return 0
+    try:
+        apply(changing, directory, agent.name)
+    except OSError as exc:
+        raise SetupError(f"cannot write {exc.filename or directory}: {exc.strerror or exc}; nothing was written"
+                         ) from None
+    for edit in changing:
+        print(f"{'created' if edit.before is None else 'updated'} {edit.target.path}", file=out)
+    print(f"{agent.name} now goes through memproxy at {request.url} as {request.user}; "
+          f"`memproxy setup {agent.name}{' --project' if request.project else ''} --undo` takes it back", file=out)
     return 0
 
 

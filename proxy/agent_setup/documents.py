@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import tomlkit
 import tomlkit.exceptions
-from tomlkit.items import Item
+from tomlkit.items import Comment, Item, Table
 
 Key = tuple[str, ...]
 
@@ -50,6 +50,7 @@ class JsonDocument:
     """A JSON object file, written back with its indentation and key order."""
 
     def __init__(self, path: Path, raw: bytes | None) -> None:
+        self._path = path
         self._root: dict[str, Any] = {}
         self._indent: int | str | None = 2
         self._newline = True
@@ -76,10 +77,12 @@ class JsonDocument:
 
     def set(self, key: Key, value: Any) -> None:
         node = self._root
-        for part in key[:-1]:
+        for depth, part in enumerate(key[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
+            if child is None:
                 child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise _not_a_table(self._path, key[:depth + 1], "an object")
             node = child
         node[key[-1]] = value
 
@@ -97,6 +100,7 @@ class TomlDocument:
     """A TOML file edited through tomlkit: comments, order and formatting of the rest stay."""
 
     def __init__(self, path: Path, raw: bytes | None) -> None:
+        self._path = path
         try:
             self._doc = tomlkit.parse(raw.decode("utf-8")) if raw else tomlkit.document()
         except (UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
@@ -114,7 +118,9 @@ class TomlDocument:
         node: Any = self._doc
         for depth, part in enumerate(key[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
+            if child is not None and not isinstance(child, dict):
+                raise _not_a_table(self._path, key[:depth + 1], "a table")
+            if child is None:
                 # `[model_providers.memproxy]` alone: the table above it is implied, not written.
                 child = tomlkit.table(is_super_table=depth < len(key) - 2)
                 node[part] = child
@@ -133,7 +139,12 @@ class TomlDocument:
                 return
             node = node[part]
         if isinstance(node, dict) and key[-1] in node:
+            kept = _comments(node[key[-1]])
             del node[key[-1]]
+            # A comment the user wrote under a table setup takes out (the file's last table, where
+            # a comment added at the end lands) is the user's: it stays, at the end of the file.
+            for comment in kept:
+                self._doc.add(comment)
 
     def dump(self) -> bytes:
         return tomlkit.dumps(self._doc).encode("utf-8")
@@ -219,6 +230,17 @@ def _quoted(path: Path, name: str, value: str) -> str:
     if not any(c in value for c in "'\n\r"):
         return f"'{value}'"
     raise Unparseable(f"{path}: {name} would hold quotes and line breaks setup cannot write")
+def _comments(item: Any) -> list[Comment]:
+    """The comments inside a table and the tables under it."""
+    if not isinstance(item, Table):
+        return []
+    return [found for _, child in item.value.body
+            for found in ([child] if isinstance(child, Comment) else _comments(child))]
+
+
+def _not_a_table(path: Path, key: Key, kind: str) -> Unparseable:
+    """Setup would have to replace a user's value to put its keys under it: it refuses."""
+    return Unparseable(f"{path}: {'.'.join(key)} must be {kind} for setup to add its keys there")
 
 
 def _indentation(text: str) -> int | str | None:

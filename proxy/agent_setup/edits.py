@@ -90,8 +90,10 @@ def dotted(key: Key) -> str:
     return ".".join(key)
 
 
-_SECRET_FIELD = re.compile(r"""(?i)(["']?[\w.-]*(?:api_?key|token|secret|password|authorization)["']?\s*[:=]\s*["'])"""
-                           r"""([^"']+)(["'])""")
+_SECRET_NAME = r"[\w.-]*(?:api[-_]?key|token|secret|password|authorization|cookie)"
+_SECRET_FIELD = re.compile(rf"""(?i)(["']?{_SECRET_NAME}["']?\s*[:=]\s*["'])([^"']+)(["'])""")
+# A header line inside a string value (ANTHROPIC_CUSTOM_HEADERS holds `Name: value`, one a line).
+_SECRET_HEADER = re.compile(rf"""(?i)((?:^|(?<=["\s])){_SECRET_NAME}:[ \t]*)([^"\\]+)""")
 
 
 # A `.env` line (in a diff, after its +, - or space) setting a variable named like a key, unquoted.
@@ -102,7 +104,8 @@ _SECRET_VARIABLE = re.compile(r"""(?i)^([+ -]?\s*(?:export\s+)?[\w.-]*(?:api_?ke
 def masked(text: str) -> str:
     """`text` with keys and tokens hidden: secret-looking values, and values of fields named like keys."""
     # A JSON or TOML string's `\n` is read as the line break it stands for (headers, one a line).
-    lines = "\n".join(redact(part) for part in text.split("\\n")).replace("\n", "\\n")
+    parts = (_SECRET_HEADER.sub(r"\1****", redact(part)) for part in text.split("\\n"))
+    lines = "\n".join(parts).replace("\n", "\\n")
     lines = _SECRET_FIELD.sub(lambda m: f"{m.group(1)}****{m.group(3)}", lines)
     return _SECRET_VARIABLE.sub(lambda m: f"{m.group(1)}****", lines)
 
@@ -117,8 +120,29 @@ def diff(edit: Edit) -> str:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` in one rename, keeping its mode (0600 for a new file); a
-    symlinked file is written where the link points, and the link stays."""
+    """Replace `path` with `data` in one rename (write_all)."""
+    write_all([(path, data)])
+
+
+def write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Write every file or none: each is staged in a temporary file beside it first, so a
+    directory that refuses a write stops the run before any file changed; then each is
+    renamed into place, keeping its mode (0600 for a new file). A symlinked file is written
+    where the link points, and the link stays."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            staged.append(_staged(path, data))
+    except BaseException:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
+        raise
+    for temporary, path in staged:
+        os.replace(temporary, path)
+
+
+def _staged(path: Path, data: bytes) -> tuple[Path, Path]:
+    """`data` in a temporary file beside `path` with `path`'s mode: (the temporary file, the real path)."""
     path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -132,7 +156,7 @@ def write_atomically(path: Path, data: bytes) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temporary, mode)
-        os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    return Path(temporary), path

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.agent_setup.documents import MISSING, Document, Key, document
-from proxy.agent_setup.edits import Edit, Target, dotted, read, write_atomically
+from proxy.agent_setup.documents import MISSING, Document, Key, Unparseable, document
+from proxy.agent_setup.edits import Edit, Target, dotted, read, write_all, write_atomically
 
 STATE_VERSION = 1
 
@@ -73,9 +73,16 @@ def _decoded(slot: dict[str, Any]) -> Any:
     return slot["value"] if "value" in slot else MISSING
 
 
-def apply(edit: Edit, directory: Path, agent: str) -> None:
-    """Write the edit and keep (or extend) what --undo needs: the state is written first, so an
-    interrupted run never leaves a change that cannot be undone."""
+def apply(edits: list[Edit], directory: Path, agent: str) -> None:
+    """Write the edits and keep (or extend) what --undo needs, all or none: the states are
+    renamed into place first, so an interrupted run never leaves a change that cannot be undone."""
+    states = [_state(edit, directory, agent) for edit in edits]
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_all([*states, *((edit.target.path, edit.after) for edit in edits)])
+
+
+def _state(edit: Edit, directory: Path, agent: str) -> tuple[Path, bytes]:
+    """Where --undo's state for the edit's file goes, and its new bytes."""
     path = edit.target.path
     where = state_path(directory, path)
     old = _load_state(where)
@@ -99,18 +106,19 @@ def apply(edit: Edit, directory: Path, agent: str) -> None:
              "written_sha256": _sha(edit.after),
              "back": [] if created else None if original is None else _back(edit.after, original),
              "keys": list(keys.values()), "created_tables": [list(key) for key in tables]}
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    write_atomically(where, json.dumps(state, indent=1).encode())
-    write_atomically(path, edit.after)
+    return where, json.dumps(state, indent=1).encode()
 
 
 def _load_state(where: Path) -> dict[str, Any] | None:
     raw = read(where)
     if raw is None:
         return None
-    state = json.loads(raw)
+    try:
+        state = json.loads(raw)
+    except ValueError:
+        state = None
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise ValueError(f"{where}: not a memproxy setup state file this version reads")
+        raise Unparseable(f"{where} is not a memproxy setup state file this version reads")
     return state
 
 
