@@ -352,7 +352,7 @@ def test_a_hanging_source_leaves_the_request_on_time_with_the_others_block(make_
 
 # What PostgreSQL's sources read: the searchable tables and their BM25 index. The turn
 # lookup before them (turns, conversations) is left free.
-SOURCE_TABLES = ("entities", "relationships", "messages", "reasoning", "term_stats", "lexicon_stats",
+SOURCE_TABLES = ("entities", "relationships", "messages", "reasoning", "embeddings", "term_stats", "lexicon_stats",
                  "message_postings", "entity_postings", "reasoning_postings")
 
 
