@@ -79,13 +79,13 @@ def test_an_overflowing_write_queue_counts_and_logs_the_turns_it_dropped(make_pr
     limit_pages(proxy, None)
     during = [f"turn {n} while the disk is full " + "x" * 8000 for n in range(10)]
     turns = [chat(proxy, text).headers["x-memory-turn"] for text in during]
-    with proxy.http() as http:
-        metrics = {line.split()[0]: float(line.split()[1]) for line in http.get("/metrics").text.splitlines()
-                   if line.startswith("memproxy_") and "dropped" in line}
     limit_pages(proxy, UNLIMITED_PAGES)
     assert eventually(lambda: readiness(proxy)["writes"] == "ok", timeout=20)
     # Writes are ok once the batch that kept failing lands; what queued behind it lands after.
     assert eventually(lambda: writes_queued(proxy) == 0, timeout=20)
+    with proxy.http() as http:  # read once it drained: a write still arriving may be dropped until then
+        metrics = {line.split()[0]: float(line.split()[1]) for line in http.get("/metrics").text.splitlines()
+                   if line.startswith("memproxy_") and "dropped" in line}
     whole = {key for (key,) in rows(proxy, "SELECT t.turn_key FROM turns t WHERE t.status = 'complete' AND"
                                           " (SELECT count(*) FROM messages m WHERE m.turn_key = t.turn_key) = 2")}
     lost = [turn for turn in turns if turn not in whole]  # a turn missing its status, question or answer

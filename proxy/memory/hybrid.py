@@ -198,7 +198,15 @@ async def with_vectors(
     if vq is None:
         return await lexical
     limit = min(MAX_CANDIDATES, q.candidates + len(q.visible))  # the request may show many of the nearest
-    found, (near, spread) = await asyncio.gather(lexical, vq.nearest(kind, limit, **conversations))
+    # `lexical` is awaited here, never handed to a task of its own: a task cancelled before it
+    # starts (the recall's deadline) would leave the coroutines inside it never awaited.
+    nearest = asyncio.ensure_future(vq.nearest(kind, limit, **conversations))
+    try:
+        found = await lexical
+    except BaseException:
+        nearest.cancel()
+        raise
+    near, spread = await nearest
     if not near:
         return found
     calibration = Calibration(spread, near[0][1], vq.vectors.settings.min_cosine)

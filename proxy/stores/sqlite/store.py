@@ -127,6 +127,21 @@ def _current_turn(row: sqlite3.Row) -> Turn:
     return turn if row["block_current"] else replace(turn, block=None, injected=0)
 
 
+def _wal_mode(conn: sqlite3.Connection) -> None:
+    """WAL mode, waiting for another process opening the file at the same moment (worker
+    processes start together): SQLite answers that pragma SQLITE_BUSY at once, without its
+    busy handler, while another connection recovers or converts the file."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
     """The Store protocol on one SQLite file (the memory API's operations: sqlite/admin.py; embeddings:
     sqlite/vectors.py)."""
@@ -209,7 +224,7 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
         try:
             for pragma in self._pragmas:
                 conn.execute(f"PRAGMA {pragma}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal_mode(conn)
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             migrate(conn)
             transaction(conn, lambda: recover(conn, register(conn, self._claimant, time.time())))
