@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.memory.extraction import extract  # noqa: E402
-from proxy.memory.extraction_worker import ExtractionWorker  # noqa: E402
+from proxy.memory.learning.worker import ExtractionWorker  # noqa: E402
 from proxy.memory.writer import Writer  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.models import Scope  # noqa: E402

@@ -1,4 +1,4 @@
-"""Redaction throughput: MB/s of `proxy.memory.redact.redact` on ordinary and adversarial text.
+"""Redaction throughput: MB/s of `proxy.memory.redaction.redact.redact` on ordinary and adversarial text.
 
 Each text is built to the given size (1 MB and 8 MB by default) and redacted a few times;
 the figure is the best run's MB/s (the least disturbed by other work on the machine).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.memory.redact import redact  # noqa: E402
+from proxy.memory.redaction.redact import redact  # noqa: E402
 
 MB = 1_000_000
 

@@ -38,16 +38,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.embedding_calls import vector_parts  # noqa: E402
-from proxy.memory.pipeline import Query  # noqa: E402
-from proxy.memory.retrieval import Retrieval  # noqa: E402
+from proxy.calls.embeddings import vector_parts  # noqa: E402
+from proxy.memory.retrieval.recall import Query  # noqa: E402
+from proxy.memory.retrieval.retriever import Retrieval  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.models import ReasoningStep, Scope  # noqa: E402
 from proxy.settings import MemorySettings, load_settings  # noqa: E402
 from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
 from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 from proxy.stores.indexed_text import entity_terms  # noqa: E402
-from proxy.upstream import Upstream  # noqa: E402
+from proxy.http.upstream import Upstream  # noqa: E402
 from retrieval_streams import Ask, StreamLoad, no_batching, stream_batching, streams_table  # noqa: E402
 from summary import Criterion  # noqa: E402
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import asyncpg  # noqa: E402
 import retrieval as lite  # noqa: E402  (bench/retrieval.py: the data and the queries)
 
-from proxy.memory.retrieval import Retrieval  # noqa: E402
+from proxy.memory.retrieval.retriever import Retrieval  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.settings import MemorySettings  # noqa: E402
 from proxy.stores.base import Store  # noqa: E402

@@ -19,27 +19,27 @@ from proxy import logs
 from proxy.api.auth import ApiGuard
 from proxy.api.inspector import Inspector
 from proxy.api.routes import ApiApp, MemoryApi
-from proxy.embedding_calls import vector_parts
+from proxy.calls.embeddings import vector_parts
 from proxy.errors import NotFound
-from proxy.hook_http import HookPoster
-from proxy.memory.embedding_worker import EmbeddingWorker
-from proxy.memory.extraction_worker import ExtractionWorker
-from proxy.memory.hybrid import Vectors
-from proxy.memory.pending_facts import PendingFacts
-from proxy.memory.hooks import load_hooks
+from proxy.calls.http_hooks import HookPoster
+from proxy.memory.vectors.worker import EmbeddingWorker
+from proxy.memory.learning.worker import ExtractionWorker
+from proxy.memory.vectors.query import Vectors
+from proxy.memory.learning.pending_facts import PendingFacts
+from proxy.memory.hooks.runner import load_hooks
 from proxy.memory.pipeline import MemoryService
-from proxy.memory.retrieval import Retrieval
+from proxy.memory.retrieval.retriever import Retrieval
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
-from proxy.model_calls import extractor_for
+from proxy.calls.extraction_model import extractor_for
 from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.v1 import ProxyEndpoint
-from proxy.mcp_endpoint import McpEndpoint
-from proxy.scope import ScopeResolver
+from proxy.mcp.endpoint import McpEndpoint
+from proxy.identity.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
-from proxy.side_requests import SideRequests
+from proxy.identity.side_requests import SideRequests
 from proxy.stores.base import Store, StoreError
-from proxy.upstream import Upstream
+from proxy.http.upstream import Upstream
 
 log = logging.getLogger("memproxy.app")
 

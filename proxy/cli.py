@@ -121,7 +121,7 @@ def load(args: argparse.Namespace) -> Settings:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy import logs
-    from proxy.connections import ConnectionGuard, GuardedHttpProtocol, max_client_connections
+    from proxy.http.connections import ConnectionGuard, GuardedHttpProtocol, max_client_connections
 
     settings = load(args)
     logs.configure(settings.server.log_level)
@@ -194,7 +194,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from proxy.app import open_store
     from proxy.models import Scope
-    from proxy.scope import valid_id
+    from proxy.identity.scope import valid_id
 
     settings = load(args)
     scope = Scope(user=valid_id(args.user, "--user"))
@@ -257,7 +257,7 @@ def _on_store(args: argparse.Namespace, work: Callable[[Any, Any], Awaitable[Any
 
     from proxy.app import open_store
     from proxy.models import Scope
-    from proxy.scope import valid_id
+    from proxy.identity.scope import valid_id
 
     settings = load(args)
     scope = None if args.user is None else Scope(user=valid_id(args.user, "--user"))
@@ -304,11 +304,11 @@ def _reindex(args: argparse.Namespace) -> int:
     import json
 
     from proxy.app import open_store
-    from proxy.embedding_calls import embeddings_caller
-    from proxy.memory.embedding_worker import FillCounts, Filler
-    from proxy.memory.embeddings import EmbeddingFailed
-    from proxy.scope import valid_id
-    from proxy.upstream import Upstream
+    from proxy.calls.embeddings import embeddings_caller
+    from proxy.memory.vectors.worker import FillCounts, Filler
+    from proxy.memory.vectors.embeddings import EmbeddingFailed
+    from proxy.identity.scope import valid_id
+    from proxy.http.upstream import Upstream
 
     settings = load(args)
     user = valid_id(args.user, "--user") if args.user is not None else None

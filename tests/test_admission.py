@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.memory.admission import RecallGate
+from proxy.memory.retrieval.admission import RecallGate
 
 
 async def _recall(gate: RecallGate, name: str, start_by: float, admitted: list[str], hold: asyncio.Event) -> None:

@@ -22,8 +22,8 @@ import pytest
 
 from proxy.app import create_app
 from proxy.errors import BadScope, Forbidden, Unauthenticated
-from proxy.scope import ScopeResolver
-from proxy.scope_token import verify_scope_token
+from proxy.identity.scope import ScopeResolver
+from proxy.identity.scope_token import verify_scope_token
 from proxy.settings import ConfigError, load_settings
 from tests.api_helpers import api_url, chat, sign
 

@@ -12,10 +12,10 @@ import json
 import time
 
 from proxy.app import Parts
-from proxy.exchange import Recall
+from proxy.memory.chat_memory import Recall
 from proxy.memory.tools import UNAVAILABLE
 from proxy.models import Scope, Transcript
-from proxy.scope import RequestScope
+from proxy.identity.scope import RequestScope
 from proxy.settings import load_settings
 from proxy.wires.openai_chat import OpenAIChat
 from tests.fake_upstream import Received, Reply, model_round

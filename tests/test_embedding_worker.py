@@ -1,4 +1,4 @@
-"""The background fill (memory/embedding_worker.py) over a real SQLite store, with a scripted endpoint."""
+"""The background fill (memory/vectors/worker.py) over a real SQLite store, with a scripted endpoint."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.memory.embedding_worker import EmbeddingWorker, FillCounts, Filler
-from proxy.memory.embeddings import EmbeddingFailed
+from proxy.memory.vectors.worker import EmbeddingWorker, FillCounts, Filler
+from proxy.memory.vectors.embeddings import EmbeddingFailed
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.stores.base import FinishTurn, StartTurn

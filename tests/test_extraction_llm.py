@@ -18,10 +18,10 @@ import pytest
 from proxy.memory.extraction import extract
 from proxy.memory.extraction.llm import INSTRUCTIONS, RESPONSE_FORMAT, InvalidOutput, parse, prompt
 from proxy.extracted import ExtractedEntity, ExtractedRelation, Extraction
-from proxy.memory.extractors import LLMExtractor
-from proxy.model_calls import ModelCaller
+from proxy.memory.learning.extractors import LLMExtractor
+from proxy.calls.extraction_model import ModelCaller
 from proxy.settings import UpstreamSettings
-from proxy.upstream import Upstream
+from proxy.http.upstream import Upstream
 from tests.conftest import RunningProxy
 from tests.extraction_helpers import db_rows, extracted, say
 from tests.fake_upstream import FakeUpstream, JsonReply, Received, SlowHeaders, completion

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.memory.pipeline import Query, Retrieved
-from proxy.responses import PING
+from proxy.memory.retrieval.recall import Query, Retrieved
+from proxy.http.responses import PING
 from proxy.models import Scope
 from tests.conftest import free_port
 from tests.fake_upstream import (

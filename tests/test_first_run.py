@@ -19,7 +19,7 @@ import pytest
 from proxy.cli import main
 from proxy.errors import Unauthenticated
 from proxy.evaluation import report
-from proxy.scope import ScopeResolver
+from proxy.identity.scope import ScopeResolver
 from proxy.settings import StoreSettings, load_settings
 from tests.conftest import free_port
 

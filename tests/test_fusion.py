@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from proxy.memory.block import DEFAULT_HEADER, GRAPH_NOTE, estimate_tokens, render
-from proxy.memory.fusion import HARD_CAP, apply_budget, round_robin, snippet
+from proxy.memory.retrieval.block import DEFAULT_HEADER, GRAPH_NOTE, estimate_tokens, render
+from proxy.memory.retrieval.fusion import HARD_CAP, apply_budget, round_robin, snippet
 from proxy.models import Hit
 from proxy.terms import query_terms
 

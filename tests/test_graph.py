@@ -15,8 +15,8 @@ from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
-from proxy.memory.block import DEFAULT_HEADER, GRAPH_NOTE
-from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+from proxy.memory.retrieval.block import DEFAULT_HEADER, GRAPH_NOTE
+from proxy.memory.learning.worker import ExtractionWorker, WorkerLimits
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope

@@ -1,12 +1,12 @@
-"""pre_tool_use / post_tool_use at the API tools mode calls (proxy.memory.hooks.Hooks), with real handlers."""
+"""pre_tool_use / post_tool_use at the API tools mode calls (proxy.memory.hooks.runner.Hooks), with real handlers."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from proxy.hook_http import HookPoster
-from proxy.memory.hooks import HookContext, ToolDecision, load_hooks
+from proxy.calls.http_hooks import HookPoster
+from proxy.memory.hooks.runner import HookContext, ToolDecision, load_hooks
 from proxy.metrics import Metrics
 from proxy.settings import parse_hooks
 from tests.test_hooks import H, HookServer, hook_server  # noqa: F401 (the fixture)

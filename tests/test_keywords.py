@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.memory.keywords import question_terms, rank_by_shared_words, retry_terms, variants
+from proxy.memory.retrieval.keywords import question_terms, rank_by_shared_words, retry_terms, variants
 
 
 @pytest.mark.parametrize(

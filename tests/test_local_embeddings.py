@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from proxy.memory.embedding_worker import EmbeddingWorker, Filler
-from proxy.memory.local_model import MODEL_NAME, LocalModel
+from proxy.memory.vectors.worker import EmbeddingWorker, Filler
+from proxy.memory.vectors.local_model import MODEL_NAME, LocalModel
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import load_settings

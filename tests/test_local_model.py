@@ -1,4 +1,4 @@
-"""The embedded model (proxy/memory/local_model.py): read from the installed wheel, never fetched."""
+"""The embedded model (proxy/memory/vectors/local_model.py): read from the installed wheel, never fetched."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from proxy.memory.local_model import MODEL_NAME, LocalModel
+from proxy.memory.vectors.local_model import MODEL_NAME, LocalModel
 
 # Every way out to the network raises and is recorded; then the script's body runs.
 BLOCKED = """
@@ -27,7 +27,7 @@ socket.create_connection = blocked
 
 LOAD_AND_EMBED = BLOCKED + """
 import asyncio
-from proxy.memory.local_model import LocalModel
+from proxy.memory.vectors.local_model import LocalModel
 model = LocalModel()
 vectors = asyncio.run(model(["I keep my notes in plain text files.", "What is my dog called?"], 1.0))
 print(json.dumps({"tried": tried, "lengths": [len(v) for v in vectors],

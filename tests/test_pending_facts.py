@@ -17,16 +17,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from proxy.app import Parts
-from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
-from proxy.memory.extractors import RulesExtractor
-from proxy.memory.inline_facts import InlineFacts, queue_from
-from proxy.memory.pending_facts import PendingFacts
-from proxy.memory.pipeline import Query
-from proxy.memory.retrieval import Retrieval
+from proxy.memory.learning.worker import ExtractionWorker, WorkerLimits
+from proxy.memory.learning.extractors import RulesExtractor
+from proxy.memory.learning.inline_facts import InlineFacts, queue_from
+from proxy.memory.learning.pending_facts import PendingFacts
+from proxy.memory.retrieval.recall import Query
+from proxy.memory.retrieval.retriever import Retrieval
 from proxy.memory.writer import COMMIT_DELAY_S, Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Scope
-from proxy.scope import RequestScope
+from proxy.identity.scope import RequestScope
 from proxy.settings import MemorySettings, load_settings
 from proxy.stores.base import StartTurn
 from proxy.stores.sqlite.store import SQLiteStore

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.memory.block import DEFAULT_HEADER
+from proxy.memory.retrieval.block import DEFAULT_HEADER
 from tests.api_helpers import api_url, chat, jsonl
 
 

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from proxy import provider_objects
+from proxy.endpoint import provider_objects
 from tests.api_helpers import sign
 from tests.fake_responses import call_item, message_item, model_round, output, response, stream
 from tests.fake_upstream import JsonReply, SSEReply

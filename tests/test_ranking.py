@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from proxy.memory.fusion import round_robin
-from proxy.memory.pipeline import Query
-from proxy.memory.retrieval import Retrieval
-from proxy.memory.sources import FILLER
+from proxy.memory.retrieval.fusion import round_robin
+from proxy.memory.retrieval.recall import Query
+from proxy.memory.retrieval.retriever import Retrieval
+from proxy.memory.retrieval.sources import FILLER
 from proxy.metrics import Metrics
 from proxy.models import Hit, Scope
 from proxy.settings import MemorySettings

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.memory.block import GRAPH_NOTE
+from proxy.memory.retrieval.block import GRAPH_NOTE
 from tests.fake_upstream import DONE, JsonReply, SSEReply
 from tests.proxy_db import rows, settled_turns
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy.settings import ConfigError, load_settings
-from proxy.side_requests import RequestFacts, SideRequests
+from proxy.identity.side_requests import RequestFacts, SideRequests
 from tests.proxy_db import rows
 
 DEFAULTS = SideRequests(load_settings(environ={}).scope.side_requests)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from proxy.connections import max_client_connections
+from proxy.http.connections import max_client_connections
 from proxy.settings import load_settings
 from tests.fake_upstream import FakeUpstream, JsonReply, SlowHeaders, completion
 from tests.test_crash import start_server

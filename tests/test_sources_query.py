@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.memory.sources import SourceQuery, identifier_terms
-from proxy.memory.sources.long_term import first_person
+from proxy.memory.retrieval.sources import SourceQuery, identifier_terms
+from proxy.memory.retrieval.sources.long_term import first_person
 from proxy.models import Scope
 from proxy.terms import terms
 

@@ -450,7 +450,7 @@ def test_a_result_the_full_write_queue_refused_is_extracted_again_before_the_use
         backend: Backend) -> None:
     # On PostgreSQL the refused item stayed leased for minutes while this replica went on
     # with the user's later messages: the correction landed first, and the user was Alice.
-    from proxy.memory.extraction_worker import ExtractionWorker, WorkerLimits
+    from proxy.memory.learning.worker import ExtractionWorker, WorkerLimits
     from proxy.memory.writer import Writer
     from proxy.metrics import Metrics
     from proxy.stores.base import SetTurnStatus

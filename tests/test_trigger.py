@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.memory.trigger import identifiers, promote, unseen_identifiers
+from proxy.memory.retrieval.trigger import identifiers, promote, unseen_identifiers
 from proxy.models import Hit
 
 

@@ -1,4 +1,4 @@
-"""Cosine search (memory/vectors.py) and the fusion of a source's two streams (memory/hybrid.py)."""
+"""Cosine search (memory/vectors/index.py) and the fusion of a source's two streams (memory/retrieval/hybrid.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.memory.hybrid import VECTOR_REASON, Calibration, fuse
-from proxy.memory.sources import Found
-from proxy.memory.vectors import Matrix, RowFilter, Spread, VectorIndex, row_filter, unit
+from proxy.memory.retrieval.hybrid import VECTOR_REASON, Calibration, fuse
+from proxy.memory.retrieval.sources import Found
+from proxy.memory.vectors.index import Matrix, RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.models import Scope
 from proxy.settings import EmbeddingsSettings
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from proxy.upstream import without_key_parameter
+from proxy.http.upstream import without_key_parameter
 from proxy.wires.gemini import GeminiGenerateContent, model_method
 from proxy.wires.sse import SSEEvent
 

@@ -1,4 +1,4 @@
-"""Writes proxy/memory/lookalikes.py from Unicode's confusables.txt, as confusable_homoglyphs carries it.
+"""Writes proxy/memory/redaction/lookalikes.py from Unicode's confusables.txt, as confusable_homoglyphs carries it.
 
     pip install confusable_homoglyphs && python tools/lookalikes.py
 """
@@ -17,7 +17,7 @@ HEADER = '''"""Single characters Unicode's confusables.txt says read as ASCII le
 
 Generated (`python tools/lookalikes.py`, which needs `pip install confusable_homoglyphs`)
 from confusables.txt as that package carries it: every code point NFKD leaves alone whose
-skeleton is ASCII of those characters. `proxy.memory.confusables` folds text with it, so an
+skeleton is ASCII of those characters. `proxy.memory.redaction.confusables` folds text with it, so an
 imitation spelled in Lisu, Cherokee, Coptic or mathematical letters reads as what it imitates.
 """
 

@@ -14,7 +14,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from proxy.api.errors import InvalidRequest, MissingToken, NotLoopback
-from proxy.scope import DuplicateAuthorization, bearer
+from proxy.identity.scope import DuplicateAuthorization, bearer
 
 
 class ApiGuard:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from proxy.api.errors import InvalidRequest
 from proxy.errors import BadScope
-from proxy.scope import valid_id
+from proxy.identity.scope import valid_id
 from proxy.stores.base import PAGE_KEY_PARTS, PageKey, PageList
 
 MARK = "~"  # in every cursor, and in no id

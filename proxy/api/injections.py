@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from proxy.memory.block import DATE_END, entity_line, message_line, reasoning_line, triple_line
-from proxy.memory.exchange import SEPARATOR
+from proxy.memory.retrieval.block import DATE_END, entity_line, message_line, reasoning_line, triple_line
+from proxy.memory.retrieval.exchange import SEPARATOR
 from proxy.models import ReasoningStep, Relationship, Scope
 from proxy.stores.base import Store
 

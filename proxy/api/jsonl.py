@@ -17,8 +17,8 @@ from typing import Any
 
 from proxy.api.errors import InvalidRequest
 from proxy.errors import BadScope
-from proxy.memory.redact import redact
-from proxy.scope import valid_id
+from proxy.memory.redaction.redact import redact
+from proxy.identity.scope import valid_id
 
 KINDS = ("conversation", "message", "entity", "relationship", "reasoning")
 ROLES = ("user", "assistant", "system", "tool")

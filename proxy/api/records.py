@@ -19,9 +19,9 @@ from proxy.api import cursors
 from proxy.api.cursors import Listing
 from proxy.api.errors import InvalidRequest
 from proxy.errors import BadScope
-from proxy.memory.block import SOURCES
+from proxy.memory.retrieval.block import SOURCES
 from proxy.models import Relationship, StoredMessage
-from proxy.scope import valid_id
+from proxy.identity.scope import valid_id
 from proxy.stores.base import TAGS_MAX, PageKey
 
 MEMORY_TYPES = ("fact", "interaction", "pattern", "user_preference")

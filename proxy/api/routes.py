@@ -33,16 +33,16 @@ from proxy.api.jsonl import parse_lines, to_line
 from proxy.api.schema import openapi
 from proxy.api.search import search
 from proxy.api.users import user_counts
-from proxy.body_deadline import BodyDeadline
+from proxy.http.body_deadline import BodyDeadline
 from proxy.errors import NotFound, ProxyError
 from proxy.ids import new_id
-from proxy.memory.hooks import HookContext, Hooks
-from proxy.memory.pipeline import Retriever
-from proxy.memory.redact import redact
+from proxy.memory.hooks.runner import HookContext, Hooks
+from proxy.memory.retrieval.recall import Retriever
+from proxy.memory.redaction.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.relay import send_error
+from proxy.http.relay import send_error
 from proxy.settings import Settings
 from proxy.stores.base import PageKey, Store, StoreError, StoreMemory
 

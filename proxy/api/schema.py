@@ -13,7 +13,7 @@ from proxy.api import cursors
 from proxy.api.records import (
     CONTENT_MAX_CHARS, MEMORY_TYPES, PAGE_MAX, QUERY_MAX_CHARS, SEARCH_LIMIT_MAX, TAG_MAX_CHARS, TAGS_MAX,
 )
-from proxy.memory.block import SOURCES
+from proxy.memory.retrieval.block import SOURCES
 
 ID = {"type": "string", "pattern": "^[A-Za-z0-9._:@+-]{1,256}$", "minLength": 1, "maxLength": 256}
 TEXT = {"type": "string"}

@@ -1,6 +1,6 @@
 """POST /search: the hits the proxy would inject for a query, each with why it ranked.
 
-The retriever is the proxy's own (proxy.memory.retrieval), so the answer is exactly what a
+The retriever is the proxy's own (proxy.memory.retrieval.retriever), so the answer is exactly what a
 chat request with this last user message would get: the block's lines give each hit's
 text as it would read, after neutralising and the token budget; the injection log gives
 its id, reason, score parts and token cost.
@@ -12,9 +12,9 @@ import re
 from typing import Any
 
 from proxy.api.records import SearchInput
-from proxy.memory.fusion import HARD_CAP
-from proxy.memory.pipeline import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
-from proxy.memory.sources import edges
+from proxy.memory.retrieval.fusion import HARD_CAP
+from proxy.memory.retrieval.recall import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
+from proxy.memory.retrieval.sources import edges
 from proxy.models import Scope
 
 _LINE = re.compile(r"(\d+)\. \[([a-z-]+)\] (.*)")

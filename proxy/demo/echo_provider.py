@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.memory.block import DEFAULT_HEADER
+from proxy.memory.retrieval.block import DEFAULT_HEADER
 
 WITH_BLOCK = "(echo provider) Your message reached me with memproxy's memory block in front of it."
 WITHOUT_BLOCK = "(echo provider) Your message reached me as you wrote it, with no memory block."

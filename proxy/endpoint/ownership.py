@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy import provider_objects
+from proxy.endpoint import provider_objects
 from proxy.errors import OwnershipUnavailable, ProviderObjectNotFound, ProviderObjectsUnattributed, UnreadableReferences
-from proxy.provider_objects import Unreadable
-from proxy.responses import is_readable_sse, readable_body, stream_inflater
-from proxy.scope import RequestScope
+from proxy.endpoint.provider_objects import Unreadable
+from proxy.http.responses import is_readable_sse, readable_body, stream_inflater
+from proxy.identity.scope import RequestScope
 from proxy.settings import Settings
 from proxy.stores.base import ProviderObjects, StoreError
-from proxy.upstream import Upstream
+from proxy.http.upstream import Upstream
 from proxy.wires.base import LARGE_BODY_BYTES, Provider
 from proxy.wires.sse import SSEDecoder
 

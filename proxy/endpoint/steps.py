@@ -14,10 +14,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from proxy.errors import ProxyError, UpstreamProtocolError, UpstreamTimeout
-from proxy.exchange import Recall
+from proxy.memory.chat_memory import Recall
 from proxy.metrics import Metrics
-from proxy.responses import is_plain_sse, readable_body
-from proxy.upstream import StreamCut, Upstream, UpstreamResponse
+from proxy.http.responses import is_plain_sse, readable_body
+from proxy.http.upstream import StreamCut, Upstream, UpstreamResponse
 from proxy.wires.base import Wire
 from proxy.wires.sse import SSEDecoder
 

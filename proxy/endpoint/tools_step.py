@@ -19,12 +19,12 @@ import httpx
 
 from proxy.endpoint.steps import Replayed, open_upstream
 from proxy.errors import ProxyError, UpstreamProtocolError, UpstreamTimeout
-from proxy.exchange import Recall
+from proxy.memory.chat_memory import Recall
 from proxy.memory.tools import NAMES, ROUNDS_USED, SCHEMAS, MemoryTools
 from proxy.metrics import Metrics
 from proxy.models import ToolCall
-from proxy.responses import is_readable_sse, readable_body, stream_inflater
-from proxy.upstream import StreamCut, Upstream, UpstreamResponse
+from proxy.http.responses import is_readable_sse, readable_body, stream_inflater
+from proxy.http.upstream import StreamCut, Upstream, UpstreamResponse
 from proxy.wires.sse import SSEDecoder
 from proxy.wires.tool_rounds import CallOutcome, Round, ToolFormat
 

@@ -19,17 +19,17 @@ from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.steps import InjectStep, open_upstream
 from proxy.endpoint.tools_step import ToolsStep
 from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
-from proxy.exchange import NOT_A_TURN, ChatMemory, Recall
+from proxy.memory.chat_memory import NOT_A_TURN, ChatMemory, Recall
 from proxy.metrics import Metrics
-from proxy.relay import (
+from proxy.http.relay import (
     DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
     send_error,
 )
-from proxy.responses import end_interrupted, relay_chat, relay_plain
-from proxy.scope import RequestScope, ScopeResolver
+from proxy.http.responses import end_interrupted, relay_chat, relay_plain
+from proxy.identity.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
-from proxy.side_requests import RequestFacts, SideRequests
-from proxy.upstream import Upstream, provider_for, query_without_credentials, request_headers
+from proxy.identity.side_requests import RequestFacts, SideRequests
+from proxy.http.upstream import Upstream, provider_for, query_without_credentials, request_headers
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json

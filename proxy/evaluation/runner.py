@@ -20,23 +20,23 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from proxy.embedding_calls import vector_parts
+from proxy.calls.embeddings import vector_parts
 from proxy.evaluation.locomo import Sample, Session, turn_text
 from proxy.evaluation.scoring import Answer, Summary
-from proxy.memory.embeddings import EmbeddingFailed
-from proxy.memory.extraction_worker import ExtractionWorker
-from proxy.memory.hybrid import Vectors
-from proxy.memory.fusion import HARD_CAP
-from proxy.memory.pipeline import Query
-from proxy.memory.redact import redact
-from proxy.memory.retrieval import Retrieval
+from proxy.memory.vectors.embeddings import EmbeddingFailed
+from proxy.memory.learning.worker import ExtractionWorker
+from proxy.memory.vectors.query import Vectors
+from proxy.memory.retrieval.fusion import HARD_CAP
+from proxy.memory.retrieval.recall import Query
+from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.retriever import Retrieval
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import Settings
 from proxy.stores.base import SetTurnStatus, StartTurn, Store, text_hash
 from proxy.stores.sqlite.store import SQLiteStore
-from proxy.upstream import Upstream
+from proxy.http.upstream import Upstream
 
 MESSAGE_SOURCES = frozenset({"conversation", "cross-session"})
 FACT_SOURCES = frozenset({"long-term", "graph"})

@@ -17,30 +17,31 @@ from typing import Any, Protocol, TypeVar
 
 from proxy.errors import MemoryUnavailable, PolicyBlocked
 from proxy.ids import new_id
-from proxy.exchange import Recall, off_status
-from proxy.memory.admission import RecallGate
-from proxy.memory.block import DEFAULT_HEADER, strip_block
+from proxy.memory.chat_memory import Recall, off_status
+from proxy.memory.retrieval.admission import RecallGate
+from proxy.memory.retrieval.block import DEFAULT_HEADER, strip_block
+from proxy.memory.retrieval.recall import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
 from proxy.memory.breaker import CircuitBreaker
-from proxy.memory import turn_hooks
-from proxy.memory.hooks import HookContext, Hooks
-from proxy.memory.extractors import Extractor, RulesExtractor
-from proxy.memory.inline_facts import InlineFacts, queue_from
+from proxy.memory.hooks import turn_hooks
+from proxy.memory.hooks.runner import HookContext, Hooks
+from proxy.memory.learning.extractors import Extractor, RulesExtractor
+from proxy.memory.learning.inline_facts import InlineFacts, queue_from
 from proxy.memory.kept_step import earlier_steps, packed
-from proxy.memory.pending_facts import PendingFacts
-from proxy.memory.redact import INLINE_REDACT_CHARS, redact, restored
-from proxy.memory.sources import edges
+from proxy.memory.learning.pending_facts import PendingFacts
+from proxy.memory.redaction.redact import INLINE_REDACT_CHARS, redact, restored
+from proxy.memory.retrieval.sources import edges
 from proxy.memory.tools import CallBounds, CircuitOpen, MemoryTools, Save, Search, ToolHooks
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import AssistantMessage, Hit, ReasoningStep, Scope, Transcript
-from proxy.scope import RequestScope
+from proxy.identity.scope import RequestScope
 from proxy.settings import MemorySettings, Settings
 from proxy.stores.base import (
     DropHookContext, FinishTurn, RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn,
     Store, StoreError, StoreMemory, text_hash,
 )
 from proxy.stores.generations import Generation
-from proxy.turns import TurnIdentity, fallback_identity, history_digest, identify
+from proxy.identity.turns import TurnIdentity, fallback_identity, history_digest, identify
 
 log = logging.getLogger("memproxy.memory")
 
@@ -56,9 +57,6 @@ TURN_WAIT_SHARE = 0.8
 # many budgets (1 s by default): a garbage collection or a starved host can hold the event
 # loop for a few hundred ms while the store itself is fine (breaker.py).
 QUIET_BUDGETS = 4
-# Recall reads a prompt by its first and last this many chars (each message the request
-# shows, too): a 30 MB paste costs the event loop what 8,000 chars cost.
-QUERY_EDGE_CHARS = 4000
 # A tool result is read this far, redacted, then cut to its short form: a secret that
 # begins within the short form ends within this.
 STEP_RESULT_READ_CHARS = STEP_RESULT_CHARS + 4096
@@ -68,37 +66,6 @@ FACTS_WAIT_SHARE = 0.25
 # A store_memory outside a chat turn (MCP) answers once committed, so the caller's next
 # request finds it; a store locked past this gets "Accepted: it is being stored".
 OUTSIDE_TURN_COMMIT_WAIT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Query:
-    """What retrieval is asked: the last user message, in the context of its request."""
-
-    text: str
-    conversation_id: str
-    visible: tuple[str, ...]  # texts of the request's other messages (never injected again)
-    max_memories: int
-    new_conversation: bool = False  # nothing of this conversation is stored yet
-    answer_by: float | None = None  # event-loop time by which the recall must have its block
-
-
-@dataclass
-class Retrieved:
-    """The block for one turn, with the injection log entry that explains it."""
-
-    block: str = ""
-    injected: int = 0
-    log: dict[str, Any] = field(default_factory=dict)
-    hits: tuple[Hit, ...] = ()  # those the block shows, in its order (a post_retrieval hook picks from them)
-
-
-class Retriever(Protocol):
-    """Finds the memories that matter to a query (proxy.memory.retrieval)."""
-
-    async def retrieve(self, scope: Scope, query: Query) -> Retrieved: ...
-
-    def forget(self, user: str) -> None:
-        """Drop whatever the retriever holds in memory about a deleted user."""
 
 
 class MemoryService:

@@ -70,7 +70,7 @@ class Writer:
                  after_commit: Callable[[], Awaitable[None]] | None = None) -> None:
         self.store = store
         # Run after each committed batch, before its writes count as done (the vectors of
-        # its items, memory/embedding_worker.py); it never raises.
+        # its items, memory/vectors/worker.py); it never raises.
         self.after_commit = after_commit
         self.commit_delay_s = commit_delay_s
         self.metrics = metrics

@@ -488,7 +488,7 @@ class TurnReads(Protocol):
 
 
 class RecallReads(Protocol):
-    """What retrieval reads (memory/retrieval.py and memory/sources/), and what the store says it can do."""
+    """What retrieval reads (memory/retrieval/retriever.py and memory/retrieval/sources/), and what the store says it can do."""
 
     # True when a text search matches a row holding any one of its terms (they are OR'ed):
     # then a keyword retry with some of the query's words cannot find what the full query

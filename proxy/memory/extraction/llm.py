@@ -3,7 +3,7 @@
 The model is asked, through a JSON-schema response format, for entities
 `{name, type, description, confidence}` and relationships `{from, type, to}`. Its answer
 is used only when it is exactly that shape with sane values (`parse`); anything else is
-InvalidOutput, and the rules' result stands (proxy/memory/extractors.py makes the call).
+InvalidOutput, and the rules' result stands (proxy/memory/learning/extractors.py makes the call).
 """
 
 from __future__ import annotations

@@ -1,0 +1,4 @@
+"""The memory tools over MCP at /mcp: `endpoint` mounts the streamable-HTTP transport behind
+memproxy's own identity and host checks; `tools_server` declares the tools (the MCP SDK is
+imported only when /mcp is first used). It may import memory and identity; the app mounts it.
+"""

@@ -1,0 +1,98 @@
+"""The embedded embedding model: WordLlama's l2_supercat, 256 dimensions, run with numpy.
+
+The weights (a 32,000 x 256 float16 token table, 16 MB) and the tokenizer file ship
+inside the `wordllama` wheel; they are read from its installed folder and nothing is ever
+downloaded. `wordllama`'s own loader is not used: version 0.4.0.post1 looks for the
+tokenizer under a folder name its wheel does not use and then fetches it from a hub.
+
+A text's vector is the mean of its tokens' rows (a static model: no attention, so one
+query takes tens of microseconds). The package is MIT licensed; its l2_supercat table is
+derived from Llama 2's token embeddings (docs/retrieval.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from proxy.memory.vectors.embeddings import EmbeddingFailed
+
+MODEL_NAME = "local:wordllama-l2_supercat-256"
+WEIGHTS_FILE = "weights/l2_supercat_256.safetensors"
+TOKENIZER_FILE = "tokenizers/l2_supercat_tokenizer_config.json"
+TENSOR = "embedding.weight"
+# Tokens past this many say little more about a text's mean and cost time on the loop.
+MAX_TOKENS = 512
+
+
+class ModelMissing(Exception):
+    """The wordllama package, or one of its files, is not installed."""
+
+
+def package_folder() -> Path:
+    """The installed `wordllama` folder, found without importing the package (its import pulls pydantic)."""
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelMissing("the wordllama package is not installed (pip install wordllama)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def read_table(path: Path) -> np.ndarray:
+    """The token table of a safetensors file: its one float16 tensor, (vocabulary, dimensions)."""
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+        entry = header[TENSOR]
+        if entry["dtype"] != "F16" or len(entry["shape"]) != 2:
+            raise ModelMissing(f"{path.name}: expected a 2-D float16 {TENSOR}, got {entry['dtype']} {entry['shape']}")
+        start, end = entry["data_offsets"]
+        f.seek(8 + header_len + start)
+        data = f.read(end - start)
+    return np.frombuffer(data, dtype="<f2").reshape(entry["shape"])
+
+
+class LocalModel:
+    """Texts in, float32 little-endian vectors out; the async `Embed` shape the app calls."""
+
+    model = MODEL_NAME
+    in_process = True
+
+    def __init__(self, folder: Path | None = None) -> None:
+        folder = folder if folder is not None else package_folder()
+        try:
+            self.table = read_table(folder / WEIGHTS_FILE)
+            self.tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+        except (OSError, KeyError, ValueError) as exc:
+            raise ModelMissing(f"the embedded model's files could not be read from {folder}: {exc}") from exc
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(MAX_TOKENS)
+
+    @property
+    def dim(self) -> int:
+        return int(self.table.shape[1])
+
+    def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), dim) float32: each text's mean token row; zeros for a text with no token."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        # One text (a query) is encoded directly: encode_batch's thread pool costs more than it.
+        encodings = ([self.tokenizer.encode(texts[0], add_special_tokens=False)] if len(texts) == 1
+                     else self.tokenizer.encode_batch(list(texts), add_special_tokens=False))
+        for row, encoding in enumerate(encodings):
+            ids = np.asarray(encoding.ids, dtype=np.int64)
+            ids = ids[(ids >= 0) & (ids < self.table.shape[0])]
+            if ids.size:
+                out[row] = self.table[ids].astype(np.float32).mean(axis=0)
+        return out
+
+    async def __call__(self, texts: Sequence[str], timeout_s: float) -> list[bytes]:
+        """The Embed call: computed in-process, so the timeout never binds."""
+        try:
+            return [row.astype("<f4").tobytes() for row in self.vectors(texts)]
+        except Exception as exc:  # a tokenizer error must leave the lexical stream standing
+            raise EmbeddingFailed(f"the embedded model failed: {type(exc).__name__}: {exc}", retry=False) from None

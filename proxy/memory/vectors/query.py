@@ -1,0 +1,125 @@
+"""One request's query vector: embedded once, shared by every source, with its deadline.
+
+`Vectors.query` starts embedding the request's query and reading the store's marks of the
+user's newest vectors beside it; each source then asks the `VectorQuery` for its nearest
+items (proxy.memory.retrieval.hybrid fuses them with the lexical ones). A failing
+embeddings endpoint is left alone for a while, doubling, so it does not add its timeout to
+every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from proxy.memory.vectors.embeddings import Embed, EmbeddingFailed
+from proxy.memory.vectors.index import RowFilter, Spread, VectorIndex, row_filter, unit
+from proxy.metrics import Metrics
+from proxy.models import Scope
+from proxy.settings import EmbeddingsSettings
+from proxy.stores.base import EmbeddingKind, StoreError, VectorMark
+
+log = logging.getLogger("memproxy.vectors")
+
+QUIET_FIRST_S = 1.0  # after a failed query embedding, the endpoint is left alone this long, doubling
+QUIET_MAX_S = 60.0
+
+
+@dataclass
+class _Quiet:
+    """When the query endpoint failed last, and how long to leave it alone."""
+
+    until: float = 0.0
+    pause: float = QUIET_FIRST_S
+
+
+@dataclass
+class Vectors:
+    """Vector search for one app: the embeddings call, the cached matrices, the fusion settings."""
+
+    embed: Embed
+    index: VectorIndex
+    settings: EmbeddingsSettings
+    metrics: Metrics
+    _quiet: _Quiet = field(default_factory=_Quiet)
+
+    def query(self, scope: Scope, text: str) -> VectorQuery | None:
+        """Start embedding this request's query; None while the endpoint is being left alone."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._quiet.until or not text.strip() or self.settings.vector_weight <= 0:
+            if text.strip():
+                self.metrics.embedding_calls.labels("query", "skipped").inc()
+            return None
+        timeout_s = self.settings.query_timeout_ms / 1000
+        task = loop.create_task(self._embed(text, timeout_s), name="memproxy-query-embedding")
+        marks = loop.create_task(self.index.marks(scope), name="memproxy-vector-marks")
+        return VectorQuery(self, scope, task, marks, loop.time() + timeout_s)
+
+    async def _embed(self, text: str, timeout_s: float) -> np.ndarray | None:
+        try:
+            (vector,) = await self.embed([text], timeout_s)
+        except EmbeddingFailed as exc:
+            self.metrics.embedding_calls.labels("query", "failed").inc()
+            loop = asyncio.get_running_loop()
+            log.warning("embeddings: the query could not be embedded (%s); lexical retrieval only for %.0fs",
+                        exc, self._quiet.pause)
+            self._quiet.until = loop.time() + self._quiet.pause
+            self._quiet.pause = min(self._quiet.pause * 2, QUIET_MAX_S)
+            return None
+        self.metrics.embedding_calls.labels("query", "ok").inc()
+        self._quiet.pause = QUIET_FIRST_S
+        return unit(vector)
+
+
+@dataclass
+class VectorQuery:
+    """One request's query vector (computed once, shared by the sources) and its deadline."""
+
+    vectors: Vectors
+    scope: Scope
+    task: asyncio.Task[np.ndarray | None]
+    marks: asyncio.Task[dict[EmbeddingKind, VectorMark]]  # the store's newest vectors when the request began
+    deadline: float  # loop time past which the vector stream gives up
+
+    async def nearest(self, kind: EmbeddingKind, limit: int, **conversations: Any
+                      ) -> tuple[list[tuple[str, float]], Spread]:
+        """(item id, cosine) of the user's nearest items of `kind`, best first, and the spread of the
+        query's cosines; nothing when that cannot be had. Nothing is read from the store but the marks."""
+        where: RowFilter = row_filter(self.scope, kind, **conversations)
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                query = await asyncio.shield(self.task)
+                if query is None:
+                    return [], Spread()
+                marks = await asyncio.shield(self.marks)
+                return await self.vectors.index.nearest(self.scope, kind, query, where, mark=marks.get(kind),
+                                                        floor=-1.0, limit=limit)
+        except TimeoutError:
+            return [], Spread()
+        except StoreError as exc:
+            log.warning("vectors: the %s vectors could not be read (%s)", kind, exc)
+            return [], Spread()
+        except Exception:  # the vector stream's boundary: whatever breaks it, the lexical stream stands
+            log.exception("vectors: the %s search failed", kind)
+            return [], Spread()
+
+    async def items(self, kind: EmbeddingKind, item_ids: Sequence[str]) -> dict[str, Any]:
+        """The items among `item_ids` that still hold a vector (read back: one deleted or edited since
+        is never shown), by id; none when they cannot be read in time."""
+        if not item_ids:
+            return {}
+        index = self.vectors.index
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                found = await index.store.embedded_items(self.scope, kind, item_ids, index.model)
+        except TimeoutError:
+            return {}
+        except StoreError as exc:
+            log.warning("vectors: the %s items could not be read (%s)", kind, exc)
+            return {}
+        return {item.id: item for item in found}

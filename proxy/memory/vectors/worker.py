@@ -1,0 +1,190 @@
+"""Filling in vectors: with each write, in the background, and on `memproxy reindex`.
+
+With the embedded model (in-process, tens of microseconds a text) the writer calls
+`after_commit` after each committed batch and before telling anyone it is committed, so a
+new message, fact or entity has its vector by the time the next request, on any process,
+looks: the items of that commit are embedded and saved right behind it (a page at most
+per kind; more waits for the background). That runs once the background task has caught
+up with the store, so a large history being filled in never holds up a write.
+
+With a provider's model nothing waits for a vector: a message is saved and answered
+first, and the background task later finds the items (messages, entities, reasoning
+traces) that have no vector for the configured model, embeds them in batches and saves
+them through the store. An item
+edited meanwhile keeps no stale vector (the store checks its text on save). A failing
+endpoint backs off; a batch the endpoint rejects outright (a 400 for its texts) is
+skipped until the next full pass.
+
+Each kind is read from a cursor (the last item seq done), so a pass over a large history
+is paged and an idle poll reads only new items; every `rescan_s` the cursors go back to
+the start, which picks up items whose vectors an edit dropped and any committed out of
+seq order by another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from proxy.memory.vectors.embeddings import Embed, EmbeddingFailed
+from proxy.metrics import Metrics
+from proxy.stores.base import (
+    EMBEDDING_KINDS,
+    EmbeddingKind,
+    EmbeddingQueue,
+    NewEmbedding,
+    StoreError,
+)
+
+log = logging.getLogger("memproxy.embeddings")
+
+
+@dataclass(frozen=True)
+class FillLimits:
+    """How often the worker looks, how it backs off, and when it starts a full pass again."""
+
+    idle_poll_s: float = 1.0
+    retry_first_s: float = 1.0
+    retry_max_s: float = 120.0
+    rescan_s: float = 300.0
+
+
+@dataclass
+class FillCounts:
+    """What a pass did, per kind: vectors saved, items skipped (rejected texts or edited meanwhile)."""
+
+    saved: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))
+    skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMBEDDING_KINDS, 0))  # of skipped
+
+
+class Filler:
+    """Embeds one page of one kind's unembedded items and saves the vectors."""
+
+    def __init__(self, store: EmbeddingQueue, embed: Embed, model: str, *, batch: int, timeout_s: float) -> None:
+        self.store = store
+        self.embed = embed
+        self.model = model
+        self.batch = batch
+        self.timeout_s = timeout_s
+
+    async def page(self, kind: EmbeddingKind, after: int, counts: FillCounts, *, user: str | None = None
+                   ) -> tuple[int, bool]:
+        """Embed the next page after `after`: (the cursor to go on from, whether the kind is done).
+
+        Raises EmbeddingFailed when the endpoint may answer later (the page is not skipped)."""
+        items = await self.store.unembedded(self.model, kind, after=after, limit=self.batch, user=user)
+        if not items:
+            return after, True
+        try:
+            vectors = await self.embed([item.text for item in items], self.timeout_s)
+        except EmbeddingFailed as exc:
+            if exc.retry:
+                raise
+            log.warning("embeddings: skipped %d %s items the endpoint rejects (%s)", len(items), kind, exc)
+            counts.skipped[kind] += len(items)
+            counts.rejected[kind] += len(items)
+            return items[-1].seq, len(items) < self.batch
+        saved = await self.store.save_embeddings(self.model, [
+            NewEmbedding(item.scope.user, item.kind, item.item_id, item.text, vector)
+            for item, vector in zip(items, vectors)])
+        counts.saved[kind] += saved
+        counts.skipped[kind] += len(items) - saved
+        return items[-1].seq, len(items) < self.batch
+
+    async def fill_all(self, *, user: str | None = None, counts: FillCounts | None = None) -> FillCounts:
+        """Every missing vector (of `user`, or everyone), kind by kind (`memproxy reindex`).
+
+        `counts` is filled as it goes, so a caller still has them when the endpoint fails."""
+        counts = counts if counts is not None else FillCounts()
+        for kind in EMBEDDING_KINDS:
+            after, done = 0, False
+            while not done:
+                after, done = await self.page(kind, after, counts, user=user)
+        return counts
+
+
+class EmbeddingWorker:
+    """Owns the background task that keeps every item's vector filled in."""
+
+    def __init__(self, filler: Filler, metrics: Metrics, limits: FillLimits = FillLimits(), *,
+                 with_writes: bool = False) -> None:
+        self.filler = filler
+        self.metrics = metrics
+        self.limits = limits
+        self.with_writes = with_writes  # the writer waits for the vectors of each commit (in-process model)
+        self._task: asyncio.Task[None] | None = None
+        self._cursors: dict[EmbeddingKind, int] = dict.fromkeys(EMBEDDING_KINDS, 0)
+        self._filling = asyncio.Lock()  # one page at a time: the writer's and the background's share cursors
+        self._caught_up = False
+
+    async def after_commit(self) -> None:
+        """The vectors of what the writer just committed (see the module doc); never raises."""
+        if not self._caught_up:
+            return
+        try:
+            await self.fill_once()
+        except Exception as exc:  # memory never fails a write: the background task tries again
+            log.warning("embeddings: the vectors of a commit were left to the background (%s)", exc)
+
+    def start(self) -> None:
+        """Begin filling (inside the running loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="memproxy-embeddings")
+
+    async def stop(self) -> None:
+        """Stop at once: a batch in flight is simply done again later."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = self.limits.retry_first_s
+        rescan_at = loop.time() + self.limits.rescan_s
+        while True:
+            try:
+                busy = await self.fill_once()
+                self._caught_up = not busy
+                backoff = self.limits.retry_first_s
+                pause = 0.0 if busy else self.limits.idle_poll_s
+            except (EmbeddingFailed, StoreError) as exc:
+                if isinstance(exc, EmbeddingFailed):
+                    self.metrics.embedding_calls.labels("background", "failed").inc()
+                log.warning("embeddings: background fill failed (%s); retrying in %.0fs", exc, backoff)
+                pause, backoff = backoff, min(backoff * 2, self.limits.retry_max_s)
+            except Exception:  # the task's outermost boundary: a bug must not end filling for good
+                log.exception("embeddings: unexpected error; retrying in %.0fs", backoff)
+                pause, backoff = backoff, min(backoff * 2, self.limits.retry_max_s)
+            if loop.time() >= rescan_at:
+                self._cursors = dict.fromkeys(EMBEDDING_KINDS, 0)
+                rescan_at = loop.time() + self.limits.rescan_s
+            await asyncio.sleep(pause)
+
+    async def fill_once(self) -> bool:
+        """One page of each kind not yet caught up; True when any kind may have more."""
+        async with self._filling:
+            return await self._page_each_kind()
+
+    async def _page_each_kind(self) -> bool:
+        counts = FillCounts()
+        more = False
+        # Read before the pages: a kind found with nothing to embed past its cursor moves the
+        # cursor up to here, so the next look (after every commit, with the embedded model)
+        # reads only what is newer instead of walking the whole table again.
+        newest = await self.filler.store.newest_seqs()
+        for kind in EMBEDDING_KINDS:
+            # Newest items deleted: SQLite gives their seqs to the next ones, so look from there.
+            self._cursors[kind] = min(self._cursors[kind], newest[kind])
+            rejected, saved = counts.rejected[kind], counts.saved[kind]
+            after, done = await self.filler.page(kind, self._cursors[kind], counts)
+            # Counted page by page: a page saved is counted even when a later kind's fails
+            # or the worker is stopped before the next one.
+            self.metrics.embedded.inc(counts.saved[kind] - saved)
+            if after != self._cursors[kind]:  # a call was made: answered, or its texts refused
+                outcome = "skipped" if counts.rejected[kind] > rejected else "ok"
+                self.metrics.embedding_calls.labels("background", outcome).inc()
+            self._cursors[kind] = max(after, newest[kind]) if done else after
+            more = more or not done
+        return more
