@@ -29,6 +29,7 @@ from proxy.memory.learning.pending_facts import PendingFacts
 from proxy.memory.hooks.runner import load_hooks
 from proxy.memory.pipeline import MemoryService
 from proxy.memory.retrieval.retriever import Retrieval
+from proxy.memory.vectors.index import one_blas_thread
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.calls.extraction_model import extractor_for
@@ -200,6 +201,8 @@ def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: st
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if own_process:
+            one_blas_thread()
         await parts.start()
         if own_process:
             # Modules, the stemmer's tables, the app: about 46,000 objects that live as long as

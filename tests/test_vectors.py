@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info
 
 from proxy.memory.retrieval.hybrid import VECTOR_REASON, Calibration, fuse
 from proxy.memory.retrieval.sources import Found
-from proxy.memory.vectors.index import Matrix, RowFilter, Spread, VectorIndex, row_filter, unit
+from proxy.memory.vectors.index import Matrix, RowFilter, Spread, VectorIndex, one_blas_thread, row_filter, unit
 from proxy.models import Scope
 from proxy.settings import EmbeddingsSettings
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector
@@ -70,6 +71,37 @@ def test_build_skips_zero_vectors_and_other_lengths_and_add_replaces() -> None:
     empty = Matrix.build([])
     empty.add([("n", "g", None, q(3, 4))])
     assert empty.nearest(q(3, 4), RowFilter(), 0.9, 10)[0] == [("n", 1.0)]
+
+
+def test_a_serving_process_runs_its_products_on_one_blas_thread() -> None:
+    # `memproxy serve` calls it at start-up: OpenBLAS's threads, spread over every core and
+    # spinning between products, cost many times the product's own CPU (module doc).
+    one_blas_thread()
+    blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert blas and all(lib["num_threads"] == 1 for lib in blas)
+
+
+def test_one_query_searched_twice_is_scored_once_and_never_from_before_a_change() -> None:
+    # A request's sources share one product per kind; a row replaced or added since must be
+    # seen by the next search with the same query.
+    m = matrix(("a", "c1", None, (1, 0)), ("b", "c2", None, (0, 1)))
+    query = q(1, 0)
+    assert m.nearest(query, RowFilter(conversation="c1"), -1.0, 10)[0] == [("a", 1.0)]
+    assert m.nearest(query, RowFilter(exclude="c1"), -1.0, 10)[0] == [("b", 0.0)]
+    m.add([("b", "c2", None, q(1, 0))])  # replaced in place: same rows, new vector
+    assert m.nearest(query, RowFilter(exclude="c1"), -1.0, 10)[0] == [("b", 1.0)]
+    m.add([("c", "c3", None, q(1, 1))])
+    assert m.nearest(query, RowFilter(), -1.0, 10)[0] == [("a", 1.0), ("b", 1.0), ("c", 0.707107)]
+
+
+def test_the_cut_at_the_limit_keeps_ties_and_honours_the_filter_and_floor() -> None:
+    m = matrix(("a", "c1", None, (1, 0)), ("b", "c2", None, (1, 0)), ("c", "c1", None, (1, 1)),
+               ("d", "c1", None, (0, 1)), ("e", "c2", None, (-1, 0)))
+    assert m.nearest(q(1, 0), RowFilter(), -1.0, 1)[0] == [("a", 1.0)]  # b ties at the cut, then by id
+    assert m.nearest(q(1, 0), RowFilter(conversation="c1"), 0.5, 2)[0] == [("a", 1.0), ("c", 0.707107)]
+    assert m.nearest(q(1, 0), RowFilter(exclude="c1"), 0.5, 5)[0] == [("b", 1.0)]
+    found, spread = m.nearest(q(1, 0), RowFilter(conversation="c2"), -1.0, 1)
+    assert found == [("b", 1.0)] and (spread.rows, spread.mean) == (2, 0.0)
 
 
 # --- fuse -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ for a while), or the vectors cannot be read, the lexical stream stands alone. Wi
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -64,8 +65,13 @@ class Calibration:
         (a new user's few items keep their lexical order)."""
         if not self.spread.telling:
             return 0.0
-        best = self.z(self.best)
+        best = self.best_z
         return max(0.0, self.z(cosine)) / best if best > 0 else 0.0
+
+    @functools.cached_property
+    def best_z(self) -> float:
+        """The best cosine's deviations above the mean: computed once, asked for every candidate."""
+        return self.z(self.best)
 
     def enters(self, cosine: float) -> bool:
         """Close enough to be shown on its vector alone (the lexical stream missed it)."""

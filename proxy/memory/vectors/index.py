@@ -17,11 +17,17 @@ took 104 ms and int8 27 ms against float32's 16 ms), so it costs rows x dimensio
 bytes (the embedded model: 1 KB an item, 10 MB for 10,000 items, 100 MB for 100,000). At
 most MAX_MATRICES taking at most `embeddings.cache_max_mb` together are kept, the least
 recently used dropped first (the one in use stays, even alone past the bound).
+
+A process serving requests runs its products on one BLAS thread (`one_blas_thread`):
+OpenBLAS splits a product of more than about 9,000 cells over every core, and its threads
+then spin waiting for the next one. A query against 10,800 vectors cost 2.3-5.8 ms of CPU
+that way on two shared cores, against 0.2 ms on one thread (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -43,6 +49,13 @@ COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder
 # Below this many rows a query's spread of cosines says too little for a z-score (a few
 # near rows among ten move the mean and the deviation as much as they stand out).
 MIN_SPREAD_ROWS = 50
+
+
+def one_blas_thread() -> None:
+    """Hold this process's BLAS libraries to one thread each (see the module doc)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
 
 
 def unit(vector: bytes | np.ndarray) -> np.ndarray | None:
@@ -78,7 +91,7 @@ class Spread:
     std: float = 0.0
     rows: int = 0
 
-    @property
+    @functools.cached_property  # asked for each candidate of each source
     def telling(self) -> bool:
         """Enough rows for a z-score to mean something."""
         return self.rows >= MIN_SPREAD_ROWS and self.std > 0
@@ -125,6 +138,11 @@ class Matrix:
     _room: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32), repr=False)
     _group_codes: _Codes = field(default_factory=lambda: _Codes(), repr=False)
     _agent_codes: _Codes = field(default_factory=lambda: _Codes(), repr=False)
+    # The last query's rounded cosines, with the query and the rows they were computed
+    # over: a request's sources searching one kind (its conversation, the others) share
+    # one product. A row replaced in place bumps `_changes`, so no stale score is reused.
+    _changes: int = field(default=0, repr=False)
+    _last: tuple[np.ndarray, int, int, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.rows = {item_id: n for n, item_id in enumerate(self.ids)}
@@ -154,6 +172,7 @@ class Matrix:
                 continue
             if item_id in self.rows:
                 self.vectors[self.rows[item_id]] = vector
+                self._changes += 1
                 continue
             self.rows[item_id] = len(self.ids) + len(new)
             new.append((item_id, group, agent, vector))
@@ -179,10 +198,13 @@ class Matrix:
         self._room[have:need] = added
         return self._room[:need]
 
-    def mask(self, where: RowFilter, n: int) -> np.ndarray:
-        """True for the first `n` rows that `where` lets a source see."""
+    def mask(self, where: RowFilter, n: int) -> np.ndarray | None:
+        """True for the first `n` rows that `where` lets a source see; None when it lets it see every row."""
+        by_group = where.conversation is not None or where.exclude is not None or where.within is not None
+        if not by_group and not where.by_agent:
+            return None
         keep = np.ones(n, dtype=bool)
-        if where.conversation is not None or where.exclude is not None or where.within is not None:
+        if by_group:
             groups = self._group_codes.up_to(self.groups, n)
             if where.conversation is not None:
                 keep &= groups == self._group_codes.code(where.conversation)
@@ -201,17 +223,31 @@ class Matrix:
         vectors = self.vectors
         if not vectors.shape[0] or query.shape[0] != vectors.shape[1] or limit <= 0:
             return [], Spread()
-        scores = np.round(vectors @ query, COSINE_DIGITS)
+        scores = self._scores(query, vectors)
         visible = self.mask(where, vectors.shape[0])
-        seen = scores[visible]
+        seen = scores if visible is None else scores[visible]
         spread = Spread(float(seen.mean()), float(seen.std()), int(seen.size)) if seen.size else Spread()
-        candidates = np.flatnonzero((scores >= floor) & visible)
-        if candidates.size > limit:
-            kth = np.partition(scores[candidates], -limit)[-limit]
-            candidates = candidates[scores[candidates] >= kth]  # ties at the cut all stay, then by id
+        eligible = scores >= floor
+        if visible is not None:
+            eligible &= visible
+        if np.count_nonzero(eligible) > limit:
+            # The limit-th best eligible cosine, found without gathering the eligible rows first.
+            kth = np.partition(np.where(eligible, scores, -np.inf), -limit)[-limit]
+            eligible &= scores >= kth  # ties at the cut all stay, then by id
+        candidates = np.flatnonzero(eligible)
         ranked = sorted(((round(float(scores[n]), COSINE_DIGITS), self.ids[n]) for n in candidates),
                         key=lambda r: (-r[0], r[1]))
         return [(item_id, score) for score, item_id in ranked[:limit]], spread
+
+    def _scores(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """The rounded cosines of `query` with every row of `vectors` (this matrix's current view)."""
+        last = self._last
+        if last is not None and last[0] is query and last[1] == vectors.shape[0] and last[2] == self._changes:
+            return last[3]
+        changes = self._changes
+        scores = np.round(vectors @ query, COSINE_DIGITS)
+        self._last = (query, vectors.shape[0], changes, scores)
+        return scores
 
 
 @dataclass

@@ -177,6 +177,8 @@ class EmbeddingWorker:
         for kind in EMBEDDING_KINDS:
             # Newest items deleted: SQLite gives their seqs to the next ones, so look from there.
             self._cursors[kind] = min(self._cursors[kind], newest[kind])
+            if self._cursors[kind] == newest[kind]:
+                continue  # nothing past the cursor: no read (most commits add one or two kinds)
             rejected, saved = counts.rejected[kind], counts.saved[kind]
             after, done = await self.filler.page(kind, self._cursors[kind], counts)
             # Counted page by page: a page saved is counted even when a later kind's fails

@@ -1,7 +1,11 @@
 """Embeddings on SQLite: the items lacking a vector, saving vectors, and reading them back.
 
 `SQLiteVectors` is mixed into `SQLiteStore`: reads run on its read connections, saves on
-its write thread in one IMMEDIATE transaction (queued behind the writer's batches).
+its write thread in one IMMEDIATE transaction (queued behind the writer's batches). The
+reads a request makes (the marks, the vectors saved since the cached ones, the items of a
+few hits) and the newest seqs the writer reads after each commit are lookups of a few rows
+by an index: they run on the event loop's own connection, where a hop to a reader thread
+and back cost more than the read (sqlite/readers.py).
 Vectors are float32 little-endian BLOBs; the triggers of sqlite/schema.py drop an item's
 vectors when its text changes or it is deleted.
 """
@@ -35,7 +39,7 @@ def _agent(scope: Scope, kind: str) -> tuple[str, list[Any]]:
 class SQLiteVectors:
     """The embeddings half of SQLiteStore (the host provides the connections)."""
 
-    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteStore
+    async def _read(self, work: Callable[[sqlite3.Connection], T], *, here: bool = False) -> T:  # SQLiteStore's
         raise NotImplementedError
 
     async def _on_writer(self, body: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteAdmin
@@ -82,7 +86,7 @@ class SQLiteVectors:
         """The highest item seq of each kind, every user's (0 for none)."""
         sql = "SELECT " + ", ".join(f"(SELECT ifnull(max(seq), 0) FROM {table_of(kind).table})"
                                     for kind in EMBEDDING_KINDS)
-        row = await self._read(lambda conn: conn.execute(sql).fetchone())
+        row = await self._read(lambda conn: conn.execute(sql).fetchone(), here=True)
         return {kind: int(row[n]) for n, kind in enumerate(EMBEDDING_KINDS)}
 
     async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
@@ -91,7 +95,9 @@ class SQLiteVectors:
         sql = (f"SELECT e.rowid AS seq, e.item_id, {t.group} AS grp, x.agent_id, e.vector FROM embeddings e"
                f" JOIN {t.table} x ON x.user_id = e.user_id AND x.id = e.item_id"
                " WHERE e.user_id = ? AND e.kind = ? AND e.model = ? AND e.rowid > ? ORDER BY e.rowid")
-        rows = await self._read(lambda conn: conn.execute(sql, (scope.user, kind, model, after)).fetchall())
+        # A first load reads every vector of the user: a reader thread's work, not the loop's.
+        rows = await self._read(lambda conn: conn.execute(sql, (scope.user, kind, model, after)).fetchall(),
+                                here=after > 0)
         return [StoredVector(row["item_id"], row["grp"], row["agent_id"], bytes(row["vector"]), row["seq"])
                 for row in rows]
 
@@ -108,7 +114,7 @@ class SQLiteVectors:
                     marks[kind] = VectorMark(int(row[0]), float(row[1]))
             return marks
 
-        return await self._read(read)
+        return await self._read(read, here=True)
 
     async def embedded_items(self, scope: Scope, kind: EmbeddingKind, item_ids: Sequence[str], model: str
                              ) -> list[Any]:
@@ -122,4 +128,4 @@ class SQLiteVectors:
                f" AND e.item_id = x.id AND e.model = ?){agent} ORDER BY x.id")
         params = [json.dumps(list(item_ids)), scope.user, kind, model, *agent_params]
         shape = _FROM_ROW[kind]
-        return await self._read(lambda conn: [shape(row) for row in conn.execute(sql, params)])
+        return await self._read(lambda conn: [shape(row) for row in conn.execute(sql, params)], here=True)
