@@ -55,6 +55,9 @@ def test_unembedded_lists_each_kind_until_its_vector_is_saved(backend: Backend) 
             assert [m.text for m in await store.unembedded(MODEL, "message", user="bob")] == [
                 "Bob's own words", "Sure."]
             assert len(await store.unembedded(MODEL, "message", after=messages[1].seq, limit=1)) == 1
+            assert [m.text for m in await store.unembedded(MODEL, "message", after=messages[0].seq,
+                                                           upto=messages[2].seq)] == ["Nice.", "Bob's own words"]
+            assert await store.unembedded(MODEL, "message", after=messages[3].seq, upto=messages[3].seq) == []
             entities = await store.unembedded(MODEL, "entity")
             assert [(e.item_id, e.text) for e in entities] == [(eid, "Priya sister who sails")]
             traces = await store.unembedded(MODEL, "reasoning")

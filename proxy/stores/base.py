@@ -562,8 +562,9 @@ class EmbeddingQueue(Protocol):
     """Items lacking a vector, filled by the background worker and `memproxy reindex`."""
 
     async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
-                         user: str | None = None) -> list[Unembedded]:
-        """Items of `kind` (every user's, or `user`'s) with `seq` above `after` and no vector for `model`, by seq."""
+                         user: str | None = None, upto: int | None = None) -> list[Unembedded]:
+        """Items of `kind` (every user's, or `user`'s) with `seq` above `after` (and at most `upto`) and
+        no vector for `model`, by seq."""
 
     async def save_embeddings(self, model: str, vectors: Sequence[NewEmbedding]) -> int:
         """Save vectors (replacing the model's old ones) whose items still read their `text`; how many were saved."""

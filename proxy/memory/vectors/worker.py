@@ -69,12 +69,13 @@ class Filler:
         self.batch = batch
         self.timeout_s = timeout_s
 
-    async def page(self, kind: EmbeddingKind, after: int, counts: FillCounts, *, user: str | None = None
-                   ) -> tuple[int, bool]:
-        """Embed the next page after `after`: (the cursor to go on from, whether the kind is done).
+    async def page(self, kind: EmbeddingKind, after: int, counts: FillCounts, *, user: str | None = None,
+                   upto: int | None = None) -> tuple[int, bool]:
+        """Embed the next page after `after` (up to seq `upto`): (the cursor to go on from, whether the
+        kind is done).
 
         Raises EmbeddingFailed when the endpoint may answer later (the page is not skipped)."""
-        items = await self.store.unembedded(self.model, kind, after=after, limit=self.batch, user=user)
+        items = await self.store.unembedded(self.model, kind, after=after, limit=self.batch, user=user, upto=upto)
         if not items:
             return after, True
         try:
@@ -180,7 +181,9 @@ class EmbeddingWorker:
             if self._cursors[kind] == newest[kind]:
                 continue  # nothing past the cursor: no read (most commits add one or two kinds)
             rejected, saved = counts.rejected[kind], counts.saved[kind]
-            after, done = await self.filler.page(kind, self._cursors[kind], counts)
+            # Up to the newest read above: after a commit, a few rows by their seq (an item
+            # committed since is the next look's).
+            after, done = await self.filler.page(kind, self._cursors[kind], counts, upto=newest[kind])
             # Counted page by page: a page saved is counted even when a later kind's fails
             # or the worker is stopped before the next one.
             self.metrics.embedded.inc(counts.saved[kind] - saved)

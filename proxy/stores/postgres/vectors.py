@@ -46,10 +46,11 @@ class PostgresVectors:
         raise NotImplementedError
 
     async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
-                         user: str | None = None) -> list[Unembedded]:
-        """Items of `kind` with seq above `after` and no vector for `model`, by seq."""
+                         user: str | None = None, upto: int | None = None) -> list[Unembedded]:
+        """Items of `kind` with seq above `after` (and at most `upto`) and no vector for `model`, by seq."""
         t, args = table_of(kind), Args()
         mine = "" if user is None else f" AND x.user_id = {args(user)}"
+        mine += "" if upto is None else f" AND x.seq <= {args(upto)}"
         rows = await self._fetch(
             f"SELECT x.seq, x.id, x.user_id, x.agent_id, {t.cut_text} AS text, {t.group} AS grp FROM {t.table} x"
             f" WHERE x.seq > {args(after)}{mine} AND {t.text} <> '' AND NOT EXISTS (SELECT 1 FROM embeddings e"

@@ -3,8 +3,8 @@
 `SQLiteVectors` is mixed into `SQLiteStore`: reads run on its read connections, saves on
 its write thread in one IMMEDIATE transaction (queued behind the writer's batches). The
 reads a request makes (the marks, the vectors saved since the cached ones, the items of a
-few hits) and the newest seqs the writer reads after each commit are lookups of a few rows
-by an index: they run on the event loop's own connection, where a hop to a reader thread
+few hits) and what the writer reads after each commit (the newest seqs, the items in a
+narrow range of seqs) are lookups of a few rows by an index: they run on the event loop's own connection, where a hop to a reader thread
 and back cost more than the read (sqlite/readers.py).
 Vectors are float32 little-endian BLOBs; the triggers of sqlite/schema.py drop an item's
 vectors when its text changes or it is deleted.
@@ -24,6 +24,8 @@ from proxy.stores.vector_sql import table_of
 
 T = TypeVar("T")
 FLOAT32_BYTES = 4
+# A range of seqs this narrow (the items of the commits just made) is read on the event loop.
+NARROW_SEQS = 256
 _FROM_ROW: dict[str, Callable[[sqlite3.Row], Any]] = {
     "message": message_from_row, "entity": entity_from_row, "reasoning": trace_from_row,
 }
@@ -46,16 +48,19 @@ class SQLiteVectors:
         raise NotImplementedError
 
     async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
-                         user: str | None = None) -> list[Unembedded]:
-        """Items of `kind` with seq above `after` and no vector for `model`, by seq."""
+                         user: str | None = None, upto: int | None = None) -> list[Unembedded]:
+        """Items of `kind` with seq above `after` (and at most `upto`) and no vector for `model`, by seq."""
         t = table_of(kind)
-        mine, params = ("", []) if user is None else (" AND x.user_id = ?", [user])
+        mine, params = ("", list[object]()) if user is None else (" AND x.user_id = ?", [user])
+        if upto is not None:
+            mine, params = mine + " AND x.seq <= ?", [*params, upto]
         sql = (f"SELECT x.seq, x.id, x.user_id, x.agent_id, {t.cut_text} AS text, {t.group} AS grp FROM {t.table} x"
                f" WHERE x.seq > ?{mine} AND {t.text} <> '' AND NOT EXISTS (SELECT 1 FROM embeddings e"
                " WHERE e.user_id = x.user_id AND e.kind = ? AND e.item_id = x.id AND e.model = ?)"
                " ORDER BY x.seq LIMIT ?")
         args = [after, *params, kind, model, limit]
-        rows = await self._read(lambda conn: conn.execute(sql, args).fetchall())
+        narrow = upto is not None and upto - after <= NARROW_SEQS
+        rows = await self._read(lambda conn: conn.execute(sql, args).fetchall(), here=narrow)
         return [Unembedded(Scope(row["user_id"], agent=row["agent_id"]), kind, row["id"], row["seq"], row["text"],
                            row["grp"]) for row in rows]
 
