@@ -28,21 +28,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import pyspy
-from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
-from processes import REPO, Server, source_version, start_memproxy, start_mock
-from scenarios import StreamShape, percentile
-from storm import extraction_drained, memory_recovered, searched_in_memory, seed_memories
-from sustained import HEADER, MEMORY_USER, run_sustained, sustained_row, threads_row
+from harness import pyspy
+from harness.figures import percentile
+from harness.loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
+from harness.measure import StreamShape
+from harness.memory import MEMORY_USER, extraction_drained, memory_recovered, searched_in_memory, seed_memories
+from harness.report import Column, table
+from harness.targets import REPO, Server, Targets, source_version
+from sustained import HEADER, run_sustained, sustained_row, threads_row
 
 USERS = 20
 PROBE_EVERY_S = 0.05
 ZERO_ERRORS_LEVEL = "largest N with zero errors"
+COLUMNS = (Column("N", 6), Column("target", 10, align="<"), Column("errors", 7), Column("late p99 ms", 12, ".2f"),
+           Column("added p99 ms", 13, "+.2f"), Column("healthz p50", 10, ".2f"), Column("healthz p99", 10, ".2f"),
+           Column("RSS MiB", 8, ".1f"), Column("memory ok", 10, ".1%"))
 
 
 class TimedConnection(ClientConnection):
@@ -134,19 +139,18 @@ async def run_level(target: Target, server: Server | None, streams: int, events:
     return level
 
 
-def row(name: str, level: Level, direct: Level | None) -> str:
-    def ms(values: list[float], q: float) -> str:
-        return f"{percentile(values, q):.2f}" if values else "-"
+def row(name: str, level: Level, direct: Level | None) -> tuple[Any, ...]:
+    """A level's line of the table (COLUMNS), through one target; `direct`: the same N from the mock."""
+    def ms(values: list[float], q: float) -> float | None:
+        return percentile(values, q) if values else None
 
-    late99 = ms(level.lateness_ms, 99)
-    added = "-"
+    added = None
     if direct is not None and direct.lateness_ms and level.lateness_ms:
-        added = f"{percentile(level.lateness_ms, 99) - percentile(direct.lateness_ms, 99):+.2f}"
+        added = percentile(level.lateness_ms, 99) - percentile(direct.lateness_ms, 99)
     served = level.streams - level.errors
-    ok = f"{level.ok_memory / served:.1%}" if name == "memproxy" and served else "-"
-    rss = f"{level.rss_mb:.1f}" if level.rss_mb else "-"
-    return (f"{level.streams:>6} {name:<10} {level.errors:>7} {late99:>12} {added:>13} "
-            f"{ms(level.probe_ms, 50):>10} {ms(level.probe_ms, 99):>10} {rss:>8} {ok:>10}")
+    ok = level.ok_memory / served if name == "memproxy" and served else None
+    return (level.streams, name, level.errors, ms(level.lateness_ms, 99), added, ms(level.probe_ms, 50),
+            ms(level.probe_ms, 99), level.rss_mb or None, ok)
 
 
 async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -> list[str]:
@@ -154,9 +158,7 @@ async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -
     events = int(args.seconds * args.rate)
     proxied = Target("memproxy", memproxy.port)
     direct = Target("direct", mock.port)
-    header = (f"{'N':>6} {'target':<10} {'errors':>7} {'late p99 ms':>12} {'added p99 ms':>13} "
-              f"{'healthz p50':>10} {'healthz p99':>10} {'RSS MiB':>8} {'memory ok':>10}")
-    lines = [header]
+    rows = []
     held = 0
     first = 0
     for streams in args.levels:
@@ -168,12 +170,11 @@ async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -
         level = await run_level(proxied, memproxy, streams, events, gap_s, True, first)
         first += streams
         if base is not None:
-            lines.append(row("direct", base, None))
-        lines.append(row("memproxy", level, base))
+            rows.append(row("direct", base, None))
+        rows.append(row("memproxy", level, base))
         if level.errors == 0:
             held = max(held, streams)
-    lines.append(f"{ZERO_ERRORS_LEVEL}: {held or 'none'}")
-    return lines
+    return [table(COLUMNS, rows), f"{ZERO_ERRORS_LEVEL}: {held or 'none'}"]
 
 
 async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Server, workdir: Path) -> list[str]:
@@ -214,22 +215,16 @@ async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Serv
 
 
 def sustained(args: argparse.Namespace) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-sustained-"))
-    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms)
-    servers = [mock]
-    try:
-        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info", args.memproxy_dir)
-        servers.append(memproxy)
+    with Targets("memproxy-sustained-") as targets:
+        mock = targets.mock(args.stream_events, args.stream_gap_ms)
+        memproxy = targets.memproxy(mock.url("/v1"), source=args.memproxy_dir)
         started = time.perf_counter()
-        lines = run_client(sustained_async(args, mock, memproxy, workdir))
+        lines = run_client(sustained_async(args, mock, memproxy, targets.workdir))
         elapsed = time.perf_counter() - started
-    finally:
-        for server in servers:
-            server.stop()
     print(f"memproxy {source_version(args.memproxy_dir)}: streaming clients in a closed loop, {args.duration:g} s "
           f"per level ({f'joining over {args.ramp:g} s' if args.ramp else 'all starting at once'}), "
           f"streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
-          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s; logs in {workdir}")
+          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s; logs in {targets.workdir}")
     print("CPU in cores (CPU seconds per wall second); 2 cores here are shared by memproxy, the mock and this client")
     for line in lines:
         print(line)
@@ -265,21 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sustained:
         return sustained(args)
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-concurrency-"))
     events = int(args.seconds * args.rate)
-    mock = start_mock(workdir, events, 1000 / args.rate)
-    servers = [mock]
-    try:
-        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info", REPO)
-        servers.append(memproxy)
+    with Targets("memproxy-concurrency-") as targets:
+        mock = targets.mock(events, 1000 / args.rate)
+        memproxy = targets.memproxy(mock.url("/v1"))
         started = time.perf_counter()
         lines = run_client(main_async(args, mock, memproxy))
         elapsed = time.perf_counter() - started
-    finally:
-        for server in servers:
-            server.stop()
     print(f"streams of {events} events at {args.rate:g}/s ({args.seconds:g} s), memory on for {USERS} users, "
-          f"SQLite store, one worker; {elapsed:.0f} s; logs in {workdir}")
+          f"SQLite store, one worker; {elapsed:.0f} s; logs in {targets.workdir}")
     print("late: an event's arrival past its due time on the mock's schedule; added: memproxy's late p99 minus "
           "direct's at the same N; healthz: /healthz answered every 50 ms meanwhile")
     for line in lines:

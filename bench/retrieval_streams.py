@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import tempfile
 from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen import ClosedLoop, Run, Target, fixed_count, request_payload, run_client
-from processes import start_memproxy, start_mock
-from scenarios import Measured, StreamShape, Subject, percentile
-from summary import Criterion
+from harness.figures import percentile
+from harness.loadgen import ClosedLoop, Run, Target, fixed_count, request_payload, run_client
+from harness.measure import Measured, StreamShape, Subject
+from harness.report import Criterion
+from harness.targets import Targets
 
 # The memory-off streams: overhead.py's shape, 50 events 5 ms apart, four at a time.
 STREAM = StreamShape(events=50, gap_ms=5.0)
@@ -127,25 +127,21 @@ def served_copy(store: Path, into: Path) -> Path:
 
 def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoad, workdir: Path) -> dict[str, Any]:
     """Start the mock and memproxy on a copy of `store`, measure, stop them; the figures of one size."""
-    logs = Path(tempfile.mkdtemp(prefix=f"{store.stem}-", dir=workdir))
-    served = served_copy(store, logs)
-    mock = start_mock(logs, STREAM.events, STREAM.gap_ms)
-    try:
-        server = start_memproxy(logs, f"http://127.0.0.1:{mock.port}/v1", "info", store_path=served)
-    except RuntimeError:
-        mock.stop()
-        raise
-    try:
-        rss_start = server.rss_mb()
-        off = Target("memproxy-off", server.port)
-        on = Target("memproxy-on", server.port)
-        measured = run_client(_measure(Subject(off, server, mock), on, ask_payloads(on, user, asks), load))
-        rss_end = server.rss_mb()
-    finally:
-        server.stop()
-        mock.stop()
-        for path in logs.glob(served.name + "*"):  # and its -wal and -shm
-            path.unlink()
+    with Targets(f"{store.stem}-", parent=workdir) as targets:
+        logs = targets.workdir
+        served = served_copy(store, logs)
+        try:
+            mock = targets.mock(STREAM.events, STREAM.gap_ms)
+            server = targets.memproxy(mock.url("/v1"), store_path=served)
+            rss_start = server.rss_mb()
+            off = Target("memproxy-off", server.port)
+            on = Target("memproxy-on", server.port)
+            measured = run_client(_measure(Subject(off, server, mock), on, ask_payloads(on, user, asks), load))
+            rss_end = server.rss_mb()
+        finally:
+            targets.stop()
+            for path in logs.glob(served.name + "*"):  # and its -wal and -shm
+                path.unlink()
     alone, beside = measured["alone"], measured["beside"]
     return {
         "events_per_read": round(beside["events_per_read"], 3),

@@ -234,6 +234,14 @@ def wire_payload(target: Target, *, stream: bool, extra: dict[str, str] | None =
     return factory(target, stream=stream, extra=extra)
 
 
+def numbered(make: MakeRequest, first: int) -> MakeRequest:
+    """`make`'s requests numbered from `first`: loads given ranges of their own never repeat a request
+    (memproxy takes a repeated history for a retry of the same turn)."""
+    def make_numbered(n: int) -> bytes:
+        return make(first + n)
+    return make_numbered
+
+
 def request_payload(target: Target, method: str, path: str, body: bytes = b"",
                     headers: dict[str, str] | None = None) -> bytes:
     """Any request, framed with a content-length."""
