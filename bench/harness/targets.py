@@ -137,18 +137,13 @@ def throwaway_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server of its own for the run (tests/pg_server.py: initdb and pg_ctl in a temporary
     directory, fsync off as for tests), removed at the end; exits when its binaries are missing."""
     sys.path.insert(0, str(REPO))
-    from tests.pg_server import PostgresServer, find_binaries
+    from tests.pg_server import find_binaries, started
 
     binaries = find_binaries()
     if binaries is None:
         raise SystemExit("PostgreSQL server binaries (initdb, pg_ctl) not found: install postgresql")
-    server = PostgresServer(binaries)
-    try:
-        server.init()
-        server.start()
+    with started(binaries) as server:
         yield server
-    finally:
-        server.remove()
 
 
 def source_version(path: Path) -> str:
