@@ -20,7 +20,8 @@ from typing import Any
 from harness.figures import percentile
 from harness.loadgen import ClosedLoop, Run, Target, fixed_count, request_payload, run_client
 from harness.measure import Measured, StreamShape, Subject
-from harness.report import Criterion
+from harness.report import Column, Criterion, header, row
+from harness.rounds import alternating
 from harness.targets import Targets
 
 # The memory-off streams: overhead.py's shape, 50 events 5 ms apart, four at a time.
@@ -86,7 +87,7 @@ async def _measure(subject: Subject, on: Target, payloads: list[bytes], load: St
     await recall.open()
     try:
         for r in range(load.rounds):
-            for loaded in (r % 2 == 1, r % 2 == 0):
+            for loaded in alternating((False, True), r):
                 if loaded:
                     await asyncio.gather(beside.slice(load.seconds), recall.run(load.seconds + TAIL_S))
                 else:
@@ -157,20 +158,18 @@ def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoa
 
 def streams_table(rows: list[dict[str, Any]]) -> str:
     """Per size: events per read alone and beside retrieval, the streams, and the memory-on requests."""
+    # The first line of titles spans columns: events per read and streams, each alone and beside.
+    columns = (Column("items", 8), Column("alone", 7, ".3f"), Column("beside", 7, ".3f"), Column("alone", 6),
+               Column("beside", 6), Column("errors", 7), Column("requests", 10), Column("ok", 5),
+               Column("memories", 9), Column("p50 / p95 ms", 19))
     out = ["memory-off streams through memproxy, alone and beside memory-on requests (each a retrieval);"
            " events per read 1.0 = no batching",
            f"{'':>8} {'events per read':>15} {'streams':>13} {'stream':>7} {'memory-on':>10} {'not':>5}"
-           f" {'with':>9} {'memory-on request':>19}",
-           f"{'items':>8} {'alone':>7} {'beside':>7} {'alone':>6} {'beside':>6} {'errors':>7} {'requests':>10}"
-           f" {'ok':>5} {'memories':>9} {'p50 / p95 ms':>19}"]
-    for row in rows:
-        if "streams" not in row:
-            continue
-        s = row["streams"]
-        out.append(f"{row['size']:>8} {s['events_per_read_alone']:>7.3f} {s['events_per_read']:>7.3f}"
-                   f" {s['streams_alone']:>6} {s['streams']:>6} {s['stream_errors']:>7}"
-                   f" {s['retrievals']:>10} {s['not_ok']:>5} {s['injected']:>9}"
-                   f" {s['request_p50_ms']:>9.2f} / {s['request_p95_ms']:<7.2f}")
+           f" {'with':>9} {'memory-on request':>19}", header(columns)]
+    for size, s in ((r["size"], r["streams"]) for r in rows if "streams" in r):
+        out.append(row(columns, (size, s["events_per_read_alone"], s["events_per_read"], s["streams_alone"],
+                                 s["streams"], s["stream_errors"], s["retrievals"], s["not_ok"], s["injected"],
+                                 f"{s['request_p50_ms']:.2f} / {s['request_p95_ms']:<7.2f}")))
     return "\n".join(out)
 
 
