@@ -224,7 +224,8 @@ def sustained(args: argparse.Namespace) -> int:
     print(f"memproxy {source_version(args.memproxy_dir)}: streaming clients in a closed loop, {args.duration:g} s "
           f"per level ({f'joining over {args.ramp:g} s' if args.ramp else 'all starting at once'}), "
           f"streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
-          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s; logs in {targets.workdir}")
+          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s;"
+          f" logs in {targets.workdir}")
     print("CPU in cores (CPU seconds per wall second); 2 cores here are shared by memproxy, the mock and this client")
     for line in lines:
         print(line)

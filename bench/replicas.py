@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 MEMORIES = 2000
 WARM_S = 3.0
-COLUMNS = (Column("setup", 7), Column("requests/s", 11, ".0f"), Column("ok", 7, ".1%"), Column("memproxy cores", 15, ".2f"),
-           Column("CPU ms/req", 11, ".2f"), Column("PostgreSQL cores", 16, ".2f"))
+COLUMNS = (Column("setup", 7), Column("requests/s", 11, ".0f"), Column("ok", 7, ".1%"),
+           Column("memproxy cores", 15, ".2f"), Column("CPU ms/req", 11, ".2f"), Column("PostgreSQL cores", 16, ".2f"))
 
 
 def parse_args() -> argparse.Namespace:

@@ -310,7 +310,8 @@ def retrieval_table(rows: list[dict[str, Any]]) -> str:
 
 def memory_table(rows: list[dict[str, Any]]) -> str:
     """The measuring process's resident memory, and memproxy's when it served the store."""
-    columns = [Column("items", 8), *(Column(title, 9, ".1f") for title in ("imported", "open", "end", "peak", "growth")),
+    columns = [Column("items", 8),
+               *(Column(title, 9, ".1f") for title in ("imported", "open", "end", "peak", "growth")),
                Column("memproxy start", 15, ".1f"), Column("memproxy end", 13, ".1f")]
     values = []
     for row in rows:

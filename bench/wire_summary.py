@@ -105,7 +105,8 @@ def _criteria(s: Summary, title: str, suffix: str) -> list[Criterion]:
                                  f"{other_p50:.3f} vs {chat_p50:.3f} ms ({other_p50 / chat_p50:.3f}x)"
                                  if chat_p50 else "-", informational=True))
         if "throughput_c32" in s.results:
-            ratio = median_ratio(s.series("throughput_c32", on + suffix, "rate"), s.series("throughput_c32", on, "rate"))
+            ratio = median_ratio(s.series("throughput_c32", on + suffix, "rate"),
+                                 s.series("throughput_c32", on, "rate"))
             if ratio is not None:
                 out.append(Criterion(f"memory on: {title} requests/s at c=32 >= {1 - MEMORY_ON_SHARE:g} x Chat "
                                      "Completions", ratio >= 1 - MEMORY_ON_SHARE,
