@@ -273,3 +273,28 @@ def test_full_batches_are_claimed_back_to_back_and_a_part_batch_waits_for_more(t
             await store.close()
 
     assert asyncio.run(body()) == [4, 4, 2]
+
+
+def test_an_idle_worker_looks_at_the_queue_less_and_less_often(tmp_path: Path) -> None:
+    """Nothing due: each empty claim doubles the wait (idle_poll_s up to idle_max_s), so a worker
+    beside another process's long backlog does not read the queue 20 times a second."""
+
+    async def body() -> list[int]:
+        store, metrics = ClaimCountingStore(str(tmp_path / "memory.db")), Metrics()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        limits = WorkerLimits(idle_poll_s=0.05, idle_max_s=1.0, depth_every_s=60.0)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False, limits=limits)
+        writer.start()
+        worker.start()
+        try:
+            await asyncio.sleep(2.0)  # at a steady 0.05 s that is 40 claims; doubling, 6
+            return store.claims
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    claims = asyncio.run(body())
+    assert set(claims) == {0}
+    assert 2 <= len(claims) <= 7, claims
