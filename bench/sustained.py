@@ -18,7 +18,7 @@ from pathlib import Path
 from harness.figures import percentile
 from harness.loadgen import Disconnect, Reply, Target, chat_payload, connect
 from harness.memory import MEMORY_USER
-from harness.proc import own_cpu_seconds, thread_cpu
+from harness.proc import own_cpu_seconds, thread_cpu, tree
 from harness.report import Column, header, row
 from harness.targets import Server
 
@@ -88,7 +88,7 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
 
     log_from = server.log.stat().st_size
     server_before, mock_before, client_before = server.cpu_seconds(), mock.cpu_seconds(), own_cpu_seconds()
-    threads_before = thread_cpu(server.pid, thread_names)
+    threads_before = process_threads(server.pid, thread_names)
     started = time.perf_counter()
     try:
         await asyncio.gather(*(client(i) for i in range(clients)))
@@ -99,11 +99,20 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
     level.server_cpu = (server.cpu_seconds() - server_before) / level.seconds
     level.mock_cpu = (mock.cpu_seconds() - mock_before) / level.seconds
     level.client_cpu = (own_cpu_seconds() - client_before) / level.seconds
-    threads_after = thread_cpu(server.pid, thread_names)
+    threads_after = process_threads(server.pid, thread_names)
     level.server_threads = {name: (spent - threads_before.get(name, 0.0)) / level.seconds
                             for name, spent in threads_after.items()}
     level.sources_cut = sources_cut(server.log, log_from)
     return level
+
+
+def process_threads(pid: int, names: dict[int, str]) -> dict[str, float]:
+    """CPU seconds of memproxy by thread name (`names`, from py-spy), and with `--workers`, of each worker
+    process as a whole (`worker <pid>`): the supervisor's own threads are idle."""
+    spent = thread_cpu(pid, names)
+    for member in tree(pid)[1:]:
+        spent[f"worker {member}"] = sum(thread_cpu(member, {}).values())
+    return spent
 
 
 def sources_cut(log: Path, start: int) -> int:

@@ -22,6 +22,35 @@ def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     return sum(int(f) for f in used) / _TICK
 
 
+def tree(pid: int) -> list[int]:
+    """`pid` and its live descendants (a `memproxy serve --workers N` supervisor and its workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent = int(_stat_fields(f"/proc/{entry}/stat")[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, ()))
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and its live descendants, with those of the children each reaped (a worker
+    that died and was replaced still counts); a process ending meanwhile is skipped."""
+    total = 0.0
+    for member in tree(pid):
+        try:
+            total += cpu_seconds(member, reaped_children=member != pid)
+        except OSError:
+            continue
+    return total
+
+
 def own_cpu_seconds() -> float:
     """User + system CPU time of this process (the load client) so far."""
     return time.process_time()

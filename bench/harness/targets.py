@@ -51,12 +51,18 @@ class Server:
         return f"http://{LOCALHOST}:{self.port}{path}"
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time so far (/proc/<pid>/stat, clock-tick resolution)."""
-        return proc.cpu_seconds(self.pid)
+        """User + system CPU time so far of the process and its workers (/proc, clock-tick resolution)."""
+        return proc.tree_cpu_seconds(self.pid)
 
     def rss_mb(self) -> float:
-        """Resident memory (/proc/<pid>/status VmRSS) in MiB."""
-        return proc.status_mb(self.pid, "VmRSS")
+        """Resident memory (/proc/<pid>/status VmRSS) of the process and its workers, in MiB."""
+        total = 0.0
+        for pid in proc.tree(self.pid):
+            try:
+                total += proc.status_mb(pid, "VmRSS")
+            except OSError:
+                continue
+        return total
 
     def open_fds(self) -> int:
         """Open file descriptors (/proc/<pid>/fd)."""
@@ -119,16 +125,16 @@ class Targets:
 
     def memproxy(self, upstream: str, log_level: str = "info", source: Path = REPO, name: str = "memproxy",
                  store_url: str | None = None, store_path: Path | None = None,
-                 hooks: list[dict[str, Any]] | None = None, gemini: bool = False) -> Server:
-        """memproxy as shipped (`python -m proxy serve`) from `source`, one worker, its config written by
-        `memproxy_config`; its store is `store_url`, else the SQLite file `store_path`, else a new one in
-        the work directory."""
+                 hooks: list[dict[str, Any]] | None = None, gemini: bool = False, workers: int = 1) -> Server:
+        """memproxy as shipped (`python -m proxy serve`) from `source`, `workers` worker processes (a
+        checkout from before `--workers` takes only 1), its config written by `memproxy_config`; its
+        store is `store_url`, else the SQLite file `store_path`, else a new one in the work directory."""
         port = free_port()
         config = self.workdir / f"{name}.yaml"
         url = store_url or f"sqlite:///{(store_path or self.workdir / f'{name}.db').resolve()}"
         config.write_text(memproxy_config(upstream, log_level, url, hooks=hooks, gemini=gemini))
         argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
-                "--upstream", upstream]
+                "--upstream", upstream] + (["--workers", str(workers)] if workers != 1 else [])
         return self.process(name, argv, port, source)
 
 
