@@ -298,3 +298,22 @@ def test_an_idle_worker_looks_at_the_queue_less_and_less_often(tmp_path: Path) -
     claims = asyncio.run(body())
     assert set(claims) == {0}
     assert 2 <= len(claims) <= 7, claims
+
+
+def test_a_graph_line_names_the_kind_the_user_gave_its_object(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "My cats are called Biscuit and Mochi.", "c1")
+    say(proxy, fake, "My pet Rex is old.", "c2")
+    say(proxy, fake, "My wife Ana loves tea.", "c3")
+    extracted(proxy)
+    # The two cats share the question's "cat": they come before Rex, each as said ("pet" is what
+    # HAS_PET says already). Said in one sentence, the two tie: their order is the edges' ids'.
+    cats = graph_lines(say(proxy, fake, "What are my cats called?", "c4"))
+    assert sorted(cats[:2]) == ["(User)-[HAS_PET]->(Biscuit, cat)", "(User)-[HAS_PET]->(Mochi, cat)"]
+    assert cats[2:] == ["(User)-[HAS_PET]->(Rex)"]
+    # A person's role is the relationship's own word: nothing to add.
+    assert graph_lines(say(proxy, fake, "Who is my wife?", "c5")) == ["(User)-[HAS_SPOUSE]->(Ana)"]
+    # The inspector shows the line as the block had it.
+    with proxy.http() as http:
+        logged = http.get("/memory/v1/users/dana/injections").json()["data"][1]["log"]["hits"]
+    assert sorted(hit["text"] for hit in logged if hit["source"] == "graph") == sorted(cats)

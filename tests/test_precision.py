@@ -97,7 +97,7 @@ def test_a_question_asked_again_is_no_memory_and_its_answer_is(make_proxy: Any, 
     assert json.loads(fake.chat_requests()[-1].body)["messages"][-1]["content"] == "\n".join([
         DEFAULT_HEADER,
         "1. [long-term] Biscuit — cat; My cat is called Biscuit.",
-        "2. [graph] (User)-[HAS_PET]->(Biscuit)",
+        "2. [graph] (User)-[HAS_PET]->(Biscuit, cat)",
         f"3. [cross-session] assistant ({day}): Biscuit, the tabby.",
         f"4. [cross-session] user ({day}): My cat is called Biscuit. | assistant: What a lovely name!",
         GRAPH_NOTE,
