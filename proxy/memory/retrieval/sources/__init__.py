@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from proxy.memory.retrieval.fusion import HARD_CAP
 from proxy.memory.retrieval.keywords import rank_by_shared_words, retry_terms, variants
 from proxy.memory.redaction.redact import redact
-from proxy.memory.retrieval.trigger import TRIGGER_REASON, promote
 from proxy.memory.retrieval.sources.no_memory import asked_again
+from proxy.memory.retrieval.trigger import TRIGGER_REASON, promote
 from proxy.models import Hit, Scope
 from proxy.terms import query_terms
 
