@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from proxy.memory.retrieval.hybrid import VECTOR_REASON, Calibration, fuse
+from proxy.memory.retrieval.sources.hybrid import VECTOR_REASON, Calibration, fuse
 from proxy.memory.retrieval.sources import Found
 from proxy.memory.vectors.index import Matrix, RowFilter, Spread, VectorIndex, one_blas_thread, row_filter, unit
 from proxy.models import Scope

@@ -22,8 +22,8 @@ from proxy.memory.retrieval.block import estimate_tokens, render
 from proxy.memory.retrieval.fusion import HARD_CAP, apply_budget, round_robin
 from proxy.memory.retrieval.keywords import question_terms
 from proxy.memory.vectors.query import Vectors
-from proxy.memory.retrieval.recall import Query, Retrieved
-from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.base import Query, Retrieved
+from proxy.redaction.redact import redact
 from proxy.memory.retrieval.sources import (
     JOINED_SPARE, SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning,
     split_fillers,
@@ -160,7 +160,7 @@ class Retrieval:
             neighbours = await self._neighbours(q, unread, runs, neighbours)
             joined = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
         kept, cut = apply_budget(joined, self.settings.max_tokens, header, q.terms)
-        kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.shows)
+        kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.says)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)
