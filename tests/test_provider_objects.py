@@ -329,19 +329,25 @@ def test_items_given_whole_reach_only_the_user_whose_response_made_them(keyed: A
     # one, decrypted): bob sending alice's items, or ids memproxy never saw created, is
     # refused as a reference to them is; alice sends back what her answers gave her, JSON or
     # streamed, and an item_reference to it.
+    compaction = {"type": "compaction", "id": "cmp_alice", "encrypted_content": "gAAAA-compacted"}
     fake.queue(JsonReply(response(alices_items("json"), "resp_alice_json")),
-               SSEReply(stream(alices_items("stream"), "resp_alice_stream")))
+               SSEReply(stream(alices_items("stream"), "resp_alice_stream")),
+               JsonReply({"id": "resp_alice_compact", "object": "response.compaction", "created_at": 1700000000,
+                          "output": [compaction], "usage": None}))
     alice = sdk(keyed, ALICE_KEY)
     answered = alice.responses.create(model="m", input="hello")
     with alice.responses.create(model="m", input="again", stream=True) as events:
         streamed = [e.response for e in events if e.type == "response.completed"][0]
+    with http(keyed, ALICE_KEY) as client:
+        assert client.post("/v1/responses/compact", json={"model": "m", "input": "hello"}).json()["output"] == \
+            [compaction]
     given = [item.model_dump(exclude_none=True) for item in (*answered.output, *streamed.output)]
     assert [item["id"] for item in given] == [f"{kind}_alice_{tag}" for tag in ("json", "stream")
                                              for kind in ("rs", "msg", "fc")]
     fake.received.clear()
     never_seen = {"type": "reasoning", "id": "rs_never_seen", "summary": [], "encrypted_content": "gAAAA-x"}
     with http(keyed, BOB_KEY) as bob:
-        for item in (*given, never_seen):
+        for item in (*given, compaction, never_seen):
             for path in ("/v1/responses", "/v1/responses/input_tokens"):
                 not_found(bob.post(path, json={"model": "m", "input": [{"role": "user", "content": "hi"}, item]}),
                           f"Item with id '{item['id']}' not found.")
@@ -350,9 +356,10 @@ def test_items_given_whole_reach_only_the_user_whose_response_made_them(keyed: A
         sdk(keyed, BOB_KEY).responses.create(model="m", input=[*given[:2], {"role": "user", "content": "go on"}])
     assert fake.received == []
     outputs = [{"type": "function_call_output", "call_id": f"call_{tag}", "output": "42"} for tag in ("json", "stream")]
-    assert alice.responses.create(model="m", input=[{"role": "user", "content": "hello"}, *given, *outputs,
-                                                    {"type": "item_reference", "id": "msg_alice_json"}]).status == \
-        "completed"
+    with http(keyed, ALICE_KEY) as client:
+        assert client.post("/v1/responses", json={"model": "m", "input": [
+            {"role": "user", "content": "hello"}, *given, *outputs, compaction,
+            {"type": "item_reference", "id": "msg_alice_json"}]}).status_code == 200
     assert [r.target for r in fake.received] == ["/v1/responses"]
     assert json.loads(fake.received[0].body or b"{}")["input"][1:7] == given
 
