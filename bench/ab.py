@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen import ClosedLoop, Target, chat_payload, run_client
-from overhead import MEMORY_USER
-from processes import REPO, Server, source_version, start_memproxy, start_mock
-from scenarios import percentile
-from storm import seed_memories
+from harness.figures import Paired
+from harness.loadgen import ClosedLoop, Target, chat_payload, numbered, run_client
+from harness.memory import MEMORY_USER, seed_memories
+from harness.rounds import alternating, burst
+from harness.targets import REPO, Server, Targets, source_version
 
 # Each side and mode numbers its requests in a range of its own: no request repeats an
 # earlier one, which memproxy would take for a retry (as in overhead.py).
@@ -70,32 +69,21 @@ async def measure(args: argparse.Namespace, servers: dict[str, Server], mode: st
     loads = {}
     for n, name in enumerate(SIDES):
         target = Target(name, servers[name].port, headers(mode))
-        numbered = chat_payload(target, stream=False)
-        offset = first + n * NUMBERS_PER_LOAD
-
-        def make(i: int, numbered=numbered, offset=offset) -> bytes:  # type: ignore[no-untyped-def]
-            return numbered(offset + i)
-
-        loads[name] = ClosedLoop(target, make, 1)
+        loads[name] = ClosedLoop(target, numbered(chat_payload(target, stream=False), first + n * NUMBERS_PER_LOAD), 1)
         await loads[name].open()
     sides = {name: Side() for name in SIDES}
     try:
         for r in range(args.rounds):
-            for name in SIDES if r % 2 == 0 else SIDES[::-1]:
+            for name in alternating(SIDES, r):
                 # A side waits two bursts between its own at each change of order: past the
-                # server's keep-alive, and its first request would find the connection gone.
-                await loads[name].reopen_closed()
-                cpu = servers[name].cpu_seconds()
-                # A fixed count, not a duration: with memory on, the faster side would otherwise
-                # save more turns, and its later searches would have more to match.
-                run = await loads[name].run(0.0, min_requests=args.burst)
-                latencies = [reply.latency * 1000 for reply in run.replies]
+                # server's keep-alive, so the burst reconnects first.
+                figures = await burst(loads[name], servers[name], args.burst)
                 side = sides[name]
-                side.p50.append(statistics.median(latencies))
-                side.p99.append(percentile(latencies, 99))
-                side.cpu_ms.append((servers[name].cpu_seconds() - cpu) * 1000 / max(1, len(latencies)))
-                if run.errors:
-                    print(f"  {name}: {run.errors} errors in round {r + 1}", file=sys.stderr)
+                side.p50.append(figures.p50_ms)
+                side.p99.append(figures.p99_ms)
+                side.cpu_ms.append(figures.cpu_ms)
+                if figures.errors:
+                    print(f"  {name}: {figures.errors} errors in round {r + 1}", file=sys.stderr)
     finally:
         for load in loads.values():
             load.close()
@@ -104,11 +92,11 @@ async def measure(args: argparse.Namespace, servers: dict[str, Server], mode: st
 
 def report(mode: str, sides: dict[str, Side]) -> str:
     a, b = sides["A"], sides["B"]
-    diffs = [x - y for x, y in zip(a.p50, b.p50)]
-    faster = sum(d < 0 for d in diffs)
+    paired = Paired(a.p50, b.p50)
     med = statistics.median
-    return (f"memory-{mode}: p50 A {med(a.p50):.3f} B {med(b.p50):.3f} ms, A-B {med(diffs):+.3f} ms"
-            f" (A faster in {faster}/{len(diffs)} rounds); p99 A {med(a.p99):.2f} B {med(b.p99):.2f} ms;"
+    return (f"memory-{mode}: p50 A {med(a.p50):.3f} B {med(b.p50):.3f} ms, A-B {paired.median:+.3f} ms"
+            f" (A faster in {paired.below_zero}/{len(paired.rounds)} rounds);"
+            f" p99 A {med(a.p99):.2f} B {med(b.p99):.2f} ms;"
             f" server CPU per request A {med(a.cpu_ms):.3f} B {med(b.cpu_ms):.3f} ms")
 
 
@@ -128,19 +116,14 @@ async def run(args: argparse.Namespace, servers: dict[str, Server]) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-ab-"))
-    mock = start_mock(workdir, 50, 5.0, args.upstream_ms)
-    upstream = f"http://127.0.0.1:{mock.port}/v1"
-    servers = {"mock": mock}
-    try:
-        servers["A"] = start_memproxy(workdir, upstream, "info", REPO, name="memproxy-a")
-        servers["B"] = start_memproxy(workdir, upstream, "info", args.base.resolve(), name="memproxy-b")
+    with Targets("memproxy-ab-") as targets:
+        upstream = targets.mock(answer_ms=args.upstream_ms).url("/v1")
+        servers = {"A": targets.memproxy(upstream, source=REPO, name="memproxy-a"),
+                   "B": targets.memproxy(upstream, source=args.base.resolve(), name="memproxy-b")}
         lines = run_client(run(args, servers))
-    finally:
-        for server in servers.values():
-            server.stop()
     print(f"A = {source_version(REPO)} (this checkout), B = {source_version(args.base)} ({args.base});"
-          f" {args.memory_items} memories each, upstream answers in {args.upstream_ms:g} ms; server logs in {workdir}")
+          f" {args.memory_items} memories each, upstream answers in {args.upstream_ms:g} ms;"
+          f" server logs in {targets.workdir}")
     for line in lines:
         print(line)
     return 0

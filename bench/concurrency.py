@@ -21,6 +21,11 @@ per level the share of requests whose memory worked, req/s, and memproxy's CPU (
 with py-spy installed a sampled profile).
 
     python bench/concurrency.py --sustained [--clients 64,128] [--duration 30] [--memory-items 10000]
+                                [--workers 1,2] [--base ../memproxy-main] [--rounds 4]
+
+`--workers 1,2` measures one process and two worker processes side by side (each its own store,
+seeded alike), `--base DIR` adds memproxy from another checkout (one process): the setups take
+turns level by level, their order rotating each round.
 """
 
 from __future__ import annotations
@@ -28,21 +33,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import pyspy
-from loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
-from processes import REPO, Server, source_version, start_memproxy, start_mock
-from scenarios import StreamShape, percentile
-from storm import extraction_drained, memory_recovered, searched_in_memory, seed_memories
-from sustained import HEADER, MEMORY_USER, run_sustained, sustained_row, threads_row
+from harness import pyspy
+from harness.figures import percentile
+from harness.loadgen import ClientConnection, Disconnect, Target, chat_payload, connect, get_payload, one, run_client
+from harness.measure import StreamShape
+from harness.memory import MEMORY_USER, extraction_drained, memory_recovered, searched_in_memory, seed_memories
+from harness.report import Column, table
+from harness.proc import tree
+from harness.targets import REPO, Server, Targets, source_version
+from sustained import HEADER, run_sustained, sustained_row, threads_row
 
 USERS = 20
 PROBE_EVERY_S = 0.05
 ZERO_ERRORS_LEVEL = "largest N with zero errors"
+COLUMNS = (Column("N", 6), Column("target", 10, align="<"), Column("errors", 7), Column("late p99 ms", 12, ".2f"),
+           Column("added p99 ms", 13, "+.2f"), Column("healthz p50", 10, ".2f"), Column("healthz p99", 10, ".2f"),
+           Column("RSS MiB", 8, ".1f"), Column("memory ok", 10, ".1%"))
 
 
 class TimedConnection(ClientConnection):
@@ -134,19 +145,18 @@ async def run_level(target: Target, server: Server | None, streams: int, events:
     return level
 
 
-def row(name: str, level: Level, direct: Level | None) -> str:
-    def ms(values: list[float], q: float) -> str:
-        return f"{percentile(values, q):.2f}" if values else "-"
+def row(name: str, level: Level, direct: Level | None) -> tuple[Any, ...]:
+    """A level's line of the table (COLUMNS), through one target; `direct`: the same N from the mock."""
+    def ms(values: list[float], q: float) -> float | None:
+        return percentile(values, q) if values else None
 
-    late99 = ms(level.lateness_ms, 99)
-    added = "-"
+    added = None
     if direct is not None and direct.lateness_ms and level.lateness_ms:
-        added = f"{percentile(level.lateness_ms, 99) - percentile(direct.lateness_ms, 99):+.2f}"
+        added = percentile(level.lateness_ms, 99) - percentile(direct.lateness_ms, 99)
     served = level.streams - level.errors
-    ok = f"{level.ok_memory / served:.1%}" if name == "memproxy" and served else "-"
-    rss = f"{level.rss_mb:.1f}" if level.rss_mb else "-"
-    return (f"{level.streams:>6} {name:<10} {level.errors:>7} {late99:>12} {added:>13} "
-            f"{ms(level.probe_ms, 50):>10} {ms(level.probe_ms, 99):>10} {rss:>8} {ok:>10}")
+    ok = level.ok_memory / served if name == "memproxy" and served else None
+    return (level.streams, name, level.errors, ms(level.lateness_ms, 99), added, ms(level.probe_ms, 50),
+            ms(level.probe_ms, 99), level.rss_mb or None, ok)
 
 
 async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -> list[str]:
@@ -154,9 +164,7 @@ async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -
     events = int(args.seconds * args.rate)
     proxied = Target("memproxy", memproxy.port)
     direct = Target("direct", mock.port)
-    header = (f"{'N':>6} {'target':<10} {'errors':>7} {'late p99 ms':>12} {'added p99 ms':>13} "
-              f"{'healthz p50':>10} {'healthz p99':>10} {'RSS MiB':>8} {'memory ok':>10}")
-    lines = [header]
+    rows = []
     held = 0
     first = 0
     for streams in args.levels:
@@ -168,69 +176,93 @@ async def main_async(args: argparse.Namespace, mock: Server, memproxy: Server) -
         level = await run_level(proxied, memproxy, streams, events, gap_s, True, first)
         first += streams
         if base is not None:
-            lines.append(row("direct", base, None))
-        lines.append(row("memproxy", level, base))
+            rows.append(row("direct", base, None))
+        rows.append(row("memproxy", level, base))
         if level.errors == 0:
             held = max(held, streams)
-    lines.append(f"{ZERO_ERRORS_LEVEL}: {held or 'none'}")
-    return lines
+    return [table(COLUMNS, rows), f"{ZERO_ERRORS_LEVEL}: {held or 'none'}"]
 
 
-async def sustained_async(args: argparse.Namespace, mock: Server, memproxy: Server, workdir: Path) -> list[str]:
-    """Seed, warm up, then every level of streaming clients, round after round."""
-    target = Target("memproxy", memproxy.port)
-    shape = StreamShape(args.stream_events, args.stream_gap_ms)
+@dataclass
+class Setup:
+    """One memproxy measured in the sustained run: its label, its process, its own seeded store."""
+
+    label: str
+    server: Server
+    names: dict[int, str] = field(default_factory=dict)  # thread id -> name (py-spy), one process only
+
+
+async def prepared(args: argparse.Namespace, setup: Setup) -> list[str]:
+    """Seed the setup's store and warm it up; the lines that say how long that took."""
+    target = Target("memproxy", setup.server.port)
     lines = []
     if args.memory_items:
-        print(f"seeding {args.memory_items} memories for {MEMORY_USER} ...", file=sys.stderr)
+        print(f"{setup.label}: seeding {args.memory_items} memories for {MEMORY_USER} ...", file=sys.stderr)
         seeded = await seed_memories(target, MEMORY_USER, args.memory_items)
-        lines.append(f"seeded {seeded['items']:.0f} memories in {seeded['seconds']:.1f} s, {seeded['errors']:.0f} errors")
+        lines.append(f"{setup.label}: seeded {seeded['items']:.0f} memories in {seeded['seconds']:.1f} s, "
+                     f"{seeded['errors']:.0f} errors")
         drained = await extraction_drained(target)
-        lines.append(f"their extraction queue drained {drained:.1f} s after seeding (-1: not within its bound)")
-    warm = Target("memproxy", memproxy.port, {"x-memory-user": MEMORY_USER, "x-memory-persist": "false"})
+        lines.append(f"{setup.label}: their extraction queue drained {drained:.1f} s after seeding "
+                     "(-1: not within its bound)")
+    warm = Target("memproxy", setup.server.port, {"x-memory-user": MEMORY_USER, "x-memory-persist": "false"})
     for n in range(20):
         await one(warm, chat_payload(warm, stream=False)(n))
     built = await searched_in_memory(target, MEMORY_USER)
-    lines.append(f"the user's searches answered from memory {built:.1f} s after the warm-up (-1: not within its bound)")
-    names = pyspy.thread_names(memproxy.pid) if pyspy.available() else {}
-    lines.append(HEADER)
+    lines.append(f"{setup.label}: the user's searches answered from memory {built:.1f} s after the warm-up "
+                 "(-1: not within its bound)")
+    if pyspy.available() and len(tree(setup.server.pid)) == 1:
+        setup.names = pyspy.thread_names(setup.server.pid)
+    return lines
+
+
+async def sustained_async(args: argparse.Namespace, mock: Server, setups: list[Setup], workdir: Path) -> list[str]:
+    """Seed and warm up every setup, then every level of streaming clients on each setup in turn
+    (the setups' order rotates round by round), round after round."""
+    shape = StreamShape(args.stream_events, args.stream_gap_ms)
+    lines = []
+    for setup in setups:
+        lines += await prepared(args, setup)
+    lines.append(f"{'setup':<12} " + HEADER)
     first = 1_000_000
     for r in range(args.rounds):
         for clients in args.clients:
-            waited = await memory_recovered(target, MEMORY_USER)
-            print(f"round {r + 1}: {clients} streaming clients for {args.duration:g} s "
-                  f"(breaker closed after {waited:.1f} s) ...", file=sys.stderr)
-            profile = workdir / f"profile-r{r + 1}-c{clients}.raw"
-            sampler = pyspy.record(memproxy.pid, args.duration, profile) if args.profile else None
-            level = await run_sustained(target, memproxy, mock, clients, args.duration, shape.headers(),
-                                        shape.expected_events(), first, names, args.ramp)
-            first += 1_000_000
-            lines += [sustained_row(level), threads_row(level)]
-            if sampler is not None:
-                await asyncio.to_thread(sampler.wait)
-                lines += [f"{'':>7} py-spy, {profile.name}:"] + pyspy.summary(profile)
-            print(sustained_row(level), file=sys.stderr)
+            for setup in setups[r % len(setups):] + setups[:r % len(setups)]:
+                target = Target("memproxy", setup.server.port)
+                waited = await memory_recovered(target, MEMORY_USER)
+                print(f"round {r + 1}: {setup.label}, {clients} streaming clients for {args.duration:g} s "
+                      f"(breaker closed after {waited:.1f} s) ...", file=sys.stderr)
+                profile = workdir / f"profile-r{r + 1}-c{clients}-{setup.label}.raw"
+                sampler = pyspy.record(setup.server.pid, args.duration, profile) if args.profile else None
+                level = await run_sustained(target, setup.server, mock, clients, args.duration, shape.headers(),
+                                            shape.expected_events(), first, setup.names, args.ramp)
+                first += 1_000_000
+                lines += [f"{setup.label:<12} " + sustained_row(level), f"{'':<12} " + threads_row(level)]
+                if sampler is not None:
+                    await asyncio.to_thread(sampler.wait)
+                    lines += [f"{'':>7} py-spy, {profile.name}:"] + pyspy.summary(profile)
+                print(f"{setup.label:<12} " + sustained_row(level), file=sys.stderr)
     return lines
 
 
 def sustained(args: argparse.Namespace) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-sustained-"))
-    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms)
-    servers = [mock]
-    try:
-        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info", args.memproxy_dir)
-        servers.append(memproxy)
+    with Targets("memproxy-sustained-") as targets:
+        mock = targets.mock(args.stream_events, args.stream_gap_ms)
+        setups = [Setup(f"workers {n}", targets.memproxy(mock.url("/v1"), source=args.memproxy_dir,
+                                                        name=f"memproxy-w{n}", workers=n))
+                  for n in args.workers]
+        if args.base is not None:
+            setups.append(Setup("base", targets.memproxy(mock.url("/v1"), source=args.base, name="memproxy-base")))
         started = time.perf_counter()
-        lines = run_client(sustained_async(args, mock, memproxy, workdir))
+        lines = run_client(sustained_async(args, mock, setups, targets.workdir))
         elapsed = time.perf_counter() - started
-    finally:
-        for server in servers:
-            server.stop()
-    print(f"memproxy {source_version(args.memproxy_dir)}: streaming clients in a closed loop, {args.duration:g} s "
-          f"per level ({f'joining over {args.ramp:g} s' if args.ramp else 'all starting at once'}), "
+    base = f"; base: {source_version(args.base)}, one process" if args.base is not None else ""
+    print(f"memproxy {source_version(args.memproxy_dir)}{base}: streaming clients in a closed loop, "
+          f"{args.duration:g} s per level ({f'joining over {args.ramp:g} s' if args.ramp else 'all starting at once'}), "
           f"streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
-          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s; logs in {workdir}")
-    print("CPU in cores (CPU seconds per wall second); 2 cores here are shared by memproxy, the mock and this client")
+          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s;"
+          f" logs in {targets.workdir}")
+    print("CPU in cores (CPU seconds per wall second), each setup's workers summed; 2 cores here are shared by "
+          "memproxy, the mock and this client")
     for line in lines:
         print(line)
     return 0
@@ -254,10 +286,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 help="seconds over which the clients join (0: all at once)")
     sustained_mode.add_argument("--profile", action="store_true", help="sample memproxy with py-spy at each level")
     sustained_mode.add_argument("--memproxy-dir", type=Path, default=REPO, help="run memproxy from this checkout")
+    sustained_mode.add_argument("--workers", default="1",
+                                help="worker processes (memproxy serve --workers): a list measures each side by side")
+    sustained_mode.add_argument("--base", type=Path, default=None,
+                                help="also measure memproxy from this checkout (one process), side by side")
     args = parser.parse_args(argv)
     args.levels = [int(n) for n in args.levels.split(",") if n.strip()]
     args.clients = [int(n) for n in args.clients.split(",") if n.strip()]
+    args.workers = [int(n) for n in args.workers.split(",") if n.strip()]
     args.memproxy_dir = args.memproxy_dir.resolve()
+    args.base = args.base.resolve() if args.base is not None else None
     return args
 
 
@@ -265,21 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sustained:
         return sustained(args)
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-concurrency-"))
     events = int(args.seconds * args.rate)
-    mock = start_mock(workdir, events, 1000 / args.rate)
-    servers = [mock]
-    try:
-        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info", REPO)
-        servers.append(memproxy)
+    with Targets("memproxy-concurrency-") as targets:
+        mock = targets.mock(events, 1000 / args.rate)
+        memproxy = targets.memproxy(mock.url("/v1"))
         started = time.perf_counter()
         lines = run_client(main_async(args, mock, memproxy))
         elapsed = time.perf_counter() - started
-    finally:
-        for server in servers:
-            server.stop()
     print(f"streams of {events} events at {args.rate:g}/s ({args.seconds:g} s), memory on for {USERS} users, "
-          f"SQLite store, one worker; {elapsed:.0f} s; logs in {workdir}")
+          f"SQLite store, one worker; {elapsed:.0f} s; logs in {targets.workdir}")
     print("late: an event's arrival past its due time on the mock's schedule; added: memproxy's late p99 minus "
           "direct's at the same N; healthz: /healthz answered every 50 ms meanwhile")
     for line in lines:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sqlite3
 import statistics
@@ -24,11 +23,14 @@ import tempfile
 import time
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.figures import call_ms, percentile  # noqa: E402
+from harness.report import Column, json_option, print_json, table  # noqa: E402
 from proxy.memory.extraction import extract  # noqa: E402
 from proxy.memory.learning.worker import ExtractionWorker  # noqa: E402
 from proxy.memory.writer import Writer  # noqa: E402
@@ -83,17 +85,12 @@ def measure_rules(texts: list[str]) -> dict[str, Any]:
     """Messages per second through the rules extractor, single-threaded."""
     for text in texts[:200]:
         extract(text)  # warm the regex caches
-    times = []
     started = time.perf_counter()
-    for text in texts:
-        begun = time.perf_counter()
-        extract(text)
-        times.append((time.perf_counter() - begun) * 1e6)
+    times = [1000 * call_ms(partial(extract, text)) for text in texts]  # µs
     elapsed = time.perf_counter() - started
-    ordered = sorted(times)
     return {"messages": len(texts), "seconds": round(elapsed, 3), "messages_per_s": round(len(texts) / elapsed),
             "chars_per_s": round(sum(map(len, texts)) / elapsed), "mean_chars": round(statistics.mean(map(len, texts))),
-            "p50_us": round(ordered[len(ordered) // 2]), "p95_us": round(ordered[int(len(ordered) * 0.95)])}
+            "p50_us": round(percentile(times, 50)), "p95_us": round(percentile(times, 95))}
 
 
 def turn_ops(users: int, texts: list[str], rng: random.Random) -> list[WriteOp]:
@@ -135,17 +132,19 @@ async def measure_drain(path: Path, users: int, texts: list[str], seed: int) -> 
             "left": depth, "entities": entities, "relationships": edges, "invalidated": closed}
 
 
-def table(rules: dict[str, Any], drains: list[dict[str, Any]]) -> str:
-    out = ["rules extractor (one core)",
-           f"  {rules['messages']} messages, mean {rules['mean_chars']} chars: {rules['messages_per_s']} msg/s,"
-           f" {rules['chars_per_s']} chars/s, p50 {rules['p50_us']} µs, p95 {rules['p95_us']} µs",
-           "", "queue drain (worker + writer + SQLite file)",
-           f"  {'users':>6} {'items':>7} {'seconds':>8} {'items/s':>8} {'user msg/s':>10} {'entities':>9}"
-           f" {'edges':>7} {'closed':>7}"]
-    for d in drains:
-        out.append(f"  {d['users']:>6} {d['queue_items']:>7} {d['seconds']:>8.2f} {d['items_per_s']:>8}"
-                   f" {d['user_messages_per_s']:>10} {d['entities']:>9} {d['relationships']:>7} {d['invalidated']:>7}")
-    return "\n".join(out)
+DRAIN_COLUMNS = (Column("users", 6), Column("items", 7), Column("seconds", 8, ".2f"), Column("items/s", 8),
+                 Column("user msg/s", 10), Column("entities", 9), Column("edges", 7), Column("closed", 7))
+DRAIN_KEYS = ("users", "queue_items", "seconds", "items_per_s", "user_messages_per_s", "entities", "relationships",
+              "invalidated")
+
+
+def report(rules: dict[str, Any], drains: list[dict[str, Any]]) -> str:
+    return "\n".join([
+        "rules extractor (one core)",
+        f"  {rules['messages']} messages, mean {rules['mean_chars']} chars: {rules['messages_per_s']} msg/s,"
+        f" {rules['chars_per_s']} chars/s, p50 {rules['p50_us']} µs, p95 {rules['p95_us']} µs",
+        "", "queue drain (worker + writer + SQLite file)",
+        table(DRAIN_COLUMNS, [[d[key] for key in DRAIN_KEYS] for d in drains], indent="  ")])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -153,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--messages", type=int, default=5000, help="user messages (default 5000)")
     p.add_argument("--users", type=int, default=50, help="users the spread case shares them among (default 50)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    json_option(p)
     return p.parse_args(argv)
 
 
@@ -168,9 +167,9 @@ async def main(argv: list[str] | None = None) -> None:
         for users in (args.users, 1):
             drains.append(await measure_drain(Path(scratch) / f"drain-{users}.db", users, texts, args.seed))
             print(f"drain, {users} users: {drains[-1]['items_per_s']} items/s", file=sys.stderr)
-    print(table(rules, drains))
+    print(report(rules, drains))
     if args.json:
-        print(json.dumps({"rules": rules, "drain": drains}))
+        print_json({"rules": rules, "drain": drains})
 
 
 if __name__ == "__main__":

@@ -24,26 +24,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import re
 import sqlite3
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import asyncpg
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processes import REPO, Server, start_memproxy, start_mock  # noqa: E402
-
-sys.path.insert(0, str(REPO))
-from tests.pg_server import PostgresServer, find_binaries  # noqa: E402
+from harness.figures import percentile
+from harness.report import json_option, print_json
+from harness.targets import Server, Targets, throwaway_postgres
 
 DONE = b"data: [DONE]\n\n"
 # Each wire's path, request body for a text, and the bytes its stream ends with when complete.
@@ -168,32 +164,23 @@ def store_url(store: str, work: Path) -> Iterator[str]:
     if store == "sqlite":
         yield f"sqlite:///{work / 'memproxy.db'}"
         return
-    binaries = find_binaries()
-    if binaries is None:
-        raise SystemExit("PostgreSQL server binaries (initdb, pg_ctl) not found")
-    postgres = PostgresServer(binaries)
-    try:
-        postgres.init()
-        postgres.start()
+    with throwaway_postgres() as postgres:
         yield postgres.url()
-    finally:
-        postgres.remove()
 
 
 def run(rounds: int, streams: int, seed: int, store: str = "sqlite", clients: int = 0) -> dict[str, object]:
     """All rounds; integrity and turns lost (docs/performance.md)."""
     rng = random.Random(seed)
-    work = Path(tempfile.mkdtemp(prefix="memproxy-faults-"))
-    mock = start_mock(work, events=20, delay_ms=10)
-    upstream = f"http://127.0.0.1:{mock.port}/v1"
     completed: list[str] = []
     durations: list[float] = []
     ok_rounds = started_streams = unsaved = 0
     began = time.monotonic()
-    try:
+    with Targets("memproxy-faults-") as targets:
+        work = targets.workdir
+        upstream = targets.mock(events=20, delay_ms=10).url("/v1")
         with store_url(store, work) as url:
             for round_no in range(rounds):
-                server = start_memproxy(work, upstream, "info", name=f"memproxy-{round_no + 1}", store_url=url)
+                server = targets.memproxy(upstream, name=f"memproxy-{round_no + 1}", store_url=url)
                 if clients:
                     done, tried, took = asyncio.run(kill_under_load(server, round_no, clients, rng))
                     started_streams += tried
@@ -205,23 +192,19 @@ def run(rounds: int, streams: int, seed: int, store: str = "sqlite", clients: in
                 unsaved += unsaved_answers(server.log)
                 ok_rounds += store != "sqlite" or integrity(work / "memproxy.db") == "ok"
                 print(f"round {round_no + 1}/{rounds}: {len(completed)} completed so far", file=sys.stderr)
-            start_memproxy(work, upstream, "warning", name="memproxy-last", store_url=url).stop()  # recovery at start-up
+            targets.memproxy(upstream, "warning", name="memproxy-last", store_url=url).stop()  # recovery at start-up
             stored = answered_turns(work / "memproxy.db") if store == "sqlite" else asyncio.run(answered_turns_pg(url))
         lost = sorted(set(completed) - stored)
-    finally:
-        mock.stop()
     return {"store": store, "rounds": rounds, "clients": clients, "streams_per_round": streams,
             "streams_started": started_streams, "integrity_ok": ok_rounds, "completed_turns": len(completed),
             "turns_lost": len(lost), "lost": lost[:10], "answers_unsaved_at_least": unsaved,
-            "stream_ms_p50": _percentile(durations, 0.5), "stream_ms_p95": _percentile(durations, 0.95),
+            "stream_ms_p50": _ms(durations, 50), "stream_ms_p95": _ms(durations, 95),
             "seconds": round(time.monotonic() - began, 1)}
 
 
-def _percentile(values: list[float], share: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(1000 * ordered[min(len(ordered) - 1, int(share * len(ordered)))], 1)
+def _ms(seconds: list[float], q: float) -> float | None:
+    """The q-th percentile of `seconds` in ms, None when there are none."""
+    return round(1000 * percentile(seconds, q), 1) if seconds else None
 
 
 def main() -> None:
@@ -232,11 +215,11 @@ def main() -> None:
                         help="rounds under load: this many clients streaming back to back, killed after 2-4 s")
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    json_option(parser, help="print one JSON object")
     args = parser.parse_args()
     result = run(args.rounds, args.streams, args.seed, args.store, args.clients)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     else:
         print(f"store: {result['store']}; integrity_check ok: {result['integrity_ok']}/{result['rounds']}")
         print(f"turns completed (client saw the end event): {result['completed_turns']}, turns lost:"

@@ -19,13 +19,11 @@ host this script put at 0.71-0.78 (2026-12-02).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sqlite3
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from contextlib import closing
 
@@ -35,7 +33,9 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrieval import PEOPLE, PLACES, TEMPLATES, TOPICS, VERBS, sentence
+from harness.figures import repeat_ms  # noqa: E402
+from harness.report import Column, json_option, print_json, table  # noqa: E402
+from retrieval import PEOPLE, PLACES, TEMPLATES, TOPICS, VERBS, sentence  # noqa: E402
 
 # (what, documents, the issue's figure in ms)
 REFERENCE = (
@@ -48,17 +48,14 @@ REFERENCE = (
 )
 # The reference pass-through's added p50 at c=1 on the host where issue 4's memory-on line held.
 QUIET_REFERENCE_MS = 0.40
+COLUMNS = (Column("measurement", 32, align="<"), Column("documents", 10, ","), Column("here ms", 9, ".3f"),
+           Column("issue ms", 9, ".2f"), Column("ratio", 6, ".2f"))
 CONTENT_WORDS = [w.lower() for w in (*TOPICS, *VERBS, *PEOPLE, *PLACES)]
 
 
 def median_ms(run: Callable[[], object], repeat: int) -> float:
-    run()  # warm caches and lazily built structures
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+    """The median of `repeat` timed calls, after one that warms caches and lazily built structures."""
+    return statistics.median(repeat_ms(run, repeat))
 
 
 def words(text: str) -> list[str]:
@@ -119,19 +116,17 @@ def measure(repeat: int, seed: int = 7) -> list[dict[str, object]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=50, help="timed runs of each measurement (median)")
-    parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
+    json_option(parser, help="also print one JSON object as the last line")
     args = parser.parse_args()
     rows = measure(args.repeat)
-    print(f"{'measurement':32} {'documents':>10} {'here ms':>9} {'issue ms':>9} {'ratio':>6}")
-    for row in rows:
-        print(f"{row['what']:32} {row['documents']:>10,} {row['ms']:>9.3f} {row['issue_ms']:>9.2f} {row['ratio']:>6.2f}")
+    print(table(COLUMNS, [[row[key] for key in ("what", "documents", "ms", "issue_ms", "ratio")] for row in rows]))
     python = [r["ratio"] for r in rows if str(r["what"]).startswith("rank-bm25")]
     factor = statistics.geometric_mean(python)  # type: ignore[arg-type]
     print(f"\nthis machine runs Python {factor:.2f}x the time of the issue's (rank-bm25 rows, geometric mean)")
     print("for the proxy path, time the reference pass-through (bench/overhead.py --targets direct,reference):"
           f" it added {QUIET_REFERENCE_MS} ms p50 at c=1 on the quiet host of 2026-12-01")
     if args.json:
-        print(json.dumps({"rows": rows, "python_factor": round(factor, 2)}))
+        print_json({"rows": rows, "python_factor": round(factor, 2)})
     return 0
 
 

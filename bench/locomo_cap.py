@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 from collections import Counter, defaultdict
@@ -30,6 +29,7 @@ from proxy.evaluation.scoring import Summary
 from proxy.settings import Settings
 from proxy.stores.sqlite.store import SQLiteStore
 from proxy.terms import query_terms
+from harness.report import Column, json_option, print_json, table
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 DEPTH = 200
@@ -98,7 +98,7 @@ def recall(questions: list[tuple[int, tuple[str, ...], Ranked]], select: Select)
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True, help="the LoCoMo JSON file (docs/evaluation.md)")
-    p.add_argument("--json", action="store_true")
+    json_option(p)
     args = p.parse_args()
     questions = asyncio.run(rankings(args.data))
     variants = {
@@ -112,11 +112,11 @@ def main() -> None:
     }
     results = {name: recall(questions, select) for name, select in variants.items()}
     print(f"{len(questions)} questions; turn recall, categories 1-4\n")
-    print(f"{'selection':45} {'overall':>8} " + " ".join(f"{c:>12}" for c in CATEGORIES.values()))
-    for name, r in results.items():
-        print(f"{name:45} {r['overall']:>8.4f} " + " ".join(f"{r[c]:>12.4f}" for c in CATEGORIES.values()))
+    columns = [Column("selection", 45, align="<"), Column("overall", 8, ".4f"),
+               *(Column(c, 12, ".4f") for c in CATEGORIES.values())]
+    print(table(columns, [(name, r["overall"], *(r[c] for c in CATEGORIES.values())) for name, r in results.items()]))
     if args.json:
-        print(json.dumps(results))
+        print_json(results)
 
 
 if __name__ == "__main__":

@@ -11,30 +11,23 @@ rounds and prints the medians, the ratios and the issue's done-criteria. See ben
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen import Target, run_client
-from processes import (
-    REPO,
-    Server,
-    source_version,
-    start_memproxy,
-    start_mock,
-    start_reference,
-)
-from scenarios import Figures, Measured, StreamShape, Subject, warm_up
-from storm import disconnect_storm, memory_recovered, seed_memories
+from harness.loadgen import Target, run_client
+from harness.measure import Figures, Measured, StreamShape, Subject, warm_up
+from harness.memory import MEMORY_USER, memory_recovered, seed_memories
+from harness.report import all_passed, json_option, print_json
+from harness.rounds import rotating
+from harness.targets import REPO, Server, Targets, source_version
+from storm import disconnect_storm
 from summary import MEMPROXY, Results, Summary, criteria, ratio_table, table
 from wire_summary import wire_criteria, wire_json, wire_table
 from summary import as_json as summary_json
 
-MEMORY_USER = "bench-user"
 # memproxy with memory on for MEMORY_USER: memproxy-on saves every turn, memproxy-on-ro sends
 # X-Memory-Persist: false (recall and injection as usual, nothing saved). One process, one store.
 MEMORY_ON = ("memproxy-on", "memproxy-on-ro", "memproxy-hooks")
@@ -46,10 +39,10 @@ KNOWN_TARGETS = TARGETS + ("memproxy-on-ro", "reference-httpx", "memproxy-quiet"
 WIRE_SUFFIXES = {"messages": "-messages", "responses": "-responses", "gemini": "-gemini"}
 WIRE_TWINS = ("direct", "memproxy-off", "memproxy-on", "memproxy-on-ro", "memproxy-hooks")
 # memproxy-hooks: memory on, with one no-op Python hook on every event (--hooks), beside memproxy-on.
-NO_OP_HOOKS = "hooks:\n" + "".join(
-    f"  - event: {event}\n    python: proxy.hook_examples:no_opinion\n"
+NO_OP_HOOKS = [
+    {"event": event, "python": "proxy.hook_examples:no_opinion"}
     for event in ("session_start", "user_prompt_submit", "post_retrieval", "pre_tool_use", "post_tool_use",
-                  "pre_memory_write", "stop"))
+                  "pre_memory_write", "stop")]
 # Request numbers each load owns (see run_rounds): more requests than a load ever sends, and a
 # multiple of 8, so request n still asks question n % 8.
 NUMBERS_PER_LOAD = 10**7
@@ -78,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=1.0, help="seconds per step, per target, per round")
     p.add_argument("--slices", type=int, default=4, help="turns the targets take within each step of a round")
     p.add_argument("--quick", action="store_true", help="short smoke run (~20-60 s): 2 rounds of 0.2 s")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    json_option(p)
     p.add_argument("--targets", default=",".join(TARGETS),
                    help=f"comma-separated, from {', '.join(KNOWN_TARGETS)} (memproxy-on-ro: memory on, "
                         "X-Memory-Persist: false; reference-httpx: httpx's own transport; "
@@ -126,37 +119,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, Server]:
+def start_servers(args: argparse.Namespace, targets: Targets) -> dict[str, Server]:
     """The processes the chosen targets need, keyed by target name (one memproxy serves three)."""
-    mock = start_mock(workdir, args.stream_events, args.stream_gap_ms, args.upstream_ms)
+    mock = targets.mock(args.stream_events, args.stream_gap_ms, args.upstream_ms)
     servers = {"direct": mock}
-    upstream = f"http://127.0.0.1:{mock.port}/v1"
+    upstream = mock.url("/v1")
     wanted = {base_target(name)[0] for name in args.targets}
     gemini = any(base_target(name)[1] == "gemini" for name in args.targets)
-    try:
-        if "reference" in wanted:
-            servers["reference"] = start_reference(workdir, upstream, "aiohttp", "reference")
-        if "reference-httpx" in wanted:
-            servers["reference-httpx"] = start_reference(workdir, upstream, "httpx", "reference-httpx")
-        if {"memproxy-off", *MEMORY_ON} & wanted:
-            memproxy = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir, gemini=gemini)
-            servers.update(dict.fromkeys(("memproxy-off", *MEMORY_ON), memproxy))
-        if "memproxy-hooks" in wanted:
-            servers["memproxy-hooks"] = start_memproxy(workdir, upstream, args.log_level, args.memproxy_dir,
-                                                       name="memproxy-hooks", hooks=NO_OP_HOOKS, gemini=gemini)
-        if "memproxy-quiet" in wanted:
-            servers["memproxy-quiet"] = start_memproxy(workdir, upstream, "warning", args.memproxy_dir,
-                                                       name="memproxy-quiet", gemini=gemini)
-    except RuntimeError:
-        stop_servers(servers)
-        raise
+    if "reference" in wanted:
+        servers["reference"] = targets.reference(upstream, "aiohttp", "reference")
+    if "reference-httpx" in wanted:
+        servers["reference-httpx"] = targets.reference(upstream, "httpx", "reference-httpx")
+    if {"memproxy-off", *MEMORY_ON} & wanted:
+        memproxy = targets.memproxy(upstream, args.log_level, args.memproxy_dir, gemini=gemini)
+        servers.update(dict.fromkeys(("memproxy-off", *MEMORY_ON), memproxy))
+    if "memproxy-hooks" in wanted:
+        servers["memproxy-hooks"] = targets.memproxy(upstream, args.log_level, args.memproxy_dir,
+                                                     name="memproxy-hooks", hooks=NO_OP_HOOKS, gemini=gemini)
+    if "memproxy-quiet" in wanted:
+        servers["memproxy-quiet"] = targets.memproxy(upstream, "warning", args.memproxy_dir,
+                                                     name="memproxy-quiet", gemini=gemini)
     return servers
-
-
-def stop_servers(servers: dict[str, Server]) -> None:
-    """Stop each process once."""
-    for server in {id(s): s for s in servers.values()}.values():
-        server.stop()
 
 
 def subjects(args: argparse.Namespace, servers: dict[str, Server]) -> dict[str, Subject]:
@@ -232,7 +215,7 @@ async def run_rounds(args: argparse.Namespace, targets: dict[str, Subject]) -> t
     waits = {"breaker_waits": 0.0, "breaker_wait_s": 0.0, "breaker_still_open": 0.0}
     for r in range(args.rounds):
         started = time.perf_counter()
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = rotating(names, r)
         for i, step in enumerate(args.steps):
             # From 1, not 0: the warm-up's requests are numbered from 0.
             first = (1 + (r * len(args.steps) + i) * len(names)) * NUMBERS_PER_LOAD
@@ -299,30 +282,24 @@ def print_report(args: argparse.Namespace, report: dict[str, Any], version: str)
     checks = criteria(summary, args.memory_items) + wire_criteria(summary)
     print()
     for check in checks:
-        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[check.passed]
-        print(f"{verdict}  {check.name}{' (informational)' if check.informational else ''}: {check.detail}")
+        print(check.line())
     if args.json:
         settings = {**vars(args), "memproxy_dir": str(args.memproxy_dir), "steps": [s.name for s in args.steps]}
         out = {"memproxy": version, "settings": settings,
                **summary_json(summary), "wires": wire_json(summary), "rss_mb_start": report["rss_mb_start"], "rss_mb_end": report["rss_mb_end"],
                "seed": report.get("seed"), "memory": report.get("memory"), "storm": report.get("storm"),
-               "criteria": [{"name": c.name, "pass": c.passed, "detail": c.detail,
-                             "informational": c.informational} for c in checks]}
-        print(json.dumps(out))
-    return all(c.passed is not False for c in checks if not c.informational)
+               "criteria": [c.as_json() for c in checks]}
+        print_json(out)
+    return all_passed(checks)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit 1 when a done-criterion fails (informational ones do not count)."""
     args = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-bench-"))
     started = time.perf_counter()
-    servers = start_servers(args, workdir)
-    try:
-        report = run_client(bench(args, servers))
-    finally:
-        stop_servers(servers)
-    print(f"finished in {time.perf_counter() - started:.0f} s; server logs in {workdir}", file=sys.stderr)
+    with Targets("memproxy-bench-") as targets:
+        report = run_client(bench(args, start_servers(args, targets)))
+    print(f"finished in {time.perf_counter() - started:.0f} s; server logs in {targets.workdir}", file=sys.stderr)
     return 0 if print_report(args, report, source_version(args.memproxy_dir)) else 1
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.figures import repeat_ms  # noqa: E402
+from harness.report import Column, header, json_option, print_json, row  # noqa: E402
 from proxy.memory.redaction.redact import redact  # noqa: E402
 
 MB = 1_000_000
@@ -47,29 +49,25 @@ def _fill(unit: str, size: int) -> str:
 
 
 def measure(make: Callable[[int], str], size: int, repeat: int) -> float:
-    text = make(size)
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        redact(text)
-        best = min(best, time.perf_counter() - started)
-    return size / MB / best
+    best_s = min(repeat_ms(partial(redact, make(size)), repeat, warm=False)) / 1000
+    return size / MB / best_s
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,8", help="sizes in MB, comma separated")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
+    json_option(parser, help="one JSON object as the last line")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
     figures: dict[str, dict[str, float]] = {}
-    print(f"{'text':<16}" + "".join(f"{f'{s:g} MB':>12}" for s in sizes) + "   (MB/s)")
+    columns = [Column("text", 15, align="<"), *(Column(f"{s:g} MB", 11, ".1f") for s in sizes)]
+    print(header(columns) + "   (MB/s)")
     for name, make in TEXTS.items():
         figures[name] = {f"{s:g}": measure(make, int(s * MB), args.repeat) for s in sizes}
-        print(f"{name:<16}" + "".join(f"{figures[name][f'{s:g}']:>12.1f}" for s in sizes), flush=True)
+        print(row(columns, [name, *figures[name].values()]), flush=True)
     if args.json:
-        print(json.dumps(figures))
+        print_json(figures)
 
 
 if __name__ == "__main__":

@@ -14,23 +14,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 
-from loadgen import ClosedLoop, MakeRequest, Target, run_client, wire_payload
-from processes import REPO, Server, free_port, start, start_mock
-from storm import searched_in_memory, seed_memories
+from harness.figures import per_request_ms
+from harness.loadgen import ClosedLoop, Target, numbered, run_client, wire_payload
+from harness.memory import searched_in_memory, seed_memories
+from harness.proc import command_cpu_seconds
+from harness.report import Column, header, row
+from harness.targets import REPO, Server, Targets, throwaway_postgres
 
-sys.path.insert(0, str(REPO))
-from tests.pg_server import PostgresServer, find_binaries  # noqa: E402
+if TYPE_CHECKING:
+    from tests.pg_server import PostgresServer
 
 MEMORIES = 2000
 WARM_S = 3.0
+COLUMNS = (Column("setup", 7), Column("requests/s", 11, ".0f"), Column("ok", 7, ".1%"),
+           Column("memproxy cores", 15, ".2f"), Column("CPU ms/req", 11, ".2f"), Column("PostgreSQL cores", 16, ".2f"))
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,26 +50,7 @@ def parse_args() -> argparse.Namespace:
 def postgres_cpu_seconds() -> float:
     """CPU seconds of every PostgreSQL process on the machine (the test server's), with those of the
     backends that ended (the postmaster's children's times, once it reaped them)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/comm", encoding="ascii") as comm:
-                if comm.read().strip() not in ("postgres", "postmaster"):
-                    continue
-            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        except OSError:
-            continue  # a backend that ended meanwhile
-    return total
-
-
-def numbered(make: MakeRequest, first: int) -> MakeRequest:
-    """Request n of a replica's load asks question first + n: no two replicas send the same text."""
-    def numbered_make(n: int) -> bytes:
-        return make(first + n)
-    return numbered_make
+    return command_cpu_seconds(("postgres", "postmaster"))
 
 
 async def measure(setup: str, servers: list[Server], args: argparse.Namespace) -> str:
@@ -76,6 +62,7 @@ async def measure(setup: str, servers: list[Server], args: argparse.Namespace) -
     loops = []
     for i, target in enumerate(targets):
         share = args.connections // len(targets) + (i < args.connections % len(targets))
+        # Request n of a replica's load asks question i * 10**7 + n: no two replicas send the same text.
         loops.append(ClosedLoop(target, numbered(wire_payload(target, stream=False), i * 10**7), share,
                                 warm=wire_payload(target, stream=False)))
     try:
@@ -92,16 +79,17 @@ async def measure(setup: str, servers: list[Server], args: argparse.Namespace) -
             loop.close()
     replies = [r for loop, n in zip(loops, before) for r in loop.total.replies[n:]]
     ok = sum(r.memory_status == b"ok" for r in replies) / max(1, len(replies))
-    database_cores = f"{database / elapsed:16.2f}" if setup != "sqlite" else f"{'-':>16}"
-    return (f"{setup:>7} {len(replies) / elapsed:11.0f} {ok:7.1%} {cpu / elapsed:15.2f}"
-            f" {1000 * cpu / max(1, len(replies)):11.2f} {database_cores}")
+    database_cores = database / elapsed if setup != "sqlite" else None
+    return row(COLUMNS, (setup, len(replies) / elapsed, ok, cpu / elapsed, per_request_ms(cpu, len(replies)),
+                         database_cores))
 
 
-async def bench(args: argparse.Namespace, work: Path, mock: Server, postgres: PostgresServer | None) -> list[str]:
+async def bench(args: argparse.Namespace, targets: Targets, mock: Server, postgres: PostgresServer | None
+                ) -> list[str]:
     lines = []
     for setup in args.setups.split(","):
         if setup == "sqlite":
-            urls = [f"sqlite:///{work}/{setup}.db"]
+            urls = [f"sqlite:///{targets.workdir}/{setup}.db"]
         else:
             assert postgres is not None
             database = f"bench_{setup}_{int(time.time())}"
@@ -111,7 +99,8 @@ async def bench(args: argparse.Namespace, work: Path, mock: Server, postgres: Po
             finally:
                 await conn.close()
             urls = [postgres.url(database)] * int(setup.removeprefix("pg"))
-        servers = [start_replica(work, f"{setup}-{i}", url, mock, args.memproxy_dir) for i, url in enumerate(urls)]
+        servers = [targets.memproxy(mock.url("/v1"), "warning", args.memproxy_dir, f"{setup}-{i}", store_url=url)
+                   for i, url in enumerate(urls)]
         try:
             lines.append(await measure(setup, servers, args))
             print(lines[-1], file=sys.stderr)
@@ -121,37 +110,19 @@ async def bench(args: argparse.Namespace, work: Path, mock: Server, postgres: Po
     return lines
 
 
-def start_replica(work: Path, name: str, url: str, mock: Server, source: Path) -> Server:
-    port = free_port()
-    config = work / f"{name}.yaml"
-    config.write_text(f"server:\n  log_level: warning\nstore:\n  url: {url}\n")
-    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
-            "--upstream", f"http://127.0.0.1:{mock.port}"]
-    return start(name, argv, port, work, source)
 
 
 def main() -> int:
     args = parse_args()
-    work = Path(tempfile.mkdtemp(prefix="memproxy-replicas-"))
-    postgres = None
-    if any(s.startswith("pg") for s in args.setups.split(",")):
-        binaries = find_binaries()
-        if binaries is None:
-            print("PostgreSQL server binaries (initdb, pg_ctl) not found", file=sys.stderr)
-            return 1
-        postgres = PostgresServer(binaries)
-        postgres.init()
-        postgres.start()
-    mock = start_mock(work, 50, 5.0)
-    try:
-        lines = run_client(bench(args, work, mock, postgres))
-    finally:
-        mock.stop()
-        if postgres is not None:
-            postgres.remove()
+    with ExitStack() as stack:
+        postgres = None
+        if any(s.startswith("pg") for s in args.setups.split(",")):
+            postgres = stack.enter_context(throwaway_postgres())
+        targets = stack.enter_context(Targets("memproxy-replicas-"))
+        lines = run_client(bench(args, targets, targets.mock(), postgres))
     print(f"{args.connections} connections, {MEMORIES} memories for the user, {args.duration:.0f} s a setup;"
-          f" logs in {work}")
-    print("  setup  requests/s      ok  memproxy cores  CPU ms/req  PostgreSQL cores")
+          f" logs in {targets.workdir}")
+    print(header(COLUMNS))
     print("\n".join(lines))
     return 0
 

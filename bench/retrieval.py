@@ -48,8 +48,10 @@ from proxy.stores.base import FinishTurn, StartTurn, WriteOp  # noqa: E402
 from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 from proxy.stores.indexed_text import entity_terms  # noqa: E402
 from proxy.http.upstream import Upstream  # noqa: E402
+from harness.figures import p50_p95  # noqa: E402
+from harness.proc import status_mb  # noqa: E402
+from harness.report import Column, Criterion, all_passed, json_option, print_json, table  # noqa: E402
 from retrieval_streams import Ask, StreamLoad, no_batching, stream_batching, streams_table  # noqa: E402
-from summary import Criterion  # noqa: E402
 
 USER = Scope("bench-user")
 OTHERS = [Scope(f"other-{n}") for n in range(3)]
@@ -206,15 +208,6 @@ def queries(count: int, size: int, seed: int) -> list[Query]:
     return out
 
 
-def vm_mb(field: str) -> float:
-    """This process's /proc/self/status line `field` (VmRSS, VmHWM), MiB."""
-    with open("/proc/self/status", encoding="ascii") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def measure_fresh(path: Path, size: int, count: int, seed: int, embeddings: str = "off") -> dict[str, Any]:
     """`measure` in a new process, so its memory figures hold the retrieval path and nothing else."""
     context = get_context("spawn")
@@ -231,10 +224,10 @@ async def measure(path: Path, size: int, count: int, seed: int, embeddings: str 
 
     With `embeddings` on (`local`: the embedded model), every item's vector is filled in first
     (untimed, as memproxy writes them with each item) and each query is embedded and searched too."""
-    memory = {"rss_mb_imported": vm_mb("VmRSS")}
+    memory = {"rss_mb_imported": status_mb("self", "VmRSS")}
     store = SQLiteStore(str(path))
     await store.open()
-    memory["rss_mb_open"] = vm_mb("VmRSS")
+    memory["rss_mb_open"] = status_mb("self", "VmRSS")
     try:
         vectors = None
         if embeddings != "off":
@@ -251,25 +244,29 @@ async def measure(path: Path, size: int, count: int, seed: int, embeddings: str 
             with contextlib.suppress(TimeoutError):  # a cold read of a large store may pass the budget
                 await retrieval.retrieve(USER, query)
         postings_s = await postings_built(store, started)
-        totals: list[float] = []
-        per_source: dict[str, list[float]] = {source: [] for source in SOURCES}
-        injected = []
-        for query in asked:
-            started = time.perf_counter()
-            result = await retrieval.retrieve(USER, query)
-            totals.append((time.perf_counter() - started) * 1000)
-            injected.append(result.injected)
-            for source, ms in result.log["sources_ms"].items():
-                per_source[source].append(ms)
-        memory["rss_mb_end"] = vm_mb("VmRSS")
-        memory["peak_mb"] = vm_mb("VmHWM")
+        timed = await time_queries(retrieval, asked)
+        memory["rss_mb_end"] = status_mb("self", "VmRSS")
+        memory["peak_mb"] = status_mb("self", "VmHWM")
     finally:
         await store.close()
-    row: dict[str, Any] = {"size": size, "queries": count, "mean_injected": round(statistics.mean(injected), 2),
-                           "postings_s": postings_s,
-                           "total": percentiles(totals), "memory": {k: round(v, 1) for k, v in memory.items()}}
-    row.update({source: percentiles(times) for source, times in per_source.items() if times})
-    return row
+    return {"size": size, "queries": count, "postings_s": postings_s, **timed,
+            "memory": {k: round(v, 1) for k, v in memory.items()}}
+
+
+async def time_queries(retrieval: Retrieval, asked: list[Query]) -> dict[str, Any]:
+    """Each query's retrieval timed: the mean number of items injected, p50/p95 ms in total and per source."""
+    totals: list[float] = []
+    per_source: dict[str, list[float]] = {source: [] for source in SOURCES}
+    injected = []
+    for query in asked:
+        started = time.perf_counter()
+        result = await retrieval.retrieve(USER, query)
+        totals.append((time.perf_counter() - started) * 1000)
+        injected.append(result.injected)
+        for source, ms in result.log["sources_ms"].items():
+            per_source[source].append(ms)
+    return {"mean_injected": round(statistics.mean(injected), 2), "total": p50_p95(totals),
+            **{source: p50_p95(times) for source, times in per_source.items() if times}}
 
 
 async def postings_built(store: SQLiteStore, started: float, timeout: float = 300.0) -> float:
@@ -295,35 +292,35 @@ def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {"p50": round(ordered[len(ordered) // 2], 3),
-            "p95": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 3)}
+def latency_table(rows: list[dict[str, Any]], lead: list[tuple[Column, str]]) -> str:
+    """Per row: the `lead` columns (each with the row's key it shows), then p50 / p95 ms in total and per source."""
+    columns = [column for column, _ in lead] + [Column(f"{name}\np50 / p95 ms", 18) for name in ("total", *SOURCES)]
+
+    def cell(row: dict[str, Any], name: str) -> str | None:
+        return f"{row[name]['p50']:>8.3f} / {row[name]['p95']:<6.3f}" if name in row else None
+
+    return table(columns, [[row[key] for _, key in lead] + [cell(row, name) for name in ("total", *SOURCES)]
+                           for row in rows])
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    columns = ["total", *SOURCES]
-    out = [f"{'items':>8} {'build s':>8} {'postings s':>10}  " + "  ".join(f"{c:>17}" for c in columns),
-           f"{'':>8} {'':>8} {'':>10}  " + "  ".join(f"{'p50 / p95 ms':>17}" for _ in columns)]
-    for row in rows:
-        cells = [f"{row[c]['p50']:>8.3f} / {row[c]['p95']:<6.3f}" if c in row else f"{'-':>17}" for c in columns]
-        out.append(f"{row['size']:>8} {row['build_s']:>8.1f} {row['postings_s']:>10.2f}  " + "  ".join(cells))
-    return "\n".join(out)
+def retrieval_table(rows: list[dict[str, Any]]) -> str:
+    return latency_table(rows, [(Column("items", 8), "size"), (Column("build s", 8, ".1f"), "build_s"),
+                                (Column("postings s", 10, ".2f"), "postings_s")])
 
 
 def memory_table(rows: list[dict[str, Any]]) -> str:
     """The measuring process's resident memory, and memproxy's when it served the store."""
-    out = ["resident memory, MiB: the measuring process once imported, with the store open, after the queries,"
-           " its peak; memproxy serving the store, at start and after the stream run",
-           f"{'items':>8} {'imported':>9} {'open':>9} {'end':>9} {'peak':>9} {'growth':>9}"
-           f" {'memproxy start':>15} {'memproxy end':>13}"]
+    columns = [Column("items", 8),
+               *(Column(title, 9, ".1f") for title in ("imported", "open", "end", "peak", "growth")),
+               Column("memproxy start", 15, ".1f"), Column("memproxy end", 13, ".1f")]
+    values = []
     for row in rows:
         m, streams = row["memory"], row.get("streams", {})
-        served = [f"{streams[k]:>{w}.1f}" if k in streams else f"{'-':>{w}}"
-                  for k, w in (("server_rss_mb_start", 15), ("server_rss_mb_end", 13))]
-        out.append(f"{row['size']:>8} {m['rss_mb_imported']:>9.1f} {m['rss_mb_open']:>9.1f} {m['rss_mb_end']:>9.1f}"
-                   f" {m['peak_mb']:>9.1f} {m['peak_mb'] - m['rss_mb_imported']:>9.1f} " + " ".join(served))
-    return "\n".join(out)
+        values.append((row["size"], m["rss_mb_imported"], m["rss_mb_open"], m["rss_mb_end"], m["peak_mb"],
+                       m["peak_mb"] - m["rss_mb_imported"], streams.get("server_rss_mb_start"),
+                       streams.get("server_rss_mb_end")))
+    return ("resident memory, MiB: the measuring process once imported, with the store open, after the queries,"
+            " its peak; memproxy serving the store, at start and after the stream run\n" + table(columns, values))
 
 
 def issue_lines(rows: list[dict[str, Any]]) -> list[Criterion]:
@@ -350,7 +347,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--embeddings", default="off",
                    help="off (lexical only), local (the embedded model) or a provider's model, as embeddings.model")
     p.add_argument("--keep", type=Path, help="build the stores in this directory and keep them")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    json_option(p)
     p.add_argument("--no-streams", action="store_true", help="skip the streams beside retrieval (no servers)")
     p.add_argument("--stream-seconds", type=float, default=1.0, help="seconds per slice of the stream run")
     p.add_argument("--stream-rounds", type=int, default=3, help="slices of streams alone, and as many beside retrieval")
@@ -391,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [run_size(where / f"retrieval-{size}.db", size, args, logs) for size in sizes]
     if logs is not None:
         print(f"server logs in {logs}", file=sys.stderr)
-    print(table(rows))
+    print(retrieval_table(rows))
     print()
     print(memory_table(rows))
     if not args.no_streams:
@@ -400,11 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = issue_lines(rows)
     print()
     for line in lines:
-        print(f"{'PASS' if line.passed else 'FAIL'}  {line.name}: {line.detail}")
+        print(line.line())
     if args.json:
-        print(json.dumps({"retrieval": rows, "lines": [{"name": c.name, "pass": c.passed, "detail": c.detail}
-                                                        for c in lines]}))
-    return 0 if all(line.passed for line in lines) else 1
+        print_json({"retrieval": rows, "lines": [c.as_json() for c in lines]})
+    return 0 if all_passed(lines) else 1
 
 
 if __name__ == "__main__":

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +38,8 @@ from proxy.stores.base import Store  # noqa: E402
 from proxy.stores.postgres.store import PostgresStore  # noqa: E402
 from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
 from proxy.stores.indexed_text import entity_terms  # noqa: E402
-from tests.pg_server import PostgresServer, find_binaries  # noqa: E402
+from harness.report import Column, json_option, print_json  # noqa: E402
+from harness.targets import throwaway_postgres  # noqa: E402
 
 WARM_QUERIES = 20
 
@@ -108,20 +107,7 @@ async def measure(store: Store, size: int, count: int, seed: int) -> dict[str, A
     asked = lite.queries(count, size, seed)
     for query in asked[:WARM_QUERIES]:
         await retrieval.retrieve(lite.USER, query)
-    totals: list[float] = []
-    per_source: dict[str, list[float]] = {source: [] for source in lite.SOURCES}
-    injected = []
-    for query in asked:
-        started = time.perf_counter()
-        result = await retrieval.retrieve(lite.USER, query)
-        totals.append((time.perf_counter() - started) * 1000)
-        injected.append(result.injected)
-        for source, ms in result.log["sources_ms"].items():
-            per_source[source].append(ms)
-    row: dict[str, Any] = {"size": size, "queries": count, "mean_injected": round(statistics.mean(injected), 2),
-                           "total": lite.percentiles(totals)}
-    row.update({source: lite.percentiles(times) for source, times in per_source.items() if times})
-    return row
+    return {"size": size, "queries": count, **await lite.time_queries(retrieval, asked)}
 
 
 async def run_backend(store: Store, build_s: float, size: int, args: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -158,13 +144,8 @@ async def one_size(server_url: str, where: Path, size: int, args: argparse.Names
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    columns = ["total", *lite.SOURCES]
-    out = [f"{'items':>8} {'store':>10} {'build s':>8}  " + "  ".join(f"{c:>17}" for c in columns),
-           f"{'':>8} {'':>10} {'':>8}  " + "  ".join(f"{'p50 / p95 ms':>17}" for _ in columns)]
-    for row in rows:
-        cells = [f"{row[c]['p50']:>8.3f} / {row[c]['p95']:<6.3f}" if c in row else f"{'-':>17}" for c in columns]
-        out.append(f"{row['size']:>8} {row['store']:>10} {row['build_s']:>8.1f}  " + "  ".join(cells))
-    return "\n".join(out)
+    return lite.latency_table(rows, [(Column("items", 8), "size"), (Column("store", 10), "store"),
+                                     (Column("build s", 8, ".1f"), "build_s")])
 
 
 @contextmanager
@@ -173,16 +154,8 @@ def server_url(given: str | None) -> Iterator[str]:
     if given:
         yield given
         return
-    bindir = find_binaries()
-    if bindir is None:
-        raise SystemExit("no PostgreSQL server binaries (initdb, pg_ctl); install postgresql or pass --store")
-    server = PostgresServer(bindir)
-    try:
-        server.init()
-        server.start()
+    with throwaway_postgres() as server:
         yield server.url()
-    finally:
-        server.remove()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -192,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--store", help="postgresql://... to measure (default: a throwaway local server)")
     p.add_argument("--keep", type=Path, help="build the SQLite files in this directory and keep them")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    json_option(p)
     return p.parse_args(argv)
 
 
@@ -207,7 +180,7 @@ async def main(argv: list[str] | None = None) -> None:
             rows += await one_size(url, where, size, args)
     print(table(rows))
     if args.json:
-        print(json.dumps({"retrieval": rows}))
+        print_json({"retrieval": rows})
 
 
 if __name__ == "__main__":

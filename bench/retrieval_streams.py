@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import tempfile
 from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen import ClosedLoop, Run, Target, fixed_count, request_payload, run_client
-from processes import start_memproxy, start_mock
-from scenarios import Measured, StreamShape, Subject, percentile
-from summary import Criterion
+from harness.figures import percentile
+from harness.loadgen import ClosedLoop, Run, Target, fixed_count, request_payload, run_client
+from harness.measure import Measured, StreamShape, Subject
+from harness.report import Column, Criterion, header, row
+from harness.rounds import alternating
+from harness.targets import Targets
 
 # The memory-off streams: overhead.py's shape, 50 events 5 ms apart, four at a time.
 STREAM = StreamShape(events=50, gap_ms=5.0)
@@ -86,7 +87,7 @@ async def _measure(subject: Subject, on: Target, payloads: list[bytes], load: St
     await recall.open()
     try:
         for r in range(load.rounds):
-            for loaded in (r % 2 == 1, r % 2 == 0):
+            for loaded in alternating((False, True), r):
                 if loaded:
                     await asyncio.gather(beside.slice(load.seconds), recall.run(load.seconds + TAIL_S))
                 else:
@@ -127,25 +128,21 @@ def served_copy(store: Path, into: Path) -> Path:
 
 def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoad, workdir: Path) -> dict[str, Any]:
     """Start the mock and memproxy on a copy of `store`, measure, stop them; the figures of one size."""
-    logs = Path(tempfile.mkdtemp(prefix=f"{store.stem}-", dir=workdir))
-    served = served_copy(store, logs)
-    mock = start_mock(logs, STREAM.events, STREAM.gap_ms)
-    try:
-        server = start_memproxy(logs, f"http://127.0.0.1:{mock.port}/v1", "info", store_path=served)
-    except RuntimeError:
-        mock.stop()
-        raise
-    try:
-        rss_start = server.rss_mb()
-        off = Target("memproxy-off", server.port)
-        on = Target("memproxy-on", server.port)
-        measured = run_client(_measure(Subject(off, server, mock), on, ask_payloads(on, user, asks), load))
-        rss_end = server.rss_mb()
-    finally:
-        server.stop()
-        mock.stop()
-        for path in logs.glob(served.name + "*"):  # and its -wal and -shm
-            path.unlink()
+    with Targets(f"{store.stem}-", parent=workdir) as targets:
+        logs = targets.workdir
+        served = served_copy(store, logs)
+        try:
+            mock = targets.mock(STREAM.events, STREAM.gap_ms)
+            server = targets.memproxy(mock.url("/v1"), store_path=served)
+            rss_start = server.rss_mb()
+            off = Target("memproxy-off", server.port)
+            on = Target("memproxy-on", server.port)
+            measured = run_client(_measure(Subject(off, server, mock), on, ask_payloads(on, user, asks), load))
+            rss_end = server.rss_mb()
+        finally:
+            targets.stop()
+            for path in logs.glob(served.name + "*"):  # and its -wal and -shm
+                path.unlink()
     alone, beside = measured["alone"], measured["beside"]
     return {
         "events_per_read": round(beside["events_per_read"], 3),
@@ -161,20 +158,18 @@ def stream_batching(store: Path, user: str, asks: Sequence[Ask], load: StreamLoa
 
 def streams_table(rows: list[dict[str, Any]]) -> str:
     """Per size: events per read alone and beside retrieval, the streams, and the memory-on requests."""
+    # The first line of titles spans columns: events per read and streams, each alone and beside.
+    columns = (Column("items", 8), Column("alone", 7, ".3f"), Column("beside", 7, ".3f"), Column("alone", 6),
+               Column("beside", 6), Column("errors", 7), Column("requests", 10), Column("ok", 5),
+               Column("memories", 9), Column("p50 / p95 ms", 19))
     out = ["memory-off streams through memproxy, alone and beside memory-on requests (each a retrieval);"
            " events per read 1.0 = no batching",
            f"{'':>8} {'events per read':>15} {'streams':>13} {'stream':>7} {'memory-on':>10} {'not':>5}"
-           f" {'with':>9} {'memory-on request':>19}",
-           f"{'items':>8} {'alone':>7} {'beside':>7} {'alone':>6} {'beside':>6} {'errors':>7} {'requests':>10}"
-           f" {'ok':>5} {'memories':>9} {'p50 / p95 ms':>19}"]
-    for row in rows:
-        if "streams" not in row:
-            continue
-        s = row["streams"]
-        out.append(f"{row['size']:>8} {s['events_per_read_alone']:>7.3f} {s['events_per_read']:>7.3f}"
-                   f" {s['streams_alone']:>6} {s['streams']:>6} {s['stream_errors']:>7}"
-                   f" {s['retrievals']:>10} {s['not_ok']:>5} {s['injected']:>9}"
-                   f" {s['request_p50_ms']:>9.2f} / {s['request_p95_ms']:<7.2f}")
+           f" {'with':>9} {'memory-on request':>19}", header(columns)]
+    for size, s in ((r["size"], r["streams"]) for r in rows if "streams" in r):
+        out.append(row(columns, (size, s["events_per_read_alone"], s["events_per_read"], s["streams_alone"],
+                                 s["streams"], s["stream_errors"], s["retrievals"], s["not_ok"], s["injected"],
+                                 f"{s['request_p50_ms']:.2f} / {s['request_p95_ms']:<7.2f}")))
     return "\n".join(out)
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
-from scenarios import Figures
+from harness.figures import differences, median, median_ratio
+from harness.measure import Figures
+from harness.report import Criterion
 
 Results = dict[str, dict[str, list[Figures]]]  # step -> target -> one Figures per round
 DIRECT, REFERENCE, MEMPROXY = "direct", "reference", "memproxy-off"
@@ -64,16 +65,6 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-@dataclass
-class Criterion:
-    """One of the issue's done-criteria, checked."""
-
-    name: str
-    passed: bool | None  # None: not measured in this run (a target or a step was left out)
-    detail: str
-    informational: bool = False  # another issue's target: printed, but not part of the exit status
-
-
 class Summary:
     """Per-round results reduced to medians."""
 
@@ -86,24 +77,19 @@ class Summary:
         return [f[metric] for f in self.results.get(step, {}).get(target, []) if metric in f]
 
     def median(self, step: str, target: str, metric: str) -> float | None:
-        values = self.series(step, target, metric)
-        return statistics.median(values) if values else None
+        return median(self.series(step, target, metric))
 
     def added_series(self, step: str, target: str, metric: str) -> list[float]:
         """(target - direct) in each round."""
-        pairs = zip(self.series(step, target, metric), self.series(step, DIRECT, metric))
-        return [a - b for a, b in pairs]
+        return differences(self.series(step, target, metric), self.series(step, DIRECT, metric))
 
     def added(self, step: str, target: str, metric: str) -> float | None:
         """Median over rounds of (target - direct) for the same round."""
-        values = self.added_series(step, target, metric)
-        return statistics.median(values) if values else None
+        return median(self.added_series(step, target, metric))
 
     def ratio(self, step: str, target: str, metric: str, base: str) -> float | None:
         """Median over rounds of target / base for the same round."""
-        pairs = zip(self.series(step, target, metric), self.series(step, base, metric))
-        values = [a / b for a, b in pairs if b]
-        return statistics.median(values) if values else None
+        return median_ratio(self.series(step, target, metric), self.series(step, base, metric))
 
     def errors(self, target: str) -> int:
         return int(sum(f.get("errors", 0) for step in self.results.values() for f in step.get(target, [])))
@@ -175,8 +161,7 @@ def persistence_criteria(s: Summary) -> list[Criterion]:
         return [Criterion(name, None, "step latency_c1 not run")]
     series = s.added_series("latency_c1", MEMORY_RO, "p50_ms")
     noise = max(NOISE_FLOOR_MS, max(series) - min(series))
-    rounds = [a - b for a, b in zip(s.series("latency_c1", MEMORY_ON, "p50_ms"),
-                                    s.series("latency_c1", MEMORY_RO, "p50_ms"))]
+    rounds = differences(s.series("latency_c1", MEMORY_ON, "p50_ms"), s.series("latency_c1", MEMORY_RO, "p50_ms"))
     steady = len(rounds) >= 3 and min(rounds) > 0 and statistics.median(rounds) > NOISE_FLOOR_MS
     # A request whose memory was skipped (retrieval timeout, open breaker) is fast and measures
     # nothing here, so every round of both targets must have had working memory.

@@ -10,18 +10,17 @@ requests/s, and the CPU of memproxy (per thread), the mock and this client.
 from __future__ import annotations
 
 import asyncio
-import os
-import resource
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen import Disconnect, Reply, Target, chat_payload, connect
-from processes import Server
-from scenarios import percentile
-
-MEMORY_USER = "bench-user"
+from harness.figures import percentile
+from harness.loadgen import Disconnect, Reply, Target, chat_payload, connect
+from harness.memory import MEMORY_USER
+from harness.proc import own_cpu_seconds, thread_cpu, tree
+from harness.report import Column, header, row
+from harness.targets import Server
 
 
 @dataclass
@@ -57,28 +56,6 @@ class Sustained:
         return ", ".join(f"{s} {n}" for s, n in rest) or "none"
 
 
-def thread_cpu(pid: int, names: dict[int, str]) -> dict[str, float]:
-    """CPU seconds per thread of `pid`, by name where known (`names`: thread id -> name), else by id."""
-    tick = os.sysconf("SC_CLK_TCK")
-    spent: dict[str, float] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return spent
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the thread ended meanwhile
-        name = names.get(int(tid), f"thread {tid}")
-        spent[name] = spent.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return spent
-
-
-def client_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 async def run_sustained(target: Target, server: Server, mock: Server, clients: int, seconds: float,
@@ -110,8 +87,8 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
                 conns[i] = await connect(target)
 
     log_from = server.log.stat().st_size
-    server_before, mock_before, client_before = server.cpu_seconds(), mock.cpu_seconds(), client_cpu_seconds()
-    threads_before = thread_cpu(server.pid, thread_names)
+    server_before, mock_before, client_before = server.cpu_seconds(), mock.cpu_seconds(), own_cpu_seconds()
+    threads_before = process_threads(server.pid, thread_names)
     started = time.perf_counter()
     try:
         await asyncio.gather(*(client(i) for i in range(clients)))
@@ -121,12 +98,21 @@ async def run_sustained(target: Target, server: Server, mock: Server, clients: i
     level.seconds = time.perf_counter() - started
     level.server_cpu = (server.cpu_seconds() - server_before) / level.seconds
     level.mock_cpu = (mock.cpu_seconds() - mock_before) / level.seconds
-    level.client_cpu = (client_cpu_seconds() - client_before) / level.seconds
-    threads_after = thread_cpu(server.pid, thread_names)
+    level.client_cpu = (own_cpu_seconds() - client_before) / level.seconds
+    threads_after = process_threads(server.pid, thread_names)
     level.server_threads = {name: (spent - threads_before.get(name, 0.0)) / level.seconds
                             for name, spent in threads_after.items()}
     level.sources_cut = sources_cut(server.log, log_from)
     return level
+
+
+def process_threads(pid: int, names: dict[int, str]) -> dict[str, float]:
+    """CPU seconds of memproxy by thread name (`names`, from py-spy), and with `--workers`, of each worker
+    process as a whole (`worker <pid>`): the supervisor's own threads are idle."""
+    spent = thread_cpu(pid, names)
+    for member in tree(pid)[1:]:
+        spent[f"worker {member}"] = sum(thread_cpu(member, {}).values())
+    return spent
 
 
 def sources_cut(log: Path, start: int) -> int:
@@ -136,15 +122,17 @@ def sources_cut(log: Path, start: int) -> int:
         return handle.read().count(b"retrieval: source ")
 
 
-HEADER = (f"{'clients':>7} {'requests':>8} {'req/s':>6} {'ok':>7} {'errors':>6} {'first event p50/p99 ms':>22} "
-          f"{'memproxy CPU':>12} {'mock CPU':>8} {'client CPU':>10} {'sources cut':>11}  degraded")
+COLUMNS = (Column("clients", 7), Column("requests", 8), Column("req/s", 6, ".1f"), Column("ok", 7, ".1%"),
+           Column("errors", 6), Column("first event p50/p99 ms", 22), Column("memproxy CPU", 12, ".2f"),
+           Column("mock CPU", 8, ".2f"), Column("client CPU", 10, ".2f"), Column("sources cut", 11),
+           Column("degraded", 0, align="<"))
+HEADER = header(COLUMNS)
 
 
 def sustained_row(level: Sustained) -> str:
     first = f"{percentile(level.first_event_ms, 50):.0f} / {percentile(level.first_event_ms, 99):.0f}"
-    return (f"{level.clients:>7} {level.requests:>8} {level.rate:>6.1f} {level.ok_share:>7.1%} {level.errors:>6} "
-            f"{first:>22} {level.server_cpu:>12.2f} {level.mock_cpu:>8.2f} {level.client_cpu:>10.2f} {level.sources_cut:>11}  "
-            f"{level.degraded()}")
+    return row(COLUMNS, (level.clients, level.requests, level.rate, level.ok_share, level.errors, first,
+                         level.server_cpu, level.mock_cpu, level.client_cpu, level.sources_cut, level.degraded()))
 
 
 def threads_row(level: Sustained) -> str:

@@ -23,14 +23,14 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from processes import BENCH, free_port, start, start_memproxy
+from harness import json_mock
+from harness.report import json_option, print_json
+from harness.targets import BENCH, Targets, free_port
 
 USER = "bench-tools"
 QUESTION = "which editor do I like to use for Rust?"
@@ -50,24 +50,9 @@ def mock_answer(body: dict[str, Any]) -> dict[str, Any]:
     return CALL if offered and last.get("role") == "user" else ANSWER
 
 
-async def serve_mock(port: int) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                body = json.loads(await reader.readexactly(length)) if length else {}
-                payload = json.dumps(mock_answer(body)).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(payload), payload))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
+def mock_reply(path: bytes, body: bytes) -> tuple[int, bytes]:
+    """The scripted mock's answer on the wire (json_mock.py)."""
+    return 200, json.dumps(mock_answer(json.loads(body) if body else {})).encode()
 
 
 def timed(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
@@ -103,29 +88,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
+    json_option(parser)
     parser.add_argument("--serve-mock", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_mock:
-        asyncio.run(serve_mock(args.serve_mock))
+        asyncio.run(json_mock.serve(mock_reply, args.serve_mock))
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
+    with Targets("memproxy-tools-mode-") as targets:
         port = free_port()
-        mock = start("tools-mock", [sys.executable, str(BENCH / "tools_mode.py"), "--serve-mock", str(port)],
-                     port, workdir)
-        mock_url = f"http://127.0.0.1:{port}/v1"
-        proxy = start_memproxy(workdir, mock_url, "warning")
-        try:
-            proxy_url = f"http://127.0.0.1:{proxy.port}/v1"
-            measure(mock_url, proxy_url, 20, "warm-up")
-            times: dict[str, list[float]] = {}
-            for round_ in range(args.rounds):
-                for target, seconds in measure(mock_url, proxy_url, args.requests, str(round_)).items():
-                    times.setdefault(target, []).extend(seconds)
-        finally:
-            proxy.stop()
-            mock.stop()
+        mock_url = targets.process("tools-mock", [sys.executable, str(BENCH / "tools_mode.py"), "--serve-mock",
+                                                  str(port)], port).url("/v1")
+        proxy_url = targets.memproxy(mock_url, "warning").url("/v1")
+        measure(mock_url, proxy_url, 20, "warm-up")
+        times: dict[str, list[float]] = {}
+        for round_ in range(args.rounds):
+            for target, seconds in measure(mock_url, proxy_url, args.requests, str(round_)).items():
+                times.setdefault(target, []).extend(seconds)
+    print(f"server logs in {targets.workdir}", file=sys.stderr)
     medians = {target: statistics.median(seconds) * 1000 for target, seconds in times.items()}
     inject_added = medians["inject"] - medians["direct-1"]
     tools_added = medians["tools"] - medians["direct-2"]
@@ -139,8 +118,8 @@ def main() -> int:
     verdict = "holds" if ratio <= 2 else "FAILS"
     print(f"tools mode's added latency is {ratio:.2f}x inject mode's (line: at most 2x): {verdict}")
     if args.json:
-        print(json.dumps({"medians_ms": medians, "inject_added_ms": inject_added, "tools_added_ms": tools_added,
-                          "ratio": ratio}))
+        print_json({"medians_ms": medians, "inject_added_ms": inject_added, "tools_added_ms": tools_added,
+                    "ratio": ratio})
     return 0 if ratio <= 2 else 1
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from summary import DIRECT, Criterion, Summary, _num
+from harness.figures import differences, median, median_ratio
+from harness.report import Criterion
+from summary import DIRECT, Summary, _num
 
 # The wires compared with Chat Completions, by the suffix their targets' names carry.
 SUFFIXES = {"messages": "-messages", "responses": "-responses", "gemini": "-gemini"}
@@ -42,7 +44,7 @@ def _direct(target: str) -> str:
 
 def added_series(s: Summary, step: str, target: str, metric: str) -> list[float]:
     """(target - its wire's direct) in each round."""
-    return [a - b for a, b in zip(s.series(step, target, metric), s.series(step, _direct(target), metric))]
+    return differences(s.series(step, target, metric), s.series(step, _direct(target), metric))
 
 
 def _figure(s: Summary, step: str, target: str, metric: str, how: str) -> list[float]:
@@ -51,15 +53,6 @@ def _figure(s: Summary, step: str, target: str, metric: str, how: str) -> list[f
 
 def _pairs(s: Summary, suffix: str) -> list[str]:
     return [t for t in PAIRS if t in s.targets and t + suffix in s.targets]
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _ratio(chat: list[float], other: list[float]) -> float | None:
-    """Median of the per-round ratios other / chat."""
-    return _median([o / c for c, o in zip(chat, other) if c])
 
 
 def wire_table(s: Summary) -> str:
@@ -76,9 +69,9 @@ def wire_table(s: Summary) -> str:
                 if step not in s.results:
                     continue
                 chat, other = _figure(s, step, base, metric, how), _figure(s, step, base + suffix, metric, how)
-                diff = _median([o - c for c, o in zip(chat, other)])
-                ratio = _ratio(chat, other)
-                lines.append(f"  {label:54}{_num(_median(chat)):>10}{_num(_median(other)):>10}{_num(diff):>10}"
+                diff = median(differences(other, chat))
+                ratio = median_ratio(other, chat)
+                lines.append(f"  {label:54}{_num(median(chat)):>10}{_num(median(other)):>10}{_num(diff):>10}"
                              f"{_num(ratio) + 'x' if ratio is not None else '-':>10}")
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
@@ -97,7 +90,7 @@ def _criteria(s: Summary, title: str, suffix: str) -> list[Criterion]:
     off = "memproxy-off"
     if off in _pairs(s, suffix) and "latency_c1" in s.results:
         chat, other = (added_series(s, "latency_c1", t, "p50_ms") for t in (off, off + suffix))
-        diff = statistics.median([o - c for c, o in zip(chat, other)])
+        diff = statistics.median(differences(other, chat))
         out.append(Criterion(f"memory off: {title} added p50 at c=1 within {MEMORY_OFF_MS} ms of Chat Completions",
                              abs(diff) <= MEMORY_OFF_MS,
                              f"{statistics.median(other):.3f} vs {statistics.median(chat):.3f} ms, "
@@ -112,7 +105,8 @@ def _criteria(s: Summary, title: str, suffix: str) -> list[Criterion]:
                                  f"{other_p50:.3f} vs {chat_p50:.3f} ms ({other_p50 / chat_p50:.3f}x)"
                                  if chat_p50 else "-", informational=True))
         if "throughput_c32" in s.results:
-            ratio = _ratio(s.series("throughput_c32", on, "rate"), s.series("throughput_c32", on + suffix, "rate"))
+            ratio = median_ratio(s.series("throughput_c32", on + suffix, "rate"),
+                                 s.series("throughput_c32", on, "rate"))
             if ratio is not None:
                 out.append(Criterion(f"memory on: {title} requests/s at c=32 >= {1 - MEMORY_ON_SHARE:g} x Chat "
                                      "Completions", ratio >= 1 - MEMORY_ON_SHARE,
@@ -130,7 +124,7 @@ def wire_json(s: Summary) -> dict[str, Any]:
             for label, step, metric, how in ROWS:
                 if step in s.results:
                     chat, other = _figure(s, step, base, metric, how), _figure(s, step, base + suffix, metric, how)
-                    rows[label] = {"chat": _median(chat), wire: _median(other), "ratio": _ratio(chat, other)}
+                    rows[label] = {"chat": median(chat), wire: median(other), "ratio": median_ratio(other, chat)}
             pairs[base] = rows
         if pairs:
             out[wire] = pairs

@@ -14,23 +14,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
-from loadgen import ClosedLoop, MakeRequest, Target, run_client, wire_payload
-from processes import REPO, Server, source_version, start_memproxy, start_mock
-from storm import seed_memories
+from harness.figures import Paired, differences
+from harness.loadgen import ClosedLoop, Target, numbered, run_client, wire_payload
+from harness.memory import MEMORY_USER, seed_memories
+from harness.rounds import alternating, burst
+from harness.targets import REPO, Server, Targets, source_version
 
-MEMORY_USER = "bench-user"
 OTHER_WIRES = ("messages", "responses")  # each compared with "chat"
 # Each load numbers its requests in a range of its own: no request repeats an earlier one,
 # which memproxy would take for a retry (as in overhead.py).
 NUMBERS_PER_LOAD = 10**8
-
-
-def numbered_from(make: MakeRequest, offset: int) -> MakeRequest:
-    """`make`'s requests, numbered from `offset`."""
-    return lambda i: make(offset + i)
 
 
 async def measure(mock: Server, memproxy: Server, headers: dict[str, str], first: int, args: argparse.Namespace) -> str:
@@ -41,29 +35,28 @@ async def measure(mock: Server, memproxy: Server, headers: dict[str, str], first
     for n, (wire, side) in enumerate((w, s) for w in wires for s in ("direct", "proxy")):
         server = memproxy if side == "proxy" else mock
         target = Target(f"{side}-{wire}", server.port, headers if side == "proxy" else {}, wire=wire)
-        loads[wire, side] = ClosedLoop(target, numbered_from(wire_payload(target, stream=False),
-                                                             first + n * NUMBERS_PER_LOAD), 1)
+        loads[wire, side] = ClosedLoop(target, numbered(wire_payload(target, stream=False),
+                                                        first + n * NUMBERS_PER_LOAD), 1)
         await loads[wire, side].open()
     p50: dict[tuple[str, str], list[float]] = {key: [] for key in loads}
     cpu: dict[str, list[float]] = {wire: [] for wire in wires}
     try:
         for r in range(args.rounds):
-            for key in list(loads) if r % 2 == 0 else list(loads)[::-1]:
-                await loads[key].reopen_closed()
-                before = memproxy.cpu_seconds()
-                run = await loads[key].run(0.0, min_requests=args.burst)
-                p50[key].append(statistics.median(reply.latency * 1000 for reply in run.replies))
+            for key in alternating(list(loads), r):
+                figures = await burst(loads[key], memproxy, args.burst)
+                p50[key].append(figures.p50_ms)
                 if key[1] == "proxy":
-                    cpu[key[0]].append((memproxy.cpu_seconds() - before) * 1000 / len(run.replies))
+                    cpu[key[0]].append(figures.cpu_ms)
     finally:
         for load in loads.values():
             load.close()
-    added = {w: [p - d for p, d in zip(p50[w, "proxy"], p50[w, "direct"])] for w in wires}
-    diffs = [o - c for c, o in zip(added["chat"], added[other])]
+    added = {w: differences(p50[w, "proxy"], p50[w, "direct"]) for w in wires}
+    paired = Paired(added[other], added["chat"])
+    low, high = paired.spread
     med = statistics.median
     return (f"added p50 chat {med(added['chat']):.3f} {other} {med(added[other]):.3f} ms, {other} - chat "
-            f"{med(diffs):+.3f} ms (per round {min(diffs):+.2f} to {max(diffs):+.2f}, {other} faster in "
-            f"{sum(d < 0 for d in diffs)}/{len(diffs)}); server CPU per request chat {med(cpu['chat']):.3f} "
+            f"{paired.median:+.3f} ms (per round {low:+.2f} to {high:+.2f}, {other} faster in "
+            f"{paired.below_zero}/{len(paired.rounds)}); server CPU per request chat {med(cpu['chat']):.3f} "
             f"{other} {med(cpu[other]):.3f} ms")
 
 
@@ -85,17 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=200, help="requests each load sends per round")
     parser.add_argument("--memory-items", type=int, default=10_000, help="memories seeded for the memory-on user")
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="memproxy-wires-ab-"))
-    mock = start_mock(workdir, 50, 5.0)
-    try:
-        memproxy = start_memproxy(workdir, f"http://127.0.0.1:{mock.port}/v1", "info")
-        try:
-            lines = run_client(run(args, mock, memproxy))
-        finally:
-            memproxy.stop()
-    finally:
-        mock.stop()
-    print(f"memproxy {source_version(REPO)}; {args.memory_items} memories; server logs in {workdir}")
+    with Targets("memproxy-wires-ab-") as targets:
+        mock = targets.mock()
+        lines = run_client(run(args, mock, targets.memproxy(mock.url("/v1"))))
+    print(f"memproxy {source_version(REPO)}; {args.memory_items} memories; server logs in {targets.workdir}")
     print("\n".join(lines))
     return 0
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sqlite3
 import statistics
 import sys
@@ -35,6 +34,8 @@ from proxy.models import Scope  # noqa: E402
 from proxy.stores.sqlite import batch as sqlite_batch  # noqa: E402
 from proxy.stores.base import FinishTurn, SaveBlock, StartTurn  # noqa: E402
 from proxy.stores.sqlite.store import SQLiteStore  # noqa: E402
+from harness.report import Column, json_option, print_json, table  # noqa: E402
+from harness.rounds import alternating  # noqa: E402
 
 USER = Scope("bench-user")
 NEVER_S = 1e9  # the checkpoint thread's period while measuring: the WAL only grows
@@ -101,7 +102,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Side]:
             await side.save(min(BATCH, args.history - done))
             side.empty_wal()
     for r in range(args.rounds):
-        for side in sides.values() if r % 2 == 0 else reversed(sides.values()):
+        for side in alternating(list(sides.values()), r):
             side.empty_wal()
             seconds = await side.save(args.turns)
             pages = side.wal_pages()
@@ -134,20 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=20_000, help="turns saved before measuring")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--turns", type=int, default=300, help="turns per side per round")
-    parser.add_argument("--json", action="store_true")
+    json_option(parser)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="memproxy-writes-") as workdir:
         figures = report(args, asyncio.run(measure(args, Path(workdir))))
     print(f"one transaction per turn (start, block, answer), {args.history} turns of history, "
           f"{args.rounds} rounds of {args.turns} turns a side; medians")
-    print(f"{'ids':<14}{'ms per turn':>12}{'WAL pages per turn':>20}   pages by B-tree (last round)")
-    for name in SCHEMES:
-        f = figures[name]
-        trees = ", ".join(f"{tree} {n}" for tree, n in f["pages_by_tree"].items())
-        print(f"{name:<14}{f['ms_per_turn']:>12.3f}{f['wal_pages_per_turn']:>20.2f}   {trees}")
+    columns = (Column("ids", 13, align="<"), Column("ms per turn", 11, ".3f"), Column("WAL pages per turn", 19, ".2f"),
+               Column("  pages by B-tree (last round)", 0, align="<"))
+    print(table(columns, [(name, figures[name]["ms_per_turn"], figures[name]["wal_pages_per_turn"],
+                           "  " + ", ".join(f"{tree} {n}" for tree, n in figures[name]["pages_by_tree"].items()))
+                          for name in SCHEMES]))
     print(f"time-ordered / random: {figures['ratio_ms']}x the time, {figures['ratio_pages']}x the pages")
     if args.json:
-        print(json.dumps(figures))
+        print_json(figures)
     return 0
 
 

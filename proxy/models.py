@@ -137,6 +137,8 @@ class Relationship:
     valid_from: datetime
     invalid_at: datetime | None = None
     provenance: tuple[str, ...] = ()
+    to_type: str = ""  # the type of the entity it points to ("pet", "organization")
+    to_description: str = ""  # the start of that entity's description ("cat; My cat Biscuit ...")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import asyncpg
@@ -113,6 +114,18 @@ class PostgresServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+@contextmanager
+def started(bindir: Path) -> Iterator[PostgresServer]:
+    """A server of its own, initialised and started, removed (with its files) at the end."""
+    server = PostgresServer(bindir)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
 def _required() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("MEMPROXY_REQUIRE_POSTGRES"))
 
@@ -126,13 +139,8 @@ def pg_server() -> Iterator[PostgresServer]:
         if _required():
             pytest.fail(message + "; CI must install them (.ci/run does)")
         pytest.skip(message)
-    server = PostgresServer(bindir)
-    try:
-        server.init()
-        server.start()
+    with started(bindir) as server:
         yield server
-    finally:
-        server.remove()
 
 
 async def create_schema(server: PostgresServer, schema: str) -> None:

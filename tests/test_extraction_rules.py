@@ -25,7 +25,9 @@ from proxy.memory.extraction import (
     canonical_name,
     extract,
 )
+from proxy.memory.extraction.roles import NOTE_END, ROLES, named_kind
 from proxy.memory.extraction.rules import describe, sentences
+from proxy.stores.export_records import OBJECT_DESCRIPTION_HEAD_CHARS
 
 CORPUS = Path(__file__).parent / "data" / "extraction_corpus.jsonl"
 
@@ -237,6 +239,36 @@ def test_pets_carry_their_species(text: str, name: str, species: str) -> None:
     result = extract(text)
     assert _relations(text) == [(USER_NODE, "HAS_PET", name)]
     assert result.entities == [ExtractedEntity(name, "pet", f"{species}; {text}", 0.8)]
+
+
+def test_plural_pets_called_by_name_are_each_a_pet() -> None:
+    text = "My cats are called Biscuit and Mochi."
+    assert _relations(text) == [(USER_NODE, "HAS_PET", "Biscuit"), (USER_NODE, "HAS_PET", "Mochi")]
+    assert [(e.name, e.type, e.description) for e in extract(text).entities] == [
+        ("Biscuit", "pet", f"cat; {text}"), ("Mochi", "pet", f"cat; {text}")]
+    assert _relations("Our dogs are named Rex and Fido.") == [(USER_NODE, "HAS_PET", "Rex"),
+                                                              (USER_NODE, "HAS_PET", "Fido")]
+    assert _relations("My kids are Americans.") == []  # what they are, not who
+
+
+@pytest.mark.parametrize(
+    ("type_", "description", "relationship", "kind"),
+    [
+        ("pet", "cat; My cat Biscuit is sick.", "HAS_PET", "cat"),
+        ("pet", "german shepherd; Our german shepherd Rex ...", "HAS_PET", "german shepherd"),
+        ("cat", "The user's cat", "HAS_PET", "cat"),  # a model typed it by its kind
+        ("pet", "pet; My pet Rex is old.", "HAS_PET", ""),  # HAS_PET says "pet"
+        ("manager", "My manager is Dana.", "HAS_MANAGER", ""),
+        ("person", "My wife Ana loves tea.", "HAS_SPOUSE", ""),
+        ("organization", "Acme; the firm I work at", "WORKS_AT", ""),  # a description's own ";"
+    ],
+)
+def test_the_kind_a_graph_line_names(type_: str, description: str, relationship: str, kind: str) -> None:
+    assert named_kind(type_, description, relationship) == kind
+
+
+def test_a_relationship_is_read_with_room_for_any_kind_noted_in_front_of_its_object() -> None:
+    assert max(map(len, ROLES)) + len(NOTE_END) <= OBJECT_DESCRIPTION_HEAD_CHARS
 
 
 def test_plural_roles_name_each_person() -> None:

@@ -273,3 +273,47 @@ def test_full_batches_are_claimed_back_to_back_and_a_part_batch_waits_for_more(t
             await store.close()
 
     assert asyncio.run(body()) == [4, 4, 2]
+
+
+def test_an_idle_worker_looks_at_the_queue_less_and_less_often(tmp_path: Path) -> None:
+    """Nothing due: each empty claim doubles the wait (idle_poll_s up to idle_max_s), so a worker
+    beside another process's long backlog does not read the queue 20 times a second."""
+
+    async def body() -> list[int]:
+        store, metrics = ClaimCountingStore(str(tmp_path / "memory.db")), Metrics()
+        await store.open()
+        writer = Writer(store, metrics, 100)
+        limits = WorkerLimits(idle_poll_s=0.05, idle_max_s=1.0, depth_every_s=60.0)
+        worker = ExtractionWorker(store, writer, metrics, from_roles=["user"], isolate_agents=False, limits=limits)
+        writer.start()
+        worker.start()
+        try:
+            await asyncio.sleep(2.0)  # at a steady 0.05 s that is 40 claims; doubling, 6
+            return store.claims
+        finally:
+            await worker.stop()
+            await writer.close()
+            await store.close()
+
+    claims = asyncio.run(body())
+    assert set(claims) == {0}
+    assert 2 <= len(claims) <= 7, claims
+
+
+def test_a_graph_line_names_the_kind_the_user_gave_its_object(make_proxy, fake):
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    say(proxy, fake, "My cats are called Biscuit and Mochi.", "c1")
+    say(proxy, fake, "My pet Rex is old.", "c2")
+    say(proxy, fake, "My wife Ana loves tea.", "c3")
+    extracted(proxy)
+    # The two cats share the question's "cat": they come before Rex, each as said ("pet" is what
+    # HAS_PET says already). Said in one sentence, the two tie: their order is the edges' ids'.
+    cats = graph_lines(say(proxy, fake, "What are my cats called?", "c4"))
+    assert sorted(cats[:2]) == ["(User)-[HAS_PET]->(Biscuit, cat)", "(User)-[HAS_PET]->(Mochi, cat)"]
+    assert cats[2:] == ["(User)-[HAS_PET]->(Rex)"]
+    # A person's role is the relationship's own word: nothing to add.
+    assert graph_lines(say(proxy, fake, "Who is my wife?", "c5")) == ["(User)-[HAS_SPOUSE]->(Ana)"]
+    # The inspector shows the line as the block had it.
+    with proxy.http() as http:
+        logged = http.get("/memory/v1/users/dana/injections").json()["data"][1]["log"]["hits"]
+    assert sorted(hit["text"] for hit in logged if hit["source"] == "graph") == sorted(cats)

@@ -9,8 +9,10 @@ unrelated lines are fewer than half of the block.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
+from proxy.memory.retrieval.block import DEFAULT_HEADER, GRAPH_NOTE
 from proxy.terms import query_terms, terms
 from tests.api_helpers import api_url
 from tests.extraction_helpers import extracted, hits
@@ -78,3 +80,27 @@ def test_a_fact_is_found_by_the_very_next_request(make_proxy: Any, fake: Any) ->
     lines = ask(proxy, fake, "Who is my manager?", "c2")
     assert "[graph] (User)-[HAS_MANAGER]->(Dana)" in lines
     assert_precise(lines, "Who is my manager?", "Dana")
+
+
+def test_a_question_asked_again_is_no_memory_and_its_answer_is(make_proxy: Any, fake: Any) -> None:
+    """Taught in one chat, asked (typed in haste) and answered in a second, asked again in a third:
+    the earlier question takes no line, its answer does, and the question is not carried with it."""
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    fake.queue(JsonReply(completion("What a lovely name!")))
+    ask(proxy, fake, "My cat is called Biscuit.", "taught")
+    extracted(proxy)
+    fake.queue(JsonReply(completion("Biscuit, the tabby.")))
+    ask(proxy, fake, "what's my cat called", "asked")
+    extracted(proxy)
+    ask(proxy, fake, "What is my cat called?", "asked-again")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    assert json.loads(fake.chat_requests()[-1].body)["messages"][-1]["content"] == "\n".join([
+        DEFAULT_HEADER,
+        "1. [long-term] Biscuit — cat; My cat is called Biscuit.",
+        "2. [graph] (User)-[HAS_PET]->(Biscuit, cat)",
+        f"3. [cross-session] assistant ({day}): Biscuit, the tabby.",
+        f"4. [cross-session] user ({day}): My cat is called Biscuit. | assistant: What a lovely name!",
+        GRAPH_NOTE,
+        "",
+        "What is my cat called?",
+    ])

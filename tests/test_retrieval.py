@@ -348,15 +348,38 @@ def test_a_non_answer_and_a_bare_question_only_fill_what_a_fact_leaves(tmp_path:
             await w.say("what's my daughter's name?", conv="asked", at=day(-2))
             await w.say("I'm sorry, I don't know your daughter's name. You haven't told me.", conv="asked",
                         role="assistant", at=day(-2) + timedelta(seconds=1))
+            await w.say("is my daughter's name on the school list?", conv="school", at=day(-3))
             await w.say("By the way, my daughter is Lena and she is seven.", conv="told", at=day(-1))
             result = await w.recall("what is my daughter's name?", conv="now", limit=1)
             assert lines(result.block) == [
                 "1. [cross-session] user (2026-11-01): By the way, my daughter is Lena and she is seven."]
-            # With room to spare the question fills a slot after the fact, carrying no non-answer.
+            # With room to spare a question fills a slot after the fact. The question asked again
+            # ("what's my daughter's name?") is no memory at all, and its non-answer is none either.
             both = await w.recall("what is my daughter's name?", conv="now", limit=6)
             assert lines(both.block) == [
                 "1. [cross-session] user (2026-11-01): By the way, my daughter is Lena and she is seven.",
-                "2. [cross-session] user (2026-10-31): what's my daughter's name?"]
+                "2. [cross-session] user (2026-10-30): is my daughter's name on the school list?"]
+
+    run(body())
+
+
+def test_a_question_asked_again_gives_its_line_to_its_answer(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            # Typed without its "?": still a question, and every word of it is in the one asked now.
+            await w.say("what is my cat called", conv="c0", at=day(-2))
+            await w.say("Biscuit, the tabby.", conv="c0", role="assistant", at=day(-2) + timedelta(seconds=1))
+            await w.say("thanks! And she is ten now", conv="c0", at=day(-2) + timedelta(seconds=2))
+            await w.say("What is my cat called?", conv="c1", at=day(-1))  # asked again, never answered
+            result = await w.recall("Remind me: what's my cat called?", conv="now")
+            # The answer shares no word with the question: the question found it, and gives it its
+            # slot. The question is not carried (the request says it), the turn after it is.
+            assert lines(result.block) == [
+                "1. [cross-session] assistant (2026-10-31): Biscuit, the tabby. | user: thanks! And she is ten now"]
+            question, answer, after = (w.sql("SELECT id FROM messages WHERE conversation_id = 'c0' ORDER BY seq"))
+            hit = result.log["hits"][0]
+            assert (hit["id"], hit["reason"], hit["score"]["question"], hit["exchange"]) == (
+                answer[0], "answer to the question asked again", question[0], [after[0]])
 
     run(body())
 

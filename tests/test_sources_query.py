@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.memory.retrieval.keywords import question_terms
 from proxy.memory.retrieval.sources import SourceQuery, identifier_terms
 from proxy.memory.retrieval.sources.long_term import first_person
 from proxy.models import Scope
@@ -69,3 +70,15 @@ def test_shows_sees_through_redaction() -> None:
                                                           (1.0, 1.0, True)])
 def test_relevance_floor(floor: float, score: float, relevant: bool) -> None:
     assert SourceQuery(Scope("u"), "q", ("q",), "c", relevance_floor=floor).relevant(score) is relevant
+
+
+def test_a_bare_question_the_query_holds_every_word_of_is_the_question_asked_again() -> None:
+    asked = "Remind me: what are my cats called?"
+    q = SourceQuery(Scope("u"), asked, tuple(question_terms(asked)), "c1")
+    assert q.asks_again("What are my cats called?")
+    assert q.asks_again("what are my cats called")  # typed without its "?"
+    assert q.says("what are my cats called") and not q.shows("what are my cats called")
+    assert not q.asks_again("What are my cats' names and ages?")  # a word of its own
+    assert not q.asks_again("My cats are called Biscuit and Mochi")  # says, not asks
+    assert not q.asks_again("What are my cats called? Biscuit, I think.")  # its answer with it
+    assert not q.asks_again("what my cats are called is Biscuit and Mochi.")

@@ -16,6 +16,7 @@ from proxy.models import Entity, Scope
 from proxy.stores.base import (
     EntityFact, ExtractionFailed, FinishTurn, QueuedMessage, RecordFacts, RelationFact, StartTurn, Store,
 )
+from proxy.stores.export_records import OBJECT_DESCRIPTION_HEAD_CHARS
 from proxy.terms import query_terms
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
@@ -281,6 +282,20 @@ def test_multi_valued_edges_accumulate(backend: Backend) -> None:
                              user_node="User", day=day)
             assert sorted(await g.edges("User")) == [("User", "HAS_FRIEND", "Ana", None),
                                                      ("User", "HAS_FRIEND", "Bo", None)]
+
+    run(body())
+
+
+def test_an_edge_is_read_with_its_objects_type_and_the_start_of_its_description(backend: Backend) -> None:
+    async def body() -> None:
+        async with graph(backend) as g:
+            description = "cat; My cat Biscuit is sick, and the vet says she needs a special diet for a month."
+            await g.tell("My cat Biscuit is sick.", EntityFact("Biscuit", "pet", description),
+                         relations=(RelationFact("User", "HAS_PET", "Biscuit"),), user_node="User")
+            for edges in (await g.store.relationships(ALICE, (await g.entity("User")).id, limit=5),
+                          await g.store.relationships(ALICE, (await g.entity("Biscuit")).id, current_only=False)):
+                assert [(r.to_name, r.to_type, r.to_description) for r in edges] == [
+                    ("Biscuit", "pet", description[:OBJECT_DESCRIPTION_HEAD_CHARS])]
 
     run(body())
 

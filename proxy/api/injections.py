@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from proxy.memory.retrieval.block import DATE_END, entity_line, message_line, reasoning_line, triple_line
+from proxy.memory.retrieval.block import DATE_END, entity_line, message_line, reasoning_line
 from proxy.memory.retrieval.exchange import SEPARATOR
+from proxy.memory.retrieval.sources.graph import edge_line
 from proxy.models import ReasoningStep, Relationship, Scope
 from proxy.stores.base import Store
 
@@ -128,7 +129,7 @@ async def _hit(lookup: Lookup, hit: dict[str, Any], turn_at: datetime) -> dict[s
     elif source == "graph":
         edge = lookup.edges.get(item_id)
         if edge is not None:
-            text = triple_line(edge.from_name, edge.type, edge.to_name or "")
+            text = edge_line(edge)
             changed = edge.invalid_at is not None and edge.invalid_at >= turn_at
     elif source == "reasoning":
         trace = lookup.traces.get(item_id)

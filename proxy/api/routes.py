@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Match, Route, Router
-from starlette.types import Message, Receive, Send
+from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from proxy.api import records
@@ -42,7 +42,7 @@ from proxy.memory.redaction.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.http.relay import send_error
+from proxy.http.relay import StatusKept, send_error
 from proxy.settings import Settings
 from proxy.stores.base import PageKey, Store, StoreError, StoreMemory
 
@@ -306,26 +306,18 @@ class ApiApp:
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        status: list[int] = []
-
-        async def tracked(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-            await send(message)
-
+        sent = StatusKept(send)
         try:
             if self._template(scope) != "/openapi.json":
                 self.guard.check(scope)
-            await self.router(scope, receive, tracked)
+            await self.router(scope, receive, sent)
         except Exception as exc:  # the API's outermost boundary: every failure gets an error body
-            if status:
+            if sent.status:
                 raise  # the answer has started (a long export): nothing better than cutting it
-            error = _as_error(exc)
-            status.append(error.status)
-            await send_error(send, error)
+            await send_error(sent, _as_error(exc))
         finally:
             seconds = time.perf_counter() - started
-            outcome = f"status_{status[0] if status else 0}"
+            outcome = sent.outcome
             self.metrics.request_done("memory_api", outcome, seconds)
             log.info("memory api request", extra={"route": self._template(scope), "method": scope.get("method"),
                                                   "outcome": outcome, "ms": round(seconds * 1000, 2)})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any, Awaitable, Callable
 
 from proxy.http.body_deadline import BodyDeadline
@@ -19,6 +19,24 @@ Send = Callable[[Message], Awaitable[None]]
 class ResponseAborted(Exception):
     """The provider's body broke after its headers went out: the client's response is cut off
     (the connection closes: a sent status cannot change), an expected event rather than a failure of memproxy's."""
+
+
+class StatusKept:
+    """`send`, keeping the response's status (0 until it starts) for the request's metric and log line."""
+
+    def __init__(self, send: Callable[[Any], Awaitable[None]]) -> None:
+        self._send = send
+        self.status = 0
+
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+    @property
+    def outcome(self) -> str:
+        """The metric's outcome label: `status_200`, or `status_0` for a response never started."""
+        return f"status_{self.status}"
 
 
 class Sent:

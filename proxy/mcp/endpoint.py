@@ -21,13 +21,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from starlette.types import Message, Send
+from starlette.types import Send
 from starlette.types import Scope as AsgiScope
 
 from proxy.errors import ClientGone, ProxyError
 from proxy.memory.pipeline import MemoryService
 from proxy.metrics import Metrics
-from proxy.http.relay import Receive, read_body
+from proxy.http.relay import Receive, StatusKept, read_body
 from proxy.identity.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 
@@ -130,18 +130,12 @@ class McpEndpoint:
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        status: list[int] = []
-
-        async def tracked(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-            await send(message)
-
+        sent = StatusKept(send)
         try:
-            await self._serve(scope, receive, tracked)
+            await self._serve(scope, receive, sent)
         finally:
             seconds = time.perf_counter() - started
-            outcome = f"status_{status[0] if status else 0}"
+            outcome = sent.outcome
             self._metrics.request_done("mcp", outcome, seconds)
             log.info("mcp request", extra={"method": scope.get("method"), "outcome": outcome,
                                            "ms": round(seconds * 1000, 2)})

@@ -13,8 +13,12 @@ from typing import Any
 
 from proxy.models import Entity
 
+# Of the object's description an edge is read with its start only: what a graph line may show
+# of it is the kind noted in front of it ("cat; My cat Biscuit ..."), a role noun.
+OBJECT_DESCRIPTION_HEAD_CHARS = 40
 RELATIONSHIP_SELECT = (
-    "SELECT r.*, f.name AS from_name, t.name AS to_name FROM relationships r"
+    "SELECT r.*, f.name AS from_name, t.name AS to_name, t.type AS to_type,"
+    f" substr(t.description, 1, {OBJECT_DESCRIPTION_HEAD_CHARS}) AS to_description FROM relationships r"
     " JOIN entities f ON f.user_id = r.user_id AND f.id = r.from_id"
     " LEFT JOIN entities t ON t.user_id = r.user_id AND t.id = r.to_id"
 )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from proxy.extracted import USER_NODE, USER_TYPE, canonical_name
-from proxy.stores.graph_merge import DESCRIPTION_SEPARATOR, PROVENANCE_KEEP, Row
+from proxy.stores.graph_merge import DESCRIPTION_SEPARATOR, PROVENANCE_KEEP, Row, SetEdgeProvenance
 from proxy.stores.indexed_text import entity_terms
 
 NOTE_SEPARATOR = "; "  # rules extraction's `note; sentence` (memory/extraction/rules.py)
@@ -40,14 +40,6 @@ class Drop:
     """Delete the entity or edge at `seq`."""
 
     seq: int
-
-
-@dataclass(frozen=True)
-class KeepEdge:
-    """An edge also said elsewhere: its provenance without the deleted ids."""
-
-    seq: int
-    provenance: str  # JSON list of message ids
 
 
 @dataclass(frozen=True)
@@ -63,7 +55,8 @@ class KeepEntity:
     terms: tuple[str, str, str]  # name, type, description index terms
 
 
-Change = Union[Drop, KeepEdge, KeepEntity]
+# An edge also said elsewhere keeps its provenance without the deleted ids: the merge's own step.
+Change = Union[Drop, SetEdgeProvenance, KeepEntity]
 
 
 def remaining(provenance: str, deleted: set[str]) -> list[str]:
@@ -71,10 +64,10 @@ def remaining(provenance: str, deleted: set[str]) -> list[str]:
     return [message for message in json.loads(provenance) if message not in deleted]
 
 
-def edge_change(row: Row, deleted: set[str]) -> Drop | KeepEdge:
+def edge_change(row: Row, deleted: set[str]) -> Drop | SetEdgeProvenance:
     """What becomes of an edge whose provenance names a deleted message."""
     kept = remaining(row["provenance"], deleted)
-    return KeepEdge(row["seq"], json.dumps(kept)) if kept else Drop(row["seq"])
+    return SetEdgeProvenance(row["seq"], json.dumps(kept)) if kept else Drop(row["seq"])
 
 
 def entity_change(row: Row, deleted: set[str], texts: Iterable[str], named_by: Sequence[str] = (),

@@ -177,6 +177,9 @@ _ROLE_IS = re.compile(
     rf"{_MY}{_MODS}{_GONE}(?P<role>{SINGULAR})(?:'s\s+name\s+is|\s+is\s+(?:called|named)|\s+is)\s+"
     rf"(?P<obj>{NAME})"
 )
+# "My cats are called Biscuit and Mochi"; without "called" or "named" a plural says what they
+# are like ("my kids are Americans"), not who they are.
+_ROLES_ARE = re.compile(rf"{_MY}{_MODS}{_GONE}(?P<role>{PLURAL})\s+are\s+(?:called|named)\s+(?P<obj>{_NAME_LIST})")
 _ROLE_APPOSITION = re.compile(rf"{_MY}{_MODS}{_GONE}(?P<role>{PLURAL}|{SINGULAR}),?\s+(?P<obj>{_NAME_LIST})")
 _ROLE_TAIL = rf"(?:[Mm]y|[Oo]ur)\s+{_MODS}{_GONE}(?P<role>{PLURAL}|{SINGULAR})(?![\w'-])"
 _IS_ROLE = re.compile(rf"(?P<obj>{_NAME_LIST})\s+(?:is|are)\s+{_ROLE_TAIL}")
@@ -372,7 +375,7 @@ def _subject_role(match: re.Match[str]) -> str:
 
 
 def _role_facts(text: str) -> Iterator[Fact]:
-    for pattern in (_ROLE_IS, _ROLE_APPOSITION, _IS_ROLE, _COMMA_ROLE, _PET_NAMED):
+    for pattern in (_ROLE_IS, _ROLES_ARE, _ROLE_APPOSITION, _IS_ROLE, _COMMA_ROLE, _PET_NAMED):
         for match in pattern.finditer(text):
             if match.group("gone") or _GONE_WORDS & set(match.group("mods").split()):
                 continue

@@ -12,6 +12,8 @@ PET_SPECIES = [
     "german shepherd",
 ]
 
+NOTE_END = "; "  # after the role noun rules extraction notes in front of a pet's description: "cat; ..."
+
 # role noun -> (relationship, type of the named entity)
 ROLES: dict[str, tuple[str, str]] = {
     **dict.fromkeys(["manager", "boss", "supervisor", "line manager", "team lead"], ("HAS_MANAGER", "person")),
@@ -74,6 +76,22 @@ SINGULAR = rf"pet\s+(?:{_SPECIES})|{_alternation(list(ROLES))}"
 PLURAL = rf"pets|{_alternation(list(PLURALS))}"
 SPECIES = _SPECIES
 SPECIES_PLURAL = _alternation([plural for plural, role in PLURALS.items() if role in PET_SPECIES])
+
+
+def named_kind(entity_type: str, description: str, relationship: str) -> str:
+    """The kind the user named an entity by ("my cat Biscuit": cat) when the relationship does not
+    already say it (HAS_PET says "pet", HAS_MANAGER "manager"); "" when there is none.
+
+    It is the entity's type when that is a role noun (a model may type Biscuit `cat`), or else
+    the note rules extraction writes in front of a pet's description ("cat; My cat Biscuit ...").
+    """
+    said = relationship.casefold().split("_")
+    note, found, _ = description.partition(NOTE_END)
+    for named in (entity_type, note if found else ""):
+        kind = " ".join(named.casefold().split())
+        if kind in ROLES and kind not in said:
+            return kind
+    return ""
 
 
 def role_of(noun: str) -> tuple[str, str, str]:

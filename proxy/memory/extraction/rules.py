@@ -22,6 +22,7 @@ from proxy.extracted import (
 from proxy.memory.extraction.names import find_names
 from proxy.memory.extraction.preferences import preference_facts
 from proxy.memory.extraction.relations import Fact, facts, user_alias, user_name
+from proxy.memory.extraction.roles import NOTE_END
 
 __all__ = ["SINGLE_VALUED", "USER_NODE", "canonical_name", "extract"]
 
@@ -145,7 +146,7 @@ class _Found:
                 self._entity(subject, "person", description, _FACT)
             else:
                 self.speaker_fact = self.speaker_fact or description
-            note = f"{fact.note}; {description}" if fact.note else description
+            note = f"{fact.note}{NOTE_END}{description}" if fact.note else description
             self._entity(fact.object, fact.object_type, note, _FACT)
             key = (canonical_name(subject), fact.type, canonical_name(fact.object))
             self.relationships.setdefault(key, ExtractedRelation(subject, fact.type, fact.object))

@@ -47,6 +47,10 @@ class WorkerLimits:
     # 16 every 0.05 s kept most of the p50 gain of batching at a fraction of that.
     batch: int = 16
     idle_poll_s: float = 0.05  # after a part batch, the wait before the next claim
+    # Each claim that finds nothing doubles the wait, up to this: an idle worker beside another
+    # process's long backlog (one user's items, leased there) would otherwise read the queue 20
+    # times a second. Its own commits still wake it at once (pending facts).
+    idle_max_s: float = 1.0
     max_attempts: int = 5  # then the item is parked with its last error
     retry_first_s: float = 2.0
     retry_factor: float = 4.0
@@ -107,7 +111,7 @@ class ExtractionWorker:
             number = self.pending.begin() if self.pending is not None else 0
             try:
                 done = await self.drain_once()
-                pause = self.limits.idle_poll_s
+                pause = self.limits.idle_poll_s if done else min(pause * 2, self.limits.idle_max_s)
             except StoreError as exc:
                 log.warning("extraction: cannot read the queue (%s); retrying in %.1fs", exc, pause)
                 done, pause = 0, min(pause * 2, self.limits.error_pause_max_s)

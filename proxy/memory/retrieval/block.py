@@ -312,9 +312,11 @@ _short_message_line = lru_cache(maxsize=LINES_CACHED)(_message_line)
 _long_message_line = lru_cache(maxsize=LONG_LINES_CACHED)(_message_line)
 
 
-def triple_line(from_name: str, type: str, to_name: str) -> str:
-    """`(From)-[TYPE]->(To)`, the notation the graph note explains."""
-    return f"({neutralise(from_name)})-[{neutralise(type)}]->({neutralise(to_name)})"
+def triple_line(from_name: str, type: str, to_name: str, to_kind: str = "") -> str:
+    """`(From)-[TYPE]->(To)`, the notation the graph note explains; `(To, kind)` with the object's
+    kind, when the user named one the relationship does not say (`(User)-[HAS_PET]->(Biscuit, cat)`)."""
+    to = f"{to_name}, {to_kind}" if to_kind else to_name
+    return f"({neutralise(from_name)})-[{neutralise(type)}]->({neutralise(to)})"
 
 
 def reasoning_line(task: str, steps: Sequence[ReasoningStep], answer: str) -> str:

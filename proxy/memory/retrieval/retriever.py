@@ -160,7 +160,7 @@ class Retrieval:
             neighbours = await self._neighbours(q, unread, runs, neighbours)
             joined = exchange.join_adjacent(merged, neighbours, limit, self.settings.max_tokens)
         kept, cut = apply_budget(joined, self.settings.max_tokens, header, q.terms)
-        kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.shows)
+        kept = exchange.carry(kept, neighbours, self.settings.max_tokens, header, q.says)
         block = render(kept, header)
         entry = injection_log(kept if block else [], runs, budget_cut=cut)
         entry["retrieval_ms"] = round((time.perf_counter() - started) * 1000, 3)

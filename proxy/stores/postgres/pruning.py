@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import asyncpg
 
 from proxy.extracted import USER_NODE, canonical_name
+from proxy.stores.graph_merge import SetEdgeProvenance
 from proxy.stores.provenance import (
     Change,
     Drop,
-    KeepEdge,
     KeepEntity,
     edge_change,
     edges_provenance,
@@ -81,7 +81,7 @@ async def _apply(conn: asyncpg.Connection, table: str, change: Change) -> None:
     match change:
         case Drop(seq):
             await conn.execute(f"DELETE FROM {table} WHERE seq = $1", seq)
-        case KeepEdge(seq, provenance):
+        case SetEdgeProvenance(seq, provenance):
             await conn.execute("UPDATE relationships SET provenance = $1 WHERE seq = $2", provenance, seq)
         case KeepEntity(seq, name, canonical, description, aliases, provenance, terms):
             await conn.execute("UPDATE entities SET name = $1, canonical_name = $2, description = $3, aliases = $4,"

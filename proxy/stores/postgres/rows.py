@@ -73,7 +73,8 @@ def relationship_from_record(row: Record) -> Relationship:
     return Relationship(id=row["id"], from_id=row["from_id"], from_name=row["from_name"], type=row["type"],
                         to_id=row["to_id"], to_name=row["to_name"], valid_from=utc(row["valid_from"]),
                         invalid_at=None if invalid_at is None else utc(invalid_at),
-                        provenance=tuple(json.loads(row["provenance"])))
+                        provenance=tuple(json.loads(row["provenance"])), to_type=row["to_type"] or "",
+                        to_description=row["to_description"] or "")
 
 
 def trace_from_record(row: Record) -> ReasoningTrace:

@@ -7,10 +7,10 @@ import sqlite3
 from collections.abc import Sequence
 
 from proxy.extracted import USER_NODE, canonical_name
+from proxy.stores.graph_merge import SetEdgeProvenance
 from proxy.stores.provenance import (
     Change,
     Drop,
-    KeepEdge,
     KeepEntity,
     edge_change,
     edges_provenance,
@@ -83,7 +83,7 @@ def _apply(conn: sqlite3.Connection, table: str, change: Change) -> None:
     match change:
         case Drop(seq):
             conn.execute(f"DELETE FROM {table} WHERE seq = ?", (seq,))
-        case KeepEdge(seq, provenance):
+        case SetEdgeProvenance(seq, provenance):
             conn.execute("UPDATE relationships SET provenance = ? WHERE seq = ?", (provenance, seq))
         case KeepEntity(seq, name, canonical, description, aliases, provenance, terms):
             conn.execute("UPDATE entities SET name = ?, canonical_name = ?, description = ?, aliases = ?,"

@@ -85,7 +85,7 @@ def relationship_from_row(row: sqlite3.Row) -> Relationship:
     invalid_at = row["invalid_at"]
     return Relationship(row["id"], row["from_id"], row["from_name"], row["type"], row["to_id"], row["to_name"],
                         from_ts(row["valid_from"]), None if invalid_at is None else from_ts(invalid_at),
-                        json_tuple(row["provenance"]))
+                        json_tuple(row["provenance"]), row["to_type"] or "", row["to_description"] or "")
 
 
 def trace_from_row(row: sqlite3.Row) -> ReasoningTrace:

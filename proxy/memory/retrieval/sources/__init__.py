@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from proxy.memory.retrieval.fusion import HARD_CAP
 from proxy.memory.retrieval.keywords import rank_by_shared_words, retry_terms, variants
 from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.sources.no_memory import asked_again
 from proxy.memory.retrieval.trigger import TRIGGER_REASON, promote
 from proxy.models import Hit, Scope
 from proxy.terms import query_terms
@@ -138,6 +139,19 @@ class SourceQuery:
     def shows(self, text: str) -> bool:
         """True when the request already shows this stored text (or it is the query itself)."""
         return shown_key(text) in self._shown or (_REDACTED in text and _unmarked_key(text) in self._shown_redacted)
+
+    def asks_again(self, text: str) -> bool:
+        """True when this stored text is a bare question whose every word the query holds: the
+        question asked now, asked before (no_memory.py)."""
+        return asked_again(text, self._asked)
+
+    def says(self, text: str) -> bool:
+        """True when the request already says what this stored text says: it shows it, or asks it again."""
+        return self.shows(text) or self.asks_again(text)
+
+    @cached_property
+    def _asked(self) -> frozenset[str]:
+        return frozenset(self.terms)
 
     def relevant(self, score: float) -> bool:
         """A lexical score that counts: some query term matched, and it clears the floor."""

@@ -6,20 +6,26 @@ user's current message is not a memory of itself.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from proxy.memory.retrieval import time_cues
 from proxy.memory.retrieval.block import message_line
 from proxy.memory.retrieval.hybrid import with_vectors
+from proxy.memory.redaction.redact import redact
 from proxy.memory.retrieval.sources import FILLER, Found, SourceQuery, lexical, normalised, to_hits
 from proxy.memory.retrieval.sources.no_memory import carries_memory, non_answer
 from proxy.models import Hit, StoredMessage
-from proxy.stores.base import RecallReads
+from proxy.stores.base import RecallReads, StoreError
+
+log = logging.getLogger("memproxy.retrieval")
 
 SOURCE = "conversation"
+ANSWER_REASON = "answer to the question asked again"
 # The request may show many of the best matches; asking for that many more keeps enough
 # unseen ones in reach, up to this bound on one search.
 MAX_CANDIDATES = 500
+ERROR_CHARS = 200
 
 
 def candidate_limit(q: SourceQuery) -> int:
@@ -36,13 +42,40 @@ async def search(store: RecallReads, q: SourceQuery) -> list[Hit]:
         return await store.search_messages(q.scope, terms, conversation_ids=[q.conversation_id], limit=limit)
 
     def unseen(m: StoredMessage) -> bool:
-        return not q.shows(m.content) and says_something(m)
+        return says_something(m) and (not q.shows(m.content) or q.asks_again(m.content))
 
     found = await with_vectors(
         q, time_cues.ranked(q.text, lexical(q, search, key=message_id, text=message_text, keep=unseen,
                                             order=newest_first, retry=True, limit=candidate_limit(q))),
         "message", key=message_id, text=message_text, keep=unseen, conversation=q.conversation_id)
-    return to_hits(q, found, lambda f: message_hit(SOURCE, f))
+    return to_hits(q, await with_answers(store, q, found), lambda f: message_hit(SOURCE, f))
+
+
+async def with_answers(store: RecallReads, q: SourceQuery, found: list[Found[StoredMessage]]
+                       ) -> list[Found[StoredMessage]]:
+    """The candidates, each bare question the query asks again replaced by the message said just
+    after it, its answer, at the question's rank (no_memory.py); a question with no such answer goes.
+
+    The answer may share no word with the query ("Biscuit, the tabby"): the question found it.
+    """
+    asked = {f.item.id for f in found[:q.hits_built] if q.asks_again(f.item.content)}
+    if not asked:
+        return found
+    try:
+        read = await store.neighbours(q.scope, sorted(asked))
+    except StoreError as exc:  # the questions say nothing: the source's other hits still count
+        log.warning("retrieval: answers not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
+        read = {}
+    kept: list[Found[StoredMessage]] = []
+    for f in found:
+        if f.item.id in asked:
+            answer = read.get(f.item.id, (None, None))[1]
+            if answer is None or q.says(answer.content) or not says_something(answer):
+                continue
+            f = Found(answer, f.score, ANSWER_REASON, {**f.parts, "question": f.item.id})
+        if all(f.item.id != k.item.id for k in kept):
+            kept.append(f)
+    return kept
 
 
 def message_hit(source: str, found: Found[StoredMessage]) -> Hit:

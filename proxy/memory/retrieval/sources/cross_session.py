@@ -13,7 +13,7 @@ from proxy.memory.retrieval import time_cues
 from proxy.memory.retrieval.hybrid import with_vectors
 from proxy.memory.retrieval.sources import SourceQuery, lexical, to_hits
 from proxy.memory.retrieval.sources.conversation import (
-    candidate_limit, message_hit, message_id, message_text, says_something,
+    candidate_limit, message_hit, message_id, message_text, says_something, with_answers,
 )
 from proxy.models import Hit, StoredMessage
 from proxy.stores.base import RecallReads
@@ -45,11 +45,11 @@ async def search(store: RecallReads, q: SourceQuery, conversations: int | None) 
         return (recency.get(m.conversation_id, 0), -m.created_at.timestamp(), m.id)
 
     def unseen(m: StoredMessage) -> bool:
-        return not q.shows(m.content) and says_something(m)
+        return says_something(m) and (not q.shows(m.content) or q.asks_again(m.content))
 
     found = await with_vectors(
         q, time_cues.ranked(q.text, lexical(q, search, key=message_id, text=message_text, keep=unseen, order=order,
                                             limit=candidate_limit(q) + q.candidates)),
         "message", key=message_id, text=message_text, keep=unseen, exclude=q.conversation_id,
         within=frozenset(recency) if recency else None)
-    return to_hits(q, found, lambda f: message_hit(SOURCE, f))
+    return to_hits(q, await with_answers(store, q, found), lambda f: message_hit(SOURCE, f))

@@ -1,5 +1,8 @@
 """`graph`: the current relationships of the best entity hits, as `(From)-[TYPE]->(To)`.
 
+The object carries the kind the user named for it when the relationship does not say it:
+"my cat Biscuit" is `(User)-[HAS_PET]->(Biscuit, cat)`.
+
 As in the NAMS provider, the `graph_expansion_limit` best entity hits are
 expanded, at most 5 edges each so one hub node cannot crowd out the rest; an edge whose
 target has no stored name is dropped rather than shown as a bare id; an entity that fails
@@ -15,7 +18,7 @@ import logging
 import re
 
 from proxy.memory.retrieval.block import triple_line
-from proxy.memory.extraction.roles import PLURALS, ROLES
+from proxy.memory.extraction.roles import PLURALS, ROLES, named_kind
 from proxy.memory.redaction.redact import redact
 from proxy.memory.retrieval.sources import FILLER, SourceQuery
 from proxy.memory.retrieval.sources.long_term import EntityMatches
@@ -63,11 +66,20 @@ async def expand(store: RecallReads, q: SourceQuery, matches: EntityMatches, lim
     ranked = sorted(((edge, shared) for edge, _, shared in chosen.values()),
                     key=lambda row: (row[0].id in weak, *_rank(row)))
     return [
-        Hit(SOURCE, edge.id, triple_line(edge.from_name, edge.type, edge.to_name or ""), float(shared), REASON,
+        Hit(SOURCE, edge.id, edge_line(edge), float(shared), REASON,
             edge.valid_from, parts={"entity": chosen[edge.id][1].id, "shared_terms": shared, "rank": n,
                                     **({FILLER: True} if edge.id in weak else {})})
         for n, (edge, shared) in enumerate(ranked[:q.hits_wanted], start=1)
     ]
+
+
+def edge_line(edge: Relationship) -> str:
+    """The edge as `(From)-[TYPE]->(To)`, with the kind of its object the user named: `(Biscuit, cat)`."""
+    return triple_line(edge.from_name, edge.type, edge.to_name or "", _kind(edge))
+
+
+def _kind(edge: Relationship) -> str:
+    return named_kind(edge.to_type, edge.to_description, edge.type)
 
 
 def asked_relationships(text: str) -> frozenset[str]:
@@ -95,7 +107,7 @@ class SharedTerms:
 
     def of(self, edge: Relationship) -> int:
         found: set[str] = set()
-        for part in (edge.from_name, edge.type, edge.to_name or ""):
+        for part in (edge.from_name, edge.type, edge.to_name or "", _kind(edge)):
             if (part_terms := self._names.get(part)) is None:
                 part_terms = self._names[part] = self.wanted.intersection(terms(part))
             found |= part_terms

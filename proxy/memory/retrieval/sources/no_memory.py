@@ -3,12 +3,16 @@
 "I'm sorry, I don't know your daughter's name" shares every word with the next question
 about her and says nothing: it is never a memory. The question the user asked before says
 nothing either, but what answered it may: it is a weak match, filling only the slots no
-fact takes.
+fact takes. And when every word of it is in the question asked now, it is the same
+question again: not a memory at all, and its answer, found by the words it answered
+(each message is indexed with the two before it), takes the line.
 """
 
 from __future__ import annotations
 
 import re
+
+from proxy.memory.retrieval.keywords import question_terms
 
 # An assistant saying it does not know, or was not told.
 _NON_ANSWER = re.compile(
@@ -25,6 +29,9 @@ _NON_ANSWER = re.compile(
 NON_ANSWER_MAX_CHARS = 300
 BARE_QUESTION_MAX_CHARS = 200
 _SENTENCE_END = re.compile(r"[.!?]+(?:\s+|$)")
+# How a question starts when it is typed without its "?" ("what are my cats called").
+_ASKS = re.compile(r"(?:what|who|whom|whose|where|when|why|how|which|do|does|did|is|are|can|could)\b",
+                   re.IGNORECASE)
 
 
 def carries_memory(role: str, text: str) -> bool:
@@ -37,6 +44,13 @@ def carries_memory(role: str, text: str) -> bool:
     return True
 
 
+def asked_again(text: str, asked: frozenset[str]) -> bool:
+    """True for a bare question whose every term is one of `asked`, the terms of the question
+    asked now: it says nothing the request does not."""
+    text = text.strip()
+    return len(text) <= BARE_QUESTION_MAX_CHARS and _only_asks(text) and set(question_terms(text)) <= asked
+
+
 def non_answer(text: str) -> bool:
     """True for a short reply saying it does not know or was not told."""
     text = text.strip()
@@ -44,6 +58,9 @@ def non_answer(text: str) -> bool:
 
 
 def _only_asks(text: str) -> bool:
-    """Every sentence of the text is a question."""
-    ends = [match.group().strip() for match in _SENTENCE_END.finditer(text)]
-    return bool(ends) and text.endswith("?") and all("?" in end for end in ends)
+    """Every sentence of the text is a question; the last may lack its "?" when it starts as one."""
+    ends = list(_SENTENCE_END.finditer(text))
+    if not all("?" in end.group() for end in ends):
+        return False
+    last = text[ends[-1].end():] if ends else text
+    return _ASKS.match(last) is not None if last else bool(ends)

@@ -159,72 +159,55 @@ QUESTIONS = (
 )
 
 
+def _posts(target: Target, path: bytes, auth: dict[str, str], bodies: list[bytes],
+           extra: dict[str, str] | None) -> MakeRequest:
+    """A factory of POST request bytes to `path`: request n sends body n (mod their number), its `%d` made n."""
+    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json", **auth, **target.headers,
+               **(extra or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+
+    def make(n: int) -> bytes:
+        body = bodies[n % len(bodies)].replace(b"%d", str(n).encode())
+        return b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, head, len(body), body)
+
+    return make
+
+
 def chat_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
                  questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
     """A factory of chat-completion request bytes; request n asks question n (mod their number)."""
-    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
-               "authorization": "Bearer sk-bench", **target.headers, **(extra or {})}
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
     flag = b"true" if stream else b"false"
-    templates = [b'{"model":"bench-model","stream":%s,"messages":[{"role":"user","content":"%s"}]}' % (
+    bodies = [b'{"model":"bench-model","stream":%s,"messages":[{"role":"user","content":"%s"}]}' % (
         flag, q.encode()) for q in questions]
-
-    def make(n: int) -> bytes:
-        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
-        return b"POST /v1/chat/completions HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
-
-    return make
+    return _posts(target, b"/v1/chat/completions", {"authorization": "Bearer sk-bench"}, bodies, extra)
 
 
 def messages_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
                      questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
     """The same requests as chat_payload's on Anthropic's Messages wire."""
-    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
-               "x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", **target.headers, **(extra or {})}
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
     flag = b"true" if stream else b"false"
-    templates = [b'{"model":"bench-model","max_tokens":256,"stream":%s,"messages":[{"role":"user","content":"%s"}]}'
-                 % (flag, q.encode()) for q in questions]
-
-    def make(n: int) -> bytes:
-        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
-        return b"POST /v1/messages HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
-
-    return make
+    bodies = [b'{"model":"bench-model","max_tokens":256,"stream":%s,"messages":[{"role":"user","content":"%s"}]}'
+              % (flag, q.encode()) for q in questions]
+    return _posts(target, b"/v1/messages", {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01"},
+                  bodies, extra)
 
 
 def responses_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
                       questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
     """The same requests as chat_payload's on OpenAI's Responses wire, the question as one user item."""
-    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
-               "authorization": "Bearer sk-bench", **target.headers, **(extra or {})}
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
     flag = b"true" if stream else b"false"
-    templates = [b'{"model":"bench-model","stream":%s,"store":false,"input":[{"role":"user","content":"%s"}]}'
-                 % (flag, q.encode()) for q in questions]
-
-    def make(n: int) -> bytes:
-        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
-        return b"POST /v1/responses HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
-
-    return make
+    bodies = [b'{"model":"bench-model","stream":%s,"store":false,"input":[{"role":"user","content":"%s"}]}'
+              % (flag, q.encode()) for q in questions]
+    return _posts(target, b"/v1/responses", {"authorization": "Bearer sk-bench"}, bodies, extra)
 
 
 def gemini_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None,
                    questions: tuple[str, ...] = QUESTIONS) -> MakeRequest:
     """The same requests as chat_payload's on Gemini's generateContent wire (a stream: `alt=sse`)."""
-    headers = {"host": f"{target.host}:{target.port}", "content-type": "application/json",
-               "x-goog-api-key": "bench-gemini-key", **target.headers, **(extra or {})}
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
     path = (b"/v1beta/models/bench-model:streamGenerateContent?alt=sse" if stream
             else b"/v1beta/models/bench-model:generateContent")
-    templates = [b'{"contents":[{"role":"user","parts":[{"text":"%s"}]}]}' % q.encode() for q in questions]
-
-    def make(n: int) -> bytes:
-        body = templates[n % len(templates)].replace(b"%d", str(n).encode())
-        return b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, head, len(body), body)
-
-    return make
+    bodies = [b'{"contents":[{"role":"user","parts":[{"text":"%s"}]}]}' % q.encode() for q in questions]
+    return _posts(target, path, {"x-goog-api-key": "bench-gemini-key"}, bodies, extra)
 
 
 def wire_payload(target: Target, *, stream: bool, extra: dict[str, str] | None = None) -> MakeRequest:
@@ -232,6 +215,14 @@ def wire_payload(target: Target, *, stream: bool, extra: dict[str, str] | None =
     factory = {"messages": messages_payload, "responses": responses_payload,
                "gemini": gemini_payload}.get(target.wire, chat_payload)
     return factory(target, stream=stream, extra=extra)
+
+
+def numbered(make: MakeRequest, first: int) -> MakeRequest:
+    """`make`'s requests numbered from `first`: loads given ranges of their own never repeat a request
+    (memproxy takes a repeated history for a retry of the same turn)."""
+    def make_numbered(n: int) -> bytes:
+        return make(first + n)
+    return make_numbered
 
 
 def request_payload(target: Target, method: str, path: str, body: bytes = b"",

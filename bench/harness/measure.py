@@ -1,15 +1,16 @@
-"""What one benchmark step measures: latency, throughput, streaming, and the disconnect storm."""
+"""A load measured in slices: latency, throughput and stream figures, and the CPU each process spent."""
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import ClosedLoop, Run, Target, closed_loop, get_payload, one, wire_payload
-from mock_upstream import GEMINI_FRAMING_EVENTS, MESSAGES_FRAMING_EVENTS, RESPONSES_FRAMING_EVENTS
-from processes import Server
+from .figures import per_request_ms, percentile
+from .loadgen import ClosedLoop, Run, Target, closed_loop, get_payload, numbered, one, wire_payload
+from .mock_upstream import GEMINI_FRAMING_EVENTS, MESSAGES_FRAMING_EVENTS, RESPONSES_FRAMING_EVENTS
+from .proc import own_cpu_seconds
+from .targets import Server
 
 Figures = dict[str, float]
 
@@ -40,14 +41,6 @@ class StreamShape:
                               "gemini": GEMINI_FRAMING_EVENTS}.get(wire, 1)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of `values`, 0.0 when there are none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
 class Measured:
     """A closed-loop load on one subject, run in slices, with the CPU each process spends in them.
 
@@ -56,19 +49,15 @@ class Measured:
 
     def __init__(self, subject: Subject, concurrency: int, stream: StreamShape | None, first: int = 0) -> None:
         target = subject.target
-        numbered = wire_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
-
-        def make(n: int) -> bytes:
-            return numbered(first + n)
-
+        make = wire_payload(target, stream=stream is not None, extra=stream.headers() if stream else None)
         # Warm each connection with a plain request: a whole stream per connection would only cost time.
-        self.load = ClosedLoop(target, make, concurrency, warm=wire_payload(target, stream=False))
+        self.load = ClosedLoop(target, numbered(make, first), concurrency, warm=wire_payload(target, stream=False))
         self.subject = subject
         self.stream = stream
         self.cpu = [0.0, 0.0, 0.0]  # server, mock, this client
 
     def _clocks(self) -> tuple[float, float, float]:
-        return self.subject.server.cpu_seconds(), self.subject.mock.cpu_seconds(), time.process_time()
+        return self.subject.server.cpu_seconds(), self.subject.mock.cpu_seconds(), own_cpu_seconds()
 
     async def open(self) -> None:
         await self.load.open()
@@ -89,7 +78,7 @@ class Measured:
         common = {
             "rate": run.rate, "errors": float(run.errors), "requests": float(len(run.replies)),
             "server_cpu": self.cpu[0] / elapsed, "mock_cpu": self.cpu[1] / elapsed, "client_cpu": self.cpu[2] / elapsed,
-            "cpu_ms_per_request": 1000 * self.cpu[0] / max(1, len(run.replies)),
+            "cpu_ms_per_request": per_request_ms(self.cpu[0], len(run.replies)),
             "memory_ok": sum(r.memory_status == b"ok" for r in run.replies) / max(1, len(run.replies)),
         }
         if self.stream is None:

@@ -17,7 +17,7 @@ connection and stream counters, for leak checks. Any other path answers a small 
 object. It does so little per request that it is never the
 bottleneck of a run (bench/README.md).
 
-    python bench/mock_upstream.py --port 9000 [--events 50] [--delay-ms 2]
+    python bench/harness/mock_upstream.py --port 9000 [--events 50] [--delay-ms 2]
 """
 
 from __future__ import annotations

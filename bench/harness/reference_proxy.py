@@ -4,7 +4,7 @@ Forwards any /v1 path to --upstream, streaming the request and the response bodi
 ways. The httpx-aiohttp transport is the default: on this machine it forwards ~3.5x the
 requests per second of httpx's own transport at 32 connections (bench/README.md).
 
-    python bench/reference_proxy.py --port 8100 --upstream http://127.0.0.1:9000/v1 [--transport httpx]
+    python bench/harness/reference_proxy.py --port 8100 --upstream http://127.0.0.1:9000/v1 [--transport httpx]
 """
 
 from __future__ import annotations
