@@ -1,4 +1,4 @@
-"""Redaction throughput: MB/s of `proxy.memory.redaction.redact.redact` on ordinary and adversarial text.
+"""Redaction throughput: MB/s of `proxy.redaction.redact.redact` on ordinary and adversarial text.
 
 Each text is built to the given size (1 MB and 8 MB by default) and redacted a few times;
 the figure is the best run's MB/s (the least disturbed by other work on the machine).
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.figures import repeat_ms  # noqa: E402
 from harness.report import Column, header, json_option, print_json, row  # noqa: E402
-from proxy.memory.redaction.redact import redact  # noqa: E402
+from proxy.redaction.redact import redact  # noqa: E402
 
 MB = 1_000_000
 

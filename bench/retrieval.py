@@ -39,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.calls.embeddings import vector_parts  # noqa: E402
-from proxy.memory.retrieval.recall import Query  # noqa: E402
+from proxy.memory.retrieval.base import Query  # noqa: E402
 from proxy.memory.retrieval.retriever import Retrieval  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.models import ReasoningStep, Scope  # noqa: E402

@@ -22,7 +22,7 @@ from proxy.api.routes import ApiApp, MemoryApi
 from proxy.calls.embeddings import vector_parts
 from proxy.errors import NotFound
 from proxy.calls.http_hooks import HookPoster
-from proxy.memory.vectors.worker import EmbeddingWorker
+from proxy.memory.vectors.filler import EmbeddingWorker
 from proxy.memory.learning.worker import ExtractionWorker
 from proxy.memory.vectors.query import Vectors
 from proxy.memory.learning.pending_facts import PendingFacts

@@ -305,8 +305,8 @@ def _reindex(args: argparse.Namespace) -> int:
 
     from proxy.app import open_store
     from proxy.calls.embeddings import embeddings_caller
-    from proxy.memory.vectors.worker import FillCounts, Filler
-    from proxy.memory.vectors.embeddings import EmbeddingFailed
+    from proxy.memory.vectors.filler import FillCounts, Filler
+    from proxy.memory.vectors.embedder import EmbeddingFailed
     from proxy.identity.scope import valid_id
     from proxy.http.upstream import Upstream
 

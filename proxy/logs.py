@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from proxy.memory.redaction.redact import redact_mapping
+from proxy.redaction.redact import redact_mapping
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 # uvicorn passes its message again with terminal colour codes, for its own coloured formatter:

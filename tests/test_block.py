@@ -232,7 +232,7 @@ def test_invisible_characters_are_removed(text: str, safe: str) -> None:
 
 def test_every_format_character_is_removed() -> None:
     # Against the running Python's Unicode database: a newer one that adds format characters
-    # fails here until proxy/memory/redaction/confusables.py lists them.
+    # fails here until proxy/redaction/confusables.py lists them.
     format_chars = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
     assert len(format_chars) > 150
     assert [hex(ord(c)) for c in format_chars if neutralise(f"a{c}b") != "ab"] == []

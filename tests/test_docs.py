@@ -127,3 +127,27 @@ def test_the_citation_check_catches_the_usual_forms(line: str) -> None:
     # Spelt in pieces, so the scan of this file does not find them.
     assert _OUTSIDE.search(line.format(s="SP" + "EC", r="RELI" + "ABILITY", up="..", root="/work"))
     assert not _OUTSIDE.search("OPENAPI_SPEC = 1  # a spec of the API; reliability matters")
+
+
+def test_every_module_path_in_the_docs_exists() -> None:
+    """A module path a page names (`memory/retrieval/block.py`, `http/asgi.py`) is a file of the
+    repository: a package move that leaves a page behind fails here."""
+    files = [path.relative_to(ROOT).as_posix() for path in ROOT.rglob("*.py") if ".venv" not in path.parts]
+    named = {(page.name, path) for page in PAGES if page.name != "changelog.md"
+             for path in re.findall(r"`((?:\w+/)*(?:[a-z]\w*|__\w+__)\.py)`", page.read_text())
+             if path != "proxy.py"}  # PyPI's package of that name, which the README warns of
+    assert named, "the scan found no module path at all"
+    missing = sorted(f"{page}: {path}" for page, path in named
+                     if not any(file == path or file.endswith("/" + path) for file in files))
+    assert not missing, "\n".join(missing)
+
+
+def test_the_generator_of_the_lookalike_table_writes_the_table_proxy_reads() -> None:
+    """tools/lookalikes.py (run by hand, with a package the tests lack) writes where proxy reads it."""
+    source = (ROOT / "tools" / "lookalikes.py").read_text()
+    found = re.search(r'^OUT = Path\(__file__\)\.resolve\(\)\.parent\.parent((?: / "[^"]+")+)$', source, re.M)
+    assert found, "tools/lookalikes.py names its output differently: update this test"
+    out = ROOT.joinpath(*re.findall(r'"([^"]+)"', found.group(1)))
+    import proxy.redaction.lookalikes as table
+
+    assert out.resolve() == Path(table.__file__).resolve()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.memory.vectors.worker import EmbeddingWorker, FillCounts, Filler
-from proxy.memory.vectors.embeddings import EmbeddingFailed
+from proxy.memory.vectors.filler import EmbeddingWorker, FillCounts, Filler
+from proxy.memory.vectors.embedder import EmbeddingFailed
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.stores.base import FinishTurn, StartTurn

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from proxy.memory.extraction import extract
-from proxy.memory.extraction.facts import skipped, to_record
+from proxy.memory.learning.facts import skipped, to_record
 from proxy.extracted import ExtractedEntity, ExtractedRelation, Extraction
 from proxy.models import Scope, StoredMessage
 from proxy.stores.base import EntityFact, QueuedMessage, RecordFacts, RelationFact

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.memory.retrieval.recall import Query, Retrieved
+from proxy.memory.retrieval.base import Query, Retrieved
 from proxy.http.responses import PING
 from proxy.models import Scope
 from tests.conftest import free_port

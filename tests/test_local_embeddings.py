@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from proxy.memory.vectors.worker import EmbeddingWorker, Filler
+from proxy.memory.vectors.filler import EmbeddingWorker, Filler
 from proxy.memory.vectors.local_model import MODEL_NAME, LocalModel
 from proxy.metrics import Metrics
 from proxy.models import Scope

@@ -260,7 +260,8 @@ def test_other_400_with_a_block_is_passed_back(mem, fake):
 
 
 def test_store_unavailable_degrades_then_opens_circuit(make_proxy, fake, tmp_path):
-    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db")
+    # The writes that cannot land hold the shutdown for its grace period: 1 s, not the default 10.
+    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", server__grace_period_s=1)
     statuses = []
     for _ in range(7):
         raw = proxy.client(**{"X-Memory-User": "alice"}).chat.completions.with_raw_response.create(

@@ -21,7 +21,7 @@ from proxy.memory.learning.worker import ExtractionWorker, WorkerLimits
 from proxy.memory.learning.extractors import RulesExtractor
 from proxy.memory.learning.inline_facts import InlineFacts, queue_from
 from proxy.memory.learning.pending_facts import PendingFacts
-from proxy.memory.retrieval.recall import Query
+from proxy.memory.retrieval.base import Query
 from proxy.memory.retrieval.retriever import Retrieval
 from proxy.memory.writer import COMMIT_DELAY_S, Writer
 from proxy.metrics import Metrics

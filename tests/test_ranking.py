@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.memory.retrieval.fusion import round_robin
-from proxy.memory.retrieval.recall import Query
+from proxy.memory.retrieval.base import Query
 from proxy.memory.retrieval.retriever import Retrieval
 from proxy.memory.retrieval.sources import FILLER
 from proxy.metrics import Metrics

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from proxy.memory.redaction.redact import WINDOW_CHARS, redact, redact_mapping, restored
+from proxy.redaction.redact import WINDOW_CHARS, redact, redact_mapping, restored
 
 PEM = (
     "-----BEGIN RSA PRIVATE KEY-----\n"

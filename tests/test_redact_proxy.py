@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from proxy.logs import JsonFormatter
-from proxy.memory.redaction.confusables import INVISIBLE
+from proxy.redaction.confusables import INVISIBLE
 from tests.api_helpers import api_url, lines
 from tests.proxy_db import eventually, rows
 from tests.test_crash import start_server

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from proxy.memory.retrieval.block import DEFAULT_HEADER, GRAPH_NOTE
-from proxy.memory.retrieval.recall import Query, Retrieved
+from proxy.memory.retrieval.base import Query, Retrieved
 from proxy.memory.retrieval.retriever import Retrieval, cut_query
 from proxy.metrics import Metrics
 from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, Scope, StoredMessage
@@ -25,7 +25,7 @@ from proxy.stores.base import FinishTurn, StartTurn, StoreError
 from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.indexed_text import entity_terms
 from proxy.terms import terms as index_terms
-from proxy.identity.turns import TurnIdentity, identify
+from proxy.memory.turns import TurnIdentity, identify
 from proxy.wires.openai_chat import OpenAIChat
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.http.relay import Sent
+from proxy.http.asgi import Sent
 from tests.fake_upstream import (
     JsonReply,
     Reply,

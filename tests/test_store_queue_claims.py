@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from proxy.memory.extraction.facts import no_facts
+from proxy.memory.learning.facts import no_facts
 from proxy.models import Scope
 from proxy.stores.base import ExtractionFailed, QueuedMessage, StartTurn, Store
 from proxy.stores.postgres.store import PostgresStore

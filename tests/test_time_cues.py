@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from proxy.memory.retrieval.time_cues import asks_when, dated, periods, within
+from proxy.memory.retrieval.sources.time_cues import asks_when, dated, periods, within
 
 
 def test_questions_that_ask_for_a_time() -> None:

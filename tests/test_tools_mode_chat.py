@@ -471,7 +471,9 @@ def test_a_client_that_leaves_cancels_the_round_in_flight(tproxy, fake):
 
 
 def test_memory_that_cannot_be_read_sends_the_request_on_without_tools(make_proxy, fake, tmp_path):
-    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", extraction__from_roles=[])
+    # The writes that cannot land hold the shutdown for its grace period: 1 s, not the default 10.
+    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", extraction__from_roles=[],
+                       server__grace_period_s=1)
     fake.queue(model_round("Hi."))
     raw = ask(proxy)
     assert raw.parse().choices[0].message.content == "Hi."

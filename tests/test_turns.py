@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.models import Scope
-from proxy.identity.turns import history_hash
+from proxy.memory.turns import history_hash
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.base import Wire, WireRequest
 from proxy.wires.openai_chat import OpenAIChat

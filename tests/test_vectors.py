@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.memory.retrieval.hybrid import VECTOR_REASON, Calibration, fuse
+from proxy.memory.retrieval.sources.hybrid import VECTOR_REASON, Calibration, fuse
 from proxy.memory.retrieval.sources import Found
 from proxy.memory.vectors.index import Matrix, RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.models import Scope

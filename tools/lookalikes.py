@@ -1,4 +1,4 @@
-"""Writes proxy/memory/redaction/lookalikes.py from Unicode's confusables.txt, as confusable_homoglyphs carries it.
+"""Writes proxy/redaction/lookalikes.py from Unicode's confusables.txt, as confusable_homoglyphs carries it.
 
     pip install confusable_homoglyphs && python tools/lookalikes.py
 """
@@ -12,12 +12,12 @@ from pathlib import Path
 import confusable_homoglyphs  # type: ignore[import-not-found]
 
 KEPT = set("-[]():.>")
-OUT = Path(__file__).resolve().parent.parent / "proxy" / "memory" / "lookalikes.py"
+OUT = Path(__file__).resolve().parent.parent / "proxy" / "redaction" / "lookalikes.py"
 HEADER = '''"""Single characters Unicode's confusables.txt says read as ASCII letters, digits or `-[]():.>`.
 
 Generated (`python tools/lookalikes.py`, which needs `pip install confusable_homoglyphs`)
 from confusables.txt as that package carries it: every code point NFKD leaves alone whose
-skeleton is ASCII of those characters. `proxy.memory.redaction.confusables` folds text with it, so an
+skeleton is ASCII of those characters. `proxy.redaction.confusables` folds text with it, so an
 imitation spelled in Lisu, Cherokee, Coptic or mathematical letters reads as what it imitates.
 """
 

@@ -4,7 +4,8 @@ Each agent is one small module (`claude_code.py`, `codex.py`, `gemini_cli.py`) t
 and the keys it sets; `documents.py` reads and writes JSON, TOML and `.env` files keeping the rest of a
 file; `edits.py` plans and writes the change (atomically, the file's mode kept); `undo.py`
 keeps what --undo needs in memproxy's own state directory, and undoes; `command.py` is the
-command line.
+command line. It may import the settings, ids and redaction (to mask keys it shows); only the
+command line imports it (import-linter holds it).
 """
 
 # The agents `memproxy setup` knows, for the command line's help (command.AGENTS holds their

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.agent_setup.documents import MISSING, Key, document
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 
 NEW_FILE_MODE = 0o600
 

@@ -14,7 +14,7 @@ from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from proxy.errors import NotFound
-from proxy.http.relay import send_error
+from proxy.http.asgi import send_error
 
 POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
           " object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")

@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.api.errors import InvalidRequest
 from proxy.errors import BadScope
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.identity.scope import valid_id
 
 KINDS = ("conversation", "message", "entity", "relationship", "reasoning")

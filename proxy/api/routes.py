@@ -37,12 +37,12 @@ from proxy.http.body_deadline import BodyDeadline
 from proxy.errors import NotFound, ProxyError
 from proxy.ids import new_id
 from proxy.memory.hooks.runner import HookContext, Hooks
-from proxy.memory.retrieval.recall import Retriever
-from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.base import Retriever
+from proxy.redaction.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.http.relay import StatusKept, send_error
+from proxy.http.asgi import StatusKept, send_error
 from proxy.settings import Settings
 from proxy.stores.base import PageKey, Store, StoreError, StoreMemory
 
@@ -60,7 +60,7 @@ def answer(data: Any, status: int = 200) -> Response:
 
 async def read_body(request: Request, limit: int, idle_s: float) -> bytes:
     """The request body, or 413 as soon as it passes `limit` bytes, or 408 when it stops
-    arriving or trickles (body_deadline.py)."""
+    arriving or trickles (http/body_deadline.py)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the body is larger than the limit of {limit} bytes")

@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.api.records import SearchInput
 from proxy.memory.retrieval.fusion import HARD_CAP
-from proxy.memory.retrieval.recall import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
+from proxy.memory.retrieval.base import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
 from proxy.memory.retrieval.sources import edges
 from proxy.models import Scope
 

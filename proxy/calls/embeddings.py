@@ -15,8 +15,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from proxy.errors import ProxyError
-from proxy.memory.vectors.worker import EmbeddingWorker, Filler
-from proxy.memory.vectors.embeddings import Embedder, EmbeddingFailed, parse_vectors, request_body
+from proxy.memory.vectors.filler import EmbeddingWorker, Filler
+from proxy.memory.vectors.embedder import Embedder, EmbeddingFailed, parse_vectors, request_body
 from proxy.memory.vectors.query import Vectors
 from proxy.memory.vectors.local_model import LocalModel, ModelMissing
 from proxy.memory.vectors.index import VectorIndex

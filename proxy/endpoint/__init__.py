@@ -3,5 +3,6 @@
 `v1` routes each wire's paths and runs a request (scope, recall, forward, relay, save);
 `steps` and `tools_step` run tools mode's loop; `ownership` with `provider_objects` keeps
 provider objects per user where memproxy's key serves several. It may import every layer
-below it (wires, identity, http, memory, stores); only the app imports it.
+below it (wires, identity, HTTP, memory, the Store protocol); only the app imports it, and it
+never imports /mcp or the memory API (import-linter holds it).
 """

@@ -21,7 +21,7 @@ from proxy.endpoint.tools_step import ToolsStep
 from proxy.errors import BodyTooLarge, ClientGone, NotFound, ProxyError, Unauthenticated
 from proxy.memory.chat_memory import NOT_A_TURN, ChatMemory, Recall
 from proxy.metrics import Metrics
-from proxy.http.relay import (
+from proxy.http.asgi import (
     DisconnectWatch, Receive, ResponseAborted, Send, Sent, body_stream, declared_length, read_body,
     send_error,
 )

@@ -23,12 +23,12 @@ from typing import Any
 from proxy.calls.embeddings import vector_parts
 from proxy.evaluation.locomo import Sample, Session, turn_text
 from proxy.evaluation.scoring import Answer, Summary
-from proxy.memory.vectors.embeddings import EmbeddingFailed
+from proxy.memory.vectors.embedder import EmbeddingFailed
 from proxy.memory.learning.worker import ExtractionWorker
 from proxy.memory.vectors.query import Vectors
 from proxy.memory.retrieval.fusion import HARD_CAP
-from proxy.memory.retrieval.recall import Query
-from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.base import Query
+from proxy.redaction.redact import redact
 from proxy.memory.retrieval.retriever import Retrieval
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self
 
 from proxy.errors import ShuttingDown
-from proxy.http.relay import ResponseAborted, Send, Sent, send_error
+from proxy.http.asgi import ResponseAborted, Send, Sent, send_error
 from proxy.http.upstream import StreamCut, response_headers
 from proxy.wires.base import ErrorShape, Wire
 from proxy.wires.sse import SSEDecoder

@@ -2,7 +2,7 @@
 
 This module is the endpoint's edge: the Host and Origin guard against DNS rebinding, 405 for
 anything but a POST, identity resolved for each request (headers from trusted clients, a
-memproxy key, a signed token: scope.py, as on every other path), the body read within
+memproxy key, a signed token: identity/scope.py, as on every other path), the body read within
 server.max_body_bytes and server.body_timeout_s before the SDK sees it, one log line and
 the request metrics. The server itself (tools_server.py, on the official SDK) is
 stateless, so any worker or replica serves any request; it is loaded on the first /mcp
@@ -27,7 +27,7 @@ from starlette.types import Scope as AsgiScope
 from proxy.errors import ClientGone, ProxyError
 from proxy.memory.pipeline import MemoryService
 from proxy.metrics import Metrics
-from proxy.http.relay import Receive, StatusKept, read_body
+from proxy.http.asgi import Receive, StatusKept, read_body
 from proxy.identity.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 

@@ -24,7 +24,7 @@ from starlette.types import Scope as AsgiScope
 
 from proxy.errors import ProxyError
 from proxy.memory.pipeline import MemoryService
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.memory.tools import NAMES, SCHEMAS, STORE
 from proxy.metrics import Metrics
 from proxy.models import ToolCall

@@ -17,8 +17,7 @@ class Recall:
     """Memory's part in one request: the block to inject and what to do with the answer.
 
     This base is memory switched off (no scope, X-Memory-Mode: off, unparseable body, a
-    side request);
-    the turn logic (proxy.identity.turns) subclasses it.
+    side request); a turn's recall (`TurnRecall`, memory/pipeline.py) subclasses it.
     """
 
     block: str | None = None

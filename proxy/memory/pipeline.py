@@ -20,7 +20,7 @@ from proxy.ids import new_id
 from proxy.memory.chat_memory import Recall, off_status
 from proxy.memory.retrieval.admission import RecallGate
 from proxy.memory.retrieval.block import DEFAULT_HEADER, strip_block
-from proxy.memory.retrieval.recall import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
+from proxy.memory.retrieval.base import QUERY_EDGE_CHARS, Query, Retrieved, Retriever
 from proxy.memory.breaker import CircuitBreaker
 from proxy.memory.hooks import turn_hooks
 from proxy.memory.hooks.runner import HookContext, Hooks
@@ -28,7 +28,7 @@ from proxy.memory.learning.extractors import Extractor, RulesExtractor
 from proxy.memory.learning.inline_facts import InlineFacts, queue_from
 from proxy.memory.kept_step import earlier_steps, packed
 from proxy.memory.learning.pending_facts import PendingFacts
-from proxy.memory.redaction.redact import INLINE_REDACT_CHARS, redact, restored
+from proxy.redaction.redact import INLINE_REDACT_CHARS, redact, restored
 from proxy.memory.retrieval.sources import edges
 from proxy.memory.tools import CallBounds, CircuitOpen, MemoryTools, Save, Search, ToolHooks
 from proxy.memory.writer import Writer
@@ -41,7 +41,7 @@ from proxy.stores.base import (
     Store, StoreError, StoreMemory, text_hash,
 )
 from proxy.stores.generations import Generation
-from proxy.identity.turns import TurnIdentity, fallback_identity, history_digest, identify
+from proxy.memory.turns import TurnIdentity, fallback_identity, history_digest, identify
 
 log = logging.getLogger("memproxy.memory")
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from proxy.extracted import canonical_name
 from proxy.ids import derived_id, id_time_ns
 from proxy.memory.hooks.runner import HookContext, Hooks
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.models import Scope, ToolCall
 from proxy.stores.base import TAGS_MAX, StoreError, StoreMemory
 from proxy.stores.generations import Generation

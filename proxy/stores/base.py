@@ -442,7 +442,7 @@ class Writes(Protocol):
 
 
 class TurnReads(Protocol):
-    """Turn and conversation identity: which turn and conversation a request belongs to (turns.py)."""
+    """Turn and conversation identity: which turn and conversation a request belongs to (memory/turns.py)."""
 
     async def find_turn(self, scope: Scope, call_ids: Sequence[str], history_hash: str, since: datetime,
                         previous_response: str | None = None) -> FoundTurn:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeGuard
 
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.metrics import Metrics
 from proxy.settings import ConfigError, HookSpec
 

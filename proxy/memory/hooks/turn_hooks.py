@@ -14,7 +14,7 @@ from typing import Any
 from proxy.errors import PolicyBlocked
 from proxy.memory.hooks.runner import HookContext, Hooks
 from proxy.memory.retrieval.block import ELLIPSIS, render
-from proxy.memory.retrieval.recall import Retrieved
+from proxy.memory.retrieval.base import Retrieved
 from proxy.models import Scope, Transcript
 from proxy.stores.base import FinishTurn, QueueHookContext, SetTurnStatus, StartTurn, WriteOp
 

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from datetime import datetime, timedelta
 
-from proxy.memory.extraction.facts import record_of
+from proxy.memory.learning.facts import record_of
 from proxy.memory.learning.worker import head
 from proxy.memory.learning.extractors import Extractor
 from proxy.memory.writer import WriteQueueFull, Writer

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from proxy.memory.extraction.facts import no_facts, to_record
+from proxy.memory.learning.facts import no_facts, to_record
 from proxy.extracted import Extraction
 from proxy.memory.learning.extractors import Extractor, RulesExtractor
 from proxy.memory.learning.pending_facts import PendingFacts
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from proxy.memory.redaction.confusables import BRAILLE_BLANK, INVISIBLE, reads_as, reads_as_mapped
+from proxy.redaction.confusables import BRAILLE_BLANK, INVISIBLE, reads_as, reads_as_mapped
 from proxy.models import Hit, ReasoningStep
 
 DEFAULT_HEADER = (

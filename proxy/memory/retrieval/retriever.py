@@ -22,8 +22,8 @@ from proxy.memory.retrieval.block import estimate_tokens, render
 from proxy.memory.retrieval.fusion import HARD_CAP, apply_budget, round_robin
 from proxy.memory.retrieval.keywords import question_terms
 from proxy.memory.vectors.query import Vectors
-from proxy.memory.retrieval.recall import Query, Retrieved
-from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.base import Query, Retrieved
+from proxy.redaction.redact import redact
 from proxy.memory.retrieval.sources import (
     JOINED_SPARE, SourceQuery, conversation, cross_session, graph, identifier_terms, long_term, reasoning,
     split_fillers,

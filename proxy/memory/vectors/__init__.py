@@ -1,7 +1,8 @@
 """Vectors: embedding texts and searching them.
 
 `local_model` is the embedded default model (weights from its wheel, no network);
-`embeddings` is the embedder protocol; `index` holds a user's vectors for the search;
-`worker` writes the vectors of newly saved items. It imports the Store protocol and the
-shared layer only.
+`embedder` is the embedder protocol; `query` embeds one request's query, once, for every
+source; `index` holds a user's vectors for the search; `filler` writes the vectors of
+newly saved items. It imports the Store protocol and the shared layer only: nothing else
+of memory (import-linter holds it).
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from proxy.memory.vectors.embeddings import EmbeddingFailed
+from proxy.memory.vectors.embedder import EmbeddingFailed
 
 MODEL_NAME = "local:wordllama-l2_supercat-256"
 WEIGHTS_FILE = "weights/l2_supercat_256.safetensors"

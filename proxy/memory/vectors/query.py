@@ -2,7 +2,7 @@
 
 `Vectors.query` starts embedding the request's query and reading the store's marks of the
 user's newest vectors beside it; each source then asks the `VectorQuery` for its nearest
-items (proxy.memory.retrieval.hybrid fuses them with the lexical ones). A failing
+items (proxy.memory.retrieval.sources.hybrid fuses them with the lexical ones). A failing
 embeddings endpoint is left alone for a while, doubling, so it does not add its timeout to
 every request.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from proxy.memory.vectors.embeddings import Embed, EmbeddingFailed
+from proxy.memory.vectors.embedder import Embed, EmbeddingFailed
 from proxy.memory.vectors.index import RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.metrics import Metrics
 from proxy.models import Scope

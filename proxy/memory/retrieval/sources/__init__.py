@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from proxy.memory.retrieval.fusion import HARD_CAP
 from proxy.memory.retrieval.keywords import rank_by_shared_words, retry_terms, variants
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.memory.retrieval.sources.no_memory import asked_again
 from proxy.memory.retrieval.trigger import TRIGGER_REASON, promote
 from proxy.models import Hit, Scope
@@ -133,7 +133,7 @@ class SourceQuery:
     @cached_property
     def _shown_redacted(self) -> frozenset[str]:
         # Stored text was redacted before it was saved; the request shows it unredacted. The
-        # texts here are recall's cut of each message (pipeline.edges), so this is bounded.
+        # texts here are recall's cut of each message (`edges`, above), so this is bounded.
         return frozenset(_unmarked_key(redact(text)) for text in (*self.visible, self.text, self.said))
 
     def shows(self, text: str) -> bool:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from proxy.memory.retrieval import time_cues
+from proxy.memory.retrieval.sources import time_cues
 from proxy.memory.retrieval.block import message_line
-from proxy.memory.retrieval.hybrid import with_vectors
-from proxy.memory.redaction.redact import redact
+from proxy.memory.retrieval.sources.hybrid import with_vectors
+from proxy.redaction.redact import redact
 from proxy.memory.retrieval.sources import FILLER, Found, SourceQuery, lexical, normalised, to_hits
 from proxy.memory.retrieval.sources.no_memory import carries_memory, non_answer
 from proxy.models import Hit, StoredMessage

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.memory.retrieval import time_cues
-from proxy.memory.retrieval.hybrid import with_vectors
+from proxy.memory.retrieval.sources import time_cues
+from proxy.memory.retrieval.sources.hybrid import with_vectors
 from proxy.memory.retrieval.sources import SourceQuery, lexical, to_hits
 from proxy.memory.retrieval.sources.conversation import (
     candidate_limit, message_hit, message_id, message_text, says_something, with_answers,

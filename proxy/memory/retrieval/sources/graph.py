@@ -19,7 +19,7 @@ import re
 
 from proxy.memory.retrieval.block import triple_line
 from proxy.memory.extraction.roles import PLURALS, ROLES, named_kind
-from proxy.memory.redaction.redact import redact
+from proxy.redaction.redact import redact
 from proxy.memory.retrieval.sources import FILLER, SourceQuery
 from proxy.memory.retrieval.sources.long_term import EntityMatches
 from proxy.models import Entity, Hit, Relationship

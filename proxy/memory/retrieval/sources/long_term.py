@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from proxy.memory.retrieval.block import SHORT_TEXT_CHARS, entity_line
-from proxy.memory.retrieval.hybrid import with_vectors
+from proxy.memory.retrieval.sources.hybrid import with_vectors
 from proxy.memory.retrieval.sources import FILLER, Found, SourceQuery, lexical, to_hits
 from proxy.models import Entity, Hit
 from proxy.stores.base import RecallReads

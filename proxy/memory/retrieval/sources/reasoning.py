@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.memory.retrieval.block import reasoning_line
-from proxy.memory.retrieval.hybrid import with_vectors
+from proxy.memory.retrieval.sources.hybrid import with_vectors
 from proxy.memory.retrieval.sources import Found, SourceQuery, lexical, to_hits
 from proxy.models import Hit, ReasoningTrace
 from proxy.stores.base import RecallReads

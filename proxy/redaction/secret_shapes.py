@@ -1,4 +1,4 @@
-"""What a secret looks like, for `proxy.memory.redaction.redact`: one rule per shape or credential context.
+"""What a secret looks like, for `proxy.redaction.redact`: one rule per shape or credential context.
 
 Known key formats are matched by shape; anything else only in a credential context
 (`password=`, `"api_key": ...`, `my AWS secret key is ...`) and only when it looks like a

@@ -1,6 +1,6 @@
 """Secrets out before anything is saved or logged: each becomes `[REDACTED:<kind>]`.
 
-Best-effort defence in depth, not a security boundary: `proxy.memory.redaction.secret_shapes` says
+Best-effort defence in depth, not a security boundary: `proxy.redaction.secret_shapes` says
 what a secret looks like; this module finds every one in a text, in linear time.
 
 The text is read in windows of WINDOW_CHARS, each rule scanning a window for its needle
@@ -13,7 +13,7 @@ A text that is not all ASCII is read a second time as it reads (`visible_ascii_m
 characters out and look-alikes folded, so `pass\u200bword=`, `ｐａｓｓｗｏｒｄ=` or a
 Cyrillic `а` hide nothing; what that reading finds is cut from the text as written.
 
-A text with JSON escapes is also read as they spell it (`proxy.memory.redaction.json_escapes`), a few
+A text with JSON escapes is also read as they spell it (`proxy.redaction.json_escapes`), a few
 levels deep: a tool call's arguments say `pass\\u200bword=` or `{\\"password\\": ...}` with
 them, and what they say is redacted as a user's message is.
 """
@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from proxy.memory.redaction.confusables import visible_ascii_mapped
-from proxy.memory.redaction.json_escapes import unescaped_mapped
-from proxy.memory.redaction.secret_shapes import (
+from proxy.redaction.confusables import visible_ascii_mapped
+from proxy.redaction.json_escapes import unescaped_mapped
+from proxy.redaction.secret_shapes import (
     LOOKBEHIND_CHARS, MAX_PEM_CHARS, REACH_CHARS, RULES, is_credential_name, is_placeholder, kind_for_key, lowered,
     mark,
 )

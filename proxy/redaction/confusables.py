@@ -16,7 +16,7 @@ from itertools import chain
 
 import numpy as np
 
-from proxy.memory.redaction.lookalikes import CONFUSABLE_ASCII
+from proxy.redaction.lookalikes import CONFUSABLE_ASCII
 
 # Every character of category Cf as of Unicode 15 (zero-width, bidi and other format
 # controls, the tag characters U+E0000–E007F that spell hidden ASCII a model reads), the

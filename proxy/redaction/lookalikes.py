@@ -2,7 +2,7 @@
 
 Generated (`python tools/lookalikes.py`, which needs `pip install confusable_homoglyphs`)
 from confusables.txt as that package carries it: every code point NFKD leaves alone whose
-skeleton is ASCII of those characters. `proxy.memory.redaction.confusables` folds text with it, so an
+skeleton is ASCII of those characters. `proxy.redaction.confusables` folds text with it, so an
 imitation spelled in Lisu, Cherokee, Coptic or mathematical letters reads as what it imitates.
 """
 

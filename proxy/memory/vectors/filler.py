@@ -27,7 +27,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from proxy.memory.vectors.embeddings import Embed, EmbeddingFailed
+from proxy.memory.vectors.embedder import Embed, EmbeddingFailed
 from proxy.metrics import Metrics
 from proxy.stores.base import (
     EMBEDDING_KINDS,
