@@ -83,9 +83,14 @@ def test_an_overflowing_write_queue_counts_and_logs_the_turns_it_dropped(make_pr
     turns = [chat(proxy, text).headers["x-memory-turn"] for text in during]
     limit_pages(proxy, UNLIMITED_PAGES)
     assert eventually(lambda: readiness(proxy)["writes"] == "ok", timeout=20)
-    # Writes are ok once the batch that kept failing lands; what queued behind it lands after.
+    # Writes are ok once the batch that kept failing lands; what queued behind it lands after, and then the
+    # extraction worker's results for the messages that landed, a batch at a time: one may fill the queue
+    # again (those it drops are handed back and retried). Read once the last of them committed: until then
+    # a write still arriving may be dropped, and an overflow begun after a read of the depth not yet logged.
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM extraction_queue WHERE parked = 0") == [(0,)],
+                      timeout=20)
     assert eventually(lambda: writes_queued(proxy) == 0, timeout=20)
-    with proxy.http() as http:  # read once it drained: a write still arriving may be dropped until then
+    with proxy.http() as http:
         metrics = {line.split()[0]: float(line.split()[1]) for line in http.get("/metrics").text.splitlines()
                    if line.startswith("memproxy_") and "dropped" in line}
     whole = {key for (key,) in rows(proxy, "SELECT t.turn_key FROM turns t WHERE t.status = 'complete' AND"
@@ -96,7 +101,8 @@ def test_an_overflowing_write_queue_counts_and_logs_the_turns_it_dropped(make_pr
     assert dropped >= len(lost)
     # Logged when it began and when it ended, with the counts: not once per write (under load, hundreds a second).
     messages = [r.getMessage() for r in caplog.records if r.name == "memproxy.writer"]
-    # Once a time it filled (it may fill again while the slow batch still holds it), each time with its counts.
+    # Once a time it filled (the chats' turns while the disk was full, the extraction results after), each
+    # time with its counts.
     began = [m for m in messages if m.startswith("write queue full")]
     drained = [re.fullmatch(r"write queue drained: (\d+) writes dropped while it was full, \d+ turns lost a write"
                             r" \(turns that lost a write so far: (\d+)\)", m)

@@ -21,7 +21,7 @@ import pytest
 
 from proxy.endpoint import provider_objects
 from tests.api_helpers import sign
-from tests.fake_responses import call_item, message_item, model_round, output, response, stream
+from tests.fake_responses import call_item, message_item, model_round, output, reasoning_item, response, stream
 from tests.fake_upstream import JsonReply, SSEReply
 
 UPSTREAM_KEY = "sk-upstream-own-key-0001"
@@ -199,6 +199,8 @@ def test_trusted_mode_and_a_clients_own_key_keep_no_ownership(make_proxy: Any, f
     ("POST", "/models/gemini-2.5-pro:streamGenerateContent", ("stateless", "", "")),
     ("POST", "/models/gemini-2.5-pro:tuneModel", ("unattributed", "", "")),
     ("DELETE", "/models/ft:gpt-4o:acme:1", ("unattributed", "", "")),
+    ("POST", "/responses/compact", ("creates", "response", "")), ("GET", "/containers", ("unattributed", "", "")),
+    ("GET", "/containers/cntr_1/files/cfile_1/content", ("names", "container", "cntr_1")),
     ("POST", "//responses/resp_1", ("unattributed", "", "")), ("GET", "/Files/file-1", ("unattributed", "", "")),
 ])
 def test_what_a_path_does_with_provider_objects(method: str, path: str, verdict: tuple[str, str, str]) -> None:
@@ -219,7 +221,14 @@ def test_references_in_a_body() -> None:
     items = {"input": [{"type": "item_reference", "id": "msg_1"}, {"id": "rs_2"}, {"role": "user", "content": "x"},
                        {"type": "message", "id": "msg_3", "role": "assistant", "content": []}],
              "metadata": {"input": [{"id": "not-an-item"}]}}
-    assert provider_objects.references(json.dumps(items).encode()) == [("item", "msg_1"), ("item", "rs_2")]
+    assert provider_objects.references(json.dumps(items).encode()) == [("item", "msg_1"), ("item", "rs_2"),
+                                                                       ("item", "msg_3")]
+    cited = {"input": [{"type": "code_interpreter_call", "id": "ci_1", "container_id": "cntr_1"},
+                       {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x",
+                        "annotations": [{"type": "container_file_citation", "container_id": "cntr_1",
+                                         "file_id": "cfile_1"}]}]}]}
+    assert sorted(provider_objects.references(json.dumps(cited).encode())) == [
+        ("container", "cntr_1"), ("container", "cntr_1"), ("file", "cfile_1"), ("item", "ci_1")]
     with pytest.raises(provider_objects.Unreadable):
         provider_objects.references(b'{"file_id": ')
 
@@ -286,8 +295,8 @@ def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fak
 
 
 def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
-    # An input item may name an item of any stored response by id; memproxy records no item
-    # ids, so such a reference is refused, typed or not, wherever the input list sits.
+    # An input item may name an item of any stored response by id: another user's is refused,
+    # typed or not, wherever the input list sits.
     fake.queue(JsonReply(response(output("the codeword is swordfish"), "resp_alice_item")))
     assert sdk(keyed, ALICE_KEY).responses.create(model="m", input="hello").id == "resp_alice_item"
     item = message_item("the codeword is swordfish")["id"]
@@ -300,11 +309,110 @@ def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
                       f"Item with id '{item}' not found.")
             not_found(bob.post("/v1/conversations", json={"items": [reference]}), f"Item with id '{item}' not found.")
     assert fake.received == []
-    # Items given whole (a client's own history, with the ids the provider gave them) go as usual.
+    # Items given whole without their ids (a client's own history) go as usual.
     with http(keyed, BOB_KEY) as bob:
-        history = [{"role": "user", "content": "hi"}, message_item("hello bob")]
+        history = [{"role": "user", "content": "hi"}, without_id(message_item("hello bob"))]
         assert bob.post("/v1/responses", json={"model": "m", "input": history}).status_code == 200
     assert [r.target for r in fake.received] == ["/v1/responses"]
+
+
+def alices_items(tag: str) -> list[dict[str, Any]]:
+    """An answer's output items, with ids of their own: reasoning with its encrypted content,
+    the message, a function call."""
+    return [{**reasoning_item("weighing it"), "id": f"rs_alice_{tag}", "encrypted_content": f"gAAAA-{tag}"},
+            {**message_item(f"the codeword is swordfish ({tag})"), "id": f"msg_alice_{tag}"},
+            {**call_item(f"call_{tag}"), "id": f"fc_alice_{tag}"}]
+
+
+def test_items_given_whole_reach_only_the_user_whose_response_made_them(keyed: Any, fake: Any) -> None:
+    # The provider reads an input item given whole by its id (a reasoning item is the stored
+    # one, decrypted): bob sending alice's items, or ids memproxy never saw created, is
+    # refused as a reference to them is; alice sends back what her answers gave her, JSON or
+    # streamed, and an item_reference to it.
+    compaction = {"type": "compaction", "id": "cmp_alice", "encrypted_content": "gAAAA-compacted"}
+    fake.queue(JsonReply(response(alices_items("json"), "resp_alice_json")),
+               SSEReply(stream(alices_items("stream"), "resp_alice_stream")),
+               JsonReply({"id": "resp_alice_compact", "object": "response.compaction", "created_at": 1700000000,
+                          "output": [compaction], "usage": None}))
+    alice = sdk(keyed, ALICE_KEY)
+    answered = alice.responses.create(model="m", input="hello")
+    with alice.responses.create(model="m", input="again", stream=True) as events:
+        streamed = [e.response for e in events if e.type == "response.completed"][0]
+    with http(keyed, ALICE_KEY) as client:
+        assert client.post("/v1/responses/compact", json={"model": "m", "input": "hello"}).json()["output"] == \
+            [compaction]
+    given = [item.model_dump(exclude_none=True) for item in (*answered.output, *streamed.output)]
+    assert [item["id"] for item in given] == [f"{kind}_alice_{tag}" for tag in ("json", "stream")
+                                             for kind in ("rs", "msg", "fc")]
+    fake.received.clear()
+    never_seen = {"type": "reasoning", "id": "rs_never_seen", "summary": [], "encrypted_content": "gAAAA-x"}
+    with http(keyed, BOB_KEY) as bob:
+        for item in (*given, compaction, never_seen):
+            for path in ("/v1/responses", "/v1/responses/input_tokens"):
+                not_found(bob.post(path, json={"model": "m", "input": [{"role": "user", "content": "hi"}, item]}),
+                          f"Item with id '{item['id']}' not found.")
+            not_found(bob.post("/v1/conversations", json={"items": [item]}), f"Item with id '{item['id']}' not found.")
+    with pytest.raises(openai.NotFoundError):
+        sdk(keyed, BOB_KEY).responses.create(model="m", input=[*given[:2], {"role": "user", "content": "go on"}])
+    assert fake.received == []
+    outputs = [{"type": "function_call_output", "call_id": f"call_{tag}", "output": "42"} for tag in ("json", "stream")]
+    with http(keyed, ALICE_KEY) as client:
+        assert client.post("/v1/responses", json={"model": "m", "input": [
+            {"role": "user", "content": "hello"}, *given, *outputs, compaction,
+            {"type": "item_reference", "id": "msg_alice_json"}]}).status_code == 200
+    assert [r.target for r in fake.received] == ["/v1/responses"]
+    assert json.loads(fake.received[0].body or b"{}")["input"][1:7] == given
+
+
+def without_id(item: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in item.items() if key != "id"}
+
+
+def container_answer(response_id: str, container: str, file: str) -> list[dict[str, Any]]:
+    """A code interpreter's answer: its call in `container`, and a message citing the file it wrote."""
+    citation = {"type": "container_file_citation", "container_id": container, "file_id": file,
+                "filename": "plot.png", "start_index": 0, "end_index": 8}
+    message = message_item("plot.png is ready")
+    message["content"][0]["annotations"] = [citation]
+    return [{"type": "code_interpreter_call", "id": f"ci_{response_id}", "container_id": container,
+             "code": "plot()", "outputs": None, "status": "completed"}, {**message, "id": f"msg_{response_id}"}]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_container_and_the_files_an_answer_cites_are_its_creators(keyed: Any, fake: Any, streamed: bool) -> None:
+    # A code interpreter's container and the files it wrote there come with the answer: its
+    # creator downloads a cited file and sends the cited answer back; bob gets neither.
+    items = container_answer("resp_ci", "cntr_alice", "cfile_alice")
+    fake.queue(SSEReply(stream(items, "resp_ci")) if streamed else JsonReply(response(items, "resp_ci")))
+    alice = sdk(keyed, ALICE_KEY)
+    tools: Any = [{"type": "code_interpreter", "container": {"type": "auto"}}]
+    if streamed:
+        with alice.responses.create(model="m", input="plot it", tools=tools, stream=True) as events:
+            answer = [e.response for e in events if e.type == "response.completed"][0]
+    else:
+        answer = alice.responses.create(model="m", input="plot it", tools=tools)
+    cited = answer.output[1].model_dump(exclude_none=True)
+    assert cited["content"][0]["annotations"][0]["file_id"] == "cfile_alice"
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for path in ("/v1/containers/cntr_alice", "/v1/containers/cntr_alice/files",
+                     "/v1/containers/cntr_alice/files/cfile_alice/content"):
+            not_found(bob.get(path), "Container with id 'cntr_alice' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"role": "user", "content": "hi"},
+                                                                         without_id(cited)]}),
+                  "Container with id 'cntr_alice' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": "hi",
+                                                  "tools": [{"type": "code_interpreter", "container": "cntr_alice"}]}),
+                  "Container with id 'cntr_alice' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(b"\x89PNG plot", content_type="image/png"))
+    content = alice.containers.files.content.retrieve("cfile_alice", container_id="cntr_alice")
+    assert content.read() == b"\x89PNG plot"
+    assert alice.responses.create(model="m", input=[{"role": "user", "content": "plot it"}, cited,
+                                                    {"role": "user", "content": "and again"}],
+                                  tools=[{"type": "code_interpreter", "container": "cntr_alice"}]).status == "completed"
+    assert [r.target for r in fake.received] == ["/v1/containers/cntr_alice/files/cfile_alice/content",
+                                                 "/v1/responses"]
 
 
 def test_gemini_files_and_cached_contents_named_in_a_body_are_refused(make_proxy: Any, fake: Any,

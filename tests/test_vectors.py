@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -194,6 +195,49 @@ def test_the_cache_sees_every_vector_another_process_committed_before_the_search
             await store.close()
 
     asyncio.run(body())
+
+
+def test_a_search_arriving_as_a_load_of_an_older_mark_ends_loads_its_own(tmp_path: Path) -> None:
+    # A load finishes (for the mark of the request that began it) and stays listed until its done
+    # callback runs, on the event loop's next pass. A request with a newer mark that comes in
+    # between, as one under load does, found that finished load, awaited it (which does not
+    # yield), found the cache still behind its mark, and went round again: the event loop never
+    # got its next pass, and the process spun at 100% CPU, deaf to every request and to SIGTERM.
+    # The state between the two passes is set up here as the loop leaves it.
+    store_path = str(tmp_path / "m.db")
+    found: list[list[tuple[str, float]]] = []
+
+    async def body() -> None:
+        store = SQLiteStore(store_path)
+        await store.open()
+        try:
+            alice = Scope("alice")
+            for n in range(2):
+                await store.apply([StartTurn(alice, f"t{n}", f"c{n}", f"h{n}", T0, f"words {n}")])
+            first, second = (await store.unembedded("m", "message"))[:2]
+            await store.save_embeddings("m", [NewEmbedding("alice", "message", first.item_id, first.text, vec(1, 0))])
+            index = VectorIndex(store, "m")
+
+            async def search() -> list[tuple[str, float]]:
+                mark = (await index.marks(alice))["message"]
+                return (await index.nearest(alice, "message", q(1, 0), RowFilter(), mark=mark, floor=0.5,
+                                            limit=5))[0]
+
+            found.append(await search())
+            finished = asyncio.get_running_loop().create_future()
+            finished.set_result(index._entries["alice", "message"].matrix)
+            index._loads["alice", "message"] = finished  # type: ignore[assignment]  # its callback not run yet
+            await store.save_embeddings("m", [NewEmbedding("alice", "message", second.item_id, second.text,
+                                                           vec(1, 0))])
+            found.append(await search())
+        finally:
+            await store.close()
+
+    searching = threading.Thread(target=asyncio.run, args=(body(),), daemon=True)
+    searching.start()
+    searching.join(timeout=20)
+    assert not searching.is_alive(), "the search spun on the finished load"
+    assert [len(each) for each in found] == [1, 2]
 
 
 def test_the_cached_matrices_stay_within_their_memory_bound(tmp_path: Path) -> None:

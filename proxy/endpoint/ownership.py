@@ -2,9 +2,9 @@
 
 The rules are provider_objects.py's; this module reads and records who created what in the
 store (so every process and replica agrees), refuses what a request may not reach, and
-records the id a creation's answer carries before the client has it whole: the first event
-of a stream (Responses' `response.created`) waits for the record, a JSON answer's last chunk does,
-each for at most memory.commit_timeout_ms (a busy store does not hold the answer; the record
+records the ids a creation's answer carries before the client has them whole: an event of a
+stream that shows one (Responses' `response.created` first, then each output item) waits for
+its record, a JSON answer's last chunk does, each for at most memory.commit_timeout_ms (a busy store does not hold the answer; the record
 lands after: a request of this process naming the id waits for it, another process refuses it
 until then).
 """
@@ -101,15 +101,31 @@ class Ownership:
         """`response` relayed as it comes, the id of the object it created recorded as `user`'s."""
         return Recorded(response, self, user, provider, kind)
 
-    async def record(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
-        """Record `user` as the object's creator, waiting at most memory.commit_timeout_ms for it."""
-        task = asyncio.create_task(self._write(user, provider, kind, object_id))
-        self._writing[provider, object_id] = task
-        task.add_done_callback(lambda _: self._writing.pop((provider, object_id), None))
+    async def record(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
+        """Record `user` as the creator of `objects` ((kind, id) each), waiting at most
+        memory.commit_timeout_ms for it."""
+        objects = [(kind, object_id) for kind, object_id in dict.fromkeys(objects)
+                   if (provider, object_id) not in self._writing]
+        if not objects:
+            return
+        task = asyncio.create_task(self._write_all(user, provider, objects))
+        for _, object_id in objects:
+            self._writing[provider, object_id] = task
+
+        def written(_: asyncio.Task[None]) -> None:
+            for _kind, object_id in objects:
+                self._writing.pop((provider, object_id), None)
+
+        task.add_done_callback(written)
         try:
             await asyncio.wait_for(asyncio.shield(task), self._wait_s)
         except TimeoutError:
-            log.warning("recording who created a provider %s is slow; the answer goes on, the record after", kind)
+            log.warning("recording who created a provider %s is slow; the answer goes on, the record after",
+                        objects[0][0])
+
+    async def _write_all(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
+        for kind, object_id in objects:
+            await self._write(user, provider, kind, object_id)
 
     async def _write(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
         for attempt in range(1, RECORD_ATTEMPTS + 1):
@@ -150,15 +166,17 @@ class Recorded:
                 yield chunk
 
     async def _stream(self) -> AsyncIterator[bytes]:
-        decoder, inflate, found = SSEDecoder(), stream_inflater(self._inner), False
+        """Each chunk held until what its events show created is recorded: the response at its
+        first event, an output item (and its container, the files it cites) as it comes."""
+        decoder, inflate = SSEDecoder(), stream_inflater(self._inner)
+        user, provider, kind = self._owner
+        seen: set[tuple[str, str]] = set()
         async for chunk in self._inner.chunks():
-            if not found:
-                for event in decoder.feed(inflate(chunk) if inflate is not None else chunk):
-                    object_id = provider_objects.created_id_in_event(event.data)
-                    if object_id is not None:
-                        await self._ownership.record(*self._owner, object_id)
-                        found = True
-                        break
+            created = [each for event in decoder.feed(inflate(chunk) if inflate is not None else chunk)
+                       for each in provider_objects.created_in_event(event.data, kind) if each not in seen]
+            if created:
+                seen.update(created)
+                await self._ownership.record(user, provider, created)
             yield chunk
 
     async def _json(self) -> AsyncIterator[bytes]:
@@ -172,11 +190,12 @@ class Recorded:
             if size <= CREATED_BODY_MAX:
                 body.append(chunk)
             held = chunk
-        object_id = provider_objects.created_id(readable_body(self._inner, b"".join(body))) \
-            if size <= CREATED_BODY_MAX else None
-        if object_id is not None:
-            await self._ownership.record(*self._owner, object_id)
-        else:
+        user, provider, kind = self._owner
+        created = provider_objects.created_objects(readable_body(self._inner, b"".join(body)), kind) \
+            if size <= CREATED_BODY_MAX else []
+        if created:
+            await self._ownership.record(user, provider, created)
+        if not created or created[0][0] != kind:
             log.warning("a provider %s was created but its id could not be read from the answer; "
                         "no user reaches it through memproxy", self._owner[2])
         if held is not None:

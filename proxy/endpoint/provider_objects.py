@@ -21,20 +21,25 @@ from urllib.parse import unquote
 Verdict = Literal["stateless", "creates", "names", "unattributed"]
 
 # The objects memproxy attributes, by the collection they live under (after /v1).
-OWNED_COLLECTIONS = {"responses": "response", "conversations": "conversation", "files": "file"}
+OWNED_COLLECTIONS = {"responses": "response", "conversations": "conversation", "files": "file",
+                     "containers": "container"}
 # Calls that keep nothing another user could reach (or only what a later call names by an
 # attributed id: a Responses request's response).
 _STATELESS = frozenset({
     ("POST", "/chat/completions"), ("POST", "/completions"), ("POST", "/embeddings"), ("POST", "/moderations"),
     ("POST", "/messages"), ("POST", "/messages/count_tokens"), ("POST", "/responses/input_tokens"),
-    ("POST", "/responses/compact"), ("POST", "/audio/speech"), ("POST", "/audio/transcriptions"),
+    ("POST", "/audio/speech"), ("POST", "/audio/transcriptions"),
     ("POST", "/audio/translations"), ("POST", "/images/generations"), ("POST", "/images/edits"),
     ("POST", "/images/variations"), ("GET", "/models"),
 })
+# A compaction answers with output items the client sends back by id, as a response's.
+_CREATES_ITEMS = {("POST", "/responses/compact"): "response"}
 # Keys that name a stored object wherever they sit in a request body (a content part's
-# file, a tool's vector stores or container), and the kind each names.
+# file, a tool's vector stores or container, a replayed answer's code interpreter call or
+# citation of a container file), and the kind each names.
 _NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container",
-                      "cachedContent": "cached_content", "cached_content": "cached_content"}
+                      "container_id": "container", "cachedContent": "cached_content",
+                      "cached_content": "cached_content"}
 # Gemini names a stored file by its URI (`fileData.fileUri`, `.../v1beta/files/{id}`, or its
 # name `files/{id}`); a URI
 # of anything else (a video's address) names no stored object.
@@ -43,12 +48,16 @@ _FILE_URI_ID = re.compile(r"^\s*(?:https?://[^/]*googleapis\.com/(?:[^/]+/)*)?fi
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
 # Top-level lists of Responses input items (a request's `input`, a conversation's `items`):
-# an item there may be a reference to a stored item of any response (`{"type":
-# "item_reference", "id": ...}`, the type optional). memproxy records no item ids, so every
-# such reference is refused: an `item_reference` typed anywhere, and an item in these lists
-# with an `id` but neither a `type` nor a `role`.
+# an item there with an `id` names a stored item of a response, whatever else it holds: a
+# reference (`{"type": "item_reference", "id": ...}`, the type optional), or an item given
+# whole, which the provider reads by its id (a reasoning item without its encrypted content
+# is the stored one). Each such id, and an `item_reference` typed anywhere, must be one of
+# the requester's: memproxy records the ids of the output items of every response it sees
+# created (output_objects).
 _ITEM_LISTS = ("input", "items")
 ITEM_REFERENCE = "item_reference"
+# An answer's citation of a file a code interpreter wrote in its container.
+_CONTAINER_FILE_CITATION = "container_file_citation"
 # A body holding none of these keys cannot name an object (`\u`: a key may be written escaped),
 # nor one holding an item list but no `"id"` (most Responses requests: not parsed twice).
 _NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_FILE_URIS)),
@@ -72,6 +81,8 @@ def access(method: str, path: str) -> Access:
     """What a request to `path` (after /v1) does with provider objects."""
     if (method, path) in _STATELESS:
         return Access("stateless")
+    if (method, path) in _CREATES_ITEMS:
+        return Access("creates", _CREATES_ITEMS[method, path])
     segments = path.split("/")[1:]
     if len(segments) == 2 and segments[0] == "models" and segments[1]:
         action = segments[1].rpartition(":")[2] if ":" in segments[1] else None
@@ -116,14 +127,9 @@ def references(body: bytes) -> list[tuple[str, str]]:
         found += [(_TOP_REFERENCES[key], each) for key, value in top[0] if key in _TOP_REFERENCES
                   for each in _ids(value)]
         found += [("item", item["id"]) for key, value in top[0] if key in _ITEM_LISTS and isinstance(value, list)
-                  for item in value if _untyped_reference(item)]
+                  for item in value if isinstance(item, dict) and isinstance(item.get("id"), str)
+                  and item.get("type") != ITEM_REFERENCE]  # a typed reference's id is in `nested` already
     return found
-
-
-def _untyped_reference(item: Any) -> bool:
-    """An input item naming a stored item by id alone (an `item_reference` whose type is left out)."""
-    return (isinstance(item, dict) and isinstance(item.get("id"), str) and "type" not in item
-            and "role" not in item)
 
 
 def _ids(value: Any) -> list[str]:
@@ -137,22 +143,73 @@ def _ids(value: Any) -> list[str]:
     return []
 
 
-def created_id(body: bytes) -> str | None:
-    """The id of the object a creation's JSON answer describes."""
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    found = document.get("id") if isinstance(document, dict) else None
-    return found if isinstance(found, str) and found else None
+def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
+    """(kind, id) of what a creation's JSON answer describes: the object (of `kind`), and what its
+    output holds (output_objects)."""
+    document = _json(body)
+    if not isinstance(document, dict):
+        return []
+    found = document.get("id")
+    itself = [(kind, found)] if isinstance(found, str) and found else []
+    return itself + output_objects(document.get("output"))
 
 
-def created_id_in_event(data: str) -> str | None:
-    """The id of the response a Responses stream's event describes (`response.created` is the first)."""
+def created_in_event(data: str, kind: str) -> list[tuple[str, str]]:
+    """(kind, id) of what a Responses stream's event shows created: the response (of `kind`;
+    `response.created` is the first event), an output item and what it holds, a citation."""
+    if not any(needle in data for needle in _EVENT_NEEDLES):
+        return []  # a delta, most events of a stream: not parsed
+    document = _json(data)
+    if not isinstance(document, dict):
+        return []
+    response, item, annotation = document.get("response"), document.get("item"), document.get("annotation")
+    found: list[tuple[str, str]] = []
+    if isinstance(response, dict):
+        response_id = response.get("id")
+        found += [(kind, response_id)] if isinstance(response_id, str) and response_id else []
+        found += output_objects(response.get("output"))
+    found += output_objects([item]) + _within(annotation)
+    return found
+
+
+# Events naming something created carry one of these keys (`"item_id"`, a delta's, is not `"item"`).
+_EVENT_NEEDLES = ('"response"', '"item"', '"annotation"')
+
+
+def output_objects(output: Any) -> list[tuple[str, str]]:
+    """(kind, id) of what a response's output items create: each item (its id is what a later
+    input names it by), the container a code interpreter ran in, the container files the
+    answer cites."""
+    if not isinstance(output, list):
+        return []
+    found: list[tuple[str, str]] = []
+    for item in output:
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]:
+            found.append(("item", item["id"]))
+        found += _within(item)
+    return found
+
+
+def _within(value: Any) -> list[tuple[str, str]]:
+    """The containers and container files named anywhere in an output item."""
+    found: list[tuple[str, str]] = []
+    stack = [value]
+    while stack:
+        each = stack.pop()
+        if isinstance(each, list):
+            stack.extend(each)
+        elif isinstance(each, dict):
+            container, file = each.get("container_id"), each.get("file_id")
+            if isinstance(container, str) and container:
+                found.append(("container", container))
+            if each.get("type") == _CONTAINER_FILE_CITATION and isinstance(file, str) and file:
+                found.append(("container_file", file))
+            stack.extend(value for value in each.values() if isinstance(value, (list, dict)))
+    return found
+
+
+def _json(text: bytes | str) -> Any:
     try:
-        document = json.loads(data)
+        return json.loads(text)
     except (ValueError, RecursionError):
         return None
-    response = document.get("response") if isinstance(document, dict) else None
-    found = response.get("id") if isinstance(response, dict) else None
-    return found if isinstance(found, str) and found else None

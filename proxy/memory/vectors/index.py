@@ -294,7 +294,10 @@ class VectorIndex:
             if entry is not None and mark.seq < entry.mark.seq:
                 return entry.matrix  # this request's mark predates the cache: it already holds more
             load = self._loads.get(key)
-            if load is None:
+            if load is None or load.done():
+                # A finished load (of an older mark, or failed) stays listed until its done callback
+                # runs, on the loop's next pass: awaited again it would not yield, and this loop
+                # would spin with the event loop's every other task and signal held (seen under load).
                 load = self._loads[key] = loop.create_task(self._load(key, scope, kind, mark),
                                                            name="memproxy-vectors-load")
                 load.add_done_callback(lambda task: self._loaded(key, task))
@@ -302,7 +305,8 @@ class VectorIndex:
             await asyncio.shield(load)
 
     def _loaded(self, key: tuple[str, str], task: asyncio.Task[Matrix]) -> None:
-        self._loads.pop(key, None)
+        if self._loads.get(key) is task:  # a later load may have taken its place
+            del self._loads[key]
         if not task.cancelled():
             task.exception()  # retrieved: a request that stopped waiting left no one to see it (it logs its own)
 
