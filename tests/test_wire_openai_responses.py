@@ -444,7 +444,11 @@ def test_the_conversation_parameter_names_the_conversation_and_its_items_count_a
     assert sent(fake)["conversation"] == "conv_abc"
     assert set(rows(mem, "SELECT conversation_id FROM messages")) == {("conv_abc",)}
     sdk.responses.create(model="gpt-test", input=QUESTION, conversation={"id": "conv_other"})
-    assert sent(fake)["input"] == f"{block_line()}\n\n{QUESTION}"
+    # The question was asked before (in conv_abc): its answer takes its line, first, and the fact
+    # follows without that same answer text again.
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    assert sent(fake)["input"] == (f"{HEADER}\n1. [cross-session] assistant ({date}): Hello from Responses\n"
+                                   f"2. [cross-session] user ({date}): {FACT}\n\n{QUESTION}")
 
 
 def test_a_completed_event_without_output_falls_back_to_the_events(mem, fake):
