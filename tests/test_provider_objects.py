@@ -8,6 +8,7 @@ what each user gets, and what reaches the provider.
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 import time
@@ -441,3 +442,41 @@ def test_gemini_files_and_cached_contents_named_in_a_body_are_refused(make_proxy
         assert bob.post("/v1beta/models/gemini-2.5-flash:generateContent",
                         json={"contents": [{"role": "user", "parts": [video]}]}).status_code == 200
     assert [r.target for r in fake.received] == ["/v1beta/models/gemini-2.5-flash:generateContent"]
+
+
+def test_ids_an_output_item_merely_holds_claim_nothing(keyed: Any, fake: Any) -> None:
+    """Only a code interpreter's container and a container file citation's ids are recorded: an MCP
+    server's tool schema (the requester's own words) holding the same keys claims no file or store."""
+    schema = {"type": "object", "properties": {"x": {"container_id": "vs_operator",
+                                                    "type": "container_file_citation", "file_id": "file-operator"}}}
+    listed = {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "bobs",
+              "tools": [{"name": "t", "input_schema": schema}]}
+    body = response(output("hi"), "resp_bob")
+    body["output"] = [listed, *body["output"]]
+    fake.queue(JsonReply(body))
+    with http(keyed, BOB_KEY) as bob:
+        created = bob.post("/v1/responses", json={"model": "m", "input": "hi", "tools": [
+            {"type": "mcp", "server_label": "bobs", "server_url": "https://bob.example/mcp"}]})
+        assert created.status_code == 200
+        fake.received.clear()
+        not_found(bob.get("/v1/files/file-operator/content"), "File with id 'file-operator' not found.")
+        searched = bob.post("/v1/responses", json={"model": "m", "input": "hi", "tools": [
+            {"type": "file_search", "vector_store_ids": ["vs_operator"]}]})
+        assert searched.status_code == 404 and searched.json()["error"]["code"] == "provider_object_not_found"
+    assert fake.received == []
+
+
+@pytest.mark.parametrize("encode", [
+    pytest.param(lambda raw: (gzip.compress(raw), {"content-encoding": "gzip"}), id="gzip"),
+    pytest.param(lambda raw: (raw.decode().encode("utf-16"), {}), id="utf-16"),
+])
+def test_a_body_memproxy_cannot_read_as_utf8_is_refused_not_forwarded(keyed: Any, fake: Any, encode: Any) -> None:
+    """A compressed or UTF-16 body shows memproxy no id, yet the provider may decode it: 400."""
+    fake.queue(JsonReply(response(output("first"), "resp_alice")))
+    with http(keyed, ALICE_KEY) as alice, http(keyed, BOB_KEY) as bob:
+        assert alice.post("/v1/responses", json={"model": "m", "input": "hello"}).status_code == 200
+        fake.received.clear()
+        content, headers = encode(json.dumps({"model": "m", "input": "hi", "previous_response_id": "resp_alice"}).encode())
+        refused = bob.post("/v1/responses", content=content, headers={"content-type": "application/json", **headers})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "unreadable_body"
+    assert fake.received == []

@@ -102,7 +102,13 @@ class Unreadable(ValueError):
 
 def references(body: bytes) -> list[tuple[str, str]]:
     """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
-    some but cannot be read. Duplicate keys count each time (a provider may read either)."""
+    some but cannot be read. Duplicate keys count each time (a provider may read either).
+
+    A body that is not UTF-8 text is Unreadable whatever it holds: a compressed body
+    (`Content-Encoding: gzip`) or UTF-16 JSON shows no needle here, yet the provider may
+    decode it and read the ids in it."""
+    if body and (b"\x00" in body or not _utf8(body)):
+        raise Unreadable("the body is not UTF-8 text")
     if not any(needle in body for needle in _NEEDLES) and not (
             b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)):
         return []
@@ -154,6 +160,10 @@ def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
     return itself + output_objects(document.get("output"))
 
 
+# Events naming something created carry one of these keys (`"item_id"`, a delta's, is not `"item"`).
+_EVENT_NEEDLES = ('"response"', '"item"', '"annotation"')
+
+
 def created_in_event(data: str, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a Responses stream's event shows created: the response (of `kind`;
     `response.created` is the first event), an output item and what it holds, a citation."""
@@ -168,44 +178,49 @@ def created_in_event(data: str, kind: str) -> list[tuple[str, str]]:
         response_id = response.get("id")
         found += [(kind, response_id)] if isinstance(response_id, str) and response_id else []
         found += output_objects(response.get("output"))
-    found += output_objects([item]) + _within(annotation)
+    found += output_objects([item]) + _cited(annotation)
     return found
-
-
-# Events naming something created carry one of these keys (`"item_id"`, a delta's, is not `"item"`).
-_EVENT_NEEDLES = ('"response"', '"item"', '"annotation"')
 
 
 def output_objects(output: Any) -> list[tuple[str, str]]:
     """(kind, id) of what a response's output items create: each item (its id is what a later
     input names it by), the container a code interpreter ran in, the container files the
-    answer cites."""
+    answer cites. Only from those places: elsewhere an item holds what the requester wrote
+    (an MCP server's tool schemas, a shell call's environment), which must not claim an id."""
     if not isinstance(output, list):
         return []
     found: list[tuple[str, str]] = []
     for item in output:
-        if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]:
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("id"), str) and item["id"]:
             found.append(("item", item["id"]))
-        found += _within(item)
+        container = item.get("container_id")
+        if item.get("type") == "code_interpreter_call" and isinstance(container, str) and container:
+            found.append(("container", container))
+        if item.get("type") == "message" and isinstance(item.get("content"), list):
+            for part in item["content"]:
+                annotations = part.get("annotations") if isinstance(part, dict) else None
+                for annotation in annotations if isinstance(annotations, list) else ():
+                    found += _cited(annotation)
     return found
 
 
-def _within(value: Any) -> list[tuple[str, str]]:
-    """The containers and container files named anywhere in an output item."""
-    found: list[tuple[str, str]] = []
-    stack = [value]
-    while stack:
-        each = stack.pop()
-        if isinstance(each, list):
-            stack.extend(each)
-        elif isinstance(each, dict):
-            container, file = each.get("container_id"), each.get("file_id")
-            if isinstance(container, str) and container:
-                found.append(("container", container))
-            if each.get("type") == _CONTAINER_FILE_CITATION and isinstance(file, str) and file:
-                found.append(("container_file", file))
-            stack.extend(value for value in each.values() if isinstance(value, (list, dict)))
-    return found
+def _cited(annotation: Any) -> list[tuple[str, str]]:
+    """The container and file of a `container_file_citation` annotation; nothing for any other."""
+    if not isinstance(annotation, dict) or annotation.get("type") != _CONTAINER_FILE_CITATION:
+        return []
+    container, file = annotation.get("container_id"), annotation.get("file_id")
+    return ([("container", container)] if isinstance(container, str) and container else []) + (
+        [("container_file", file)] if isinstance(file, str) and file else [])
+
+
+def _utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _json(text: bytes | str) -> Any:
