@@ -879,3 +879,33 @@ def test_a_hanging_source_is_cut_at_its_deadline_and_the_others_still_make_the_b
                 await store.close()
 
     run(body())
+
+
+def test_a_statement_that_starts_like_a_question_is_no_question_asked_again(tmp_path: Path) -> None:
+    """"when I was six I broke my left arm" is a fact, not a question typed without its "?": asked
+    about again, the fact keeps its line (with its exchange) and the reply does not replace it."""
+    async def body() -> tuple[str, list[str | None]]:
+        async with world(tmp_path) as w:
+            await w.say("when I was six I broke my left arm", conv="c0", at=day(-3))
+            await w.say("Ouch, that sounds painful!", conv="c0", role="assistant", at=day(-3) + timedelta(seconds=1))
+            r = await w.recall("did I tell you that when I was six I broke my left arm?", conv="now")
+            return r.block, [h.get("reason") for h in r.log["hits"]]
+
+    block, reasons = run(body())
+    assert "user (" in block and "when I was six I broke my left arm | assistant" in block
+    assert "answer to the question asked again" not in reasons
+
+
+def test_a_question_whose_answer_is_gone_brings_no_other_message(tmp_path: Path) -> None:
+    """The message said after a question is its answer only when it is the assistant's: with the
+    answer deleted, the user's next words are not passed off as it."""
+    async def body() -> str:
+        async with world(tmp_path) as w:
+            await w.say("what is my cat called", conv="c0", at=day(-2))
+            await w.say("Biscuit, the tabby.", conv="c0", role="assistant", at=day(-2) + timedelta(seconds=1))
+            await w.say("my bank is Monzo and I moved to Leeds", conv="c0", at=day(-2) + timedelta(seconds=2))
+            (answer,) = w.sql("SELECT id FROM messages WHERE content LIKE 'Biscuit%'")
+            await w.store.delete_item(ALICE, "message", answer[0])
+            return (await w.recall("What is my cat called?", conv="now")).block
+
+    assert "Monzo" not in run(body())

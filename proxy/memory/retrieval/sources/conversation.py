@@ -58,7 +58,7 @@ async def with_answers(store: RecallReads, q: SourceQuery, found: list[Found[Sto
 
     The answer may share no word with the query ("Biscuit, the tabby"): the question found it.
     """
-    asked = {f.item.id for f in found[:q.hits_built] if q.asks_again(f.item.content)}
+    asked = {f.item.id for f in found[:q.hits_built] if f.item.role == "user" and q.asks_again(f.item.content)}
     if not asked:
         return found
     try:
@@ -67,13 +67,18 @@ async def with_answers(store: RecallReads, q: SourceQuery, found: list[Found[Sto
         log.warning("retrieval: answers not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
         read = {}
     kept: list[Found[StoredMessage]] = []
+    ids: set[str] = set()
     for f in found:
         if f.item.id in asked:
+            # Its answer is the assistant's reply said next; a user's message said next (the
+            # answer never saved, or deleted) is no answer to it.
             answer = read.get(f.item.id, (None, None))[1]
-            if answer is None or q.says(answer.content) or not says_something(answer):
+            if (answer is None or answer.role != "assistant" or q.says(answer.content)
+                    or not says_something(answer)):
                 continue
             f = Found(answer, f.score, ANSWER_REASON, {**f.parts, "question": f.item.id})
-        if all(f.item.id != k.item.id for k in kept):
+        if f.item.id not in ids:
+            ids.add(f.item.id)
             kept.append(f)
     return kept
 

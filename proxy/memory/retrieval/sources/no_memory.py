@@ -29,9 +29,16 @@ _NON_ANSWER = re.compile(
 NON_ANSWER_MAX_CHARS = 300
 BARE_QUESTION_MAX_CHARS = 200
 _SENTENCE_END = re.compile(r"[.!?]+(?:\s+|$)")
-# How a question starts when it is typed without its "?" ("what are my cats called").
-_ASKS = re.compile(r"(?:what|who|whom|whose|where|when|why|how|which|do|does|did|is|are|can|could)\b",
-                   re.IGNORECASE)
+# How a question starts when it is typed without its "?": a question word then a verb asked
+# before its subject ("what are my cats called", "how many", "what's"), or that verb then its
+# subject ("do you know", "is my flight"). A statement starting with such a word is no
+# question: "when I was six I broke my arm", "can't sleep tonight".
+_AUX = r"(?:is|are|was|were|am|do|does|did|can|could|will|would|should|shall|may|might|must|have|has|had)"
+_SUBJECT = r"(?:i|you|we|they|he|she|it|my|your|our|their|his|her|its|the|there|this|that|these|those|a|an)"
+_ASKS = re.compile(
+    rf"(?:(?:what|who|whom|whose|where|when|why|how|which)(?:\s+{_AUX}\b|['’]s\b|\s+(?:many|much|long|often|old|far)\b)"
+    rf"|{_AUX}(?:n['’]t)?\s+{_SUBJECT}\b)",
+    re.IGNORECASE)
 
 
 def carries_memory(role: str, text: str) -> bool:
@@ -48,7 +55,10 @@ def asked_again(text: str, asked: frozenset[str]) -> bool:
     """True for a bare question whose every term is one of `asked`, the terms of the question
     asked now: it says nothing the request does not."""
     text = text.strip()
-    return len(text) <= BARE_QUESTION_MAX_CHARS and _only_asks(text) and set(question_terms(text)) <= asked
+    if len(text) > BARE_QUESTION_MAX_CHARS or not _only_asks(text):
+        return False
+    terms = set(question_terms(text))
+    return bool(terms) and terms <= asked  # "why?" alone is no question asked again
 
 
 def non_answer(text: str) -> bool:
