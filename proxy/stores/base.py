@@ -530,9 +530,11 @@ class RecallReads(Protocol):
         """For each of these messages that has one, the message just before it and the one just after it
         in its conversation (None for a side it has not)."""
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0,
+                      newest: int | None = None) -> list[StoredVector]:
         """Every vector of the user for this kind and model saved after row seq `after`, each agent's
-        (the caller filters), by seq."""
+        (the caller filters), by seq. `newest`: the newest seq the caller knows of, a hint of how
+        many rows there are (a narrow range is read without a hand-off to a thread)."""
 
     async def vector_marks(self, scope: Scope, model: str) -> dict[EmbeddingKind, VectorMark]:
         """The user's newest vector of each kind for `model` (a kind with none is absent)."""

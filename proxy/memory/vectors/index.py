@@ -314,7 +314,8 @@ class VectorIndex:
         """The vectors saved since the cached ones (all of them when none are cached or a row was replaced)."""
         entry = self._entries.get(key)
         if entry is not None and mark.seq > entry.mark.seq:
-            newer = await self.store.vectors(Scope(scope.user), kind, self.model, after=entry.mark.seq)
+            newer = await self.store.vectors(Scope(scope.user), kind, self.model, after=entry.mark.seq,
+                                             newest=mark.seq)
             rows = [(s.item_id, s.group, s.agent, u) for s in newer if (u := unit(s.vector)) is not None]
             if self._entries.get(key) is entry:
                 entry.matrix.add(rows)

@@ -95,7 +95,8 @@ class PostgresVectors:
         (row,) = await self._fetch(f"SELECT {columns}", [])
         return {kind: int(row[kind]) for kind in EMBEDDING_KINDS}
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0,
+                      newest: int | None = None) -> list[StoredVector]:
         """Every vector of the user for this kind and model saved after row seq `after`, each agent's, by seq."""
         t = table_of(kind)
         rows = await self._fetch(

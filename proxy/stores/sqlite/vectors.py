@@ -94,15 +94,18 @@ class SQLiteVectors:
         row = await self._read(lambda conn: conn.execute(sql).fetchone(), here=True)
         return {kind: int(row[n]) for n, kind in enumerate(EMBEDDING_KINDS)}
 
-    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0) -> list[StoredVector]:
+    async def vectors(self, scope: Scope, kind: EmbeddingKind, model: str, *, after: int = 0,
+                      newest: int | None = None) -> list[StoredVector]:
         """Every vector of the user for this kind and model saved after row `after`, each agent's, by rowid."""
         t = table_of(kind)
         sql = (f"SELECT e.rowid AS seq, e.item_id, {t.group} AS grp, x.agent_id, e.vector FROM embeddings e"
                f" JOIN {t.table} x ON x.user_id = e.user_id AND x.id = e.item_id"
                " WHERE e.user_id = ? AND e.kind = ? AND e.model = ? AND e.rowid > ? ORDER BY e.rowid")
-        # A first load reads every vector of the user: a reader thread's work, not the loop's.
+        # A first load, or a catch-up past another process's large import or a reindex, reads many
+        # vectors: a reader thread's work. A few rows since the cached ones are read on the loop.
+        narrow = after > 0 and newest is not None and newest - after <= NARROW_SEQS
         rows = await self._read(lambda conn: conn.execute(sql, (scope.user, kind, model, after)).fetchall(),
-                                here=after > 0)
+                                here=narrow)
         return [StoredVector(row["item_id"], row["grp"], row["agent_id"], bytes(row["vector"]), row["seq"])
                 for row in rows]
 
