@@ -55,13 +55,11 @@ class Lookup:
                     self.edges[edge.id] = edge
 
     async def all_edges(self) -> None:
-        """Every edge of the user: for a graph hit logged without the entity it came from."""
-        async for record in self.store.export(self.scope):
-            if record["kind"] == "relationship" and record["id"] not in self.edges:
-                self.edges[record["id"]] = Relationship(
-                    record["id"], record["from_id"], record["from"] or "", record["type"], record["to_id"],
-                    record["to"], _time(record["valid_from"]),
-                    _time(record["invalid_at"]) if record["invalid_at"] else None)
+        """Every edge of the user: for a graph hit logged without the entity it came from. Read as the
+        graph source reads them (the object's kind included), so the line is the block's."""
+        subjects = {record["from_id"] async for record in self.store.export(self.scope)
+                    if record["kind"] == "relationship"}
+        await self.edges_of(sorted(subjects))
 
     async def traces_named(self, wanted: set[str]) -> None:
         """Reasoning traces by id, newest first, until every wanted one is found or none are left."""
