@@ -30,10 +30,11 @@ def thread_names(pid: int) -> dict[int, str]:
     return {int(tid): name for tid, name in _THREAD.findall(done.stdout)}
 
 
-def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    """Start sampling `pid` for `seconds` into `out` (raw format); wait on the returned process."""
+def record(pid: int, seconds: float, out: Path, rate: int = SAMPLES_PER_S) -> subprocess.Popen[bytes]:
+    """Start sampling `pid` for `seconds` into `out` (raw format, `rate` samples a second); wait on the
+    returned process."""
     argv = ["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--format", "raw",
-            "--threads", "--nolineno", "--nonblocking", "--rate", str(SAMPLES_PER_S), "--output", str(out)]
+            "--threads", "--nolineno", "--nonblocking", "--rate", str(rate), "--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
