@@ -79,8 +79,8 @@ class Parts:
         parts = vector_parts(settings, self.upstream, self.store, self.metrics)
         self.vectors: Vectors | None = parts[0] if parts is not None else None
         self.embedding: EmbeddingWorker | None = parts[1] if parts is not None else None
-        after_commit = self.embedding.after_commit if self.embedding is not None and self.embedding.with_writes else None
-        self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size, after_commit=after_commit)
+        commit_hooks = self.embedding if self.embedding is not None and self.embedding.with_writes else None
+        self.writer = Writer(self.store, self.metrics, settings.memory.write_queue_size, hooks=commit_hooks)
         self.retriever = Retrieval(self.store, settings.memory, self.metrics, self.vectors)
         self.pending_facts = PendingFacts()
         self.hook_poster = HookPoster() if any(spec.kind == "url" for spec in settings.hooks) else None

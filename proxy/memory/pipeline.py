@@ -494,7 +494,8 @@ class TurnRecall(Recall):
             message_id = new_id() if mined is not None else None
             start = StartTurn(self._scope, self.turn_key, self._identity.conversation_id,
                               self._identity.history_hash, now, said, self._persist, self.generation,
-                              message_id=message_id, extract_from=queue_from(now) if mined is not None else None)
+                              message_id=message_id, extract_from=queue_from(now) if mined is not None else None,
+                              queued="user" in self._service.settings.extraction.from_roles)
             saved = self._saves.start(start) if self._saves is not None else self._route(start)
             if saved is not None and mined is not None and message_id is not None:
                 # Not a pending write for the user's requests running beside this one (not its
@@ -587,6 +588,7 @@ class TurnRecall(Recall):
             + thinking_step(message),
             answer_hash=text_hash(answer),
             generation=self.generation,
+            queued="assistant" in self._service.settings.extraction.from_roles,
         )
         if self._saves is None:
             return self._submit(finish, urgent=True) or mapped

@@ -29,7 +29,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from proxy.metrics import Metrics
 from proxy.stores.base import StoreError, WriteOp, Writes
@@ -62,16 +63,23 @@ class WriteQueueFull(StoreError):
         super().__init__("write queue full")
 
 
+class CommitHooks(Protocol):
+    """What runs around each batch's commit (the vectors of its items, memory/vectors/filler.py)."""
+
+    async def before_commit(self, ops: Sequence[WriteOp]) -> list[WriteOp]:
+        """The ops to apply in place of `ops`, one for one (with what they save beside them); never raises."""
+
+    async def after_commit(self, ops: Sequence[WriteOp]) -> None:
+        """After the ops committed, before they count as done; never raises."""
+
+
 class Writer:
     """Owns every write to the store."""
 
     def __init__(self, store: Writes, metrics: Metrics, max_queue: int, *,
-                 commit_delay_s: float = COMMIT_DELAY_S,
-                 after_commit: Callable[[], Awaitable[None]] | None = None) -> None:
+                 commit_delay_s: float = COMMIT_DELAY_S, hooks: CommitHooks | None = None) -> None:
         self.store = store
-        # Run after each committed batch, before its writes count as done (the vectors of
-        # its items, memory/vectors/worker.py); it never raises.
-        self.after_commit = after_commit
+        self.hooks = hooks
         self.commit_delay_s = commit_delay_s
         self.metrics = metrics
         self._queue: asyncio.Queue[tuple[WriteOp, asyncio.Future[None]]] = asyncio.Queue(max_queue)
@@ -241,6 +249,9 @@ class Writer:
 
     async def _commit(self, batch: Sequence[tuple[WriteOp, asyncio.Future[None]]]) -> None:
         """Commit the batch, retrying for as long as the store's failure is transient."""
+        if self.hooks is not None:
+            prepared = await self.hooks.before_commit([op for op, _ in batch])
+            batch = [(op, done) for op, (_, done) in zip(prepared, batch, strict=True)]
         delay = RETRY_FIRST_S
         while True:
             try:
@@ -261,8 +272,8 @@ class Writer:
                 log.exception("write batch of %d failed unexpectedly; retrying in %.2fs", len(batch), delay)
             else:
                 self.failing = False
-                if self.after_commit is not None:
-                    await self.after_commit()
+                if self.hooks is not None:
+                    await self.hooks.after_commit(ops)
                 _resolve(batch)
                 return
             await asyncio.sleep(delay)

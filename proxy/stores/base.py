@@ -49,6 +49,17 @@ def text_hash(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class ItemVector:
+    """A message's vector, computed before its write (memory/vectors/filler.py) and saved in the
+    write's transaction, by a store whose `saves_item_vectors` says so: only when the message is
+    new and its embedding text (vector_sql.py) is `text`, so the vector is of exactly what was saved."""
+
+    model: str
+    text: str
+    vector: bytes  # float32, little-endian
+
+
+@dataclass(frozen=True)
 class StartTurn:
     """First sight of a turn: its conversation, the turn row and the user's message.
 
@@ -70,6 +81,9 @@ class StartTurn:
     # When the extraction worker may take the message: later than `at` when its facts come in a
     # RecordFacts of their own, so the queue only backs that write up (a crash before it). None: at once.
     extract_from: datetime | None = None
+    # False when extraction mines no message of the user's role (extraction.from_roles): it is not queued.
+    queued: bool = True
+    vector: ItemVector | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +133,8 @@ class FinishTurn:
     # sends that text back, and the conversation is found by it (docs/scopes.md).
     answer_hash: str | None = None
     generation: Generation | None = None
+    queued: bool = True  # False when extraction mines no assistant message (extraction.from_roles)
+    vector: ItemVector | None = None  # the answer's
 
 
 @dataclass(frozen=True)
@@ -562,6 +578,10 @@ class ExtractionQueue(Protocol):
 
 class EmbeddingQueue(Protocol):
     """Items lacking a vector, filled by the background worker and `memproxy reindex`."""
+
+    # Whether `apply` saves the ItemVector a StartTurn or FinishTurn carries; else the filler
+    # embeds the message after the commit.
+    saves_item_vectors: bool
 
     async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
                          user: str | None = None, upto: int | None = None) -> list[Unembedded]:

@@ -1,11 +1,15 @@
 """Filling in vectors: with each write, in the background, and on `memproxy reindex`.
 
-With the embedded model (in-process, tens of microseconds a text) the writer calls
-`after_commit` after each committed batch and before telling anyone it is committed, so a
-new message, fact or entity has its vector by the time the next request, on any process,
-looks: the items of that commit are embedded and saved right behind it (a page at most
-per kind; more waits for the background). That runs once the background task has caught
-up with the store, so a large history being filled in never holds up a write.
+With the embedded model (in-process, tens of microseconds a text) a new message, fact or
+entity has its vector by the time the next request, on any process, looks. The messages a
+batch saves (a turn's question and answer) are embedded before it commits
+(`before_commit`), and a store that can (`saves_item_vectors`, SQLite) saves each vector
+in the batch's own transaction, of exactly the text saved: no read of the items back, no
+second transaction. Whatever else the batch wrote (a fact's entity, a reasoning trace, a
+memory stored, a message on PostgreSQL) is embedded and saved right behind the commit
+(`after_commit`, a page at most per kind; more waits for the background), before the
+writer tells anyone it is committed. That runs once the background task has caught up
+with the store, so a large history being filled in never holds up a write.
 
 With a provider's model nothing waits for a vector: a message is saved and answered
 first, and the background task later finds the items (messages, entities, reasoning
@@ -24,18 +28,34 @@ seq order by another replica.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.memory.vectors.embedder import Embed, EmbeddingFailed
 from proxy.metrics import Metrics
 from proxy.stores.base import (
     EMBEDDING_KINDS,
+    DropHookContext,
     EmbeddingKind,
     EmbeddingQueue,
+    ExtractionFailed,
+    FinishTurn,
+    ItemVector,
     NewEmbedding,
+    QueueHookContext,
+    RecordFacts,
+    RecordResponse,
+    RecordToolCalls,
+    SaveBlock,
+    SaveHookStart,
+    SetTurnStatus,
+    StartTurn,
     StoreError,
+    WriteOp,
 )
+from proxy.stores.vector_sql import EMBED_CHARS
 
 log = logging.getLogger("memproxy.embeddings")
 
@@ -120,8 +140,35 @@ class EmbeddingWorker:
         self._filling = asyncio.Lock()  # one page at a time: the writer's and the background's share cursors
         self._caught_up = False
 
-    async def after_commit(self) -> None:
-        """The vectors of what the writer just committed (see the module doc); never raises."""
+    async def before_commit(self, ops: Sequence[WriteOp]) -> list[WriteOp]:
+        """`ops`, the messages they save with their vectors when the store saves those in the batch
+        (see the module doc); never raises."""
+        if not (self.with_writes and self.filler.store.saves_item_vectors):
+            return list(ops)
+        out = list(ops)
+        texts = [(n, text[:EMBED_CHARS]) for n, text in enumerate(map(_message_text, ops)) if text]
+        try:
+            for n, text in texts[:self.filler.batch]:
+                # One text a call: the embedded model encodes one directly, and a batch of a few
+                # through its tokenizer's thread pool, which costs more CPU than the texts.
+                (vector,) = await self.filler.embed([text], self.filler.timeout_s)
+                op = out[n]
+                if isinstance(op, (StartTurn, FinishTurn)):
+                    out[n] = dataclasses.replace(op, vector=ItemVector(self.filler.model, text, vector))
+        except Exception as exc:  # memory never fails a write: the filler embeds what is left
+            self.metrics.embedding_calls.labels("background", "failed").inc()
+            log.warning("embeddings: the messages of a commit were left to the filler (%s)", exc)
+        else:
+            if texts:
+                self.metrics.embedding_calls.labels("background", "ok").inc()
+        return out
+
+    async def after_commit(self, ops: Sequence[WriteOp]) -> None:
+        """The vectors of what the writer just committed and `before_commit` did not give (see the
+        module doc); never raises."""
+        if all(_embedded(op) for op in ops):
+            self.metrics.embedded.inc(sum(getattr(op, "vector", None) is not None for op in ops))
+            return
         if not self._caught_up:
             return
         try:
@@ -193,3 +240,28 @@ class EmbeddingWorker:
             self._cursors[kind] = max(after, newest[kind]) if done else after
             more = more or not done
         return more
+
+
+# Ops that save no item with a text to embed.
+_NO_ITEMS = (SaveBlock, SaveHookStart, SetTurnStatus, RecordToolCalls, RecordResponse, QueueHookContext,
+             DropHookContext, ExtractionFailed)
+
+
+def _message_text(op: WriteOp) -> str:
+    """The text of the message `op` saves that has no vector yet ('' for none)."""
+    if isinstance(op, StartTurn) and op.persist and op.vector is None:
+        return op.user_text or ""
+    if isinstance(op, FinishTurn) and op.vector is None:
+        return op.answer
+    return ""
+
+
+def _embedded(op: WriteOp) -> bool:
+    """Whether every item `op` may have saved came with its vector (or has no text to embed)."""
+    if isinstance(op, StartTurn):
+        return not (op.persist and op.user_text) or op.vector is not None
+    if isinstance(op, FinishTurn):
+        return not op.steps and (not op.answer or op.vector is not None)
+    if isinstance(op, RecordFacts):  # one that only takes its message off the queue
+        return not (op.entities or op.relationships or op.user_node or op.user_alias)
+    return isinstance(op, _NO_ITEMS)

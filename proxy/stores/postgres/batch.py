@@ -12,7 +12,7 @@ a write, so a batch costs a round trip, not one per op. Under load a round trip 
 still: its reply waits for the event loop's next pass among hundreds of streams. A graph
 merge (RecordFacts with facts, StoreMemory) reads as it writes and runs op by op
 (postgres/facts.py, postgres/admin.py); a RecordFacts with nothing to merge (most messages
-state no fact, and every answer is passed over so) only dequeues, as one more kind of APPLY.
+state no fact) only dequeues, as one more kind of APPLY.
 
 Ops of different users touch different rows, so a batch need not run in submission order,
 only each user's ops in theirs: `runs` groups the batch so that each statement runs once for
@@ -69,6 +69,7 @@ _PARAMETERS = (
     "kind", "user", "conversation", "agent", "at", "turn_key",
     "role", "message_id", "content", "hash", "terms", "save",  # the message of a start or a finish
     "due",  # when the extraction worker may take a start's message (NULL: at once)
+    "queued",  # whether the message goes on the extraction queue at all
     "history",  # start
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
     "call_ids", "call_names", "call_args", "exchange",  # tool calls
@@ -143,14 +144,16 @@ dequeued AS (DELETE FROM extraction_queue WHERE {kind} = 'dequeue' AND NOT coale
     RETURNING id),
 known AS (INSERT INTO users (id, created_at) SELECT {user}, {at} WHERE EXISTS (SELECT 1 FROM dequeued)
     ON CONFLICT DO NOTHING),
--- The message unless its turn holds the same text in this role, queued for extraction if new.
+-- The message unless its turn holds the same text in this role, queued for extraction if new and its
+-- role is mined.
 m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash, terms,
     context, created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
     {terms}, {context}, {at}
     WHERE {kind} IN ('start', 'finish') AND {save} AND {live}
     ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)
 INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
-    SELECT user_id, id, coalesce({due}::timestamptz, created_at), created_at FROM m ON CONFLICT DO NOTHING
+    SELECT user_id, id, coalesce({due}::timestamptz, created_at), created_at FROM m WHERE {queued}
+    ON CONFLICT DO NOTHING
 """
 _NUMBERED = {name: f"${n}" for n, name in enumerate(_PARAMETERS, start=1)}
 # A turn stays in the conversation it was saved in: a later write naming another (a step
@@ -317,10 +320,10 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
         save = op.user_text is not None and op.persist
         values.update(kind="start", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
                       history=op.history_hash, due=None if op.extract_from is None else utc(op.extract_from),
-                      **_message("user", op.user_text or "", save, message_id=op.message_id))
+                      queued=op.queued, **_message("user", op.user_text or "", save, message_id=op.message_id))
     elif isinstance(op, FinishTurn):
         values.update(kind="finish", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
-                      **_message("assistant", op.answer, True, op.answer_hash), **_trace(op))
+                      queued=op.queued, **_message("assistant", op.answer, True, op.answer_hash), **_trace(op))
     elif isinstance(op, RecordToolCalls):
         # Each id once (the last): an upsert may not touch one row twice in a statement.
         calls = list({call[0]: call for call in ([clean_text(part) for part in c] for c in op.calls)}.values())

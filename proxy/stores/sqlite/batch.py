@@ -16,13 +16,16 @@ from typing import Any
 from proxy.ids import new_id
 from proxy.models import Scope
 from proxy.stores.base import (
-    HOOK_CONTEXT_KEEP, TURN_OPS, DropHookContext, ExtractionFailed, FinishTurn, QueueHookContext, RecordFacts,
-    RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn, StoreMemory, TurnOp, WriteOp, text_hash,
+    HOOK_CONTEXT_KEEP, TURN_OPS, DropHookContext, ExtractionFailed, FinishTurn, ItemVector, QueueHookContext,
+    RecordFacts, RecordResponse, RecordToolCalls, SaveBlock, SaveHookStart, SetTurnStatus, StartTurn, StoreMemory,
+    TurnOp, WriteOp, text_hash,
 )
 from proxy.stores.generations import deleted_keys, generation_key
 from proxy.stores.sqlite.admin import store_memory
 from proxy.stores.sqlite.facts import record_facts, record_failure
 from proxy.stores.sqlite.rows import clean_text, now_ts, to_ts
+from proxy.stores.sqlite.vectors import FLOAT32_BYTES
+from proxy.stores.vector_sql import EMBED_CHARS
 from proxy.stores.indexed_text import (
     CONTEXT_MESSAGES,
     context_terms,
@@ -148,10 +151,11 @@ class Batch:
             (scope.user, conversation_id, scope.agent, at, at),
         )
 
-    def _message(self, scope: Scope, conversation_id: str, turn_key: str, role: str, text: str, at: float,
-                 content_hash: str | None = None, message_id: str | None = None, due: float | None = None) -> None:
-        """Insert unless this turn already holds the same text in this role; enqueue it if new (due at
-        `due`, else at once)."""
+    def _message(self, scope: Scope, conversation_id: str, turn_key: str, role: str, text: str, at: float, *,
+                 content_hash: str | None = None, message_id: str | None = None, due: float | None = None,
+                 queued: bool = True, vector: ItemVector | None = None) -> None:
+        """Insert unless this turn already holds the same text in this role; if new, enqueue it when
+        `queued` (due at `due`, else at once) and save its `vector` when that is of its text."""
         content = clean_text(text)
         rows = self._run(
             "INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, role, content, content_hash,"
@@ -160,11 +164,20 @@ class Batch:
             (message_id or new_id(), scope.user, conversation_id, scope.agent, turn_key, role, content,
              content_hash or text_hash(text), index_terms(content), self._context(scope, conversation_id, at), at),
         )
-        if rows:
+        if not rows:
+            return
+        if queued:
             self._run(
                 "INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 (scope.user, rows[0][0], at if due is None else due, at),
+            )
+        # Python's slice and SQLite's substr count the same characters in text clean_text made storable.
+        if vector is not None and vector.text == content[:EMBED_CHARS]:
+            self._run(
+                "INSERT INTO embeddings (user_id, kind, item_id, model, dim, vector, created_at)"
+                " VALUES (?, 'message', ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (scope.user, rows[0][0], vector.model, len(vector.vector) // FLOAT32_BYTES, vector.vector, now_ts()),
             )
 
     def _context(self, scope: Scope, conversation_id: str, at: float) -> str:
@@ -197,7 +210,8 @@ class Batch:
         )
         if op.user_text is not None and op.persist:
             self._message(op.scope, conversation, op.turn_key, "user", op.user_text, at, message_id=op.message_id,
-                          due=None if op.extract_from is None else to_ts(op.extract_from))
+                          due=None if op.extract_from is None else to_ts(op.extract_from), queued=op.queued,
+                          vector=op.vector)
 
     def finish_turn(self, op: FinishTurn) -> None:
         """The answer (once per text), the trace (once per turn), status complete."""
@@ -213,7 +227,8 @@ class Batch:
         )
         # Matched later by the hash of the text the client received (op.answer_hash), which
         # differs from the saved text when redaction changed it.
-        self._message(op.scope, conversation, op.turn_key, "assistant", op.answer, at, op.answer_hash)
+        self._message(op.scope, conversation, op.turn_key, "assistant", op.answer, at, content_hash=op.answer_hash,
+                      queued=op.queued, vector=op.vector)
         if op.steps:
             task, answer = clean_text(op.task), clean_text(op.answer)
             self._run(

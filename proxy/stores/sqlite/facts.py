@@ -40,8 +40,8 @@ def record_failure(conn: sqlite3.Connection, op: ExtractionFailed) -> None:
 
 
 # Another message the user said, no later than this one, that waits for the worker (due by the
-# message's time: not the backup of a message mined as it was saved, due 30 s on). Answers are
-# queued too, and the worker passes over them without facts: they do not count.
+# message's time: not the backup of a message mined as it was saved, due 30 s on). Answers,
+# queued when extraction mines them, are not the user's: they do not count.
 _EARLIER_WAITING = (
     "SELECT 1 FROM extraction_queue mine JOIN extraction_queue e ON e.user_id = mine.user_id"
     " JOIN messages m ON m.user_id = e.user_id AND m.id = e.message_id AND m.role = 'user'"
