@@ -1,16 +1,22 @@
 """The embedded model as the default (docs/retrieval.md#embeddings): settings, vectors written
-with each commit, and the worker's cursors over a store whose vectors are all there."""
+with each commit (a turn's messages in the commit itself), and the worker's cursors over a
+store whose vectors are all there."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+from collections.abc import Sequence
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from proxy.memory.vectors.embedder import EmbeddingFailed
 from proxy.memory.vectors.filler import EmbeddingWorker, Filler
 from proxy.memory.vectors.local_model import MODEL_NAME, LocalModel
+from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import load_settings
@@ -70,5 +76,64 @@ def test_a_caught_up_worker_moves_its_cursors_to_the_newest_items_and_reads_only
             assert worker._cursors["message"] == 11
         finally:
             await store.close()
+
+    asyncio.run(body())
+
+
+def _writer_with_vectors(store: SQLiteStore) -> tuple[Writer, EmbeddingWorker]:
+    model = LocalModel()
+    # Never started: its background pass has not caught up, so nothing is filled after a commit.
+    worker = EmbeddingWorker(Filler(store, model, model.model, batch=64, timeout_s=1.0), Metrics(), with_writes=True)
+    return Writer(store, Metrics(), 100, commit_delay_s=0.001, hooks=worker), worker
+
+
+def _message_vectors(path: Path) -> dict[str, bytes]:
+    with closing(sqlite3.connect(path)) as db:
+        return {content: vector for content, vector in db.execute(
+            "SELECT m.content, e.vector FROM messages m JOIN embeddings e ON e.user_id = m.user_id"
+            " AND e.kind = 'message' AND e.item_id = m.id AND e.model = ?", (MODEL_NAME,))}
+
+
+def test_a_turns_messages_are_saved_with_their_vectors_in_their_own_commit(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        writer, worker = _writer_with_vectors(store)
+        writer.start()
+        try:
+            alice = Scope("alice")
+            await asyncio.gather(writer.submit(StartTurn(alice, "t1", "c", "h1", T0, "I keep bees.")),
+                                 writer.submit(FinishTurn(alice, "t1", "c", "Bees are great.", T0), urgent=True))
+            # A lone surrogate is stored as U+FFFD: a vector of the text as sent is not one of the text saved.
+            await writer.submit(StartTurn(alice, "t2", "c", "h2", T0, "odd \ud800 text"), urgent=True)
+        finally:
+            await writer.close()
+            await store.close()
+        model = LocalModel()
+        assert _message_vectors(tmp_path / "m.db") == {
+            text: model.vectors([text])[0].astype("<f4").tobytes() for text in ("I keep bees.", "Bees are great.")}
+        assert worker._cursors == {"message": 0, "entity": 0, "reasoning": 0}  # nothing was read back
+
+    asyncio.run(body())
+
+
+def test_a_commit_whose_vectors_fail_is_saved_without_them(tmp_path: Path) -> None:
+    async def failing(texts: Sequence[str], timeout_s: float) -> list[bytes]:
+        raise EmbeddingFailed("the embedded model failed")
+
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        writer, worker = _writer_with_vectors(store)
+        worker.filler.embed = failing
+        writer.start()
+        try:
+            await writer.submit(StartTurn(Scope("alice"), "t1", "c", "h1", T0, "I keep bees."), urgent=True)
+        finally:
+            await writer.close()
+            await store.close()
+        with closing(sqlite3.connect(tmp_path / "m.db")) as db:
+            assert db.execute("SELECT content FROM messages").fetchall() == [("I keep bees.",)]
+        assert _message_vectors(tmp_path / "m.db") == {}  # the filler's, later
 
     asyncio.run(body())

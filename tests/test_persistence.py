@@ -432,3 +432,20 @@ def test_a_custom_tool_call_is_recorded_with_its_name_and_input(mem, fake):
     (steps_json,) = rows(mem, "SELECT steps FROM reasoning")[0]
     assert [(s["name"], s["arguments"], s["result"]) for s in json.loads(steps_json)] == [
         ("apply_patch", "*** Begin Patch", "patched")]
+
+
+@pytest.mark.parametrize(("from_roles", "queued"), [(["user"], ["user"]), (["user", "assistant"], ["user", "assistant"]),
+                                                    ([], [])])
+def test_only_the_messages_of_a_role_extraction_mines_are_queued(make_proxy, from_roles, queued):
+    # An answer queued though extraction mines no answer was claimed by the worker only to be
+    # taken off the queue without facts: a claim and a write more every few turns.
+    proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=from_roles)
+    client = proxy.client(**{"X-Memory-User": "alice"})
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "warm up"}])
+    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:  # every item queued from now on
+        db.executescript("CREATE TABLE queued_roles (role TEXT);"
+                         " CREATE TRIGGER log_queued AFTER INSERT ON extraction_queue BEGIN INSERT INTO queued_roles"
+                         " SELECT role FROM messages WHERE user_id = NEW.user_id AND id = NEW.message_id; END;")
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "I live in Porto."}])
+    assert saved(proxy)[-2:] == [("user", "I live in Porto."), ("assistant", "Hello from upstream")]
+    assert [role for (role,) in rows(proxy, "SELECT role FROM queued_roles ORDER BY rowid")] == queued
