@@ -104,8 +104,11 @@ class Ownership:
     async def record(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
         """Record `user` as the creator of `objects` ((kind, id) each), waiting at most
         memory.commit_timeout_ms for it."""
-        objects = [(kind, object_id) for kind, object_id in dict.fromkeys(objects)
-                   if (provider, object_id) not in self._writing]
+        kinds: dict[str, str] = {}
+        for kind, object_id in objects:
+            if (provider, object_id) not in self._writing:
+                kinds.setdefault(object_id, kind)
+        objects = [(kind, object_id) for object_id, kind in kinds.items()]
         if not objects:
             return
         task = asyncio.create_task(self._write_all(user, provider, objects))
@@ -124,23 +127,20 @@ class Ownership:
                         objects[0][0])
 
     async def _write_all(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
-        for kind, object_id in objects:
-            await self._write(user, provider, kind, object_id)
-
-    async def _write(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             try:
-                owner = await self._store.record_owner(provider, object_id, user, kind, datetime.now(UTC))
+                owners = await self._store.record_owners(provider, user, objects, datetime.now(UTC))
                 break
             except StoreError as exc:
                 if exc.transient and attempt < RECORD_ATTEMPTS:
                     await asyncio.sleep(RECORD_RETRY_S)
                     continue
-                # The object exists at the provider; unrecorded, no one reaches it through memproxy.
-                log.error("could not record who created a provider %s: %s", kind, exc)
+                # The objects exist at the provider; unrecorded, no one reaches them through memproxy.
+                log.error("could not record who created a provider %s: %s", objects[0][0], exc)
                 return
-        if owner != user:
-            log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
+        for kind, object_id in objects:
+            if owners[object_id] != user:
+                log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
 
 
 class Recorded:
