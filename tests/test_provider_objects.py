@@ -23,7 +23,7 @@ import pytest
 from proxy.endpoint import provider_objects
 from tests.api_helpers import sign
 from tests.fake_responses import call_item, message_item, model_round, output, reasoning_item, response, stream
-from tests.fake_upstream import JsonReply, SSEReply
+from tests.fake_upstream import DONE, JsonReply, SSEReply, chunk, completion
 
 UPSTREAM_KEY = "sk-upstream-own-key-0001"
 ANTHROPIC_KEY = "sk-ant-upstream-own-0002"
@@ -480,3 +480,55 @@ def test_a_body_memproxy_cannot_read_as_utf8_is_refused_not_forwarded(keyed: Any
         refused = bob.post("/v1/responses", content=content, headers={"content-type": "application/json", **headers})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "unreadable_body"
     assert fake.received == []
+
+
+def spoken(audio_id: str) -> dict[str, Any]:
+    """A chat completion asked to speak: its message carries the audio the provider keeps."""
+    answer = completion("It is sunny.")
+    answer["choices"][0]["message"]["audio"] = {"id": audio_id, "data": "UklGRg==", "expires_at": 1893456000,
+                                                "transcript": "It is sunny."}
+    return answer
+
+
+def spoken_stream(audio_id: str) -> list[bytes]:
+    return [chunk({"role": "assistant", "content": None}),
+            chunk({"audio": {"id": audio_id, "transcript": "It is ", "data": "UklG", "expires_at": 1893456000}}),
+            chunk({"audio": {"transcript": "sunny.", "data": "Rg=="}}), chunk({}, finish="stop"), DONE]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_an_audio_answer_is_its_creators_to_send_back(keyed: Any, fake: Any, streamed: bool) -> None:
+    # A spoken answer's audio is kept by the provider under memproxy's key, and a later turn names
+    # it by id: alice sends hers back; bob, naming it, gets the 404 and nothing reaches the provider.
+    fake.queue(SSEReply(spoken_stream("audio_alice")) if streamed else JsonReply(spoken("audio_alice")))
+    alice = sdk(keyed, ALICE_KEY)
+    asked: Any = {"model": "gpt-4o-audio-preview", "modalities": ["text", "audio"],
+                  "audio": {"voice": "alloy", "format": "wav"},
+                  "messages": [{"role": "user", "content": "weather?"}]}
+    if streamed:
+        with alice.chat.completions.create(**asked, stream=True) as chunks:
+            said = [c.choices[0].delta.model_dump().get("audio") for c in chunks if c.choices]
+        assert said[1]["id"] == "audio_alice"
+    else:
+        assert alice.chat.completions.create(**asked).choices[0].message.audio.id == "audio_alice"
+    again: Any = {**asked, "messages": [*asked["messages"], {"role": "assistant", "audio": {"id": "audio_alice"}},
+                                        {"role": "user", "content": "and tomorrow?"}]}
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for named in ("audio_alice", "audio_never_seen"):
+            body = {**again, "messages": [*asked["messages"], {"role": "assistant", "audio": {"id": named}}]}
+            not_found(bob.post("/v1/chat/completions", json=body), f"Audio with id '{named}' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(completion("Rain.")))
+    assert alice.chat.completions.create(**again).choices[0].message.content == "Rain."
+    assert json.loads(fake.received[0].body)["messages"][1] == {"role": "assistant", "audio": {"id": "audio_alice"}}
+
+
+def test_a_chat_completion_not_asked_to_speak_creates_nothing() -> None:
+    asked = {"model": "m", "audio": {"voice": "alloy"}, "messages": [{"role": "user", "content": "modalities"}]}
+    assert provider_objects.created_by_body("/chat/completions", json.dumps(asked).encode()) is None
+    assert provider_objects.created_by_body("/chat/completions", json.dumps(
+        {**asked, "modalities": ["text", "audio"]}).encode()) == "audio"
+    assert provider_objects.created_by_body("/responses", json.dumps(
+        {**asked, "modalities": ["text", "audio"]}).encode()) is None
+    assert provider_objects.references(json.dumps(asked).encode()) == []

@@ -81,6 +81,12 @@ class Ownership:
             await self._check(user, provider, kind, object_id,
                               "previous_response_id" if kind == "response" else None)
 
+    @staticmethod
+    def created_by_body(path: str, body: bytes) -> str | None:
+        """The kind of object a call otherwise stateless creates because of what its body asks (a
+        chat completion's audio): its answer then goes through `recorded`."""
+        return provider_objects.created_by_body(path, body)
+
     async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
                      ) -> None:
         writing = self._writing.get((provider, object_id))
