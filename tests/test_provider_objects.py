@@ -532,3 +532,30 @@ def test_a_chat_completion_not_asked_to_speak_creates_nothing() -> None:
     assert provider_objects.created_by_body("/responses", json.dumps(
         {**asked, "modalities": ["text", "audio"]}).encode()) is None
     assert provider_objects.references(json.dumps(asked).encode()) == []
+
+
+def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed: Any, fake: Any) -> None:
+    # Items added to alice's conversation, and those it was created with (listed), come back
+    # with ids a later input names them by: alice's to reference, refused to bob.
+    added = {**message_item("my locker code is 4417"), "id": "msg_added"}
+    listed = {**message_item("the first thing I said"), "id": "msg_initial"}
+    fake.queue(JsonReply({"id": "conv_items", "object": "conversation"}),
+               JsonReply({"object": "list", "data": [added], "first_id": "msg_added", "last_id": "msg_added",
+                          "has_more": False}),
+               JsonReply({"object": "list", "data": [listed, added], "first_id": "msg_initial",
+                          "last_id": "msg_added", "has_more": False}))
+    with http(keyed, ALICE_KEY) as alice:
+        assert alice.post("/v1/conversations", json={"items": [{"role": "user", "content": "hi"}]}).status_code == 200
+        assert alice.post("/v1/conversations/conv_items/items",
+                          json={"items": [{"role": "user", "content": "my locker code is 4417"}]}).status_code == 200
+        assert alice.get("/v1/conversations/conv_items/items").json()["data"][0]["id"] == "msg_initial"
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for item in ("msg_added", "msg_initial"):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": item}]}),
+                      f"Item with id '{item}' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(response(output("4417"), "resp_locker")))
+    references = [{"type": "item_reference", "id": "msg_added"}, {"type": "item_reference", "id": "msg_initial"}]
+    assert sdk(keyed, ALICE_KEY).responses.create(model="m", input=references).id == "resp_locker"
+    assert json.loads(fake.received[0].body)["input"] == references

@@ -67,6 +67,7 @@ class Ownership:
                 "auth.provider_objects: shared opens it where one tenant uses memproxy")
         if access.verdict == "names":
             await self._check(user, provider, access.kind, access.object_id)
+            return access.adds or None
         return access.kind if access.verdict == "creates" else None
 
     async def check_body(self, user: str, provider: Provider, body: bytes) -> None:
@@ -201,7 +202,7 @@ class Recorded:
             if size <= CREATED_BODY_MAX else []
         if created:
             await self._ownership.record(user, provider, created)
-        if not created or created[0][0] != kind:
+        if kind != provider_objects.ADDED_ITEMS and (not created or created[0][0] != kind):  # a list may be empty
             log.warning("a provider %s was created but its id could not be read from the answer; "
                         "no user reaches it through memproxy", self._owner[2])
         if held is not None:

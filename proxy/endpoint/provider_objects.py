@@ -74,13 +74,21 @@ _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTo
                             "batchEmbedContents"})
 
 
+# The items of a conversation, as adding them (`POST /conversations/{id}/items`) or listing them
+# (`GET`, the items it was created with among them) answers: a later input names each by its id,
+# as a response's output items, and they are the conversation's creator's.
+ADDED_ITEMS = "conversation_items"
+
+
 @dataclass(frozen=True)
 class Access:
-    """What a request does with provider objects; `kind` and `object_id` as the verdict needs."""
+    """What a request does with provider objects; `kind` and `object_id` as the verdict needs;
+    `adds`: what a request naming an object creates beside it (items added to a conversation)."""
 
     verdict: Verdict
     kind: str = ""
     object_id: str = ""
+    adds: str = ""
 
 
 def access(method: str, path: str) -> Access:
@@ -99,7 +107,8 @@ def access(method: str, path: str) -> Access:
         return Access("unattributed")
     if len(segments) == 1:
         return Access("creates", kind) if method == "POST" else Access("unattributed")  # a list: everyone's
-    return Access("names", kind, unquote(segments[1]))  # as the provider reads the path
+    adds = ADDED_ITEMS if method in ("POST", "GET") and kind == "conversation" and segments[2:] == ["items"] else ""
+    return Access("names", kind, unquote(segments[1]), adds)  # as the provider reads the path
 
 
 def created_by_body(path: str, body: bytes) -> str | None:
@@ -167,12 +176,15 @@ def _ids(value: Any) -> list[str]:
 
 def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a creation's JSON answer describes: the object (of `kind`), and what its
-    output holds (output_objects); of a chat completion asked to speak, its audio."""
+    output holds (output_objects); of a chat completion asked to speak, its audio; of items added
+    to a conversation, each item."""
     document = _json(body)
     if not isinstance(document, dict):
         return []
     if kind == AUDIO:
         return _spoken(document, "message")
+    if kind == ADDED_ITEMS:
+        return output_objects(document.get("data"))
     found = document.get("id")
     itself = [(kind, found)] if isinstance(found, str) and found else []
     return itself + output_objects(document.get("output"))
