@@ -559,3 +559,22 @@ def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed:
     references = [{"type": "item_reference", "id": "msg_added"}, {"type": "item_reference", "id": "msg_initial"}]
     assert sdk(keyed, ALICE_KEY).responses.create(model="m", input=references).id == "resp_locker"
     assert json.loads(fake.received[0].body)["input"] == references
+
+
+def test_a_response_holding_generated_images_is_recorded_whatever_its_size(keyed: Any, fake: Any) -> None:
+    # An image generation's output holds the image in base64: a JSON answer of megabytes, whose
+    # id must still be recorded (it once was relayed unrecorded, refused to its creator after).
+    image = {"type": "image_generation_call", "id": "ig_big", "status": "completed", "result": "iVBOR" * 1_200_000}
+    fake.queue(JsonReply(response([image, message_item("here it is")], "resp_image")))
+    alice = sdk(keyed, ALICE_KEY)
+    made = alice.responses.create(model="m", input="draw a cat", tools=[{"type": "image_generation"}])
+    assert made.id == "resp_image" and len(made.output[0].model_dump()["result"]) == 6_000_000
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_image"), "Response with id 'resp_image' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": "ig_big"}]}),
+                  "Item with id 'ig_big' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(response(output("a grey one"), "resp_next")))
+    assert alice.responses.create(model="m", input="and a grey one", previous_response_id="resp_image").id == "resp_next"
+    assert json.loads(fake.received[0].body)["previous_response_id"] == "resp_image"

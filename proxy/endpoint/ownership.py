@@ -31,8 +31,9 @@ from proxy.wires.sse import SSEDecoder
 log = logging.getLogger("memproxy.ownership")
 
 # A creation's JSON answer longer than this is relayed without its id recorded (the object
-# is then refused to everyone): an object's description is a few KiB.
-CREATED_BODY_MAX = 4 * 1024 * 1024
+# is then refused to everyone). A description is a few KiB, but a response's output can hold
+# generated images in base64, megabytes each; one above LARGE_BODY_BYTES is read in a thread.
+CREATED_BODY_MAX = 64 * 1024 * 1024
 # A record the store refused for a transient reason (locked, unreachable) is tried again this
 # many times in all, this long apart: unrecorded, the object is lost to its creator too.
 RECORD_ATTEMPTS = 3
@@ -198,8 +199,11 @@ class Recorded:
                 body.append(chunk)
             held = chunk
         user, provider, kind = self._owner
-        created = provider_objects.created_objects(readable_body(self._inner, b"".join(body)), kind) \
-            if size <= CREATED_BODY_MAX else []
+        created = []
+        if size <= CREATED_BODY_MAX:
+            whole = readable_body(self._inner, b"".join(body))
+            created = (await asyncio.to_thread(provider_objects.created_objects, whole, kind)
+                       if len(whole) > LARGE_BODY_BYTES else provider_objects.created_objects(whole, kind))
         if created:
             await self._ownership.record(user, provider, created)
         if kind != provider_objects.ADDED_ITEMS and (not created or created[0][0] != kind):  # a list may be empty
