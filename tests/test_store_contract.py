@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Coroutine
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -84,6 +85,21 @@ def test_start_and_finish_are_idempotent(backend: Backend) -> None:
             turn = await store.turn(ALICE, "t1")
             assert turn is not None and turn.status == "complete" and turn.conversation_id == "c1"
         assert await backend.sql("SELECT count(*) FROM extraction_queue") == [(2,)]
+
+    run(body())
+
+
+def test_a_message_of_a_role_not_mined_is_saved_and_not_queued(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply([replace(start(ALICE, "t1", "where is the office?"), queued=False),
+                               replace(finish(ALICE, "t1", "On Main Street."), queued=False),
+                               start(ALICE, "t2", "and the car park?"), finish(ALICE, "t2", "Behind it.")])
+            assert sorted(m.content for m in await store.messages(ALICE, "c1")) == [
+                "Behind it.", "On Main Street.", "and the car park?", "where is the office?"]
+        assert await backend.sql("SELECT m.content FROM extraction_queue q JOIN messages m ON m.user_id = q.user_id"
+                                 " AND m.id = q.message_id ORDER BY m.content") == [("Behind it.",),
+                                                                                      ("and the car park?",)]
 
     run(body())
 
