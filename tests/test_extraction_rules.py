@@ -9,6 +9,7 @@ first-measurement figures are the honest estimate for unseen phrasing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from proxy.memory.extraction import (
 )
 from proxy.memory.extraction.roles import NOTE_END, ROLES, named_kind
 from proxy.memory.extraction.rules import describe, sentences
+from proxy.memory.learning.extractors import RulesExtractor
 from proxy.stores.export_records import OBJECT_DESCRIPTION_HEAD_CHARS
 
 CORPUS = Path(__file__).parent / "data" / "extraction_corpus.jsonl"
@@ -734,3 +736,15 @@ def test_pathological_input_stays_linear(text: str) -> None:
     start = time.perf_counter()
     extract(text)
     assert time.perf_counter() - start < 10.0
+
+
+def test_a_short_message_is_mined_at_once_unless_an_extraction_is_in_flight() -> None:
+    async def body() -> None:
+        rules = RulesExtractor()
+        said = "I live in Porto."
+        assert rules.now(said, None) == extract(said)  # on the loop: a thread's hop costs as much CPU
+        assert rules.now("I live in Porto. " * 20, None) is None  # longer: in a thread
+        async with rules._one:  # another message's rules in flight: its facts come first
+            assert rules.now(said, None) is None
+
+    asyncio.run(body())

@@ -4,11 +4,12 @@
 find Dana. Through the extraction queue the next request waited for a pass of the worker
 (claim, extract, commit) that began after the message committed: under a steady stream of
 one user's requests that pass was always one behind, and the wait ran to its bound
-(pending_facts.py). So in rules mode a short user message is mined when its turn starts,
-off the event loop, and its facts go to the writer as a RecordFacts of their own, right
-behind the message. The turn's answer ends once they are committed, as it ends once the
-turn is, so the user's next request finds them without waiting; a request running beside
-the turn (the user's parallel requests) is not its next, and does not wait for them.
+(pending_facts.py). So in rules mode a short user message is mined when its turn starts
+(on the event loop when very short, else in a thread: extractors.py), and its facts go to
+the writer as a RecordFacts of their own, right behind the message. The turn's answer ends
+once they are committed, as it ends once the turn is, so the user's next request finds them
+without waiting; a request running beside the turn (the user's parallel requests) is not
+its next, and does not wait for them.
 
 The queue still backs it up. The message is queued as always, due only after
 QUEUE_BACKUP_S, and the facts' write takes it off the queue by its message id; if that
@@ -25,7 +26,7 @@ from datetime import datetime, timedelta
 
 from proxy.memory.learning.facts import record_of
 from proxy.memory.learning.worker import head
-from proxy.memory.learning.extractors import Extractor
+from proxy.memory.learning.extractors import Extractor, RulesExtractor
 from proxy.memory.writer import WriteQueueFull, Writer
 from proxy.models import Scope
 
@@ -69,7 +70,10 @@ class InlineFacts:
     async def _record(self, scope: Scope, message_id: str, text: str, at: datetime) -> None:
         scope = dataclasses.replace(scope, agent_isolated=self._isolate_agents and scope.agent is not None)
         try:
-            found = await self._rules(head(text), None)
+            rules = self._rules
+            found = rules.now(head(text), None) if isinstance(rules, RulesExtractor) else None
+            if found is None:
+                found = await rules(head(text), None)
             await self._writer.submit(record_of(scope, None, message_id, at, found))
         except WriteQueueFull:  # the writer counted and logged it; the worker mines the message later
             pass
