@@ -99,7 +99,8 @@ def test_a_store_of_the_former_256_wide_vectors_is_filled_again_at_128_and_searc
             assert (await Filler(store, model, model.model, batch=64, timeout_s=1.0).fill_all()).saved["message"] == 4
             assert await store.unembedded(MODEL_NAME, "message") == []
             assert {len(v.vector) for v in await store.vectors(alice, "message", MODEL_NAME)} == {128 * 4}
-            assert {len(v.vector) for v in await store.vectors(alice, "message", former)} == {256 * 4}  # left as they were
+            # The former ones are left as they were.
+            assert {len(v.vector) for v in await store.vectors(alice, "message", former)} == {256 * 4}
             # The search reads only the model's own vectors, 128 wide, and finds the paraphrased fact.
             index = VectorIndex(store, MODEL_NAME)
             query = unit(model.vectors(["what's the name of my pet"])[0])

@@ -82,7 +82,8 @@ def test_vectors_are_the_mean_of_the_token_rows_and_a_paraphrase_is_nearer_than_
 
 
 TEXTS = ["My dog is called Rex", "x", "   ", "What did Caroline say about the adoption agency last week?",
-         "request 17: remind me what database we picked for the billing service", "naïve café, 日本語 🐝 \u00a0tabs\tand\nlines",
+         "request 17: remind me what database we picked for the billing service",
+         "naïve café, 日本語 🐝 \u00a0tabs\tand\nlines",
          "bees " * 700,  # past the 512 tokens kept
          *(" ".join(f"word{n * k % 97} thing{k}" for k in range(n)) for n in range(1, 40))]
 

@@ -2,12 +2,14 @@
 
 The weights (a 32,000 x 256 float16 token table, 16 MB) and the tokenizer file ship
 inside the `wordllama` wheel; they are read from its installed folder and nothing is ever
-downloaded. The table is Matryoshka-trained, so its first 128 dimensions are a model of
-their own: they rank LoCoMo dev within 0.2 points of the full 256 (docs/retrieval.md),
-and half the width halves the product each query costs against a user's vectors and the
-memory they take. Those 128 columns are kept as float32 (16 MB, as the file's float16
-table): a text's rows are then summed as they are gathered, with no cast. `wordllama`'s own loader is not used: version 0.4.0.post1 looks for the
+downloaded. `wordllama`'s own loader is not used: version 0.4.0.post1 looks for the
 tokenizer under a folder name its wheel does not use and then fetches it from a hub.
+
+The table is Matryoshka-trained, so its first 128 dimensions are a model of their own:
+they rank LoCoMo dev within 0.2 points of the full 256 (docs/retrieval.md), and half the
+width halves the product each query costs against a user's vectors and the memory they
+take. Those 128 columns are kept as float32 (16 MB, as the file's float16 table): a
+text's rows are then summed as they are gathered, with no cast.
 
 A text's vector is the mean of its tokens' rows (a static model: no attention, so one
 query takes tens of microseconds): one gather and one sum, as few numpy calls as that
