@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,6 +122,12 @@ class _Codes:
         """The value's code; -1 (no row's) for a value no row holds."""
         return self._of.get(value, -1)
 
+    def among(self, codes: np.ndarray, values: Iterable[str | None]) -> np.ndarray:
+        """True where a code (of `up_to`) is one of `values`': one lookup a row (numpy's isin sorts them)."""
+        wanted = np.zeros(len(self._of), dtype=bool)
+        wanted[[code for value in values if (code := self.code(value)) >= 0]] = True
+        return wanted[codes]
+
 
 @dataclass
 class Matrix:
@@ -203,17 +209,20 @@ class Matrix:
         by_group = where.conversation is not None or where.exclude is not None or where.within is not None
         if not by_group and not where.by_agent:
             return None
-        keep = np.ones(n, dtype=bool)
+        tests: list[np.ndarray] = []
         if by_group:
             groups = self._group_codes.up_to(self.groups, n)
             if where.conversation is not None:
-                keep &= groups == self._group_codes.code(where.conversation)
+                tests.append(groups == self._group_codes.code(where.conversation))
             if where.exclude is not None:
-                keep &= groups != self._group_codes.code(where.exclude)
+                tests.append(groups != self._group_codes.code(where.exclude))
             if where.within is not None:
-                keep &= np.isin(groups, [self._group_codes.code(g) for g in where.within])
+                tests.append(self._group_codes.among(groups, where.within))
         if where.by_agent:
-            keep &= self._agent_codes.up_to(self.agents, n) == self._agent_codes.code(where.agent)
+            tests.append(self._agent_codes.up_to(self.agents, n) == self._agent_codes.code(where.agent))
+        keep = tests[0]
+        for test in tests[1:]:
+            keep &= test
         return keep
 
     def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int
