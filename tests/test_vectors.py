@@ -106,6 +106,17 @@ def test_the_cut_at_the_limit_keeps_ties_and_honours_the_filter_and_floor() -> N
     assert found == [("b", 1.0)] and (spread.rows, spread.mean) == (2, 0.0)
 
 
+def test_a_unit_vector_is_the_vector_over_numpys_norm_bit_for_bit_and_none_without_a_length() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        v = rng.normal(size=128).astype(np.float32)
+        u = unit(v.tobytes())
+        assert u is not None and u.dtype == np.float32
+        assert np.array_equal(u, (v / float(np.linalg.norm(v))).astype(np.float32))
+    for nothing in (b"", vec(0, 0), vec(float("inf"), 1), vec(float("nan"), 1)):
+        assert unit(nothing) is None
+
+
 def test_the_spread_is_numpys_mean_and_std_bit_for_bit() -> None:
     # Computed in fewer passes than numpy's mean() and std() take, it must not move a z-score.
     rng = np.random.default_rng(7)
