@@ -147,11 +147,12 @@ class EmbeddingWorker:
             return list(ops)
         out = list(ops)
         texts = [(n, text[:EMBED_CHARS]) for n, text in enumerate(map(_message_text, ops)) if text]
+        texts = texts[:self.filler.batch]  # more waits for the filler, as after a commit
+        if not texts:
+            return out
         try:
-            for n, text in texts[:self.filler.batch]:
-                # One text a call: the embedded model encodes one directly, and a batch of a few
-                # through its tokenizer's thread pool, which costs more CPU than the texts.
-                (vector,) = await self.filler.embed([text], self.filler.timeout_s)
+            vectors = await self.filler.embed([text for _, text in texts], self.filler.timeout_s)
+            for (n, text), vector in zip(texts, vectors, strict=True):
                 op = out[n]
                 if isinstance(op, (StartTurn, FinishTurn)):
                     out[n] = dataclasses.replace(op, vector=ItemVector(self.filler.model, text, vector))
@@ -159,8 +160,7 @@ class EmbeddingWorker:
             self.metrics.embedding_calls.labels("background", "failed").inc()
             log.warning("embeddings: the messages of a commit were left to the filler (%s)", exc)
         else:
-            if texts:
-                self.metrics.embedding_calls.labels("background", "ok").inc()
+            self.metrics.embedding_calls.labels("background", "ok").inc()
         return out
 
     async def after_commit(self, ops: Sequence[WriteOp]) -> None:
