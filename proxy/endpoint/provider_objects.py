@@ -39,12 +39,18 @@ _CREATES_ITEMS = {("POST", "/responses/compact"): "response"}
 # citation of a container file), and the kind each names.
 _NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container",
                       "container_id": "container", "cachedContent": "cached_content",
-                      "cached_content": "cached_content"}
+                      "cached_content": "cached_content", "audio": "audio"}
 # Gemini names a stored file by its URI (`fileData.fileUri`, `.../v1beta/files/{id}`, or its
 # name `files/{id}`); a URI
 # of anything else (a video's address) names no stored object.
 _FILE_URIS = ("fileUri", "file_uri")
 _FILE_URI_ID = re.compile(r"^\s*(?:https?://[^/]*googleapis\.com/(?:[^/]+/)*)?files/([^/?#]+)", re.IGNORECASE)
+# A chat completion asked to speak (`"modalities": [..., "audio"]`) answers with an audio the
+# provider keeps for a while: a later request's assistant message names it by its id
+# (`"audio": {"id": ...}`, a nested reference above; the output settings, `"audio": {"voice":
+# ...}`, hold no id and name nothing).
+AUDIO = "audio"
+_CHAT_COMPLETIONS = "/chat/completions"
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
 # Top-level lists of Responses input items (a request's `input`, a conversation's `items`):
@@ -68,13 +74,21 @@ _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTo
                             "batchEmbedContents"})
 
 
+# The items of a conversation, as adding them (`POST /conversations/{id}/items`) or listing them
+# (`GET`, the items it was created with among them) answers: a later input names each by its id,
+# as a response's output items, and they are the conversation's creator's.
+ADDED_ITEMS = "conversation_items"
+
+
 @dataclass(frozen=True)
 class Access:
-    """What a request does with provider objects; `kind` and `object_id` as the verdict needs."""
+    """What a request does with provider objects; `kind` and `object_id` as the verdict needs;
+    `adds`: what a request naming an object creates beside it (items added to a conversation)."""
 
     verdict: Verdict
     kind: str = ""
     object_id: str = ""
+    adds: str = ""
 
 
 def access(method: str, path: str) -> Access:
@@ -93,7 +107,18 @@ def access(method: str, path: str) -> Access:
         return Access("unattributed")
     if len(segments) == 1:
         return Access("creates", kind) if method == "POST" else Access("unattributed")  # a list: everyone's
-    return Access("names", kind, unquote(segments[1]))  # as the provider reads the path
+    adds = ADDED_ITEMS if method in ("POST", "GET") and kind == "conversation" and segments[2:] == ["items"] else ""
+    return Access("names", kind, unquote(segments[1]), adds)  # as the provider reads the path
+
+
+def created_by_body(path: str, body: bytes) -> str | None:
+    """The kind of object a stateless call's body makes it create: a chat completion asked for
+    audio output creates an audio (its id comes in the answer)."""
+    if path != _CHAT_COMPLETIONS or b'"modalities"' not in body:
+        return None
+    document = _json(body)
+    modalities = document.get("modalities") if isinstance(document, dict) else None
+    return AUDIO if isinstance(modalities, list) and AUDIO in modalities else None
 
 
 class Unreadable(ValueError):
@@ -151,10 +176,15 @@ def _ids(value: Any) -> list[str]:
 
 def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a creation's JSON answer describes: the object (of `kind`), and what its
-    output holds (output_objects)."""
+    output holds (output_objects); of a chat completion asked to speak, its audio; of items added
+    to a conversation, each item."""
     document = _json(body)
     if not isinstance(document, dict):
         return []
+    if kind == AUDIO:
+        return _spoken(document, "message")
+    if kind == ADDED_ITEMS:
+        return output_objects(document.get("data"))
     found = document.get("id")
     itself = [(kind, found)] if isinstance(found, str) and found else []
     return itself + output_objects(document.get("output"))
@@ -166,7 +196,11 @@ _EVENT_NEEDLES = ('"response"', '"item"', '"annotation"')
 
 def created_in_event(data: str, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a Responses stream's event shows created: the response (of `kind`;
-    `response.created` is the first event), an output item and what it holds, a citation."""
+    `response.created` is the first event), an output item and what it holds, a citation; of a
+    chat completion's stream asked to speak, the audio a chunk carries."""
+    if kind == AUDIO:
+        document = _json(data) if f'"{AUDIO}"' in data else None
+        return _spoken(document, "delta") if isinstance(document, dict) else []
     if not any(needle in data for needle in _EVENT_NEEDLES):
         return []  # a delta, most events of a stream: not parsed
     document = _json(data)
@@ -203,6 +237,20 @@ def output_objects(output: Any) -> list[tuple[str, str]]:
                 annotations = part.get("annotations") if isinstance(part, dict) else None
                 for annotation in annotations if isinstance(annotations, list) else ():
                     found += _cited(annotation)
+    return found
+
+
+def _spoken(completion: dict[str, Any], part: str) -> list[tuple[str, str]]:
+    """(audio, id) of each audio a chat completion (`part` "message") or one of its stream's chunks
+    ("delta") carries in its choices."""
+    choices = completion.get("choices")
+    found: list[tuple[str, str]] = []
+    for choice in choices if isinstance(choices, list) else ():
+        said = choice.get(part) if isinstance(choice, dict) else None
+        audio = said.get(AUDIO) if isinstance(said, dict) else None
+        audio_id = audio.get("id") if isinstance(audio, dict) else None
+        if isinstance(audio_id, str) and audio_id:
+            found.append((AUDIO, audio_id))
     return found
 
 

@@ -225,6 +225,7 @@ class ProxyEndpoint:
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         if owner is not None:
             await self.ownership.check_body(owner, provider, body)
+            creates = creates or self.ownership.created_by_body(path, body)
         parsed: WireRequest | str | None = None
         if resolved.needs_body:
             parsed = wire.parse(body)
