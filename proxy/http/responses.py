@@ -60,18 +60,18 @@ class Heartbeat:
         self._every_s = every_s
         self._tail = b"\n\n"  # the stream starts between events
         self._recent: tuple[bytes, bytes] = (b"", b"")  # the last two chunks sent (not copies)
-        self._last = 0.0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Kept: asyncio.get_running_loop() asks the kernel for the process id on every call
+        # (Python 3.11), and a stream's every chunk reads the clock.
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._ping: asyncio.Task[None] | None = None  # the last ping sent, or being sent
         self._sending = False  # a chunk of the provider's is being sent
         self._closed = False
 
     async def __aenter__(self) -> Self:
-        loop = self._loop = asyncio.get_running_loop()
-        self._last = loop.time()
         if self._every_s > 0:
-            self._timer = loop.call_at(self._last + self._every_s, self._due)
+            self._timer = self._loop.call_at(self._last + self._every_s, self._due)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -103,10 +103,9 @@ class Heartbeat:
             self._sending = False
         self._tail = (self._tail + chunk[-4:])[-4:]
         self._recent = (self._recent[1], chunk)
-        self._last = asyncio.get_running_loop().time()
+        self._last = self._loop.time()
 
     def _due(self) -> None:
-        assert self._loop is not None
         now = self._loop.time()
         if self._sending:  # a chunk is going out to a slow client: the provider is not the one silent
             self._timer = self._loop.call_at(now + self._every_s, self._due)
@@ -117,7 +116,6 @@ class Heartbeat:
             self._ping = self._loop.create_task(self._pinged(), name="memproxy-heartbeat")
 
     async def _pinged(self) -> None:
-        assert self._loop is not None
         if self._tail.endswith(_EVENT_ENDS):
             await self._send({"type": "http.response.body", "body": PING, "more_body": True})
         self._last = self._loop.time()
@@ -274,23 +272,26 @@ async def _relay_stream(send: Send, response: Any, recall: Answerable, wire: Wir
     read = _reader(response)
     committed = False
 
-    async def take(events: list[Any]) -> None:
+    def take(events: list[Any]) -> asyncio.Future[None] | None:
+        """Read the events; the answer's commit to wait for, the first time it is done."""
         nonlocal committed
         for event in events:
             answer.feed(event)
         if answer.done and not committed:
             committed = True
-            # The answer is in the store before the wire's end event reaches the client.
             if recall.active and answer.error is None and not answer.too_large:
-                await _commit(recall.answered(answer.message()))
+                return recall.answered(answer.message())
+        return None
 
     async def read_events(chunk: bytes) -> None:
-        await take(decoder.feed(chunk if read is None else read(chunk)))
+        waiter = take(decoder.feed(chunk if read is None else read(chunk)))
+        if waiter is not None:  # the answer is in the store before the wire's end event reaches the client
+            await _commit(waiter)
 
     cut, tail, recent = await _forward_events(send, response, heartbeat_s, read_events)
     if cut is None and not answer.done:
         # A provider that ends with its end event but not the blank line after it did finish.
-        await take(decoder.feed(b"\n\n"))
+        await _commit(take(decoder.feed(b"\n\n")))
     if answer.malformed:
         recall.bad_events(answer.malformed)  # a bad data line is counted, never fatal
     if cut is not None and answer.done:
