@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -578,3 +579,39 @@ def test_a_response_holding_generated_images_is_recorded_whatever_its_size(keyed
     fake.queue(JsonReply(response(output("a grey one"), "resp_next")))
     assert alice.responses.create(model="m", input="and a grey one", previous_response_id="resp_image").id == "resp_next"
     assert json.loads(fake.received[0].body)["previous_response_id"] == "resp_image"
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "m", "input": "hi", "metadata": {"audio": "on"}},
+    {"model": "m", "input": "hi", "prompt": {"id": "pmpt_1", "variables": {"audio": {"id": "not-a-stored-audio"}}}},
+])
+def test_a_key_named_audio_outside_a_chat_completion_names_nothing(keyed: Any, fake: Any, body: Any) -> None:
+    fake.queue(JsonReply(response(output("ok"), "resp_meta")))
+    with http(keyed, ALICE_KEY) as alice:
+        assert alice.post("/v1/responses", json=body).status_code == 200
+    assert json.loads(fake.received[0].body) == body
+
+
+def test_a_tool_argument_named_audio_in_a_chat_history_names_nothing(keyed: Any, fake: Any) -> None:
+    # Only `"audio": {"id": ...}` names a stored audio; a tool call's argument is the user's own text.
+    history = [{"role": "user", "content": "transcribe my memo"},
+               {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "transcribe", "arguments": json.dumps({"audio": "https://example.com/memo.mp3"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"audio": "memo.mp3"})},
+               {"role": "user", "content": [{"type": "text", "text": "thanks"}], "audio": "https://example.com/x"}]
+    fake.queue(JsonReply(completion("Buy milk.")))
+    with http(keyed, ALICE_KEY) as alice:
+        assert alice.post("/v1/chat/completions", json={"model": "m", "messages": history}).status_code == 200
+
+
+def test_a_spoken_chat_completion_answered_by_a_tool_call_warns_of_nothing_lost(keyed: Any, fake: Any,
+                                                                               caplog: Any) -> None:
+    answer = completion(None, tool_calls=[{"id": "call_1", "name": "weather", "arguments": "{}"}])
+    answer["choices"][0]["message"]["audio"] = None
+    fake.queue(JsonReply(answer))
+    with caplog.at_level(logging.WARNING, logger="memproxy.ownership"):
+        made = sdk(keyed, ALICE_KEY).chat.completions.create(
+            model="m", modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"},
+            messages=[{"role": "user", "content": "weather?"}])
+    assert made.choices[0].message.tool_calls[0].id == "call_1"
+    assert [r.getMessage() for r in caplog.records if r.name == "memproxy.ownership"] == []

@@ -66,3 +66,19 @@ def test_a_users_deletion_takes_their_records(backend: Backend) -> None:
             assert await store.owner_of("openai", "file-b") == "bob"
 
     asyncio.run(body())
+
+
+def test_replicas_recording_overlapping_ids_in_other_orders_both_finish(backend: Backend) -> None:
+    # An answer's ids recorded on one replica as a listing of the same items, newest first, is
+    # recorded on another: each must not end up waiting on the row the other holds.
+    ids = [f"msg_{n:04d}" for n in range(300)]
+
+    async def body() -> None:
+        async with backend.opened() as one, backend.opened() as other:
+            for round_ in range(10):
+                mine = [("item", f"{i}_{round_}") for i in ids]
+                owners = await asyncio.gather(one.record_owners("openai", "alice", mine, T0),
+                                              other.record_owners("openai", "alice", mine[::-1], T0))
+                assert owners[0] == owners[1] == {object_id: "alice" for _, object_id in mine}
+
+    asyncio.run(body())

@@ -31,9 +31,11 @@ from proxy.wires.sse import SSEDecoder
 log = logging.getLogger("memproxy.ownership")
 
 # A creation's JSON answer longer than this is relayed without its id recorded (the object
-# is then refused to everyone). A description is a few KiB, but a response's output can hold
-# generated images in base64, megabytes each; one above LARGE_BODY_BYTES is read in a thread.
-CREATED_BODY_MAX = 64 * 1024 * 1024
+# is then refused to everyone, and a warning logged). A description is a few KiB, but a
+# response's output can hold generated images in base64, megabytes each. The bound keeps
+# what one answer holds in memory, and the parse (which holds the interpreter even in a
+# thread: 10-40 ms a 16 MiB answer), small.
+CREATED_BODY_MAX = 16 * 1024 * 1024
 # A record the store refused for a transient reason (locked, unreachable) is tried again this
 # many times in all, this long apart: unrecorded, the object is lost to its creator too.
 RECORD_ATTEMPTS = 3
@@ -71,11 +73,12 @@ class Ownership:
             return access.adds or None
         return access.kind if access.verdict == "creates" else None
 
-    async def check_body(self, user: str, provider: Provider, body: bytes) -> None:
-        """Refuse a body naming an object that is not `user`'s (a previous response, a file, ...)."""
+    async def check_body(self, user: str, provider: Provider, path: str, body: bytes) -> None:
+        """Refuse a body to `path` (after /v1) naming an object that is not `user`'s (a previous
+        response, a file, ...)."""
         try:
-            named = (await asyncio.to_thread(provider_objects.references, body) if len(body) > LARGE_BODY_BYTES
-                     else provider_objects.references(body))
+            named = (await asyncio.to_thread(provider_objects.references, body, path) if len(body) > LARGE_BODY_BYTES
+                     else provider_objects.references(body, path))
         except Unreadable:
             raise UnreadableReferences("the request body may name provider objects but is not JSON memproxy "
                                        "can read") from None
@@ -197,16 +200,19 @@ class Recorded:
             size += len(chunk)
             if size <= CREATED_BODY_MAX:
                 body.append(chunk)
+            elif body:
+                body.clear()  # too long to read: what was kept goes now
             held = chunk
         user, provider, kind = self._owner
-        created = []
+        created: list[tuple[str, str]] = []
         if size <= CREATED_BODY_MAX:
             whole = readable_body(self._inner, b"".join(body))
-            created = (await asyncio.to_thread(provider_objects.created_objects, whole, kind)
-                       if len(whole) > LARGE_BODY_BYTES else provider_objects.created_objects(whole, kind))
+            created = provider_objects.created_objects(whole, kind)
         if created:
             await self._ownership.record(user, provider, created)
-        if kind != provider_objects.ADDED_ITEMS and (not created or created[0][0] != kind):  # a list may be empty
+        # A list of items may be empty, and a spoken answer may be a tool call: nothing lost.
+        if size > CREATED_BODY_MAX or kind not in (provider_objects.ADDED_ITEMS, provider_objects.AUDIO) and (
+                not created or created[0][0] != kind):
             log.warning("a provider %s was created but its id could not be read from the answer; "
                         "no user reaches it through memproxy", self._owner[2])
         if held is not None:

@@ -39,16 +39,17 @@ _CREATES_ITEMS = {("POST", "/responses/compact"): "response"}
 # citation of a container file), and the kind each names.
 _NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids": "vector_store", "container": "container",
                       "container_id": "container", "cachedContent": "cached_content",
-                      "cached_content": "cached_content", "audio": "audio"}
+                      "cached_content": "cached_content"}
 # Gemini names a stored file by its URI (`fileData.fileUri`, `.../v1beta/files/{id}`, or its
 # name `files/{id}`); a URI
 # of anything else (a video's address) names no stored object.
 _FILE_URIS = ("fileUri", "file_uri")
 _FILE_URI_ID = re.compile(r"^\s*(?:https?://[^/]*googleapis\.com/(?:[^/]+/)*)?files/([^/?#]+)", re.IGNORECASE)
 # A chat completion asked to speak (`"modalities": [..., "audio"]`) answers with an audio the
-# provider keeps for a while: a later request's assistant message names it by its id
-# (`"audio": {"id": ...}`, a nested reference above; the output settings, `"audio": {"voice":
-# ...}`, hold no id and name nothing).
+# provider keeps for a while: a later chat completion's assistant message names it by its id,
+# `"audio": {"id": ...}`, the only form the provider reads. Elsewhere a key named `audio` is
+# the user's own (a tool call's argument, metadata), and the output settings, `"audio":
+# {"voice": ...}`, hold no id.
 AUDIO = "audio"
 _CHAT_COMPLETIONS = "/chat/completions"
 # Top-level parameters that name a stored object.
@@ -125,7 +126,7 @@ class Unreadable(ValueError):
     """A body that may name objects but is no JSON memproxy can read."""
 
 
-def references(body: bytes) -> list[tuple[str, str]]:
+def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
     """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
     some but cannot be read. Duplicate keys count each time (a provider may read either).
 
@@ -134,14 +135,17 @@ def references(body: bytes) -> list[tuple[str, str]]:
     decode it and read the ids in it."""
     if body and (b"\x00" in body or not _utf8(body)):
         raise Unreadable("the body is not UTF-8 text")
+    nested_keys = {**_NESTED_REFERENCES, AUDIO: AUDIO} if path == _CHAT_COMPLETIONS else _NESTED_REFERENCES
     if not any(needle in body for needle in _NEEDLES) and not (
-            b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)):
+            b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)) and not (
+            path == _CHAT_COMPLETIONS and b'"audio"' in body):
         return []
     nested: list[tuple[str, Any]] = []
     top: list[list[tuple[str, Any]]] = []
 
     def collect(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nested.extend((key, value) for key, value in pairs if key in _NESTED_REFERENCES)
+        nested.extend((key, value) for key, value in pairs
+                      if key in nested_keys and (key != AUDIO or isinstance(value, dict)))
         nested.extend(("file_id", unquote(found[1])) for key, value in pairs
                       if key in _FILE_URIS and isinstance(value, str) and (found := _FILE_URI_ID.match(value)))
         if any(key == "type" and value == ITEM_REFERENCE for key, value in pairs):
@@ -153,7 +157,7 @@ def references(body: bytes) -> list[tuple[str, str]]:
         document = json.loads(body, object_pairs_hook=collect)
     except (ValueError, RecursionError):
         raise Unreadable("the body is not JSON") from None
-    found = [(_NESTED_REFERENCES.get(key, "item"), each) for key, value in nested for each in _ids(value)]
+    found = [(nested_keys.get(key, "item"), each) for key, value in nested for each in _ids(value)]
     if isinstance(document, dict) and top:
         found += [(_TOP_REFERENCES[key], each) for key, value in top[0] if key in _TOP_REFERENCES
                   for each in _ids(value)]

@@ -22,11 +22,15 @@ class PostgresProviderObjects:
                             ) -> dict[str, str]:
         """Record `user` as each object's creator unless one is recorded, in one statement; the
         creator of each, by id."""
-        kinds, ids = [kind for kind, _ in objects], [object_id for _, object_id in objects]
+        # Rows inserted in one order on every replica: two replicas recording overlapping ids in
+        # other orders (an answer's, a listing's newest first) would each wait on the other's row.
+        ordered = sorted(objects, key=lambda each: each[1].encode())
+        kinds, ids = [kind for kind, _ in ordered], [object_id for _, object_id in ordered]
         rows = await self._fetch(
             "WITH wanted AS (SELECT * FROM unnest($2::text[], $3::text[]) AS w(object_id, kind)),"
             " added AS (INSERT INTO provider_objects (provider, object_id, user_id, kind, created_at)"
-            " SELECT $1, object_id, $4, kind, $5 FROM wanted ON CONFLICT DO NOTHING RETURNING object_id, user_id)"
+            " SELECT $1, object_id, $4, kind, $5 FROM wanted ORDER BY object_id COLLATE \"C\""
+            " ON CONFLICT DO NOTHING RETURNING object_id, user_id)"
             " SELECT object_id, user_id FROM added UNION ALL"
             " SELECT p.object_id, p.user_id FROM provider_objects p JOIN wanted USING (object_id)"
             " WHERE p.provider = $1 AND p.object_id NOT IN (SELECT object_id FROM added)",
