@@ -15,15 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 DEFAULT_MAX_EVENT_CHARS = 16 << 20  # one event's lines held while it is incomplete
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
-# orjson reads an integer past 64 bits as a float, where Python's json keeps it whole: text
-# holding so long a run of digits is read by json.
-_LONG_DIGITS = re.compile(r"\d{19}")
-_LONG_DIGIT_BYTES = re.compile(rb"\d{19}")
 _BOM = "\ufeff"
 
 
@@ -150,24 +144,9 @@ class SSEDecoder:
 
 
 def json_object(data: str | bytes) -> dict[str, Any] | None:
-    """An event's (or a body's) JSON object; None for anything else.
-
-    Every event of an answer that is saved is read here: orjson reads one in a quarter of the
-    time. What it reads otherwise than Python's json (an integer past 64 bits) or refuses
-    (NaN, a lone surrogate, nesting past 1,024) is read by json, so every event reads as before.
-    """
+    """An event's (or a body's) JSON object; None for anything else."""
     try:
-        value = _loads(data)
+        value = json.loads(data)
     except (ValueError, RecursionError):  # ValueError covers bad UTF-8 and huge ints too
         return None
     return value if isinstance(value, dict) else None
-
-
-def _loads(data: str | bytes) -> Any:
-    long_digits = _LONG_DIGITS.search(data) if isinstance(data, str) else _LONG_DIGIT_BYTES.search(data)
-    if long_digits is None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
