@@ -66,8 +66,10 @@ POSTING_BYTES = 24
 TERM_BYTES = 400
 # The rows a user's searches returned last, kept as built (`UserPostings.hit`): at most this
 # many, each of a text no longer than HIT_CHARS (a pasted document is read again), counted
-# at HIT_BYTES each.
-HITS_KEPT = 256
+# at HIT_BYTES each (2.5 MiB a user at most). A cross-session search returns up to 57 rows:
+# 256 held the candidates of four questions, and a user asking eight in turn had every row
+# read back and built again at every search (bench/request_cpu.py).
+HITS_KEPT = 1024
 HIT_CHARS = 2000
 HIT_BYTES = 2560
 
