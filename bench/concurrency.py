@@ -21,11 +21,12 @@ per level the share of requests whose memory worked, req/s, and memproxy's CPU (
 with py-spy installed a sampled profile).
 
     python bench/concurrency.py --sustained [--clients 64,128] [--duration 30] [--memory-items 10000]
-                                [--workers 1,2] [--base ../memproxy-main] [--rounds 4]
+                                [--workers 1,2] [--base ../memproxy-main] [--rounds 4] [--store postgres]
 
 `--workers 1,2` measures one process and two worker processes side by side (each its own store,
 seeded alike), `--base DIR` adds memproxy from another checkout (one process): the setups take
-turns level by level, their order rotating each round.
+turns level by level, their order rotating each round. `--store postgres` gives each setup a
+database of its own on a PostgreSQL server the run starts, instead of a SQLite file.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,7 @@ from harness.measure import StreamShape
 from harness.memory import MEMORY_USER, extraction_drained, memory_recovered, searched_in_memory, seed_memories
 from harness.report import Column, table
 from harness.proc import tree
-from harness.targets import REPO, Server, Targets, source_version
+from harness.targets import REPO, Server, Targets, source_version, throwaway_postgres
 from sustained import HEADER, run_sustained, sustained_row, threads_row
 
 USERS = 20
@@ -245,13 +247,24 @@ async def sustained_async(args: argparse.Namespace, mock: Server, setups: list[S
 
 
 def sustained(args: argparse.Namespace) -> int:
-    with Targets("memproxy-sustained-") as targets:
+    with Targets("memproxy-sustained-") as targets, ExitStack() as cleanup:
+        postgres = cleanup.enter_context(throwaway_postgres()) if args.store == "postgres" else None
+
+        def store_url(name: str) -> str | None:
+            """A database of the setup's own on the run's PostgreSQL server (None: a SQLite file of its own)."""
+            if postgres is None:
+                return None
+            run_client(created_database(postgres.url(), name))
+            return postgres.url(name)
+
         mock = targets.mock(args.stream_events, args.stream_gap_ms)
         setups = [Setup(f"workers {n}", targets.memproxy(mock.url("/v1"), source=args.memproxy_dir,
-                                                        name=f"memproxy-w{n}", workers=n))
+                                                        name=f"memproxy-w{n}", workers=n,
+                                                        store_url=store_url(f"bench_w{n}")))
                   for n in args.workers]
         if args.base is not None:
-            setups.append(Setup("base", targets.memproxy(mock.url("/v1"), source=args.base, name="memproxy-base")))
+            setups.append(Setup("base", targets.memproxy(mock.url("/v1"), source=args.base, name="memproxy-base",
+                                                         store_url=store_url("bench_base"))))
         started = time.perf_counter()
         lines = run_client(sustained_async(args, mock, setups, targets.workdir))
         elapsed = time.perf_counter() - started
@@ -259,13 +272,24 @@ def sustained(args: argparse.Namespace) -> int:
     print(f"memproxy {source_version(args.memproxy_dir)}{base}: streaming clients in a closed loop, "
           f"{args.duration:g} s per level ({f'joining over {args.ramp:g} s' if args.ramp else 'all starting at once'}), "
           f"streams of {args.stream_events} chunks {args.stream_gap_ms:g} ms apart, memory on for "
-          f"{MEMORY_USER} ({args.memory_items} memories, every request saved); {elapsed:.0f} s;"
+          f"{MEMORY_USER} ({args.memory_items} memories, every request saved, {args.store}); {elapsed:.0f} s;"
           f" logs in {targets.workdir}")
     print("CPU in cores (CPU seconds per wall second), each setup's workers summed; 2 cores here are shared by "
           "memproxy, the mock and this client")
     for line in lines:
         print(line)
     return 0
+
+
+async def created_database(server_url: str, name: str) -> None:
+    """CREATE DATABASE `name` on the server at `server_url`."""
+    import asyncpg
+
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -288,6 +312,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sustained_mode.add_argument("--memproxy-dir", type=Path, default=REPO, help="run memproxy from this checkout")
     sustained_mode.add_argument("--workers", default="1",
                                 help="worker processes (memproxy serve --workers): a list measures each side by side")
+    sustained_mode.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                                help="each setup's store: a SQLite file, or a database on a PostgreSQL server "
+                                     "the run starts (needs initdb and pg_ctl)")
     sustained_mode.add_argument("--base", type=Path, default=None,
                                 help="also measure memproxy from this checkout (one process), side by side")
     args = parser.parse_args(argv)

@@ -180,11 +180,11 @@ def test_reindex_with_the_default_fills_an_existing_stores_vectors_with_the_embe
     config.write_text(json.dumps({"store": {"url": proxy.settings.store.url}}))
     assert main(["reindex", "--config", str(config)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["model"] == "local:wordllama-l2_supercat-256"
+    assert out["model"] == "local:wordllama-l2_supercat-128"
     assert out["embedded"] == {"message": 2, "entity": 0, "reasoning": 0}
     with closing(sqlite3.connect(db_path(proxy))) as db:
         assert db.execute("SELECT DISTINCT model, dim FROM embeddings").fetchall() == [
-            ("local:wordllama-l2_supercat-256", 256)]
+            ("local:wordllama-l2_supercat-128", 128)]
 
 
 def _injections(proxy: Any, user: str) -> list[dict[str, Any]]:

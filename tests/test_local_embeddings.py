@@ -1,22 +1,26 @@
 """The embedded model as the default (docs/retrieval.md#embeddings): settings, vectors written
-with each commit, and the worker's cursors over a store whose vectors are all there."""
+with each commit, the worker's cursors over a store whose vectors are all there, and a store
+of the former 256-wide model's vectors moving over to the 128 kept now."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from proxy.memory.vectors.filler import EmbeddingWorker, Filler
+from proxy.memory.vectors.index import RowFilter, VectorIndex, unit
 from proxy.memory.vectors.local_model import MODEL_NAME, LocalModel
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import load_settings
-from proxy.stores.base import FinishTurn, StartTurn
+from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn
 from proxy.stores.sqlite.store import SQLiteStore
 from tests.proxy_db import rows
+from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
@@ -41,8 +45,8 @@ def test_a_message_has_its_vector_by_the_time_its_answer_is_back(make_proxy: Any
     said = "I keep bees on the roof of my house."
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": said}])
     # No waiting: the commit the answer waited for embedded its items before it counted as done.
-    assert _vectors_of(proxy, said) == [(MODEL_NAME, 256)]
-    assert _vectors_of(proxy, "Hello from upstream") == [(MODEL_NAME, 256)] * 2  # both answers
+    assert _vectors_of(proxy, said) == [(MODEL_NAME, 128)]
+    assert _vectors_of(proxy, "Hello from upstream") == [(MODEL_NAME, 128)] * 2  # both answers
 
 
 def test_a_caught_up_worker_moves_its_cursors_to_the_newest_items_and_reads_only_newer_ones(tmp_path: Path) -> None:
@@ -70,5 +74,41 @@ def test_a_caught_up_worker_moves_its_cursors_to_the_newest_items_and_reads_only
             assert worker._cursors["message"] == 11
         finally:
             await store.close()
+
+    asyncio.run(body())
+
+
+def test_a_store_of_the_former_256_wide_vectors_is_filled_again_at_128_and_searched_at_128(backend: Backend) -> None:
+    former = "local:wordllama-l2_supercat-256"
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            alice = Scope("alice")
+            for key, said, answer in [("t1", "My dog is called Rex.", "Noted."),
+                                      ("t2", "I configure nginx on the web servers.", "Noted.")]:
+                await store.apply([StartTurn(alice, key, "c", f"h-{key}", T0, said),
+                                   FinishTurn(alice, key, "c", answer, T0 + timedelta(seconds=1))])
+            # What a store saved before the cut holds: each message's 256-wide vector, under the former name.
+            items = await store.unembedded(former, "message")
+            wide = struct.pack("<256f", *[1.0] * 256)
+            assert await store.save_embeddings(former, [NewEmbedding("alice", "message", i.item_id, i.text, wide)
+                                                        for i in items]) == 4
+            # Under the model's name now, every one of them lacks a vector: the worker fills them in.
+            assert len(await store.unembedded(MODEL_NAME, "message")) == 4
+            model = LocalModel()
+            assert (await Filler(store, model, model.model, batch=64, timeout_s=1.0).fill_all()).saved["message"] == 4
+            assert await store.unembedded(MODEL_NAME, "message") == []
+            assert {len(v.vector) for v in await store.vectors(alice, "message", MODEL_NAME)} == {128 * 4}
+            # The former ones are left as they were.
+            assert {len(v.vector) for v in await store.vectors(alice, "message", former)} == {256 * 4}
+            # The search reads only the model's own vectors, 128 wide, and finds the paraphrased fact.
+            index = VectorIndex(store, MODEL_NAME)
+            query = unit(model.vectors(["what's the name of my pet"])[0])
+            assert query is not None and query.shape == (128,)
+            marks = await index.marks(alice)
+            near, spread = await index.nearest(alice, "message", query, RowFilter(), mark=marks["message"],
+                                               floor=-1.0, limit=1)
+            (rex,) = [i.item_id for i in items if i.text == "My dog is called Rex."]
+            assert [item_id for item_id, _ in near] == [rex] and spread.rows == 4
 
     asyncio.run(body())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from proxy.memory.vectors.local_model import MODEL_NAME, LocalModel
+from proxy.memory.vectors.local_model import MODEL_NAME, WEIGHTS_FILE, LocalModel, package_folder, read_table
 
 # Every way out to the network raises and is recorded; then the script's body runs.
 BLOCKED = """
@@ -54,7 +54,7 @@ def _run(script: str, home: Path) -> dict[str, object]:
 
 def test_the_model_loads_and_embeds_with_the_network_blocked_and_fetches_nothing(tmp_path: Path) -> None:
     out = _run(LOAD_AND_EMBED, tmp_path)
-    assert out == {"tried": [], "lengths": [256 * 4, 256 * 4], "hub": []}
+    assert out == {"tried": [], "lengths": [128 * 4, 128 * 4], "hub": []}
     assert not any(tmp_path.rglob("*")), "nothing is cached under HOME"
 
 
@@ -78,10 +78,34 @@ def test_vectors_are_the_mean_of_the_token_rows_and_a_paraphrase_is_nearer_than_
     assert _cosine(model, text, "what's the name of my pet") > 0.3 > _cosine(model, text, "how do I configure nginx")
     (raw,) = asyncio.run(model([text], 1.0))
     assert np.frombuffer(raw, dtype="<f4").tolist() == vector.tolist()
-    assert MODEL_NAME == "local:wordllama-l2_supercat-256"
+    assert MODEL_NAME == "local:wordllama-l2_supercat-128"
+
+
+TEXTS = ["My dog is called Rex", "x", "   ", "What did Caroline say about the adoption agency last week?",
+         "request 17: remind me what database we picked for the billing service",
+         "naïve café, 日本語 🐝 \u00a0tabs\tand\nlines",
+         "bees " * 700,  # past the 512 tokens kept
+         *(" ".join(f"word{n * k % 97} thing{k}" for k in range(n)) for n in range(1, 40))]
+
+
+def test_each_vector_is_bit_for_bit_the_first_128_dimensions_of_the_full_tables_mean() -> None:
+    # What the 256-wide model computed (numpy's mean of the float16 rows cast to float32),
+    # cut to its first 128 dimensions: the cut and the faster sum change no bit of a vector.
+    model = LocalModel()
+    full = read_table(package_folder() / WEIGHTS_FILE)
+    assert full.shape == (32000, 256) and model.table.shape == (32000, 128)
+
+    def reference(text: str) -> np.ndarray:
+        ids = np.asarray(model.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        return full[ids].astype(np.float32).mean(axis=0)[:128] if ids.size else np.zeros(128, dtype=np.float32)
+
+    batch = model.vectors(TEXTS)
+    for n, text in enumerate(TEXTS):
+        assert np.array_equal(model.vectors([text])[0], reference(text)), text
+        assert np.array_equal(batch[n], reference(text)), text
 
 
 def test_an_empty_text_gives_a_zero_vector_not_an_error() -> None:
     model = LocalModel()
     assert not model.vectors([""]).any()
-    assert model.vectors([]).shape == (0, 256)
+    assert model.vectors([]).shape == (0, 128)

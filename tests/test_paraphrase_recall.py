@@ -56,10 +56,11 @@ def test_paraphrased_questions_find_their_facts_with_the_default_embedded_model(
     in_block = sum(p is not None for p in places) / len(places)
     in_top3 = sum(p is not None and p <= 3 for p in places) / len(places)
     missed = [PAIRS[n][1] for n, p in enumerate(places) if p is None]
-    # Measured: 43 of 52 in the block (83%), 39 in its first three lines (75%); the lines to
-    # hold are 80% and 65%, and what was measured is kept as the floor.
-    assert in_block >= 43 / 52 > 0.80, (in_block, missed)
-    assert in_top3 >= 39 / 52 > 0.65, (in_top3, places)
+    # Measured: 42 of 52 in the block (81%), 37 in its first three lines (71%), with the model
+    # cut to 128 dimensions (43 and 39 at 256); the lines to hold are 80% and 65%, and what
+    # was measured is kept as the floor.
+    assert in_block >= 42 / 52 > 0.80, (in_block, missed)
+    assert in_top3 >= 37 / 52 > 0.65, (in_top3, places)
 
     # The inspector's injection log shows a hit found by meaning alone: its reason, its
     # cosine, and why it was chosen: how far it stood above the question's other cosines,

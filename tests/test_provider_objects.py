@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ import pytest
 from proxy.endpoint import provider_objects
 from tests.api_helpers import sign
 from tests.fake_responses import call_item, message_item, model_round, output, reasoning_item, response, stream
-from tests.fake_upstream import JsonReply, SSEReply
+from tests.fake_upstream import DONE, JsonReply, SSEReply, chunk, completion
 
 UPSTREAM_KEY = "sk-upstream-own-key-0001"
 ANTHROPIC_KEY = "sk-ant-upstream-own-0002"
@@ -480,3 +481,137 @@ def test_a_body_memproxy_cannot_read_as_utf8_is_refused_not_forwarded(keyed: Any
         refused = bob.post("/v1/responses", content=content, headers={"content-type": "application/json", **headers})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "unreadable_body"
     assert fake.received == []
+
+
+def spoken(audio_id: str) -> dict[str, Any]:
+    """A chat completion asked to speak: its message carries the audio the provider keeps."""
+    answer = completion("It is sunny.")
+    answer["choices"][0]["message"]["audio"] = {"id": audio_id, "data": "UklGRg==", "expires_at": 1893456000,
+                                                "transcript": "It is sunny."}
+    return answer
+
+
+def spoken_stream(audio_id: str) -> list[bytes]:
+    return [chunk({"role": "assistant", "content": None}),
+            chunk({"audio": {"id": audio_id, "transcript": "It is ", "data": "UklG", "expires_at": 1893456000}}),
+            chunk({"audio": {"transcript": "sunny.", "data": "Rg=="}}), chunk({}, finish="stop"), DONE]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_an_audio_answer_is_its_creators_to_send_back(keyed: Any, fake: Any, streamed: bool) -> None:
+    # A spoken answer's audio is kept by the provider under memproxy's key, and a later turn names
+    # it by id: alice sends hers back; bob, naming it, gets the 404 and nothing reaches the provider.
+    fake.queue(SSEReply(spoken_stream("audio_alice")) if streamed else JsonReply(spoken("audio_alice")))
+    alice = sdk(keyed, ALICE_KEY)
+    asked: Any = {"model": "gpt-4o-audio-preview", "modalities": ["text", "audio"],
+                  "audio": {"voice": "alloy", "format": "wav"},
+                  "messages": [{"role": "user", "content": "weather?"}]}
+    if streamed:
+        with alice.chat.completions.create(**asked, stream=True) as chunks:
+            said = [c.choices[0].delta.model_dump().get("audio") for c in chunks if c.choices]
+        assert said[1]["id"] == "audio_alice"
+    else:
+        assert alice.chat.completions.create(**asked).choices[0].message.audio.id == "audio_alice"
+    again: Any = {**asked, "messages": [*asked["messages"], {"role": "assistant", "audio": {"id": "audio_alice"}},
+                                        {"role": "user", "content": "and tomorrow?"}]}
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for named in ("audio_alice", "audio_never_seen"):
+            body = {**again, "messages": [*asked["messages"], {"role": "assistant", "audio": {"id": named}}]}
+            not_found(bob.post("/v1/chat/completions", json=body), f"Audio with id '{named}' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(completion("Rain.")))
+    assert alice.chat.completions.create(**again).choices[0].message.content == "Rain."
+    assert json.loads(fake.received[0].body)["messages"][1] == {"role": "assistant", "audio": {"id": "audio_alice"}}
+
+
+def test_a_chat_completion_not_asked_to_speak_creates_nothing() -> None:
+    asked = {"model": "m", "audio": {"voice": "alloy"}, "messages": [{"role": "user", "content": "modalities"}]}
+    assert provider_objects.created_by_body("/chat/completions", json.dumps(asked).encode()) is None
+    assert provider_objects.created_by_body("/chat/completions", json.dumps(
+        {**asked, "modalities": ["text", "audio"]}).encode()) == "audio"
+    assert provider_objects.created_by_body("/responses", json.dumps(
+        {**asked, "modalities": ["text", "audio"]}).encode()) is None
+    assert provider_objects.references(json.dumps(asked).encode()) == []
+
+
+def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed: Any, fake: Any) -> None:
+    # Items added to alice's conversation, and those it was created with (listed), come back
+    # with ids a later input names them by: alice's to reference, refused to bob.
+    added = {**message_item("my locker code is 4417"), "id": "msg_added"}
+    listed = {**message_item("the first thing I said"), "id": "msg_initial"}
+    fake.queue(JsonReply({"id": "conv_items", "object": "conversation"}),
+               JsonReply({"object": "list", "data": [added], "first_id": "msg_added", "last_id": "msg_added",
+                          "has_more": False}),
+               JsonReply({"object": "list", "data": [listed, added], "first_id": "msg_initial",
+                          "last_id": "msg_added", "has_more": False}))
+    with http(keyed, ALICE_KEY) as alice:
+        assert alice.post("/v1/conversations", json={"items": [{"role": "user", "content": "hi"}]}).status_code == 200
+        assert alice.post("/v1/conversations/conv_items/items",
+                          json={"items": [{"role": "user", "content": "my locker code is 4417"}]}).status_code == 200
+        assert alice.get("/v1/conversations/conv_items/items").json()["data"][0]["id"] == "msg_initial"
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        for item in ("msg_added", "msg_initial"):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": item}]}),
+                      f"Item with id '{item}' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(response(output("4417"), "resp_locker")))
+    references = [{"type": "item_reference", "id": "msg_added"}, {"type": "item_reference", "id": "msg_initial"}]
+    assert sdk(keyed, ALICE_KEY).responses.create(model="m", input=references).id == "resp_locker"
+    assert json.loads(fake.received[0].body)["input"] == references
+
+
+def test_a_response_holding_generated_images_is_recorded_whatever_its_size(keyed: Any, fake: Any) -> None:
+    # An image generation's output holds the image in base64: a JSON answer of megabytes, whose
+    # id must still be recorded (it once was relayed unrecorded, refused to its creator after).
+    image = {"type": "image_generation_call", "id": "ig_big", "status": "completed", "result": "iVBOR" * 1_200_000}
+    fake.queue(JsonReply(response([image, message_item("here it is")], "resp_image")))
+    alice = sdk(keyed, ALICE_KEY)
+    made = alice.responses.create(model="m", input="draw a cat", tools=[{"type": "image_generation"}])
+    assert made.id == "resp_image" and len(made.output[0].model_dump()["result"]) == 6_000_000
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_image"), "Response with id 'resp_image' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": "ig_big"}]}),
+                  "Item with id 'ig_big' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(response(output("a grey one"), "resp_next")))
+    assert alice.responses.create(model="m", input="and a grey one", previous_response_id="resp_image").id == "resp_next"
+    assert json.loads(fake.received[0].body)["previous_response_id"] == "resp_image"
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "m", "input": "hi", "metadata": {"audio": "on"}},
+    {"model": "m", "input": "hi", "prompt": {"id": "pmpt_1", "variables": {"audio": {"id": "not-a-stored-audio"}}}},
+])
+def test_a_key_named_audio_outside_a_chat_completion_names_nothing(keyed: Any, fake: Any, body: Any) -> None:
+    fake.queue(JsonReply(response(output("ok"), "resp_meta")))
+    with http(keyed, ALICE_KEY) as alice:
+        assert alice.post("/v1/responses", json=body).status_code == 200
+    assert json.loads(fake.received[0].body) == body
+
+
+def test_a_tool_argument_named_audio_in_a_chat_history_names_nothing(keyed: Any, fake: Any) -> None:
+    # Only `"audio": {"id": ...}` names a stored audio; a tool call's argument is the user's own text.
+    history = [{"role": "user", "content": "transcribe my memo"},
+               {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "transcribe", "arguments": json.dumps({"audio": "https://example.com/memo.mp3"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"audio": "memo.mp3"})},
+               {"role": "user", "content": [{"type": "text", "text": "thanks"}], "audio": "https://example.com/x"}]
+    fake.queue(JsonReply(completion("Buy milk.")))
+    with http(keyed, ALICE_KEY) as alice:
+        assert alice.post("/v1/chat/completions", json={"model": "m", "messages": history}).status_code == 200
+
+
+def test_a_spoken_chat_completion_answered_by_a_tool_call_warns_of_nothing_lost(keyed: Any, fake: Any,
+                                                                               caplog: Any) -> None:
+    answer = completion(None, tool_calls=[{"id": "call_1", "name": "weather", "arguments": "{}"}])
+    answer["choices"][0]["message"]["audio"] = None
+    fake.queue(JsonReply(answer))
+    with caplog.at_level(logging.WARNING, logger="memproxy.ownership"):
+        made = sdk(keyed, ALICE_KEY).chat.completions.create(
+            model="m", modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"},
+            messages=[{"role": "user", "content": "weather?"}])
+    assert made.choices[0].message.tool_calls[0].id == "call_1"
+    assert [r.getMessage() for r in caplog.records if r.name == "memproxy.ownership"] == []

@@ -14,7 +14,8 @@ from threadpoolctl import threadpool_info
 
 from proxy.memory.retrieval.sources.hybrid import VECTOR_REASON, Calibration, fuse
 from proxy.memory.retrieval.sources import Found
-from proxy.memory.vectors.index import Matrix, RowFilter, Spread, VectorIndex, one_blas_thread, row_filter, unit
+from proxy.memory.vectors.index import (Matrix, RowFilter, Spread, VectorIndex, one_blas_thread, row_filter,
+                                       spread_of, unit)
 from proxy.models import Scope
 from proxy.settings import EmbeddingsSettings
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector
@@ -103,6 +104,49 @@ def test_the_cut_at_the_limit_keeps_ties_and_honours_the_filter_and_floor() -> N
     assert m.nearest(q(1, 0), RowFilter(exclude="c1"), 0.5, 5)[0] == [("b", 1.0)]
     found, spread = m.nearest(q(1, 0), RowFilter(conversation="c2"), -1.0, 1)
     assert found == [("b", 1.0)] and (spread.rows, spread.mean) == (2, 0.0)
+
+
+def test_a_unit_vector_is_the_vector_over_numpys_norm_bit_for_bit_and_none_without_a_length() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        v = rng.normal(size=128).astype(np.float32)
+        u = unit(v.tobytes())
+        assert u is not None and u.dtype == np.float32
+        assert np.array_equal(u, (v / float(np.linalg.norm(v))).astype(np.float32))
+    for nothing in (b"", vec(0, 0), vec(float("inf"), 1), vec(float("nan"), 1)):
+        assert unit(nothing) is None
+
+
+def test_the_spread_is_numpys_mean_and_std_bit_for_bit() -> None:
+    # Computed in fewer passes than numpy's mean() and std() take, it must not move a z-score.
+    rng = np.random.default_rng(7)
+    for size in (1, 2, 49, 50, 1000, 10_007):
+        cosines = np.round(rng.normal(0.05, 0.08, size).astype(np.float32), 6)
+        assert spread_of(cosines) == Spread(float(cosines.mean()), float(cosines.std()), size)
+
+
+def test_over_many_rows_the_nearest_are_the_best_visible_ones_with_every_tie_at_the_cut() -> None:
+    # The plain definition, row by row: visible, at or above the floor, the limit-th best
+    # cosine as the cut, ties at the cut kept and then ordered by id.
+    rng = np.random.default_rng(11)
+    rows = 3000
+    vectors = rng.normal(size=(rows, 16)).astype(np.float32)
+    vectors[rng.integers(0, rows, 600)] = vectors[0]  # many equal cosines
+    ids = [f"i{n:05d}" for n in rng.permutation(rows)]
+    groups = [f"g{n % 7}" for n in range(rows)]
+    m = matrix(*((ids[n], groups[n], None, tuple(float(x) for x in vectors[n])) for n in range(rows)))
+    query = unit(vectors[0])
+    assert query is not None
+    cosines = [round(float(c), 6) for c in np.round(m.vectors @ query, 6)]  # the product is not what is tested
+    for where, visible in [(RowFilter(), lambda g: True), (RowFilter(exclude="g3"), lambda g: g != "g3"),
+                           (RowFilter(conversation="g5"), lambda g: g == "g5")]:
+        for floor, limit in [(-1.0, 1), (-1.0, 40), (0.2, 40), (0.99, 500), (-1.0, 5000)]:
+            seen = [(cosines[n], ids[n]) for n in range(rows) if visible(groups[n])]
+            eligible = sorted(((c, i) for c, i in seen if c >= floor), key=lambda r: (-r[0], r[1]))
+            expected = [(i, c) for c, i in eligible[:limit]]
+            found, spread = m.nearest(query, where, floor, limit)
+            assert found == expected, (where, floor, limit)
+            assert spread.rows == len(seen)
 
 
 # --- fuse -----------------------------------------------------------------------------

@@ -31,8 +31,11 @@ from proxy.wires.sse import SSEDecoder
 log = logging.getLogger("memproxy.ownership")
 
 # A creation's JSON answer longer than this is relayed without its id recorded (the object
-# is then refused to everyone): an object's description is a few KiB.
-CREATED_BODY_MAX = 4 * 1024 * 1024
+# is then refused to everyone, and a warning logged). A description is a few KiB, but a
+# response's output can hold generated images in base64, megabytes each. The bound keeps
+# what one answer holds in memory, and the parse (which holds the interpreter even in a
+# thread: 10-40 ms a 16 MiB answer), small.
+CREATED_BODY_MAX = 16 * 1024 * 1024
 # A record the store refused for a transient reason (locked, unreachable) is tried again this
 # many times in all, this long apart: unrecorded, the object is lost to its creator too.
 RECORD_ATTEMPTS = 3
@@ -67,19 +70,27 @@ class Ownership:
                 "auth.provider_objects: shared opens it where one tenant uses memproxy")
         if access.verdict == "names":
             await self._check(user, provider, access.kind, access.object_id)
+            return access.adds or None
         return access.kind if access.verdict == "creates" else None
 
-    async def check_body(self, user: str, provider: Provider, body: bytes) -> None:
-        """Refuse a body naming an object that is not `user`'s (a previous response, a file, ...)."""
+    async def check_body(self, user: str, provider: Provider, path: str, body: bytes) -> None:
+        """Refuse a body to `path` (after /v1) naming an object that is not `user`'s (a previous
+        response, a file, ...)."""
         try:
-            named = (await asyncio.to_thread(provider_objects.references, body) if len(body) > LARGE_BODY_BYTES
-                     else provider_objects.references(body))
+            named = (await asyncio.to_thread(provider_objects.references, body, path) if len(body) > LARGE_BODY_BYTES
+                     else provider_objects.references(body, path))
         except Unreadable:
             raise UnreadableReferences("the request body may name provider objects but is not JSON memproxy "
                                        "can read") from None
         for kind, object_id in dict.fromkeys(named):
             await self._check(user, provider, kind, object_id,
                               "previous_response_id" if kind == "response" else None)
+
+    @staticmethod
+    def created_by_body(path: str, body: bytes) -> str | None:
+        """The kind of object a call otherwise stateless creates because of what its body asks (a
+        chat completion's audio): its answer then goes through `recorded`."""
+        return provider_objects.created_by_body(path, body)
 
     async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
                      ) -> None:
@@ -104,8 +115,11 @@ class Ownership:
     async def record(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
         """Record `user` as the creator of `objects` ((kind, id) each), waiting at most
         memory.commit_timeout_ms for it."""
-        objects = [(kind, object_id) for kind, object_id in dict.fromkeys(objects)
-                   if (provider, object_id) not in self._writing]
+        kinds: dict[str, str] = {}
+        for kind, object_id in objects:
+            if (provider, object_id) not in self._writing:
+                kinds.setdefault(object_id, kind)
+        objects = [(kind, object_id) for object_id, kind in kinds.items()]
         if not objects:
             return
         task = asyncio.create_task(self._write_all(user, provider, objects))
@@ -124,23 +138,20 @@ class Ownership:
                         objects[0][0])
 
     async def _write_all(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
-        for kind, object_id in objects:
-            await self._write(user, provider, kind, object_id)
-
-    async def _write(self, user: str, provider: Provider, kind: str, object_id: str) -> None:
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             try:
-                owner = await self._store.record_owner(provider, object_id, user, kind, datetime.now(UTC))
+                owners = await self._store.record_owners(provider, user, objects, datetime.now(UTC))
                 break
             except StoreError as exc:
                 if exc.transient and attempt < RECORD_ATTEMPTS:
                     await asyncio.sleep(RECORD_RETRY_S)
                     continue
-                # The object exists at the provider; unrecorded, no one reaches it through memproxy.
-                log.error("could not record who created a provider %s: %s", kind, exc)
+                # The objects exist at the provider; unrecorded, no one reaches them through memproxy.
+                log.error("could not record who created a provider %s: %s", objects[0][0], exc)
                 return
-        if owner != user:
-            log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
+        for kind, object_id in objects:
+            if owners[object_id] != user:
+                log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
 
 
 class Recorded:
@@ -189,13 +200,19 @@ class Recorded:
             size += len(chunk)
             if size <= CREATED_BODY_MAX:
                 body.append(chunk)
+            elif body:
+                body.clear()  # too long to read: what was kept goes now
             held = chunk
         user, provider, kind = self._owner
-        created = provider_objects.created_objects(readable_body(self._inner, b"".join(body)), kind) \
-            if size <= CREATED_BODY_MAX else []
+        created: list[tuple[str, str]] = []
+        if size <= CREATED_BODY_MAX:
+            whole = readable_body(self._inner, b"".join(body))
+            created = provider_objects.created_objects(whole, kind)
         if created:
             await self._ownership.record(user, provider, created)
-        if not created or created[0][0] != kind:
+        # A list of items may be empty, and a spoken answer may be a tool call: nothing lost.
+        if size > CREATED_BODY_MAX or kind not in (provider_objects.ADDED_ITEMS, provider_objects.AUDIO) and (
+                not created or created[0][0] != kind):
             log.warning("a provider %s was created but its id could not be read from the answer; "
                         "no user reaches it through memproxy", self._owner[2])
         if held is not None:

@@ -45,6 +45,13 @@ _NESTED_REFERENCES = {"file_id": "file", "file_ids": "file", "vector_store_ids":
 # of anything else (a video's address) names no stored object.
 _FILE_URIS = ("fileUri", "file_uri")
 _FILE_URI_ID = re.compile(r"^\s*(?:https?://[^/]*googleapis\.com/(?:[^/]+/)*)?files/([^/?#]+)", re.IGNORECASE)
+# A chat completion asked to speak (`"modalities": [..., "audio"]`) answers with an audio the
+# provider keeps for a while: a later chat completion's assistant message names it by its id,
+# `"audio": {"id": ...}`, the only form the provider reads. Elsewhere a key named `audio` is
+# the user's own (a tool call's argument, metadata), and the output settings, `"audio":
+# {"voice": ...}`, hold no id.
+AUDIO = "audio"
+_CHAT_COMPLETIONS = "/chat/completions"
 # Top-level parameters that name a stored object.
 _TOP_REFERENCES = {"previous_response_id": "response", "conversation": "conversation"}
 # Top-level lists of Responses input items (a request's `input`, a conversation's `items`):
@@ -68,13 +75,21 @@ _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTo
                             "batchEmbedContents"})
 
 
+# The items of a conversation, as adding them (`POST /conversations/{id}/items`) or listing them
+# (`GET`, the items it was created with among them) answers: a later input names each by its id,
+# as a response's output items, and they are the conversation's creator's.
+ADDED_ITEMS = "conversation_items"
+
+
 @dataclass(frozen=True)
 class Access:
-    """What a request does with provider objects; `kind` and `object_id` as the verdict needs."""
+    """What a request does with provider objects; `kind` and `object_id` as the verdict needs;
+    `adds`: what a request naming an object creates beside it (items added to a conversation)."""
 
     verdict: Verdict
     kind: str = ""
     object_id: str = ""
+    adds: str = ""
 
 
 def access(method: str, path: str) -> Access:
@@ -93,14 +108,25 @@ def access(method: str, path: str) -> Access:
         return Access("unattributed")
     if len(segments) == 1:
         return Access("creates", kind) if method == "POST" else Access("unattributed")  # a list: everyone's
-    return Access("names", kind, unquote(segments[1]))  # as the provider reads the path
+    adds = ADDED_ITEMS if method in ("POST", "GET") and kind == "conversation" and segments[2:] == ["items"] else ""
+    return Access("names", kind, unquote(segments[1]), adds)  # as the provider reads the path
+
+
+def created_by_body(path: str, body: bytes) -> str | None:
+    """The kind of object a stateless call's body makes it create: a chat completion asked for
+    audio output creates an audio (its id comes in the answer)."""
+    if path != _CHAT_COMPLETIONS or b'"modalities"' not in body:
+        return None
+    document = _json(body)
+    modalities = document.get("modalities") if isinstance(document, dict) else None
+    return AUDIO if isinstance(modalities, list) and AUDIO in modalities else None
 
 
 class Unreadable(ValueError):
     """A body that may name objects but is no JSON memproxy can read."""
 
 
-def references(body: bytes) -> list[tuple[str, str]]:
+def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
     """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
     some but cannot be read. Duplicate keys count each time (a provider may read either).
 
@@ -109,14 +135,17 @@ def references(body: bytes) -> list[tuple[str, str]]:
     decode it and read the ids in it."""
     if body and (b"\x00" in body or not _utf8(body)):
         raise Unreadable("the body is not UTF-8 text")
+    nested_keys = {**_NESTED_REFERENCES, AUDIO: AUDIO} if path == _CHAT_COMPLETIONS else _NESTED_REFERENCES
     if not any(needle in body for needle in _NEEDLES) and not (
-            b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)):
+            b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)) and not (
+            path == _CHAT_COMPLETIONS and b'"audio"' in body):
         return []
     nested: list[tuple[str, Any]] = []
     top: list[list[tuple[str, Any]]] = []
 
     def collect(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nested.extend((key, value) for key, value in pairs if key in _NESTED_REFERENCES)
+        nested.extend((key, value) for key, value in pairs
+                      if key in nested_keys and (key != AUDIO or isinstance(value, dict)))
         nested.extend(("file_id", unquote(found[1])) for key, value in pairs
                       if key in _FILE_URIS and isinstance(value, str) and (found := _FILE_URI_ID.match(value)))
         if any(key == "type" and value == ITEM_REFERENCE for key, value in pairs):
@@ -128,7 +157,7 @@ def references(body: bytes) -> list[tuple[str, str]]:
         document = json.loads(body, object_pairs_hook=collect)
     except (ValueError, RecursionError):
         raise Unreadable("the body is not JSON") from None
-    found = [(_NESTED_REFERENCES.get(key, "item"), each) for key, value in nested for each in _ids(value)]
+    found = [(nested_keys.get(key, "item"), each) for key, value in nested for each in _ids(value)]
     if isinstance(document, dict) and top:
         found += [(_TOP_REFERENCES[key], each) for key, value in top[0] if key in _TOP_REFERENCES
                   for each in _ids(value)]
@@ -151,10 +180,15 @@ def _ids(value: Any) -> list[str]:
 
 def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a creation's JSON answer describes: the object (of `kind`), and what its
-    output holds (output_objects)."""
+    output holds (output_objects); of a chat completion asked to speak, its audio; of items added
+    to a conversation, each item."""
     document = _json(body)
     if not isinstance(document, dict):
         return []
+    if kind == AUDIO:
+        return _spoken(document, "message")
+    if kind == ADDED_ITEMS:
+        return output_objects(document.get("data"))
     found = document.get("id")
     itself = [(kind, found)] if isinstance(found, str) and found else []
     return itself + output_objects(document.get("output"))
@@ -166,7 +200,11 @@ _EVENT_NEEDLES = ('"response"', '"item"', '"annotation"')
 
 def created_in_event(data: str, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a Responses stream's event shows created: the response (of `kind`;
-    `response.created` is the first event), an output item and what it holds, a citation."""
+    `response.created` is the first event), an output item and what it holds, a citation; of a
+    chat completion's stream asked to speak, the audio a chunk carries."""
+    if kind == AUDIO:
+        document = _json(data) if f'"{AUDIO}"' in data else None
+        return _spoken(document, "delta") if isinstance(document, dict) else []
     if not any(needle in data for needle in _EVENT_NEEDLES):
         return []  # a delta, most events of a stream: not parsed
     document = _json(data)
@@ -203,6 +241,20 @@ def output_objects(output: Any) -> list[tuple[str, str]]:
                 annotations = part.get("annotations") if isinstance(part, dict) else None
                 for annotation in annotations if isinstance(annotations, list) else ():
                     found += _cited(annotation)
+    return found
+
+
+def _spoken(completion: dict[str, Any], part: str) -> list[tuple[str, str]]:
+    """(audio, id) of each audio a chat completion (`part` "message") or one of its stream's chunks
+    ("delta") carries in its choices."""
+    choices = completion.get("choices")
+    found: list[tuple[str, str]] = []
+    for choice in choices if isinstance(choices, list) else ():
+        said = choice.get(part) if isinstance(choice, dict) else None
+        audio = said.get(AUDIO) if isinstance(said, dict) else None
+        audio_id = audio.get("id") if isinstance(audio, dict) else None
+        if isinstance(audio_id, str) and audio_id:
+            found.append((AUDIO, audio_id))
     return found
 
 

@@ -175,7 +175,7 @@ class ProxyEndpoint:
         if owner is not None and has_body and not _is_multipart(headers):
             # Read whole to check the objects it names before any of it goes.
             held = await read_body(receive, limit, self.settings.server.body_timeout_s)
-            await self.ownership.check_body(owner, provider, held)
+            await self.ownership.check_body(owner, provider, path, held)
             length = len(held)
         if length is not None:
             upstream_headers.append((b"content-length", str(length).encode()))
@@ -224,7 +224,8 @@ class ProxyEndpoint:
         creates = await self.ownership.admit(owner, provider, "POST", path) if owner is not None else None
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         if owner is not None:
-            await self.ownership.check_body(owner, provider, body)
+            await self.ownership.check_body(owner, provider, path, body)
+            creates = creates or self.ownership.created_by_body(path, body)
         parsed: WireRequest | str | None = None
         if resolved.needs_body:
             parsed = wire.parse(body)

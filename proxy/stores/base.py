@@ -654,8 +654,10 @@ class ProviderObjects(Protocol):
     created with its own provider key: several users share that key, so the provider would
     answer any of them (endpoint/ownership.py)."""
 
-    async def record_owner(self, provider: str, object_id: str, user: str, kind: str, at: datetime) -> str:
-        """Record `user` as the creator of the object unless a creator is recorded already; the creator."""
+    async def record_owners(self, provider: str, user: str, objects: Sequence[tuple[str, str]], at: datetime
+                            ) -> dict[str, str]:
+        """Record `user` as the creator of each object ((kind, id) each, ids distinct) unless a creator is
+        recorded already, in one transaction; the creator of each, by id."""
 
     async def owner_of(self, provider: str, object_id: str) -> str | None:
         """The user recorded as the object's creator, None when memproxy never saw it created."""

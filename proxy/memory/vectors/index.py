@@ -14,9 +14,9 @@ still holds a vector for the model (Store.embedded_items), before anything uses 
 The matrix is the model's vectors scaled to unit length, so a cosine is one dot product.
 It is float32: numpy has no fast float16 or int8 product (at 100,000 rows of 256, float16
 took 104 ms and int8 27 ms against float32's 16 ms), so it costs rows x dimensions x 4
-bytes (the embedded model: 1 KB an item, 10 MB for 10,000 items, 100 MB for 100,000). At
-most MAX_MATRICES taking at most `embeddings.cache_max_mb` together are kept, the least
-recently used dropped first (the one in use stays, even alone past the bound).
+bytes (the embedded model's 128: 512 bytes an item, 5 MB for 10,000 items, 50 MB for
+100,000). At most MAX_MATRICES taking at most `embeddings.cache_max_mb` together are kept,
+the least recently used dropped first (the one in use stays, even alone past the bound).
 
 A process serving requests runs its products on one BLAS thread (`one_blas_thread`):
 OpenBLAS splits a product of more than about 9,000 cells over every core, and its threads
@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,8 +43,8 @@ log = logging.getLogger("memproxy.vectors")
 
 MAX_MATRICES = 256
 # Past this many matrix cells a product runs in a thread, not on the event loop, so other streams keep flowing.
-# 4M cells (16 MB of float32, about 1 ms): 10,000 items of the embedded model's 256 stay
-# inline, where a thread's hop cost more than the product.
+# 4M cells (16 MB of float32, about 1 ms): up to 31,000 items of the embedded model's 128
+# stay inline, where a thread's hop cost more than the product.
 INLINE_CELLS = 4_000_000
 COSINE_DIGITS = 6  # cosines are compared rounded, so float noise cannot reorder equals
 # Below this many rows a query's spread of cosines says too little for a z-score (a few
@@ -61,8 +62,10 @@ def one_blas_thread() -> None:
 def unit(vector: bytes | np.ndarray) -> np.ndarray | None:
     """A float32 vector scaled to length 1; None for an empty or zero vector."""
     v = np.frombuffer(vector, dtype="<f4") if isinstance(vector, bytes) else np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(v)) if v.size else 0.0
-    return None if norm == 0.0 or not np.isfinite(norm) else (v / norm).astype(np.float32)
+    # What np.linalg.norm computes for a float32 vector, without its Python layers (each query's
+    # vector and each new row pass here, with the caches cold).
+    norm = float(np.sqrt(v.dot(v))) if v.size else 0.0
+    return None if norm == 0.0 or not math.isfinite(norm) else v / np.float32(norm)
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,12 @@ class _Codes:
     def code(self, value: str | None) -> int:
         """The value's code; -1 (no row's) for a value no row holds."""
         return self._of.get(value, -1)
+
+    def among(self, codes: np.ndarray, values: Iterable[str | None]) -> np.ndarray:
+        """True where a code (of `up_to`) is one of `values`': one lookup a row (numpy's isin sorts them)."""
+        wanted = np.zeros(len(self._of), dtype=bool)
+        wanted[[code for value in values if (code := self.code(value)) >= 0]] = True
+        return wanted[codes]
 
 
 @dataclass
@@ -203,17 +212,20 @@ class Matrix:
         by_group = where.conversation is not None or where.exclude is not None or where.within is not None
         if not by_group and not where.by_agent:
             return None
-        keep = np.ones(n, dtype=bool)
+        tests: list[np.ndarray] = []
         if by_group:
             groups = self._group_codes.up_to(self.groups, n)
             if where.conversation is not None:
-                keep &= groups == self._group_codes.code(where.conversation)
+                tests.append(groups == self._group_codes.code(where.conversation))
             if where.exclude is not None:
-                keep &= groups != self._group_codes.code(where.exclude)
+                tests.append(groups != self._group_codes.code(where.exclude))
             if where.within is not None:
-                keep &= np.isin(groups, [self._group_codes.code(g) for g in where.within])
+                tests.append(self._group_codes.among(groups, where.within))
         if where.by_agent:
-            keep &= self._agent_codes.up_to(self.agents, n) == self._agent_codes.code(where.agent)
+            tests.append(self._agent_codes.up_to(self.agents, n) == self._agent_codes.code(where.agent))
+        keep = tests[0]
+        for test in tests[1:]:
+            keep &= test
         return keep
 
     def nearest(self, query: np.ndarray, where: RowFilter, floor: float, limit: int
@@ -225,19 +237,23 @@ class Matrix:
             return [], Spread()
         scores = self._scores(query, vectors)
         visible = self.mask(where, vectors.shape[0])
-        seen = scores if visible is None else scores[visible]
-        spread = Spread(float(seen.mean()), float(seen.std()), int(seen.size)) if seen.size else Spread()
-        eligible = scores >= floor
-        if visible is not None:
-            eligible &= visible
-        if np.count_nonzero(eligible) > limit:
-            # The limit-th best eligible cosine, found without gathering the eligible rows first.
-            kth = np.partition(np.where(eligible, scores, -np.inf), -limit)[-limit]
-            eligible &= scores >= kth  # ties at the cut all stay, then by id
-        candidates = np.flatnonzero(eligible)
-        ranked = sorted(((round(float(scores[n]), COSINE_DIGITS), self.ids[n]) for n in candidates),
-                        key=lambda r: (-r[0], r[1]))
-        return [(item_id, score) for score, item_id in ranked[:limit]], spread
+        rows = None if visible is None else np.flatnonzero(visible)
+        seen = scores if rows is None else scores[rows]
+        if not seen.size:
+            return [], Spread()
+        # One partition of the visible cosines finds the cut: with more than `limit` of them at
+        # or above the floor, the limit-th best is too, so the cut is the higher of the two.
+        # Ties at the cut all stay, then by id.
+        cut = floor
+        if seen.size > limit:
+            cut = max(cut, float(np.partition(seen, seen.size - limit)[seen.size - limit]))
+        kept = np.flatnonzero(seen >= cut)
+        if rows is not None:
+            kept = rows[kept]
+        ids = self.ids
+        ranked = sorted(zip((-np.round(scores[kept].astype(np.float64), COSINE_DIGITS)).tolist(),
+                            [ids[n] for n in kept.tolist()]))
+        return [(item_id, -negated) for negated, item_id in ranked[:limit]], spread_of(seen)
 
     def _scores(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
         """The rounded cosines of `query` with every row of `vectors` (this matrix's current view)."""
@@ -245,9 +261,20 @@ class Matrix:
         if last is not None and last[0] is query and last[1] == vectors.shape[0] and last[2] == self._changes:
             return last[3]
         changes = self._changes
-        scores = np.round(vectors @ query, COSINE_DIGITS)
+        scores = vectors @ query
+        np.round(scores, COSINE_DIGITS, out=scores)
         self._last = (query, vectors.shape[0], changes, scores)
         return scores
+
+
+def spread_of(cosines: np.ndarray) -> Spread:
+    """The mean and standard deviation of (a non-empty array of float32) cosines, bit for bit what
+    numpy's mean() and std() give, with the mean computed once and numpy's Python layers skipped."""
+    n = cosines.size
+    mean = np.add.reduce(cosines) / n
+    deviations = cosines - mean
+    np.multiply(deviations, deviations, out=deviations)
+    return Spread(float(mean), float(np.sqrt(np.add.reduce(deviations) / n)), n)
 
 
 @dataclass

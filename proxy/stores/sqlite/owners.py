@@ -21,16 +21,18 @@ class SQLiteProviderObjects:
     async def _on_writer(self, body: Callable[[sqlite3.Connection], T]) -> T:  # provided by SQLiteAdmin
         raise NotImplementedError
 
-    async def record_owner(self, provider: str, object_id: str, user: str, kind: str, at: datetime) -> str:
-        """Record `user` as the object's creator unless one is recorded; the creator."""
+    async def record_owners(self, provider: str, user: str, objects: Sequence[tuple[str, str]], at: datetime
+                            ) -> dict[str, str]:
+        """Record `user` as each object's creator unless one is recorded, in one transaction; the
+        creator of each, by id."""
 
-        def record(conn: sqlite3.Connection) -> str:
-            conn.execute("INSERT INTO provider_objects (provider, object_id, user_id, kind, created_at)"
-                         " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                         (provider, object_id, user, kind, to_ts(at)))
-            row = conn.execute("SELECT user_id FROM provider_objects WHERE provider = ? AND object_id = ?",
-                               (provider, object_id)).fetchone()
-            return str(row[0])
+        def record(conn: sqlite3.Connection) -> dict[str, str]:
+            conn.executemany("INSERT INTO provider_objects (provider, object_id, user_id, kind, created_at)"
+                             " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                             [(provider, object_id, user, kind, to_ts(at)) for kind, object_id in objects])
+            return {object_id: str(conn.execute(
+                "SELECT user_id FROM provider_objects WHERE provider = ? AND object_id = ?",
+                (provider, object_id)).fetchone()[0]) for _, object_id in objects}
 
         return await self._on_writer(record)
 
