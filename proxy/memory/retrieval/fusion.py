@@ -96,7 +96,7 @@ def apply_budget(
         content = _fit(text, min(per_hit, limit - used - prefix - note), wanted, _head(hit.source, text))
         cut = cut or content != text
         if content:
-            kept.append(replace(hit, content=content))
+            kept.append(hit if content == hit.content else replace(hit, content=content))
             used += prefix + len(content)
             has_graph = has_graph or hit.source == "graph"
     return kept, cut

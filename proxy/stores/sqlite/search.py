@@ -53,12 +53,8 @@ from proxy.stores.sqlite.postings import (
     totals,
     varints,
 )
-from proxy.stores.sqlite.rows import (
-    agent_clause,
-    entity_from_row,
-    message_from_row,
-    trace_from_row,
-)
+from proxy.stores.indexed_text import steps_from_json
+from proxy.stores.sqlite.rows import agent_clause, from_ts, json_tuple
 from proxy.stores.sqlite.user_stats import FtsIndex, UserCounts
 from proxy.stores.sqlite.user_stats import quoted as fts_quoted
 from proxy.stores.search_budget import Plan
@@ -72,10 +68,26 @@ ENTITIES = FtsIndex("entities", "e", ("name_terms", "type_terms", "description_t
                     "e.id, e.name, e.type, e.description, e.memory_type, e.confidence, e.tags, e.aliases,"
                     " e.provenance")
 ENTITY_WEIGHTS = ENTITIES.weights
-# What trace_from_row reads: a hit is built from these alone, not from the index text
-# stored beside them (a trace's is as long as the trace).
+# What a trace hit is built from: these alone, not the index text stored beside them (a
+# trace's is as long as the trace).
 REASONING = FtsIndex("reasoning", "x", ("terms",), (1.0,),
                      "x.id, x.conversation_id, x.task, x.steps, x.answer, x.created_at")
+
+# A hit read back is a plain tuple, its rowid first and then its index's `columns` in order:
+# a search builds dozens a request, and sqlite3.Row's lookups by name cost a third more.
+Values = tuple[Any, ...]
+
+
+def _message(v: Values) -> StoredMessage:
+    return StoredMessage(v[1], v[2], v[3], v[4], from_ts(v[5]))
+
+
+def _entity(v: Values) -> Entity:
+    return Entity(v[1], v[2], v[3], v[4], v[5], v[6], json_tuple(v[7]), json_tuple(v[8]), json_tuple(v[9]))
+
+
+def _trace(v: Values) -> ReasoningTrace:
+    return ReasoningTrace(v[1], v[2], v[3], steps_from_json(v[4]), v[5], from_ts(v[6]))
 
 
 class PostingsNotReady(Exception):
@@ -148,7 +160,7 @@ def search_messages(
                 where += f" AND {MESSAGES.alias}.conversation_id != ?"
                 params.append(exclude_conversation_id)
             best = _search(conn, MESSAGES, scope, plan, stats, where, params, conversation_ids, limit)
-            return [(message_from_row(row), score) for row, score in _read_back(conn, MESSAGES, scope, best)]
+            return [(_message(row), score) for row, score in _read_back(conn, MESSAGES, scope, best)]
         allowed = Filter(conversation_ids, exclude_conversation_id, scope.agent_isolated, scope.agent)
         with _locked(postings.lock, postings_only):
             stats, own = postings.statistics(wanted, seen.visible_seq)
@@ -156,7 +168,7 @@ def search_messages(
             best = postings.search(plan.terms, plan.finding, stats, allowed, plan.newest, limit, seen.visible_seq)
             kept = {seq: cast(StoredMessage, hit) for seq, _ in best if (hit := postings.hit(seq)) is not None}
         unread = [(seq, score) for seq, score in best if seq not in kept]
-        read = {row["seq"]: message_from_row(row) for row, _ in _read_back(conn, MESSAGES, scope, unread)}
+        read = {row[0]: _message(row) for row, _ in _read_back(conn, MESSAGES, scope, unread)}
         if read and postings.lock.acquire(blocking=not postings_only):  # busy: kept another time
             try:
                 for seq, message in read.items():
@@ -201,7 +213,7 @@ def search_entities(
                 best = postings.search(plan.terms, plan.finding, stats,
                                        Filter(agent_isolated=scope.agent_isolated, agent=scope.agent),
                                        plan.newest, limit)
-        return [(entity_from_row(row), score) for row, score in _read_back(conn, ENTITIES, scope, best)]
+        return [(_entity(row), score) for row, score in _read_back(conn, ENTITIES, scope, best)]
 
 
 def search_reasoning(
@@ -224,7 +236,7 @@ def search_reasoning(
         where, params = agent_clause(scope, REASONING.alias, per_agent=True)
         plan = Plan.of(wanted, saying, stats.rows, whole_history=True)
         best = _search(conn, REASONING, scope, plan, stats, where, params, None, limit)
-        return [(trace_from_row(row), score) for row, score in _read_back(conn, REASONING, scope, best)]
+        return [(_trace(row), score) for row, score in _read_back(conn, REASONING, scope, best)]
 
 
 @contextmanager
@@ -251,12 +263,14 @@ def _plain(terms: Sequence[str]) -> bool:
 
 
 def _read_back(conn: sqlite3.Connection, index: FtsIndex, scope: Scope, best: list[tuple[int, float]]
-               ) -> list[tuple[sqlite3.Row, float]]:
+                ) -> list[tuple[Values, float]]:
     """The rows ranked, in their order, read from the table (a row gone since is left out)."""
     if not best:
         return []
     t = index.alias
-    found = {row["seq"]: row for row in conn.execute(
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    found = {row[0]: row for row in cursor.execute(
         f"SELECT {t}.seq, {index.columns} FROM json_each(?) j CROSS JOIN {index.table} {t} ON {t}.seq = j.value"
         f" WHERE {t}.user_id = ?", [json.dumps([seq for seq, _ in best]), scope.user])}
     return [(found[seq], score) for seq, score in best if seq in found]

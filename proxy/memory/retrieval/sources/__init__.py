@@ -61,6 +61,11 @@ def normalised(text: str) -> str:
     return " ".join(text.split())
 
 
+def same_words(text: str) -> str:
+    """What two texts saying the same words share: their words, case folded."""
+    return normalised(text).casefold()
+
+
 def edges(text: str, keep: int) -> str:
     """The text's first and last `keep` chars; a text of up to twice that, whole."""
     if len(text) <= 2 * keep:
@@ -153,12 +158,26 @@ class SourceQuery:
     def _asked(self) -> frozenset[str]:
         return frozenset(self.terms)
 
+    def words(self, text: str) -> str:
+        """`same_words(text)`, worked out once a recall: a candidate's text is compared in its
+        source's search and again in the fusion with the vector stream."""
+        found = self._words.get(text)
+        if found is None:
+            found = self._words[text] = same_words(text)
+        return found
+
+    @cached_property
+    def _words(self) -> dict[str, str]:
+        return {}
+
     def relevant(self, score: float) -> bool:
         """A lexical score that counts: some query term matched, and it clears the floor."""
         return score > 0 and score >= self.relevance_floor
 
 
-@dataclass(frozen=True)
+# Not frozen: a recall makes a few hundred of these, and a frozen dataclass's __init__ costs
+# two and a half times a plain one's. Nothing changes one once made: each step makes new ones.
+@dataclass(slots=True)
 class Found(Generic[T]):
     """A candidate a search kept, with its score, why it ranked, and the parts of its score."""
 
@@ -197,16 +216,16 @@ async def lexical(
         Found(item, score, TRIGGER_REASON, {"bm25": bm25(score), "identifier_search": True})
         for item, score in _kept(q, by_identifier, keep, tie_break)
     ]
-    return _distinct([*front, *ranked], key, text)
+    return _distinct([*front, *ranked], key, lambda item: q.words(text(item)))
 
 
-def _distinct(found: list[Found[T]], key: Callable[[T], str], text: Callable[[T], str]) -> list[Found[T]]:
+def _distinct(found: list[Found[T]], key: Callable[[T], str], words_of: Callable[[T], str]) -> list[Found[T]]:
     """Each item once, and each text once: the same words said twice are one memory."""
     ids: set[str] = set()
     texts: set[str] = set()
     kept = []
     for f in found:
-        item_id, words = key(f.item), normalised(text(f.item)).casefold()
+        item_id, words = key(f.item), words_of(f.item)
         if item_id not in ids and words not in texts:
             ids.add(item_id)
             texts.add(words)
@@ -222,7 +241,8 @@ def _kept(
     q: SourceQuery, rows: list[tuple[T, float]], keep: Callable[[T], bool],
     order: Callable[[T, float], tuple[object, ...]],
 ) -> list[tuple[T, float]]:
-    kept = [(item, score) for item, score in rows if q.relevant(score) and keep(item)]
+    floor = q.relevance_floor  # q.relevant, inlined: it is asked of every candidate
+    kept = [(item, score) for item, score in rows if score > 0 and score >= floor and keep(item)]
     # Scores rounded so float noise cannot reorder equals; the tie-break makes it deterministic.
     return sorted(kept, key=lambda row: (-round(row[1], 9), *order(*row)))
 

@@ -103,12 +103,12 @@ def one_copy_each(conversation: list[Hit], cross_session: list[Hit]) -> tuple[li
     equal ranks, `conversation` takes its turn before `cross-session`.
     """
     best: dict[str, tuple[int, int]] = {}
-    for order, hits in enumerate((conversation, cross_session)):
-        for rank, hit in enumerate(hits):
-            words = said(hit)
-            best[words] = min(best.get(words, (rank, order)), (rank, order))
-    return ([hit for rank, hit in enumerate(conversation) if best[said(hit)] == (rank, 0)],
-            [hit for rank, hit in enumerate(cross_session) if best[said(hit)] == (rank, 1)])
+    words = [[said(hit) for hit in hits] for hits in (conversation, cross_session)]
+    for order, hits_said in enumerate(words):
+        for rank, hit_said in enumerate(hits_said):
+            best[hit_said] = min(best.get(hit_said, (rank, order)), (rank, order))
+    return ([hit for rank, (hit, hit_said) in enumerate(zip(conversation, words[0])) if best[hit_said] == (rank, 0)],
+            [hit for rank, (hit, hit_said) in enumerate(zip(cross_session, words[1])) if best[hit_said] == (rank, 1)])
 
 
 def newest_first(m: StoredMessage, score: float) -> tuple[object, ...]:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from proxy.memory.retrieval.sources import FILLER, Found, SourceQuery, normalised
+from proxy.memory.retrieval.sources import FILLER, Found, SourceQuery, same_words
 from proxy.memory.vectors.index import Spread
 from proxy.settings import EmbeddingsSettings
 from proxy.stores.base import EmbeddingKind
@@ -115,14 +115,14 @@ async def with_vectors(
     missed = [(item_id, score) for item_id, score in near if item_id not in lexical_ids and calibration.enters(score)]
     read = await vq.items(kind, [item_id for item_id, _ in missed])
     alone = [(read[item_id], score) for item_id, score in missed if item_id in read and keep(read[item_id])]
-    return fuse(found, dict(near), alone, calibration, vq.vectors.settings, key=key, text=text)
+    return fuse(found, dict(near), alone, calibration, vq.vectors.settings, key=key, text=text, words=q.words)
 
 
 def fuse(found: Sequence[Found[T]], cosines: Mapping[str, float], alone: Sequence[tuple[T, float]],
          calibration: Calibration, settings: EmbeddingsSettings, *, key: Callable[[T], str],
-         text: Callable[[T], str]) -> list[Found[T]]:
+         text: Callable[[T], str], words: Callable[[str], str] = same_words) -> list[Found[T]]:
     """The lexical candidates (each with its cosine, if near) and the close vector-only ones
-    (`alone`), by fused score (module doc); each text once."""
+    (`alone`), by fused score (module doc); each text once (compared by `words`)."""
     best_bm25 = max((f.score for f in found), default=0.0)
     ranked: list[tuple[float, int, Found[T]]] = []
     for n, f in enumerate(found):
@@ -146,8 +146,8 @@ def fuse(found: Sequence[Found[T]], cosines: Mapping[str, float], alone: Sequenc
     out: list[Found[T]] = []
     texts: set[str] = set()
     for _, _, f in ranked:
-        words = normalised(text(f.item)).casefold()
-        if words not in texts:
-            texts.add(words)
+        said = words(text(f.item))
+        if said not in texts:
+            texts.add(said)
             out.append(f)
     return out

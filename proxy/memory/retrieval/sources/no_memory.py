@@ -11,6 +11,7 @@ question again: not a memory at all, and its answer, found by the words it answe
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from proxy.memory.retrieval.keywords import question_terms
 
@@ -46,25 +47,39 @@ def carries_memory(role: str, text: str) -> bool:
     if role == "assistant":
         return not non_answer(text)
     if role == "user":
-        text = text.strip()
-        return not (len(text) <= BARE_QUESTION_MAX_CHARS and _only_asks(text))
+        return _bare_question(text.strip()) is None
     return True
 
 
 def asked_again(text: str, asked: frozenset[str]) -> bool:
     """True for a bare question whose every term is one of `asked`, the terms of the question
     asked now: it says nothing the request does not."""
-    text = text.strip()
-    if len(text) > BARE_QUESTION_MAX_CHARS or not _only_asks(text):
-        return False
-    terms = set(question_terms(text))
-    return bool(terms) and terms <= asked  # "why?" alone is no question asked again
+    terms = _bare_question(text.strip())
+    return terms is not None and bool(terms) and terms <= asked  # "why?" alone is no question asked again
 
 
 def non_answer(text: str) -> bool:
     """True for a short reply saying it does not know or was not told."""
     text = text.strip()
-    return len(text) <= NON_ANSWER_MAX_CHARS and _NON_ANSWER.search(text) is not None
+    return len(text) <= NON_ANSWER_MAX_CHARS and _says_not_known(text)
+
+
+# The same stored messages are candidates turn after turn, and each is asked about by several
+# sources and steps of one recall: a short text's reading is cached (a long one is never
+# either kind, and would stay alive in the cache).
+def _bare_question(text: str) -> frozenset[str] | None:
+    """The terms of a text that only asks (a bare question), None for any other text."""
+    return _bare_question_terms(text) if len(text) <= BARE_QUESTION_MAX_CHARS else None
+
+
+@lru_cache(maxsize=4096)
+def _bare_question_terms(text: str) -> frozenset[str] | None:
+    return frozenset(question_terms(text)) if _only_asks(text) else None
+
+
+@lru_cache(maxsize=4096)
+def _says_not_known(text: str) -> bool:
+    return _NON_ANSWER.search(text) is not None
 
 
 def _only_asks(text: str) -> bool:
