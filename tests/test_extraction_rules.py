@@ -751,3 +751,26 @@ def test_a_short_message_is_mined_at_once_unless_an_extraction_is_in_flight() ->
         assert rules.now(said, None) == extract(said)
 
     asyncio.run(body())
+
+
+def test_a_short_message_asked_later_never_overtakes_one_waiting_for_the_extraction_in_flight() -> None:
+    # A released lock reads unlocked before the call it wakes has run: a message asked in that
+    # pass must still wait its turn, or its facts land first ("My name is Beth." then Ann's).
+    async def body() -> None:
+        rules = RulesExtractor()
+        order: list[str] = []
+
+        async def mine(name: str, text: str) -> None:  # as InlineFacts mines a message
+            if rules.now(text, None) is None:
+                await rules(text, None)
+            order.append(name)
+
+        await rules._one.acquire()  # another message's extraction is in flight
+        first = asyncio.ensure_future(mine("first", "My name is Ann."))
+        await asyncio.sleep(0)  # asked first: it waits for the one in flight
+        second = asyncio.ensure_future(mine("second", "My name is Beth."))  # a later message is asked...
+        rules._one.release()  # ...in the pass in which that extraction ends
+        await asyncio.gather(first, second)
+        assert order == ["first", "second"]
+
+    asyncio.run(body())

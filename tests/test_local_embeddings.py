@@ -108,14 +108,18 @@ def test_a_turns_messages_are_saved_with_their_vectors_in_their_own_commit(tmp_p
             alice = Scope("alice")
             await asyncio.gather(writer.submit(StartTurn(alice, "t1", "c", "h1", T0, "I keep bees.")),
                                  writer.submit(FinishTurn(alice, "t1", "c", "Bees are great.", T0), urgent=True))
-            # A lone surrogate is stored as U+FFFD: a vector of the text as sent is not one of the text saved.
-            await writer.submit(StartTurn(alice, "t2", "c", "h2", T0, "odd \ud800 text"), urgent=True)
+            # A lone surrogate is stored as U+FFFD, and embedded as it is stored: bob's message in the
+            # same commit costs alice's none of its vector.
+            await asyncio.gather(writer.submit(StartTurn(alice, "t2", "c", "h2", T0, "I keep wasps.")),
+                                 writer.submit(StartTurn(Scope("bob"), "t1", "c", "h1", T0, "odd \ud800 text"),
+                                               urgent=True))
         finally:
             await writer.close()
             await store.close()
         model = LocalModel()
         assert _message_vectors(tmp_path / "m.db") == {
-            text: model.vectors([text])[0].astype("<f4").tobytes() for text in ("I keep bees.", "Bees are great.")}
+            text: model.vectors([text])[0].astype("<f4").tobytes()
+            for text in ("I keep bees.", "Bees are great.", "I keep wasps.", "odd \ufffd text")}
         assert worker._cursors == {"message": 0, "entity": 0, "reasoning": 0}  # nothing was read back
 
     asyncio.run(body())
@@ -139,6 +143,8 @@ def test_a_commit_whose_vectors_fail_is_saved_without_them(tmp_path: Path) -> No
         with closing(sqlite3.connect(tmp_path / "m.db")) as db:
             assert db.execute("SELECT content FROM messages").fetchall() == [("I keep bees.",)]
         assert _message_vectors(tmp_path / "m.db") == {}  # the filler's, later
+
+    asyncio.run(body())
 
 
 def test_a_store_of_the_former_256_wide_vectors_is_filled_again_at_128_and_searched_at_128(backend: Backend) -> None:

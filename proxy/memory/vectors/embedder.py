@@ -8,6 +8,7 @@ the request body and the parsing of an OpenAI-style `/embeddings` answer.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -32,6 +33,16 @@ class EmbeddingFailed(Exception):
     def __init__(self, message: str, *, retry: bool = True) -> None:
         super().__init__(message)
         self.retry = retry
+
+
+# A lone surrogate: valid in JSON (`"\\ud800"`), not in UTF-8.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """`text` with each lone surrogate made U+FFFD: what a tokenizer can read, and how the stores
+    keep such a text (so a vector of it is one of the text saved)."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def request_body(model: str, texts: Sequence[str]) -> bytes:

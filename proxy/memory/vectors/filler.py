@@ -33,7 +33,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.memory.vectors.embedder import Embed, EmbeddingFailed
+from proxy.memory.vectors.embedder import Embed, EmbeddingFailed, encodable
 from proxy.metrics import Metrics
 from proxy.stores.base import (
     EMBEDDING_KINDS,
@@ -146,7 +146,7 @@ class EmbeddingWorker:
         if not (self.with_writes and self.filler.store.saves_item_vectors):
             return list(ops)
         out = list(ops)
-        texts = [(n, text[:EMBED_CHARS]) for n, text in enumerate(map(_message_text, ops)) if text]
+        texts = [(n, encodable(text)[:EMBED_CHARS]) for n, text in enumerate(map(_message_text, ops)) if text]
         texts = texts[:self.filler.batch]  # more waits for the filler, as after a commit
         if not texts:
             return out

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from proxy.memory.vectors.embedder import EmbeddingFailed
+from proxy.memory.vectors.embedder import EmbeddingFailed, encodable
 
 # The dimensions are in the name: a store's vectors of another width (the former
 # `local:wordllama-l2_supercat-256`) are then of another model, filled in again.
@@ -99,7 +99,7 @@ class LocalModel:
         # 0.27 ms of CPU that way, 0.1 ms here), and a batch gains nothing in a server whose
         # other core serves requests.
         for row, text in enumerate(texts):
-            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+            ids = self.tokenizer.encode(encodable(text), add_special_tokens=False).ids
             if ids:
                 # The rows' float32 sum, row after row, over their count: what numpy's mean computes.
                 np.add.reduce(self.table[ids], axis=0, out=out[row])
