@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import signal
 import sys
 import time
@@ -27,7 +26,6 @@ from harness.memory import MEMORY_USER, memory_recovered, seed_memories  # noqa:
 from harness.targets import REPO, Server, Targets, source_version  # noqa: E402
 
 RATE = 400  # samples a second: a request of a few ms needs many
-_RAW = re.compile(r"^thread \((\d+)\): ([^;]*);(.*) (\d+)$")
 
 
 def main() -> None:
@@ -92,13 +90,7 @@ def report(raw: Path, requests: int, elapsed: float, top: int) -> None:
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        found = _RAW.match(line)
-        if found is None:
-            continue
-        _, _, stack, count = found.groups()
-        frames = stack.split(";")
-        samples = int(count)
+    for _, frames, samples in pyspy.stacks(raw):
         total += samples
         own[frames[-1]] += samples
         for frame in set(frames):

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 SAMPLES_PER_S = 50
@@ -38,20 +39,24 @@ def record(pid: int, seconds: float, out: Path, rate: int = SAMPLES_PER_S) -> su
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def stacks(raw: Path) -> Iterator[tuple[str, list[str], int]]:
+    """(thread name, frames outermost first, samples) of each distinct stack of a raw profile."""
+    for line in raw.read_text().splitlines():
+        found = _RAW.match(line)
+        if found is not None:
+            _, name, stack, count = found.groups()
+            yield name, stack.split(";"), int(count)
+
+
 def summary(raw: Path, top: int = 12) -> list[str]:
     """Samples per thread, and the `top` innermost functions by samples, as report lines."""
     threads: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        found = _RAW.match(line)
-        if found is None:
-            continue
-        _, name, stack, count = found.groups()
-        samples = int(count)
+    for name, frames, samples in stacks(raw):
         total += samples
         threads[_thread_kind(name)] += samples
-        leaves[stack.rsplit(";", 1)[-1]] += samples
+        leaves[frames[-1]] += samples
     if not total:
         return ["  (no samples)"]
     lines = ["  samples by thread: " + ", ".join(f"{name} {n / total:.0%}" for name, n in threads.most_common())]
