@@ -115,13 +115,18 @@ def reuse_port_socket(host: str, port: int) -> socket.socket | None:
     if sys.platform != "linux":
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
+        # First without SO_REUSEPORT, as one process binds: it fails while anything serves the
+        # port, where SO_REUSEPORT alone would let a second `serve` share it and split the traffic.
+        with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+            port = probe.getsockname()[1]  # port 0: the one the system picked
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError as exc:
-        sock.close()
         log.error("could not listen on %s:%d: %s", host, port, exc)
         sys.exit(STARTUP_FAILURE)
     sock.set_inheritable(True)

@@ -260,6 +260,17 @@ def test_each_worker_listens_on_its_own_socket_and_a_burst_of_connections_spread
     assert set(spread) == shared.pids and min(spread.values()) >= 16, spread  # even odds: below 16 is 1 in 10,000
 
 
+def test_a_second_serve_on_the_port_of_one_with_workers_fails_as_on_a_port_in_use(shared, tmp_path):
+    # Every worker's socket allows SO_REUSEPORT: a second `serve` must not join them silently.
+    env = {**os.environ, "MEMPROXY_STORE_URL": f"sqlite:///{tmp_path}/other.db", "MEMPROXY_SERVER_WORKERS": "2",
+           "MEMPROXY_SERVER_PORT": str(port_of(shared)), "MEMPROXY_UPSTREAM_BASE_URL": "http://127.0.0.1:9"}
+    second = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=env, capture_output=True, text=True,
+                            timeout=START_WITHIN_S)
+    assert second.returncode == 3
+    assert f"could not listen on 127.0.0.1:{port_of(shared)}: [Errno 98] Address already in use" in second.stderr
+    assert all(len(listening_on(pid, port_of(shared))) == 1 for pid in shared.pids)  # the first serves on
+
+
 def test_migrations_ran_once_before_the_workers_on_a_fresh_file(shared):
     with sqlite3.connect(shared.db) as db:
         versions = db.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
