@@ -24,7 +24,7 @@ from proxy.settings import load_settings
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, Store
 from proxy.stores.sqlite.store import SQLiteStore
 from tests.proxy_db import rows
-from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
+from tests.store_backends import Backend, PostgresBackend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
@@ -121,6 +121,28 @@ def test_a_turns_messages_are_saved_with_their_vectors_in_their_own_commit(backe
         if backend.name == "postgres":  # each vector was written by the transaction that saved its message
             assert await backend.sql("SELECT m.content FROM messages m JOIN embeddings e ON e.user_id = m.user_id"
                                      " AND e.item_id = m.id WHERE m.xmin::text <> e.xmin::text") == []
+
+    asyncio.run(body())
+
+
+def test_a_message_postgresql_stores_otherwise_than_embedded_gets_its_vector_from_the_worker(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            writer, worker = _writer_with_vectors(store)
+            writer.start()
+            try:
+                # PostgreSQL text cannot hold NUL: it is stored as U+FFFD, not the text embedded.
+                await asyncio.gather(writer.submit(StartTurn(Scope("alice"), "t1", "c", "h1", T0, "I keep bees.")),
+                                     writer.submit(StartTurn(Scope("bob"), "t1", "c", "h1", T0, "odd \x00 text"),
+                                                   urgent=True))
+            finally:
+                await writer.close()
+            assert list(await _message_vectors(backend)) == ["I keep bees."]
+            assert await worker.fill_once() is False
+        assert (await _message_vectors(backend))["odd \ufffd text"] == \
+            LocalModel().vectors(["odd \ufffd text"])[0].astype("<f4").tobytes()
 
     asyncio.run(body())
 
