@@ -219,6 +219,18 @@ def counted(client: httpx.Client, sample: str) -> float:
     return float(found[1]) if found else 0.0
 
 
+def settled(client: httpx.Client, samples: tuple[str, ...]) -> list[float]:
+    """The samples' values once they stop moving: a request's metrics are recorded as its response
+    ends, a moment after the client has read it."""
+    values = [counted(client, sample) for sample in samples]
+    while True:
+        time.sleep(0.2)
+        again = [counted(client, sample) for sample in samples]
+        if again == values:
+            return values
+        values = again
+
+
 def sent_to_upstream(fake: FakeUpstream) -> str:
     """The last user message of the last chat request the upstream received, the memory block in it."""
     messages = fake.chat_requests()[-1].json()["messages"]
@@ -269,6 +281,9 @@ def test_a_second_serve_on_the_port_of_one_with_workers_fails_as_on_a_port_in_us
     assert second.returncode == 3
     assert f"could not listen on 127.0.0.1:{port_of(shared)}: [Errno 98] Address already in use" in second.stderr
     assert all(len(listening_on(pid, port_of(shared))) == 1 for pid in shared.pids)  # the first serves on
+    for client in shared.clients.values():  # idle for seconds: their connections may have timed out
+        client.close()
+    shared.clients = pin(shared.url, shared.pids)
 
 
 def test_migrations_ran_once_before_the_workers_on_a_fresh_file(shared):
@@ -297,13 +312,13 @@ def test_metrics_sum_the_requests_of_every_worker(shared, fake):
     (_, one), (_, other) = served.clients.items()
     samples = ('memproxy_requests_total{outcome="status_200",path="/chat/completions"}',
                'memproxy_request_seconds_count{path="/chat/completions"}')
-    before = [counted(one, sample) for sample in samples]
+    before = settled(one, samples)
     for client, n in ((one, 3), (other, 2)):
         for i in range(n):
             chat(client, served.url).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": f"question {i} to {id(client)}"}])
     for client in (one, other):  # whichever worker answers /metrics says the same
-        assert [counted(client, sample) - was for sample, was in zip(samples, before)] == [5.0, 5.0]
+        assert [now - was for now, was in zip(settled(client, samples), before)] == [5.0, 5.0]
 
 
 def test_a_worker_killed_with_9_is_replaced_and_the_other_keeps_serving(shared, fake):
