@@ -92,7 +92,9 @@ class LocalModel:
             raise ModelMissing(f"the embedded model's tokenizer knows more tokens than its table has rows ({folder})")
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(MAX_TOKENS)
-        self._recent: dict[str, np.ndarray] = {}  # text -> its vector, oldest first (RECENT_TEXTS)
+        # Text -> its vector, oldest first (RECENT_TEXTS). Not locked: a model is one app's, called on
+        # its event loop's thread only.
+        self._recent: dict[str, np.ndarray] = {}
 
     @property
     def dim(self) -> int:
