@@ -53,6 +53,30 @@ def test_a_message_has_its_vector_by_the_time_its_answer_is_back(make_proxy: Any
     assert _vectors_of(proxy, "Hello from upstream") == [(MODEL_NAME, 128)] * 2  # both answers
 
 
+def test_a_turns_question_is_encoded_once_as_its_query_and_saved_with_that_vector(make_proxy: Any) -> None:
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    client = proxy.client(**{"X-Memory-User": "ann", "X-Memory-Conversation": "c1"})
+    worker = proxy.app.state.parts.embedding
+    model = worker.filler.embed
+    assert isinstance(model, LocalModel) and proxy.app.state.parts.vectors.embed is model
+    encoded: list[str] = []
+    tokenizer = model.tokenizer
+
+    class Recording:
+        def encode(self, text: str, **options: Any) -> Any:
+            encoded.append(text)
+            return tokenizer.encode(text, **options)
+
+    model.tokenizer = Recording()
+    said = "Which bees did I say live on the roof?"
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": said}])
+    # Embedded for the recall's query; the commit saving it reused that vector.
+    assert encoded.count(said) == 1 and encoded.count("Hello from upstream") == 1
+    assert rows(proxy, "SELECT e.vector FROM embeddings e JOIN messages m ON m.user_id = e.user_id"
+                       " AND m.id = e.item_id WHERE m.content = ?", (said,)) == [
+        (LocalModel().vectors([said])[0].astype("<f4").tobytes(),)]
+
+
 def test_a_caught_up_worker_moves_its_cursors_to_the_newest_items_and_reads_only_newer_ones(tmp_path: Path) -> None:
     async def body() -> None:
         store = SQLiteStore(str(tmp_path / "m.db"))
