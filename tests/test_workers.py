@@ -9,6 +9,7 @@ worker served it keeps one connection per worker: a client limited to one connec
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ import openai
 import pytest
 
 from proxy.stores.sqlite.schema import MIGRATIONS
+from proxy.workers import listen_alone, reuse_port_socket
 from tests.conftest import free_port
 from tests.fake_upstream import FakeUpstream, SSEReply, stream_events
 from tests.test_crash import start_server
@@ -284,6 +286,27 @@ def test_a_second_serve_on_the_port_of_one_with_workers_fails_as_on_a_port_in_us
     for client in shared.clients.values():  # idle for seconds: their connections may have timed out
         client.close()
     shared.clients = pin(shared.url, shared.pids)
+
+
+def test_while_no_worker_listens_no_other_socket_binds_the_port_but_a_workers_own():
+    held = reuse_port_socket("127.0.0.1", free_port())
+    assert held is not None
+    address = held.getsockname()
+    with held, socket.socket() as intruder, socket.socket() as own:
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what a server of any user asks for
+        with pytest.raises(OSError) as refused:
+            intruder.bind(address)
+        assert refused.value.errno == errno.EADDRINUSE
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        own.bind(address)
+
+
+def test_a_worker_not_finding_the_supervisors_socket_fails_to_start_rather_than_share_another():
+    with socket.socket() as elsewhere:
+        elsewhere.bind(("127.0.0.1", 0))
+        with pytest.raises(OSError, match="not at file descriptor"):
+            listen_alone(elsewhere.fileno(), ("127.0.0.1", free_port()))
 
 
 def test_migrations_ran_once_before_the_workers_on_a_fresh_file(shared):
