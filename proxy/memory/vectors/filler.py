@@ -9,7 +9,10 @@ the batch wrote (a fact's entity, a reasoning trace, a memory stored, a message 
 embedding failed or timed out) is embedded and saved right behind the commit
 (`after_commit`, a page at most per kind; more waits for the background), before the
 writer tells anyone it is committed. That runs once the background task has caught up
-with the store, so a large history being filled in never holds up a write.
+with the store, so a large history being filled in never holds up a write. One exception:
+a message the store keeps otherwise than it was embedded (PostgreSQL cannot hold a NUL and
+saves U+FFFD) is saved without the vector `before_commit` gave it and counted as embedded
+here; the background task's next pass (`idle_poll_s`) embeds the text as stored.
 
 With a provider's model nothing waits for a vector: a message is saved and answered
 first, and the background task later finds the items (messages, entities, reasoning
