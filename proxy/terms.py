@@ -25,7 +25,7 @@ _TOKEN = re.compile(rf"[{_UNSPACED}]|{_LETTER}(?:(?:[^\W{_UNSPACED}]|[.:/@+-])*{
 _ASCII_TOKEN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:/@+-]*[A-Za-z0-9])?")
 _PART = re.compile(rf"{_LETTER}+")
 _CHARACTER = re.compile(rf"[{_UNSPACED}]")
-_CAMEL = re.compile(r"[a-z]+[A-Z]")
+_CAMEL = re.compile(r"[a-z][A-Z]")  # not [a-z]+[A-Z]: quadratic on a long run of lower case
 _WHOLE_SEPARATORS = re.compile(r"[_.:/@+-]")
 
 STOP_WORDS = frozenset(

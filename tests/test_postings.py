@@ -646,3 +646,12 @@ def test_searches_beside_writes_stay_consistent(filled: Path, tmp_path: Path) ->
             return seen
 
     assert run(body()) > 0
+
+
+def test_a_long_run_of_lower_case_letters_is_indexed_in_linear_time() -> None:
+    # A pasted token of 64,000 letters: the camelCase check once backtracked over every start
+    # (8 s at 32,000 letters, four times that at twice the length), on the event loop.
+    token = "a" * 64_000
+    start = time.perf_counter()
+    assert index_text(token) == token[:128] and query_terms(token) == [token[:128]]  # a term's longest
+    assert time.perf_counter() - start < 2.0
