@@ -1,6 +1,6 @@
-"""`memproxy serve --workers N`: N worker processes on one listening socket and one store.
+"""`memproxy serve --workers N`: N worker processes on one port and one store.
 
-uvicorn's own supervisor (uvicorn.supervisors.Multiprocess) runs them: it binds the socket,
+uvicorn's own supervisor (uvicorn.supervisors.Multiprocess) runs them: it holds the port,
 starts each worker as a child of the `memproxy serve` process, starts a new one in place of
 one that dies, passes SIGTERM on to every worker (each drains as a lone process does) and
 stops when a worker fails at start-up. Around it, here:
@@ -82,9 +82,9 @@ class WorkerApp:
 
         logs.configure(self.settings.server.log_level, pid=True)
         forget_dead_workers(self.metrics_dir)
-        if self.listener is not None:
-            listen_alone(*self.listener)
         try:
+            if self.listener is not None:
+                listen_alone(*self.listener)
             app = create_app(self.settings, own_process=True, metrics_dir=self.metrics_dir)
         except Exception:  # the worker's outermost boundary: any failure here would recur on every restart
             log.exception("worker process %d could not start", os.getpid())
@@ -104,52 +104,53 @@ class WorkerApp:
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket | None:
-    """The supervisor's socket when each worker can listen on its own: TCP on Linux, bound with
-    SO_REUSEPORT and not listening (the workers' sockets take the connections); None otherwise.
+    """The supervisor's socket when each worker can listen on its own: TCP on Linux, bound and
+    not listening (the workers' sockets take the connections); None otherwise.
 
     Why: on one socket shared by every worker, a burst of connections goes to whichever worker
     wakes first, and it accepts them all: 32 connections opened at once were measured splitting
     25/7 over two workers, and kept-alive clients stay where they landed. With a socket per
     worker the kernel spreads new connections over the workers by a hash of their addresses.
+
+    It is bound as one process binds (SO_REUSEADDR alone), so it fails while anything serves the
+    port, a second `serve` too; SO_REUSEPORT, set after the bind, lets this user's workers bind
+    beside it; SO_REUSEADDR, cleared after, keeps any other process from binding beside it
+    while no worker listens (all of them restarting, say). A process of the same user asking
+    for SO_REUSEPORT can still join the workers: the kernel only checks the user.
     """
     if sys.platform != "linux":
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # over a TIME_WAIT of the last run
         sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     except OSError as exc:
         sock.close()
         log.error("could not listen on %s:%d: %s", host, port, exc)
         sys.exit(STARTUP_FAILURE)
+    log.info("listening on %s:%d, each worker on a socket of its own", host, port)
     sock.set_inheritable(True)
     return sock
 
 
 def listen_alone(fd: int, address: tuple[Any, ...]) -> None:
     """In a worker: put a socket of its own, bound to `address` with SO_REUSEPORT, in place of the
-    supervisor's socket that uvicorn passed at file descriptor `fd` (it listens on it next)."""
-    try:
-        inherited = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        inherited = None
-    if inherited is None or inherited.getsockname() != address:
-        log.warning("worker process %d shares the supervisor's socket: it was not at descriptor %d", os.getpid(), fd)
-        if inherited is not None:
-            inherited.close()
-        return
-    with inherited, socket.socket(inherited.family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as own:
-        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
+    supervisor's socket that uvicorn passed at file descriptor `fd` (it listens on it next).
+
+    OSError when it cannot: serving on the supervisor's socket instead would make it listen
+    in the supervisor for as long as `serve` runs, where no worker started later accepts.
+    """
+    with socket.socket(fileno=os.dup(fd)) as inherited:
+        if inherited.getsockname() != address:
+            raise OSError(f"the supervisor's socket is not at file descriptor {fd}")
+        with socket.socket(inherited.family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as own:
+            own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             own.bind(address)
-        except OSError as exc:
-            log.warning("worker process %d shares the supervisor's socket: its own could not bind (%s)",
-                        os.getpid(), exc)
-            return
-        os.dup2(own.fileno(), fd)
+            os.dup2(own.fileno(), fd)
 
 
 def forget_dead_workers(metrics_dir: str) -> None:

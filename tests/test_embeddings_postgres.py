@@ -54,7 +54,6 @@ def test_with_the_embedded_model_the_next_request_on_another_replica_finds_the_f
     b = make_proxy(**settings)
     question = "What's the name of my pet?"
     say(b, question, conversation="early")  # b's matrix for alice: loaded now, still empty
-    time.sleep(1.2)  # a's worker has made its first pass: it writes each commit's vectors now
     say(a, "My dog is called Rex.", conversation="teach-1")
-    say(b, question, conversation="later")  # no waiting: the vector came with a's commit
+    say(b, question, conversation="later")  # no waiting: the vector was saved in a's commit of the message
     assert "My dog is called Rex." in sent_text(fake)

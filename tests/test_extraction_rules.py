@@ -328,6 +328,13 @@ def test_preferences(text: str, relation: str, objects: list[str]) -> None:
         ("The database server is 10.0.3.17.", "10.0.3.17"),
         ("Redis runs on cache-01.lan:6379 today.", "cache-01.lan:6379"),
         ("Email me at alice@example.com.", "alice@example.com"),
+        # one of each kind the cases above leave out: each pattern only runs when the sentence
+        # holds what it needs, and a wrong need would lose its kind
+        ("Open C:\\Users\\ana\\notes.txt now.", "C:\\Users\\ana\\notes.txt"),
+        ("Use the retry_budget setting.", "retry_budget"),
+        ("Docs are under docs/api/v2 today.", "docs/api/v2"),
+        ("Deploy api-v2-canary first.", "api-v2-canary"),
+        ("The part number is XK4200Z.", "XK4200Z"),
     ],
 )
 def test_identifiers_keep_the_sentence_that_stated_them(text: str, identifier: str) -> None:

@@ -6,11 +6,9 @@ to the 128 kept now."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import struct
 import time
 from collections.abc import Sequence
-from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,10 +21,10 @@ from proxy.memory.writer import Writer
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import load_settings
-from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn
+from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, Store
 from proxy.stores.sqlite.store import SQLiteStore
 from tests.proxy_db import rows
-from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
+from tests.store_backends import Backend, PostgresBackend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
@@ -53,6 +51,30 @@ def test_a_message_has_its_vector_by_the_time_its_answer_is_back(make_proxy: Any
     # No waiting: the commit the answer waited for embedded its items before it counted as done.
     assert _vectors_of(proxy, said) == [(MODEL_NAME, 128)]
     assert _vectors_of(proxy, "Hello from upstream") == [(MODEL_NAME, 128)] * 2  # both answers
+
+
+def test_a_turns_question_is_encoded_once_as_its_query_and_saved_with_that_vector(make_proxy: Any) -> None:
+    proxy = make_proxy(memory__commit_timeout_ms=5000)
+    client = proxy.client(**{"X-Memory-User": "ann", "X-Memory-Conversation": "c1"})
+    worker = proxy.app.state.parts.embedding
+    model = worker.filler.embed
+    assert isinstance(model, LocalModel) and proxy.app.state.parts.vectors.embed is model
+    encoded: list[str] = []
+    tokenizer = model.tokenizer
+
+    class Recording:
+        def encode(self, text: str, **options: Any) -> Any:
+            encoded.append(text)
+            return tokenizer.encode(text, **options)
+
+    model.tokenizer = Recording()
+    said = "Which bees did I say live on the roof?"
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": said}])
+    # Embedded for the recall's query; the commit saving it reused that vector.
+    assert encoded.count(said) == 1 and encoded.count("Hello from upstream") == 1
+    assert rows(proxy, "SELECT e.vector FROM embeddings e JOIN messages m ON m.user_id = e.user_id"
+                       " AND m.id = e.item_id WHERE m.content = ?", (said,)) == [
+        (LocalModel().vectors([said])[0].astype("<f4").tobytes(),)]
 
 
 def test_a_caught_up_worker_moves_its_cursors_to_the_newest_items_and_reads_only_newer_ones(tmp_path: Path) -> None:
@@ -84,65 +106,89 @@ def test_a_caught_up_worker_moves_its_cursors_to_the_newest_items_and_reads_only
     asyncio.run(body())
 
 
-def _writer_with_vectors(store: SQLiteStore) -> tuple[Writer, EmbeddingWorker]:
+def _writer_with_vectors(store: Store) -> tuple[Writer, EmbeddingWorker]:
     model = LocalModel()
     # Never started: its background pass has not caught up, so nothing is filled after a commit.
     worker = EmbeddingWorker(Filler(store, model, model.model, batch=64, timeout_s=1.0), Metrics(), with_writes=True)
     return Writer(store, Metrics(), 100, commit_delay_s=0.001, hooks=worker), worker
 
 
-def _message_vectors(path: Path) -> dict[str, bytes]:
-    with closing(sqlite3.connect(path)) as db:
-        return {content: vector for content, vector in db.execute(
-            "SELECT m.content, e.vector FROM messages m JOIN embeddings e ON e.user_id = m.user_id"
-            " AND e.kind = 'message' AND e.item_id = m.id AND e.model = ?", (MODEL_NAME,))}
+async def _message_vectors(backend: Backend) -> dict[str, bytes]:
+    """Each message's vector for the model, as float32 little-endian bytes (PostgreSQL's real[] too)."""
+    found = await backend.sql("SELECT m.content, e.vector FROM messages m JOIN embeddings e ON e.user_id = m.user_id"
+                              " AND e.kind = 'message' AND e.item_id = m.id AND e.model = ?", MODEL_NAME)
+    return {content: vector if isinstance(vector, bytes) else struct.pack(f"<{len(vector)}f", *vector)
+            for content, vector in found}
 
 
-def test_a_turns_messages_are_saved_with_their_vectors_in_their_own_commit(tmp_path: Path) -> None:
+def test_a_turns_messages_are_saved_with_their_vectors_in_their_own_commit(backend: Backend) -> None:
     async def body() -> None:
-        store = SQLiteStore(str(tmp_path / "m.db"))
-        await store.open()
-        writer, worker = _writer_with_vectors(store)
-        writer.start()
-        try:
-            alice = Scope("alice")
-            await asyncio.gather(writer.submit(StartTurn(alice, "t1", "c", "h1", T0, "I keep bees.")),
-                                 writer.submit(FinishTurn(alice, "t1", "c", "Bees are great.", T0), urgent=True))
-            # A lone surrogate is stored as U+FFFD, and embedded as it is stored: bob's message in the
-            # same commit costs alice's none of its vector.
-            await asyncio.gather(writer.submit(StartTurn(alice, "t2", "c", "h2", T0, "I keep wasps.")),
-                                 writer.submit(StartTurn(Scope("bob"), "t1", "c", "h1", T0, "odd \ud800 text"),
-                                               urgent=True))
-        finally:
-            await writer.close()
-            await store.close()
+        async with backend.opened() as store:
+            writer, worker = _writer_with_vectors(store)
+            writer.start()
+            try:
+                alice = Scope("alice")
+                await asyncio.gather(writer.submit(StartTurn(alice, "t1", "c", "h1", T0, "I keep bees.")),
+                                     writer.submit(FinishTurn(alice, "t1", "c", "Bees are great.", T0), urgent=True))
+                # A lone surrogate is stored as U+FFFD, and embedded as it is stored: bob's message in the
+                # same commit costs alice's none of its vector.
+                await asyncio.gather(writer.submit(StartTurn(alice, "t2", "c", "h2", T0, "I keep wasps.")),
+                                     writer.submit(StartTurn(Scope("bob"), "t1", "c", "h1", T0, "odd \ud800 text"),
+                                                   urgent=True))
+            finally:
+                await writer.close()
         model = LocalModel()
-        assert _message_vectors(tmp_path / "m.db") == {
+        assert await _message_vectors(backend) == {
             text: model.vectors([text])[0].astype("<f4").tobytes()
             for text in ("I keep bees.", "Bees are great.", "I keep wasps.", "odd \ufffd text")}
         assert worker._cursors == {"message": 0, "entity": 0, "reasoning": 0}  # nothing was read back
+        if backend.name == "postgres":  # each vector was written by the transaction that saved its message
+            assert await backend.sql("SELECT m.content FROM messages m JOIN embeddings e ON e.user_id = m.user_id"
+                                     " AND e.item_id = m.id WHERE m.xmin::text <> e.xmin::text") == []
 
     asyncio.run(body())
 
 
-def test_a_commit_whose_vectors_fail_is_saved_without_them(tmp_path: Path) -> None:
+def test_a_message_postgresql_stores_otherwise_than_embedded_gets_its_vector_from_the_worker(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+
+    async def body() -> None:
+        async with backend.opened() as store:
+            writer, worker = _writer_with_vectors(store)
+            writer.start()
+            try:
+                # PostgreSQL text cannot hold NUL: it is stored as U+FFFD, not the text embedded.
+                await asyncio.gather(writer.submit(StartTurn(Scope("alice"), "t1", "c", "h1", T0, "I keep bees.")),
+                                     writer.submit(StartTurn(Scope("bob"), "t1", "c", "h1", T0, "odd \x00 text"),
+                                                   urgent=True))
+            finally:
+                await writer.close()
+            assert list(await _message_vectors(backend)) == ["I keep bees."]
+            assert await worker.fill_once() is False
+        assert (await _message_vectors(backend))["odd \ufffd text"] == \
+            LocalModel().vectors(["odd \ufffd text"])[0].astype("<f4").tobytes()
+
+    asyncio.run(body())
+
+
+def test_a_commit_whose_vectors_fail_is_saved_without_them_and_the_worker_fills_them(backend: Backend) -> None:
     async def failing(texts: Sequence[str], timeout_s: float) -> list[bytes]:
         raise EmbeddingFailed("the embedded model failed")
 
     async def body() -> None:
-        store = SQLiteStore(str(tmp_path / "m.db"))
-        await store.open()
-        writer, worker = _writer_with_vectors(store)
-        worker.filler.embed = failing
-        writer.start()
-        try:
-            await writer.submit(StartTurn(Scope("alice"), "t1", "c", "h1", T0, "I keep bees."), urgent=True)
-        finally:
-            await writer.close()
-            await store.close()
-        with closing(sqlite3.connect(tmp_path / "m.db")) as db:
-            assert db.execute("SELECT content FROM messages").fetchall() == [("I keep bees.",)]
-        assert _message_vectors(tmp_path / "m.db") == {}  # the filler's, later
+        async with backend.opened() as store:
+            writer, worker = _writer_with_vectors(store)
+            embed, worker.filler.embed = worker.filler.embed, failing
+            writer.start()
+            try:
+                await writer.submit(StartTurn(Scope("alice"), "t1", "c", "h1", T0, "I keep bees."), urgent=True)
+            finally:
+                await writer.close()
+            assert await backend.sql("SELECT content FROM messages") == [("I keep bees.",)]
+            assert await _message_vectors(backend) == {}
+            worker.filler.embed = embed  # the model answers again: the worker's next pass fills it in
+            assert await worker.fill_once() is False
+        assert list(await _message_vectors(backend)) == ["I keep bees."]
 
     asyncio.run(body())
 

@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from proxy.memory.vectors.local_model import MODEL_NAME, WEIGHTS_FILE, LocalModel, package_folder, read_table
+from proxy.memory.vectors.local_model import (
+    MODEL_NAME, RECENT_TEXT_CHARS, RECENT_TEXTS, WEIGHTS_FILE, LocalModel, package_folder, read_table,
+)
 
 # Every way out to the network raises and is recorded; then the script's body runs.
 BLOCKED = """
@@ -109,3 +112,35 @@ def test_an_empty_text_gives_a_zero_vector_not_an_error() -> None:
     model = LocalModel()
     assert not model.vectors([""]).any()
     assert model.vectors([]).shape == (0, 128)
+
+
+class _Encodings:
+    """The model's tokenizer, recording each text it is asked to encode."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.texts: list[str] = []
+
+    def encode(self, text: str, **options: Any) -> Any:
+        self.texts.append(text)
+        return self.tokenizer.encode(text, **options)
+
+
+def test_a_text_embedded_again_soon_is_not_encoded_again_and_gets_the_same_vector() -> None:
+    model = LocalModel()
+    encodings = _Encodings(model.tokenizer)
+    model.tokenizer = encodings  # type: ignore[assignment]
+    question = "request 3: which tools do I prefer for my projects?"
+    (as_query,) = model.vectors([question])
+    as_saved, answer = model.vectors([question, "Postgres and vim, you said."])
+    assert encodings.texts == [question, "Postgres and vim, you said."]
+    assert np.array_equal(as_saved, as_query) and not np.shares_memory(as_saved, as_query)
+    # Only the same text: a question said with another space is another text.
+    model.vectors([question + " "])
+    assert encodings.texts[-1] == question + " "
+    # The last RECENT_TEXTS texts are kept, the oldest dropped first; a long text is not kept.
+    model.vectors([f"text {n}" for n in range(RECENT_TEXTS)])
+    long = "bees " * (RECENT_TEXT_CHARS // 5 + 1)
+    model.vectors([question, "text 5", long, long])
+    assert encodings.texts[-3:] == [question, long, long]
+    assert np.array_equal(model.vectors([question])[0], as_query)

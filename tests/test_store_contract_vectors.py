@@ -158,5 +158,16 @@ def test_embedded_items_are_the_users_own_with_a_vector_and_the_right_agent(back
             assert await store.embedded_items(Scope("alice", agent="other"), "reasoning", [trace.item_id], MODEL) == []
             vectors = await store.vectors(ALICE, "message", MODEL)
             assert {(v.group, v.agent) for v in vectors} == {("a1", None), ("a2", "coder")}
+            # An item read back is the one a search finds, every field of it.
+            ((searched, _),) = await store.search_messages(ALICE, ["one"], conversation_ids=["a1"])
+            assert await store.embedded_items(ALICE, "message", [searched.id], MODEL) == [searched]
+            eid = await backend.add_entity("alice", "Priya", "person", "sister who sails")
+            (entity,) = await store.unembedded(MODEL, "entity")
+            await store.save_embeddings(MODEL, [new(entity, vec(1, 1))])
+            ((priya, _),) = await store.search_entities(ALICE, ["priya"])
+            assert priya.id == eid and await store.embedded_items(ALICE, "entity", [eid], MODEL) == [priya]
+            ((traced, _),) = await store.search_reasoning(Scope("alice", agent="coder"), ["agent"])
+            assert await store.embedded_items(Scope("alice", agent="coder"), "reasoning", [traced.id], MODEL) == [
+                traced]
 
     run(body())

@@ -7,6 +7,7 @@ import struct
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,8 +17,14 @@ from proxy.memory.retrieval.sources.hybrid import VECTOR_REASON, Calibration, fu
 from proxy.memory.retrieval.sources import Found
 from proxy.memory.vectors.index import (Matrix, RowFilter, Spread, VectorIndex, one_blas_thread, row_filter,
                                        spread_of, unit)
+from proxy.memory.retrieval.base import Query
+from proxy.memory.retrieval.retriever import Retrieval
+from proxy.memory.vectors.filler import Filler
+from proxy.memory.vectors.local_model import LocalModel
+from proxy.memory.vectors.query import Vectors
+from proxy.metrics import Metrics
 from proxy.models import Scope
-from proxy.settings import EmbeddingsSettings
+from proxy.settings import EmbeddingsSettings, MemorySettings
 from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector
 from proxy.stores.sqlite.store import SQLiteStore
 
@@ -311,6 +318,72 @@ def test_the_cached_matrices_stay_within_their_memory_bound(tmp_path: Path) -> N
             assert list(index._entries) == [("cid", "message")]
             assert len((await index.nearest(users[1], "message", query, where, mark=(await index.marks(users[1]))["message"], floor=0.5, limit=20))[0]) == 10
             assert list(index._entries) == [("ben", "message")]
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_a_recall_whose_vectors_are_current_searches_them_without_a_task_or_deadline_of_their_own(
+        tmp_path: Path) -> None:
+    said = ["My dog is called Rex.", "I keep bees on the roof.", "The staging host runs nginx."]
+    blocks: list[str] = []
+    vector_tasks: list[int] = []
+
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        try:
+            alice = Scope("alice")
+            for n, text in enumerate(said):
+                await store.apply([StartTurn(alice, f"t{n}", f"c{n}", f"h{n}", T0, text),
+                                   FinishTurn(alice, f"t{n}", f"c{n}", f"Noted {n}.", T0 + timedelta(seconds=1))])
+            model = LocalModel()
+            await Filler(store, model, model.model, batch=64, timeout_s=1.0).fill_all()
+            metrics = Metrics()
+            vectors = Vectors(model, VectorIndex(store, model.model), EmbeddingsSettings(), metrics)
+            retrieval = Retrieval(store, MemorySettings(retrieval_timeout_ms=5000), metrics, vectors)
+            loop = asyncio.get_running_loop()
+            started: list[str] = []
+
+            def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+                started.append(coro.__qualname__)
+                return asyncio.Task(coro, loop=loop, **options)
+
+            loop.set_task_factory(task_factory)
+            for _ in range(2):  # the first loads the user's matrices; the second finds them current
+                started.clear()
+                query = Query("what is the name of my pet", "c9", (), 6)
+                blocks.append((await retrieval.retrieve(alice, query)).block)
+                vector_tasks.append(started.count("VectorQuery.nearest"))
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+    assert "My dog is called Rex." in blocks[0] and blocks[1] == blocks[0]
+    assert vector_tasks[0] > 0 and vector_tasks[1] == 0
+
+
+def test_nearest_now_answers_as_nearest_does_only_when_nothing_is_to_be_loaded(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        try:
+            alice = Scope("alice")
+            await store.apply([StartTurn(alice, f"t{n}", "c", f"h{n}", T0, f"words {n}") for n in range(2)])
+            first, second = await store.unembedded("m", "message")
+            await store.save_embeddings("m", [NewEmbedding("alice", "message", first.item_id, first.text, vec(1, 0))])
+            index, where = VectorIndex(store, "m"), RowFilter()
+            mark = (await index.marks(alice))["message"]
+            assert index.nearest_now(alice, "message", q(1, 0), where, mark=mark, floor=0.5, limit=5) is None
+            loaded = await index.nearest(alice, "message", q(1, 0), where, mark=mark, floor=0.5, limit=5)
+            assert index.nearest_now(alice, "message", q(1, 0), where, mark=mark, floor=0.5, limit=5) == loaded
+            assert index.nearest_now(alice, "message", q(1, 0), where, mark=None, floor=0.5, limit=5) == ([], Spread())
+            await store.save_embeddings("m", [NewEmbedding("alice", "message", second.item_id, second.text,
+                                                           vec(1, 0))])
+            newer = (await index.marks(alice))["message"]
+            assert index.nearest_now(alice, "message", q(1, 0), where, mark=newer, floor=0.5, limit=5) is None
+            assert index.nearest_now(alice, "message", q(1, 0), where, mark=mark, floor=0.5, limit=5) == loaded
         finally:
             await store.close()
 

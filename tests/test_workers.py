@@ -9,6 +9,7 @@ worker served it keeps one connection per worker: a client limited to one connec
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ import openai
 import pytest
 
 from proxy.stores.sqlite.schema import MIGRATIONS
+from proxy.workers import listen_alone, reuse_port_socket
 from tests.conftest import free_port
 from tests.fake_upstream import FakeUpstream, SSEReply, stream_events
 from tests.test_crash import start_server
@@ -219,6 +221,18 @@ def counted(client: httpx.Client, sample: str) -> float:
     return float(found[1]) if found else 0.0
 
 
+def settled(client: httpx.Client, samples: tuple[str, ...]) -> list[float]:
+    """The samples' values once they stop moving: a request's metrics are recorded as its response
+    ends, a moment after the client has read it."""
+    values = [counted(client, sample) for sample in samples]
+    while True:
+        time.sleep(0.2)
+        again = [counted(client, sample) for sample in samples]
+        if again == values:
+            return values
+        values = again
+
+
 def sent_to_upstream(fake: FakeUpstream) -> str:
     """The last user message of the last chat request the upstream received, the memory block in it."""
     messages = fake.chat_requests()[-1].json()["messages"]
@@ -260,6 +274,41 @@ def test_each_worker_listens_on_its_own_socket_and_a_burst_of_connections_spread
     assert set(spread) == shared.pids and min(spread.values()) >= 16, spread  # even odds: below 16 is 1 in 10,000
 
 
+def test_a_second_serve_on_the_port_of_one_with_workers_fails_as_on_a_port_in_use(shared, tmp_path):
+    # Every worker's socket allows SO_REUSEPORT: a second `serve` must not join them silently.
+    env = {**os.environ, "MEMPROXY_STORE_URL": f"sqlite:///{tmp_path}/other.db", "MEMPROXY_SERVER_WORKERS": "2",
+           "MEMPROXY_SERVER_PORT": str(port_of(shared)), "MEMPROXY_UPSTREAM_BASE_URL": "http://127.0.0.1:9"}
+    second = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=env, capture_output=True, text=True,
+                            timeout=START_WITHIN_S)
+    assert second.returncode == 3
+    assert f"could not listen on 127.0.0.1:{port_of(shared)}: [Errno 98] Address already in use" in second.stderr
+    assert all(len(listening_on(pid, port_of(shared))) == 1 for pid in shared.pids)  # the first serves on
+    for client in shared.clients.values():  # idle for seconds: their connections may have timed out
+        client.close()
+    shared.clients = pin(shared.url, shared.pids)
+
+
+def test_while_no_worker_listens_no_other_socket_binds_the_port_but_a_workers_own():
+    held = reuse_port_socket("127.0.0.1", free_port())
+    assert held is not None
+    address = held.getsockname()
+    with held, socket.socket() as intruder, socket.socket() as own:
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what a server of any user asks for
+        with pytest.raises(OSError) as refused:
+            intruder.bind(address)
+        assert refused.value.errno == errno.EADDRINUSE
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        own.bind(address)
+
+
+def test_a_worker_not_finding_the_supervisors_socket_fails_to_start_rather_than_share_another():
+    with socket.socket() as elsewhere:
+        elsewhere.bind(("127.0.0.1", 0))
+        with pytest.raises(OSError, match="not at file descriptor"):
+            listen_alone(elsewhere.fileno(), ("127.0.0.1", free_port()))
+
+
 def test_migrations_ran_once_before_the_workers_on_a_fresh_file(shared):
     with sqlite3.connect(shared.db) as db:
         versions = db.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
@@ -286,13 +335,13 @@ def test_metrics_sum_the_requests_of_every_worker(shared, fake):
     (_, one), (_, other) = served.clients.items()
     samples = ('memproxy_requests_total{outcome="status_200",path="/chat/completions"}',
                'memproxy_request_seconds_count{path="/chat/completions"}')
-    before = [counted(one, sample) for sample in samples]
+    before = settled(one, samples)
     for client, n in ((one, 3), (other, 2)):
         for i in range(n):
             chat(client, served.url).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": f"question {i} to {id(client)}"}])
     for client in (one, other):  # whichever worker answers /metrics says the same
-        assert [counted(client, sample) - was for sample, was in zip(samples, before)] == [5.0, 5.0]
+        assert [now - was for now, was in zip(settled(client, samples), before)] == [5.0, 5.0]
 
 
 def test_a_worker_killed_with_9_is_replaced_and_the_other_keeps_serving(shared, fake):

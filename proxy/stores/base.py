@@ -50,9 +50,9 @@ def text_hash(text: str) -> str:
 
 @dataclass(frozen=True)
 class ItemVector:
-    """A message's vector, computed before its write (memory/vectors/filler.py) and saved in the
-    write's transaction, by a store whose `saves_item_vectors` says so: only when the message is
-    new and its embedding text (vector_sql.py) is `text`, so the vector is of exactly what was saved."""
+    """A message's vector, computed before its write (memory/vectors/filler.py) and saved by `apply`
+    in the write's transaction: only when the message is new and its embedding text (vector_sql.py)
+    is `text`, so the vector is of exactly what was saved."""
 
     model: str
     text: str
@@ -578,10 +578,6 @@ class ExtractionQueue(Protocol):
 
 class EmbeddingQueue(Protocol):
     """Items lacking a vector, filled by the background worker and `memproxy reindex`."""
-
-    # Whether `apply` saves the ItemVector a StartTurn or FinishTurn carries; else the filler
-    # embeds the message after the commit.
-    saves_item_vectors: bool
 
     async def unembedded(self, model: str, kind: EmbeddingKind, *, after: int = 0, limit: int = 64,
                          user: str | None = None, upto: int | None = None) -> list[Unembedded]:

@@ -36,7 +36,7 @@ _CONFIDENCE = {_FACT: 0.8, _IDENTIFIER: 0.9, _NAME: 0.6}
 _REDACTED = re.compile(r"\[REDACTED:[a-z_]+\]")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\s*\n\s*")
 _ABBREVIATION = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Mx|Prof|St|Jr|Sr|vs|Mt|No|approx)|\b[a-z]\.[a-z])\.$", re.IGNORECASE)
-_CONTRACTIONS = (
+_CONTRACTIONS = (  # each with an apostrophe: a sentence without one is left as it is
     (re.compile(r"\b(I|[Ww]e|[Yy]ou|[Tt]hey)'re\b"), r"\1 are"),
     (re.compile(r"\bI'm\b"), "I am"),
     (re.compile(r"\b(I|[Ww]e|[Yy]ou|[Tt]hey)'ve\b"), r"\1 have"),
@@ -45,9 +45,9 @@ _CONTRACTIONS = (
     (re.compile(r"\b([Cc])an't\b"), r"\1annot"),
     (re.compile(r"\b([Ww])on't\b"), r"\1ill not"),
     (re.compile(r"\b(\w+)n't\b"), r"\1 not"),
-    # intensifiers between an auxiliary and its verb: "I am really into", "I have honestly never"
-    (re.compile(r"\s+(?:really|truly|totally|absolutely|honestly|actually|genuinely|seriously|definitely)\b"), ""),
 )
+# intensifiers between an auxiliary and its verb: "I am really into", "I have honestly never"
+_INTENSIFIERS = re.compile(r"\s+(?:really|truly|totally|absolutely|honestly|actually|genuinely|seriously|definitely)\b")
 
 
 def extract(text: str, *, speaker: str | None = None) -> Extraction:
@@ -87,9 +87,10 @@ def _pieces(sentence: str) -> list[str]:
 
 def normalise(sentence: str) -> str:
     """`I'm` -> `I am`, `don't` -> `do not`, intensifiers dropped: one spelling of each verb."""
-    for pattern, replacement in _CONTRACTIONS:
-        sentence = pattern.sub(replacement, sentence)
-    return sentence
+    if "'" in sentence:
+        for pattern, replacement in _CONTRACTIONS:
+            sentence = pattern.sub(replacement, sentence)
+    return _INTENSIFIERS.sub("", sentence)
 
 
 def describe(sentence: str, speaker: str | None = None) -> str:

@@ -3,13 +3,16 @@
 With the embedded model (in-process, tens of microseconds a text) a new message, fact or
 entity has its vector by the time the next request, on any process, looks. The messages a
 batch saves (a turn's question and answer) are embedded before it commits
-(`before_commit`), and a store that can (`saves_item_vectors`, SQLite) saves each vector
-in the batch's own transaction, of exactly the text saved: no read of the items back, no
-second transaction. Whatever else the batch wrote (a fact's entity, a reasoning trace, a
-memory stored, a message on PostgreSQL) is embedded and saved right behind the commit
+(`before_commit`), and the store saves each vector in the batch's own transaction, of
+exactly the text saved: no read of the items back, no second transaction. Whatever else
+the batch wrote (a fact's entity, a reasoning trace, a memory stored, a message whose
+embedding failed or timed out) is embedded and saved right behind the commit
 (`after_commit`, a page at most per kind; more waits for the background), before the
 writer tells anyone it is committed. That runs once the background task has caught up
-with the store, so a large history being filled in never holds up a write.
+with the store, so a large history being filled in never holds up a write. One exception:
+a message the store keeps otherwise than it was embedded (PostgreSQL cannot hold a NUL and
+saves U+FFFD) is saved without the vector `before_commit` gave it and counted as embedded
+here; the background task's next pass (`idle_poll_s`) embeds the text as stored.
 
 With a provider's model nothing waits for a vector: a message is saved and answered
 first, and the background task later finds the items (messages, entities, reasoning
@@ -141,9 +144,8 @@ class EmbeddingWorker:
         self._caught_up = False
 
     async def before_commit(self, ops: Sequence[WriteOp]) -> list[WriteOp]:
-        """`ops`, the messages they save with their vectors when the store saves those in the batch
-        (see the module doc); never raises."""
-        if not (self.with_writes and self.filler.store.saves_item_vectors):
+        """`ops`, the messages they save with their vectors (see the module doc); never raises."""
+        if not self.with_writes:
             return list(ops)
         out = list(ops)
         texts = [(n, encodable(text)[:EMBED_CHARS]) for n, text in enumerate(map(_message_text, ops)) if text]

@@ -303,23 +303,44 @@ class VectorIndex:
 
         `mark` is the store's newest vector of the kind, read during this request: the matrix
         searched holds every vector up to it."""
-        if mark is None:
-            return [], Spread()
+        found = self.nearest_now(scope, kind, query, where, mark=mark, floor=floor, limit=limit)
+        if found is not None:
+            return found
+        assert mark is not None  # nearest_now answers for no mark
         matrix = await self._matrix(scope, kind, mark)
         if matrix.vectors.size > INLINE_CELLS:
             return await asyncio.to_thread(matrix.nearest, query, where, floor, limit)
         return matrix.nearest(query, where, floor, limit)
 
+    def nearest_now(self, scope: Scope, kind: EmbeddingKind, query: np.ndarray, where: RowFilter, *,
+                    mark: VectorMark | None, floor: float, limit: int
+                    ) -> tuple[list[tuple[str, float]], Spread] | None:
+        """What `nearest` answers, when it can be had without waiting: the matrix cached is current to
+        `mark` and small enough for a product on the event loop; None when a load or a thread is due."""
+        if mark is None:
+            return [], Spread()
+        matrix = self._current(scope, kind, mark)
+        if matrix is None or matrix.vectors.size > INLINE_CELLS:
+            return None
+        return matrix.nearest(query, where, floor, limit)
+
+    def _current(self, scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix | None:
+        """The cached matrix holding every vector up to `mark`; None when it must be loaded first."""
+        key = (scope.user, kind)
+        entry = self._entries.get(key)
+        if entry is not None and entry.mark == mark:
+            self._entries.move_to_end(key)
+            return entry.matrix
+        if entry is not None and mark.seq < entry.mark.seq:
+            return entry.matrix  # this request's mark predates the cache: it already holds more
+        return None
+
     async def _matrix(self, scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix:
         key = (scope.user, kind)
         loop = asyncio.get_running_loop()
         while True:
-            entry = self._entries.get(key)
-            if entry is not None and entry.mark == mark:
-                self._entries.move_to_end(key)
-                return entry.matrix
-            if entry is not None and mark.seq < entry.mark.seq:
-                return entry.matrix  # this request's mark predates the cache: it already holds more
+            if (matrix := self._current(scope, kind, mark)) is not None:
+                return matrix
             load = self._loads.get(key)
             if load is None or load.done():
                 # A finished load (of an older mark, or failed) stays listed until its done callback

@@ -99,14 +99,34 @@ class VectorQuery:
                 marks = await asyncio.shield(self.marks)
                 return await self.vectors.index.nearest(self.scope, kind, query, where, mark=marks.get(kind),
                                                         floor=-1.0, limit=limit)
-        except TimeoutError:
+        except Exception as exc:
+            return self._failed(kind, exc)
+
+    def nearest_now(self, kind: EmbeddingKind, limit: int, **conversations: Any
+                    ) -> tuple[list[tuple[str, float]], Spread] | None:
+        """What `nearest` answers, when nothing is left to wait for (the query embedded, the marks read,
+        the matrix current and small): then no task nor deadline is set up for it. None otherwise."""
+        task, marks = self.task, self.marks
+        if not (task.done() and marks.done()) or task.cancelled() or marks.cancelled():
+            return None
+        try:
+            query = task.result()
+            if query is None:
+                return [], Spread()
+            return self.vectors.index.nearest_now(self.scope, kind, query, row_filter(self.scope, kind, **conversations),
+                                                  mark=marks.result().get(kind), floor=-1.0, limit=limit)
+        except Exception as exc:
+            return self._failed(kind, exc)
+
+    def _failed(self, kind: EmbeddingKind, exc: Exception) -> tuple[list[tuple[str, float]], Spread]:
+        """Nothing from the vector stream: it ran past its deadline, or could not be had."""
+        if isinstance(exc, TimeoutError):
             return [], Spread()
-        except StoreError as exc:
+        if isinstance(exc, StoreError):
             log.warning("vectors: the %s vectors could not be read (%s)", kind, exc)
-            return [], Spread()
-        except Exception:  # the vector stream's boundary: whatever breaks it, the lexical stream stands
-            log.exception("vectors: the %s search failed", kind)
-            return [], Spread()
+        else:  # the vector stream's boundary: whatever breaks it, the lexical stream stands
+            log.error("vectors: the %s search failed", kind, exc_info=exc)
+        return [], Spread()
 
     async def items(self, kind: EmbeddingKind, item_ids: Sequence[str]) -> dict[str, Any]:
         """The items among `item_ids` that still hold a vector (read back: one deleted or edited since

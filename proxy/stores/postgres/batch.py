@@ -12,7 +12,9 @@ a write, so a batch costs a round trip, not one per op. Under load a round trip 
 still: its reply waits for the event loop's next pass among hundreds of streams. A graph
 merge (RecordFacts with facts, StoreMemory) reads as it writes and runs op by op
 (postgres/facts.py, postgres/admin.py); a RecordFacts with nothing to merge (most messages
-state no fact) only dequeues, as one more kind of APPLY.
+state no fact) only dequeues, as one more kind of APPLY. A turn's message embedded before the
+commit (memory/vectors/filler.py) is saved with its vector by the same APPLY: no read of it
+back and no second transaction for the vector.
 
 Ops of different users touch different rows, so a batch need not run in submission order,
 only each user's ops in theirs: `runs` groups the batch so that each statement runs once for
@@ -29,6 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 import asyncpg
+import numpy as np
 
 from proxy.ids import new_id
 from proxy.stores.base import (
@@ -38,6 +41,7 @@ from proxy.stores.base import (
     DropHookContext,
     ExtractionFailed,
     FinishTurn,
+    ItemVector,
     QueueHookContext,
     RecordFacts,
     RecordResponse,
@@ -56,6 +60,7 @@ from proxy.stores.postgres.facts import record_facts
 from proxy.stores.postgres.rows import clean_text, utc
 from proxy.stores.postgres.schema import CONTEXT_SQL
 from proxy.stores.indexed_text import index_terms, reasoning_terms, steps_json
+from proxy.stores.vector_sql import EMBED_CHARS
 
 INJECTION_LOG_KEEP = 20  # the memory API shows the injection log of the user's last 20 turns
 # A turn still pending this long after its last write died with the replica serving it.
@@ -70,6 +75,7 @@ _PARAMETERS = (
     "role", "message_id", "content", "hash", "terms", "save",  # the message of a start or a finish
     "due",  # when the extraction worker may take a start's message (NULL: at once)
     "queued",  # whether the message goes on the extraction queue at all
+    "vector_model", "vector",  # the message's vector, saved with it (NULL: the filler's, after the commit)
     "history",  # start
     "trace_id", "task", "steps", "trace_terms", "has_steps",  # finish: the reasoning trace
     "call_ids", "call_names", "call_args", "exchange",  # tool calls
@@ -150,7 +156,11 @@ m AS (INSERT INTO messages (id, user_id, conversation_id, agent_id, turn_key, ro
     context, created_at) SELECT {message_id}, {user}, {conversation}, {agent}, {turn_key}, {role}, {content}, {hash},
     {terms}, {context}, {at}
     WHERE {kind} IN ('start', 'finish') AND {save} AND {live}
-    ON CONFLICT DO NOTHING RETURNING id, user_id, created_at)
+    ON CONFLICT DO NOTHING RETURNING id, user_id, created_at),
+-- Its vector, when the message is new (so of exactly the text the vector was computed from).
+embedded AS (INSERT INTO embeddings (user_id, kind, item_id, model, dim, vector, created_at)
+    SELECT user_id, 'message', id, {vector_model}::text, cardinality({vector}::real[]), {vector}::real[], now()
+    FROM m WHERE {vector}::real[] IS NOT NULL ON CONFLICT DO NOTHING)
 INSERT INTO extraction_queue (user_id, message_id, next_attempt_at, created_at)
     SELECT user_id, id, coalesce({due}::timestamptz, created_at), created_at FROM m WHERE {queued}
     ON CONFLICT DO NOTHING
@@ -320,10 +330,12 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
         save = op.user_text is not None and op.persist
         values.update(kind="start", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
                       history=op.history_hash, due=None if op.extract_from is None else utc(op.extract_from),
-                      queued=op.queued, **_message("user", op.user_text or "", save, message_id=op.message_id))
+                      queued=op.queued,
+                      **_message("user", op.user_text or "", save, message_id=op.message_id, vector=op.vector))
     elif isinstance(op, FinishTurn):
         values.update(kind="finish", conversation=op.conversation_id, at=utc(op.at), turn_key=op.turn_key,
-                      queued=op.queued, **_message("assistant", op.answer, True, op.answer_hash), **_trace(op))
+                      queued=op.queued, **_message("assistant", op.answer, True, op.answer_hash, vector=op.vector),
+                      **_trace(op))
     elif isinstance(op, RecordToolCalls):
         # Each id once (the last): an upsert may not touch one row twice in a statement.
         calls = list({call[0]: call for call in ([clean_text(part) for part in c] for c in op.calls)}.values())
@@ -349,11 +361,15 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
 
 
 def _message(role: str, text: str, save: bool, content_hash: str | None = None,
-             message_id: str | None = None) -> dict[str, Any]:
-    """The message part of a start or a finish."""
+             message_id: str | None = None, vector: ItemVector | None = None) -> dict[str, Any]:
+    """The message part of a start or a finish, with its `vector` when that is of the text saved."""
     content = clean_text(text) if save else ""
-    return {"role": role, "message_id": message_id or new_id(), "content": content, "save": save,
+    part = {"role": role, "message_id": message_id or new_id(), "content": content, "save": save,
             "hash": (content_hash or text_hash(text)) if save else "", "terms": index_terms(content)}
+    # Python's slice and PostgreSQL's substr count the same characters (vector_sql.py's embedding text).
+    if save and vector is not None and vector.text == content[:EMBED_CHARS]:
+        part.update(vector_model=vector.model, vector=np.frombuffer(vector.vector, dtype="<f4").tolist())
+    return part
 
 
 def _trace(op: FinishTurn) -> dict[str, Any]:

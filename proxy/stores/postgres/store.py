@@ -96,9 +96,6 @@ class PostgresStore(PostgresReads, PostgresAdmin, PostgresVectors, PostgresProvi
     Reads and search: postgres/reads.py; the memory API: postgres/admin.py; embeddings: postgres/vectors.py.
     """
 
-    # The vector filler embeds a turn's messages after their commit (Writes protocol).
-    saves_item_vectors = False
-
     def __init__(self, url: str, *, min_connections: int = POOL_MIN, max_connections: int = POOL_MAX) -> None:
         self._url = url
         self._sizes = (min_connections, max_connections)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -88,6 +88,13 @@ def _entity(v: Values) -> Entity:
 
 def _trace(v: Values) -> ReasoningTrace:
     return ReasoningTrace(v[1], v[2], v[3], steps_from_json(v[4]), v[5], from_ts(v[6]))
+
+
+# Each kind's table, as a hit of it is read, and the item built from the values read: a vector
+# hit the lexical stream missed is read back by its id the same way (sqlite/vectors.py).
+HIT_READS: dict[str, tuple[FtsIndex, Callable[[Values], Any]]] = {
+    "message": (MESSAGES, _message), "entity": (ENTITIES, _entity), "reasoning": (REASONING, _trace),
+}
 
 
 class PostingsNotReady(Exception):

@@ -149,8 +149,6 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
     # A row holding any one of the search terms matches (the terms are OR'ed), so a keyword
     # retry with some of the query's words cannot find more than the full query did.
     matches_any_term = True
-    # A turn's messages are saved with their vectors in their own transaction (sqlite/batch.py).
-    saves_item_vectors = True
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL", search_cache_mb: int = 256,
                  checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES,

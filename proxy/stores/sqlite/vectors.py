@@ -19,22 +19,20 @@ from typing import Any, TypeVar
 
 from proxy.models import Scope
 from proxy.stores.base import EMBEDDING_KINDS, EmbeddingKind, NewEmbedding, StoredVector, Unembedded, VectorMark
-from proxy.stores.sqlite.rows import entity_from_row, message_from_row, now_ts, trace_from_row
+from proxy.stores.sqlite.rows import now_ts
+from proxy.stores.sqlite.search import HIT_READS
 from proxy.stores.vector_sql import table_of
 
 T = TypeVar("T")
 FLOAT32_BYTES = 4
 # A range of seqs this narrow (the items of the commits just made) is read on the event loop.
 NARROW_SEQS = 256
-_FROM_ROW: dict[str, Callable[[sqlite3.Row], Any]] = {
-    "message": message_from_row, "entity": entity_from_row, "reasoning": trace_from_row,
-}
 
 
-def _agent(scope: Scope, kind: str) -> tuple[str, list[Any]]:
+def _agent(scope: Scope, kind: str, alias: str) -> tuple[str, list[Any]]:
     """The searches' agent filter: under isolation, and always for reasoning (per agent)."""
     if scope.agent_isolated or (kind == "reasoning" and scope.agent is not None):
-        return " AND x.agent_id IS ?", [scope.agent]
+        return f" AND {alias}.agent_id IS ?", [scope.agent]
     return "", []
 
 
@@ -129,11 +127,20 @@ class SQLiteVectors:
         """The items among `item_ids` that still hold a vector for `model`, agent-filtered as the searches are."""
         if not item_ids:
             return []
-        t = table_of(kind)
-        agent, agent_params = _agent(scope, kind)
-        sql = (f"SELECT x.* FROM json_each(?) AS wanted CROSS JOIN {t.table} x ON x.user_id = ? AND x.id = wanted.value"
-               f" WHERE EXISTS (SELECT 1 FROM embeddings e WHERE e.user_id = x.user_id AND e.kind = ?"
-               f" AND e.item_id = x.id AND e.model = ?){agent} ORDER BY x.id")
+        # The columns a search's hit is read with, as a tuple: an item's other columns (its index
+        # text, as long as its text) are not read, and a tuple costs less than a sqlite3.Row.
+        index, item = HIT_READS[kind]
+        x = index.alias
+        agent, agent_params = _agent(scope, kind, x)
+        sql = (f"SELECT {x}.seq, {index.columns} FROM json_each(?) AS wanted CROSS JOIN {index.table} {x}"
+               f" ON {x}.user_id = ? AND {x}.id = wanted.value WHERE EXISTS (SELECT 1 FROM embeddings v"
+               f" WHERE v.user_id = {x}.user_id AND v.kind = ? AND v.item_id = {x}.id AND v.model = ?){agent}"
+               f" ORDER BY {x}.id")
         params = [json.dumps(list(item_ids)), scope.user, kind, model, *agent_params]
-        shape = _FROM_ROW[kind]
-        return await self._read(lambda conn: [shape(row) for row in conn.execute(sql, params)], here=True)
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            cursor = conn.cursor()
+            cursor.row_factory = None
+            return [item(row) for row in cursor.execute(sql, params)]
+
+        return await self._read(read, here=True)

@@ -100,14 +100,20 @@ async def with_vectors(
         return await lexical
     limit = min(MAX_CANDIDATES, q.candidates + len(q.visible))  # the request may show many of the nearest
     # `lexical` is awaited here, never handed to a task of its own: a task cancelled before it
-    # starts (the recall's deadline) would leave the coroutines inside it never awaited.
-    nearest = asyncio.ensure_future(vq.nearest(kind, limit, **conversations))
+    # starts (the recall's deadline) would leave the coroutines inside it never awaited. The
+    # vector search runs beside it only when it has something to wait for (most often it has not).
+    now = vq.nearest_now(kind, limit, **conversations)
+    later = asyncio.ensure_future(vq.nearest(kind, limit, **conversations)) if now is None else None
     try:
         found = await lexical
     except BaseException:
-        nearest.cancel()
+        if later is not None:
+            later.cancel()
         raise
-    near, spread = await nearest
+    if later is not None:
+        now = await later
+    assert now is not None  # one of the two answered
+    near, spread = now
     if not near:
         return found
     calibration = Calibration(spread, near[0][1], vq.vectors.settings.min_cosine)
