@@ -13,6 +13,12 @@ from tests.proxy_db import eventually, rows
 
 UNLIMITED_PAGES = 1_073_741_823
 USER = {"x-memory-user": "alice"}
+# Enough text that every turn needs new pages, as a full disk would refuse them: words, not one
+# 8000-letter token, which costs the tokenizer a second or more a request on a busy machine.
+FILLER = " x" * 4000
+# While a user's facts cannot commit, each recall first waits a quarter of the retrieval budget for
+# them: conftest's generous 5 s made that 1.25 s a chat. No test here asserts the memory status.
+RECALL = {"memory__retrieval_timeout_ms": 1000}
 
 
 def limit_pages(proxy: Any, pages: int | None) -> int:
@@ -52,12 +58,11 @@ def writes_queued(proxy: Any) -> float:
 
 
 def test_a_full_disk_fails_no_chat_and_loses_no_turn_once_there_is_room(make_proxy, fake):
-    proxy = make_proxy(memory__commit_timeout_ms=200)
+    proxy = make_proxy(memory__commit_timeout_ms=200, **RECALL)
     assert chat(proxy, "before the disk filled up").status_code == 200
     assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 2)
     limit_pages(proxy, None)
-    # Enough text that every turn needs new pages, as a full disk would refuse them.
-    during = [f"turn {n} while the disk is full " + "x" * 8000 for n in range(5)]
+    during = [f"turn {n} while the disk is full" + FILLER for n in range(5)]
     responses = [chat(proxy, text) for text in during]
     assert [r.status_code for r in responses] == [200] * 5
     assert all(r.json()["choices"][0]["message"]["content"] == "Hello from upstream" for r in responses)
@@ -75,11 +80,11 @@ def test_a_full_disk_fails_no_chat_and_loses_no_turn_once_there_is_room(make_pro
 
 def test_an_overflowing_write_queue_counts_and_logs_the_turns_it_dropped(make_proxy, fake, caplog):
     # No loss is silent: the drop counter and the log say exactly how many turns were dropped.
-    proxy = make_proxy(memory__commit_timeout_ms=50, memory__write_queue_size=4)
+    proxy = make_proxy(memory__commit_timeout_ms=50, memory__write_queue_size=4, **RECALL)
     assert chat(proxy, "before the disk filled up").status_code == 200
     assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 2)
     limit_pages(proxy, None)
-    during = [f"turn {n} while the disk is full " + "x" * 8000 for n in range(10)]
+    during = [f"turn {n} while the disk is full" + FILLER for n in range(10)]
     turns = [chat(proxy, text).headers["x-memory-turn"] for text in during]
     limit_pages(proxy, UNLIMITED_PAGES)
     assert eventually(lambda: readiness(proxy)["writes"] == "ok", timeout=20)
@@ -118,11 +123,11 @@ def test_a_full_write_queue_leaves_no_task_exception_unretrieved(make_proxy, fak
     # Short messages have their facts written beside the turn, and the answer's end waits for both.
     # With the queue full both writes are refused; the step ends anyway, and what was waiting on them
     # must take the refusal: asyncio logs each task whose exception nobody retrieved, once per request.
-    proxy = make_proxy(memory__commit_timeout_ms=50, memory__write_queue_size=4)
+    proxy = make_proxy(memory__commit_timeout_ms=50, memory__write_queue_size=4, **RECALL)
     assert chat(proxy, "before the disk filled up").status_code == 200
     assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 2)
     limit_pages(proxy, None)
-    statuses = [chat(proxy, f"My editor is Helix {n} and I live in Porto. " + "x" * 1500).status_code
+    statuses = [chat(proxy, f"My editor is Helix {n} and I live in Porto." + FILLER[:1500]).status_code
                 for n in range(10)]
     limit_pages(proxy, UNLIMITED_PAGES)
     assert eventually(lambda: writes_queued(proxy) == 0, timeout=20)

@@ -261,7 +261,10 @@ def test_other_400_with_a_block_is_passed_back(mem, fake):
 
 def test_store_unavailable_degrades_then_opens_circuit(make_proxy, fake, tmp_path):
     # The writes that cannot land hold the shutdown for its grace period: 1 s, not the default 10.
-    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", server__grace_period_s=1)
+    # While the user's facts cannot land, each recall first waits a quarter of the retrieval budget
+    # for them: 0.375 s at 1.5 s, not conftest's 1.25 s.
+    proxy = make_proxy(store__url=f"sqlite:///{tmp_path}/missing-dir/x.db", server__grace_period_s=1,
+                       memory__retrieval_timeout_ms=1500)
     statuses = []
     for _ in range(7):
         raw = proxy.client(**{"X-Memory-User": "alice"}).chat.completions.with_raw_response.create(

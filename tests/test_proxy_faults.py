@@ -248,7 +248,7 @@ def test_each_event_reaches_the_client_before_the_upstream_writes_the_next(proxy
 
 def test_client_disconnect_cancels_upstream(proxy, fake, caplog):
     for _ in range(20):
-        fake.queue(SSEReply(stream_events(pieces=50), delay=0.1))
+        fake.queue(SSEReply(stream_events(pieces=100), delay=0.05))
     closes = []
     for _ in range(20):
         with proxy.http() as http, http.stream("POST", "/v1/chat/completions",

@@ -199,8 +199,11 @@ def _ask(proxy: RunningProxy, text: str) -> tuple[int, str]:
 
 def test_database_outage_degrades_memory_and_recovers(pg_server: PostgresServer, pg_url: str, make_proxy: Any,
                                                       fake: FakeUpstream) -> None:
-    # The default waits: an answer's commit is waited on for 100 ms, then the response goes.
-    replicas = make_proxy(store__url=pg_url), make_proxy(store__url=pg_url)
+    # The default commit wait: an answer's commit is waited on for 100 ms, then the response goes.
+    # While a user's facts cannot commit, each recall first waits a quarter of the retrieval budget
+    # for them: 1.5 s keeps that short, and is still far past a loaded machine's recall.
+    replicas = (make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=1500),
+                make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=1500))
     for proxy in replicas:
         _fast_breaker(proxy)
     assert [_ask(proxy, f"before {i}") for i, proxy in enumerate(replicas)] == [(200, "ok")] * 2
@@ -231,7 +234,8 @@ def test_a_replica_started_before_its_database_gets_memory_without_a_restart(
         pg_server: PostgresServer, pg_url: str, make_proxy: Any, fake: FakeUpstream) -> None:
     pg_server.stop()
     try:
-        proxy = make_proxy(store__url=pg_url, **PATIENT)
+        # The default commit wait: the answer of a store that was never open goes out after 100 ms.
+        proxy = make_proxy(store__url=pg_url, memory__retrieval_timeout_ms=5000)
         assert _ask(proxy, "said before the database was up") == (200, "degraded: store unavailable")
     finally:
         pg_server.start()

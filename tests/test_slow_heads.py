@@ -14,6 +14,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -121,6 +122,18 @@ def serve(fake: FakeUpstream, tmp_path: Path):  # type: ignore[no-untyped-def]
         process.wait(15)
 
 
+@pytest.fixture(scope="module")
+def bounded(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One server for the tests that only open a connection each and leave nothing behind: both
+    bounds at 1 s (a connection that sends its whole head meets only the body's)."""
+    directory = tmp_path_factory.mktemp("bounded")
+    process, url = start_server(directory / "memproxy.db", upstream.url, directory / "serve.log",
+                                server_header_timeout_s=str(HEADER_TIMEOUT_S), server_body_timeout_s="1")
+    yield url
+    process.terminate()
+    process.wait(15)
+
+
 def test_slow_heads_are_closed_and_a_chat_goes_through_while_they_are_held(serve) -> None:  # type: ignore[no-untyped-def]
     url, log = serve(server_header_timeout_s=str(HEADER_TIMEOUT_S), server_max_connections=str(CAP))
     port = urlsplit(url).port
@@ -154,8 +167,8 @@ def test_slow_heads_are_closed_and_a_chat_goes_through_while_they_are_held(serve
             "ones busy): 0") in lines[0]
 
 
-def test_a_connection_that_sends_nothing_is_closed_silently(serve) -> None:  # type: ignore[no-untyped-def]
-    url, _ = serve(server_header_timeout_s=str(HEADER_TIMEOUT_S))
+def test_a_connection_that_sends_nothing_is_closed_silently(bounded: str) -> None:
+    url = bounded
     port = urlsplit(url).port
     assert port is not None
     silent = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -166,10 +179,10 @@ def test_a_connection_that_sends_nothing_is_closed_silently(serve) -> None:  # t
     silent.close()
 
 
-def test_an_idle_keep_alive_connection_gets_the_same_bound(serve) -> None:  # type: ignore[no-untyped-def]
+def test_an_idle_keep_alive_connection_gets_the_same_bound(bounded: str) -> None:
     # uvicorn's own keep-alive timer stops at the first byte of the next request: a client
     # could send one byte after each response and then hold the socket.
-    url, _ = serve(server_header_timeout_s=str(HEADER_TIMEOUT_S))
+    url = bounded
     port = urlsplit(url).port
     assert port is not None
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -278,8 +291,8 @@ def test_a_steady_upload_is_never_closed_for_room(serve) -> None:  # type: ignor
     assert "(still sending a request head, or a body too slowly): 1" in cap_lines(log)[0]  # one line in 10 s
 
 
-def test_the_memory_api_ends_a_body_that_stops_arriving(serve) -> None:  # type: ignore[no-untyped-def]
-    url, _ = serve(server_body_timeout_s="1")
+def test_the_memory_api_ends_a_body_that_stops_arriving(bounded: str) -> None:
+    url = bounded
     port = urlsplit(url).port
     assert port is not None
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
