@@ -10,6 +10,7 @@ items go to any replica.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -25,7 +26,9 @@ from proxy.stores.base import ExtractionFailed, QueuedMessage, StartTurn, Store
 from proxy.stores.postgres.store import PostgresStore
 from proxy.stores.postgres.queue import CLAIM_LEASE
 from proxy.stores.postgres.schema import MIGRATIONS
+from proxy.stores.sqlite.facts import _EARLIER_WAITING
 from proxy.stores.sqlite.processes import new_process_id
+from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.sqlite.queue import CLAIM_LEASE as SQLITE_CLAIM_LEASE
 from tests.store_backends import Backend, SQLiteBackend, backend  # noqa: F401 (fixture)
 
@@ -198,3 +201,16 @@ def test_on_sqlite_a_lease_of_a_process_gone_ends_at_once(tmp_path: Any) -> None
             assert texts(await two.claim_extraction(10, NOW)) == ["v1"]
 
     run(body())
+
+
+def test_the_earlier_waiting_check_reads_the_users_own_queue_items_not_every_users_due_ones(tmp_path: Any) -> None:
+    # Asked for each message whose facts commit: through the due index it read every user's
+    # due items (a backlog of other users' made each saved turn slower).
+    store = SQLiteStore(str(tmp_path / "memory.db"))
+    run(store.open())
+    run(store.close())
+    with sqlite3.connect(tmp_path / "memory.db") as db:
+        plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + _EARLIER_WAITING, ("u", "m", 1.0))]
+    assert plan == ["SEARCH mine USING INDEX sqlite_autoindex_extraction_queue_1 (user_id=? AND message_id=?)",
+                    "SEARCH e USING INDEX sqlite_autoindex_extraction_queue_1 (user_id=?)",
+                    "SEARCH m USING INDEX sqlite_autoindex_messages_1 (user_id=? AND id=?)"]

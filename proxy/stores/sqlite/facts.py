@@ -42,11 +42,14 @@ def record_failure(conn: sqlite3.Connection, op: ExtractionFailed) -> None:
 # Another message the user said, no later than this one, that waits for the worker (due by the
 # message's time: not the backup of a message mined as it was saved, due 30 s on). Answers,
 # queued when extraction mines them, are not the user's: they do not count.
+# The unary plus keeps the due index out of the plan: through it SQLite read every user's due
+# items to find this user's (0.25 ms a saved turn with a backlog of 1,000 of others'), where
+# the user's own, by (user_id, message_id), are few.
 _EARLIER_WAITING = (
     "SELECT 1 FROM extraction_queue mine JOIN extraction_queue e ON e.user_id = mine.user_id"
     " JOIN messages m ON m.user_id = e.user_id AND m.id = e.message_id AND m.role = 'user'"
-    " WHERE mine.user_id = ? AND mine.message_id = ? AND e.id != mine.id AND e.parked = 0"
-    " AND e.next_attempt_at <= ? AND e.created_at <= mine.created_at LIMIT 1"
+    " WHERE mine.user_id = ? AND mine.message_id = ? AND e.id != mine.id AND +e.parked = 0"
+    " AND +e.next_attempt_at <= ? AND e.created_at <= mine.created_at LIMIT 1"
 )
 
 
