@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=REPO, help="the memproxy checkout to measure")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--no-profile", action="store_true", help="CPU by thread only, without py-spy")
+    parser.add_argument("--keep-profile", type=Path, help="copy py-spy's raw stacks here, to read further")
     args = parser.parse_args()
     with Targets("memproxy-cpu-") as targets:
         mock = targets.mock(events=5, delay_ms=0.0)
@@ -83,6 +85,8 @@ async def measure(args: argparse.Namespace, targets: Targets, server: Server) ->
             print(f"  {name:<40} {spent:6.2f} ms")
     if sampler is not None and raw.exists():
         report(raw, args.requests, elapsed, args.top)
+        if args.keep_profile:
+            shutil.copyfile(raw, args.keep_profile)
 
 
 def report(raw: Path, requests: int, elapsed: float, top: int) -> None:
