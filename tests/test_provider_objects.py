@@ -216,20 +216,20 @@ def test_references_in_a_body() -> None:
             "tools": [{"type": "file_search", "vector_store_ids": ["vs_1", "vs_2"]},
                       {"type": "code_interpreter", "container": {"type": "auto", "file_ids": ["file-2"]}}],
             "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}
-    assert sorted(provider_objects.references(json.dumps(body).encode())) == [
+    assert sorted(provider_objects.references(json.dumps(body).encode()).named) == [
         ("conversation", "conv_1"), ("file", "file-1"), ("file", "file-2"), ("response", "resp_1"),
         ("vector_store", "vs_1"), ("vector_store", "vs_2")]
-    assert provider_objects.references(b'{"input": "my conversation about file_id"}') == []
+    assert provider_objects.references(b'{"input": "my conversation about file_id"}') == provider_objects.References([])
     items = {"input": [{"type": "item_reference", "id": "msg_1"}, {"id": "rs_2"}, {"role": "user", "content": "x"},
                        {"type": "message", "id": "msg_3", "role": "assistant", "content": []}],
              "metadata": {"input": [{"id": "not-an-item"}]}}
-    assert provider_objects.references(json.dumps(items).encode()) == [("item", "msg_1"), ("item", "rs_2"),
-                                                                       ("item", "msg_3")]
+    assert provider_objects.references(json.dumps(items).encode()).named == [("item", "msg_1"), ("item", "rs_2"),
+                                                                             ("item", "msg_3")]
     cited = {"input": [{"type": "code_interpreter_call", "id": "ci_1", "container_id": "cntr_1"},
                        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x",
                         "annotations": [{"type": "container_file_citation", "container_id": "cntr_1",
                                          "file_id": "cfile_1"}]}]}]}
-    assert sorted(provider_objects.references(json.dumps(cited).encode())) == [
+    assert sorted(provider_objects.references(json.dumps(cited).encode()).named) == [
         ("container", "cntr_1"), ("container", "cntr_1"), ("file", "cfile_1"), ("item", "ci_1")]
     with pytest.raises(provider_objects.Unreadable):
         provider_objects.references(b'{"file_id": ')
@@ -525,14 +525,24 @@ def test_an_audio_answer_is_its_creators_to_send_back(keyed: Any, fake: Any, str
     assert json.loads(fake.received[0].body)["messages"][1] == {"role": "assistant", "audio": {"id": "audio_alice"}}
 
 
+def created_by(path: str, body: bytes) -> str | None:
+    """What a body makes a call create, read from the document the references' check read."""
+    return provider_objects.created_by_body(path, provider_objects.references(body, path).document)
+
+
 def test_a_chat_completion_not_asked_to_speak_creates_nothing() -> None:
     asked = {"model": "m", "audio": {"voice": "alloy"}, "messages": [{"role": "user", "content": "modalities"}]}
-    assert provider_objects.created_by_body("/chat/completions", json.dumps(asked).encode()) is None
-    assert provider_objects.created_by_body("/chat/completions", json.dumps(
-        {**asked, "modalities": ["text", "audio"]}).encode()) == "audio"
-    assert provider_objects.created_by_body("/responses", json.dumps(
-        {**asked, "modalities": ["text", "audio"]}).encode()) is None
-    assert provider_objects.references(json.dumps(asked).encode()) == []
+    spoken = {**asked, "modalities": ["text", "audio"]}
+    assert created_by("/chat/completions", json.dumps(asked).encode()) is None
+    assert created_by("/chat/completions", json.dumps(spoken).encode()) == "audio"
+    assert created_by("/responses", json.dumps(spoken).encode()) is None
+    assert created_by("/chat/completions", json.dumps({**asked, "modalities": ["text"]}).encode()) is None
+    assert created_by("/chat/completions", b'{"model": "m", "modalities": ["text"], "messages": []}') is None
+    # Every way of writing the modality is read: escaped, as the provider decodes it.
+    assert created_by("/chat/completions", b'{"modalities": ["text", "\\u0061udio"], "messages": []}') == "audio"
+    assert created_by("/chat/completions", b'{"modalit\\u0069es": ["audio"], "messages": []}') == "audio"
+    assert provider_objects.references(json.dumps(asked).encode(), "/chat/completions").named == []
+    assert provider_objects.references(json.dumps(asked).encode()) == provider_objects.References([])
 
 
 def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed: Any, fake: Any) -> None:

@@ -73,24 +73,26 @@ class Ownership:
             return access.adds or None
         return access.kind if access.verdict == "creates" else None
 
-    async def check_body(self, user: str, provider: Provider, path: str, body: bytes) -> None:
+    async def check_body(self, user: str, provider: Provider, path: str, body: bytes) -> Any:
         """Refuse a body to `path` (after /v1) naming an object that is not `user`'s (a previous
-        response, a file, ...)."""
+        response, a file, ...); the body's JSON as read for that, None when it was not read."""
         try:
-            named = (await asyncio.to_thread(provider_objects.references, body, path) if len(body) > LARGE_BODY_BYTES
+            found = (await asyncio.to_thread(provider_objects.references, body, path) if len(body) > LARGE_BODY_BYTES
                      else provider_objects.references(body, path))
         except Unreadable:
             raise UnreadableReferences("the request body may name provider objects but is not JSON memproxy "
                                        "can read") from None
-        for kind, object_id in dict.fromkeys(named):
+        for kind, object_id in dict.fromkeys(found.named):
             await self._check(user, provider, kind, object_id,
                               "previous_response_id" if kind == "response" else None)
+        return found.document
 
     @staticmethod
-    def created_by_body(path: str, body: bytes) -> str | None:
+    def created_by_body(path: str, document: Any) -> str | None:
         """The kind of object a call otherwise stateless creates because of what its body asks (a
-        chat completion's audio): its answer then goes through `recorded`."""
-        return provider_objects.created_by_body(path, body)
+        chat completion's audio), from the body as `check_body` read it: its answer then goes
+        through `recorded`."""
+        return provider_objects.created_by_body(path, document)
 
     async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
                      ) -> None:

@@ -112,13 +112,15 @@ def access(method: str, path: str) -> Access:
     return Access("names", kind, unquote(segments[1]), adds)  # as the provider reads the path
 
 
-def created_by_body(path: str, body: bytes) -> str | None:
+def created_by_body(path: str, document: Any) -> str | None:
     """The kind of object a stateless call's body makes it create: a chat completion asked for
-    audio output creates an audio (its id comes in the answer)."""
-    if path != _CHAT_COMPLETIONS or b'"modalities"' not in body:
+    audio output creates an audio (its id comes in the answer).
+
+    `document` is the body as `references` read it: a chat completion's body it left unread
+    holds neither `"audio"` nor an escape, so it cannot ask for audio."""
+    if path != _CHAT_COMPLETIONS or not isinstance(document, dict):
         return None
-    document = _json(body)
-    modalities = document.get("modalities") if isinstance(document, dict) else None
+    modalities = document.get("modalities")
     return AUDIO if isinstance(modalities, list) and AUDIO in modalities else None
 
 
@@ -126,9 +128,18 @@ class Unreadable(ValueError):
     """A body that may name objects but is no JSON memproxy can read."""
 
 
-def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
-    """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
-    some but cannot be read. Duplicate keys count each time (a provider may read either).
+@dataclass(frozen=True)
+class References:
+    """The stored objects a request body names ((kind, id) each), and the body's JSON as read to
+    find them (None: the body could name none, and was not read)."""
+
+    named: list[tuple[str, str]]
+    document: Any = None
+
+
+def references(body: bytes, path: str = "") -> References:
+    """Every stored object a JSON request body names; Unreadable when it may name some but cannot
+    be read. Duplicate keys count each time (a provider may read either).
 
     A body that is not UTF-8 text is Unreadable whatever it holds: a compressed body
     (`Content-Encoding: gzip`) or UTF-16 JSON shows no needle here, yet the provider may
@@ -139,7 +150,7 @@ def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
     if not any(needle in body for needle in _NEEDLES) and not (
             b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)) and not (
             path == _CHAT_COMPLETIONS and b'"audio"' in body):
-        return []
+        return References([])
     nested: list[tuple[str, Any]] = []
     top: list[list[tuple[str, Any]]] = []
 
@@ -164,7 +175,7 @@ def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
         found += [("item", item["id"]) for key, value in top[0] if key in _ITEM_LISTS and isinstance(value, list)
                   for item in value if isinstance(item, dict) and isinstance(item.get("id"), str)
                   and item.get("type") != ITEM_REFERENCE]  # a typed reference's id is in `nested` already
-    return found
+    return References(found, document)
 
 
 def _ids(value: Any) -> list[str]:

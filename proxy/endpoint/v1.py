@@ -224,8 +224,8 @@ class ProxyEndpoint:
         creates = await self.ownership.admit(owner, provider, "POST", path) if owner is not None else None
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         if owner is not None:
-            await self.ownership.check_body(owner, provider, path, body)
-            creates = creates or self.ownership.created_by_body(path, body)
+            document = await self.ownership.check_body(owner, provider, path, body)
+            creates = creates or self.ownership.created_by_body(path, document)
         parsed: WireRequest | str | None = None
         if resolved.needs_body:
             parsed = wire.parse(body)
