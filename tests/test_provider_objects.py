@@ -572,6 +572,35 @@ def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed:
     assert json.loads(fake.received[0].body)["input"] == references
 
 
+def test_a_responses_input_items_are_its_creators_once_listed(keyed: Any, fake: Any) -> None:
+    # An input item sent without an id gets one from the provider, seen only when the response's
+    # input items are listed: alice may then reference it, bob may not (nor an id never listed).
+    typed = {"type": "message", "id": "msg_typed", "status": "completed", "role": "user",
+             "content": [{"type": "input_text", "text": "my locker code is 4417"}]}
+    fake.queue(JsonReply(response(output("Noted."), "resp_inputs")),
+               JsonReply({"object": "list", "data": [typed], "first_id": "msg_typed", "last_id": "msg_typed",
+                          "has_more": False}))
+    alice = sdk(keyed, ALICE_KEY)
+    assert alice.responses.create(model="m", input="my locker code is 4417").id == "resp_inputs"
+    assert [item.id for item in alice.responses.input_items.list("resp_inputs")] == ["msg_typed"]
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_inputs/input_items"), "Response with id 'resp_inputs' not found.")
+        for item in ("msg_typed", "msg_never_listed"):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": item}]}),
+                      f"Item with id '{item}' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": [typed]}), "Item with id 'msg_typed' not found.")
+    with http(keyed, ALICE_KEY) as client:
+        not_found(client.post("/v1/responses", json={"model": "m", "input": [
+            {"type": "item_reference", "id": "msg_never_listed"}]}), "Item with id 'msg_never_listed' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(response(output("4417"), "resp_recalled")), JsonReply(response(output("4417"), "resp_whole")))
+    reference = [{"type": "item_reference", "id": "msg_typed"}]
+    assert alice.responses.create(model="m", input=reference).id == "resp_recalled"
+    assert alice.responses.create(model="m", input=[typed]).id == "resp_whole"
+    assert [json.loads(each.body)["input"] for each in fake.received] == [reference, [typed]]
+
+
 def test_a_response_holding_generated_images_is_recorded_whatever_its_size(keyed: Any, fake: Any) -> None:
     # An image generation's output holds the image in base64: a JSON answer of megabytes, whose
     # id must still be recorded (it once was relayed unrecorded, refused to its creator after).

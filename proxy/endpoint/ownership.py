@@ -213,7 +213,7 @@ class Recorded:
         if created:
             await self._ownership.record(user, provider, created)
         # A list of items may be empty, and a spoken answer may be a tool call: nothing lost.
-        if size > CREATED_BODY_MAX or kind not in (provider_objects.ADDED_ITEMS, provider_objects.AUDIO) and (
+        if size > CREATED_BODY_MAX or kind not in (provider_objects.LISTED_ITEMS, provider_objects.AUDIO) and (
                 not created or created[0][0] != kind):
             log.warning("a provider %s was created but its id could not be read from the answer; "
                         "no user reaches it through memproxy", self._owner[2])

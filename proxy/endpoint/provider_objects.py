@@ -75,16 +75,23 @@ _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTo
                             "batchEmbedContents"})
 
 
-# The items of a conversation, as adding them (`POST /conversations/{id}/items`) or listing them
-# (`GET`, the items it was created with among them) answers: a later input names each by its id,
-# as a response's output items, and they are the conversation's creator's.
-ADDED_ITEMS = "conversation_items"
+# Items an answer lists, each the creator's of the object they are listed under: a
+# conversation's, as adding them (`POST /conversations/{id}/items`) or listing them (`GET`, the
+# items it was created with among them) answers, and a response's input items
+# (`GET /responses/{id}/input_items`: an input item sent without an id gets one there, its
+# only sight). A later input names each by its id, as a response's output items. An id listed
+# is either one the request that made the object named (checked then to be the requester's)
+# or one the provider gave it: no other user's.
+LISTED_ITEMS = "listed_items"
+# The paths under an object (after its id) that answer with such a list, by method and kind.
+_LISTS_ITEMS = frozenset({("POST", "conversation", "items"), ("GET", "conversation", "items"),
+                          ("GET", "response", "input_items")})
 
 
 @dataclass(frozen=True)
 class Access:
     """What a request does with provider objects; `kind` and `object_id` as the verdict needs;
-    `adds`: what a request naming an object creates beside it (items added to a conversation)."""
+    `adds`: what a request naming an object records beside it (the items its answer lists)."""
 
     verdict: Verdict
     kind: str = ""
@@ -108,7 +115,7 @@ def access(method: str, path: str) -> Access:
         return Access("unattributed")
     if len(segments) == 1:
         return Access("creates", kind) if method == "POST" else Access("unattributed")  # a list: everyone's
-    adds = ADDED_ITEMS if method in ("POST", "GET") and kind == "conversation" and segments[2:] == ["items"] else ""
+    adds = LISTED_ITEMS if len(segments) == 3 and (method, kind, segments[2]) in _LISTS_ITEMS else ""
     return Access("names", kind, unquote(segments[1]), adds)  # as the provider reads the path
 
 
@@ -191,14 +198,14 @@ def _ids(value: Any) -> list[str]:
 
 def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a creation's JSON answer describes: the object (of `kind`), and what its
-    output holds (output_objects); of a chat completion asked to speak, its audio; of items added
-    to a conversation, each item."""
+    output holds (output_objects); of a chat completion asked to speak, its audio; of a list of
+    items (LISTED_ITEMS), each item."""
     document = _json(body)
     if not isinstance(document, dict):
         return []
     if kind == AUDIO:
         return _spoken(document, "message")
-    if kind == ADDED_ITEMS:
+    if kind == LISTED_ITEMS:
         return output_objects(document.get("data"))
     found = document.get("id")
     itself = [(kind, found)] if isinstance(found, str) and found else []
