@@ -296,6 +296,47 @@ def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fak
         not_found(bob.get("/v1/responses/resp_while_busy"), "Response with id 'resp_while_busy' not found.")
 
 
+def test_listing_items_recorded_before_takes_no_write_lock(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    # A GET creates nothing: listing a conversation's items already recorded (added through
+    # memproxy) only reads who created them. It answers at once while another process holds the
+    # SQLite file's write lock, where recording them again waited for the lock up to
+    # memory.commit_timeout_ms (10 s here). An item first seen in a listing is still recorded.
+    proxy = make_proxy(**settings(fake, tmp_path, memory__commit_timeout_ms=10000))
+    added = {**message_item("my locker code is 4417"), "id": "msg_added_before"}
+    initial = {**message_item("the first thing I said"), "id": "msg_listed_after"}
+
+    def listing(*items: dict[str, Any]) -> JsonReply:
+        return JsonReply({"object": "list", "data": list(items), "first_id": items[0]["id"],
+                          "last_id": items[-1]["id"], "has_more": False})
+
+    fake.queue(JsonReply({"id": "conv_busy", "object": "conversation"}), listing(added), listing(added),
+               listing(initial, added))
+    with http(proxy, ALICE_KEY) as alice:
+        assert alice.post("/v1/conversations", json={}).status_code == 200
+        assert alice.post("/v1/conversations/conv_busy/items", json={"items": [
+            {"role": "user", "content": "my locker code is 4417"}]}).status_code == 200
+        holder = sqlite3.connect(tmp_path / "shared.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            started = time.monotonic()
+            assert alice.get("/v1/conversations/conv_busy/items").json()["data"] == [added]
+            waited = time.monotonic() - started
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert waited < 5, waited
+        listed = alice.get("/v1/conversations/conv_busy/items").json()["data"]
+        assert [item["id"] for item in listed] == ["msg_listed_after", "msg_added_before"]
+    with http(proxy, BOB_KEY) as bob:
+        for item in ("msg_added_before", "msg_listed_after"):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": item}]}),
+                      f"Item with id '{item}' not found.")
+    fake.queue(JsonReply(response(output("4417"), "resp_after_listing")))
+    references = [{"type": "item_reference", "id": "msg_added_before"}, {"type": "item_reference",
+                                                                         "id": "msg_listed_after"}]
+    assert sdk(proxy, ALICE_KEY).responses.create(model="m", input=references).id == "resp_after_listing"
+
+
 def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
     # An input item may name an item of any stored response by id: another user's is refused,
     # typed or not, wherever the input list sits.

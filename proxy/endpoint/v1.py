@@ -186,7 +186,8 @@ class ProxyEndpoint:
             response = await open_upstream(self.upstream, self.metrics, scope["method"], url, upstream_headers,
                                            content)
             if creates is not None and owner is not None:
-                response = self.ownership.recorded(response, owner, provider, creates)
+                response = self.ownership.recorded(response, owner, provider, creates,
+                                                   listing=scope["method"] == "GET")
             try:
                 # Every response to a chat path says the memory status (a GET: not a turn).
                 await relay_plain(send, response, extra_headers=_status_header(NOT_A_TURN) if chat_path else [],
