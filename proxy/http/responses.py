@@ -387,11 +387,15 @@ async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire)
 
 
 class _BodyEnd:
-    """Where a JSON body's end begins in the bytes not yet sent: its closing bracket (`]` of an array,
-    `}` of an object) and any whitespace after it. Holding a bracket that turns out to be nested
-    delays nothing a client could read (what it closes is not whole yet); holding the top-level
-    one keeps the body unfinished. A compressed body's bytes say nothing of brackets: its last
-    byte is held."""
+    """Where a JSON body's end begins in the bytes not yet sent, held for the commit.
+
+    An array's (a Gemini stream of responses): its closing `]` and any whitespace after it, so
+    each response goes out as it comes. An object's: the whole of bytes ending in `}` (no client
+    reads an object before its end, and most answers come in one chunk: one send, not two).
+    A bracket that turns out to be nested is sent with what follows: it delayed nothing a client
+    could read, as what it closes was not whole yet. A compressed body's bytes say nothing of
+    brackets: its last byte is held.
+    """
 
     _CLOSING = {b"[": b"]", b"{": b"}"}
 
@@ -407,7 +411,9 @@ class _BodyEnd:
             self._closing = self._CLOSING.get(kept.lstrip()[:1], b"")
         if not self._closing:
             return len(pending) - 1
-        return len(kept) - 1 if kept.endswith(self._closing) else len(pending)
+        if not kept.endswith(self._closing):
+            return len(pending)
+        return len(kept) - 1 if self._closing == b"]" else 0
 
 
 async def _commit(waiter: asyncio.Future[None] | None) -> None:
