@@ -463,15 +463,18 @@ def test_a_gemini_sdks_model_lookup_under_v1_goes_to_google_and_its_key_never_to
     assert client(proxy, api_version="v1").models.get(model=MODEL).display_name == "Gemini Test"
     with httpx.Client(base_url=proxy.url) as http:
         by_query = http.get(f"/v1/files?key={google_key}&pageSize=2")
-        # On a path of another wire the Google key decides nothing, and never leaves.
+        # On a path of another wire, or beside another provider's credential (Google's SDKs send
+        # their key alone), the Google key decides nothing, and never leaves.
         chat = http.post("/v1/chat/completions", headers={"x-goog-api-key": google_key},
                          json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]})
-    assert by_query.status_code == 200 and chat.status_code == 200
-    lookup, listing, completion = fake.received
+        models = http.get("/v1/models", headers={"x-goog-api-key": google_key, "authorization": "Bearer sk-client"})
+    assert by_query.status_code == 200 and chat.status_code == 200 and models.status_code == 200
+    lookup, listing, completion, openai_models = fake.received
     assert lookup.target == f"/v1/models/{MODEL}" and lookup.header("x-goog-api-key") == "client-gemini-key"
     assert listing.target == f"/v1/files?key={google_key}&pageSize=2"
-    assert completion.target == "/v1/openai/chat/completions"
-    assert completion.header("x-goog-api-key") is None
+    assert completion.target == "/v1/openai/chat/completions" and openai_models.target == "/v1/openai/models"
+    assert completion.header("x-goog-api-key") is None and openai_models.header("x-goog-api-key") is None
+    assert openai_models.header("authorization") == "Bearer sk-client"
 
 
 @pytest.mark.parametrize("api_version", ["v1beta", "v1"])

@@ -61,6 +61,9 @@ _KEY_PARAMETERS = frozenset({"key", "$key", "access_token"})
 _GOOGLE_KEY_HEADER = b"x-goog-api-key"
 _GOOGLE_KEY_PARAMETERS = frozenset({"key", "$key"})
 _GOOGLE_KEY_ONLY = frozenset({_GOOGLE_KEY_HEADER})
+# A request carrying one of these beside Google's key is another provider's client (Google's SDKs
+# send their key alone).
+_OTHER_CREDENTIALS = _PROVIDER_CREDENTIALS - _GOOGLE_KEY_ONLY
 # The header each provider takes memproxy's own key in, and how it is written.
 _KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"Bearer "),
                                                  "anthropic": (b"x-api-key", b""),
@@ -134,17 +137,18 @@ def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider
                  query: bytes = b"") -> Provider:
     """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
     (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else, on a path
-    no wire names (`/v1/models/{model}`, `/v1/files`), Gemini for a request carrying Google's key
-    (google-genai's `x-goog-api-key`, or a `key` parameter); else OpenAI."""
-    carries_google_key = False
+    no wire names (`/v1/models/{model}`, `/v1/files`), Gemini for a request whose only
+    credential is Google's key (google-genai's `x-goog-api-key`, or a `key` parameter); else OpenAI."""
+    google_key = other_key = False
     for name, _ in headers:
         lower = name.lower()
         if lower == b"anthropic-version":
             return "anthropic"
-        carries_google_key = carries_google_key or lower == _GOOGLE_KEY_HEADER
+        google_key = google_key or lower == _GOOGLE_KEY_HEADER
+        other_key = other_key or lower in _OTHER_CREDENTIALS
     if wire_provider is not None:
         return wire_provider
-    return "gemini" if carries_google_key or _has_google_key_parameter(query) else "openai"
+    return "gemini" if not other_key and (google_key or _has_google_key_parameter(query)) else "openai"
 
 
 def _has_google_key_parameter(query: bytes) -> bool:
