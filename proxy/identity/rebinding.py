@@ -16,6 +16,7 @@ from proxy.settings import ServerSettings
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 _ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
+_ROOT_DOT = re.compile(r"\.(?=(:\d*)?$)")
 
 
 class RebindingGuard:
@@ -26,9 +27,9 @@ class RebindingGuard:
         host = server.host
         if host not in _ANY_ADDRESS and host not in names:
             names.append(f"[{host}]" if ":" in host else host)
-        self._hosts = [*names, *(f"{name}:*" for name in names), *map(_dns_form, server.allowed_hosts)]
-        self._origins = [f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names
-                         for port in ("", ":*")] + [_dns_form(origin) for origin in server.allowed_origins]
+        self._hosts = frozenset([*names, *(f"{name}:*" for name in names), *map(_dns_form, server.allowed_hosts)])
+        self._origins = frozenset([f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names
+                                   for port in ("", ":*")] + [_dns_form(origin) for origin in server.allowed_origins])
 
     def refusal(self, headers: list[tuple[bytes, bytes]], *, check_host: bool = True) -> str | None:
         """What is wrong with the request's Host or Origin; None when both are allowed.
@@ -36,10 +37,13 @@ class RebindingGuard:
         `check_host=False`: the Origin only, for a peer reached by names memproxy cannot list
         (auth.trusted_networks: compose service names, a load balancer's).
         """
-        found = {name.lower(): value.decode("latin-1") for name, value in headers
-                 if name.lower() in (b"host", b"origin")}
-        host, origin = (None if value is None else _dns_form(value) for value in (found.get(b"host"),
-                                                                                  found.get(b"origin")))
+        host = origin = None
+        for name, value in headers:
+            lower = name.lower()
+            if lower == b"host":
+                host = _dns_form(value.decode("latin-1"))
+            elif lower == b"origin":
+                origin = _dns_form(value.decode("latin-1"))
         # No browser sends a request without Host (an HTTP/1.0 client or a test's may).
         if check_host and host is not None and not _allowed(host, self._hosts):
             return ("the Host header names no address of memproxy (a web page's name rebound to it?); "
@@ -52,13 +56,12 @@ class RebindingGuard:
 
 def _dns_form(value: str) -> str:
     """A Host or Origin as DNS reads its name: in any case, and with a root dot (`localhost.`) or without."""
-    return re.sub(r"\.(?=(:\d*)?$)", "", value.lower())
+    return _ROOT_DOT.sub("", value.lower())
 
 
-def _allowed(value: str, allowed: list[str]) -> bool:
-    for entry in allowed:
-        if entry == "*" or entry == value:
-            return True
-        if entry.endswith(":*") and value.startswith(entry[:-1]) and value[len(entry) - 1:].isdigit():
-            return True
-    return False
+def _allowed(value: str, allowed: frozenset[str]) -> bool:
+    """`value` is an entry, or a `name:port` whose `name:*` is one, or `*` is one."""
+    if value in allowed or "*" in allowed:
+        return True
+    name, colon, port = value.rpartition(":")
+    return bool(colon) and port.isdigit() and f"{name}:*" in allowed
