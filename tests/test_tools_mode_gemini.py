@@ -177,6 +177,27 @@ def test_a_prompt_google_blocks_reaches_a_stream_as_google_sent_it(tproxy, fake)
     chunks = list(gemini.models.generate_content_stream(model=MODEL, contents="something refused"))
     assert [chunk.prompt_feedback.block_reason for chunk in chunks] == ["PROHIBITED_CONTENT"]
     assert len(gemini_requests(fake.received)) == 2  # one round each: nothing to run
+    fake.queue(JsonReply(BLOCKED))
+    assert gemini.models.generate_content(model=MODEL, contents="something refused").prompt_feedback.block_reason == (
+        "PROHIBITED_CONTENT")
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_later_round_google_blocks_ends_the_answer_after_the_earlier_rounds_text(tproxy, fake, streamed):
+    # The memory call's result is part of the next round's prompt: Google may block that one.
+    remember(tproxy, HELIX)
+    fake.queue(model_round("Let me check.", [function_call("query_memory", {"query": "favourite editor"})]),
+               SSEReply(sse([BLOCKED])) if streamed else JsonReply(BLOCKED))
+    path = f"/v1beta/models/{MODEL}:{'streamGenerateContent?alt=sse' if streamed else 'generateContent'}"
+    with httpx.Client(base_url=tproxy.url, timeout=30) as http:
+        got = http.post(path, headers={**TOOLS, "x-goog-api-key": "k"},
+                        json={"contents": [{"role": "user", "parts": [{"text": QUESTION}]}]})
+    assert got.status_code == 200 and len(gemini_requests(fake.received)) == 2
+    seen = events(got.content) if streamed else [got.json()]
+    assert "".join(p["text"] for e in seen for c in e.get("candidates", []) for p in c["content"]["parts"]) == (
+        "Let me check.")
+    assert seen[-1]["promptFeedback"] == {"blockReason": "PROHIBITED_CONTENT"}
+    assert "finishReason" not in json.dumps(seen)  # no round's end made up
 
 
 @pytest.mark.parametrize("path", [f"/v1beta/models/{MODEL}:generateContent",

@@ -196,13 +196,16 @@ class GeminiTools:
         return [round_.output, {"role": "user", "parts": responses}]
 
     def read_json(self, doc: dict[str, Any], offered: frozenset[str]) -> Round | None:
-        if not isinstance(doc.get("candidates"), list):
-            return None
+        if not isinstance(doc.get("candidates"), list) and not is_last(doc):
+            return None  # neither an answer nor a prompt Google blocked (a round with no candidate)
         return _round(candidate_parts(doc), offered, doc.get("usageMetadata"))
 
     def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         own = [p for p in candidate_parts(last) if not _is_memory(p, offered)]
-        return dump_json(_with_parts(last, _joined([*(_shown(r) for r in earlier), own]), last=True))
+        parts = _joined([*(_shown(r) for r in earlier), own])
+        if not parts and not last.get("candidates"):
+            return dump_json(last)  # a blocked prompt with nothing before it: Google's response alone
+        return dump_json(_with_parts(last, parts, last=True))
 
     def stream_state(self) -> GeminiStreamState:
         return GeminiStreamState()
