@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import unquote_plus
@@ -133,22 +133,19 @@ def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
     return b"&".join(kept)
 
 
-def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None,
+def provider_for(headers: Sequence[tuple[bytes, bytes]], wire_provider: Provider | None,
                  query: bytes = b"") -> Provider:
     """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
     (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else, on a path
     no wire names (`/v1/models/{model}`, `/v1/files`), Gemini for a request whose only
     credential is Google's key (google-genai's `x-goog-api-key`, or a `key` parameter); else OpenAI."""
-    google_key = other_key = False
-    for name, _ in headers:
-        lower = name.lower()
-        if lower == b"anthropic-version":
-            return "anthropic"
-        google_key = google_key or lower == _GOOGLE_KEY_HEADER
-        other_key = other_key or lower in _OTHER_CREDENTIALS
+    if any(name.lower() == b"anthropic-version" for name, _ in headers):
+        return "anthropic"
     if wire_provider is not None:
         return wire_provider
-    return "gemini" if not other_key and (google_key or _has_google_key_parameter(query)) else "openai"
+    names = {name.lower() for name, _ in headers}
+    google_key = _GOOGLE_KEY_HEADER in names or _has_google_key_parameter(query)
+    return "gemini" if google_key and not names & _OTHER_CREDENTIALS else "openai"
 
 
 def _has_google_key_parameter(query: bytes) -> bool:
