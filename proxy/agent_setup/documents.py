@@ -1,6 +1,7 @@
 """An agent's settings file as a document of nested tables: read, set and remove a key by its
-path, and write it back keeping everything else (JSON: its key order and indentation; TOML:
-comments and formatting, through tomlkit; a `.env` file: every line setup does not set)."""
+path, and write it back keeping everything else (JSON: every member setup does not set, as
+text; TOML: comments and formatting, through tomlkit; a `.env` file: every line setup does
+not set). JSON and TOML are read back before they are written and must read as planned."""
 
 from __future__ import annotations
 
@@ -57,9 +58,11 @@ class JsonDocument:
     def __init__(self, path: Path, raw: bytes | None, *, comments: bool = False) -> None:
         self._path = path
         try:
-            text = raw.decode("utf-8") if raw is not None and raw.strip() else "{}\n"
-            indent = _indentation(text) if raw is not None and raw.strip() else "  "
-            self._json = JsonText(text, comments=comments, indent=indent)
+            if raw is None or not raw.strip():
+                self._json = JsonText("{}\n", comments=comments, indent="  ")
+            else:
+                text = raw.decode("utf-8")
+                self._json = JsonText(text, comments=comments, indent=_indentation(text))
         except (UnicodeDecodeError, InvalidJson) as exc:
             raise Unparseable(f"{path} is not valid JSON ({exc})") from None
         self._expected = _Expected(self._json.root)
@@ -170,9 +173,9 @@ class TomlDocument:
     def dump(self) -> bytes:
         text = tomlkit.dumps(self._doc)
         try:
-            written = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            written = {"(not TOML)": str(exc)}
+            written: dict[str, Any] | None = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            written = None
         self._expected.check(self._path, written)
         return text.encode("utf-8")
 
@@ -233,11 +236,12 @@ class _Expected:
             parent.pop(key[-1], None)
         self._keys.append(key)
 
-    def check(self, path: Path, written: Any) -> None:
+    def check(self, path: Path, written: dict[str, Any] | None) -> None:
+        """Unparseable unless `written` (the new text parsed; None: it does not parse) is what was planned."""
         if written != self._root:
             keys = ", ".join(dict.fromkeys(".".join(key) for key in self._keys))
-            raise Unparseable(f"{path}: setup cannot write {keys} into this file without changing other settings "
-                              "(the tables there are written in a way setup does not edit); set them by hand")
+            raise Unparseable(f"{path}: setup cannot write {keys} here without changing other settings (the file "
+                              "is laid out in a way setup does not edit); set them by hand")
 
 
 # A `.env` line: `[export ]NAME=value`, the value quoted or not (a ` #` starts a comment after it).

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # A string or a comment, matched together so that `//` inside a string is not read as a comment.
-_STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_STRING_OR_COMMENT = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|//[^\n]*|/\*.*?\*/', re.S)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _SCALAR = re.compile(r"[^\s,\]}]+")
 _SPACE = re.compile(r"[ \t\r\n]*")
 _INDENT = re.compile(r"[ \t]*")
