@@ -86,8 +86,9 @@ class JsonDocument:
 
     def delete(self, key: Key) -> None:
         obj, member, depth = self._json.member(key)
-        if member is not None and depth == len(key) - 1:
+        while member is not None and depth == len(key) - 1:  # each of a duplicated key's members
             self._json.remove(obj, member)
+            obj, member, depth = self._json.member(key)
         self._expected.delete(key)
 
     def dump(self) -> bytes:

@@ -43,7 +43,8 @@ class Member:
 
 
 class JsonText:
-    """A JSON object's text, and its value; `set` and `delete` edit the text in place."""
+    """A JSON object's text and its value; `replace`, `insert` and `remove` edit the text, and
+    the value and the spans are read again after each edit."""
 
     def __init__(self, text: str, *, comments: bool, indent: str | None) -> None:
         self.text = text
@@ -70,8 +71,9 @@ class JsonText:
         self.root, self._span, self._plain = root, span, plain
 
     def member(self, key: tuple[str, ...]) -> tuple[Span, Member | None, int]:
-        """The object on `key`'s path deepest in the text, the member there (None: missing), and how
-        many parts of `key` that object is below the root."""
+        """Along `key`'s path: the deepest object the text holds, its member named by `key[depth]`
+        (None: it has none), and `depth`. The member is `key`'s own when `depth` is the last index,
+        else a value that is no object."""
         span = self._span
         for depth, part in enumerate(key):
             assert span.members is not None
