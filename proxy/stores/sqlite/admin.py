@@ -8,8 +8,7 @@ Deleting a user removes every row that carries its id (the users row cascades th
 foreign keys; each table holding a `user_id` is then swept, so a table added later is
 covered too), then merges the full-text indexes and checkpoints the WAL: SQLite's
 `secure_delete` zeroes deleted rows, but FTS5 keeps a deleted row's terms in its segments
-until they are merged, and the WAL keeps old pages until a checkpoint truncates it. The log
-of replaced entity texts (schema v7), which names no user, is emptied.
+until they are merged, and the WAL keeps old pages until a checkpoint truncates it.
 
 Any deletion (a user, a conversation, one item) also clears the user's cached memory blocks
 and memory exchanges in its own transaction: they may quote what was deleted, and the turn
@@ -481,9 +480,6 @@ def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
     if any(counts.values()):
         for fts in FTS_TABLES:
             conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
-        # The log of texts that entity changes replaced (schema v7) names no user: all of it
-        # goes, the user's texts among them; the term counts in memory are then read afresh.
-        conn.execute("DELETE FROM entity_text_changes")
     return counts
 
 

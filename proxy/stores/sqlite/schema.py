@@ -485,9 +485,21 @@ _V18 = """
 CREATE INDEX IF NOT EXISTS embeddings_newest ON embeddings(user_id, kind, model);
 """
 
+# v19: v7's log of the index words each entity change removed and added goes: nothing has
+# read it since the searches count terms from the user's own postings, and it held the words
+# of every user's entities, a deleted memory's among them, until 4,096 later changes pushed
+# them out (secure_delete zeroes the dropped pages).
+_V19 = """
+DROP TRIGGER IF EXISTS entities_text_insert;
+DROP TRIGGER IF EXISTS entities_text_update;
+DROP TRIGGER IF EXISTS entities_text_delete;
+DROP TRIGGER IF EXISTS entity_text_changes_trim;
+DROP TABLE IF EXISTS entity_text_changes;
+"""
+
 # Append only: a released script never changes; a schema change is a new script.
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15,
-                               _V16, _V17, _V18)
+                               _V16, _V17, _V18, _V19)
 
 FTS_TABLES = ("messages_fts", "entities_fts", "reasoning_fts")
 
