@@ -313,7 +313,8 @@ END;
 # in-memory entity term counts (sqlite.entity_index.EntityTermCounts) stay exact by
 # reading it, instead of walking FTS5's doclists on every search. A change that leaves the
 # text as it was is not logged. The log trims itself to its newest 4,096 rows (in steps of
-# 1,024), and a user's deletion empties it; counts further behind are read afresh.
+# 1,024), and a user's deletion empties it; counts further behind are read afresh. (Its
+# reader went; v19 drops it.)
 _ENTITY_TEXT = "{0}.name_terms || ' ' || {0}.type_terms || ' ' || {0}.description_terms"
 _V7 = f"""
 DROP TRIGGER IF EXISTS messages_epoch_update;
