@@ -56,8 +56,8 @@ _PROXY_MODE_DROPPED = _PROVIDER_CREDENTIALS | {b"cookie", b"proxy-authorization"
 # system-parameter spelling, `%24key` escaped), an OAuth token as `access_token` (the query
 # form of `Authorization`).
 _KEY_PARAMETERS = frozenset({"key", "$key", "access_token"})
-# What only a Google client sends: its API key's header and query parameter. Either names the
-# Gemini upstream on a path no wire claims, and the header never goes to another upstream.
+# Google's API key as its clients send it, in a header or a query parameter: alone, either names
+# the Gemini upstream on a path no wire claims; the header never goes to another upstream.
 _GOOGLE_KEY_HEADER = b"x-goog-api-key"
 _GOOGLE_KEY_PARAMETERS = frozenset({"key", "$key"})
 _GOOGLE_KEY_ONLY = frozenset({_GOOGLE_KEY_HEADER})
