@@ -455,7 +455,7 @@ class TurnRecall(Recall):
         self._saves = self._hooked_saves(wire)
         self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
         self._memory_steps: list[ReasoningStep] = []  # tools mode: this step's memory calls, redacted
-        self._facts: asyncio.Task[None] | None = None  # the facts of the turn's message, written inline
+        self._facts: asyncio.Future[None] | None = None  # the facts of the turn's message, written inline
         # Tools mode: the memory calls of the loop's earlier steps, under the first call of each step.
         self.earlier_trace: dict[str, tuple[ReasoningStep, ...]] = {}
 
@@ -548,11 +548,21 @@ class TurnRecall(Recall):
         facts = self._facts
         if commit is None or facts is None or facts.done():
             return commit
+        # Callbacks, not a task: `facts` never raises, and the step's end takes the commit's outcome.
+        both: asyncio.Future[None] = commit.get_loop().create_future()
 
-        async def both() -> None:
-            await facts  # ends without raising: a failed write leaves the message to the queue
-            await commit
-        return asyncio.ensure_future(both())
+        def settled(_: asyncio.Future[None]) -> None:
+            if not (facts.done() and commit.done()) or both.done():
+                return
+            if commit.cancelled():
+                both.cancel()
+            elif (exc := commit.exception()) is not None:
+                both.set_exception(exc)
+            else:
+                both.set_result(None)
+        facts.add_done_callback(settled)
+        commit.add_done_callback(settled)
+        return both
 
     def _answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)
