@@ -149,6 +149,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
     # A row holding any one of the search terms matches (the terms are OR'ed), so a keyword
     # retry with some of the query's words cannot find more than the full query did.
     matches_any_term = True
+    # A lookup by index runs on the event loop's own connection (`_lookup`): it never waits.
+    lookups_on_loop = True
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL", search_cache_mb: int = 256,
                  checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES,
