@@ -87,10 +87,10 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
 class SourceRuns:
     """Per-source results, times and errors of one retrieval, and the one deadline they share.
 
-    The sources' deadline is one timer (`expire`, set by `Retrieval.retrieve`), not a timeout
-    scope per source: each scope costs a timer and the task lookups around it, and they all
-    enforced the same instant. A source still running when it fires is cancelled and counted
-    as timed out; the others' results stand."""
+    The deadline is one timer (`expire`, set by `Retrieval.retrieve`), not a timeout scope per
+    source and one more for the exchanges: each scope costs a timer and the task lookups around
+    it, and they all enforced the same instant. Work still running when it fires is cancelled
+    and raises TimeoutError, as under asyncio.timeout; the sources that answered stand."""
 
     metrics: Metrics
     deadline: float  # event-loop time by which every source must have answered
@@ -98,33 +98,15 @@ class SourceRuns:
     ms: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     failures: list[Exception] = field(default_factory=list)
-    expired: bool = False  # the deadline passed: a source not yet begun is not begun
-    _running: set[asyncio.Task[Any]] = field(default_factory=set)  # tasks inside `run`, to cancel at the deadline
+    expired: bool = False  # the deadline passed
+    _running: set[asyncio.Task[Any]] = field(default_factory=set)  # tasks inside `within`, cancelled at the deadline
     _expiring: set[asyncio.Task[Any]] = field(default_factory=set)  # those the deadline cancelled
 
     async def run(self, source: str, work: Callable[[], Awaitable[T]]) -> T | None:
         """The source's result, timed; None (logged, recorded) when it raised or ran past the deadline."""
         started = time.perf_counter()
-        task = asyncio.current_task()
-        assert task is not None  # a source runs in the task gather gave it
         try:
-            if self.expired:
-                raise TimeoutError()
-            self._running.add(task)
-            try:
-                return await work()
-            finally:
-                self._running.discard(task)
-        except asyncio.CancelledError:
-            # The deadline's cancellation is this source's timeout; any other (the client gone, the
-            # recall's own deadline) goes on up, as asyncio.timeout would let it.
-            if task not in self._expiring:
-                raise
-            self._expiring.discard(task)
-            if task.uncancel() > 0:
-                raise
-            self._failed(source, TimeoutError())
-            return None
+            return await self.within(work)
         except Exception as exc:  # a failing or hanging source is skipped; the others still answer
             self._failed(source, exc)
             return None
@@ -133,8 +115,29 @@ class SourceRuns:
             self.ms[source] = round(seconds * 1000, 3)
             self.metrics.retrieval_seconds.labels(source).observe(seconds)
 
+    async def within(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()` before the deadline; TimeoutError when it passes first. Begun past it, `work` still
+        counts if it answers without waiting, as under asyncio.timeout."""
+        task = asyncio.current_task()
+        assert task is not None  # retrieval runs in a task
+        self._running.add(task)
+        if self.expired:  # cancelled on the loop's next pass, if still running then
+            asyncio.get_running_loop().call_soon(self.expire)
+        try:
+            return await work()
+        except asyncio.CancelledError:
+            # The deadline's cancellation is a timeout; any other (the client gone, the recall's own
+            # deadline) goes on up, as asyncio.timeout would let it.
+            if task in self._expiring:
+                self._expiring.discard(task)
+                if task.uncancel() == 0:
+                    raise TimeoutError() from None
+            raise
+        finally:
+            self._running.discard(task)
+
     def expire(self) -> None:
-        """The deadline: every source still running is cancelled, and none begins after it."""
+        """The deadline: the work still running is cancelled, and work begun after it once it waits."""
         self.expired = True
         for task in self._running - self._expiring:
             self._expiring.add(task)
@@ -174,15 +177,19 @@ class Retrieval:
         runs = SourceRuns(self.metrics, self._sources_deadline(query))
         deadline = asyncio.get_running_loop().call_at(runs.deadline, runs.expire)
         try:
-            await asyncio.gather(
-                self._entities_and_graph(q, runs),
-                self._source(runs, conversation.SOURCE, lambda: conversation.search(self.store, q)),
-                self._source(runs, cross_session.SOURCE,
-                             lambda: cross_session.search(self.store, q, self.settings.cross_session_limit)),
-                self._source(runs, reasoning.SOURCE, lambda: reasoning.search(self.store, q)),
-            )
+            return await self._searched(q, query, runs, started)
         finally:
             deadline.cancel()
+
+    async def _searched(self, q: SourceQuery, query: Query, runs: SourceRuns, started: float) -> Retrieved:
+        """The sources searched and their hits made a block, within `runs`' deadline."""
+        await asyncio.gather(
+            self._entities_and_graph(q, runs),
+            self._source(runs, conversation.SOURCE, lambda: conversation.search(self.store, q)),
+            self._source(runs, cross_session.SOURCE,
+                         lambda: cross_session.search(self.store, q, self.settings.cross_session_limit)),
+            self._source(runs, reasoning.SOURCE, lambda: reasoning.search(self.store, q)),
+        )
         runs.raise_if_all_failed()
         runs.hits[conversation.SOURCE], runs.hits[cross_session.SOURCE] = conversation.one_copy_each(
             runs.hits.get(conversation.SOURCE, []), runs.hits.get(cross_session.SOURCE, []))
@@ -232,8 +239,7 @@ class Retrieval:
         if not ids:
             return known
         try:
-            async with asyncio.timeout_at(runs.deadline):
-                read = await self.store.neighbours(q.scope, ids)
+            read = await runs.within(lambda: self.store.neighbours(q.scope, ids))
             return {**known, **{i: read.get(i, (None, None)) for i in ids}}  # a lone message: read, none
         except Exception as exc:  # the hits alone still make a block
             log.warning("retrieval: exchanges not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
