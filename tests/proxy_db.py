@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -14,9 +15,18 @@ def store_path(proxy: Any) -> str:
     return str(proxy.settings.store.url[len("sqlite:///"):])
 
 
+@contextmanager
+def sqlite_file(path: str | Path) -> Iterator[sqlite3.Connection]:
+    """A connection to a SQLite file: committed when the block ends well, rolled back when it
+    raises, closed either way (sqlite3's own `with` only commits, and an unclosed connection
+    warns on Python 3.13)."""
+    with closing(sqlite3.connect(path)) as db, db:
+        yield db
+
+
 def rows(proxy: Any, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """The rows `sql` finds in the proxy's store (its own SQLite file, read beside it)."""
-    with sqlite3.connect(store_path(proxy)) as db:
+    with sqlite_file(store_path(proxy)) as db:
         return db.execute(sql, params).fetchall()
 
 

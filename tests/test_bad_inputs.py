@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
-from tests.proxy_db import eventually
+from tests.proxy_db import eventually, sqlite_file
 
 MEMORY = {"x-memory-user": "alice"}
 
@@ -70,7 +70,7 @@ def test_unparseable_or_odd_bodies_forwarded_untouched(proxy, fake, body, memory
     assert (response.status_code, response.json(), response.headers["x-request-id"]) == (400, PROVIDER_SAYS, "req-odd")
     assert response.headers["x-memory-status"] == memory
     if memory.startswith("off"):  # nothing of a request memory could not read is kept
-        with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:
+        with sqlite_file(proxy.settings.store.url[len("sqlite:///"):]) as db:
             assert db.execute("SELECT count(*) FROM messages").fetchone() == (0,)
 
 

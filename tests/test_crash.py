@@ -25,6 +25,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.fake_upstream import SSEReply, stream_events
+from tests.proxy_db import sqlite_file
 
 pytestmark = pytest.mark.faults
 ROUNDS = 3
@@ -100,11 +101,11 @@ def test_kill_9_rounds_keep_every_completed_turn(fake, tmp_path):
 
         asyncio.run(run_and_kill())
         process.wait(10)
-        with sqlite3.connect(db) as check:
+        with sqlite_file(db) as check:
             assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     process, url = start_server(db, fake.url)  # recovery runs at start-up
     try:
-        with sqlite3.connect(db) as check:
+        with sqlite_file(db) as check:
             # Each completed turn: its full answer saved, and the turn complete.
             answered = {row[0] for row in check.execute(
                 "SELECT u.content FROM messages u JOIN messages a ON a.user_id = u.user_id AND a.turn_key = u.turn_key"
@@ -219,7 +220,7 @@ def test_kill_9_while_commits_lag_keeps_every_completed_stream(store, fake, tmp_
     process, _ = start_server(url, fake.url)  # recovery runs at start-up
     try:
         if pg_url is None:
-            with sqlite3.connect(url.removeprefix("sqlite:///")) as check:
+            with sqlite_file(url.removeprefix("sqlite:///")) as check:
                 stored = {row[0] for row in check.execute(ANSWERED)}
         else:
             stored = asyncio.run(_answered_pg(pg_url))

@@ -18,7 +18,7 @@ import pytest
 from proxy.logs import JsonFormatter
 from tests.extraction_helpers import extracted
 from tests.fake_upstream import JsonReply, SSEReply, completion, stream_events
-from tests.proxy_db import eventually, rows, rows_together
+from tests.proxy_db import eventually, rows, rows_together, sqlite_file
 
 CALLS = [{"id": "call_1", "name": "lookup", "arguments": '{"q": "weather"}'},
          {"id": "call_2", "name": "clock", "arguments": '{"tz": "UTC"}'}]
@@ -442,7 +442,7 @@ def test_only_the_messages_of_a_role_extraction_mines_are_queued(make_proxy, fro
     proxy = make_proxy(memory__commit_timeout_ms=5000, extraction__from_roles=from_roles)
     client = proxy.client(**{"X-Memory-User": "alice"})
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "warm up"}])
-    with sqlite3.connect(proxy.settings.store.url[len("sqlite:///"):]) as db:  # every item queued from now on
+    with sqlite_file(proxy.settings.store.url[len("sqlite:///"):]) as db:  # every item queued from now on
         db.executescript("CREATE TABLE queued_roles (role TEXT);"
                          " CREATE TRIGGER log_queued AFTER INSERT ON extraction_queue BEGIN INSERT INTO queued_roles"
                          " SELECT role FROM messages WHERE user_id = NEW.user_id AND id = NEW.message_id; END;")

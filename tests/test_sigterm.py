@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import threading
 import time
 from typing import Any
@@ -30,6 +29,7 @@ from tests.fake_upstream import (
 from tests.fake_responses import output
 from tests.fake_responses import stream as responses_stream
 from tests.test_crash import start_server
+from tests.proxy_db import sqlite_file
 
 pytestmark = pytest.mark.faults
 STREAMS = 6
@@ -65,7 +65,7 @@ def test_sigterm_lets_running_streams_finish_saves_their_turns_and_exits_0(fake,
             process.wait(10)  # reaped: an unreaped child warns in a later test
     assert refused_while_streaming  # no new connection once SIGTERM came, though streams still ran
     assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
-    with sqlite3.connect(db) as conn:
+    with sqlite_file(db) as conn:
         saved = conn.execute("SELECT role, content FROM messages ORDER BY role, content").fetchall()
         statuses = conn.execute("SELECT status, count(*) FROM turns GROUP BY status").fetchall()
     assert saved == [("assistant", "a full answer")] * STREAMS + [("user", f"question {n}") for n in range(STREAMS)]
@@ -128,7 +128,7 @@ def test_at_the_end_of_the_grace_period_a_stream_gets_an_error_event_and_a_waiti
                          b'"type":"server_error","param":null,"code":"server_shutting_down"}}\n\n')
     assert (answer.status_code, answer.headers["x-memory-proxy-error"]) == (503, "server_shutting_down")
     assert answer.json()["error"]["code"] == "server_shutting_down"
-    with sqlite3.connect(db) as conn:  # as the process left them, before any restart's recovery
+    with sqlite_file(db) as conn:  # as the process left them, before any restart's recovery
         turns = conn.execute("SELECT t.status, m.content FROM turns t JOIN messages m ON m.turn_key = t.turn_key"
                              " ORDER BY m.content").fetchall()
     assert turns == [("interrupted", "question 0"), ("interrupted", "question 1")]

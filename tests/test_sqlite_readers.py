@@ -12,12 +12,14 @@ import pytest
 
 from proxy.stores.sqlite.readers import ReadPool
 
+from tests.proxy_db import sqlite_file
+
 PRAGMAS = ("busy_timeout=1000",)
 
 
 def make_db(tmp_path: Path) -> str:
     path = str(tmp_path / "r.db")
-    with sqlite3.connect(path) as conn:
+    with sqlite_file(path) as conn:
         conn.execute("CREATE TABLE t (n INTEGER)")
         conn.executemany("INSERT INTO t VALUES (?)", [(n,) for n in range(5)])
     return path

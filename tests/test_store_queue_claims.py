@@ -10,7 +10,6 @@ items go to any replica.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -31,6 +30,7 @@ from proxy.stores.sqlite.processes import new_process_id
 from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.sqlite.queue import CLAIM_LEASE as SQLITE_CLAIM_LEASE
 from tests.store_backends import Backend, SQLiteBackend, backend  # noqa: F401 (fixture)
+from tests.proxy_db import sqlite_file
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=1)
@@ -209,7 +209,7 @@ def test_the_earlier_waiting_check_reads_the_users_own_queue_items_not_every_use
     store = SQLiteStore(str(tmp_path / "memory.db"))
     run(store.open())
     run(store.close())
-    with sqlite3.connect(tmp_path / "memory.db") as db:
+    with sqlite_file(tmp_path / "memory.db") as db:
         plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + _EARLIER_WAITING, ("u", "m", 1.0))]
     assert plan == ["SEARCH mine USING INDEX sqlite_autoindex_extraction_queue_1 (user_id=? AND message_id=?)",
                     "SEARCH e USING INDEX sqlite_autoindex_extraction_queue_1 (user_id=?)",

@@ -18,7 +18,7 @@ import pytest
 from proxy.memory.tools import NOTHING_FOUND, REFUSED, ROUNDS_USED, STORED, STORING
 from tests.api_helpers import api_url
 from tests.fake_upstream import JsonReply, SSEReply, SlowHeaders, model_round, stream_events
-from tests.proxy_db import eventually, rows, store_path
+from tests.proxy_db import eventually, rows, sqlite_file, store_path
 
 TOOLS = {"X-Memory-User": "alice", "X-Memory-Mode": "tools"}
 HELIX = "My favourite editor is Helix"
@@ -353,7 +353,7 @@ def test_a_client_tool_of_the_same_name_wins(tproxy, fake):
 
 
 def test_a_failing_store_gives_the_model_an_error_and_the_client_its_answer(tproxy, fake):
-    with sqlite3.connect(store_path(tproxy)) as db:  # the store refuses every new entity
+    with sqlite_file(store_path(tproxy)) as db:  # the store refuses every new entity
         db.execute("CREATE TRIGGER no_entities BEFORE INSERT ON entities BEGIN SELECT RAISE(ABORT, 'refused'); END")
     fake.queue(model_round(None, [call("call_s1", "store_memory", {"content": "a note", "type": "fact"})]),
                model_round("I could not save that."))

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from proxy.workers import listen_alone, reuse_port_socket
 from tests.conftest import free_port
 from tests.fake_upstream import FakeUpstream, SSEReply, stream_events
 from tests.test_crash import start_server
+from tests.proxy_db import sqlite_file
 
 pytestmark = pytest.mark.faults
 USER = {"x-memory-user": "alice"}
@@ -310,7 +310,7 @@ def test_a_worker_not_finding_the_supervisors_socket_fails_to_start_rather_than_
 
 
 def test_migrations_ran_once_before_the_workers_on_a_fresh_file(shared):
-    with sqlite3.connect(shared.db) as db:
+    with sqlite_file(shared.db) as db:
         versions = db.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
     assert versions == [(v,) for v in range(1, len(MIGRATIONS) + 1)]
 
@@ -321,7 +321,7 @@ def test_a_retried_turn_is_saved_once_whichever_worker_the_retry_lands_on(shared
     for client in served.clients.values():  # the client's retry lands on the other worker
         answer = chat(client, served.url).chat.completions.create(model="m", messages=question)
         assert answer.choices[0].message.content == "Hello from upstream"
-    with sqlite3.connect(served.db) as db:
+    with sqlite_file(served.db) as db:
         turns = db.execute("SELECT t.status FROM turns t JOIN messages m ON m.user_id = t.user_id"
                            " AND m.turn_key = t.turn_key WHERE m.content = ?", [question[0]["content"]]).fetchall()
         messages = db.execute("SELECT role, content FROM messages WHERE turn_key IN (SELECT turn_key FROM messages"
@@ -379,7 +379,7 @@ def test_a_worker_killed_with_9_is_replaced_and_the_other_keeps_serving(shared, 
         model="m", messages=[{"role": "user", "content": "to the new worker"}])
     completed = {f"streamed {n}" for n, body in enumerate(bodies) if body.endswith(b"data: [DONE]\n\n")}
     assert len(completed) >= 2, "the survivor's streams did not finish"
-    with sqlite3.connect(served.db) as db:
+    with sqlite_file(served.db) as db:
         answered = {row[0] for row in db.execute(
             "SELECT u.content FROM messages u JOIN turns t ON t.user_id = u.user_id AND t.turn_key = u.turn_key"
             " WHERE u.role = 'user' AND t.status = 'complete'")}
@@ -417,7 +417,7 @@ def test_sigterm_drains_every_worker_saves_their_turns_and_exits_0(shared, fake)
     assert served.process.wait(15) == 0
     assert not any(running(pid) for pid in served.pids)
     assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
-    with sqlite3.connect(served.db) as db:
+    with sqlite_file(served.db) as db:
         statuses = db.execute("SELECT t.status, count(*) FROM turns t JOIN messages m ON m.user_id = t.user_id"
                               " AND m.turn_key = t.turn_key WHERE m.content LIKE 'drained %' GROUP BY t.status"
                               ).fetchall()
