@@ -526,12 +526,9 @@ class TurnRecall(Recall):
         self._ending_facts()
         if waiter is None:
             return None
-        return asyncio.ensure_future(self._committed(waiter))
-
-    async def _committed(self, waiter: asyncio.Future[None]) -> None:
         # A save behind hooks waits for them off the response's path (turn_hooks.HookedSaves).
-        await self._service.writer.committed(waiter, self._service.memory.commit_timeout_ms / 1000,
-                                             patient=self._saves is None)
+        return self._service.writer.committed(waiter, self._service.memory.commit_timeout_ms / 1000,
+                                              patient=self._saves is None)
 
     def _ending_facts(self) -> None:
         """The step ends: the facts of the turn's message, if still being written, are pending for the
