@@ -34,7 +34,9 @@ from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.gemini import GeminiGenerateContent, model_method
-from proxy.wires.gemini_tools import GeminiTools, unsupported_stream as gemini_stream_unsupported
+from proxy.wires.gemini_tools import (GeminiTools, unsupported as gemini_tools_unsupported,
+                                      unsupported_stream as gemini_stream_unsupported,
+                                      without_tools as gemini_without_tools)
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
@@ -83,7 +85,13 @@ class ProxyEndpoint:
         # (the request's body and query string)
         self.tools_refusals: dict[str, Callable[[dict[str, Any], bytes], ProxyError | None]] = {
             "/chat/completions": lambda body, query: chat_tools_unsupported(body),
-            "/models/*:streamGenerateContent": lambda body, query: gemini_stream_unsupported(query)}
+            "/models/*:generateContent": lambda body, query: gemini_tools_unsupported(body),
+            "/models/*:streamGenerateContent": lambda body, query: (gemini_stream_unsupported(query)
+                                                                    or gemini_tools_unsupported(body))}
+        # Why a request the provider takes as it is cannot take the memory tools too (it goes on
+        # without them, and X-Memory-Status says why).
+        self.tools_unfit: dict[str, Callable[[dict[str, Any]], str | None]] = {
+            "/models/*:generateContent": gemini_without_tools, "/models/*:streamGenerateContent": gemini_without_tools}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"],
@@ -245,9 +253,7 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
                                                   wire.name)
-                tool_format = self.tool_formats.get(_table_key(path)) if recall.tools is not None else None
-                if recall.tools is not None and tool_format is None:
-                    recall.status = f"degraded: no memory tools on the {wire.name} wire"
+                tool_format = self._tool_format(path, wire, recall, request)
                 send.error_headers = recall.headers()
                 if recall.prompt is not None and request is not None:
                     request, body = await _off_loop_if(request.large, _with_prompt, wire, request, recall.prompt, body)
@@ -282,6 +288,23 @@ class ProxyEndpoint:
         if response.status == 404:
             self._hint_404(provider, url)
         return f"status_{response.status}"
+
+    def _tool_format(self, path: str, wire: Wire, recall: Recall, request: WireRequest | None) -> ToolFormat | None:
+        """The wire's tool format when the memory tools go with this request (tools mode); else None,
+        and `recall.status` says why not when they were meant to."""
+        if recall.tools is None or request is None:
+            return None
+        tool_format = self.tool_formats.get(_table_key(path))
+        if tool_format is None:
+            recall.status = f"degraded: no memory tools on the {wire.name} wire"
+            return None
+        unfit = self.tools_unfit.get(_table_key(path))
+        why = unfit(request.body) if unfit is not None else None
+        if why is not None:
+            log.info("tools mode: %s; the request goes on without them", why)
+            recall.status = f"degraded: {why}"
+            return None
+        return tool_format
 
     def _hint_404(self, provider: Provider, url: str) -> None:
         """A provider answering 404 on a chat path most often means a base URL without its
