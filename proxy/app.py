@@ -53,7 +53,7 @@ REOPEN_MAX_S = 30.0
 # With several workers, each refreshes its own gauges in the shared metrics this often (the
 # worker answering /metrics refreshes its own at once).
 SHARED_GAUGES_EVERY_S = 5.0
-_PROVIDER_PREFIXES = ("/v1/", "/v1beta/")
+_PROVIDER_PREFIXES = ("/v1/", "/v1beta/", "/upload/v1/", "/upload/v1beta/")
 
 
 def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None) -> Store:

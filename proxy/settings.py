@@ -60,7 +60,8 @@ DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
     # Gemini CLI's utility calls, each known by its system instruction or its whole prompt: the model
     # router (before every turn), history compression, loop detection, edit correction, the next-speaker
     # check, tool-output and session summaries.
-    {"name": "gemini_cli_router", "body:systemInstruction": "You are a specialized Task Routing AI"},
+    # (the router's instruction begins with these words; an application's may quote them further on)
+    {"name": "gemini_cli_router", "body:systemInstruction.parts.0.text": r"^\s*You are a specialized Task Routing AI"},
     {"name": "gemini_cli_compression",
      "body:systemInstruction": "distilling chat history into a structured XML <state_snapshot>"},
     {"name": "gemini_cli_history_summary", "prompt": "^### State Update: Agent Continuity"},
