@@ -881,6 +881,29 @@ def test_a_hanging_source_is_cut_at_its_deadline_and_the_others_still_make_the_b
     run(body())
 
 
+def test_a_recall_cancelled_while_a_source_hangs_is_cancelled_not_cut_at_the_deadline(tmp_path: Path) -> None:
+    """The sources' deadline turns only its own cancellation into a timeout: a recall cancelled from
+    outside (the client gone) ends cancelled at once, and the deadline firing later changes nothing."""
+    async def body() -> None:
+        async with world(tmp_path) as w:
+            await w.say("the kayak rental opens at eight", conv="c0")
+            store = HangingSearch(str(w.path))
+            await store.open()
+            try:
+                recall = asyncio.ensure_future(w.recall("kayak rental", store=store, retrieval_timeout_ms=400))
+                await asyncio.sleep(0.1)  # the other sources answered; reasoning's search hangs
+                recall.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await recall
+                await asyncio.sleep(0.3)  # past the deadline: nothing left running to cancel
+                assert recall.cancelled()
+                assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+            finally:
+                await store.close()
+
+    run(body())
+
+
 def test_a_statement_that_starts_like_a_question_is_no_question_asked_again(tmp_path: Path) -> None:
     """"when I was six I broke my left arm" is a fact, not a question typed without its "?": asked
     about again, the fact keeps its line (with its exchange) and the reply does not replace it."""

@@ -434,3 +434,52 @@ def test_nearest_now_answers_as_nearest_does_only_when_nothing_is_to_be_loaded(t
             await store.close()
 
     asyncio.run(body())
+
+
+def test_a_recall_behind_by_a_turn_s_vectors_catches_up_with_no_task_but_its_sources(tmp_path: Path) -> None:
+    """On SQLite the query's vector (the embedded model), the marks, the catch-up of the vectors saved
+    since the last recall and the user's node are had without a task each: a recall makes only its
+    sources' four, and finds what a recall with every matrix loaded afresh finds."""
+    said = ["My dog is called Rex.", "I keep bees on the roof.", "The staging host runs nginx."]
+    started: list[str] = []
+    blocks: list[str] = []
+
+    async def body() -> None:
+        store = SQLiteStore(str(tmp_path / "m.db"))
+        await store.open()
+        try:
+            alice = Scope("alice")
+
+            async def turn(n: int, text: str) -> None:
+                await store.apply([StartTurn(alice, f"t{n}", f"c{n}", f"h{n}", T0, text),
+                                   FinishTurn(alice, f"t{n}", f"c{n}", f"Noted {n}.", T0 + timedelta(seconds=1))])
+                await Filler(store, model, model.model, batch=64, timeout_s=1.0).fill_all()
+
+            model = LocalModel()
+            for n, text in enumerate(said):
+                await turn(n, text)
+            metrics = Metrics()
+            settings = MemorySettings(retrieval_timeout_ms=5000)
+            retrieval = Retrieval(store, settings, metrics, Vectors(model, VectorIndex(store, model.model),
+                                                                    EmbeddingsSettings(), metrics))
+            query = Query("what is the name of my pet", "c9", (), 6)
+            await retrieval.retrieve(alice, query)  # loads the user's matrices
+            await turn(len(said), "My other dog is called Bolt.")
+
+            def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+                started.append(coro.__qualname__)
+                return asyncio.Task(coro, loop=loop, **options)
+
+            asyncio.get_running_loop().set_task_factory(task_factory)
+            blocks.append((await retrieval.retrieve(alice, query)).block)
+            asyncio.get_running_loop().set_task_factory(None)
+            fresh = Retrieval(store, settings, metrics, Vectors(model, VectorIndex(store, model.model),
+                                                               EmbeddingsSettings(), metrics))
+            blocks.append((await fresh.retrieve(alice, query)).block)
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+    assert sorted(started) == ["Retrieval._entities_and_graph", "Retrieval._source", "Retrieval._source",
+                               "Retrieval._source"]
+    assert "Bolt" in blocks[0] and blocks[0] == blocks[1]

@@ -177,3 +177,50 @@ def test_a_forgotten_users_writes_never_land_when_the_store_comes_back(tmp_path:
     assert dropped == 2
     assert batches == [["StartTurn"]]  # alice's start alone: zed's never reached the store
     assert saved(path) == [("user", "question t1")]
+
+
+class SlowStore(CountingStore):
+    """A store that takes `slow_s` over each commit: slow, but getting through its work."""
+
+    slow_s = 0.4
+
+    async def apply(self, ops: Sequence[WriteOp]) -> None:
+        await asyncio.sleep(self.slow_s)
+        await super().apply(ops)
+
+
+def committed_after(tmp_path: Path, *, patient: bool) -> tuple[float, float | None, list[tuple[str, str]]]:
+    """Seconds until an answer's wait for its commit ended (memory.commit_timeout_ms of 0.1 s, a
+    commit taking 0.4 s), the answers counted unsaved, and what was saved by then."""
+    async def main() -> tuple[float, float | None, list[tuple[str, str]]]:
+        store = SlowStore(str(tmp_path / "m.db"))
+        await store.open()
+        metrics = Metrics()
+        writer = Writer(store, metrics, 100, commit_delay_s=DELAY_S)
+        writer.start()
+        try:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await writer.committed(writer.submit(finish("t1"), urgent=True), 0.1, patient=patient)
+            waited = loop.time() - began
+            return (waited, metrics.registry.get_sample_value("memproxy_answers_unsaved_total"),
+                    saved(tmp_path / "m.db"))
+        finally:
+            await writer.close()
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def test_an_answer_waits_past_its_bound_for_a_store_that_is_slow_but_moving(tmp_path: Path) -> None:
+    waited, unsaved, rows = committed_after(tmp_path, patient=True)
+    assert 0.4 <= waited < 1.5
+    assert unsaved == 0
+    assert rows == [("assistant", "answer t1")]
+
+
+def test_an_answer_behind_a_hook_goes_out_at_its_bound_counted_unsaved(tmp_path: Path) -> None:
+    waited, unsaved, rows = committed_after(tmp_path, patient=False)
+    assert 0.1 <= waited < 0.35
+    assert unsaved == 1
+    assert rows == []  # the commit lands later: the writer is flushed on close

@@ -457,7 +457,7 @@ class TurnRecall(Recall):
         self._saves = self._hooked_saves(wire)
         self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
         self._memory_steps: list[ReasoningStep] = []  # tools mode: this step's memory calls, redacted
-        self._facts: asyncio.Task[None] | None = None  # the facts of the turn's message, written inline
+        self._facts: asyncio.Future[None] | None = None  # the facts of the turn's message, written inline
         # Tools mode: the memory calls of the loop's earlier steps, under the first call of each step.
         self.earlier_trace: dict[str, tuple[ReasoningStep, ...]] = {}
 
@@ -526,12 +526,9 @@ class TurnRecall(Recall):
         self._ending_facts()
         if waiter is None:
             return None
-        return asyncio.ensure_future(self._committed(waiter))
-
-    async def _committed(self, waiter: asyncio.Future[None]) -> None:
         # A save behind hooks waits for them off the response's path (turn_hooks.HookedSaves).
-        await self._service.writer.committed(waiter, self._service.memory.commit_timeout_ms / 1000,
-                                             patient=self._saves is None)
+        return self._service.writer.committed(waiter, self._service.memory.commit_timeout_ms / 1000,
+                                              patient=self._saves is None)
 
     def _ending_facts(self) -> None:
         """The step ends: the facts of the turn's message, if still being written, are pending for the
@@ -548,11 +545,21 @@ class TurnRecall(Recall):
         facts = self._facts
         if commit is None or facts is None or facts.done():
             return commit
+        # Callbacks, not a task: `facts` never raises, and the step's end takes the commit's outcome.
+        both: asyncio.Future[None] = commit.get_loop().create_future()
 
-        async def both() -> None:
-            await facts  # ends without raising: a failed write leaves the message to the queue
-            await commit
-        return asyncio.ensure_future(both())
+        def settled(_: asyncio.Future[None]) -> None:
+            if not (facts.done() and commit.done()) or both.done():
+                return
+            if commit.cancelled():
+                both.cancel()
+            elif (exc := commit.exception()) is not None:
+                both.set_exception(exc)
+            else:
+                both.set_result(None)
+        facts.add_done_callback(settled)
+        commit.add_done_callback(settled)
+        return both
 
     def _answered(self, message: AssistantMessage) -> asyncio.Future[None] | None:
         now = datetime.now(timezone.utc)

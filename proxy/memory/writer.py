@@ -170,27 +170,47 @@ class Writer:
         return running and not self.failing and (self._batch_began is None
                                                  or time.monotonic() - self._batch_began < STALLED_S)
 
-    async def committed(self, waiter: asyncio.Future[None], timeout_s: float, *, patient: bool = True) -> bool:
-        """Wait for the commit a response's last event waits for (`waiter` ends when it is done or failed).
+    def committed(self, waiter: asyncio.Future[None], timeout_s: float, *, patient: bool = True
+                  ) -> asyncio.Future[None]:
+        """What a response's last event waits for: the commit `waiter` ends with (done or failed).
 
         At least `timeout_s` (memory.commit_timeout_ms); past it, when `patient`, for as long as the
         writer moves and holds writes, up to COMMIT_WAIT_MAX_S: under load the answer is saved late
         rather than not at all. Not `patient`: a save behind a hook, which must not hold the response.
-        True once committed; an answer sent before is counted and logged here.
+        The future ends once committed, or when the answer goes out before (counted and logged here);
+        it never raises. Callbacks and a timer, not a task: one of these is made every saved turn.
         """
         loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
         began = loop.time()
-        wait_s = timeout_s
-        while True:
-            finished, _ = await asyncio.wait({waiter}, timeout=wait_s)
-            if finished:  # a write that failed was counted and logged where it failed
-                return not waiter.cancelled() and waiter.exception() is None
+        timer: asyncio.TimerHandle | None = None
+
+        def finished(_: asyncio.Future[None]) -> None:
+            if timer is not None:
+                timer.cancel()
+            _seen(waiter)  # a write that failed was counted and logged where it failed
+            if not ended.done():
+                ended.set_result(None)
+
+        def due() -> None:
+            nonlocal timer
+            if waiter.done() or ended.done():
+                return  # its callback ends the wait
             waited = loop.time() - began
             if not (patient and self.moving and self._pending) or waited >= COMMIT_WAIT_MAX_S:
-                self._unsaved(waited, patient)
+                waiter.remove_done_callback(finished)
                 waiter.add_done_callback(_seen)  # a write that fails later was counted where it failed
-                return False
-            wait_s = min(PATIENCE_STEP_S, COMMIT_WAIT_MAX_S - waited)
+                self._unsaved(waited, patient)
+                ended.set_result(None)
+                return
+            timer = loop.call_at(loop.time() + min(PATIENCE_STEP_S, COMMIT_WAIT_MAX_S - waited), due)
+
+        if waiter.done():
+            finished(waiter)
+        else:
+            waiter.add_done_callback(finished)
+            timer = loop.call_at(began + timeout_s, due)
+        return ended
 
     def _unsaved(self, waited_s: float, patient: bool) -> None:
         self.answers_unsaved += 1

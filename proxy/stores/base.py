@@ -514,6 +514,11 @@ class RecallReads(Protocol):
     # then a keyword retry with some of the query's words cannot find what the full query
     # did not, and retrieval skips it.
     matches_any_term: bool
+    # True when a lookup of a few rows by an index (a user's vector marks, an entity's newest
+    # edges, the user's node) is answered on the event loop without waiting: retrieval then
+    # awaits such lookups one after the other instead of giving each a task to run beside the
+    # others, which only pays where a lookup waits for the network.
+    lookups_on_loop: bool
 
     @property
     def answered_at(self) -> float:

@@ -59,24 +59,48 @@ class InlineFacts:
         """Whether a message of this text is mined inline (else the queue has it)."""
         return 0 < len(text) <= INLINE_MAX_CHARS
 
-    def record(self, scope: Scope, message_id: str, text: str, at: datetime) -> asyncio.Task[None]:
-        """Mine `text` (the message as saved) and write its facts; the task ends once they are
-        committed, or the write failed (the queue then has the message)."""
+    def record(self, scope: Scope, message_id: str, text: str, at: datetime) -> asyncio.Future[None]:
+        """Mine `text` (the message as saved) and write its facts; the future ends once they are
+        committed, or the write failed (the queue then has the message). It never raises."""
+        scope = dataclasses.replace(scope, agent_isolated=self._isolate_agents and scope.agent is not None)
+        rules = self._rules
+        try:
+            found = rules.now(head(text), None) if isinstance(rules, RulesExtractor) else None
+            if found is not None:
+                # Mined here: the write is submitted at once, and its commit is watched by a callback
+                # rather than a task of its own.
+                written = self._writer.submit(record_of(scope, None, message_id, at, found))
+                ended = written.get_loop().create_future()
+                written.add_done_callback(lambda done: self._written(done, ended, scope, message_id))
+                return ended
+        except Exception as exc:  # the queue item stays: the worker mines the message later
+            self._unwritten(exc, scope, message_id)
+            ended = asyncio.get_running_loop().create_future()
+            ended.set_result(None)
+            return ended
         task = asyncio.get_running_loop().create_task(self._record(scope, message_id, text, at))
         self._running.add(task)  # held: a task nobody references may be collected mid-flight
         task.add_done_callback(self._running.discard)
         return task
 
+    def _written(self, written: asyncio.Future[None], ended: asyncio.Future[None], scope: Scope,
+                 message_id: str) -> None:
+        exc = None if written.cancelled() else written.exception()
+        if exc is not None and not isinstance(exc, WriteQueueFull):  # a full queue was counted and logged
+            self._unwritten(exc, scope, message_id)
+        if not ended.done():
+            ended.set_result(None)
+
     async def _record(self, scope: Scope, message_id: str, text: str, at: datetime) -> None:
-        scope = dataclasses.replace(scope, agent_isolated=self._isolate_agents and scope.agent is not None)
         try:
-            rules = self._rules
-            found = rules.now(head(text), None) if isinstance(rules, RulesExtractor) else None
-            if found is None:
-                found = await rules(head(text), None)
+            found = await self._rules(head(text), None)
             await self._writer.submit(record_of(scope, None, message_id, at, found))
         except WriteQueueFull:  # the writer counted and logged it; the worker mines the message later
             pass
         except Exception as exc:  # the queue item stays: the worker mines the message later
-            log.warning("extraction: facts of message %s of user %s not written with it (%s: %s); the queue has it",
-                        message_id, scope.user, type(exc).__name__, str(exc)[:200])
+            self._unwritten(exc, scope, message_id)
+
+    @staticmethod
+    def _unwritten(exc: BaseException, scope: Scope, message_id: str) -> None:
+        log.warning("extraction: facts of message %s of user %s not written with it (%s: %s); the queue has it",
+                    message_id, scope.user, type(exc).__name__, str(exc)[:200])

@@ -85,7 +85,12 @@ def source_query(scope: Scope, query: Query, settings: MemorySettings, *, any_te
 
 @dataclass
 class SourceRuns:
-    """Per-source results, times and errors of one retrieval."""
+    """Per-source results, times and errors of one retrieval, and the one deadline they share.
+
+    The deadline is one timer (`expire`, set by `Retrieval.retrieve`), not a timeout scope per
+    source and one more for the exchanges: each scope costs a timer and the task lookups around
+    it, and they all enforced the same instant. Work still running when it fires is cancelled
+    and raises TimeoutError, as under asyncio.timeout; the sources that answered stand."""
 
     metrics: Metrics
     deadline: float  # event-loop time by which every source must have answered
@@ -93,23 +98,56 @@ class SourceRuns:
     ms: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     failures: list[Exception] = field(default_factory=list)
+    expired: bool = False  # the deadline passed
+    _running: set[asyncio.Task[Any]] = field(default_factory=set)  # tasks inside `within`, cancelled at the deadline
+    _expiring: set[asyncio.Task[Any]] = field(default_factory=set)  # those the deadline cancelled
 
-    async def run(self, source: str, work: Awaitable[T]) -> T | None:
+    async def run(self, source: str, work: Callable[[], Awaitable[T]]) -> T | None:
         """The source's result, timed; None (logged, recorded) when it raised or ran past the deadline."""
         started = time.perf_counter()
         try:
-            async with asyncio.timeout_at(self.deadline):
-                return await work
+            return await self.within(work)
         except Exception as exc:  # a failing or hanging source is skipped; the others still answer
-            self.failures.append(exc)
-            reason = str(exc) or ("no answer before the deadline" if isinstance(exc, TimeoutError) else "")
-            self.errors[source] = f"{type(exc).__name__}: {redact(reason)[:ERROR_CHARS]}"
-            log.warning("retrieval: source %s failed (%s)", source, self.errors[source])
+            self._failed(source, exc)
             return None
         finally:
             seconds = time.perf_counter() - started
             self.ms[source] = round(seconds * 1000, 3)
             self.metrics.retrieval_seconds.labels(source).observe(seconds)
+
+    async def within(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()` before the deadline; TimeoutError when it passes first. Begun past it, `work` still
+        counts if it answers without waiting, as under asyncio.timeout."""
+        task = asyncio.current_task()
+        assert task is not None  # retrieval runs in a task
+        self._running.add(task)
+        if self.expired:  # cancelled on the loop's next pass, if still running then
+            asyncio.get_running_loop().call_soon(self.expire)
+        try:
+            return await work()
+        except asyncio.CancelledError:
+            # The deadline's cancellation is a timeout; any other (the client gone, the recall's own
+            # deadline) goes on up, as asyncio.timeout would let it.
+            if task in self._expiring:
+                self._expiring.discard(task)
+                if task.uncancel() == 0:
+                    raise TimeoutError() from None
+            raise
+        finally:
+            self._running.discard(task)
+
+    def expire(self) -> None:
+        """The deadline: the work still running is cancelled, and work begun after it once it waits."""
+        self.expired = True
+        for task in self._running - self._expiring:
+            self._expiring.add(task)
+            task.cancel()
+
+    def _failed(self, source: str, exc: Exception) -> None:
+        self.failures.append(exc)
+        reason = str(exc) or ("no answer before the deadline" if isinstance(exc, TimeoutError) else "")
+        self.errors[source] = f"{type(exc).__name__}: {redact(reason)[:ERROR_CHARS]}"
+        log.warning("retrieval: source %s failed (%s)", source, self.errors[source])
 
     def raise_if_all_failed(self) -> None:
         """Re-raise when no source answered: the store is down, not merely empty."""
@@ -135,8 +173,16 @@ class Retrieval:
         started = time.perf_counter()
         q = source_query(scope, query, self.settings, any_term_match=self.any_term_match)
         if self.vectors is not None:
-            q = dataclasses.replace(q, vectors=self.vectors.query(scope, q.text))
+            q = dataclasses.replace(q, vectors=await self.vectors.query(scope, q.text))
         runs = SourceRuns(self.metrics, self._sources_deadline(query))
+        deadline = asyncio.get_running_loop().call_at(runs.deadline, runs.expire)
+        try:
+            return await self._searched(q, query, runs, started)
+        finally:
+            deadline.cancel()
+
+    async def _searched(self, q: SourceQuery, query: Query, runs: SourceRuns, started: float) -> Retrieved:
+        """The sources searched and their hits made a block, within `runs`' deadline."""
         await asyncio.gather(
             self._entities_and_graph(q, runs),
             self._source(runs, conversation.SOURCE, lambda: conversation.search(self.store, q)),
@@ -182,9 +228,9 @@ class Retrieval:
             self.vectors.index.forget(user)
 
     async def _source(self, runs: SourceRuns, source: str, work: Callable[[], Awaitable[list[Hit]]]) -> None:
-        # The search starts inside this task, so a deadline that cancels the task before it
-        # runs leaves no coroutine behind that was never awaited.
-        runs.hits[source] = await runs.run(source, work()) or []
+        # The search starts inside this task, so a cancellation before it runs leaves no
+        # coroutine behind that was never awaited.
+        runs.hits[source] = await runs.run(source, work) or []
 
     async def _neighbours(self, q: SourceQuery, ids: list[str], runs: SourceRuns, known: exchange.Neighbours
                           ) -> exchange.Neighbours:
@@ -193,8 +239,7 @@ class Retrieval:
         if not ids:
             return known
         try:
-            async with asyncio.timeout_at(runs.deadline):
-                read = await self.store.neighbours(q.scope, ids)
+            read = await runs.within(lambda: self.store.neighbours(q.scope, ids))
             return {**known, **{i: read.get(i, (None, None)) for i in ids}}  # a lone message: read, none
         except Exception as exc:  # the hits alone still make a block
             log.warning("retrieval: exchanges not read (%s: %s)", type(exc).__name__, redact(str(exc))[:ERROR_CHARS])
@@ -202,13 +247,14 @@ class Retrieval:
 
     async def _entities_and_graph(self, q: SourceQuery, runs: SourceRuns) -> None:
         """`long-term`, then `graph` from its entity hits (the user's node first)."""
-        matches = await runs.run(long_term.SOURCE, long_term.find(self.store, q))
+        matches = await runs.run(long_term.SOURCE, lambda: long_term.find(self.store, q))
         if matches is None:
             return  # no entity hits to expand: graph has nothing to do
         runs.hits[long_term.SOURCE] = long_term.hits(q, matches)
         limit = self.settings.graph_expansion_limit
         if limit > 0 and matches.to_expand(limit):
-            runs.hits[graph.SOURCE] = await runs.run(graph.SOURCE, graph.expand(self.store, q, matches, limit)) or []
+            runs.hits[graph.SOURCE] = await runs.run(graph.SOURCE,
+                                                     lambda: graph.expand(self.store, q, matches, limit)) or []
 
 
 def injection_log(hits: list[Hit], runs: SourceRuns, *, budget_cut: bool) -> dict[str, Any]:

@@ -324,6 +324,13 @@ class VectorIndex:
             return None
         return matrix.nearest(query, where, floor, limit)
 
+    def catches_up_on_loop(self, scope: Scope, kind: EmbeddingKind) -> bool:
+        """Whether `nearest` waits at most for the vectors saved since the cached ones, read on the event
+        loop: the matrix is cached, small enough for a product there, and the store's lookups answer
+        there (a catch-up past another process's large import still reads on a thread)."""
+        entry = self._entries.get((scope.user, kind))
+        return self.store.lookups_on_loop and entry is not None and entry.matrix.vectors.size <= INLINE_CELLS
+
     def _current(self, scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix | None:
         """The cached matrix holding every vector up to `mark`; None when it must be loaded first."""
         key = (scope.user, kind)
@@ -346,6 +353,12 @@ class VectorIndex:
             if (matrix := self._current(scope, kind, mark)) is not None:
                 return matrix
             load = self._loads.get(key)
+            entry = self._entries.get(key)
+            if (load is None or load.done()) and entry is not None and mark.seq > entry.mark.seq \
+                    and self.store.lookups_on_loop:
+                # A catch-up of the vectors saved since the cached ones, read on the event loop: no
+                # task, since nothing waits. Two at once only put the same rows in twice (add replaces).
+                return await self._load(key, scope, kind, mark)
             if load is None or load.done():
                 # A finished load (of an older mark, or failed) stays listed until its done callback
                 # runs, on the loop's next pass: awaited again it would not yield, and this loop
@@ -371,7 +384,8 @@ class VectorIndex:
             rows = [(s.item_id, s.group, s.agent, u) for s in newer if (u := unit(s.vector)) is not None]
             if self._entries.get(key) is entry:
                 entry.matrix.add(rows)
-                entry.mark = mark
+                if mark.seq > entry.mark.seq:  # a catch-up beside this one may have gone further
+                    entry.mark = mark
                 self._trim()
             return entry.matrix
         stored = await self.store.vectors(Scope(scope.user), kind, self.model)

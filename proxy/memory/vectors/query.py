@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from proxy.memory.vectors.embedder import Embed, EmbeddingFailed
+from proxy.memory.vectors.embedder import Embedder, EmbeddingFailed
 from proxy.memory.vectors.index import RowFilter, Spread, VectorIndex, row_filter, unit
 from proxy.metrics import Metrics
 from proxy.models import Scope
@@ -25,6 +25,8 @@ from proxy.settings import EmbeddingsSettings
 from proxy.stores.base import EmbeddingKind, StoreError, VectorMark
 
 log = logging.getLogger("memproxy.vectors")
+
+T = TypeVar("T")
 
 QUIET_FIRST_S = 1.0  # after a failed query embedding, the endpoint is left alone this long, doubling
 QUIET_MAX_S = 60.0
@@ -42,23 +44,31 @@ class _Quiet:
 class Vectors:
     """Vector search for one app: the embeddings call, the cached matrices, the fusion settings."""
 
-    embed: Embed
+    embed: Embedder
     index: VectorIndex
     settings: EmbeddingsSettings
     metrics: Metrics
     _quiet: _Quiet = field(default_factory=_Quiet)
 
-    def query(self, scope: Scope, text: str) -> VectorQuery | None:
-        """Start embedding this request's query; None while the endpoint is being left alone."""
+    async def query(self, scope: Scope, text: str) -> VectorQuery | None:
+        """Start embedding this request's query; None while the endpoint is being left alone.
+
+        What is answered without waiting (an in-process model's vector, a store's marks read on the
+        event loop) is had here, before the sources start; the rest runs in a task beside them."""
         loop = asyncio.get_running_loop()
         if loop.time() < self._quiet.until or not text.strip() or self.settings.vector_weight <= 0:
             if text.strip():
                 self.metrics.embedding_calls.labels("query", "skipped").inc()
             return None
         timeout_s = self.settings.query_timeout_ms / 1000
-        task = loop.create_task(self._embed(text, timeout_s), name="memproxy-query-embedding")
-        marks = loop.create_task(self.index.marks(scope), name="memproxy-vector-marks")
-        return VectorQuery(self, scope, task, marks, loop.time() + timeout_s)
+        deadline = loop.time() + timeout_s
+        embedding = self._embed(text, timeout_s)
+        task = (await _had(loop, embedding) if self.embed.in_process
+                else loop.create_task(embedding, name="memproxy-query-embedding"))
+        marks = self.index.marks(scope)
+        read = (await _had(loop, marks) if self.index.store.lookups_on_loop
+                else loop.create_task(marks, name="memproxy-vector-marks"))
+        return VectorQuery(self, scope, task, read, deadline)
 
     async def _embed(self, text: str, timeout_s: float) -> np.ndarray | None:
         try:
@@ -76,14 +86,24 @@ class Vectors:
         return unit(vector)
 
 
+async def _had(loop: asyncio.AbstractEventLoop, work: Awaitable[T]) -> asyncio.Future[T]:
+    """`work` awaited now, its outcome held as a finished future, as a task's would be."""
+    done: asyncio.Future[T] = loop.create_future()
+    try:
+        done.set_result(await work)
+    except Exception as exc:  # read where the task's would be: VectorQuery.nearest
+        done.set_exception(exc)
+    return done
+
+
 @dataclass
 class VectorQuery:
     """One request's query vector (computed once, shared by the sources) and its deadline."""
 
     vectors: Vectors
     scope: Scope
-    task: asyncio.Task[np.ndarray | None]
-    marks: asyncio.Task[dict[EmbeddingKind, VectorMark]]  # the store's newest vectors when the request began
+    task: asyncio.Future[np.ndarray | None]
+    marks: asyncio.Future[dict[EmbeddingKind, VectorMark]]  # the store's newest vectors when the request began
     deadline: float  # loop time past which the vector stream gives up
 
     async def nearest(self, kind: EmbeddingKind, limit: int, **conversations: Any
@@ -117,6 +137,13 @@ class VectorQuery:
                                                   mark=marks.result().get(kind), floor=-1.0, limit=limit)
         except Exception as exc:
             return self._failed(kind, exc)
+
+    def catches_up(self, kind: EmbeddingKind) -> bool:
+        """Whether `nearest` has only a few rows read on the event loop to wait for (the matrix is behind
+        the marks by this user's latest saves): then a source awaits it in turn, without a task."""
+        task, marks = self.task, self.marks
+        return (task.done() and marks.done() and not task.cancelled() and not marks.cancelled()
+                and self.vectors.index.catches_up_on_loop(self.scope, kind))
 
     def _failed(self, kind: EmbeddingKind, exc: Exception) -> tuple[list[tuple[str, float]], Spread]:
         """Nothing from the vector stream: it ran past its deadline, or could not be had."""

@@ -126,6 +126,7 @@ class PostgresReads:
     """Reads and searches of one user's memory (the host provides `_fetch`)."""
 
     matches_any_term = True  # a row holding any one of the search terms matches (Store protocol)
+    lookups_on_loop = False  # every read is a round trip to the database: lookups run side by side
     # time.monotonic() of the last read the database answered (PostgresStore._fetch): a recall that
     # timed out while reads are answered met a busy store, not a broken one (memory/breaker.py).
     answered_at = float("-inf")

@@ -115,7 +115,7 @@ class ReadPool:
                 except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
                     result, error = None, exc
                 try:
-                    loop.call_soon_threadsafe(_settle, done, result, error)
+                    loop.call_soon_threadsafe(settle, done, result, error)
                 except RuntimeError:  # the loop closed meanwhile: nobody is waiting
                     pass
         finally:
@@ -138,7 +138,8 @@ class ReadPool:
         return conn
 
 
-def _settle(done: asyncio.Future[Any], result: Any, error: Exception | None) -> None:
+def settle(done: asyncio.Future[Any], result: Any, error: Exception | None) -> None:
+    """On the event loop: a thread's outcome set on the future its caller awaits (unless it gave up)."""
     if done.cancelled():
         return
     if error is None:

@@ -56,7 +56,7 @@ from proxy.stores.sqlite.owners import SQLiteProviderObjects
 from proxy.stores.sqlite.postings_cache import PostingsCache
 from proxy.stores.sqlite.processes import deregister, new_process_id, register
 from proxy.stores.sqlite.queue import anything_due, claim, release, release_all
-from proxy.stores.sqlite.readers import ReadPool
+from proxy.stores.sqlite.readers import ReadPool, settle
 from proxy.stores.sqlite.rows import (
     EXPORT,
     agent_clause,
@@ -149,6 +149,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
     # A row holding any one of the search terms matches (the terms are OR'ed), so a keyword
     # retry with some of the query's words cannot find more than the full query did.
     matches_any_term = True
+    # A lookup by index runs on the event loop's own connection (`_lookup`): it never waits.
+    lookups_on_loop = True
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL", search_cache_mb: int = 256,
                  checkpoint_every_s: float = CHECKPOINT_EVERY_S, wal_truncate_bytes: int = WAL_TRUNCATE_BYTES,
@@ -320,8 +322,25 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
         thread = self._write_thread
         if thread is None or self._writer is None:
             raise StoreError("store is not open")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def call() -> None:
+            # The outcome is set on `done` from the thread, as a read's is (readers.py): not through
+            # run_in_executor's future chained to a concurrent one, a hop each turn's commit makes.
+            if done.cancelled():  # the caller gave up before the thread came to it
+                return
+            try:
+                result, error = self._checked(work), None
+            except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(settle, done, result, error)
+            except RuntimeError:  # the loop closed meanwhile: nobody is waiting
+                pass
+        thread.submit(call)
         try:
-            return await asyncio.get_running_loop().run_in_executor(thread, self._checked, work)
+            return await done
         except FileChanged as exc:
             self._file_lost(str(exc))
             raise StoreError(f"store unavailable: {exc}") from exc

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Sequence
 
 from proxy.memory.retrieval.block import triple_line
 from proxy.memory.extraction.roles import PLURALS, ROLES, named_kind
@@ -40,10 +41,7 @@ _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 async def expand(store: RecallReads, q: SourceQuery, matches: EntityMatches, limit: int) -> list[Hit]:
     """Edges of the entities to expand, most query terms shared first, then the newest."""
     entities = matches.to_expand(limit)
-    results = await asyncio.gather(
-        *(store.relationships(q.scope, e.id, current_only=True, limit=EDGES_READ) for e in entities),
-        return_exceptions=True,
-    )
+    results = await _edges(store, q, entities)
     shared_terms = SharedTerms(frozenset(q.terms))
     asked = asked_relationships(q.text)
     chosen: dict[str, tuple[Relationship, Entity, int]] = {}
@@ -71,6 +69,23 @@ async def expand(store: RecallReads, q: SourceQuery, matches: EntityMatches, lim
                                     **({FILLER: True} if edge.id in weak else {})})
         for n, (edge, shared) in enumerate(ranked[:q.hits_wanted], start=1)
     ]
+
+
+async def _edges(store: RecallReads, q: SourceQuery, entities: Sequence[Entity]
+                 ) -> list[list[Relationship] | BaseException]:
+    """Each entity's newest edges, or what its read raised."""
+    if not store.lookups_on_loop:
+        return await asyncio.gather(
+            *(store.relationships(q.scope, e.id, current_only=True, limit=EDGES_READ) for e in entities),
+            return_exceptions=True,
+        )
+    results: list[list[Relationship] | BaseException] = []
+    for entity in entities:  # each answered at once: a task apiece would only add its scheduling
+        try:
+            results.append(await store.relationships(q.scope, entity.id, current_only=True, limit=EDGES_READ))
+        except Exception as exc:
+            results.append(exc)
+    return results
 
 
 def edge_line(edge: Relationship) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -101,8 +101,16 @@ async def with_vectors(
     limit = min(MAX_CANDIDATES, q.candidates + len(q.visible))  # the request may show many of the nearest
     # `lexical` is awaited here, never handed to a task of its own: a task cancelled before it
     # starts (the recall's deadline) would leave the coroutines inside it never awaited. The
-    # vector search runs beside it only when it has something to wait for (most often it has not).
+    # vector search runs beside it only when it has something to wait for other than the few vectors
+    # saved since the cached ones (most often it has nothing, or only those, read on the event loop).
     now = vq.nearest_now(kind, limit, **conversations)
+    if now is None and vq.catches_up(kind):
+        try:
+            now = await vq.nearest(kind, limit, **conversations)
+        except BaseException:
+            if isinstance(lexical, Coroutine):
+                lexical.close()  # cancelled first: the lexical search never begun is not left unawaited
+            raise
     later = asyncio.ensure_future(vq.nearest(kind, limit, **conversations)) if now is None else None
     try:
         found = await lexical

@@ -63,6 +63,9 @@ async def find(store: RecallReads, q: SourceQuery) -> EntityMatches:
 
     if not q.first_person:
         return by_strength(q, await entities())
+    if store.lookups_on_loop:  # the user's node is answered at once: no task for it
+        user_node = await store.user_node(q.scope)
+        return by_strength(q, await entities(), user_node)
     ranked, user_node = await asyncio.gather(entities(), store.user_node(q.scope))
     return by_strength(q, ranked, user_node)
 
