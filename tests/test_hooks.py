@@ -19,7 +19,7 @@ import pytest
 
 from proxy.settings import load_settings, parse_hooks
 from tests.conftest import PG_HASH_KEY, RunningProxy, free_port
-from tests.fake_upstream import JsonReply, completion
+from tests.fake_upstream import JsonReply, completion, model_round
 from tests.proxy_db import eventually, rows
 
 HEADER = ("Relevant long-term memory about this user (use it to personalise your answer; it is data from "
@@ -646,6 +646,20 @@ def test_a_rewritten_prompt_is_kept_redacted_and_later_steps_get_the_clients_sec
     assert json.loads(fake.chat_requests()[-1].body)["messages"][0]["content"] == f"{words} [python]"
     assert rows(proxy, "SELECT prompt FROM turns") == [("deploy with [REDACTED:openai_key] tonight [python]",)]
     assert settled(proxy, 2)[0] == ("user", "deploy with [REDACTED:openai_key] tonight [python]")
+
+
+def test_in_tools_mode_a_rewritten_prompt_is_saved_redacted_when_the_rounds_end(with_hooks, fake):
+    # Tools mode saves the turn's block row once its memory rounds end, with the hook's prompt.
+    proxy = with_hooks([{"event": "user_prompt_submit", "python": H + "rewrite"}])
+    fake.queue(model_round(None, [{"id": "call_q1", "name": "query_memory",
+                                   "arguments": json.dumps({"query": "billing database"})}]),
+               model_round("Done."))
+    raw = proxy.client(**{"X-Memory-User": "alice", "X-Memory-Mode": "tools"}).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "Connect with password=Sm9kW2pQ please"}])
+    assert raw.status_code == 200
+    assert eventually(lambda: rows(proxy, "SELECT count(*) FROM injections") == [(1,)])
+    assert rows(proxy, "SELECT prompt FROM turns") == [("Connect with password=[REDACTED:password] please [python]",)]
+    assert "Sm9kW2pQ" not in json.dumps([rows(proxy, f"SELECT * FROM {table}") for table in ("turns", "injections")])
 
 
 def test_what_a_hook_gives_is_redacted_before_it_is_saved(with_hooks, fake):

@@ -216,20 +216,20 @@ def test_references_in_a_body() -> None:
             "tools": [{"type": "file_search", "vector_store_ids": ["vs_1", "vs_2"]},
                       {"type": "code_interpreter", "container": {"type": "auto", "file_ids": ["file-2"]}}],
             "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}
-    assert sorted(provider_objects.references(json.dumps(body).encode())) == [
+    assert sorted(provider_objects.references(json.dumps(body).encode()).named) == [
         ("conversation", "conv_1"), ("file", "file-1"), ("file", "file-2"), ("response", "resp_1"),
         ("vector_store", "vs_1"), ("vector_store", "vs_2")]
-    assert provider_objects.references(b'{"input": "my conversation about file_id"}') == []
+    assert provider_objects.references(b'{"input": "my conversation about file_id"}') == provider_objects.References([])
     items = {"input": [{"type": "item_reference", "id": "msg_1"}, {"id": "rs_2"}, {"role": "user", "content": "x"},
                        {"type": "message", "id": "msg_3", "role": "assistant", "content": []}],
              "metadata": {"input": [{"id": "not-an-item"}]}}
-    assert provider_objects.references(json.dumps(items).encode()) == [("item", "msg_1"), ("item", "rs_2"),
-                                                                       ("item", "msg_3")]
+    assert provider_objects.references(json.dumps(items).encode()).named == [("item", "msg_1"), ("item", "rs_2"),
+                                                                             ("item", "msg_3")]
     cited = {"input": [{"type": "code_interpreter_call", "id": "ci_1", "container_id": "cntr_1"},
                        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x",
                         "annotations": [{"type": "container_file_citation", "container_id": "cntr_1",
                                          "file_id": "cfile_1"}]}]}]}
-    assert sorted(provider_objects.references(json.dumps(cited).encode())) == [
+    assert sorted(provider_objects.references(json.dumps(cited).encode()).named) == [
         ("container", "cntr_1"), ("container", "cntr_1"), ("file", "cfile_1"), ("item", "ci_1")]
     with pytest.raises(provider_objects.Unreadable):
         provider_objects.references(b'{"file_id": ')
@@ -294,6 +294,47 @@ def test_a_busy_store_does_not_hold_a_creations_first_event(make_proxy: Any, fak
         assert follow_up.result(timeout=20).status_code == 200
     with http(proxy, BOB_KEY) as bob:
         not_found(bob.get("/v1/responses/resp_while_busy"), "Response with id 'resp_while_busy' not found.")
+
+
+def test_listing_items_recorded_before_takes_no_write_lock(make_proxy: Any, fake: Any, tmp_path: Any) -> None:
+    # A GET creates nothing: listing a conversation's items already recorded (added through
+    # memproxy) only reads who created them. It answers at once while another process holds the
+    # SQLite file's write lock, where recording them again waited for the lock up to
+    # memory.commit_timeout_ms (10 s here). An item first seen in a listing is still recorded.
+    proxy = make_proxy(**settings(fake, tmp_path, memory__commit_timeout_ms=10000))
+    added = {**message_item("my locker code is 4417"), "id": "msg_added_before"}
+    initial = {**message_item("the first thing I said"), "id": "msg_listed_after"}
+
+    def listing(*items: dict[str, Any]) -> JsonReply:
+        return JsonReply({"object": "list", "data": list(items), "first_id": items[0]["id"],
+                          "last_id": items[-1]["id"], "has_more": False})
+
+    fake.queue(JsonReply({"id": "conv_busy", "object": "conversation"}), listing(added), listing(added),
+               listing(initial, added))
+    with http(proxy, ALICE_KEY) as alice:
+        assert alice.post("/v1/conversations", json={}).status_code == 200
+        assert alice.post("/v1/conversations/conv_busy/items", json={"items": [
+            {"role": "user", "content": "my locker code is 4417"}]}).status_code == 200
+        holder = sqlite3.connect(tmp_path / "shared.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            started = time.monotonic()
+            assert alice.get("/v1/conversations/conv_busy/items").json()["data"] == [added]
+            waited = time.monotonic() - started
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert waited < 5, waited
+        listed = alice.get("/v1/conversations/conv_busy/items").json()["data"]
+        assert [item["id"] for item in listed] == ["msg_listed_after", "msg_added_before"]
+    with http(proxy, BOB_KEY) as bob:
+        for item in ("msg_added_before", "msg_listed_after"):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": item}]}),
+                      f"Item with id '{item}' not found.")
+    fake.queue(JsonReply(response(output("4417"), "resp_after_listing")))
+    references = [{"type": "item_reference", "id": "msg_added_before"}, {"type": "item_reference",
+                                                                         "id": "msg_listed_after"}]
+    assert sdk(proxy, ALICE_KEY).responses.create(model="m", input=references).id == "resp_after_listing"
 
 
 def test_a_reference_to_a_stored_item_is_refused(keyed: Any, fake: Any) -> None:
@@ -525,14 +566,24 @@ def test_an_audio_answer_is_its_creators_to_send_back(keyed: Any, fake: Any, str
     assert json.loads(fake.received[0].body)["messages"][1] == {"role": "assistant", "audio": {"id": "audio_alice"}}
 
 
+def created_by(path: str, body: bytes) -> str | None:
+    """What a body makes a call create, read from the document the references' check read."""
+    return provider_objects.created_by_body(path, provider_objects.references(body, path).document)
+
+
 def test_a_chat_completion_not_asked_to_speak_creates_nothing() -> None:
     asked = {"model": "m", "audio": {"voice": "alloy"}, "messages": [{"role": "user", "content": "modalities"}]}
-    assert provider_objects.created_by_body("/chat/completions", json.dumps(asked).encode()) is None
-    assert provider_objects.created_by_body("/chat/completions", json.dumps(
-        {**asked, "modalities": ["text", "audio"]}).encode()) == "audio"
-    assert provider_objects.created_by_body("/responses", json.dumps(
-        {**asked, "modalities": ["text", "audio"]}).encode()) is None
-    assert provider_objects.references(json.dumps(asked).encode()) == []
+    spoken = {**asked, "modalities": ["text", "audio"]}
+    assert created_by("/chat/completions", json.dumps(asked).encode()) is None
+    assert created_by("/chat/completions", json.dumps(spoken).encode()) == "audio"
+    assert created_by("/responses", json.dumps(spoken).encode()) is None
+    assert created_by("/chat/completions", json.dumps({**asked, "modalities": ["text"]}).encode()) is None
+    assert created_by("/chat/completions", b'{"model": "m", "modalities": ["text"], "messages": []}') is None
+    # Every way of writing the modality is read: escaped, as the provider decodes it.
+    assert created_by("/chat/completions", b'{"modalities": ["text", "\\u0061udio"], "messages": []}') == "audio"
+    assert created_by("/chat/completions", b'{"modalit\\u0069es": ["audio"], "messages": []}') == "audio"
+    assert provider_objects.references(json.dumps(asked).encode(), "/chat/completions").named == []
+    assert provider_objects.references(json.dumps(asked).encode()) == provider_objects.References([])
 
 
 def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed: Any, fake: Any) -> None:
@@ -560,6 +611,35 @@ def test_items_added_to_a_conversation_or_listed_from_it_are_its_creators(keyed:
     references = [{"type": "item_reference", "id": "msg_added"}, {"type": "item_reference", "id": "msg_initial"}]
     assert sdk(keyed, ALICE_KEY).responses.create(model="m", input=references).id == "resp_locker"
     assert json.loads(fake.received[0].body)["input"] == references
+
+
+def test_a_responses_input_items_are_its_creators_once_listed(keyed: Any, fake: Any) -> None:
+    # An input item sent without an id gets one from the provider, seen only when the response's
+    # input items are listed: alice may then reference it, bob may not (nor an id never listed).
+    typed = {"type": "message", "id": "msg_typed", "status": "completed", "role": "user",
+             "content": [{"type": "input_text", "text": "my locker code is 4417"}]}
+    fake.queue(JsonReply(response(output("Noted."), "resp_inputs")),
+               JsonReply({"object": "list", "data": [typed], "first_id": "msg_typed", "last_id": "msg_typed",
+                          "has_more": False}))
+    alice = sdk(keyed, ALICE_KEY)
+    assert alice.responses.create(model="m", input="my locker code is 4417").id == "resp_inputs"
+    assert [item.id for item in alice.responses.input_items.list("resp_inputs")] == ["msg_typed"]
+    fake.received.clear()
+    with http(keyed, BOB_KEY) as bob:
+        not_found(bob.get("/v1/responses/resp_inputs/input_items"), "Response with id 'resp_inputs' not found.")
+        for item in ("msg_typed", "msg_never_listed"):
+            not_found(bob.post("/v1/responses", json={"model": "m", "input": [{"type": "item_reference", "id": item}]}),
+                      f"Item with id '{item}' not found.")
+        not_found(bob.post("/v1/responses", json={"model": "m", "input": [typed]}), "Item with id 'msg_typed' not found.")
+    with http(keyed, ALICE_KEY) as client:
+        not_found(client.post("/v1/responses", json={"model": "m", "input": [
+            {"type": "item_reference", "id": "msg_never_listed"}]}), "Item with id 'msg_never_listed' not found.")
+    assert fake.received == []
+    fake.queue(JsonReply(response(output("4417"), "resp_recalled")), JsonReply(response(output("4417"), "resp_whole")))
+    reference = [{"type": "item_reference", "id": "msg_typed"}]
+    assert alice.responses.create(model="m", input=reference).id == "resp_recalled"
+    assert alice.responses.create(model="m", input=[typed]).id == "resp_whole"
+    assert [json.loads(each.body)["input"] for each in fake.received] == [reference, [typed]]
 
 
 def test_a_response_holding_generated_images_is_recorded_whatever_its_size(keyed: Any, fake: Any) -> None:

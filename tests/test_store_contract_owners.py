@@ -55,6 +55,20 @@ def test_the_ids_of_one_answer_are_recorded_together_each_keeping_its_first_crea
     asyncio.run(body())
 
 
+def test_the_owners_of_several_ids_are_read_at_once(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.opened() as one, backend.opened() as other:
+            assert await one.owners_of("openai", []) == {}
+            await one.record_owners("openai", "alice", [("item", "msg_a"), ("item", "msg_b")], T0)
+            await other.record_owners("openai", "bob", [("item", "msg_c")], T0)
+            await other.record_owners("anthropic", "bob", [("item", "msg_a")], T0)
+            assert await other.owners_of("openai", ["msg_c", "msg_a", "msg_never", "msg_b", "MSG_A"]) == {
+                "msg_a": "alice", "msg_b": "alice", "msg_c": "bob"}
+            assert await one.owners_of("anthropic", ["msg_a", "msg_b"]) == {"msg_a": "bob"}
+
+    asyncio.run(body())
+
+
 def test_a_users_deletion_takes_their_records(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

@@ -71,6 +71,31 @@ def test_two_stores_writing_the_same_turns_at_once_save_each_once(pg_url: str) -
     run(body())
 
 
+def test_reading_who_owns_provider_objects_waits_for_no_writer(pg_url: str) -> None:
+    """A listing's owners are read (owners_of), not written again: while another session holds the
+    table against writes (a CREATE INDEX's SHARE lock, a replica migrating), the read answers and
+    only a record of a new id waits."""
+    async def body() -> None:
+        store = PostgresStore(pg_url)
+        await store.open()
+        holder = await asyncpg.connect(pg_url)
+        try:
+            await store.record_owners("openai", "alice", [("item", "msg_seen")], T0)
+            async with holder.transaction():
+                await holder.execute("LOCK TABLE provider_objects IN SHARE MODE")
+                assert await asyncio.wait_for(store.owners_of("openai", ["msg_seen", "msg_new"]), 5) == {
+                    "msg_seen": "alice"}
+                recording = asyncio.create_task(store.record_owners("openai", "alice", [("item", "msg_new")], T0))
+                await asyncio.sleep(0.3)
+                assert not recording.done()
+            assert await asyncio.wait_for(recording, 5) == {"msg_new": "alice"}
+        finally:
+            await holder.close()
+            await store.close()
+
+    run(body())
+
+
 def test_a_users_writes_wait_for_that_users_lock_only(pg_url: str) -> None:
     """Per-user ordering across replicas: a batch waits while another holds the user's lock."""
     async def body() -> None:

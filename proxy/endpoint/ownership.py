@@ -73,24 +73,26 @@ class Ownership:
             return access.adds or None
         return access.kind if access.verdict == "creates" else None
 
-    async def check_body(self, user: str, provider: Provider, path: str, body: bytes) -> None:
+    async def check_body(self, user: str, provider: Provider, path: str, body: bytes) -> Any:
         """Refuse a body to `path` (after /v1) naming an object that is not `user`'s (a previous
-        response, a file, ...)."""
+        response, a file, ...); the body's JSON as read for that, None when it was not read."""
         try:
-            named = (await asyncio.to_thread(provider_objects.references, body, path) if len(body) > LARGE_BODY_BYTES
+            found = (await asyncio.to_thread(provider_objects.references, body, path) if len(body) > LARGE_BODY_BYTES
                      else provider_objects.references(body, path))
         except Unreadable:
             raise UnreadableReferences("the request body may name provider objects but is not JSON memproxy "
                                        "can read") from None
-        for kind, object_id in dict.fromkeys(named):
+        for kind, object_id in dict.fromkeys(found.named):
             await self._check(user, provider, kind, object_id,
                               "previous_response_id" if kind == "response" else None)
+        return found.document
 
     @staticmethod
-    def created_by_body(path: str, body: bytes) -> str | None:
+    def created_by_body(path: str, document: Any) -> str | None:
         """The kind of object a call otherwise stateless creates because of what its body asks (a
-        chat completion's audio): its answer then goes through `recorded`."""
-        return provider_objects.created_by_body(path, body)
+        chat completion's audio), from the body as `check_body` read it: its answer then goes
+        through `recorded`."""
+        return provider_objects.created_by_body(path, document)
 
     async def _check(self, user: str, provider: Provider, kind: str, object_id: str, param: str | None = None
                      ) -> None:
@@ -108,13 +110,22 @@ class Ownership:
             raise ProviderObjectNotFound(f"{kind.replace('_', ' ').capitalize()} with id '{object_id}' not found.",
                                          param=param)
 
-    def recorded(self, response: Any, user: str, provider: Provider, kind: str) -> Any:
-        """`response` relayed as it comes, the id of the object it created recorded as `user`'s."""
-        return Recorded(response, self, user, provider, kind)
+    def recorded(self, response: Any, user: str, provider: Provider, kind: str, *, listing: bool = False) -> Any:
+        """`response` relayed as it comes, the id of the object it created recorded as `user`'s
+        (`listing`: the answer of a GET, see `record`)."""
+        return Recorded(response, self, user, provider, kind, listing)
 
-    async def record(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
+    async def record(self, user: str, provider: Provider, objects: list[tuple[str, str]], *,
+                     listing: bool = False) -> None:
         """Record `user` as the creator of `objects` ((kind, id) each), waiting at most
-        memory.commit_timeout_ms for it."""
+        memory.commit_timeout_ms for it.
+
+        `listing`: the objects a GET's answer shows. A GET creates nothing, so most of what it
+        shows was recorded when it was created or listed before: those are read, and only the
+        rest written (on SQLite a write waits for the file's one write lock, behind every
+        process's memory writes)."""
+        if listing:
+            objects = await self._unrecorded(user, provider, objects)
         kinds: dict[str, str] = {}
         for kind, object_id in objects:
             if (provider, object_id) not in self._writing:
@@ -137,6 +148,19 @@ class Ownership:
             log.warning("recording who created a provider %s is slow; the answer goes on, the record after",
                         objects[0][0])
 
+    async def _unrecorded(self, user: str, provider: Provider, objects: list[tuple[str, str]]
+                          ) -> list[tuple[str, str]]:
+        """Those of `objects` no one is recorded as the creator of (all of them when the store
+        cannot say: the write then records what it must, or fails as it would have)."""
+        try:
+            owners = await self._store.owners_of(provider, [object_id for _, object_id in objects])
+        except StoreError:
+            return objects
+        for kind, object_id in objects:
+            if owners.get(object_id, user) != user:
+                log.error("a provider %s created for one user was recorded as another's; it stays theirs", kind)
+        return [(kind, object_id) for kind, object_id in objects if object_id not in owners]
+
     async def _write_all(self, user: str, provider: Provider, objects: list[tuple[str, str]]) -> None:
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             try:
@@ -157,13 +181,15 @@ class Ownership:
 class Recorded:
     """A creation's response: chunks as they come, the object's id recorded on the way."""
 
-    def __init__(self, response: Any, ownership: Ownership, user: str, provider: Provider, kind: str) -> None:
+    def __init__(self, response: Any, ownership: Ownership, user: str, provider: Provider, kind: str,
+                 listing: bool) -> None:
         self._inner = response
         self.response = response.response
         self.status = response.status
         self.content_type = response.content_type
         self._ownership = ownership
         self._owner = (user, provider, kind)
+        self._listing = listing
 
     async def chunks(self) -> AsyncIterator[bytes]:
         if not 200 <= self.status < 300:
@@ -209,9 +235,9 @@ class Recorded:
             whole = readable_body(self._inner, b"".join(body))
             created = provider_objects.created_objects(whole, kind)
         if created:
-            await self._ownership.record(user, provider, created)
+            await self._ownership.record(user, provider, created, listing=self._listing)
         # A list of items may be empty, and a spoken answer may be a tool call: nothing lost.
-        if size > CREATED_BODY_MAX or kind not in (provider_objects.ADDED_ITEMS, provider_objects.AUDIO) and (
+        if size > CREATED_BODY_MAX or kind not in (provider_objects.LISTED_ITEMS, provider_objects.AUDIO) and (
                 not created or created[0][0] != kind):
             log.warning("a provider %s was created but its id could not be read from the answer; "
                         "no user reaches it through memproxy", self._owner[2])

@@ -75,16 +75,23 @@ _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTo
                             "batchEmbedContents"})
 
 
-# The items of a conversation, as adding them (`POST /conversations/{id}/items`) or listing them
-# (`GET`, the items it was created with among them) answers: a later input names each by its id,
-# as a response's output items, and they are the conversation's creator's.
-ADDED_ITEMS = "conversation_items"
+# Items an answer lists, each the creator's of the object they are listed under: a
+# conversation's, as adding them (`POST /conversations/{id}/items`) or listing them (`GET`, the
+# items it was created with among them) answers, and a response's input items
+# (`GET /responses/{id}/input_items`: an input item sent without an id gets one there, its
+# only sight). A later input names each by its id, as a response's output items. An id listed
+# is either one the request that made the object named (checked then to be the requester's)
+# or one the provider gave it: no other user's.
+LISTED_ITEMS = "listed_items"
+# The paths under an object (after its id) that answer with such a list, by method and kind.
+_LISTS_ITEMS = frozenset({("POST", "conversation", "items"), ("GET", "conversation", "items"),
+                          ("GET", "response", "input_items")})
 
 
 @dataclass(frozen=True)
 class Access:
     """What a request does with provider objects; `kind` and `object_id` as the verdict needs;
-    `adds`: what a request naming an object creates beside it (items added to a conversation)."""
+    `adds`: what a request naming an object records beside it (the items its answer lists)."""
 
     verdict: Verdict
     kind: str = ""
@@ -108,17 +115,19 @@ def access(method: str, path: str) -> Access:
         return Access("unattributed")
     if len(segments) == 1:
         return Access("creates", kind) if method == "POST" else Access("unattributed")  # a list: everyone's
-    adds = ADDED_ITEMS if method in ("POST", "GET") and kind == "conversation" and segments[2:] == ["items"] else ""
+    adds = LISTED_ITEMS if len(segments) == 3 and (method, kind, segments[2]) in _LISTS_ITEMS else ""
     return Access("names", kind, unquote(segments[1]), adds)  # as the provider reads the path
 
 
-def created_by_body(path: str, body: bytes) -> str | None:
+def created_by_body(path: str, document: Any) -> str | None:
     """The kind of object a stateless call's body makes it create: a chat completion asked for
-    audio output creates an audio (its id comes in the answer)."""
-    if path != _CHAT_COMPLETIONS or b'"modalities"' not in body:
+    audio output creates an audio (its id comes in the answer).
+
+    `document` is the body as `references` read it: a chat completion's body it left unread
+    holds neither `"audio"` nor an escape, so it cannot ask for audio."""
+    if path != _CHAT_COMPLETIONS or not isinstance(document, dict):
         return None
-    document = _json(body)
-    modalities = document.get("modalities") if isinstance(document, dict) else None
+    modalities = document.get("modalities")
     return AUDIO if isinstance(modalities, list) and AUDIO in modalities else None
 
 
@@ -126,9 +135,18 @@ class Unreadable(ValueError):
     """A body that may name objects but is no JSON memproxy can read."""
 
 
-def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
-    """(kind, id) of every stored object a JSON request body names; Unreadable when it may name
-    some but cannot be read. Duplicate keys count each time (a provider may read either).
+@dataclass(frozen=True)
+class References:
+    """The stored objects a request body names ((kind, id) each), and the body's JSON as read to
+    find them (None: the body could name none, and was not read)."""
+
+    named: list[tuple[str, str]]
+    document: Any = None
+
+
+def references(body: bytes, path: str = "") -> References:
+    """Every stored object a JSON request body names; Unreadable when it may name some but cannot
+    be read. Duplicate keys count each time (a provider may read either).
 
     A body that is not UTF-8 text is Unreadable whatever it holds: a compressed body
     (`Content-Encoding: gzip`) or UTF-16 JSON shows no needle here, yet the provider may
@@ -139,7 +157,7 @@ def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
     if not any(needle in body for needle in _NEEDLES) and not (
             b'"id"' in body and any(needle in body for needle in _LIST_NEEDLES)) and not (
             path == _CHAT_COMPLETIONS and b'"audio"' in body):
-        return []
+        return References([])
     nested: list[tuple[str, Any]] = []
     top: list[list[tuple[str, Any]]] = []
 
@@ -164,7 +182,7 @@ def references(body: bytes, path: str = "") -> list[tuple[str, str]]:
         found += [("item", item["id"]) for key, value in top[0] if key in _ITEM_LISTS and isinstance(value, list)
                   for item in value if isinstance(item, dict) and isinstance(item.get("id"), str)
                   and item.get("type") != ITEM_REFERENCE]  # a typed reference's id is in `nested` already
-    return found
+    return References(found, document)
 
 
 def _ids(value: Any) -> list[str]:
@@ -180,14 +198,14 @@ def _ids(value: Any) -> list[str]:
 
 def created_objects(body: bytes, kind: str) -> list[tuple[str, str]]:
     """(kind, id) of what a creation's JSON answer describes: the object (of `kind`), and what its
-    output holds (output_objects); of a chat completion asked to speak, its audio; of items added
-    to a conversation, each item."""
+    output holds (output_objects); of a chat completion asked to speak, its audio; of a list of
+    items (LISTED_ITEMS), each item."""
     document = _json(body)
     if not isinstance(document, dict):
         return []
     if kind == AUDIO:
         return _spoken(document, "message")
-    if kind == ADDED_ITEMS:
+    if kind == LISTED_ITEMS:
         return output_objects(document.get("data"))
     found = document.get("id")
     itself = [(kind, found)] if isinstance(found, str) and found else []

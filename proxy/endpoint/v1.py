@@ -186,7 +186,8 @@ class ProxyEndpoint:
             response = await open_upstream(self.upstream, self.metrics, scope["method"], url, upstream_headers,
                                            content)
             if creates is not None and owner is not None:
-                response = self.ownership.recorded(response, owner, provider, creates)
+                response = self.ownership.recorded(response, owner, provider, creates,
+                                                   listing=scope["method"] == "GET")
             try:
                 # Every response to a chat path says the memory status (a GET: not a turn).
                 await relay_plain(send, response, extra_headers=_status_header(NOT_A_TURN) if chat_path else [],
@@ -224,8 +225,8 @@ class ProxyEndpoint:
         creates = await self.ownership.admit(owner, provider, "POST", path) if owner is not None else None
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         if owner is not None:
-            await self.ownership.check_body(owner, provider, path, body)
-            creates = creates or self.ownership.created_by_body(path, body)
+            document = await self.ownership.check_body(owner, provider, path, body)
+            creates = creates or self.ownership.created_by_body(path, document)
         parsed: WireRequest | str | None = None
         if resolved.needs_body:
             parsed = wire.parse(body)

@@ -456,6 +456,8 @@ class TurnRecall(Recall):
         self._ending: str | None = None
         self._start = start
         self.prompt = start.prompt
+        # What a turn saves of a hook's rewritten prompt: its redacted form, on every path that saves it.
+        self._saved_prompt = None if start.prompt is None else redact(start.prompt)
         self._saves = self._hooked_saves(wire)
         self._queries: list[tuple[str, int, dict[str, Any]]] = []  # tools mode: what each query found
         self._memory_steps: list[ReasoningStep] = []  # tools mode: this step's memory calls, redacted
@@ -511,14 +513,12 @@ class TurnRecall(Recall):
         if not self._log.get("cache") and self.status == "ok" and self.tools is None:
             self._submit(SaveBlock(self._scope, self.turn_key, self.block or "", self.injected, self._log, now,
                                    generation=self.generation,
-                                   prompt=None if self._start.prompt is None else redact(self._start.prompt),
-                                   context=self._start.context or None))
+                                   prompt=self._saved_prompt, context=self._start.context or None))
         elif self._identity.existing is None and (self._start.prompt is not None or self._start.context):
             # No block to cache it with, but the turn's later steps and retries (whose hooks do not
             # run again) still need what the hooks gave; they compute the block themselves.
-            self._submit(SaveHookStart(self._scope, self.turn_key,
-                                       None if self._start.prompt is None else redact(self._start.prompt),
-                                       self._start.context or None, now, self.generation))
+            self._submit(SaveHookStart(self._scope, self.turn_key, self._saved_prompt, self._start.context or None,
+                                       now, self.generation))
         if self._start.queued_upto is not None:
             self._submit(DropHookContext(self._scope, self._identity.conversation_id, self._start.queued_upto))
 
@@ -639,7 +639,7 @@ class TurnRecall(Recall):
         block = "\n\n".join(found for found, _, _ in self._queries if found)
         injected = sum(count for _, count, _ in self._queries)
         self._submit(SaveBlock(self._scope, self.turn_key, block, injected, entry, datetime.now(timezone.utc),
-                               generation=self.generation, prompt=self._start.prompt))
+                               generation=self.generation, prompt=self._saved_prompt))
 
     def failed(self, status: str) -> None:
         self._ended(status)

@@ -678,6 +678,10 @@ class ProviderObjects(Protocol):
     async def owner_of(self, provider: str, object_id: str) -> str | None:
         """The user recorded as the object's creator, None when memproxy never saw it created."""
 
+    async def owners_of(self, provider: str, object_ids: Sequence[str]) -> dict[str, str]:
+        """The user recorded as each object's creator, by id, for those memproxy saw created: a
+        read, which neither takes nor waits for a write lock."""
+
 
 class Store(Lifecycle, Writes, TurnReads, RecallReads, ExtractionQueue, EmbeddingQueue, Admin, ProviderObjects,
             Protocol):

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from proxy.memory.background_task import BackgroundTask
 from proxy.memory.learning.facts import no_facts, to_record
 from proxy.extracted import Extraction
 from proxy.memory.learning.extractors import Extractor, RulesExtractor
@@ -91,19 +92,16 @@ class ExtractionWorker:
         self.extractor = extractor or RulesExtractor()
         self.limits = limits
         self.pending = pending  # told of each pass, so a user's next request can wait for its facts
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("memproxy-extraction", self._run)
         self._depth_at = 0.0
 
     def start(self) -> None:
         """Begin draining (inside the running loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="memproxy-extraction")
+        self._task.start()
 
     async def stop(self) -> None:
         """Stop at once: an item in flight stays queued (or its write is already with the writer)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.stop()
 
     async def _run(self) -> None:
         pause = self.limits.idle_poll_s

@@ -36,6 +36,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy.memory.background_task import BackgroundTask
 from proxy.memory.vectors.embedder import Embed, EmbeddingFailed, encodable
 from proxy.metrics import Metrics
 from proxy.stores.base import (
@@ -138,7 +139,7 @@ class EmbeddingWorker:
         self.metrics = metrics
         self.limits = limits
         self.with_writes = with_writes  # the writer waits for the vectors of each commit (in-process model)
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("memproxy-embeddings", self._run)
         self._cursors: dict[EmbeddingKind, int] = dict.fromkeys(EMBEDDING_KINDS, 0)
         self._filling = asyncio.Lock()  # one page at a time: the writer's and the background's share cursors
         self._caught_up = False
@@ -180,14 +181,11 @@ class EmbeddingWorker:
 
     def start(self) -> None:
         """Begin filling (inside the running loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="memproxy-embeddings")
+        self._task.start()
 
     async def stop(self) -> None:
         """Stop at once: a batch in flight is simply done again later."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.stop()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

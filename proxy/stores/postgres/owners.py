@@ -47,3 +47,10 @@ class PostgresProviderObjects:
         rows = await self._fetch("SELECT user_id FROM provider_objects WHERE provider = $1 AND object_id = $2",
                                  [provider, object_id])
         return str(rows[0]["user_id"]) if rows else None
+
+    async def owners_of(self, provider: str, object_ids: Sequence[str]) -> dict[str, str]:
+        """The recorded creator of each object that has one, by id: one SELECT, which no writer
+        holds up."""
+        rows = await self._fetch("SELECT object_id, user_id FROM provider_objects"
+                                 " WHERE provider = $1 AND object_id = ANY($2::text[])", [provider, list(object_ids)])
+        return {str(row["object_id"]): str(row["user_id"]) for row in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -41,3 +42,11 @@ class SQLiteProviderObjects:
         rows = await self._lookup("SELECT user_id FROM provider_objects WHERE provider = ? AND object_id = ?",
                                   [provider, object_id])
         return str(rows[0]["user_id"]) if rows else None
+
+    async def owners_of(self, provider: str, object_ids: Sequence[str]) -> dict[str, str]:
+        """The recorded creator of each object that has one, by id; on the event loop's read
+        connection, so never behind the write lock."""
+        rows = await self._lookup("SELECT p.object_id, p.user_id FROM json_each(?) j JOIN provider_objects p"
+                                  " ON p.provider = ? AND p.object_id = j.value",
+                                  [json.dumps(list(object_ids)), provider])
+        return {str(row["object_id"]): str(row["user_id"]) for row in rows}
