@@ -41,7 +41,7 @@ def start_server(db: Path | str, upstream: str, log: Path | None = None, *, star
     env = {**os.environ, "MEMPROXY_STORE_URL": url, "MEMPROXY_UPSTREAM_BASE_URL": upstream,
            "MEMPROXY_SERVER_PORT": str(port), "MEMPROXY_SERVER_LOG_LEVEL": "warning",
            **{f"MEMPROXY_{key.upper()}": value for key, value in env_settings.items()}}
-    if url.startswith("postgresql"):
+    if env["MEMPROXY_STORE_URL"].startswith("postgresql"):
         env.setdefault("MEMPROXY_STORE_HASH_KEY", PG_HASH_KEY)
     if log is None:
         process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env,
