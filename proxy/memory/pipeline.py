@@ -585,12 +585,13 @@ class TurnRecall(Recall):
         if not answer.strip():
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self.generation),
                                 urgent=True) or mapped
+        saved = redact(answer)
         finish = FinishTurn(
-            self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
+            self._scope, self.turn_key, self._identity.conversation_id, saved, now,
             task=self._saved.said,
             steps=self._saved.with_memory_calls(self.earlier_trace) + tuple(self._memory_steps)
             + thinking_step(message),
-            answer_hash=self._service.hash_key.seal(text_hash(answer)),
+            answer_hash=self._answer_hash(answer, saved),
             generation=self.generation,
             queued="assistant" in self._service.settings.extraction.from_roles,
         )
@@ -603,6 +604,13 @@ class TurnRecall(Recall):
 
     def _call_id(self, call_id: str) -> str:
         return self._service.hash_key.seal(call_id)
+
+    def _answer_hash(self, answer: str, saved: str) -> str:
+        """The digest the conversation is found by when the client sends `answer` back: sealed when
+        redaction changed it. One saved as received is kept by its plain digest, which tells nothing
+        the text beside it does not, as a message the memory API edits or imports is."""
+        digest = text_hash(answer)
+        return digest if saved == answer else self._service.hash_key.seal(digest)
 
     async def _record_calls(self, message: AssistantMessage, now: datetime, kept: str | None) -> None:
         """A step's tool calls with large arguments (a file's code written out), redacted in a thread

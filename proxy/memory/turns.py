@@ -113,8 +113,8 @@ async def conversation_for(store: TurnReads, scope: Scope, transcript: Transcrip
     if follow == "latest":
         return await store.latest_conversation(scope)
     plain = [text_hash(text) for text in reversed(transcript.assistant_texts)]
-    # An answer saved before its digest was sealed is found by the plain one: a conversation begun
-    # then is continued, not split.
+    # An answer redaction changed is kept by its sealed digest; one saved as received (or saved
+    # before digests were sealed, or edited through the memory API) by the plain one.
     hashes = [found for digest in plain for found in (key.seal(digest), digest)]
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
 
