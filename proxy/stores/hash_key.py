@@ -73,7 +73,8 @@ def load_hash_key(settings: StoreSettings) -> HashKey:
     try:
         return HashKey(key_file(path), file=path)
     except OSError as exc:
-        log.warning("store.hash_key: %s; tried again while memory waits for the store", exc)
+        log.error("store.hash_key: %s; until the key file can be read, each digest is random (a retry or a "
+                  "tool loop's next step is a new turn)", exc)
         return HashKey(file=path)
 
 
