@@ -38,6 +38,7 @@ from proxy.calls.extraction_model import extractor_for
 from proxy.endpoint.ownership import Ownership
 from proxy.endpoint.v1 import ProxyEndpoint
 from proxy.mcp.endpoint import McpEndpoint
+from proxy.identity.rebinding import RebindingGuard
 from proxy.identity.scope import ScopeResolver
 from proxy.settings import Settings, StoreSettings
 from proxy.identity.side_requests import SideRequests
@@ -52,7 +53,7 @@ REOPEN_MAX_S = 30.0
 # With several workers, each refreshes its own gauges in the shared metrics this often (the
 # worker answering /metrics refreshes its own at once).
 SHARED_GAUGES_EVERY_S = 5.0
-_PROVIDER_PREFIXES = ("/v1/", "/v1beta/")
+_PROVIDER_PREFIXES = ("/v1/", "/v1beta/", "/upload/v1/", "/upload/v1beta/")
 
 
 def open_store(settings: StoreSettings, *, on_file_lost: Callable[[], None] | None = None) -> Store:
@@ -218,8 +219,9 @@ def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: st
     proxy = ProxyEndpoint(settings, parts.upstream, parts.scopes, parts.memory, parts.metrics,
                           SideRequests(settings.scope.side_requests),
                           Ownership(settings, parts.upstream, parts.store))
-    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks), ApiGuard(settings.memory_api.token),
-                        parts.metrics)
+    rebinding = RebindingGuard(settings.server)
+    memory_api = ApiApp(MemoryApi(settings, parts.store, parts.retriever, parts.writer, parts.memory.hooks),
+                        ApiGuard(settings.memory_api.token, rebinding), parts.metrics)
     mcp = McpEndpoint(settings, parts.scopes, parts.memory, parts.metrics)
 
     @contextlib.asynccontextmanager
@@ -258,7 +260,7 @@ def create_app(settings: Settings, *, own_process: bool = False, metrics_dir: st
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/mcp", mcp),
         Mount("/memory/v1", app=memory_api),
-        Mount("/memory/ui", app=Inspector()),
+        Mount("/memory/ui", app=Inspector(None if settings.memory_api.token else rebinding)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found},
                     middleware=[Middleware(ProviderPaths, proxy=proxy)])

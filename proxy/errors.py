@@ -52,6 +52,13 @@ class Forbidden(ProxyError):
     status, type, code = 403, "permission_error", "memory_scope_forbidden"
 
 
+class ForeignSite(ProxyError):
+    """A request trusted for coming from a local peer whose Host or Origin names another site: a web
+    page in the user's browser (403)."""
+
+    status, type, code = 403, "permission_error", "foreign_site"
+
+
 class PolicyBlocked(ProxyError):
     """A user_prompt_submit hook refused the turn (403): a deployment's policy, never a fault."""
 

@@ -61,7 +61,8 @@ DEFAULT_SIDE_REQUESTS: tuple[dict[str, str], ...] = (
     # Gemini CLI's utility calls, each known by its system instruction or its whole prompt: the model
     # router (before every turn), history compression, loop detection, edit correction, the next-speaker
     # check, tool-output and session summaries.
-    {"name": "gemini_cli_router", "body:systemInstruction": "You are a specialized Task Routing AI"},
+    # (the router's instruction begins with these words; an application's may quote them further on)
+    {"name": "gemini_cli_router", "body:systemInstruction.parts.0.text": r"^\s*You are a specialized Task Routing AI"},
     {"name": "gemini_cli_compression",
      "body:systemInstruction": "distilling chat history into a structured XML <state_snapshot>"},
     {"name": "gemini_cli_history_summary", "prompt": "^### State Update: Agent Continuity"},
@@ -105,6 +106,15 @@ class ServerSettings:
     heartbeat_s: float = _help("In a silent event stream, a `: ping` comment to the client this often (0: never).",
                                15.0)
     log_level: Literal["debug", "info", "warning", "error"] = _help("Log level.", "info")
+    allowed_hosts: list[str] = _help(
+        "Host header values memproxy answers, besides loopback names and server.host, where it trusts a local "
+        "peer (the memory API and inspector without a token, /mcp, trusted mode's scope headers from loopback): "
+        "a guard against DNS rebinding; `name:*` allows any port, `*` any host.", None, default_factory=list)
+    allowed_origins: list[str] = _help(
+        "Origin header values memproxy answers, besides loopback origins, where it trusts a local or trusted "
+        "peer (a request with no Origin, as SDKs, CLIs and agents send, is allowed): a guard against other sites' "
+        "pages in the user's browser; `http://name:*` allows any port, `*` any origin.", None,
+        default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -268,16 +278,6 @@ class MemoryApiSettings:
     token: str | None = _help("Bearer token for /memory/v1; unset = loopback clients only.")
 
 
-@dataclass(frozen=True)
-class McpSettings:
-    allowed_hosts: list[str] = _help(
-        "Host header values /mcp answers besides loopback names and server.host (DNS rebinding guard); "
-        "`name:*` allows any port, `*` any host.", None, default_factory=list)
-    allowed_origins: list[str] = _help(
-        "Origin header values /mcp answers besides loopback origins (a request with no Origin, as agents "
-        "send, is allowed); `http://name:*` allows any port, `*` any origin.", None, default_factory=list)
-
-
 HOOK_EVENTS = ("session_start", "user_prompt_submit", "post_retrieval", "pre_tool_use", "post_tool_use",
                "pre_memory_write", "stop")
 HOOK_TIMEOUT_MS = 2000
@@ -349,7 +349,6 @@ class Settings:
     embeddings: EmbeddingsSettings = field(default_factory=EmbeddingsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     memory_api: MemoryApiSettings = field(default_factory=MemoryApiSettings)
-    mcp: McpSettings = field(default_factory=McpSettings)
     hooks: tuple[HookSpec, ...] = ()  # a list, not a section of keys: parse_hooks
 
 
@@ -593,7 +592,7 @@ def _check(s: Settings) -> None:
         except ValueError as exc:
             raise ConfigError(f"auth.trusted_networks[{i}]: {exc}") from exc
     _check_auth(s.auth)
-    _check_mcp(s.mcp)
+    _check_allowed_names(s.server)
 
 
 def _check_hash_key(store: StoreSettings) -> None:
@@ -607,15 +606,15 @@ def _check_hash_key(store: StoreSettings) -> None:
                           "guessed offline from the digests it keys)")
 
 
-def _check_mcp(m: McpSettings) -> None:
+def _check_allowed_names(m: ServerSettings) -> None:
     for i, host in enumerate(m.allowed_hosts):
         if not host.strip() or any(c.isspace() or c == "/" for c in host):
-            raise ConfigError(f"mcp.allowed_hosts[{i}]: must be a host name with an optional :port, got {host!r}")
+            raise ConfigError(f"server.allowed_hosts[{i}]: must be a host name with an optional :port, got {host!r}")
     for i, origin in enumerate(m.allowed_origins):
         # An Origin header is scheme://host[:port] and nothing more: `https://ide.example/` never matches.
         if origin != "*" and (not origin.startswith(("http://", "https://"))
                               or "/" in origin.split("://", 1)[1] or any(c.isspace() for c in origin)):
-            raise ConfigError(f"mcp.allowed_origins[{i}]: must be http:// or https:// and a host with an optional "
+            raise ConfigError(f"server.allowed_origins[{i}]: must be http:// or https:// and a host with an optional "
                               f":port, no path (or *), got {origin!r}")
 
 

@@ -43,6 +43,9 @@ RECORDS: list[dict[str, Any]] = [
 ]
 
 
+NDJSON = {"Content-Type": "application/x-ndjson"}  # what an import's body is sent as
+
+
 def jsonl(records: list[dict[str, Any]]) -> bytes:
     """Records as a JSON Lines body."""
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)

@@ -7,6 +7,7 @@ without them the browser tests skip; in CI (`CI` or `MEMPROXY_REQUIRE_BROWSER` s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -37,9 +38,10 @@ def _missing(what: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
-    """A fresh Chromium profile, its network log kept (to prove the page asks no other origin)."""
+@contextlib.contextmanager
+def chromium(*flags: str) -> Iterator[webdriver.Chrome]:
+    """A fresh Chromium profile, its network log kept (to prove the page asks no other origin);
+    `flags`: more command-line flags (a host resolver rule, say)."""
     binary = _found(("chromium", "chromium-browser"))
     driver_path = _found(("chromedriver", *DRIVER_PATHS))
     if binary is None:
@@ -49,7 +51,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     profile = tempfile.mkdtemp(prefix="memproxy-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*CHROMIUM_FLAGS, *flags, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     # An explicit driver path: Selenium would otherwise try to download one.
@@ -59,6 +61,13 @@ def browser() -> Iterator[webdriver.Chrome]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    """One Chromium for a module's tests."""
+    with chromium() as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")

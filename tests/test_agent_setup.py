@@ -392,3 +392,179 @@ def test_a_gemini_env_file_with_crlf_duplicates_and_no_final_newline_comes_back_
                                      b'GEMINI_CLI_CUSTOM_HEADERS="X-Memory-User: alice"\r\n')
     assert setup("gemini-cli", "--undo") == 0
     assert env_file.read_bytes() == original
+
+
+def test_a_provider_declared_with_a_dotted_key_still_gets_a_top_level_model_provider(home):
+    # Another provider written as dotted keys, as TOML allows: the table setup adds goes after them, under
+    # its own header, so neither model_provider nor the user's keys end up inside it.
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    original = ('model = "gpt-5"\nmodel_providers.openrouter.base_url = "https://openrouter.ai/api/v1"\n'
+                'model_providers.openrouter.name = "OpenRouter"\n\n[profiles.fast]\nmodel = "gpt-5-mini"\n')
+    config.write_text(original)
+    assert setup("codex", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert config.read_text() == (
+        'model = "gpt-5"\nmodel_providers.openrouter.base_url = "https://openrouter.ai/api/v1"\n'
+        'model_providers.openrouter.name = "OpenRouter"\nmodel_provider = "memproxy"\n\n'
+        '[profiles.fast]\nmodel = "gpt-5-mini"\n\n'
+        '[model_providers.memproxy]\nname = "memproxy"\nbase_url = "http://127.0.0.1:8080/v1"\n'
+        'wire_api = "responses"\nenv_key = "OPENAI_API_KEY"\nsupports_websockets = false\n'
+        'http_headers = {X-Memory-User = "alice"}\n')
+    doc = tomllib.loads(config.read_text())
+    assert doc["model_provider"] == "memproxy"
+    assert doc["model_providers"]["openrouter"] == {"base_url": "https://openrouter.ai/api/v1", "name": "OpenRouter"}
+    written = config.read_bytes()
+    assert setup("codex", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert config.read_bytes() == written  # run twice, nothing changes
+    assert setup("codex", "--undo") == 0
+    assert config.read_text() == original
+
+
+def test_a_providers_inline_table_gets_the_memproxy_provider_inline(home):
+    # An inline table is closed: a [model_providers.memproxy] header after it would be invalid TOML.
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    original = 'model_providers = { local = { base_url = "http://localhost:11434/v1" } }\n'
+    config.write_text(original)
+    assert setup("codex", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    doc = tomllib.loads(config.read_text())
+    assert doc == {"model_provider": "memproxy", "model_providers": {
+        "local": {"base_url": "http://localhost:11434/v1"},
+        "memproxy": {"name": "memproxy", "base_url": "http://127.0.0.1:8080/v1", "wire_api": "responses",
+                     "env_key": "OPENAI_API_KEY", "supports_websockets": False,
+                     "http_headers": {"X-Memory-User": "alice"}}}}
+    assert config.read_text().startswith("model_providers = { local = ")
+    written = config.read_bytes()
+    assert setup("codex", "--user", "alice", "--url", "http://127.0.0.1:8080") == 0
+    assert config.read_bytes() == written
+    assert setup("codex", "--undo") == 0
+    assert config.read_text() == original
+
+
+STDIO_SERVER = (b'[mcp_servers.memproxy]\ncommand = "npx"\nargs = ["mcp-remote", "http://127.0.0.1:8080/mcp"]\n\n'
+                b'[mcp_servers.github]\nurl = "https://gh.example/mcp"\n')
+
+
+def test_setup_codex_mcp_replaces_an_earlier_stdio_memproxy_server_whole(home, capsys):
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_bytes(STDIO_SERVER)
+    assert setup("codex", "--user", "alice", "--mcp") == 0
+    assert (f'{config}: replacing mcp_servers.memproxy = {{"command": "npx", "args": ["mcp-remote", '
+            '"http://127.0.0.1:8080/mcp"]} (--undo restores it)') in capsys.readouterr().out
+    # Codex refuses a server with both a command and a url.
+    assert tomllib.loads(config.read_text())["mcp_servers"] == {
+        "github": {"url": "https://gh.example/mcp"},
+        "memproxy": {"url": "http://127.0.0.1:8080/mcp", "http_headers": {"X-Memory-User": "alice"}}}
+    written = config.read_bytes()
+    assert setup("codex", "--user", "alice", "--mcp") == 0
+    assert config.read_bytes() == written
+    assert setup("codex", "--undo") == 0
+    assert config.read_bytes() == STDIO_SERVER
+
+
+def test_undo_after_the_user_edited_config_toml_gives_the_stdio_server_back(home):
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_bytes(STDIO_SERVER)
+    assert setup("codex", "--user", "alice", "--mcp") == 0
+    config.write_text("# mine\n" + config.read_text())
+    assert setup("codex", "--undo") == 0
+    assert config.read_text().startswith("# mine\n")
+    assert tomllib.loads(config.read_text()) == tomllib.loads(STDIO_SERVER.decode())
+
+
+GEMINI_SETTINGS_WITH_COMMENTS = b"""{
+  // my theme
+  "ui": {"theme": "GitHub"}, /* the one I like */
+  "general": {
+    "vimMode": true // since 2025
+  }
+}
+"""
+
+
+def test_gemini_clis_settings_with_comments_which_gemini_cli_reads_are_edited(home, capsys):
+    # Gemini CLI reads settings.json through strip-json-comments: comments are valid there, and kept.
+    settings = home / ".gemini" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_bytes(GEMINI_SETTINGS_WITH_COMMENTS)
+    assert setup("gemini-cli", "--user", "alice", "--mcp") == 0
+    assert settings.read_text() == """{
+  // my theme
+  "ui": {"theme": "GitHub"}, /* the one I like */
+  "general": {
+    "vimMode": true // since 2025
+  },
+  "security": {
+    "auth": {
+      "selectedType": "gemini-api-key"
+    }
+  },
+  "mcpServers": {
+    "memproxy": {
+      "httpUrl": "http://127.0.0.1:8080/mcp",
+      "headers": {
+        "X-Memory-User": "alice"
+      }
+    }
+  }
+}
+"""
+    written = settings.read_bytes()
+    assert setup("gemini-cli", "--user", "alice", "--mcp") == 0
+    assert settings.read_bytes() == written
+    assert setup("gemini-cli", "--undo") == 0
+    assert settings.read_bytes() == GEMINI_SETTINGS_WITH_COMMENTS
+
+
+def test_undo_after_gemini_cli_rewrote_its_settings_keeps_the_comments(home):
+    settings = home / ".gemini" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_bytes(GEMINI_SETTINGS_WITH_COMMENTS)
+    assert setup("gemini-cli", "--user", "alice") == 0
+    settings.write_text(settings.read_text().replace('"GitHub"', '"Dracula"'))
+    assert setup("gemini-cli", "--undo") == 0
+    assert settings.read_bytes() == GEMINI_SETTINGS_WITH_COMMENTS.replace(b'"GitHub"', b'"Dracula"')
+
+
+def test_claude_codes_settings_with_a_comment_are_not_json_and_nothing_is_written(home, capsys):
+    # Claude Code reads its settings as plain JSON: a comment there is an error setup reports.
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{\n  // mine\n  "model": "opus"\n}\n')
+    assert setup("claude-code", "--user", "alice") == 2
+    assert f"memproxy setup: {settings} is not valid JSON (" in capsys.readouterr().err
+    assert settings.read_text() == '{\n  // mine\n  "model": "opus"\n}\n' and not (home / ".local").exists()
+
+
+def test_a_number_too_large_for_a_float_is_written_back_as_it_was(home):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"cleanupPeriodDays": 1e999, "feedbackSurveyRate": 0.10}\n')
+    assert setup("claude-code", "--user", "alice") == 0
+    assert settings.read_text() == ('{"cleanupPeriodDays": 1e999, "feedbackSurveyRate": 0.10, "env": '
+                                    '{"ANTHROPIC_BASE_URL": "http://127.0.0.1:8080", '
+                                    '"ANTHROPIC_CUSTOM_HEADERS": "X-Memory-User: alice"}}\n')
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_or_infinity_which_json_parse_refuses_is_an_error_and_nothing_is_written(home, capsys, constant):
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(f'{{"cleanupPeriodDays": {constant}}}\n')
+    assert setup("claude-code", "--user", "alice") == 2
+    assert capsys.readouterr().err == (f"memproxy setup: {settings} is not valid JSON ({constant} is no JSON number); "
+                                       "nothing was written\n")
+    assert settings.read_text() == f'{{"cleanupPeriodDays": {constant}}}\n' and not (home / ".local").exists()
+
+
+def test_claude_codes_settings_keep_their_formatting_beside_setups_keys(home):
+    # Only the members setup sets are written: an object kept on one line stays on one line.
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{\n  "permissions": {"allow": ["Bash(ls:*)"]},\n  "env": {"DEBUG": "1"}\n}\n')
+    assert setup("claude-code", "--user", "alice") == 0
+    assert settings.read_text() == ('{\n  "permissions": {"allow": ["Bash(ls:*)"]},\n  "env": {"DEBUG": "1", '
+                                    '"ANTHROPIC_BASE_URL": "http://127.0.0.1:8080", '
+                                    '"ANTHROPIC_CUSTOM_HEADERS": "X-Memory-User: alice"}\n}\n')

@@ -113,6 +113,41 @@ def test_after_setup_a_bare_codex_exec_goes_through_memproxy_and_undo_gives_the_
     assert config.read_bytes() == original
 
 
+@pytest.mark.parametrize("providers", [
+    b'model_providers.openrouter.base_url = "https://openrouter.ai/api/v1"\nmodel_providers.openrouter.name = "OpenRouter"\n',
+    b'model_providers = { local = { name = "Local", base_url = "http://localhost:11434/v1" } }\n'],
+    ids=["dotted-keys", "inline-table"])
+def test_after_setup_codex_with_another_provider_in_tomls_other_spellings_goes_through_memproxy(mem, fake, tmp_path,
+                                                                                                providers):
+    home = tmp_path / "home"
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_bytes(b'model = "gpt-test"\n' + providers)
+    assert "now goes through memproxy" in setup(home, "codex", "--user", "alice", "--url", mem.url)
+    fake.queue(SSEReply(responses_stream(output("Your dog is Biscuit-7731."), "resp_1")))
+    # Codex's built-in provider is pointed at the upstream itself: a request that bypassed memproxy
+    # would reach it without memory.
+    run([str(cli_path("codex")), "exec", "--skip-git-repo-check", QUESTION], home, home / "work",
+        OPENAI_API_KEY="sk-dummy", OPENAI_BASE_URL=fake.url, NO_COLOR="1")
+    (request,) = fake.responses_requests()
+    assert f"[long-term] {FACT}" in texts(request.json())
+
+
+def test_setup_codex_mcp_over_an_earlier_stdio_memproxy_server_leaves_a_config_codex_loads(mem, fake, tmp_path):
+    home = tmp_path / "home"
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir(parents=True)
+    # memproxy's MCP endpoint reached through a stdio bridge, as clients without HTTP MCP did it.
+    config.write_bytes(b'[mcp_servers.memproxy]\ncommand = "npx"\nargs = ["mcp-remote", "http://127.0.0.1:8080/mcp"]\n')
+    assert "now goes through memproxy" in setup(home, "codex", "--user", "alice", "--url", mem.url, "--mcp")
+    fake.queue(SSEReply(responses_stream(output("Your dog is Biscuit-7731."), "resp_1")))
+    # Codex refuses to start on a server with both a command and a url.
+    run([str(cli_path("codex")), "exec", "--skip-git-repo-check", QUESTION], home, home / "work",
+        OPENAI_API_KEY="sk-dummy", NO_COLOR="1")
+    (request,) = fake.responses_requests()
+    assert f"[long-term] {FACT}" in texts(request.json())
+
+
 def gemini_reply(request: Received) -> Reply:
     """Gemini CLI's model router gets its JSON, the turn a streamed answer."""
     if "You are a specialized Task Routing AI" in json.dumps(request.json().get("systemInstruction")):
@@ -127,7 +162,9 @@ def test_after_setup_a_bare_gemini_goes_through_memproxy_and_undo_gives_the_file
     home = tmp_path / "home"
     settings = home / ".gemini" / "settings.json"
     settings.parent.mkdir(parents=True)
-    original = b'{\n\t"privacy": {"usageStatisticsEnabled": false},\n\t"general": {"enableAutoUpdate": false}\n}'
+    # Gemini CLI strips comments before it parses its settings: setup keeps them.
+    original = (b'{\n\t// mine\n\t"privacy": {"usageStatisticsEnabled": false},\n'
+                b'\t"general": {"enableAutoUpdate": false} /* no updates in tests */\n}')
     settings.write_bytes(original)
     assert "created" in setup(home, "gemini-cli", "--user", "alice", "--url", proxy.url)
     fake.queue(*[gemini_reply] * 4)

@@ -11,11 +11,12 @@ import pytest
 
 from proxy.app import create_app
 from proxy.settings import load_settings
-from tests.api_helpers import RECORDS, api_url, chat, jsonl, lines, wait_for_vectors
+from tests.api_helpers import NDJSON, RECORDS, api_url, chat, jsonl, lines, wait_for_vectors
 from tests.fake_upstream import JsonReply, completion
 
 USER = "alice"
 ERROR_KEYS = {"message", "type", "param", "code"}
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def api(proxy: Any) -> Any:
 @pytest.fixture
 def loaded(api: httpx.Client) -> httpx.Client:
     """The API over a user holding RECORDS."""
-    response = api.post(api_url(USER, "import"), content=jsonl(RECORDS))
+    response = api.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(RECORDS))
     assert response.status_code == 200, response.text
     return api
 
@@ -199,7 +200,7 @@ def test_lists_are_paged_by_cursor(api: httpx.Client) -> None:
     records += [{"kind": "entity", "id": f"e{i}", "name": f"Thing {i}"} for i in range(1, 6)]
     records += [{"kind": "reasoning", "id": f"x{i}", "conversation_id": "c1", "task": f"task {i}",
                  "created_at": f"2026-02-01T00:00:0{i}+00:00"} for i in range(1, 6)]
-    assert api.post(api_url(USER, "import"), content=jsonl(records)).status_code == 200
+    assert api.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(records)).status_code == 200
     expected = {"conversations": ["c5", "c4", "c3", "c2", "c1"],
                 "conversations/c1/messages": [f"m{i}" for i in range(1, 6)],
                 "entities": [f"e{i}" for i in range(1, 6)], "memories": [f"e{i}" for i in range(1, 6)],
@@ -290,17 +291,17 @@ def test_export_is_the_imported_records(loaded: httpx.Client) -> None:
 
 
 def test_import_skips_ids_it_already_has(loaded: httpx.Client) -> None:
-    again = loaded.post(api_url(USER, "import"), content=jsonl(RECORDS))
+    again = loaded.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(RECORDS))
     assert again.json() == {"imported": {}, "skipped": {"conversation": 2, "entity": 2, "message": 3,
                                                         "reasoning": 1, "relationship": 1}}
     renamed = [{**RECORDS[6], "id": "e-alice-2"}]  # same name, new id: names are unique per user
-    assert loaded.post(api_url(USER, "import"), content=jsonl(renamed)).json() == {
+    assert loaded.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(renamed)).json() == {
         "imported": {}, "skipped": {"entity": 1}}
     assert lines(loaded.get(api_url(USER, "export")).content) == RECORDS
 
 
 def test_import_into_another_user_keeps_users_apart(loaded: httpx.Client) -> None:
-    assert loaded.post(api_url("bob", "import"), content=jsonl(RECORDS)).json()["imported"] == {
+    assert loaded.post(api_url("bob", "import"), headers=NDJSON, content=jsonl(RECORDS)).json()["imported"] == {
         "conversation": 2, "entity": 2, "message": 3, "reasoning": 1, "relationship": 1}
     loaded.delete(api_url("bob", "entities", "e-alice"))
     assert [e["id"] for e in loaded.get(api_url(USER, "entities")).json()["data"]] == ["e-acme", "e-alice"]
@@ -333,7 +334,7 @@ def test_import_into_another_user_keeps_users_apart(loaded: httpx.Client) -> Non
 ])
 def test_a_bad_line_rejects_the_whole_import(api: httpx.Client, line: bytes, message: str) -> None:
     body = jsonl(RECORDS[:1]) + line + b"\n"
-    error = error_of(api.post(api_url(USER, "import"), content=body), 400)
+    error = error_of(api.post(api_url(USER, "import"), headers=NDJSON, content=body), 400)
     assert error["message"] == message
     assert api.get(api_url(USER, "export")).content == b""
 
@@ -352,7 +353,7 @@ def test_imported_text_is_redacted_before_it_is_saved(api: httpx.Client) -> None
         {"kind": "relationship", "id": "r1", "from": "Deploy box", "to": "Vault \ud800x", "type": "HOLDS"},
     ]
     body = b"".join(json.dumps(record).encode() + b"\n" for record in records)
-    assert api.post(api_url(USER, "import"), content=body).status_code == 200
+    assert api.post(api_url(USER, "import"), headers=NDJSON, content=body).status_code == 200
     exported = api.get(api_url(USER, "export")).content
     for secret in (key, aws, "Hunter2Secret"):
         assert secret.encode() not in exported
@@ -420,7 +421,7 @@ def test_errors_have_the_openai_shape(api: httpx.Client) -> None:
     assert error_of(api.get("/memory/v1/users/../memories"), 404)["code"] == "not_found"
     assert error_of(api.get("/memory/v1/nothing"), 404)["message"] == "no such path"
     assert error_of(api.put(api_url(USER, "memories")), 405)["code"] == "method_not_allowed"
-    assert error_of(api.post(api_url(USER, "memories"), content=b"{"), 400)["message"] == (
+    assert error_of(api.post(api_url(USER, "memories"), content=b"{", headers=JSON), 400)["message"] == (
         "the body must be a JSON object")
     assert error_of(api.post(api_url(USER, "memories"), json={"content": "x"}), 400)["message"] == (
         "`type` is required")
@@ -433,14 +434,14 @@ def test_errors_have_the_openai_shape(api: httpx.Client) -> None:
         assert refused["message"] == "`content` must be a string of 1-2000 characters, not only spaces or control characters"
     assert error_of(api.patch(api_url(USER, "memories", "nope"), json={"content": "y"}), 404)["message"] == (
         "user alice has no memory nope")
-    big = api.post(api_url(USER, "search"), content=b" " * (1024 * 1024 + 1))
+    big = api.post(api_url(USER, "search"), content=b" " * (1024 * 1024 + 1), headers=JSON)
     assert error_of(big, 413)["code"] == "request_too_large"
 
 
 def test_import_is_limited_by_max_body_bytes(make_proxy: Any) -> None:
     proxy = make_proxy(server__max_body_bytes=1000)
     with proxy.http() as api:
-        response = api.post(api_url(USER, "import"), content=jsonl(RECORDS))
+        response = api.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(RECORDS))
         assert error_of(response, 413)["message"] == "the body is larger than the limit of 1000 bytes"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from proxy.api.cursors import Listing, write
 from proxy.stores.base import PageList
-from tests.api_helpers import api_url, chat, jsonl
+from tests.api_helpers import NDJSON, api_url, chat, jsonl
 from tests.conftest import RunningProxy
 from tests.fake_upstream import JsonReply, completion
 
@@ -70,7 +70,7 @@ def api(proxy: RunningProxy) -> Any:
 def load(api: httpx.Client, records: list[dict[str, Any]]) -> None:
     """The records, into alice and into bob (the same ids: ids belong to their user)."""
     for user in (ALICE, BOB):
-        assert api.post(api_url(user, "import"), content=jsonl(records)).status_code == 200
+        assert api.post(api_url(user, "import"), headers=NDJSON, content=jsonl(records)).status_code == 200
 
 
 def page(api: httpx.Client, user: str, path: str, cursor: str | None = None, limit: int = 2) -> tuple[list[str], Any]:

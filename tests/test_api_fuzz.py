@@ -21,7 +21,7 @@ from schemathesis.checks import (
 )
 from schemathesis.generation import GenerationMode
 
-from tests.api_helpers import RECORDS, api_url, jsonl
+from tests.api_helpers import NDJSON, RECORDS, api_url, jsonl
 
 TOKEN = "fuzz-api-token"
 USER = "alice"
@@ -59,7 +59,7 @@ def test_no_generated_request_gets_a_server_error(make_proxy: Any) -> None:
         for operation in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 # Data to find: ids the generator would never guess are swapped in for some cases.
-                assert client.post(api_url(USER, "import"), content=jsonl(RECORDS)).status_code == 200
+                assert client.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(RECORDS)).status_code == 200
                 _fuzz(operation, mode, f"{proxy.url}/memory/v1", auth)
 
 

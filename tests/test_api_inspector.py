@@ -15,7 +15,7 @@ from proxy.api.injections import resolved
 from proxy.api.jsonl import parse_lines
 from proxy.models import Scope
 from proxy.stores.sqlite.store import SQLiteStore
-from tests.api_helpers import RECORDS, api_url, chat, jsonl
+from tests.api_helpers import NDJSON, RECORDS, api_url, chat, jsonl
 from tests.extraction_helpers import hits, wait_for
 
 USER = "alice"
@@ -33,7 +33,7 @@ def inspected(make_proxy: Any) -> Any:
 @pytest.fixture
 def api(inspected: Any) -> Any:
     with inspected.http() as client:
-        assert client.post(api_url(USER, "import"), content=jsonl(RECORDS)).status_code == 200
+        assert client.post(api_url(USER, "import"), headers=NDJSON, content=jsonl(RECORDS)).status_code == 200
         yield client
 
 

@@ -135,7 +135,7 @@ def test_a_lone_surrogate_or_nul_is_stored_as_valid_utf8(make_proxy, fake, reque
 def test_declared_oversize_body_is_413_before_reading(make_proxy, fake):
     proxy = make_proxy(server__max_body_bytes=1000)
     with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                      b"content-length: 104857600\r\n\r\n")
         reply = read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 413")
@@ -256,7 +256,7 @@ def test_bad_memory_headers_are_400(proxy, fake, header, value):
 
 def test_duplicate_identity_header_is_400(proxy, fake):
     with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: alice\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-memory-user: alice\r\n"
                      b"x-memory-user: bob\r\ncontent-length: 2\r\n\r\n{}")
         reply = read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 400")
@@ -267,7 +267,7 @@ def test_duplicate_identity_header_is_400(proxy, fake):
                          ids=["NUL", "CR", "LF", "10 KB"])
 def test_header_injection_rejected_by_server(proxy, fake, user):
     with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-memory-user: " + user + b"\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-memory-user: " + user + b"\r\n"
                      b"content-length: 2\r\n\r\n{}")
         reply = read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
@@ -278,7 +278,7 @@ def test_an_underscore_spelling_of_the_user_header_names_no_one(proxy, fake):
     # B11: `x_memory_user` is not X-Memory-User (some servers fold `_` into `-`; this one must not).
     with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
         body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx_memory_user: mallory\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx_memory_user: mallory\r\n"
                      b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
         reply = read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 200")
@@ -309,7 +309,7 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_crosses_and_the_connecti
     # B4: 413 while the client is still sending, then the connection closes (the rest is never read).
     proxy = make_proxy(server__max_body_bytes=10_000)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
         sock.settimeout(0.05)
         sent, reply = 0, b""

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from proxy.logs import JsonFormatter
-from tests.api_helpers import api_url, chat, jsonl, sign
+from tests.api_helpers import NDJSON, api_url, chat, jsonl, sign
 
 USERS = ("ann", "ben", "cat")
 SOURCES = ("long-term", "graph", "conversation", "cross-session", "reasoning")
@@ -74,7 +74,7 @@ def seed(client: httpx.Client, headers: Callable[[str, str], dict[str, str]], us
          "steps": [{"name": "track_parcel", "arguments": "{}", "result": f"parcel {tokens['reasoning']}"}],
          "answer": f"The parcel tracking number is {tokens['reasoning']}"},
     ]
-    assert client.post(api_url(user, "import"), content=jsonl(records)).status_code == 200
+    assert client.post(api_url(user, "import"), headers=NDJSON, content=jsonl(records)).status_code == 200
     for conversation, text in (("home", f"The locker code at the gym is {tokens['conversation']}."),
                                ("trip", f"Our hotel booking reference is {tokens['cross-session']}.")):
         assert chat(client, headers(user, conversation), text).status_code == 200

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tests.api_helpers import api_url, chat, jsonl, lines
+from tests.api_helpers import NDJSON, api_url, chat, jsonl, lines
 from tests.extraction_helpers import extracted
 from tests.proxy_db import eventually, rows
 
@@ -56,7 +56,7 @@ def fill(client: httpx.Client, user: str) -> list[str]:
         {"kind": "reasoning", "id": f"x-{user}", "conversation_id": "c1", "task": f"find {tokens[6]}",
          "steps": [{"name": "lookup", "arguments": "{}", "result": tokens[7]}], "answer": "done"},
     ]
-    assert client.post(api_url(user, "import"), content=jsonl(records)).status_code == 200
+    assert client.post(api_url(user, "import"), headers=NDJSON, content=jsonl(records)).status_code == 200
     return tokens
 
 
@@ -97,7 +97,7 @@ def test_export_delete_import_restores_the_user(make_proxy: Any) -> None:
         hits_before = client.post(api_url("roundtrip", "search"), json={"query": question}).json()["hits"]
         assert client.delete(api_url("roundtrip")).status_code == 200
         assert client.get(api_url("roundtrip", "export")).content == b""
-        imported = client.post(api_url("roundtrip", "import"), content=before).json()
+        imported = client.post(api_url("roundtrip", "import"), headers=NDJSON, content=before).json()
         assert imported["skipped"] == {}
         assert sum(imported["imported"].values()) == len(lines(before))
         assert client.get(api_url("roundtrip", "export")).content == before

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.api_helpers import api_url, chat, jsonl, lines
+from tests.api_helpers import NDJSON, api_url, chat, jsonl, lines
 from tests.conftest import RunningProxy
 from tests.fake_upstream import FakeUpstream, JsonReply, Received, SSEReply, completion, stream_events
 
@@ -141,7 +141,7 @@ def test_an_import_after_a_deletion_with_turns_in_flight_restores_the_records(
     stream = Stream(proxy, {"X-Memory-User": "victim", "X-Memory-Conversation": "restored"}, "streamed question")
     with proxy.http() as http:
         run_streams([stream], lambda: http.delete(api_url("victim")).raise_for_status())
-        imported = http.post(api_url("victim", "import"), content=jsonl(records))
+        imported = http.post(api_url("victim", "import"), headers=NDJSON, content=jsonl(records))
     assert imported.json() == {"imported": {"conversation": 1, "message": 1}, "skipped": {}}
     assert stream.text == "slow answer"
     # The turn in flight in the same conversation id saved nothing over the import.

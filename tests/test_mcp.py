@@ -169,10 +169,10 @@ def test_host_and_origin_are_checked_against_dns_rebinding(make_proxy):
             assert http.post("/mcp", json=body, headers={**accept, "host": host}).status_code == 403, host
         assert http.post("/mcp", json=body, headers={**accept, "origin": "null"}).status_code == 403
         rebound = http.post("/mcp", json=body, headers={**accept, "host": "attacker.example"})
-        assert rebound.status_code == 403 and "mcp.allowed_hosts" in rebound.json()["error"]["message"]
+        assert rebound.status_code == 403 and "server.allowed_hosts" in rebound.json()["error"]["message"]
         page = http.post("/mcp", json=body, headers={**accept, "origin": "http://attacker.example"})
-        assert page.status_code == 403 and "mcp.allowed_origins" in page.json()["error"]["message"]
-    opened = make_proxy(mcp__allowed_hosts=["Memproxy.Internal:*"], mcp__allowed_origins=["https://ide.example"])
+        assert page.status_code == 403 and "server.allowed_origins" in page.json()["error"]["message"]
+    opened = make_proxy(server__allowed_hosts=["Memproxy.Internal:*"], server__allowed_origins=["https://ide.example"])
     with opened.http() as http:
         assert http.post("/mcp", json=body, headers={**accept, "host": "memproxy.internal:8080",
                                                      "origin": "https://ide.example"}).status_code == 200

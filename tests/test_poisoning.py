@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from proxy.memory.retrieval.block import DEFAULT_HEADER
-from tests.api_helpers import api_url, chat, jsonl
+from tests.api_helpers import NDJSON, api_url, chat, jsonl
 
 
 def tags(text: str) -> str:
@@ -113,7 +113,7 @@ def test_imported_text_is_neutralised_in_every_source(proxy: Any, fake: Any) -> 
          "answer": "Kestrel is up", "created_at": "2026-01-05T00:00:01+00:00"},
     ]
     with proxy.http() as client:
-        assert client.post(api_url("victim", "import"), content=jsonl(records)).status_code == 200
+        assert client.post(api_url("victim", "import"), headers=NDJSON, content=jsonl(records)).status_code == 200
         question = "Is the billing cluster Kestrel up?"
         body = ask(client, fake, question)
     lines = ["[long-term] Kestrel — billing cluster", "[graph] (Kestrel)-[LOCATED_IN]->(Lisbon)",

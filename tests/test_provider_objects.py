@@ -486,6 +486,33 @@ def test_gemini_files_and_cached_contents_named_in_a_body_are_refused(make_proxy
     assert [r.target for r in fake.received] == ["/v1beta/models/gemini-2.5-flash:generateContent"]
 
 
+@pytest.mark.parametrize("objects", ["per-user", "shared"])
+def test_a_gemini_upload_is_refused_per_user_and_passes_where_one_tenant_shares_the_key(
+        make_proxy: Any, fake: Any, tmp_path: Any, objects: str) -> None:
+    # The upload ends at an address Google gives, straight to Google: memproxy never sees the file
+    # it makes, so cannot say whose it is.
+    proxy = make_proxy(**settings(fake, tmp_path, upstream__gemini_base_url=fake.url.removesuffix("/v1"),
+                                  upstream__gemini_api_key="gemini-upstream-own-0003",
+                                  auth__provider_objects=objects))
+    fake.queue(JsonReply({}, headers=[("x-goog-upload-url", f"{fake.url}/upload-session"),
+                                      ("x-goog-upload-status", "active")]))
+    with httpx.Client(base_url=proxy.url, headers={"x-goog-api-key": BOB_KEY}, timeout=30) as bob:
+        got = bob.post("/upload/v1beta/files", headers={"x-goog-upload-protocol": "resumable",
+                                                        "x-goog-upload-command": "start"},
+                       json={"file": {"mimeType": "text/plain"}})
+    if objects == "shared":
+        assert got.status_code == 200 and got.headers["x-goog-upload-url"] == f"{fake.url}/upload-session"
+        assert [(r.target, r.header("x-goog-api-key")) for r in fake.received] == [
+            ("/upload/v1beta/files", "gemini-upstream-own-0003")]
+        return
+    assert got.status_code == 403
+    assert got.json()["error"] == {
+        "code": 403, "status": "PERMISSION_DENIED",
+        "message": "POST /upload/v1beta/files reaches provider objects memproxy cannot attribute to a user; "
+                   "auth.provider_objects: shared opens it where one tenant uses memproxy"}
+    assert fake.received == []
+
+
 def test_ids_an_output_item_merely_holds_claim_nothing(keyed: Any, fake: Any) -> None:
     """Only a code interpreter's container and a container file citation's ids are recorded: an MCP
     server's tool schema (the requester's own words) holding the same keys claims no file or store."""

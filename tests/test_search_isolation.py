@@ -31,7 +31,7 @@ from proxy.stores.sqlite.search import MESSAGES
 from proxy.stores.search_budget import SMALL_INDEX_ROWS
 from proxy.stores.sqlite.user_stats import UserCounts, user_statistics
 from proxy.terms import query_terms
-from tests.api_helpers import RECORDS, api_url, chat, jsonl
+from tests.api_helpers import NDJSON, RECORDS, api_url, chat, jsonl
 from tests.store_backends import Backend, backend  # noqa: F401  (the fixture)
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -180,9 +180,9 @@ def test_the_api_s_scores_and_the_injection_log_tell_nothing_of_another_user(ser
         return scored(found), [(h["source"], h["id"], h["reason"], h["score"]) for h in logged]
 
     with served.http() as api:
-        assert api.post(api_url("alice", "import"), content=jsonl(alice_records())).status_code == 200
+        assert api.post(api_url("alice", "import"), headers=NDJSON, content=jsonl(alice_records())).status_code == 200
         before = alice_sees(api)
-        assert api.post(api_url("bob", "import"), content=jsonl(bob_records())).status_code == 200
+        assert api.post(api_url("bob", "import"), headers=NDJSON, content=jsonl(bob_records())).status_code == 200
         after = alice_sees(api)
     assert after == before
     found, logged = before

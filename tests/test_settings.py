@@ -82,8 +82,8 @@ def test_precedence_flag_env_file_default(tmp_path):
     ("auth:\n  token_audience: ''\n", "auth.token_audience: must not be empty"),
     ("store:\n  url: 'sqlite:///:memory:'\n", "store.url: an SQLite store needs a file path"),
     ("store:\n  url: 'sqlite:///'\n", "store.url: an SQLite store needs a file path"),
-    ("mcp:\n  allowed_origins: ['https://ide.example/']\n", "mcp.allowed_origins[0]: must be http:// or https://"),
-    ("mcp:\n  allowed_origins: [ide.example]\n", "mcp.allowed_origins[0]: must be http:// or https://"),
+    ("server:\n  allowed_origins: ['https://ide.example/']\n", "server.allowed_origins[0]: must be http:// or https://"),
+    ("server:\n  allowed_origins: [ide.example]\n", "server.allowed_origins[0]: must be http:// or https://"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, message):
     config = tmp_path / "bad.yaml"

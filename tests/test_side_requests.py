@@ -54,6 +54,14 @@ def test_body_rules_need_the_body():
     assert rules.match(RequestFacts("POST", "/messages", [], None, None)) is None
 
 
+def test_a_number_in_a_body_field_picks_a_lists_item():
+    rules = SideRequests([{"name": "r", "body:system.0.text": "^probe"}])
+    assert rules.match(facts(body={"system": [{"text": "probe the quota"}, {"text": "more"}]})) == "r"
+    assert rules.match(facts(body={"system": [{"text": "a turn"}, {"text": "probe"}]})) is None
+    assert rules.match(facts(body={"system": []})) is None
+    assert rules.match(facts(body={"system": {"0": {"text": "probe"}}})) == "r"  # an object's key "0"
+
+
 @pytest.mark.parametrize("rule, message", [
     ({"path": "/x"}, r"scope\.side_requests\[0\]: every rule needs a name"),
     ({"name": "r", "query": "x"}, r"scope\.side_requests\[0\]\.query: unknown condition"),
@@ -186,6 +194,11 @@ def system_instruction(text: str) -> dict:
     (facts(GEMINI, body=system_instruction("\nYou are a specialized Task Routing AI. Your sole function is to "
                                            "analyze the user's request and assign a **Complexity Score**")),
      "gemini_cli_router"),
+    # Only an instruction that begins with the router's words is the router's: one quoting them is a turn.
+    (facts(GEMINI, body=system_instruction("You review prompts. Critique this one: 'You are a specialized Task "
+                                           "Routing AI.'"), prompt="Is it too short?"), None),
+    (facts(GEMINI, body={"systemInstruction": {"parts": [{"text": "Be brief."}, {
+        "text": "You are a specialized Task Routing AI"}]}, "contents": []}), None),
     (facts(GEMINI, body=system_instruction("\nYou are a specialized system component responsible for distilling "
                                            "chat history into a structured XML <state_snapshot>.")),
      "gemini_cli_compression"),

@@ -172,6 +172,35 @@ def test_a_cached_block_is_left_out_after_a_deletion_until_a_new_one_replaces_it
     run(body())
 
 
+def test_a_deletion_clears_the_users_cached_blocks_and_a_block_computed_before_it_keeps_no_text(
+        backend: Backend) -> None:
+    """A block may quote what was deleted: the deletion clears every block of the user in its own
+    transaction, and one computed before it but saved after is kept without its text."""
+    async def body() -> None:
+        async with backend.opened() as store:
+            await store.apply(turn_writes(ALICE, "t1", "c1", 0)[:2] + turn_writes(ALICE, "t2", "c2", 0)[:1]
+                              + turn_writes(BOB, "b1", "c1", 0)[:2])
+            said = (await store.messages(ALICE, "c1"))[0]
+            assert await store.delete_item(ALICE, "message", said.id) is not None
+            blocks = "SELECT user_id, turn_key, block FROM turns ORDER BY user_id, turn_key"
+            assert await backend.sql(blocks) == [("alice", "t1", None), ("alice", "t2", None),
+                                                 ("bob", "b1", "block of b1")]
+            # t2's first step computed its block before the deletion; it commits after.
+            await store.apply([SaveBlock(ALICE, "t2", "block of t2", 1, {"n": 1}, T0, Generation(0, "c2"),
+                                         prompt="rewritten t2")])
+            assert await backend.sql("SELECT block, injected, prompt FROM turns WHERE turn_key = ?", "t2") == [
+                (None, 1, "rewritten t2")]
+            assert [row["turn_id"] for row in await store.injections(ALICE)] == ["t2", "t1"]
+            found = await lookup(store, ALICE, "h-t2")
+            assert found.turn is not None and (found.turn.block, found.turn.prompt) == (None, "rewritten t2")
+            # Its next step computes it again, after the deletion: that block is cached.
+            await store.apply([SaveBlock(ALICE, "t2", "block of t2 again", 1, {"n": 2}, T0, Generation(1, "c2"))])
+            found = await lookup(store, ALICE, "h-t2")
+            assert found.turn is not None and found.turn.block == "block of t2 again"
+
+    run(body())
+
+
 def test_the_extraction_of_a_deleted_message_is_never_applied_to_a_later_one(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

@@ -103,6 +103,27 @@ def test_vectors_round_trip_per_user_and_replace_on_a_second_save(backend: Backe
     run(body())
 
 
+def test_a_vector_is_numbered_above_every_one_before_even_once_the_newest_were_deleted(backend: Backend) -> None:
+    """A process's cached vectors are current to a mark (the newest seq it read): a seq coming
+    again, after the newest rows were deleted, would put a new vector at or below that mark."""
+    async def body() -> None:
+        async with backend.opened() as store:
+            for n in range(4):
+                await teach(store, ALICE, f"t{n}", f"words {n}", f"answer {n}", conv=f"c{n}")
+            items = await store.unembedded(MODEL, "message")
+            assert await store.save_embeddings(MODEL, [new(i, vec(1, 0)) for i in items[:6]]) == 6
+            cached = (await store.vector_marks(ALICE, MODEL))["message"].seq
+            for conversation in ("c1", "c2"):  # the newest vectors go with their conversations
+                assert await store.delete_item(ALICE, "conversation", conversation) is not None
+            assert (await store.vector_marks(ALICE, MODEL))["message"].seq < cached
+            assert await store.save_embeddings(MODEL, [new(i, vec(0, 1)) for i in items[6:]]) == 2
+            assert (await store.vector_marks(ALICE, MODEL))["message"].seq > cached
+            assert [v.item_id for v in await store.vectors(ALICE, "message", MODEL, after=cached)] == [
+                i.item_id for i in items[6:]]
+
+    run(body())
+
+
 def test_a_vector_of_changed_or_deleted_text_is_not_kept(backend: Backend) -> None:
     async def body() -> None:
         async with backend.opened() as store:

@@ -25,7 +25,7 @@ from proxy.memory.vectors.query import Vectors
 from proxy.metrics import Metrics
 from proxy.models import Scope
 from proxy.settings import EmbeddingsSettings, MemorySettings
-from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector
+from proxy.stores.base import FinishTurn, NewEmbedding, StartTurn, StoredVector, Unembedded
 from proxy.stores.sqlite.store import SQLiteStore
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -244,6 +244,52 @@ def test_the_cache_sees_every_vector_another_process_committed_before_the_search
         finally:
             await other.close()
             await store.close()
+
+    asyncio.run(body())
+
+
+def test_the_cache_sees_vectors_saved_after_another_process_deleted_the_newest_ones(tmp_path: Path) -> None:
+    """Once the newest vectors are deleted (their conversations, on another process), the next
+    ones must still be numbered above the mark a cached matrix was read to. Numbered again from
+    below it, one saved alone was taken for older than the cache; and of several saved at once,
+    those at or below the cache's mark were skipped by the read of the rows past it."""
+    async def body() -> None:
+        reader = SQLiteStore(str(tmp_path / "m.db"))
+        writer = SQLiteStore(str(tmp_path / "m.db"))  # another process on the same file
+        await reader.open()
+        await writer.open()
+        try:
+            alice = Scope("alice")
+            for n in range(7):
+                await writer.apply([StartTurn(alice, f"t{n}", f"c{n}", f"h{n}", T0 + timedelta(minutes=n),
+                                              f"words {n}")])
+            items = await writer.unembedded("m", "message")
+            assert [item.group for item in items] == [f"c{n}" for n in range(7)]
+
+            async def save(*saved: Unembedded, vector: bytes = vec(0, 1)) -> None:
+                await writer.save_embeddings("m", [NewEmbedding("alice", "message", item.item_id, item.text, vector)
+                                                   for item in saved])
+
+            index = VectorIndex(reader, "m")
+
+            async def search() -> list[str]:
+                mark = (await index.marks(alice)).get("message")
+                found = await index.nearest(alice, "message", q(0, 1), RowFilter(), mark=mark, floor=0.5, limit=9)
+                return sorted(item for item, _ in found[0])
+
+            await save(*items[:3], vector=vec(1, 0))
+            assert await search() == []  # alice's matrix is cached, to the third vector
+            for conversation in ("c1", "c2"):  # the two newest vectors go with their conversations
+                assert await writer.delete_item(alice, "conversation", conversation) is not None
+            await save(items[3])
+            assert await search() == [items[3].item_id]
+            assert await writer.delete_item(alice, "conversation", "c3") is not None
+            await save(*items[4:])
+            # The matrix keeps a deleted row (a hit is read back through the store, which drops it).
+            assert await search() == sorted(item.item_id for item in items[3:])
+        finally:
+            await writer.close()
+            await reader.close()
 
     asyncio.run(body())
 

@@ -3,8 +3,11 @@ Gemini upstream on a real socket, a real SQLite file."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sqlite3
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -121,6 +124,61 @@ def test_json_array_stream_is_relayed_as_it_comes_and_saved(mem, fake):
     assert len(received) >= 2  # not held back whole
     assert json.loads(b"".join(received)) == chunks
     assert saved(mem) == [("user", "hello"), ("assistant", "An array answer.")]
+
+
+def _parses_as(raw: bytes, expected: Any) -> bool:
+    try:
+        return json.loads(raw) == expected
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("memory", ["on", "off"])
+def test_a_json_array_stream_forwards_each_response_as_it_comes(mem, fake, memory):
+    reply = ArrayReply(pieces("An answer in three pieces.", parts=3), delay=0.6)
+    fake.queue(reply)
+    written_when_received: list[int] = []
+    headers = {"x-goog-api-key": "k", **({"X-Memory-User": "alice"} if memory == "on" else {})}
+    with httpx.Client(base_url=mem.url, timeout=30) as http, http.stream(
+            "POST", f"/v1beta/models/{MODEL}:streamGenerateContent", headers=headers,
+            json={"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}) as got:
+        for _ in got.iter_raw():
+            written_when_received.append(len(reply.written))
+    # Each response reaches the client before the provider has written the next.
+    assert written_when_received[:3] == [1, 2, 3], written_when_received
+
+
+def test_a_json_array_streams_closing_bracket_waits_for_the_answers_commit(make_proxy, fake, tmp_path):
+    proxy = make_proxy(upstream__gemini_base_url=gemini_base(fake), memory__commit_timeout_ms=1000,
+                       extraction__from_roles=[])
+    chunks = pieces("The whole answer.", parts=2)
+    fake.queue(ArrayReply(chunks))
+    received: list[tuple[float, bytes]] = []
+    with proxy.http() as http:
+        assert http.get("/healthz").status_code == 200  # the store exists
+    blocker = sqlite3.connect(tmp_path / "memproxy.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the answer's commit waits behind this
+    try:
+        with httpx.Client(base_url=proxy.url, timeout=30) as http, http.stream(
+                "POST", f"/v1beta/models/{MODEL}:streamGenerateContent",
+                headers={"x-goog-api-key": "k", "X-Memory-User": "alice"},
+                json={"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}) as got:
+            for piece in got.iter_raw():
+                received.append((time.monotonic(), piece))
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    body = b"".join(piece for _, piece in received)
+    assert json.loads(body) == chunks
+    # Every response came at once; only the `]` waited, as long as the commit may hold it.
+    so_far, whole_at = b"", None
+    for at, piece in received:
+        so_far += piece
+        if whole_at is None and _parses_as(so_far + b"]", chunks):
+            whole_at = at
+    assert whole_at is not None and received[-1][1].strip() == b"]"
+    assert received[-1][0] - whole_at >= 0.8
+    assert eventually(lambda: saved(proxy) == [("user", "hello"), ("assistant", "The whole answer.")])
 
 
 def test_cut_stream_ends_with_an_error_the_sdk_raises(mem, fake):
@@ -312,6 +370,17 @@ def test_gemini_clis_router_is_a_side_request_and_an_apps_json_request_a_turn(me
     assert 'memproxy_side_requests_total{rule="gemini_cli_router",wire="gemini_generate_content"} 1.0' in metrics
 
 
+def test_a_system_instruction_that_only_quotes_the_routers_words_later_is_a_turn(mem, fake):
+    system = {"parts": [{"text": "You review prompts. Critique this one: 'You are a specialized Task Routing AI.'"}]}
+    with httpx.Client(base_url=mem.url) as http:
+        got = http.post(f"/v1beta/models/{MODEL}:generateContent",
+                        headers={"x-goog-api-key": "k", "X-Memory-User": "alice"},
+                        json={"systemInstruction": system,
+                              "contents": [{"role": "user", "parts": [{"text": "Is it too short?"}]}]})
+    assert got.status_code == 200 and got.headers["x-memory-status"] == "ok"
+    assert saved(mem) == [("user", "Is it too short?"), ("assistant", "Hello from Gemini")]
+
+
 def test_the_history_names_the_conversation(mem, fake):
     gemini = client(mem, **{"X-Memory-User": "alice"})
     first = gemini.models.generate_content(model=MODEL, contents="I moved to Porto last year")
@@ -383,6 +452,49 @@ def test_the_openai_and_anthropic_keys_never_go_to_gemini(make_proxy, fake):
         assert "sk-openai-own" not in str(request.headers) and "sk-ant-own" not in str(request.headers)
         assert request.header("x-goog-api-key") == "client-gemini-key"
     assert fake.received[-1].target == "/v1beta/models"
+
+
+def test_a_gemini_sdks_model_lookup_under_v1_goes_to_google_and_its_key_never_to_openai(make_proxy, fake):
+    # Gemini's paths are also under /v1/: google-genai with api_version="v1" looks a model up with
+    # GET /v1/models/{model}, its key in x-goog-api-key; `?key=` is Google's other place for it.
+    proxy = make_proxy(upstream__base_url=fake.url + "/openai", upstream__gemini_base_url=gemini_base(fake))
+    google_key = "AIzaSyClientOwnGoogleKey000000000000000"
+    fake.queue(JsonReply({"name": f"models/{MODEL}", "displayName": "Gemini Test"}))
+    assert client(proxy, api_version="v1").models.get(model=MODEL).display_name == "Gemini Test"
+    with httpx.Client(base_url=proxy.url) as http:
+        by_query = http.get(f"/v1/files?key={google_key}&pageSize=2")
+        # On a path of another wire, or beside another provider's credential (Google's SDKs send
+        # their key alone), the Google key decides nothing, and never leaves.
+        chat = http.post("/v1/chat/completions", headers={"x-goog-api-key": google_key},
+                         json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]})
+        models = http.get("/v1/models", headers={"x-goog-api-key": google_key, "authorization": "Bearer sk-client"})
+    assert by_query.status_code == 200 and chat.status_code == 200 and models.status_code == 200
+    lookup, listing, completion, openai_models = fake.received
+    assert lookup.target == f"/v1/models/{MODEL}" and lookup.header("x-goog-api-key") == "client-gemini-key"
+    assert listing.target == f"/v1/files?key={google_key}&pageSize=2"
+    assert completion.target == "/v1/openai/chat/completions" and openai_models.target == "/v1/openai/models"
+    assert completion.header("x-goog-api-key") is None and openai_models.header("x-goog-api-key") is None
+    assert openai_models.header("authorization") == "Bearer sk-client"
+
+
+@pytest.mark.parametrize("api_version", ["v1beta", "v1"])
+def test_a_gemini_file_upload_starts_at_google_through_memproxy(mem, fake, api_version):
+    # google-genai's files.upload() starts a resumable upload at {base_url}/upload/{version}/files; the
+    # bytes then go to the address Google's answer gives (here the scripted upstream's own).
+    uploaded = {"name": "files/abc123", "mimeType": "text/plain", "uri": f"{fake.url}beta/files/abc123"}
+    fake.queue(JsonReply({}, headers=[("x-goog-upload-url", f"{fake.url}/upload-session"),
+                                      ("x-goog-upload-status", "active")]),
+               JsonReply({"file": uploaded}, headers=[("x-goog-upload-status", "final")]))
+    gemini = client(mem, api_version=api_version, **{"X-Memory-User": "alice"})
+    got = gemini.files.upload(file=io.BytesIO(b"hello"), config=types.UploadFileConfig(mime_type="text/plain"))
+    assert got.name == "files/abc123"
+    start, upload = fake.received
+    assert start.target == f"/upload/{api_version}/files"
+    assert start.header("x-goog-api-key") == "client-gemini-key"
+    assert start.header("x-goog-upload-command") == "start"
+    assert start.json() == {"file": {"mime_type": "text/plain", "size_bytes": 5}}
+    assert upload.target == "/v1/upload-session" and upload.body == b"hello"
+    assert saved(mem) == []
 
 
 def test_a_cut_stream_ends_with_googles_error_object_on_a_line_of_its_own(mem, fake):

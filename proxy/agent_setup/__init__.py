@@ -1,8 +1,8 @@
 """`memproxy setup AGENT`: write a coding agent's own configuration so it goes through memproxy.
 
 Each agent is one small module (`claude_code.py`, `codex.py`, `gemini_cli.py`) that names the files it edits
-and the keys it sets; `documents.py` reads and writes JSON, TOML and `.env` files keeping the rest of a
-file; `edits.py` plans and writes the change (atomically, the file's mode kept); `undo.py`
+and the keys it sets; `documents.py` reads and writes JSON (as text, `json_text.py`), TOML and `.env` files
+keeping the rest of a file; `edits.py` plans and writes the change (atomically, the file's mode kept); `undo.py`
 keeps what --undo needs in memproxy's own state directory, and undoes; `command.py` is the
 command line. It may import the settings, ids and redaction (to mask keys it shows); only the
 command line imports it (import-linter holds it).

@@ -35,8 +35,10 @@ class Codex:
                    *(Change((*PROVIDER, key), _const(value), announce=key == "base_url") for key, value in values),
                    Change((*PROVIDER, "http_headers"), lambda old: with_header(old, request.user))]
         if request.mcp:
-            changes += [Change(("mcp_servers", "memproxy", "url"), _const(f"{request.url}/mcp"), announce=True),
-                        Change(("mcp_servers", "memproxy", "http_headers"), lambda old: with_header(old, request.user))]
+            # The server is replaced whole: an earlier stdio server's `command` beside `url` is
+            # a server Codex refuses to load.
+            server = {"url": f"{request.url}/mcp", "http_headers": {HEADER: request.user}}
+            changes.append(Change(("mcp_servers", "memproxy"), _const(server), announce=True))
         return [Target(config, "toml", tuple(changes))]
 
     def instead(self, mode: str, url: str) -> str:

@@ -1,17 +1,21 @@
 """An agent's settings file as a document of nested tables: read, set and remove a key by its
-path, and write it back keeping everything else (JSON: its key order and indentation; TOML:
-comments and formatting, through tomlkit; a `.env` file: every line setup does not set)."""
+path, and write it back keeping everything else (JSON: every member setup does not set, as
+text; TOML: comments and formatting, through tomlkit; a `.env` file: every line setup does
+not set). JSON and TOML are read back before they are written and must read as planned."""
 
 from __future__ import annotations
 
-import json
+import copy
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, Protocol
 
 import tomlkit
 import tomlkit.exceptions
-from tomlkit.items import Comment, Item, Table
+from tomlkit.items import Comment, InlineTable, Item, Table
+
+from proxy.agent_setup.json_text import InvalidJson, JsonText
 
 Key = tuple[str, ...]
 
@@ -47,63 +51,65 @@ class Document(Protocol):
 
 
 class JsonDocument:
-    """A JSON object file, written back with its indentation and key order."""
+    """A JSON object file, edited as text (json_text.py): the members setup does not set stay
+    byte for byte. With `comments`, `//` and `/* */` comments are allowed and kept (the file of
+    an agent that reads them)."""
 
-    def __init__(self, path: Path, raw: bytes | None) -> None:
+    def __init__(self, path: Path, raw: bytes | None, *, comments: bool = False) -> None:
         self._path = path
-        self._root: dict[str, Any] = {}
-        self._indent: int | str | None = 2
-        self._newline = True
-        if raw is None or not raw.strip():
-            return
         try:
-            root = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
+            if raw is None or not raw.strip():
+                self._json = JsonText("{}\n", comments=comments, indent="  ")
+            else:
+                text = raw.decode("utf-8")
+                self._json = JsonText(text, comments=comments, indent=_indentation(text))
+        except (UnicodeDecodeError, InvalidJson) as exc:
             raise Unparseable(f"{path} is not valid JSON ({exc})") from None
-        if not isinstance(root, dict):
-            raise Unparseable(f"{path} must hold a JSON object, it holds {type(root).__name__}")
-        self._root = root
-        text = raw.decode("utf-8", "replace")
-        self._indent = _indentation(text) if root else 2
-        self._newline = text.endswith("\n")
+        self._expected = _Expected(self._json.root)
 
     def get(self, key: Key) -> Any:
-        node: Any = self._root
-        for part in key:
-            if not isinstance(node, dict) or part not in node:
-                return MISSING
-            node = node[part]
-        return node
+        return _get(self._json.root, key)
 
     def set(self, key: Key, value: Any) -> None:
-        node = self._root
-        for depth, part in enumerate(key[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
+        obj, member, depth = self._json.member(key)
+        below = key[depth + 1:]
+        try:
+            if member is None:
+                self._json.insert(obj, key[depth], _nested(below, value))
+            elif not below or member.value.members is None and _get(self._json.root, key[:depth + 1]) is None:
+                self._json.replace(obj, member.value, _nested(below, value))  # a null on the path becomes the object
+            else:
                 raise _not_a_table(self._path, key[:depth + 1], "an object")
-            node = child
-        node[key[-1]] = value
+        except InvalidJson as exc:
+            raise Unparseable(f"{self._path}: cannot write {'.'.join(key)} ({exc})") from None
+        self._expected.set(key, value)
 
     def delete(self, key: Key) -> None:
-        parent = self.get(key[:-1]) if len(key) > 1 else self._root
-        if isinstance(parent, dict):
-            parent.pop(key[-1], None)
+        obj, member, depth = self._json.member(key)
+        while member is not None and depth == len(key) - 1:  # each of a duplicated key's members
+            self._json.remove(obj, member)
+            obj, member, depth = self._json.member(key)
+        self._expected.delete(key)
 
     def dump(self) -> bytes:
-        text = json.dumps(self._root, indent=self._indent, ensure_ascii=False)
-        return (text + ("\n" if self._newline else "")).encode("utf-8")
+        self._expected.check(self._path, self._json.root)
+        return self._json.text.encode("utf-8")
 
 
 class TomlDocument:
-    """A TOML file edited through tomlkit: comments, order and formatting of the rest stay."""
+    """A TOML file edited through tomlkit: comments, order and formatting of the rest stay.
+
+    A table setup adds goes at the end of the file under its own `[a.b]` header, never into
+    the middle of the file, where tomlkit cannot place it when the table above it is written
+    with dotted keys (`model_providers.other.name = ...`); inside an inline table it is inline."""
 
     def __init__(self, path: Path, raw: bytes | None) -> None:
         self._path = path
         try:
-            self._doc = tomlkit.parse(raw.decode("utf-8")) if raw else tomlkit.document()
-        except (UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
+            text = raw.decode("utf-8") if raw else ""
+            self._doc = tomlkit.parse(text)
+            self._expected = _Expected(tomllib.loads(text))
+        except (UnicodeDecodeError, tomlkit.exceptions.TOMLKitError, tomllib.TOMLDecodeError) as exc:
             raise Unparseable(f"{path} is not valid TOML ({exc})") from None
 
     def get(self, key: Key) -> Any:
@@ -116,21 +122,39 @@ class TomlDocument:
 
     def set(self, key: Key, value: Any) -> None:
         node: Any = self._doc
+        depth = 0
         for depth, part in enumerate(key[:-1]):
             child = node.get(part)
             if child is not None and not isinstance(child, dict):
                 raise _not_a_table(self._path, key[:depth + 1], "a table")
             if child is None:
-                # `[model_providers.memproxy]` alone: the table above it is implied, not written.
-                child = tomlkit.table(is_super_table=depth < len(key) - 2)
-                node[part] = child
+                break
             node = child
-        if isinstance(value, dict):
-            inline = tomlkit.inline_table()
-            inline.update(value)
-            node[key[-1]] = inline
         else:
-            node[key[-1]] = value
+            depth = len(key) - 1
+        inline = isinstance(node, InlineTable)
+        if isinstance(value, dict) and not inline and len(key) <= _SECTION_DEPTH:
+            # A provider or a server is written whole, as its own table (a stdio server's
+            # `command` must not stay beside setup's `url`).
+            if depth == len(key) - 1 and key[-1] in node:
+                del node[key[-1]]
+            self._append_table(key, value)
+        elif depth < len(key) - 1 and not inline:
+            self._append_table(key[:-1], {key[-1]: value})
+        else:
+            node[key[depth]] = _toml_value(_nested(key[depth + 1:], value))
+        self._expected.set(key, value)
+
+    def _append_table(self, key: Key, values: dict[str, Any]) -> None:
+        """`[key]` with `values` at the end of the file (the tables above it are implied)."""
+        body = tomlkit.document()
+        for name, value in values.items():
+            body[name] = _toml_value(value)
+        header = ".".join(tomlkit.items.SingleKey(part).as_string() for part in key)
+        text = tomlkit.dumps(self._doc)
+        text += "\n" if text and not text.endswith("\n") else ""
+        text += "\n" if text.strip() else ""
+        self._doc = tomlkit.parse(f"{text}[{header}]\n{tomlkit.dumps(body)}")
 
     def delete(self, key: Key) -> None:
         node: Any = self._doc
@@ -145,9 +169,80 @@ class TomlDocument:
             # a comment added at the end lands) is the user's: it stays, at the end of the file.
             for comment in kept:
                 self._doc.add(comment)
+        self._expected.delete(key)
 
     def dump(self) -> bytes:
-        return tomlkit.dumps(self._doc).encode("utf-8")
+        text = tomlkit.dumps(self._doc)
+        try:
+            written: dict[str, Any] | None = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            written = None
+        self._expected.check(self._path, written)
+        return text.encode("utf-8")
+
+
+# Codex's tables of settings (`[model_providers.x]`, `[mcp_servers.x]`) are written as tables; the
+# maps inside them (`http_headers`, `env`) as inline tables, as Codex's documentation writes them.
+_SECTION_DEPTH = 2
+
+
+def _toml_value(value: Any) -> Any:
+    """`value` for tomlkit, a dict as an inline table."""
+    if not isinstance(value, dict):
+        return value
+    inline = tomlkit.inline_table()
+    for name, item in value.items():
+        inline[name] = _toml_value(item)
+    return inline
+
+
+def _nested(key: Key, value: Any) -> Any:
+    """`value` under the tables `key` names (`value` itself for an empty key)."""
+    for part in reversed(key):
+        value = {part: value}
+    return value
+
+
+def _get(root: Any, key: Key) -> Any:
+    node = root
+    for part in key:
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+class _Expected:
+    """What the file must read as once written: its value as parsed, with setup's keys set and
+    removed. Before a file is written, it is parsed again and compared with this, so an edit the
+    file's format library placed wrong is refused instead of written."""
+
+    def __init__(self, root: dict[str, Any]) -> None:
+        self._root = copy.deepcopy(root)
+        self._keys: list[Key] = []
+
+    def set(self, key: Key, value: Any) -> None:
+        node = self._root
+        for part in key[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}  # a JSON null on the path becomes the object (set refuses other values)
+            node = child
+        node[key[-1]] = copy.deepcopy(value)
+        self._keys.append(key)
+
+    def delete(self, key: Key) -> None:
+        parent = _get(self._root, key[:-1])
+        if isinstance(parent, dict):
+            parent.pop(key[-1], None)
+        self._keys.append(key)
+
+    def check(self, path: Path, written: dict[str, Any] | None) -> None:
+        """Unparseable unless `written` (the new text parsed; None: it does not parse) is what was planned."""
+        if written != self._root:
+            keys = ", ".join(dict.fromkeys(".".join(key) for key in self._keys))
+            raise Unparseable(f"{path}: setup cannot write {keys} here without changing other settings (the file "
+                              "is laid out in a way setup does not edit); set them by hand")
 
 
 # A `.env` line: `[export ]NAME=value`, the value quoted or not (a ` #` starts a comment after it).
@@ -243,16 +338,17 @@ def _not_a_table(path: Path, key: Key, kind: str) -> Unparseable:
     return Unparseable(f"{path}: {'.'.join(key)} must be {kind} for setup to add its keys there")
 
 
-def _indentation(text: str) -> int | str | None:
-    """How the file indents: spaces (their number), a tab, or None for JSON on one line."""
+def _indentation(text: str) -> str | None:
+    """One level of the file's indentation (its first indented line's), or None for JSON on one line."""
     found = re.search(r"^([ \t]+)\S", text, re.M)
-    if found is None:
-        return None
-    return found.group(1) if "\t" in found.group(1) else len(found.group(1))
+    return found.group(1) if found is not None else None
 
 
 def document(kind: str, path: Path, raw: bytes | None) -> Document:
-    """The file's document; Unparseable when it is not valid `kind` ("json", "toml" or "env")."""
+    """The file's document; Unparseable when it is not valid `kind`: "json", "jsonc" (JSON with
+    comments, kept), "toml" or "env"."""
     if kind == "env":
         return EnvDocument(path, raw)
-    return JsonDocument(path, raw) if kind == "json" else TomlDocument(path, raw)
+    if kind in ("json", "jsonc"):
+        return JsonDocument(path, raw, comments=kind == "jsonc")
+    return TomlDocument(path, raw)

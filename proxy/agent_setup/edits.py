@@ -33,7 +33,7 @@ class Change:
 
 @dataclass(frozen=True)
 class Target:
-    """A file setup edits, its format ("json" or "toml") and the keys it sets there."""
+    """A file setup edits, its format (documents.document's kinds) and the keys it sets there."""
 
     path: Path
     kind: str

@@ -38,7 +38,8 @@ class GeminiCli:
         if request.mcp:
             server = {"httpUrl": f"{request.url}/mcp", "headers": {HEADER: request.user}}
             changes.append(Change(("mcpServers", "memproxy"), lambda _: server, announce=True))
-        found.append(Target(folder / "settings.json", "json", tuple(changes)))
+        # Gemini CLI reads settings.json with its comments stripped: they are allowed, and kept.
+        found.append(Target(folder / "settings.json", "jsonc", tuple(changes)))
         return found
 
     def instead(self, mode: str, url: str) -> str:

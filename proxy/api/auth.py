@@ -2,33 +2,40 @@
 
 The API reads and deletes any user's memory, so it is never open: with no token
 configured it answers only clients on the loopback interface (a sidecar's own pod), and
-with one, only requests that carry it, from anywhere.
+with one, only requests that carry it, from anywhere. A browser on the user's machine is
+a loopback client too, so without a token a request whose Host or Origin names another
+site (a web page's) is refused; with one, a page has no token to send.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from collections.abc import MutableMapping
 from typing import Any
 
 from proxy.api.errors import InvalidRequest, MissingToken, NotLoopback
-from proxy.identity.scope import DuplicateAuthorization, bearer
+from proxy.errors import ForeignSite
+from proxy.identity.rebinding import RebindingGuard
+from proxy.identity.scope import DuplicateAuthorization, bearer, is_loopback
 
 
 class ApiGuard:
     """Checks one request against the memory API's access rule."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, rebinding: RebindingGuard) -> None:
         # Compared as digests, so the comparison takes the same time whatever the length.
         self._digest = hashlib.sha256(token.encode()).digest() if token else None
+        self._rebinding = rebinding
 
     def check(self, asgi_scope: MutableMapping[str, Any]) -> None:
         """Return when the request may go on; 401 or 403 otherwise."""
         if self._digest is None:
             if not is_loopback(asgi_scope.get("client")):
                 raise NotLoopback("the memory API answers only loopback clients when memory_api.token is not set")
+            refused = self._rebinding.refusal(asgi_scope.get("headers", []))
+            if refused is not None:
+                raise ForeignSite(refused)
             return
         try:
             supplied = bearer(asgi_scope.get("headers", []))
@@ -39,15 +46,3 @@ class ApiGuard:
         if not hmac.compare_digest(hashlib.sha256(supplied.encode()).digest(), self._digest):
             raise MissingToken("the memory API token is not valid")
 
-
-def is_loopback(client: tuple[str, int] | list[Any] | None) -> bool:
-    """True for a client address on the loopback interface (127.0.0.0/8, ::1)."""
-    if not client:
-        return False
-    try:
-        address = ipaddress.ip_address(str(client[0]))
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
-    return address.is_loopback

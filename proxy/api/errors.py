@@ -53,6 +53,12 @@ class PayloadTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
 
 
+class UnsupportedMediaType(ProxyError):
+    """A body sent with another Content-Type than the endpoint takes (415)."""
+
+    status, type, code = 415, "invalid_request_error", "unsupported_media_type"
+
+
 class StoreUnavailable(ProxyError):
     """The store failed; the request can be retried (503)."""
 

@@ -3,7 +3,9 @@
 The files hold no data: the page asks the memory API for everything, with the token the
 operator types into it, so serving them needs no token. Memory text is hostile input, so
 every file goes out under a Content-Security-Policy that allows only this origin's own
-files (no inline script, nothing from another origin, no framing).
+files (no inline script, nothing from another origin, no framing). Without a memory API
+token the page is for loopback's browser, and a Host or Origin naming another site (a web
+page's name rebound to this address) is refused, as the API itself refuses it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from importlib import resources
 from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from proxy.errors import NotFound
+from proxy.errors import ForeignSite, NotFound
 from proxy.http.asgi import send_error
+from proxy.identity.rebinding import RebindingGuard
 
 POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
           " object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -33,7 +36,9 @@ FILES = {"": ("index.html", "text/html; charset=utf-8"),
 class Inspector:
     """Pure ASGI: the page's few files, read once from the package when the app is built."""
 
-    def __init__(self) -> None:
+    def __init__(self, rebinding: RebindingGuard | None) -> None:
+        """`rebinding`: the Host and Origin check, where no token guards the API (None: a token does)."""
+        self.rebinding = rebinding
         static = resources.files("proxy.api").joinpath("static")
         self.files = {path: (static.joinpath(name).read_bytes(), media)
                       for path, (name, media) in FILES.items()}
@@ -42,6 +47,10 @@ class Inspector:
         found = self.files.get(scope["path"].removeprefix(scope.get("root_path", "")).lstrip("/"))
         if found is None or scope["method"] not in ("GET", "HEAD"):
             await send_error(send, NotFound("no such path"))
+            return
+        refused = self.rebinding.refusal(scope["headers"]) if self.rebinding is not None else None
+        if refused is not None:
+            await send_error(send, ForeignSite(refused))
             return
         body, media = found
         headers = [(b"content-type", media.encode()), (b"content-length", str(len(body)).encode()), *HEADERS]

@@ -26,7 +26,8 @@ from proxy.api import records
 from proxy.api.auth import ApiGuard
 from proxy.api.cursors import Listing
 from proxy.api.errors import (
-    Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable, WriteBlocked,
+    Conflict, InvalidRequest, ItemNotFound, MethodNotAllowed, PayloadTooLarge, StoreUnavailable,
+    UnsupportedMediaType, WriteBlocked,
 )
 from proxy.api.injections import resolved
 from proxy.api.jsonl import parse_lines, to_line
@@ -49,6 +50,8 @@ from proxy.stores.base import PageKey, Store, StoreError, StoreMemory
 log = logging.getLogger("memproxy.api")
 
 JSON_BODY_LIMIT = 1024 * 1024
+JSON_TYPES = ("application/json",)
+JSON_LINES_TYPES = ("application/x-ndjson", "application/jsonl")
 FLUSH_BEFORE_DELETE_S = 5.0  # writes queued for the user commit first (then deleted); the rest are dropped
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -83,8 +86,22 @@ async def read_body(request: Request, limit: int, idle_s: float) -> bytes:
         parts.append(chunk)
 
 
+def require_type(request: Request, accepted: tuple[str, ...]) -> None:
+    """415 unless the body's Content-Type is one of `accepted` (parameters such as charset allowed).
+
+    The types a web page may post to another site without a CORS preflight (text/plain, a
+    form, or none) are never among them, so a page cannot write through a browser that the
+    API trusts.
+    """
+    sent = request.headers.get("content-type")
+    if sent is None or sent.split(";", 1)[0].strip().lower() not in accepted:
+        raise UnsupportedMediaType(f"the body must be sent as Content-Type: {' or '.join(accepted)}"
+                                   f"{'' if sent is None else f', not {sent!r}'}", param="Content-Type")
+
+
 async def read_json(request: Request, idle_s: float) -> Any:
-    """The JSON body, or 400."""
+    """The JSON body, or 415 for another Content-Type, or 400."""
+    require_type(request, JSON_TYPES)
     body = await read_body(request, JSON_BODY_LIMIT, idle_s)
     try:
         return json.loads(body)
@@ -272,6 +289,7 @@ class MemoryApi:
 
     async def import_records(self, request: Request) -> Response:
         scope = user_scope(request)
+        require_type(request, JSON_LINES_TYPES)
         found = parse_lines(await read_body(request, self.settings.server.max_body_bytes,
                                            self.settings.server.body_timeout_s))
         return answer(await self.store.import_records(scope, found))

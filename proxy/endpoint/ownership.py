@@ -61,12 +61,14 @@ class Ownership:
             return None
         return resolved.authenticated_user
 
-    async def admit(self, user: str, provider: Provider, method: str, path: str) -> str | None:
-        """Refuse what `user` may not reach at this path; the kind of object the request creates, if any."""
-        access = provider_objects.access(method, path)
+    async def admit(self, user: str, provider: Provider, method: str, path: str, version: str = "/v1"
+                    ) -> str | None:
+        """Refuse what `user` may not reach at this path (after `version`); the kind of object the
+        request creates, if any."""
+        access = provider_objects.access(method, path, version)
         if access.verdict == "unattributed":
             raise ProviderObjectsUnattributed(
-                f"{method} /v1{path} reaches provider objects memproxy cannot attribute to a user; "
+                f"{method} {version}{path} reaches provider objects memproxy cannot attribute to a user; "
                 "auth.provider_objects: shared opens it where one tenant uses memproxy")
         if access.verdict == "names":
             await self._check(user, provider, access.kind, access.object_id)

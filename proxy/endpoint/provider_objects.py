@@ -70,6 +70,10 @@ _CONTAINER_FILE_CITATION = "container_file_citation"
 _NEEDLES = (*(f'"{key}"'.encode() for key in (*_NESTED_REFERENCES, *_TOP_REFERENCES, *_FILE_URIS)),
             f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
 _LIST_NEEDLES = tuple(f'"{key}"'.encode() for key in _ITEM_LISTS)
+# Gemini's uploads (`/upload/v1beta/files`, a file search store's documents): the client sends
+# the bytes, and the provider answers with what it made, at an address the provider gives,
+# outside memproxy, which never sees the object's name.
+_UPLOADS = "/upload/"
 # What a model does with a request and forgets (Gemini's calls, `POST /models/{model}:action`).
 _MODEL_ACTIONS = frozenset({"generateContent", "streamGenerateContent", "countTokens", "embedContent",
                             "batchEmbedContents"})
@@ -99,8 +103,10 @@ class Access:
     adds: str = ""
 
 
-def access(method: str, path: str) -> Access:
-    """What a request to `path` (after /v1) does with provider objects."""
+def access(method: str, path: str, version: str = "/v1") -> Access:
+    """What a request to `path` (after its `version` prefix, /v1 most often) does with provider objects."""
+    if version.startswith(_UPLOADS):
+        return Access("unattributed")
     if (method, path) in _STATELESS:
         return Access("stateless")
     if (method, path) in _CREATES_ITEMS:

@@ -2,8 +2,9 @@
 
 A POST to a wire's chat path with a user scope gets memory (recall before, persistence
 after); every other /v1 path, and any request without a scope, is a transparent
-pass-through to the upstream its wire (or its `anthropic-version` header) names. Every
-path under /v1beta is Gemini's.
+pass-through to the upstream its wire (or its `anthropic-version` header, or on a path no
+wire names Google's key) names. Every path under /v1beta, and Gemini's uploads under
+/upload/v1beta and /upload/v1, is Gemini's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.anthropic_tools import MessagesTools
 from proxy.wires.base import ErrorShape, Provider, Wire, WireRequest, dump_json
 from proxy.wires.gemini import GeminiGenerateContent, model_method
-from proxy.wires.gemini_tools import GeminiTools, unsupported_stream as gemini_stream_unsupported
+from proxy.wires.gemini_tools import (GeminiTools, unsupported as gemini_tools_unsupported,
+                                      unsupported_stream as gemini_stream_unsupported,
+                                      without_tools as gemini_without_tools)
 from proxy.wires.openai_chat import OpenAIChat
 from proxy.wires.openai_chat_tools import ChatTools, unsupported as chat_tools_unsupported
 from proxy.wires.openai_responses import OpenAIResponses
@@ -50,6 +53,9 @@ _KEY_SETTING: dict[Provider, str] = {"openai": "upstream.api_key", "anthropic": 
 _URL_SETTING: dict[Provider, str] = {"openai": "upstream.base_url", "anthropic": "upstream.anthropic_base_url",
                                      "gemini": "upstream.gemini_base_url"}
 _GEMINI_VERSION = "/v1beta"  # every path under it is Gemini's
+# Gemini's uploads (google-genai's `files.upload()`), each version's: every path under them is Gemini's.
+_GEMINI_UPLOADS = ("/upload/v1beta", "/upload/v1")
+_VERSIONS = ("/v1", _GEMINI_VERSION, *_GEMINI_UPLOADS)
 
 
 class ProxyEndpoint:
@@ -83,7 +89,13 @@ class ProxyEndpoint:
         # (the request's body and query string)
         self.tools_refusals: dict[str, Callable[[dict[str, Any], bytes], ProxyError | None]] = {
             "/chat/completions": lambda body, query: chat_tools_unsupported(body),
-            "/models/*:streamGenerateContent": lambda body, query: gemini_stream_unsupported(query)}
+            "/models/*:generateContent": lambda body, query: gemini_tools_unsupported(body),
+            "/models/*:streamGenerateContent": lambda body, query: (gemini_stream_unsupported(query)
+                                                                    or gemini_tools_unsupported(body))}
+        # Why a request the provider takes as it is cannot take the memory tools too (it goes on
+        # without them, and X-Memory-Status says why).
+        self.tools_unfit: dict[str, Callable[[dict[str, Any]], str | None]] = {
+            "/models/*:generateContent": gemini_without_tools, "/models/*:streamGenerateContent": gemini_without_tools}
         # The shape of memproxy's own errors on a path no wire serves, by the upstream it goes to.
         self.shapes: dict[Provider, ErrorShape] = {"openai": self.wires["/chat/completions"],
                                                    "anthropic": self.wires["/messages"],
@@ -95,12 +107,11 @@ class ProxyEndpoint:
         outcome = "ok"
         send = Sent(send)
         wire = self.wires.get(_table_key(path)) if path is not None else None
-        if wire is not None and version == _GEMINI_VERSION and wire.provider != "gemini":
-            wire = None  # under /v1beta only Gemini's paths are a wire's
         family = wire or self._family(path)
-        if family is not None and version == _GEMINI_VERSION and family.provider != "gemini":
-            family = None
-        send.shape = family or self.shapes[provider_for(scope["headers"], _version_provider(version))]
+        if version != "/v1" and family is not None and (family.provider != "gemini" or version in _GEMINI_UPLOADS):
+            wire = family = None  # under /v1beta only Gemini's paths are a wire's; an upload is no wire's
+        send.shape = family or self.shapes[provider_for(scope["headers"], _version_provider(version),
+                                                        scope["query_string"])]
         if wire is not None:
             send.error_headers = _status_header(NOT_A_TURN)  # every response to a chat path says the memory status
         try:
@@ -164,10 +175,12 @@ class ProxyEndpoint:
         length = declared_length(headers)
         identity = self.scopes.authenticate_passthrough(scope)
         self._count_side_request(RequestFacts(scope["method"], path, headers), family)
-        provider = provider_for(headers, family.provider if family is not None else _version_provider(version))
+        provider = provider_for(headers, family.provider if family is not None else _version_provider(version),
+                                scope["query_string"])
         upstream_headers = self._upstream_headers(headers, provider, identity)
         owner = self.ownership.owner(identity, provider)
-        creates = await self.ownership.admit(owner, provider, scope["method"], path) if owner is not None else None
+        creates = (await self.ownership.admit(owner, provider, scope["method"], path, version) if owner is not None
+                   else None)
         if creates is not None:
             upstream_headers = _uncompressed(upstream_headers)  # its id is read from the answer
         has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") or bool(length)
@@ -222,7 +235,7 @@ class ProxyEndpoint:
         provider = provider_for(scope["headers"], wire.provider)
         upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
         owner = self.ownership.owner(resolved, provider)
-        creates = await self.ownership.admit(owner, provider, "POST", path) if owner is not None else None
+        creates = await self.ownership.admit(owner, provider, "POST", path, version) if owner is not None else None
         body = await read_body(receive, self.settings.server.max_body_bytes, self.settings.server.body_timeout_s)
         if owner is not None:
             document = await self.ownership.check_body(owner, provider, path, body)
@@ -245,9 +258,7 @@ class ProxyEndpoint:
             async with DisconnectWatch(receive) as watch:
                 recall = await self.memory.recall(resolved, request.transcript if request is not None else None,
                                                   wire.name)
-                tool_format = self.tool_formats.get(_table_key(path)) if recall.tools is not None else None
-                if recall.tools is not None and tool_format is None:
-                    recall.status = f"degraded: no memory tools on the {wire.name} wire"
+                tool_format = self._tool_format(path, wire, recall, request)
                 send.error_headers = recall.headers()
                 if recall.prompt is not None and request is not None:
                     request, body = await _off_loop_if(request.large, _with_prompt, wire, request, recall.prompt, body)
@@ -282,6 +293,23 @@ class ProxyEndpoint:
         if response.status == 404:
             self._hint_404(provider, url)
         return f"status_{response.status}"
+
+    def _tool_format(self, path: str, wire: Wire, recall: Recall, request: WireRequest | None) -> ToolFormat | None:
+        """The wire's tool format when the memory tools go with this request (tools mode); else None,
+        and `recall.status` says why not when they were meant to."""
+        if recall.tools is None or request is None:
+            return None
+        tool_format = self.tool_formats.get(_table_key(path))
+        if tool_format is None:
+            recall.status = f"degraded: no memory tools on the {wire.name} wire"
+            return None
+        unfit = self.tools_unfit.get(_table_key(path))
+        why = unfit(request.body) if unfit is not None else None
+        if why is not None:
+            log.info("tools mode: %s; the request goes on without them", why)
+            recall.status = f"degraded: {why}"
+            return None
+        return tool_format
 
     def _hint_404(self, provider: Provider, url: str) -> None:
         """A provider answering 404 on a chat path most often means a base URL without its
@@ -348,11 +376,11 @@ async def _off_loop_if(large: bool, function: Callable[..., T], *args: Any) -> T
 
 
 def _versioned_path(scope: dict[str, Any]) -> tuple[str, str | None]:
-    """The request's version prefix (/v1, or Gemini's /v1beta) and its path after it (None: no path
-    memproxy serves)."""
+    """The request's version prefix (/v1, or Gemini's /v1beta, /upload/v1beta, /upload/v1) and its path
+    after it (None: no path memproxy serves)."""
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.split(b"?", 1)[0].decode("latin-1")
-    version = next((v for v in ("/v1", _GEMINI_VERSION) if path.startswith(v + "/")), None)
+    version = next((v for v in _VERSIONS if path.startswith(v + "/")), None)
     if version is None:
         return "/v1", None
     rest = path[len(version):]
@@ -369,7 +397,7 @@ def _table_key(path: str) -> str:
 
 
 def _version_provider(version: str) -> Provider | None:
-    return "gemini" if version == _GEMINI_VERSION else None
+    return "gemini" if version == _GEMINI_VERSION or version in _GEMINI_UPLOADS else None
 
 
 def _uncompressed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -350,17 +350,26 @@ def _after_event(tail: bytes) -> bytes:
 
 
 async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire) -> None:
-    # One chunk is held back so the commit can happen before the body's last bytes go out.
     copy: list[bytes] = []
+    # Only an answer that will be saved holds anything back: the body's end, so the commit
+    # happens before the body is whole. Every chunk before goes out as it comes (a JSON-array
+    # stream's responses one by one).
+    holds = recall.active and response.status == 200
     held = b""
+    end = _BodyEnd(response)
     read = _reader(response)
     try:
         async for chunk in response.chunks():
-            if held:
-                await send({"type": "http.response.body", "body": held, "more_body": True})
-            held = chunk
             if recall.active:
                 copy.append(chunk if read is None else read(chunk))
+            if not holds:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                continue
+            pending = held + chunk
+            at = end.held_from(pending)
+            held = pending[at:]
+            if at:
+                await send({"type": "http.response.body", "body": pending[:at], "more_body": True})
     except StreamCut as cut:
         log.info("upstream body cut: %s", cut.code)
         recall.failed("truncated")
@@ -375,6 +384,36 @@ async def _relay_json(send: Send, response: Any, recall: Answerable, wire: Wire)
         else:
             recall.failed("upstream_failed")
     await send({"type": "http.response.body", "body": held, "more_body": False})
+
+
+class _BodyEnd:
+    """Where a JSON body's end begins in the bytes not yet sent, held for the commit.
+
+    An array's (a Gemini stream of responses): its closing `]` and any whitespace after it, so
+    each response goes out as it comes. An object's: the whole of bytes ending in `}` (no client
+    reads an object before its end, and most answers come in one chunk: one send, not two).
+    A bracket that turns out to be nested is sent with what follows: it delayed nothing a client
+    could read, as what it closes was not whole yet. A compressed body's bytes say nothing of
+    brackets: its last byte is held.
+    """
+
+    _CLOSING = {b"[": b"]", b"{": b"}"}
+
+    def __init__(self, response: Any) -> None:
+        self._closing: bytes | None = b"" if _compressed(response) else None  # None: no byte seen; b"": no bracket
+
+    def held_from(self, pending: bytes) -> int:
+        """The index in `pending` (the bytes not yet sent) from which they wait for the commit."""
+        kept = pending.rstrip()
+        if not kept:
+            return 0  # blank so far: it waits for what follows
+        if self._closing is None:
+            self._closing = self._CLOSING.get(kept.lstrip()[:1], b"")
+        if not self._closing:
+            return len(pending) - 1
+        if not kept.endswith(self._closing):
+            return len(pending)
+        return len(kept) - 1 if self._closing == b"]" else 0
 
 
 async def _commit(waiter: asyncio.Future[None] | None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import unquote_plus
@@ -56,6 +56,14 @@ _PROXY_MODE_DROPPED = _PROVIDER_CREDENTIALS | {b"cookie", b"proxy-authorization"
 # system-parameter spelling, `%24key` escaped), an OAuth token as `access_token` (the query
 # form of `Authorization`).
 _KEY_PARAMETERS = frozenset({"key", "$key", "access_token"})
+# Google's API key as its clients send it, in a header or a query parameter: alone, either names
+# the Gemini upstream on a path no wire claims; the header never goes to another upstream.
+_GOOGLE_KEY_HEADER = b"x-goog-api-key"
+_GOOGLE_KEY_PARAMETERS = frozenset({"key", "$key"})
+_GOOGLE_KEY_ONLY = frozenset({_GOOGLE_KEY_HEADER})
+# A request carrying one of these beside Google's key is another provider's client (Google's SDKs
+# send their key alone).
+_OTHER_CREDENTIALS = _PROVIDER_CREDENTIALS - _GOOGLE_KEY_ONLY
 # The header each provider takes memproxy's own key in, and how it is written.
 _KEY_HEADERS: dict[str, tuple[bytes, bytes]] = {"openai": (b"authorization", b"Bearer "),
                                                  "anthropic": (b"x-api-key", b""),
@@ -73,7 +81,7 @@ def request_headers(
     credentials never leave (every header a provider reads a key from), our key going where
     that provider reads it. `proxy_key` (api-keys mode: the client authenticated with
     memproxy's own key) drops those, cookies and account selectors, and any header whose value
-    holds that key, whatever its name.
+    holds that key, whatever its name. Google's `x-goog-api-key` goes to the Gemini upstream alone.
     """
     pairs = list(raw)
     named = _named_by_connection(pairs)
@@ -82,6 +90,8 @@ def request_headers(
         dropped = _PROXY_MODE_DROPPED
     elif api_key:
         dropped = _PROVIDER_CREDENTIALS
+    elif provider != "gemini":
+        dropped = _GOOGLE_KEY_ONLY
     secret = proxy_key.encode("latin-1", "replace") if proxy_key else None
     out = []
     for name, value in pairs:
@@ -123,12 +133,24 @@ def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
     return b"&".join(kept)
 
 
-def provider_for(headers: Iterable[tuple[bytes, bytes]], wire_provider: Provider | None) -> Provider:
+def provider_for(headers: Sequence[tuple[bytes, bytes]], wire_provider: Provider | None,
+                 query: bytes = b"") -> Provider:
     """The upstream a request goes to: Anthropic for any request carrying `anthropic-version`
-    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else OpenAI."""
+    (Claude Code's `GET /v1/models`, say), whatever its path; else its wire's; else, on a path
+    no wire names (`/v1/models/{model}`, `/v1/files`), Gemini for a request whose only
+    credential is Google's key (google-genai's `x-goog-api-key`, or a `key` parameter); else OpenAI."""
     if any(name.lower() == b"anthropic-version" for name, _ in headers):
         return "anthropic"
-    return wire_provider or "openai"
+    if wire_provider is not None:
+        return wire_provider
+    names = {name.lower() for name, _ in headers}
+    google_key = _GOOGLE_KEY_HEADER in names or _has_google_key_parameter(query)
+    return "gemini" if google_key and not names & _OTHER_CREDENTIALS else "openai"
+
+
+def _has_google_key_parameter(query: bytes) -> bool:
+    return bool(query) and any(unquote_plus(pair.partition(b"=")[0].decode("latin-1")) in _GOOGLE_KEY_PARAMETERS
+                               for pair in query.split(b"&"))
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:

@@ -11,18 +11,20 @@ import hmac
 import ipaddress
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.errors import BadScope, Forbidden, Unauthenticated
+from proxy.errors import BadScope, ForeignSite, Forbidden, Unauthenticated
 from proxy.ids import SCOPE_ID_RULE, is_scope_id
 from proxy.models import Scope
+from proxy.identity.rebinding import RebindingGuard
 from proxy.identity.scope_token import verify_scope_token
 from proxy.settings import ConfigError, Settings
 
 MAX_MEMORIES_CAP = 12
 _SCOPE_HEADERS = (b"x-memory-user", b"x-memory-conversation", b"x-memory-agent")
+_SCOPE_NAMES = tuple(name.decode() for name in _SCOPE_HEADERS)
 _ALL_HEADERS = _SCOPE_HEADERS + (b"x-memory-mode", b"x-memory-persist", b"x-memory-max", b"x-memory-scope-token")
 
 
@@ -82,6 +84,7 @@ class ScopeResolver:
         self._session_headers = [name.lower().encode("latin-1") for name in settings.scope.session_headers]
         self._networks = [ipaddress.ip_network(n, strict=False) for n in settings.auth.trusted_networks]
         self._keys = _distinct_keys(settings.auth.api_keys)
+        self._rebinding = RebindingGuard(settings.server)
 
     def resolve(self, asgi_scope: dict[str, Any]) -> RequestScope:
         """The scope of a chat request, from its headers (the body's user comes later)."""
@@ -96,9 +99,12 @@ class ScopeResolver:
         if mode == "signed":
             signed = self._from_token(headers)
             return self._in_session(RequestScope(signed, authenticated_user=signed.user, **options), asgi_scope)
-        trusted = self._is_trusted_peer(asgi_scope.get("client"))
-        scope = self._trusted(trusted, headers)
+        client = asgi_scope.get("client")
+        trusted = self._is_trusted_peer(client)
         body_user = trusted and self.settings.scope.user_from_body
+        if body_user or (trusted and any(h in headers for h in _SCOPE_NAMES)):
+            self._same_site(asgi_scope["headers"], client)
+        scope = self._trusted(trusted, headers)
         if scope is None and body_user:
             named = (_valid_header(headers, "X-Memory-Conversation"), _valid_header(headers, "X-Memory-Agent"))
             return self._in_session(RequestScope(None, body_user=True, body_named=named, **options), asgi_scope)
@@ -158,8 +164,22 @@ class ScopeResolver:
             agent_isolated=self.settings.scope.isolation == "agent" and agent is not None,
         )
 
+    def _same_site(self, raw: list[tuple[bytes, bytes]], client: tuple[str, int] | None) -> None:
+        """403 when a peer trusted for its address names its user from a web page of another site.
+
+        A browser on the user's machine (or on a trusted network) is such a peer: a page's
+        form-like POST needs no CORS preflight, and a page whose name is rebound to memproxy's
+        address is same-origin. Its Origin names the page's site; from loopback, so does its
+        Host. A trusted network's clients may reach memproxy by names it cannot list (a compose
+        service's, a load balancer's), so there the Origin alone is checked: browsers send it
+        with every POST, the only requests whose identity counts.
+        """
+        refused = self._rebinding.refusal(raw, check_host=is_loopback(client))
+        if refused is not None:
+            raise ForeignSite(refused)
+
     def _trusted(self, trusted_peer: bool, headers: dict[str, str]) -> Scope | None:
-        if not any(h in headers for h in ("x-memory-user", "x-memory-conversation", "x-memory-agent")):
+        if not any(h in headers for h in _SCOPE_NAMES):
             return None
         if not trusted_peer:
             raise Unauthenticated("scope headers are accepted only from trusted networks")
@@ -170,15 +190,8 @@ class ScopeResolver:
                            headers.get("x-memory-agent"))
 
     def _is_trusted_peer(self, client: tuple[str, int] | None) -> bool:
-        if client is None:
-            return False
-        try:
-            address = ipaddress.ip_address(client[0])
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
-        return address.is_loopback or any(address in network for network in self._networks)
+        address = _peer_address(client)
+        return address is not None and (address.is_loopback or any(address in network for network in self._networks))
 
     def _user_for_key(self, raw_headers: list[tuple[bytes, bytes]], query: bytes = b"") -> tuple[str, str]:
         """The user of the request's proxy key, and the key as the client sent it."""
@@ -215,6 +228,24 @@ class ScopeResolver:
             # A claim the token leaves out may be named by its header: the token's user owns them all.
             named[claim] = value if value is not None else sent
         return self._scope(claims["sub"], named["conversation"], named["agent"])
+
+
+def _peer_address(client: Sequence[Any] | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not client:
+        return None
+    try:
+        address = ipaddress.ip_address(str(client[0]))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
+    return address
+
+
+def is_loopback(client: Sequence[Any] | None) -> bool:
+    """True for a client address on the loopback interface (127.0.0.0/8, ::1)."""
+    address = _peer_address(client)
+    return address is not None and address.is_loopback
 
 
 def _valid_header(headers: dict[str, str], name: str) -> str | None:

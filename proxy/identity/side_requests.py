@@ -107,10 +107,15 @@ def _matches(rule: _Rule, facts: RequestFacts, headers: dict[bytes, list[str]]) 
 
 
 def _field_matches(body: dict[str, Any], path: tuple[str, ...], pattern: re.Pattern[str]) -> bool:
+    """The pattern searched in the body's field at `path` (a number picks a list's item), an
+    object or list as its JSON."""
     value: Any = body
     for key in path:
-        if not isinstance(value, dict) or key not in value:
+        if isinstance(value, list) and key.isascii() and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        elif isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
             return False
-        value = value[key]
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return pattern.search(text) is not None

@@ -16,7 +16,6 @@ import contextlib
 import importlib
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from proxy.errors import ClientGone, ProxyError
 from proxy.memory.pipeline import MemoryService
 from proxy.metrics import Metrics
 from proxy.http.asgi import Receive, StatusKept, read_body
+from proxy.identity.rebinding import RebindingGuard
 from proxy.identity.scope import RequestScope, ScopeResolver
 from proxy.settings import Settings
 
@@ -37,54 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("memproxy.mcp")
 
 INVALID_REQUEST = -32600  # JSON-RPC's code for a request the server will not take
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-_ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
-
-
-class RebindingGuard:
-    """The Host and Origin values /mcp answers: loopback, server.host, and mcp.allowed_* (`*`: any).
-
-    A web page a user visits can resolve its own name to 127.0.0.1 (DNS rebinding) and post
-    to a local server; its Host and Origin still name the page's site, so they are refused.
-    An agent sends no Origin; a browser always does.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        names = [*LOOPBACK_HOSTS]
-        host = settings.server.host
-        if host not in _ANY_ADDRESS and host not in names:
-            names.append(f"[{host}]" if ":" in host else host)
-        self._hosts = [*names, *(f"{name}:*" for name in names), *map(_dns_form, settings.mcp.allowed_hosts)]
-        self._origins = [f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names
-                         for port in ("", ":*")] + [_dns_form(origin) for origin in settings.mcp.allowed_origins]
-
-    def refusal(self, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """What is wrong with the request's Host or Origin; None when both are allowed."""
-        found = {name.lower(): value.decode("latin-1") for name, value in headers
-                 if name.lower() in (b"host", b"origin")}
-        host, origin = (None if value is None else _dns_form(value) for value in (found.get(b"host"),
-                                                                                  found.get(b"origin")))
-        if host is None or not _allowed(host, self._hosts):
-            return "Host is not one /mcp answers (add it to mcp.allowed_hosts)"
-        if origin is not None and not _allowed(origin, self._origins):
-            return "Origin is not one /mcp answers (add it to mcp.allowed_origins)"
-        return None
-
-
-def _dns_form(value: str) -> str:
-    """A Host or Origin as DNS reads its name: in any case, and with a root dot (`localhost.`) or without."""
-    return re.sub(r"\.(?=(:\d*)?$)", "", value.lower())
-
-
-def _allowed(value: str, allowed: list[str]) -> bool:
-    for entry in allowed:
-        if entry == "*" or entry == value:
-            return True
-        if entry.endswith(":*") and value.startswith(entry[:-1]) and value[len(entry) - 1:].isdigit():
-            return True
-    return False
-
-
 class McpEndpoint:
     """The ASGI app mounted at /mcp."""
 
@@ -92,7 +44,7 @@ class McpEndpoint:
         self._scopes = scopes
         self._memory = memory
         self._metrics = metrics
-        self._guard = RebindingGuard(settings)
+        self._guard = RebindingGuard(settings.server)
         self._max_body_bytes = settings.server.max_body_bytes
         self._body_timeout_s = settings.server.body_timeout_s
         self._server: asyncio.Future[ToolsServer] | None = None  # set by the first request

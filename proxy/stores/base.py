@@ -379,6 +379,10 @@ class VectorMark:
     Cheap to read (one index probe): a cache holding the vectors up to this mark is
     current; a higher seq means vectors were saved since (read those after the cached
     seq); the same seq saved at another time means a row was replaced (read all again).
+    That holds because seqs only rise: a store never numbers a row at or below one it
+    numbered before, even once that row is deleted (SQLite's AUTOINCREMENT, PostgreSQL's
+    identity column), and one user's rows commit in the order of their seqs (SQLite's one
+    writer, PostgreSQL's per-user lock).
     """
 
     seq: int

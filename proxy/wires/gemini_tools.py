@@ -11,13 +11,14 @@ round's finish reason and usage. Which calls are memproxy's is known by name.
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import unquote_plus
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import UnsupportedInToolsMode
 from proxy.wires.base import dump_json
-from proxy.wires.gemini_answer import call_id, candidate, candidate_parts, parts_text, tool_calls
+from proxy.wires.gemini_answer import call_id, candidate, candidate_parts, is_last, parts_text, tool_calls
 from proxy.wires.sse import SSEEvent, json_object
 from proxy.wires.tool_rounds import ROUND_SEPARATOR, CallOutcome, Round, as_dict, compact_json, tokens
 
@@ -84,6 +85,13 @@ class GeminiStreamState:
     """What the rounds of one stream share."""
 
     text_sent: bool = False  # an earlier round's text went out: the next round's starts with a separator
+    response_id: Any = None  # the first round's `responseId`: the client reads one response throughout
+
+    def same_id(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`payload` with the stream's response id (the first one seen, kept from then on)."""
+        if self.response_id is None:
+            self.response_id = payload.get("responseId")
+        return payload if self.response_id is None else {**payload, "responseId": self.response_id}
 
 
 @dataclass
@@ -106,13 +114,15 @@ class GeminiStreamRound:
         if "error" in payload:
             self.failed = True
             return _event(payload)
+        payload = self.state.same_id(payload)
         parts = [p for p in candidate_parts(payload) if isinstance(p, dict)]
         self.parts += parts
         if "usageMetadata" in payload:
             self.usage = payload["usageMetadata"]
         shown = self._shown_now([p for p in parts if "functionCall" not in p])
-        if isinstance(candidate(payload).get("finishReason"), str):
+        if is_last(payload):
             # The round's end (and the last round's app calls) wait for `tail`; its text goes now.
+            # A prompt Google blocks ends it too: one response with no candidate, forwarded as it is.
             self.ended = True
             self.last = payload
         return _event(_with_parts(payload, shown, last=False)) if shown else b""
@@ -132,6 +142,8 @@ class GeminiStreamRound:
         last = self.last or {"candidates": [{"content": {"role": "model", "parts": []}, "finishReason": "STOP",
                                              "index": 0}]}
         calls = [p for p in self.parts if _is_app_call(p, self.offered)]
+        if not calls and not last.get("candidates"):
+            return _event(last)  # no answer to end (the prompt was blocked): the provider's response alone
         return _event(_with_parts(last, calls, last=True))
 
 
@@ -156,9 +168,9 @@ class GeminiTools:
         if not echoes or not isinstance(contents, list):
             return body
         out: list[Any] = []
-        for content in contents:
-            stored = _echoed(content, echoes)
-            out += _contents(stored) if stored is not None else [content]
+        for run in _runs(contents):
+            stored = _echoed(run, echoes)
+            out += _contents(stored) if stored is not None else run
         return {**body, "contents": out}
 
     def kept(self, exchanges: list[Any], earlier: list[Round], last: Round) -> str:
@@ -184,13 +196,16 @@ class GeminiTools:
         return [round_.output, {"role": "user", "parts": responses}]
 
     def read_json(self, doc: dict[str, Any], offered: frozenset[str]) -> Round | None:
-        if not isinstance(doc.get("candidates"), list):
-            return None
+        if not isinstance(doc.get("candidates"), list) and not is_last(doc):
+            return None  # neither an answer nor a prompt Google blocked (a round with no candidate)
         return _round(candidate_parts(doc), offered, doc.get("usageMetadata"))
 
     def merged_json(self, last: dict[str, Any], earlier: list[Round], offered: frozenset[str]) -> bytes:
         own = [p for p in candidate_parts(last) if not _is_memory(p, offered)]
-        return dump_json(_with_parts(last, _joined([*(_shown(r) for r in earlier), own]), last=True))
+        parts = _joined([*(_shown(r) for r in earlier), own])
+        if not parts and not last.get("candidates"):
+            return dump_json(last)  # a blocked prompt with nothing before it: Google's response alone
+        return dump_json(_with_parts(last, parts, last=True))
 
     def stream_state(self) -> GeminiStreamState:
         return GeminiStreamState()
@@ -214,11 +229,27 @@ def _own_ids(parts: list[Any]) -> dict[str, str]:
     return found
 
 
-def _echoed(content: Any, echoes: dict[str, str]) -> str | None:
-    """The stored exchange a model content echoes (by its calls' ids), if any."""
-    if not isinstance(content, dict) or content.get("role") != "model" or not isinstance(content.get("parts"), list):
+def _is_model(content: Any) -> bool:
+    return isinstance(content, dict) and content.get("role") == "model" and isinstance(content.get("parts"), list)
+
+
+def _runs(contents: list[Any]) -> list[list[Any]]:
+    """The contents, a run of consecutive model contents together: one answer (Google's Python SDK
+    keeps a streamed answer in a chat's history as a content per chunk), every other content alone."""
+    runs: list[list[Any]] = []
+    for content in contents:
+        if _is_model(content) and runs and _is_model(runs[-1][-1]):
+            runs[-1].append(content)
+        else:
+            runs.append([content])
+    return runs
+
+
+def _echoed(run: list[Any], echoes: dict[str, str]) -> str | None:
+    """The stored exchange a run of model contents echoes whole (by its calls' ids), if any."""
+    if not _is_model(run[0]):
         return None
-    ids = [call.id for call in tool_calls(content["parts"])]
+    ids = [call.id for call in tool_calls([part for content in run for part in content["parts"]])]
     return next((echoes[i] for i in ids if i in echoes), None)
 
 
@@ -233,6 +264,58 @@ def _is_alt_sse(pair: bytes) -> bool:
     spelling `$alt` (`%24alt` escaped)."""
     name, _, value = (unquote_plus(piece) for piece in pair.decode("latin-1").partition("="))
     return name in ("alt", "$alt") and value == "sse"
+
+
+def _field(doc: Any, name: str) -> Any:
+    """A request field in either spelling Google's JSON takes (`cachedContent` or `cached_content`)."""
+    if not isinstance(doc, dict):
+        return None
+    return doc[name] if name in doc else doc.get(re.sub(r"([A-Z])", r"_\1", name).lower())
+
+
+def _count(value: Any) -> float | None:
+    """A number as Google's JSON reads an integer field: a JSON number, or a string holding one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def unsupported(body: dict[str, Any]) -> UnsupportedInToolsMode | None:
+    """Why tools mode cannot serve a request, if it cannot.
+
+    Several candidates (`candidateCount` > 1) are refused: the rounds run on one candidate's memory
+    calls, so every other candidate would answer a conversation it did not have, or end in memory
+    calls no one runs (which the client would see).
+    """
+    count = _count(_field(_field(body, "generationConfig"), "candidateCount"))
+    if count is not None and count > 1:
+        return UnsupportedInToolsMode(
+            "candidateCount > 1 is not supported in tools mode (X-Memory-Mode: tools, or memory.mode: tools): the "
+            "memory calls run on one candidate; send candidateCount: 1, or X-Memory-Mode: inject for several "
+            "candidates", param="generationConfig.candidateCount")
+    return None
+
+
+def without_tools(body: dict[str, Any]) -> str | None:
+    """Why a request Google takes as it is cannot also take the memory tools, if it cannot: Google
+    refuses function declarations beside a cached content (whose tools are the cache's), and Gemini
+    2.5 beside structured output or a built-in tool (Google Search, code execution...)."""
+    if _field(body, "cachedContent") is not None:
+        return "no memory tools with cachedContent"
+    mime = _field(_field(body, "generationConfig"), "responseMimeType")
+    if isinstance(mime, str) and mime != "text/plain":
+        return "no memory tools with structured output (responseMimeType)"
+    tools = body.get("tools")
+    declared = ("functionDeclarations", "function_declarations")
+    if isinstance(tools, list) and any(value is not None and key not in declared
+                                       for tool in tools for key, value in as_dict(tool).items()):
+        return "no memory tools beside a built-in tool"
+    return None
 
 
 def unsupported_stream(query: bytes) -> UnsupportedInToolsMode | None:

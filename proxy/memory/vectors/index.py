@@ -332,7 +332,11 @@ class VectorIndex:
             self._entries.move_to_end(key)
             return entry.matrix
         if entry is not None and mark.seq < entry.mark.seq:
-            return entry.matrix  # this request's mark predates the cache: it already holds more
+            # This request read its mark before the cache was read, or the user's newest vectors
+            # were deleted since: seqs only rise (VectorMark), so no row can have come below the
+            # cache's mark, and it holds every row this mark covers (deleted ones are dropped
+            # when hits are read back).
+            return entry.matrix
         return None
 
     async def _matrix(self, scope: Scope, kind: EmbeddingKind, mark: VectorMark) -> Matrix:

@@ -445,14 +445,18 @@ async def delete_item(conn: asyncpg.Connection, scope: Scope, kind: ItemKind, it
 
 
 async def _deleted(conn: asyncpg.Connection, user: str, ended: Sequence[str]) -> None:
-    """Move the user's generation on (cached blocks go stale) and record it for each of the `ended`
-    keys (a user or conversation deleted: its turns in flight save nothing more), generations.py."""
+    """Move the user's generation on and record it for each of the `ended` keys (a user or
+    conversation deleted: its turns in flight save nothing more), generations.py; clear what
+    the user's turns kept that may quote the deleted items."""
     generation = await conn.fetchval(BUMP_SQL.format("$1"), generation_key(user))
     for key in ended:
         await conn.execute(MARK_SQL.format("$1", "$2"), key, generation)
-    # A tool loop's kept memory exchanges may quote what was deleted: its next step is not given
-    # them back (deletion wins over replaying the loop's bytes).
+    # A tool loop's kept memory exchanges, and every cached block (the generation just moved
+    # past them all, so no lookup uses one again): a loop's next step or a retry computes its
+    # block afresh, without the deleted items (deletion wins over replaying the loop's bytes),
+    # and the deleted text is not left in the database.
     await conn.execute("UPDATE turn_tool_calls SET exchange = NULL WHERE user_id = $1 AND exchange IS NOT NULL", user)
+    await conn.execute("UPDATE turns SET block = NULL WHERE user_id = $1 AND block IS NOT NULL", user)
 
 
 async def delete_user(conn: asyncpg.Connection, user: str) -> dict[str, int]:

@@ -83,7 +83,7 @@ _PARAMETERS = (
     "block", "injected", "log", "keep", "prompt", "hook_context",  # block
     "queue_id", "error", "park",  # extraction failed (and dequeue: queue_id, message_id)
     "deleted_keys", "generation",  # a turn's op: skipped once its user or conversation was deleted since it began
-    "user_generation_key",  # tool calls: their exchange is dropped once anything of the user was deleted since
+    "user_generation_key",  # tool calls, block: their text is dropped once anything of the user was deleted since
 )
 _APPLY_TEMPLATE = """
 WITH live AS (SELECT NOT EXISTS (SELECT 1 FROM generations WHERE id = ANY({deleted_keys}::text[])
@@ -116,10 +116,14 @@ calls AS (INSERT INTO turn_tool_calls (user_id, call_id, turn_key, name, argumen
 status AS (UPDATE turns SET status = {status}, updated_at = {at}
     WHERE {kind} = 'status' AND {live} AND user_id = {user} AND turn_key = {turn_key} AND status <> 'complete'),
 -- The first block wins, so every step of a tool loop carries the same bytes, unless it was
--- computed before a deletion; it is logged and the log trimmed. A hook's rewritten prompt
--- and context stay with the turn when a block computed again carries none. The DELETE cannot see the
+-- computed before a deletion; it is logged and the log trimmed. A block computed before a
+-- deletion that committed first may hold the deleted items: its text is not kept (the turn's
+-- next step computes it again). A hook's rewritten prompt and context stay with the turn
+-- when a block computed again carries none. The DELETE cannot see the
 -- row its own statement inserts, so it keeps one old row fewer when a row went in.
-block AS (UPDATE turns SET block = {block}, injected = {injected}, block_generation = {generation},
+block AS (UPDATE turns SET block = CASE WHEN EXISTS (SELECT 1 FROM generations
+        WHERE id = {user_generation_key}::text AND generation > {generation}) THEN NULL ELSE {block} END,
+    injected = {injected}, block_generation = {generation},
     prompt = coalesce({prompt}, prompt), hook_context = coalesce({hook_context}, hook_context),
     updated_at = coalesce({at}, now())
     WHERE {kind} = 'block' AND {live} AND user_id = {user} AND turn_key = {turn_key}
@@ -349,7 +353,8 @@ def arguments(op: WriteOp) -> tuple[Any, ...]:
         values.update(kind="block", at=utc(op.at) if op.at else None, turn_key=op.turn_key,
                       block=clean_text(op.block), injected=op.injected, log=json.dumps(op.log, default=str),
                       keep=INJECTION_LOG_KEEP, prompt=clean_text(op.prompt) if op.prompt is not None else None,
-                      hook_context=clean_text(op.context) if op.context is not None else None)
+                      hook_context=clean_text(op.context) if op.context is not None else None,
+                      user_generation_key=generation_key(op.scope.user))
     elif isinstance(op, RecordFacts):  # one with nothing to merge (_only_dequeues)
         values.update(kind="dequeue", at=utc(op.at), queue_id=op.queue_id, message_id=op.message_id)
     elif isinstance(op, ExtractionFailed):

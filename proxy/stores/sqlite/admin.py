@@ -8,8 +8,11 @@ Deleting a user removes every row that carries its id (the users row cascades th
 foreign keys; each table holding a `user_id` is then swept, so a table added later is
 covered too), then merges the full-text indexes and checkpoints the WAL: SQLite's
 `secure_delete` zeroes deleted rows, but FTS5 keeps a deleted row's terms in its segments
-until they are merged, and the WAL keeps old pages until a checkpoint truncates it. The log
-of replaced entity texts (schema v7), which names no user, is emptied.
+until they are merged, and the WAL keeps old pages until a checkpoint truncates it.
+
+Any deletion (a user, a conversation, one item) also clears the user's cached memory blocks
+and memory exchanges in its own transaction: they may quote what was deleted, and the turn
+lookups had stopped using them already (their generation is behind the user's).
 """
 
 from __future__ import annotations
@@ -450,13 +453,17 @@ def delete_item(conn: sqlite3.Connection, scope: Scope, kind: ItemKind, item_id:
 
 
 def _deleted(conn: sqlite3.Connection, user: str, ended: Sequence[str]) -> None:
-    """Move the user's generation on (cached blocks go stale) and record it for each of the `ended`
-    keys (a user or conversation deleted: its turns in flight save nothing more), generations.py."""
+    """Move the user's generation on and record it for each of the `ended` keys (a user or
+    conversation deleted: its turns in flight save nothing more), generations.py; clear what
+    the user's turns kept that may quote the deleted items."""
     generation = conn.execute(BUMP_SQL.format("?"), (generation_key(user),)).fetchone()[0]
     conn.executemany(MARK_SQL.format("?", "?"), [(key, generation) for key in ended])
-    # A tool loop's kept memory exchanges may quote what was deleted: its next step is not given
-    # them back (deletion wins over replaying the loop's bytes).
+    # A tool loop's kept memory exchanges, and every cached block (the generation just moved
+    # past them all, so no lookup uses one again): a loop's next step or a retry computes its
+    # block afresh, without the deleted items (deletion wins over replaying the loop's bytes),
+    # and the deleted text is not left in the file.
     conn.execute("UPDATE turn_tool_calls SET exchange = NULL WHERE user_id = ? AND exchange IS NOT NULL", (user,))
+    conn.execute("UPDATE turns SET block = NULL WHERE user_id = ? AND block IS NOT NULL", (user,))
 
 
 def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
@@ -473,9 +480,6 @@ def delete_user(conn: sqlite3.Connection, user: str) -> dict[str, int]:
     if any(counts.values()):
         for fts in FTS_TABLES:
             conn.execute(f"INSERT INTO {fts}({fts}) VALUES ('optimize')")
-        # The log of texts that entity changes replaced (schema v7) names no user: all of it
-        # goes, the user's texts among them; the term counts in memory are then read afresh.
-        conn.execute("DELETE FROM entity_text_changes")
     return counts
 
 

@@ -292,16 +292,20 @@ class Batch:
     def save_block(self, op: SaveBlock) -> None:
         """First block wins, so every step of a tool loop carries the same bytes; log it.
 
-        A block computed after a deletion replaces one cached before it (and its log entry).
+        A block computed after a deletion replaces one cached before it (and its log entry). One
+        computed before a deletion that committed first may hold the deleted items: its text is
+        not kept (the turn's next step computes the block again), the rest is.
         """
         at = to_ts(op.at) if op.at else now_ts()
         user = op.scope.user
         generation = op.generation.number if op.generation else 0
         saved = self._run(
-            "UPDATE turns SET block = ?, injected = ?, block_generation = ?, prompt = coalesce(?, prompt),"
+            "UPDATE turns SET block = CASE WHEN ? >= ifnull((SELECT generation FROM generations WHERE id = ?), 0)"
+            " THEN ? END, injected = ?, block_generation = ?, prompt = coalesce(?, prompt),"
             " hook_context = coalesce(?, hook_context), updated_at = ?"
             " WHERE user_id = ? AND turn_key = ? AND (block IS NULL OR block_generation < ?) RETURNING seq",
-            (clean_text(op.block), op.injected, generation, clean_text(op.prompt) if op.prompt is not None else None,
+            (generation, generation_key(user), clean_text(op.block), op.injected, generation,
+             clean_text(op.prompt) if op.prompt is not None else None,
              clean_text(op.context) if op.context is not None else None, at, user, op.turn_key, generation),
         )
         if not saved:
