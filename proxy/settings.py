@@ -37,6 +37,7 @@ def _help(text: str, default: Any = None, **kw: Any) -> Any:
 SQLITE_PREFIX = "sqlite:///"
 # RFC 7518 3.2: an HS256 key must be at least as long as the hash's 256-bit output.
 MIN_SIGNING_SECRET_BYTES = 32
+MIN_HASH_KEY_BYTES = 32
 
 # Side requests of Claude Code and Codex: calls that carry the user's session but not the
 # user's words. To be refined from recorded sessions of both CLIs; /metrics counts what
@@ -149,6 +150,11 @@ class StoreSettings:
     search_cache_mb: int = _help(
         "SQLite: most memory active users' in-memory message postings take (MiB), and as much for entities; "
         "0 = search FTS5 only.", 256
+    )
+    hash_key: str | None = _help(
+        "Secret the digests kept of text before redaction are keyed with (HMAC), at least 32 bytes, the same on "
+        "every replica; PostgreSQL needs it. Unset with SQLite: a key file made beside the database "
+        "(PATH.key, mode 0600).", None
     )
 
     @property
@@ -576,6 +582,7 @@ def _check(s: Settings) -> None:
         raise ConfigError(f"store.url: must be sqlite:///PATH or postgresql://..., got {s.store.url!r}")
     if s.store.search_cache_mb < 0:
         raise ConfigError(f"store.search_cache_mb: must be 0 or more, got {s.store.search_cache_mb}")
+    _check_hash_key(s.store)
     if s.store.url.startswith("sqlite:///") and s.store.url[len("sqlite:///"):].strip() in ("", ":memory:"):
         # Each connection would open a database of its own: the readers would find no tables.
         raise ConfigError(f"store.url: an SQLite store needs a file path, got {s.store.url!r}")
@@ -586,6 +593,17 @@ def _check(s: Settings) -> None:
             raise ConfigError(f"auth.trusted_networks[{i}]: {exc}") from exc
     _check_auth(s.auth)
     _check_allowed_names(s.server)
+
+
+def _check_hash_key(store: StoreSettings) -> None:
+    if store.hash_key is None and store.sqlite_path is None:
+        # A key kept in the database would be in every copy of it: the replicas get it from their configuration.
+        raise ConfigError("store.hash_key: a PostgreSQL store needs one, the same on every replica "
+                          "(MEMPROXY_STORE_HASH_KEY; for example the output of `openssl rand -hex 32`): the digests "
+                          "kept of text before redaction are keyed with it (docs/security.md)")
+    if store.hash_key is not None and len(store.hash_key.encode()) < MIN_HASH_KEY_BYTES:
+        raise ConfigError(f"store.hash_key: must be at least {MIN_HASH_KEY_BYTES} bytes (a shorter key can be "
+                          "guessed offline from the digests it keys)")
 
 
 def _check_allowed_names(m: ServerSettings) -> None:

@@ -21,6 +21,8 @@ from proxy.settings import Settings, load_settings
 from tests.fake_upstream import FakeUpstream
 
 pytest_plugins = ["tests.pg_server"]  # a throwaway PostgreSQL server: pg_server, pg_url
+# store.hash_key of every proxy the tests run on PostgreSQL (a deployment gives its replicas one).
+PG_HASH_KEY = "tests-hash-key-of-every-replica-0123456789"
 _uvicorn_log = logging.getLogger("uvicorn.error")
 
 
@@ -148,6 +150,8 @@ def make_proxy(fake: FakeUpstream, tmp_path: Any) -> Iterator[Any]:
         values = {"upstream.base_url": fake.url, "store.url": f"sqlite:///{tmp_path}/memproxy.db",
                   "memory.retrieval_timeout_ms": 5000}
         values.update({k.replace("__", "."): v for k, v in overrides.items()})
+        if str(values["store.url"]).startswith("postgresql") and "store.hash_key" not in values:
+            values["store.hash_key"] = PG_HASH_KEY  # what every replica of a deployment is given
         proxy = RunningProxy(load_settings(environ={}, overrides=values))
         started.append(proxy)
         return proxy

@@ -19,6 +19,7 @@ from proxy.identity.scope import RequestScope
 from proxy.settings import load_settings
 from proxy.wires.openai_chat import OpenAIChat
 from tests.fake_upstream import Received, Reply, model_round
+from tests.conftest import PG_HASH_KEY
 from tests.pg_server import PostgresServer
 from tests.proxy_db import eventually
 from tests.test_memory_path import SOURCE_TABLES, tables_locked, teach
@@ -103,7 +104,8 @@ def test_recalls_that_time_out_while_postgres_answers_reads_leave_the_circuit_cl
     # store: the circuit stays closed and the next recall is served. PostgreSQL told the breaker of
     # no read it answered, so such timeouts counted: 64 busy clients got memory on 0.3% of requests.
     settings = load_settings(environ={}, overrides={
-        "store.url": pg_url, "memory.retrieval_timeout_ms": BUDGET_MS, "extraction.from_roles": []})
+        "store.url": pg_url, "store.hash_key": PG_HASH_KEY, "memory.retrieval_timeout_ms": BUDGET_MS,
+        "extraction.from_roles": []})
     alice = RequestScope(Scope("alice"))
 
     async def scenario() -> tuple[str, list[str], bool, str]:

@@ -23,7 +23,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import PG_HASH_KEY, free_port
 from tests.fake_upstream import SSEReply, stream_events
 from tests.proxy_db import sqlite_file
 
@@ -41,6 +41,8 @@ def start_server(db: Path | str, upstream: str, log: Path | None = None, *, star
     env = {**os.environ, "MEMPROXY_STORE_URL": url, "MEMPROXY_UPSTREAM_BASE_URL": upstream,
            "MEMPROXY_SERVER_PORT": str(port), "MEMPROXY_SERVER_LOG_LEVEL": "warning",
            **{f"MEMPROXY_{key.upper()}": value for key, value in env_settings.items()}}
+    if env["MEMPROXY_STORE_URL"].startswith("postgresql"):
+        env.setdefault("MEMPROXY_STORE_HASH_KEY", PG_HASH_KEY)
     if log is None:
         process = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

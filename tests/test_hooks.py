@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from proxy.settings import load_settings, parse_hooks
-from tests.conftest import RunningProxy, free_port
+from tests.conftest import PG_HASH_KEY, RunningProxy, free_port
 from tests.fake_upstream import JsonReply, completion, model_round
 from tests.proxy_db import eventually, rows
 
@@ -77,6 +77,8 @@ def with_hooks(fake, tmp_path) -> Iterator[Callable[..., RunningProxy]]:
         values = {"upstream.base_url": fake.url, "upstream.anthropic_base_url": fake.url,
                   "store.url": f"sqlite:///{tmp_path}/memproxy.db", "memory.retrieval_timeout_ms": 5000,
                   "memory.commit_timeout_ms": 5000, "extraction.from_roles": [], **overrides}
+        if str(values["store.url"]).startswith("postgresql"):
+            values.setdefault("store.hash_key", PG_HASH_KEY)
         settings = dataclasses.replace(load_settings(environ={}, overrides=values), hooks=parse_hooks(hooks))
         proxy = RunningProxy(settings)
         started.append(proxy)

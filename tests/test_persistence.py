@@ -423,8 +423,9 @@ def test_a_custom_tool_call_is_recorded_with_its_name_and_input(mem, fake):
     client = mem.client(**{"X-Memory-User": "alice"})
     messages = [{"role": "user", "content": "Fix the typo in main.py"}]
     first = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    # Kept by its id sealed with the store's key (docs/security.md), as every call's.
     assert rows(mem, "SELECT call_id, name, arguments FROM turn_tool_calls") == [
-        ("call_patch", "apply_patch", "*** Begin Patch")]
+        (mem.app.state.parts.memory.hash_key.seal("call_patch"), "apply_patch", "*** Begin Patch")]
     messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                  {"role": "tool", "tool_call_id": "call_patch", "content": "patched"}]
     second = client.chat.completions.with_raw_response.create(model="m", messages=messages)

@@ -193,5 +193,5 @@ def test_a_large_tool_call_is_recorded_without_the_password_it_spells(make_proxy
     assert answer.status_code == 200 and len(arguments) > 65_536
     assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM turn_tool_calls")) == 1)
     assert rows(proxy, "SELECT call_id, name, arguments FROM turn_tool_calls") == [
-        ("call_w", "write", arguments.replace("Lg3xV8kQ", MARK))]
+        (proxy.app.state.parts.memory.hash_key.seal("call_w"), "write", arguments.replace("Lg3xV8kQ", MARK))]
     assert b"Lg3xV8kQ" not in _files(proxy)

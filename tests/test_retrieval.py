@@ -22,6 +22,7 @@ from proxy.metrics import Metrics
 from proxy.models import Entity, ReasoningStep, ReasoningTrace, Relationship, Scope, StoredMessage
 from proxy.settings import MemorySettings
 from proxy.stores.base import FinishTurn, StartTurn, StoreError
+from proxy.stores.hash_key import HashKey
 from proxy.stores.sqlite.store import SQLiteStore
 from proxy.stores.indexed_text import entity_terms
 from proxy.terms import terms as index_terms
@@ -237,7 +238,7 @@ def test_identify_says_when_the_conversation_is_new(tmp_path: Path) -> None:
                 request = OpenAIChat().parse(json.dumps({"model": "m", "messages": messages}).encode())
                 assert not isinstance(request, str)
                 return await identify(w.store, scope, request.transcript, now=T0, retry_window_s=0,
-                                      follow="history")
+                                      follow="history", key=HashKey(b"k" * 32))
 
             first = await identity([{"role": "user", "content": "a new chat"}])
             assert first.new_conversation and first.conversation_id != "c1"

@@ -25,6 +25,7 @@ from proxy.stores.postgres.store import PostgresStore, _error, user_lock_key
 from proxy.stores.postgres.batch import STALE_PENDING
 from proxy.terms import query_terms
 from proxy.stores.postgres.schema import MIGRATIONS
+from tests.conftest import PG_HASH_KEY
 from tests.pg_server import PostgresServer
 from tests.store_backends import PostgresBackend, SQLiteBackend
 
@@ -346,7 +347,8 @@ def test_open_fails_with_store_error_naming_no_password() -> None:
 
 
 def test_config_example_selects_the_postgres_store(pg_url: str) -> None:
-    settings = load_settings(str(ROOT / "config" / "postgres.yaml"), environ={"MEMPROXY_STORE_URL": pg_url})
+    settings = load_settings(str(ROOT / "config" / "postgres.yaml"),
+                             environ={"MEMPROXY_STORE_URL": pg_url, "MEMPROXY_STORE_HASH_KEY": PG_HASH_KEY})
     store = open_store(settings.store)
     assert isinstance(store, PostgresStore)
 

@@ -10,6 +10,7 @@ import pytest
 
 from proxy.models import Scope
 from proxy.memory.turns import history_hash
+from proxy.stores.hash_key import HashKey
 from proxy.wires.anthropic_messages import AnthropicMessages
 from proxy.wires.base import Wire, WireRequest
 from proxy.wires.openai_chat import OpenAIChat
@@ -36,4 +37,5 @@ def test_a_long_history_hashes_as_its_json_written_whole(wire: Wire, body: dict[
     scope = Scope("ann\u00e9", agent="a\"1", conversation=None)
     material = [scope.user, "a\"1", "", [["user", AWKWARD], ["assistant", AWKWARD[:70_001]], ["user", prompt]]]
     whole = json.dumps(material, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    assert history_hash(scope, request.transcript) == hashlib.sha256(whole).hexdigest()
+    key = HashKey(b"k" * 32)
+    assert history_hash(scope, request.transcript, key) == key.seal(hashlib.sha256(whole).hexdigest())

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from tests.pg_server import PostgresServer
 
 HARNESS = Path(__file__).resolve().parent
+# store.hash_key of every memproxy a run puts on PostgreSQL (its replicas share it). In the
+# environment, which a checkout from before the setting ignores.
+POSTGRES_HASH_KEY = "bench-hash-key-of-every-replica-0123456789"
 BENCH = HARNESS.parent
 REPO = BENCH.parent
 LOCALHOST = "127.0.0.1"
@@ -98,10 +101,13 @@ class Targets:
         for server in reversed(self._started):
             server.stop()
 
-    def process(self, name: str, argv: list[str], port: int, source: Path = REPO) -> Server:
-        """Start `argv` from `source` (its working directory) and wait until it listens on `port`."""
+    def process(self, name: str, argv: list[str], port: int, source: Path = REPO,
+                env_settings: dict[str, str] | None = None) -> Server:
+        """Start `argv` from `source` (its working directory), with `env_settings` in its environment,
+        and wait until it listens on `port`."""
         log = self.workdir / f"{name}.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")])),
+               **(env_settings or {})}
         with open(log, "wb") as out:
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=source, env=env)
         server = Server(name, port, process, log)
@@ -135,7 +141,8 @@ class Targets:
         config.write_text(memproxy_config(upstream, log_level, url, hooks=hooks, gemini=gemini))
         argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
                 "--upstream", upstream] + (["--workers", str(workers)] if workers != 1 else [])
-        return self.process(name, argv, port, source)
+        keyed = {} if url.startswith("sqlite:") else {"MEMPROXY_STORE_HASH_KEY": POSTGRES_HASH_KEY}
+        return self.process(name, argv, port, source, keyed)
 
 
 @contextmanager

@@ -41,7 +41,8 @@ from proxy.stores.base import (
     Store, StoreError, StoreMemory, text_hash,
 )
 from proxy.stores.generations import Generation
-from proxy.memory.turns import TurnIdentity, fallback_identity, history_digest, identify
+from proxy.stores.hash_key import load_hash_key
+from proxy.memory.turns import TurnIdentity, fallback_identity, history_digest, identify, sealed_call_ids
 
 log = logging.getLogger("memproxy.memory")
 
@@ -80,6 +81,7 @@ class MemoryService:
         self.writer = writer
         self.retriever = retriever
         self.metrics = metrics
+        self.hash_key = load_hash_key(settings.store)
         # Rules facts are stored within milliseconds: a user's next request waits for them.
         mined = settings.extraction.mode == "rules" and "user" in settings.extraction.from_roles
         self.pending = pending if mined else None
@@ -112,7 +114,7 @@ class MemoryService:
         echoes: dict[str, str] = {}  # tools mode: the memory exchanges of the loop's earlier steps
         traces: dict[str, tuple[ReasoningStep, ...]] = {}  # tools mode: their memory calls, by call id
         provider: str | None = None  # tools mode: the provider's id of the response the request continues
-        digest = await history_digest(scope, request)
+        digest = await history_digest(scope, request, self.hash_key)
         hooked: turn_hooks.TurnStart | None = None  # None: no hooks, or they have not run yet
         queued: asyncio.Future[list[tuple[int, str]]] | None = None
         if not self.breaker.allow():
@@ -274,7 +276,7 @@ class MemoryService:
 
     async def _identify(self, scope: Scope, request: Transcript, now: datetime, digest: str) -> TurnIdentity:
         return await identify(self.store, scope, request, now=now, retry_window_s=self.memory.retry_window_s,
-                              follow=self.settings.scope.conversation, digest=digest)
+                              follow=self.settings.scope.conversation, key=self.hash_key, digest=digest)
 
     async def _tool_state(self, scope: Scope, request: Transcript, identity: TurnIdentity
                           ) -> tuple[dict[str, str], dict[str, tuple[ReasoningStep, ...]], str | None]:
@@ -282,9 +284,11 @@ class MemoryService:
         trace), and the provider's id of the response the request continues."""
         # Filtered on the turn and the conversation the request was found in: a provider numbering
         # its calls per response (`call_0`) reuses ids across the user's conversations.
-        kept = (await self.store.memory_exchanges(scope, identity.key, request.tool_call_ids)
+        sealed = dict(zip(sealed_call_ids(self.hash_key, request.tool_call_ids), request.tool_call_ids, strict=True))
+        kept = (await self.store.memory_exchanges(scope, identity.key, list(sealed))
                 if identity.existing is not None else {})
-        echoes, traces = earlier_steps(kept, request.tool_call_ids)
+        echoes, traces = earlier_steps({sealed[call_id]: exchange for call_id, exchange in kept.items()},
+                                       request.tool_call_ids)
         provider = (await self.store.provider_response(scope, identity.conversation_id, request.previous_response)
                     if request.previous_response is not None else None)
         return echoes, traces, provider
@@ -579,7 +583,7 @@ class TurnRecall(Recall):
             kept = None if self.exchange is None else packed(self.exchange, self._memory_steps if self._persist else ())
             if self.active and sum(len(c.arguments) for c in message.tool_calls) > INLINE_REDACT_CHARS:
                 return asyncio.ensure_future(self._record_calls(message, now, kept))
-            calls = tuple((c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
+            calls = tuple((self._call_id(c.id), c.name, redact(c.arguments)) for c in message.tool_calls)
             return self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self.generation, kept),
                                urgent=True)
         if message.continues:
@@ -588,12 +592,13 @@ class TurnRecall(Recall):
         if not answer.strip():
             return self._submit(SetTurnStatus(self._scope, self.turn_key, "complete", now, self.generation),
                                 urgent=True) or mapped
+        saved = redact(answer)
         finish = FinishTurn(
-            self._scope, self.turn_key, self._identity.conversation_id, redact(answer), now,
+            self._scope, self.turn_key, self._identity.conversation_id, saved, now,
             task=self._saved.said,
             steps=self._saved.with_memory_calls(self.earlier_trace) + tuple(self._memory_steps)
             + thinking_step(message),
-            answer_hash=text_hash(answer),
+            answer_hash=self._answer_hash(answer, saved),
             generation=self.generation,
             queued="assistant" in self._service.settings.extraction.from_roles,
         )
@@ -604,11 +609,22 @@ class TurnRecall(Recall):
         existing = self._identity.existing
         return self._saves.finish(finish, stop=existing is None or existing.status != "complete")
 
+    def _call_id(self, call_id: str) -> str:
+        return self._service.hash_key.seal(call_id)
+
+    def _answer_hash(self, answer: str, saved: str) -> str:
+        """The digest the conversation is found by when the client sends `answer` back: sealed when
+        redaction changed it. One saved as received is kept by its plain digest, which tells nothing
+        the text beside it does not, as a message the memory API edits or imports is."""
+        digest = text_hash(answer)
+        return digest if saved == answer else self._service.hash_key.seal(digest)
+
     async def _record_calls(self, message: AssistantMessage, now: datetime, kept: str | None) -> None:
         """A step's tool calls with large arguments (a file's code written out), redacted in a thread
         as a large request is (`saved`): reading what their escapes spell costs more than a hop."""
         redacted = await asyncio.to_thread(lambda: [redact(c.arguments) for c in message.tool_calls])
-        calls = tuple((c.id, c.name, arguments) for c, arguments in zip(message.tool_calls, redacted, strict=True))
+        calls = tuple((self._call_id(c.id), c.name, arguments)
+                      for c, arguments in zip(message.tool_calls, redacted, strict=True))
         recorded = self._route(RecordToolCalls(self._scope, self.turn_key, calls, now, self.generation, kept),
                                urgent=True)
         if recorded is not None:

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from proxy.ids import derived_id, is_scope_id, new_id
 from proxy.models import Scope, Transcript, Turn
 from proxy.stores.base import RESPONSE_CHAIN_MAX, ResponseChain, TurnReads, text_hash
+from proxy.stores.hash_key import HashKey
 from proxy.long_json import list_pieces
 
 # Past this many chars of history text a request's history is hashed in a thread, so the
@@ -47,8 +48,9 @@ class TurnIdentity:
         return self.existing is None
 
 
-def history_hash(scope: Scope, transcript: Transcript) -> str:
-    """Hash of the scope and every non-system message up to the turn's prompt.
+def history_hash(scope: Scope, transcript: Transcript, key: HashKey) -> str:
+    """Hash of the scope and every non-system message up to the turn's prompt, sealed with `key`
+    (the history is saved redacted: its plain sha256 would give a secret in it away).
 
     System prompts are left out so one that carries the time does not split a turn. The
     hash is of `json.dumps([user, agent, conversation, [[role, text], ...]], ensure_ascii=False)`,
@@ -63,14 +65,14 @@ def history_hash(scope: Scope, transcript: Transcript) -> str:
     digest = hashlib.sha256()
     for piece in pieces:
         digest.update(piece.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
+    return key.seal(digest.hexdigest())
 
 
-async def history_digest(scope: Scope, transcript: Transcript) -> str:
+async def history_digest(scope: Scope, transcript: Transcript, key: HashKey) -> str:
     """`history_hash`, in a thread for a request whose history holds much text."""
     if _history_chars(transcript) <= HASH_INLINE_CHARS:
-        return history_hash(scope, transcript)
-    return await asyncio.to_thread(history_hash, scope, transcript)
+        return history_hash(scope, transcript, key)
+    return await asyncio.to_thread(history_hash, scope, transcript, key)
 
 
 def _history_chars(transcript: Transcript) -> int:
@@ -79,11 +81,11 @@ def _history_chars(transcript: Transcript) -> int:
 
 async def identify(
     store: TurnReads, scope: Scope, transcript: Transcript, *, now: datetime, retry_window_s: float, follow: str,
-    digest: str | None = None,
+    key: HashKey, digest: str | None = None,
 ) -> TurnIdentity:
     """Find the request's turn and conversation in the store, or start new ones (`digest`: its history_hash)."""
-    digest = digest or await history_digest(scope, transcript)
-    call_ids = list(transcript.tool_call_ids)
+    digest = digest or await history_digest(scope, transcript, key)
+    call_ids = sealed_call_ids(key, transcript.tool_call_ids)
     chain = await store.response_chain(scope, transcript.previous_response) if transcript.previous_response else None
     shown = chain.shown if chain is not None else await _conversation_shown(store, scope, transcript)
     found = await store.find_turn(scope, call_ids, digest, now - timedelta(seconds=retry_window_s),
@@ -92,13 +94,13 @@ async def identify(
     if existing is not None:
         return TurnIdentity(existing.key, existing.conversation_id, digest, existing, generation=found.generation,
                             shown=shown)
-    conversation = await conversation_for(store, scope, transcript, follow, chain)
-    key, fresh = _new_ids(digest, now, retry_window_s)
-    return TurnIdentity(key, conversation or fresh, digest, None, new_conversation=conversation is None,
+    conversation = await conversation_for(store, scope, transcript, follow, key, chain)
+    turn_key, fresh = _new_ids(digest, now, retry_window_s)
+    return TurnIdentity(turn_key, conversation or fresh, digest, None, new_conversation=conversation is None,
                         generation=found.generation, shown=shown)
 
 
-async def conversation_for(store: TurnReads, scope: Scope, transcript: Transcript, follow: str,
+async def conversation_for(store: TurnReads, scope: Scope, transcript: Transcript, follow: str, key: HashKey,
                            chain: ResponseChain | None = None) -> str | None:
     """The conversation a new turn belongs to; None for a new one."""
     if scope.conversation is not None:
@@ -110,8 +112,17 @@ async def conversation_for(store: TurnReads, scope: Scope, transcript: Transcrip
         return named
     if follow == "latest":
         return await store.latest_conversation(scope)
-    hashes = [text_hash(text) for text in reversed(transcript.assistant_texts)]
+    plain = [text_hash(text) for text in reversed(transcript.assistant_texts)]
+    # An answer redaction changed is kept by its sealed digest; one saved as received (or saved
+    # before digests were sealed, or edited through the memory API) by the plain one.
+    hashes = [found for digest in plain for found in (key.seal(digest), digest)]
     return await store.conversation_by_assistant_hashes(scope, hashes) if hashes else None
+
+
+def sealed_call_ids(key: HashKey, call_ids: Iterable[str]) -> list[str]:
+    """The ids a step's tool calls are kept by: a wire may make one from the call's arguments
+    (Gemini's), and those are saved redacted."""
+    return [key.seal(call_id) for call_id in call_ids]
 
 
 async def _conversation_shown(store: TurnReads, scope: Scope, transcript: Transcript) -> tuple[str, ...]:
