@@ -173,10 +173,10 @@ class ProxyEndpoint:
         headers = scope["headers"]
         limit = self.settings.server.max_body_bytes
         length = declared_length(headers)
-        identity = self.scopes.authenticate_passthrough(scope)
-        self._count_side_request(RequestFacts(scope["method"], path, headers), family)
         provider = provider_for(headers, family.provider if family is not None else _version_provider(version),
                                 scope["query_string"])
+        identity = self.scopes.authenticate_passthrough(scope, own_key=bool(self.upstream.api_key(provider)))
+        self._count_side_request(RequestFacts(scope["method"], path, headers), family)
         upstream_headers = self._upstream_headers(headers, provider, identity)
         owner = self.ownership.owner(identity, provider)
         creates = (await self.ownership.admit(owner, provider, scope["method"], path, version) if owner is not None
@@ -231,8 +231,8 @@ class ProxyEndpoint:
 
     async def _chat(self, scope: dict[str, Any], receive: Receive, send: Sent, path: str, wire: Wire,
                     version: str) -> str:
-        resolved = self.scopes.resolve(scope)
         provider = provider_for(scope["headers"], wire.provider)
+        resolved = self.scopes.resolve(scope, own_key=bool(self.upstream.api_key(provider)))
         upstream_headers = self._upstream_headers(scope["headers"], provider, resolved)
         owner = self.ownership.owner(resolved, provider)
         creates = await self.ownership.admit(owner, provider, "POST", path, version) if owner is not None else None

@@ -11,21 +11,29 @@ always sends one with a POST, and with any request to another origin.
 from __future__ import annotations
 
 import re
+import socket
 
 from proxy.settings import ServerSettings
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 _ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
+# uvicorn prints `http://0.0.0.0:PORT` when bound to every address, and a client on the machine
+# may use that URL: allowed always, since a rebound page's Host is its own domain, never these.
+_ANY_ADDRESS_HOSTS = ("0.0.0.0", "[::]")
 _ROOT_DOT = re.compile(r"\.(?=(:\d*)?$)")
 
 
 class RebindingGuard:
-    """The Host and Origin values memproxy answers: loopback, server.host, and server.allowed_* (`*`: any)."""
+    """The Host and Origin values memproxy answers: loopback, the any-address names, server.host (bound to
+    every address: the machine's hostname and FQDN), and server.allowed_* (`*`: any)."""
 
     def __init__(self, server: ServerSettings) -> None:
-        names = [*LOOPBACK_HOSTS]
+        names = [*LOOPBACK_HOSTS, *_ANY_ADDRESS_HOSTS]
         host = server.host
-        if host not in _ANY_ADDRESS and host not in names:
+        if host in _ANY_ADDRESS:
+            # Clients on the machine reach it by its own name too (it resolves to a loopback address).
+            names.extend(_dns_form(name) for name in {socket.gethostname(), socket.getfqdn()} if name)
+        elif host not in names:
             names.append(f"[{host}]" if ":" in host else host)
         self._hosts = frozenset([*names, *(f"{name}:*" for name in names), *map(_dns_form, server.allowed_hosts)])
         self._origins = frozenset([f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names
@@ -47,7 +55,7 @@ class RebindingGuard:
         # No browser sends a request without Host (an HTTP/1.0 client or a test's may).
         if check_host and host is not None and not _allowed(host, self._hosts):
             return ("the Host header names no address of memproxy (a web page's name rebound to it?); "
-                    "add the name clients use to server.allowed_hosts")
+                    "add the name clients use to server.allowed_hosts as `name:*` (any port) or `name:port`")
         if origin is not None and not _allowed(origin, self._origins):
             return ("a web page of another origin may not use memproxy through its visitor's browser; "
                     "allow the origin with server.allowed_origins")

@@ -86,8 +86,11 @@ class ScopeResolver:
         self._keys = _distinct_keys(settings.auth.api_keys)
         self._rebinding = RebindingGuard(settings.server)
 
-    def resolve(self, asgi_scope: dict[str, Any]) -> RequestScope:
-        """The scope of a chat request, from its headers (the body's user comes later)."""
+    def resolve(self, asgi_scope: dict[str, Any], *, own_key: bool = False) -> RequestScope:
+        """The scope of a chat request, from its headers (the body's user comes later).
+
+        `own_key`: memproxy sends the provider its own upstream key for this request.
+        """
         headers = _memory_headers(asgi_scope["headers"])
         options = _options(headers, self.settings.memory.mode)
         mode = self.settings.auth.mode
@@ -102,7 +105,7 @@ class ScopeResolver:
         client = asgi_scope.get("client")
         trusted = self._is_trusted_peer(client)
         body_user = trusted and self.settings.scope.user_from_body
-        if body_user or (trusted and any(h in headers for h in _SCOPE_NAMES)):
+        if trusted and (own_key or body_user or any(h in headers for h in _SCOPE_NAMES)):
             self._same_site(asgi_scope["headers"], client)
         scope = self._trusted(trusted, headers)
         if scope is None and body_user:
@@ -145,8 +148,10 @@ class ScopeResolver:
                 return text
         return None
 
-    def authenticate_passthrough(self, asgi_scope: dict[str, Any]) -> RequestScope:
-        """Pass-through paths need an identity too in api-keys and signed modes (no open relay)."""
+    def authenticate_passthrough(self, asgi_scope: dict[str, Any], *, own_key: bool = False) -> RequestScope:
+        """Pass-through paths need an identity too in api-keys and signed modes (no open relay); in
+        trusted mode, on memproxy's own upstream key (`own_key`), a trusted peer's request must not
+        come from a web page of another site."""
         mode = self.settings.auth.mode
         if mode == "api-keys":
             user, key = self._user_for_key(asgi_scope["headers"], asgi_scope.get("query_string", b""))
@@ -154,6 +159,9 @@ class ScopeResolver:
         if mode == "signed":
             return RequestScope(None, mode="off",
                                 authenticated_user=self._from_token(_memory_headers(asgi_scope["headers"])).user)
+        client = asgi_scope.get("client")
+        if own_key and self._is_trusted_peer(client):
+            self._same_site(asgi_scope["headers"], client)
         return RequestScope(None, mode="off")
 
     def _scope(self, user: str, conversation: str | None, agent: str | None) -> Scope:
@@ -165,14 +173,15 @@ class ScopeResolver:
         )
 
     def _same_site(self, raw: list[tuple[bytes, bytes]], client: tuple[str, int] | None) -> None:
-        """403 when a peer trusted for its address names its user from a web page of another site.
+        """403 when a peer trusted for its address names its user, or spends memproxy's provider
+        key, from a web page of another site.
 
         A browser on the user's machine (or on a trusted network) is such a peer: a page's
         form-like POST needs no CORS preflight, and a page whose name is rebound to memproxy's
         address is same-origin. Its Origin names the page's site; from loopback, so does its
         Host. A trusted network's clients may reach memproxy by names it cannot list (a compose
         service's, a load balancer's), so there the Origin alone is checked: browsers send it
-        with every POST, the only requests whose identity counts.
+        with every POST and every request to another origin.
         """
         refused = self._rebinding.refusal(raw, check_host=is_loopback(client))
         if refused is not None:
