@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.agent_setup import AGENT_NAMES
 from proxy.errors import ProxyError
-from proxy.settings import ConfigError, Settings, load_settings
+from proxy.settings import ConfigError, Settings, load_settings, require_hash_key
 from proxy.stores.base import StoreError
 from proxy.stores.reindex_terms import REINDEX_BATCH
 
@@ -124,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.http.connections import ConnectionGuard, GuardedHttpProtocol, max_client_connections
 
     settings = load(args)
+    require_hash_key(settings.store)  # before any worker starts: each would stop on it
     logs.configure(settings.server.log_level)
     _announce(settings)
     guard = ConnectionGuard(max_client_connections(settings), settings.server.header_timeout_s,

@@ -153,7 +153,7 @@ class StoreSettings:
     )
     hash_key: str | None = _help(
         "Secret the digests kept of text before redaction are keyed with (HMAC), at least 32 bytes, the same on "
-        "every replica; PostgreSQL needs it. Unset with SQLite: a key file made beside the database "
+        "every replica; PostgreSQL needs it to serve. Unset with SQLite: a key file made beside the database "
         "(PATH.key, mode 0600).", None
     )
 
@@ -595,12 +595,17 @@ def _check(s: Settings) -> None:
     _check_allowed_names(s.server)
 
 
-def _check_hash_key(store: StoreSettings) -> None:
+def require_hash_key(store: StoreSettings) -> None:
+    """Refuse a PostgreSQL store without `store.hash_key` where digests are sealed (serving). The admin
+    commands (export, delete, ...) seal nothing: they run without the secret on the admin's machine."""
     if store.hash_key is None and store.sqlite_path is None:
         # A key kept in the database would be in every copy of it: the replicas get it from their configuration.
         raise ConfigError("store.hash_key: a PostgreSQL store needs one, the same on every replica "
                           "(MEMPROXY_STORE_HASH_KEY; for example the output of `openssl rand -hex 32`): the digests "
                           "kept of text before redaction are keyed with it (docs/security.md)")
+
+
+def _check_hash_key(store: StoreSettings) -> None:
     if store.hash_key is not None and len(store.hash_key.encode()) < MIN_HASH_KEY_BYTES:
         raise ConfigError(f"store.hash_key: must be at least {MIN_HASH_KEY_BYTES} bytes (a shorter key can be "
                           "guessed offline from the digests it keys)")

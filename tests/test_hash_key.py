@@ -26,6 +26,7 @@ from proxy.settings import ConfigError, load_settings
 from proxy.stores.base import FinishTurn, StartTurn, text_hash
 from proxy.stores.hash_key import KEY_FILE_SUFFIX, load_hash_key
 from proxy.stores.sqlite.store import SQLiteStore
+from tests.conftest import free_port
 from tests.fake_gemini import answer, function_call, response
 from tests.fake_upstream import FakeUpstream, JsonReply, completion
 from tests.proxy_db import eventually
@@ -209,10 +210,37 @@ def test_a_damaged_key_file_stops_start_up_naming_it(tmp_path: Path) -> None:
         load_hash_key(settings.store)
 
 
-@pytest.mark.parametrize(("environ", "error"), [
-    ({}, r"^store.hash_key: a PostgreSQL store needs one, the same on every replica \(MEMPROXY_STORE_HASH_KEY"),
-    ({"MEMPROXY_STORE_HASH_KEY": "short"}, r"^store.hash_key: must be at least 32 bytes"),
-])
-def test_a_postgres_store_needs_a_hash_key_of_32_bytes(environ: dict[str, str], error: str) -> None:
-    with pytest.raises(ConfigError, match=error):
-        load_settings(environ={"MEMPROXY_STORE_URL": "postgresql://db/memproxy", **environ})
+def test_a_postgres_store_needs_a_hash_key_of_32_bytes() -> None:
+    missing = load_settings(environ={"MEMPROXY_STORE_URL": "postgresql://db/memproxy"})
+    with pytest.raises(ConfigError, match=r"^store.hash_key: a PostgreSQL store needs one, the same on every "
+                                          r"replica \(MEMPROXY_STORE_HASH_KEY"):
+        load_hash_key(missing.store)
+    with pytest.raises(ConfigError, match=r"^store.hash_key: must be at least 32 bytes"):
+        load_settings(environ={"MEMPROXY_STORE_URL": "postgresql://db/memproxy", "MEMPROXY_STORE_HASH_KEY": "short"})
+
+
+def memproxy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console command on a PostgreSQL store given no hash key (nothing listens on its port)."""
+    config = tmp_path / "postgres.yaml"
+    config.write_text("store:\n  url: postgresql://memproxy:memproxy@127.0.0.1:1/memproxy\n")
+    return subprocess.run([sys.executable, "-m", "proxy", *args, "--config", str(config)], capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=60)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_postgres_without_the_hash_key_stops_naming_it(tmp_path: Path, workers: str) -> None:
+    done = memproxy(tmp_path, "serve", "--port", str(free_port()), "--workers", workers)
+    assert (done.returncode, done.stderr) == (2, (
+        "memproxy: configuration error: store.hash_key: a PostgreSQL store needs one, the same on every replica "
+        "(MEMPROXY_STORE_HASH_KEY; for example the output of `openssl rand -hex 32`): the digests kept of text "
+        "before redaction are keyed with it (docs/security.md)\n"))
+
+
+@pytest.mark.parametrize("command", [["export", "--user", "alice"], ["delete", "--user", "alice"]])
+def test_admin_commands_on_postgres_run_without_the_hash_key_they_never_use(tmp_path: Path, command: list[str]) -> None:
+    """An admin's export or GDPR deletion seals nothing: it needs no copy of the replicas' secret
+    and goes on to the database (here, none listens: the store's error, not the key's)."""
+    done = memproxy(tmp_path, *command)
+    assert done.returncode == 1
+    assert done.stderr.startswith("memproxy: store error: cannot open postgresql://memproxy:***@127.0.0.1:1/memproxy"), \
+        done.stderr

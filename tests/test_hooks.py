@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 import threading
@@ -377,6 +378,26 @@ def test_updated_turns_are_what_is_saved(with_hooks, fake, hook_server):
                                  ("assistant", "Noted: [password] for MRN-######")]
     # The answer's save carries the prompt too (its reasoning trace keeps it as the task).
     assert [[t["role"] for t in e["turns"]] for e in hook_server.inputs("/mask")] == [["user"], ["user", "assistant"]]
+
+
+def test_an_answer_a_hook_masked_keeps_no_plain_digest_and_its_conversation_goes_on(with_hooks, fake):
+    """A plain sha256 of the answer beside its masked copy would give the id back to a million
+    guesses: the digest is sealed, and the client sending the answer back still continues it."""
+    answer = "Noted: the chart of MRN-654321 is updated."
+    proxy = with_hooks([{"event": "pre_memory_write", "python": "proxy.hook_examples:mask_patient_ids"}])
+    fake.queue(JsonReply(completion(answer)))
+    asked = [{"role": "user", "content": "Update the chart please"}]
+    proxy.client(**{"X-Memory-User": "alice"}).chat.completions.create(model="m", messages=asked)
+    assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages WHERE role = 'assistant'")) == 1)
+    ((content, digest, conversation),) = rows(
+        proxy, "SELECT content, content_hash, conversation_id FROM messages WHERE role = 'assistant'")
+    assert content == "Noted: the chart of MRN-###### is updated."
+    assert digest == proxy.app.state.parts.memory.hash_key.seal(hashlib.sha256(answer.encode()).hexdigest())
+    fake.queue(JsonReply(completion("Done.")))
+    proxy.client(**{"X-Memory-User": "alice"}).chat.completions.create(model="m", messages=[
+        *asked, {"role": "assistant", "content": answer}, {"role": "user", "content": "And the allergies?"}])
+    assert eventually(lambda: len(rows(proxy, "SELECT 1 FROM messages")) == 4)
+    assert rows(proxy, "SELECT DISTINCT conversation_id FROM messages") == [(conversation,)]
 
 
 def test_a_failing_pre_memory_write_drops_the_save_it_guards(with_hooks, fake):

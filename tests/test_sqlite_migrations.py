@@ -118,3 +118,25 @@ def test_vectors_keep_their_seqs_and_a_seq_never_comes_again_after_the_rebuild(t
     with sqlite_file(path) as db:
         assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (len(MIGRATIONS),)
         assert _embedding_rows(db) == kept
+
+
+def test_the_rebuild_drops_vectors_whose_user_row_is_gone_and_keeps_the_others(tmp_path: Path) -> None:
+    # The sqlite3 shell has foreign keys off by default: a user row deleted there leaves its
+    # vectors behind. The table made again checks the user, so copying them failed the whole
+    # migration, and the store never opened again.
+    path = tmp_path / "m.db"
+    _file_at(path, _version_of("embeddings_v20") - 1)
+    with sqlite_file(path) as db:
+        db.execute("INSERT INTO users VALUES ('alice', 0), ('gone', 0)")
+        for user, item in (("alice", "e1"), ("gone", "e2"), ("alice", "e3")):
+            db.execute("INSERT INTO embeddings (user_id, kind, item_id, model, dim, vector, created_at)"
+                       " VALUES (?, 'entity', ?, 'm', 2, zeroblob(8), 0)", (user, item))
+        db.execute("DELETE FROM users WHERE id = 'gone'")
+        assert db.execute("SELECT rowid, user_id FROM embeddings ORDER BY rowid").fetchall() == [
+            (1, "alice"), (2, "gone"), (3, "alice")]
+        alices = [row for row in _embedding_rows(db) if row[1] == "alice"]
+    _open_and_close(path)
+    with sqlite_file(path) as db:
+        assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (len(MIGRATIONS),)
+        assert _embedding_rows(db) == alices
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []

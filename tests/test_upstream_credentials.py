@@ -83,9 +83,9 @@ def test_a_configured_key_replaces_every_provider_key_header_outside_api_keys_mo
                                                          ("x-api-key", "sk-client-own"), ("cookie", "c=1")])
     (request,) = fake.received
     # The client's own credentials are its own business towards its own account: only the
-    # headers memproxy's key replaces go.
+    # headers memproxy's key replaces go, and Google's key (`?key=`), which goes to Google alone.
     assert sorted(_forwarded(request)) == [("authorization", f"Bearer {UPSTREAM_KEY}"), ("cookie", "c=1")]
-    assert request.target == "/v1/models?key=client-own"
+    assert request.target == "/v1/models"
 
 
 def test_a_key_as_a_query_parameters_name_never_leaves(keyed: Any, fake: Any) -> None:

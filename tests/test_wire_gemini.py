@@ -477,6 +477,22 @@ def test_a_gemini_sdks_model_lookup_under_v1_goes_to_google_and_its_key_never_to
     assert openai_models.header("authorization") == "Bearer sk-client"
 
 
+@pytest.mark.parametrize("parameter", ["key", "%24key"])
+def test_a_google_key_in_the_query_beside_another_credential_never_reaches_openai(make_proxy, fake, parameter):
+    # Google's key goes to Google alone: `?key=` (or `$key`) beside an OpenAI key is dropped
+    # like the x-goog-api-key header; the query's other parameters go byte for byte.
+    proxy = make_proxy(upstream__base_url=fake.url + "/openai")
+    google_key = "AIzaSyClientOwnGoogleKey000000000000000"
+    fake.queue(JsonReply({"object": "list", "data": []}))
+    with httpx.Client(base_url=proxy.url) as http:
+        listed = http.get(f"/v1/models?after=m%201&{parameter}={google_key}&limit=2",
+                          headers={"authorization": "Bearer sk-client"})
+    assert listed.status_code == 200
+    (openai_models,) = fake.received
+    assert openai_models.target == "/v1/openai/models?after=m%201&limit=2"
+    assert openai_models.header("authorization") == "Bearer sk-client"
+
+
 @pytest.mark.parametrize("api_version", ["v1beta", "v1"])
 def test_a_gemini_file_upload_starts_at_google_through_memproxy(mem, fake, api_version):
     # google-genai's files.upload() starts a resumable upload at {base_url}/upload/{version}/files; the

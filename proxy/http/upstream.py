@@ -107,16 +107,17 @@ def request_headers(
     return out
 
 
-def without_key_parameter(query: bytes) -> bytes:
+def without_key_parameter(query: bytes, names: frozenset[str] = _KEY_PARAMETERS) -> bytes:
     """A query string without its credential parameters (Gemini's other place for the API key,
-    replaced by memproxy's own), every other parameter byte for byte, in order."""
+    replaced by memproxy's own; or just Google's key, `names`), every other parameter byte for
+    byte, in order."""
     if not query:
         return query
-    return b"&".join(pair for pair in query.split(b"&") if not _is_key_parameter(pair.partition(b"=")[0]))
+    return b"&".join(pair for pair in query.split(b"&") if not _is_key_parameter(pair.partition(b"=")[0], names))
 
 
-def _is_key_parameter(name: bytes) -> bool:
-    return unquote_plus(name.decode("latin-1")) in _KEY_PARAMETERS
+def _is_key_parameter(name: bytes, names: frozenset[str] = _KEY_PARAMETERS) -> bool:
+    return unquote_plus(name.decode("latin-1")) in names
 
 
 def query_without_credentials(query: bytes, proxy_key: str) -> bytes:
@@ -294,11 +295,14 @@ class Upstream:
     def url(self, path: str, query: bytes, provider: Provider = "openai", version: str = "/v1") -> str:
         """The provider URL for a path after memproxy's /v1 (or the client's `version` prefix), query kept
         byte for byte. Gemini's base has no version: the client's goes in front of the path; with
-        memproxy's own Gemini key the client's `key` parameter never leaves."""
+        memproxy's own Gemini key the client's `key` parameter never leaves. Google's key (`key`,
+        `$key`) goes to Google alone, like its header."""
         if provider == "gemini":
             path = version + path
             if self._keys["gemini"]:
                 query = without_key_parameter(query)
+        elif query:
+            query = without_key_parameter(query, _GOOGLE_KEY_PARAMETERS)
         return self._base_urls[provider] + path + ("?" + query.decode("latin-1") if query else "")
 
     def api_key(self, provider: Provider) -> str | None:

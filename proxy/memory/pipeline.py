@@ -471,7 +471,7 @@ class TurnRecall(Recall):
             return None
         context = turn_hooks.hook_context(self._scope, self._identity.conversation_id, self._identity.key, wire)
         return turn_hooks.HookedSaves(hooks, context, lambda op, urgent: self._submit(op, urgent=urgent),
-                                      self._service.hook_saves)
+                                      self._service.hook_saves, self._service.hash_key.seal)
 
     @property
     def active(self) -> bool:
@@ -614,7 +614,7 @@ class TurnRecall(Recall):
 
     def _answer_hash(self, answer: str, saved: str) -> str:
         """The digest the conversation is found by when the client sends `answer` back: sealed when
-        redaction changed it. One saved as received is kept by its plain digest, which tells nothing
+        redaction changed it (or, later, a pre_memory_write hook: turn_hooks.HookedSaves). One saved as received is kept by its plain digest, which tells nothing
         the text beside it does not, as a message the memory API edits or imports is."""
         digest = text_hash(answer)
         return digest if saved == answer else self._service.hash_key.seal(digest)

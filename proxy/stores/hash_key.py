@@ -21,7 +21,7 @@ import re
 import secrets
 from pathlib import Path
 
-from proxy.settings import ConfigError, StoreSettings
+from proxy.settings import ConfigError, StoreSettings, require_hash_key
 
 KEY_FILE_SUFFIX = ".key"
 _KEY_BYTES = 32
@@ -62,14 +62,13 @@ class HashKey:
 
 
 def load_hash_key(settings: StoreSettings) -> HashKey:
-    """`store.hash_key`, else the SQLite database's key file (made if missing; settings validation
-    refused a PostgreSQL store without the setting). A damaged key file stops start-up."""
+    """`store.hash_key`, else the SQLite database's key file (made if missing). A PostgreSQL store
+    without the setting, or a damaged key file, stops start-up."""
+    require_hash_key(settings)
     if settings.hash_key is not None:
         return HashKey(settings.hash_key.encode())
-    database = settings.sqlite_path
-    if database is None:
-        raise ConfigError("store.hash_key: a PostgreSQL store needs one (the same on every replica)")
-    path = Path(f"{database}{KEY_FILE_SUFFIX}")
+    assert settings.sqlite_path is not None  # require_hash_key: only SQLite goes without the setting
+    path = Path(f"{settings.sqlite_path}{KEY_FILE_SUFFIX}")
     try:
         return HashKey(key_file(path), file=path)
     except OSError as exc:

@@ -16,7 +16,7 @@ from proxy.memory.hooks.runner import HookContext, Hooks
 from proxy.memory.retrieval.block import ELLIPSIS, render
 from proxy.memory.retrieval.base import Retrieved
 from proxy.models import Scope, Transcript
-from proxy.stores.base import FinishTurn, QueueHookContext, SetTurnStatus, StartTurn, WriteOp
+from proxy.stores.base import FinishTurn, QueueHookContext, SetTurnStatus, StartTurn, WriteOp, text_hash
 
 CHARS_PER_TOKEN = 4  # the budget's estimate: ceil(chars / 4), as block.estimate_tokens
 
@@ -109,11 +109,13 @@ class HookedSaves:
     answered and the write committed, so a slow hook delays the save, never the response.
     """
 
-    def __init__(self, hooks: Hooks, context: HookContext, submit: Submit, tasks: set[asyncio.Task[None]]) -> None:
+    def __init__(self, hooks: Hooks, context: HookContext, submit: Submit, tasks: set[asyncio.Task[None]],
+                 seal: Callable[[str], str]) -> None:
         self._hooks = hooks
         self._context = context
         self._submit = submit
         self._tasks = tasks  # held by the service: a save outlives its request
+        self._seal = seal  # the store's hash key: how a digest of text the saved copy no longer holds is kept
 
     def start(self, op: StartTurn) -> asyncio.Future[None] | None:
         """The turn's row always; its user message only as the hooks let it through. The future
@@ -162,11 +164,21 @@ class HookedSaves:
             texts = await self._hooks.pre_memory_write(self._context, [("user", op.task), ("assistant", op.answer)])
             # Blocked: the turn is still complete (its later steps and retries know it), with nothing saved.
             save = (SetTurnStatus(op.scope, op.turn_key, "complete", op.at, op.generation) if texts is None
-                    else dataclasses.replace(op, task=texts[0], answer=texts[1]))
+                    else dataclasses.replace(op, task=texts[0], answer=texts[1],
+                                             answer_hash=self._answer_hash(op, texts[1])))
         done = self._submit(save, True)
         if done is not None:
             await asyncio.gather(done, return_exceptions=True)  # the writer logs its own failures
         return save.answer if isinstance(save, FinishTurn) else None
+
+    def _answer_hash(self, op: FinishTurn, saved: str) -> str | None:
+        """The answer's digest beside what the hooks let be saved: a plain digest of an answer they
+        masked would give the masked text away to a dictionary pass, so it is sealed, as one redaction
+        changed already is (the conversation is still found by it)."""
+        plain = text_hash(op.answer)
+        if saved == op.answer or op.answer_hash not in (None, plain):
+            return op.answer_hash  # saved as received, or sealed already
+        return self._seal(plain)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -508,7 +508,9 @@ DROP TABLE IF EXISTS entity_text_changes;
 # schema while it has no such table). Written to run again over its own work. It copies
 # every vector once, in the start-up's migration (before any worker starts): on a shared
 # 2-core host 5 s for 100,000 vectors of 128 floats, 7 s for 20,000 of 1,536, and the file
-# grows by the table's size (the old pages are free, and later writes reuse them).
+# grows by the table's size (the old pages are free, and later writes reuse them). A vector
+# whose user row is gone (deleted where foreign keys were off, as in the sqlite3 shell) is
+# not copied: the new table checks the user, and one such row would fail the whole step.
 _V20 = """
 CREATE TABLE IF NOT EXISTS embeddings_v20 (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -522,7 +524,8 @@ CREATE TABLE IF NOT EXISTS embeddings_v20 (
     UNIQUE (user_id, kind, item_id, model)
 );
 INSERT OR IGNORE INTO embeddings_v20 (seq, user_id, kind, item_id, model, dim, vector, created_at)
-    SELECT rowid, user_id, kind, item_id, model, dim, vector, created_at FROM embeddings ORDER BY rowid;
+    SELECT rowid, user_id, kind, item_id, model, dim, vector, created_at FROM embeddings
+    WHERE user_id IN (SELECT id FROM users) ORDER BY rowid;
 DROP TABLE embeddings;
 PRAGMA legacy_alter_table = ON;
 ALTER TABLE embeddings_v20 RENAME TO embeddings;
