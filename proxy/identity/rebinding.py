@@ -10,6 +10,7 @@ always sends one with a POST, and with any request to another origin.
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 
@@ -23,6 +24,12 @@ _ANY_ADDRESS_HOSTS = ("0.0.0.0", "[::]")
 _ROOT_DOT = re.compile(r"\.(?=(:\d*)?$)")
 
 
+@functools.cache  # getfqdn may ask DNS: once a process, not once for each of the guards built at start
+def _machine_names() -> tuple[str, ...]:
+    """This machine's hostname and fully qualified name."""
+    return tuple(sorted({socket.gethostname(), socket.getfqdn()} - {""}))
+
+
 class RebindingGuard:
     """The Host and Origin values memproxy answers: loopback, the any-address names, server.host (bound to
     every address: the machine's hostname and FQDN), and server.allowed_* (`*`: any)."""
@@ -32,7 +39,7 @@ class RebindingGuard:
         host = server.host
         if host in _ANY_ADDRESS:
             # Clients on the machine reach it by its own name too (it resolves to a loopback address).
-            names.extend(_dns_form(name) for name in {socket.gethostname(), socket.getfqdn()} if name)
+            names.extend(_dns_form(name) for name in _machine_names())
         elif host not in names:
             names.append(f"[{host}]" if ":" in host else host)
         self._hosts = frozenset([*names, *(f"{name}:*" for name in names), *map(_dns_form, server.allowed_hosts)])
