@@ -25,6 +25,7 @@ own work (FTS5), during which it releases the GIL. That connection never waits f
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import sqlite3
 import threading
@@ -102,24 +103,23 @@ class ReadPool:
             thread.join()
 
     def _serve(self) -> None:
-        conn: sqlite3.Connection | None = None
+        opened: list[sqlite3.Connection] = []  # this thread's connection, opened by its first read
+
+        def run(work: Callable[[sqlite3.Connection], Any]) -> Any:
+            if not opened:
+                opened.append(self._connect())
+            result = work(opened[0])
+            self.answered_at = time.monotonic()
+            return result
+
         try:
             while (read := self._reads.get()) is not None:
                 loop, done, work = read
                 if done.cancelled():  # the caller gave up while the read queued
                     continue
-                try:
-                    conn = conn or self._connect()
-                    result, error = work(conn), None
-                    self.answered_at = time.monotonic()
-                except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
-                    result, error = None, exc
-                try:
-                    loop.call_soon_threadsafe(settle, done, result, error)
-                except RuntimeError:  # the loop closed meanwhile: nobody is waiting
-                    pass
+                answer(loop, done, functools.partial(run, work))
         finally:
-            if conn is not None:
+            for conn in opened:
                 conn.close()
 
     def _connect(self, busy_timeout_ms: int | None = None) -> sqlite3.Connection:
@@ -136,6 +136,20 @@ class ReadPool:
             conn.close()
             raise
         return conn
+
+
+def answer(loop: asyncio.AbstractEventLoop, done: asyncio.Future[T], work: Callable[[], T]) -> None:
+    """On a store thread: `work` run, and its result or exception set on `done` in `loop` (not
+    through run_in_executor's future chained to a concurrent one, a hop each read or commit
+    would make)."""
+    try:
+        result, error = work(), None
+    except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
+        result, error = None, exc
+    try:
+        loop.call_soon_threadsafe(settle, done, result, error)
+    except RuntimeError:  # the loop closed meanwhile: nobody is waiting
+        pass
 
 
 def settle(done: asyncio.Future[Any], result: Any, error: Exception | None) -> None:

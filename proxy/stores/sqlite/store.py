@@ -56,7 +56,7 @@ from proxy.stores.sqlite.owners import SQLiteProviderObjects
 from proxy.stores.sqlite.postings_cache import PostingsCache
 from proxy.stores.sqlite.processes import deregister, new_process_id, register
 from proxy.stores.sqlite.queue import anything_due, claim, release, release_all
-from proxy.stores.sqlite.readers import ReadPool, settle
+from proxy.stores.sqlite.readers import ReadPool, answer
 from proxy.stores.sqlite.rows import (
     EXPORT,
     agent_clause,
@@ -326,18 +326,8 @@ class SQLiteStore(SQLiteAdmin, SQLiteVectors, SQLiteProviderObjects):
         done: asyncio.Future[T] = loop.create_future()
 
         def call() -> None:
-            # The outcome is set on `done` from the thread, as a read's is (readers.py): not through
-            # run_in_executor's future chained to a concurrent one, a hop each turn's commit makes.
-            if done.cancelled():  # the caller gave up before the thread came to it
-                return
-            try:
-                result, error = self._checked(work), None
-            except Exception as exc:  # noqa: BLE001 - not swallowed: the caller's await raises it
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(settle, done, result, error)
-            except RuntimeError:  # the loop closed meanwhile: nobody is waiting
-                pass
+            if not done.cancelled():  # else the caller gave up before the thread came to it
+                answer(loop, done, lambda: self._checked(work))
         thread.submit(call)
         try:
             return await done
